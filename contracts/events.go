@@ -1,0 +1,145 @@
+package contracts
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// JobState is where a job is in its life. See the package comment for the
+// state machine.
+type JobState string
+
+const (
+	StateNew       JobState = "" // before the first event
+	StateQueued    JobState = "queued"
+	StateScheduled JobState = "scheduled"
+	StateRunning   JobState = "running"
+	StateSucceeded JobState = "succeeded"
+	StateFailed    JobState = "failed"
+	StateCancelled JobState = "cancelled"
+	StateRejected  JobState = "rejected"
+)
+
+// Terminal reports whether no event can leave s.
+func (s JobState) Terminal() bool {
+	switch s {
+	case StateSucceeded, StateFailed, StateCancelled, StateRejected:
+		return true
+	}
+	return false
+}
+
+// JobEventType names what happened to a job.
+type JobEventType string
+
+const (
+	EventQueued    JobEventType = "queued"
+	EventRejected  JobEventType = "rejected"
+	EventPending   JobEventType = "pending"
+	EventScheduled JobEventType = "scheduled"
+	EventRunning   JobEventType = "running"
+	EventSucceeded JobEventType = "succeeded"
+	EventFailed    JobEventType = "failed"
+	EventCancelled JobEventType = "cancelled"
+	EventRequeued  JobEventType = "requeued"
+)
+
+// JobEventTypes lists every event type, for schema generation and docs.
+var JobEventTypes = []JobEventType{EventQueued, EventRejected, EventPending, EventScheduled,
+	EventRunning, EventSucceeded, EventFailed, EventCancelled, EventRequeued}
+
+// transitions is the state machine of the package comment: from state, on
+// event, to state.
+var transitions = map[JobState]map[JobEventType]JobState{
+	StateNew: {
+		EventQueued:   StateQueued,
+		EventRejected: StateRejected,
+	},
+	StateQueued: {
+		EventPending:   StateQueued,
+		EventScheduled: StateScheduled,
+		EventCancelled: StateCancelled,
+		EventFailed:    StateFailed,
+	},
+	StateScheduled: {
+		EventRunning:   StateRunning,
+		EventRequeued:  StateQueued,
+		EventCancelled: StateCancelled,
+		EventFailed:    StateFailed,
+	},
+	StateRunning: {
+		EventSucceeded: StateSucceeded,
+		EventFailed:    StateFailed,
+		EventCancelled: StateCancelled,
+		EventRequeued:  StateQueued,
+	},
+}
+
+// ErrTransition is returned (wrapped) by Transition for a refused event.
+var ErrTransition = fmt.Errorf("transition not allowed")
+
+// Transition returns the state a job in state from reaches on event ev, or
+// an error wrapping ErrTransition when the state machine forbids it.
+func Transition(from JobState, ev JobEventType) (JobState, error) {
+	if to, ok := transitions[from][ev]; ok {
+		return to, nil
+	}
+	name := string(from)
+	if from == StateNew {
+		name = "new"
+	}
+	return from, fmt.Errorf("%w: %s on %s", ErrTransition, ev, name)
+}
+
+// JobEvent is a fact about one job, published by the scheduler on
+// SubjectJobEvents(tenant, jobID). Fields beyond the common ones are set
+// only by the event types named in their comments.
+type JobEvent struct {
+	SchemaVersion int          `json:"schemaVersion"`
+	Type          JobEventType `json:"type"`
+	Tenant        string       `json:"tenant"`
+	JobID         string       `json:"jobId"`
+	// Attempt counts placements: 1 for the first, +1 on each requeue.
+	Attempt int       `json:"attempt"`
+	State   JobState  `json:"state"`
+	Time    time.Time `json:"time"`
+	// Reason is a machine-readable code (rejected, pending, failed,
+	// cancelled, requeued); Message says it for people.
+	Reason  Reason `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
+	// Errors lists every field problem of a rejected request.
+	Errors []FieldError `json:"errors,omitempty"`
+	// Request is the normalized request (queued).
+	Request *JobRequest `json:"request,omitempty"`
+	// Placement is where the job runs (scheduled, running).
+	Placement *Placement `json:"placement,omitempty"`
+	// ExitCode of the run (succeeded, failed).
+	ExitCode *int `json:"exitCode,omitempty"`
+	// StartedAt and EndedAt are the run's times as the agent saw them
+	// (running: StartedAt; terminal: both).
+	StartedAt *time.Time `json:"startedAt,omitempty"`
+	EndedAt   *time.Time `json:"endedAt,omitempty"`
+}
+
+// Placement is where an allocation put a job.
+type Placement struct {
+	AllocationID string      `json:"allocationId"`
+	NodeID       string      `json:"nodeId"`
+	Pool         string      `json:"pool"`
+	Devices      []DeviceRef `json:"devices"`
+}
+
+// JobEventID is the deterministic event ID (and Nats-Msg-Id) of a job
+// event. Pending events carry a sequence (the reason's ordinal) so a changed
+// reason is a new event while a repeated one is a duplicate.
+func JobEventID(tenant, jobID string, typ JobEventType, attempt int, seq int) string {
+	id := "job/" + tenant + "/" + jobID + "/" + string(typ) + "/" + strconv.Itoa(attempt)
+	if seq > 0 {
+		id += "/" + strconv.Itoa(seq)
+	}
+	return id
+}
+
+// CloudEvents type of a job event.
+func (e JobEvent) CEType() string { return "io.gpuplane.job." + string(e.Type) + ".v1" }

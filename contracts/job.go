@@ -1,0 +1,360 @@
+package contracts
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// SchemaVersion is the current version of every message schema in this
+// package. A message with schemaVersion 0 (absent) is read as version 1.
+const SchemaVersion = 1
+
+// Priority classes, highest first. Within a class the queue is FIFO.
+type Priority string
+
+const (
+	PriorityCritical   Priority = "critical"
+	PriorityHigh       Priority = "high"
+	PriorityNormal     Priority = "normal"
+	PriorityBestEffort Priority = "best-effort"
+)
+
+// Priorities lists the classes from highest to lowest.
+var Priorities = []Priority{PriorityCritical, PriorityHigh, PriorityNormal, PriorityBestEffort}
+
+// Rank orders classes: a higher rank is served first. Unknown classes rank -1.
+func (p Priority) Rank() int {
+	switch p {
+	case PriorityCritical:
+		return 3
+	case PriorityHigh:
+		return 2
+	case PriorityNormal, "":
+		return 1
+	case PriorityBestEffort:
+		return 0
+	}
+	return -1
+}
+
+// GPUModelAny matches every GPU model.
+const GPUModelAny = "any"
+
+// GPUModels are the model identifiers a request may name. The node agent's
+// catalogue gives each its real figures; this list is only the vocabulary
+// that requests and inventories share.
+var GPUModels = []string{
+	"V100-16GB", "V100-32GB",
+	"A100-40GB", "A100-80GB",
+	"H100-80GB", "H100-80GB-PCIE",
+	"H200-141GB",
+	"L4", "T4", "L40S",
+}
+
+// KnownGPUModel reports whether m is a catalogued model identifier.
+func KnownGPUModel(m string) bool { return slices.Contains(GPUModels, m) }
+
+// Limits on a request; beyond them a request is rejected as out_of_range.
+const (
+	MaxGPUsPerJob     = 64
+	MaxGPUMemoryMiB   = 1 << 20 // 1 TiB: larger than any card
+	MaxJobDuration    = 30 * 24 * time.Hour
+	MaxNameLength     = 256
+	MaxCommandArgs    = 256
+	MaxCommandBytes   = 16 * 1024
+	MaxEnvVars        = 128
+	MaxLabels         = 64
+	MaxLabelBytes     = 256
+	MaxCPUMilli       = 1024 * 1000
+	MaxHostMemoryMiB  = 16 << 20
+	MaxCancelReasonSz = 1024
+)
+
+// JobRequest is what a client publishes on SubjectSubmit(tenant) or POSTs to
+// the gateway. ID is chosen by the client and is also the Nats-Msg-Id of the
+// publish, so a retried submit is dropped by JetStream; the scheduler is
+// idempotent on (tenant, id) beyond the duplicate window as well.
+type JobRequest struct {
+	SchemaVersion int               `json:"schemaVersion,omitempty" jsonschema:"enum=1"`
+	ID            string            `json:"id" jsonschema:"pattern=^[A-Za-z0-9][A-Za-z0-9_-]{0\\,127}$"`
+	Tenant        string            `json:"tenant,omitempty" jsonschema:"description=optional; must equal the tenant token of the subject"`
+	Name          string            `json:"name,omitempty"`
+	Priority      Priority          `json:"priority,omitempty" jsonschema:"enum=critical,enum=high,enum=normal,enum=best-effort"`
+	Pool          string            `json:"pool,omitempty" jsonschema:"description=restrict placement to one node pool"`
+	Resources     Resources         `json:"resources"`
+	Run           RunSpec           `json:"run"`
+	Labels        map[string]string `json:"labels,omitempty"`
+}
+
+// Resources is what one job asks for. In this version all GPUs of a job are
+// whole cards on one machine.
+type Resources struct {
+	GPU       GPURequest `json:"gpu"`
+	CPUMilli  int64      `json:"cpuMilli,omitempty"`
+	MemoryMiB int64      `json:"memoryMiB,omitempty"`
+}
+
+// GPURequest asks for Count whole GPUs of Model (or any model) with at least
+// MemoryMiB of framebuffer each.
+type GPURequest struct {
+	Count     int    `json:"count" jsonschema:"minimum=1,maximum=64"`
+	Model     string `json:"model,omitempty" jsonschema:"description=a GPU model identifier or 'any'"`
+	MemoryMiB int64  `json:"memoryMiB,omitempty" jsonschema:"description=minimum framebuffer per GPU"`
+}
+
+// RunSpec says what to run: a simulated run of Duration, or a real Command
+// (argv) with Env. Exactly one of Duration and Command is set. A command may
+// also set Duration as a time limit.
+type RunSpec struct {
+	Duration Duration          `json:"duration,omitempty" jsonschema:"type=string,description=Go duration such as 30s; a simulated run's length or a command's time limit"`
+	Command  []string          `json:"command,omitempty"`
+	Env      map[string]string `json:"env,omitempty"`
+	// ExitCode is the exit code a simulated run ends with (default 0).
+	ExitCode int `json:"exitCode,omitempty"`
+}
+
+// Duration is a time.Duration encoded as a Go duration string ("90s").
+type Duration time.Duration
+
+// MarshalJSON encodes d as a duration string.
+func (d Duration) MarshalJSON() ([]byte, error) {
+	return json.Marshal(time.Duration(d).String())
+}
+
+// UnmarshalJSON accepts a duration string, or a number of seconds.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil {
+		v, err := time.ParseDuration(s)
+		if err != nil {
+			return fmt.Errorf("%w: %q is not a duration such as \"30s\"", errBadDuration, s)
+		}
+		*d = Duration(v)
+		return nil
+	}
+	var secs float64
+	if err := json.Unmarshal(b, &secs); err != nil {
+		return fmt.Errorf("%w: want a string such as \"30s\" or a number of seconds", errBadDuration)
+	}
+	*d = Duration(secs * float64(time.Second))
+	return nil
+}
+
+// D returns d as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+var errBadDuration = errors.New("invalid duration")
+
+// DecodeJobRequest decodes and validates a job request received on
+// SubjectSubmit(subjectTenant). It never panics; every problem comes back as
+// a *ValidationError with machine-readable reasons.
+func DecodeJobRequest(data []byte, subjectTenant string) (JobRequest, error) {
+	var req JobRequest
+	if err := decodeStrict(data, &req); err != nil {
+		return req, err
+	}
+	return req, req.Validate(subjectTenant)
+}
+
+// decodeStrict decodes one JSON object into v, refusing unknown fields and
+// trailing data, and maps decoder errors to field errors.
+func decodeStrict(data []byte, v any) error {
+	if len(data) > MaxMessageBytes {
+		return newValidationError([]FieldError{{Reason: ReasonTooLarge,
+			Message: fmt.Sprintf("body is %d bytes, limit is %d", len(data), MaxMessageBytes)}})
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return newValidationError([]FieldError{{Reason: ReasonEmptyBody, Message: "body is empty"}})
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return newValidationError([]FieldError{decodeFieldError(err)})
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return newValidationError([]FieldError{{Reason: ReasonInvalidJSON, Message: "trailing data after the JSON object"}})
+	}
+	return nil
+}
+
+func decodeFieldError(err error) FieldError {
+	var typeErr *json.UnmarshalTypeError
+	var syntaxErr *json.SyntaxError
+	switch {
+	case errors.As(err, &typeErr):
+		return FieldError{Field: typeErr.Field, Reason: ReasonInvalidType,
+			Message: fmt.Sprintf("got JSON %s, want %s", typeErr.Value, typeErr.Type)}
+	case errors.As(err, &syntaxErr):
+		return FieldError{Reason: ReasonInvalidJSON, Message: fmt.Sprintf("%v at byte %d", syntaxErr, syntaxErr.Offset)}
+	case errors.Is(err, errBadDuration):
+		return FieldError{Field: "run.duration", Reason: ReasonInvalidDuration, Message: err.Error()}
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+		return FieldError{Reason: ReasonInvalidJSON, Message: "unexpected end of JSON"}
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+		return FieldError{Field: name, Reason: ReasonUnknownField, Message: fmt.Sprintf("unknown field %q", name)}
+	default:
+		return FieldError{Reason: ReasonInvalidJSON, Message: err.Error()}
+	}
+}
+
+// Validate checks the request against the tenant of the subject it came on.
+// It reports every problem at once.
+func (r *JobRequest) Validate(subjectTenant string) error {
+	var errs []FieldError
+	add := func(field string, reason Reason, format string, args ...any) {
+		errs = append(errs, FieldError{Field: field, Reason: reason, Message: fmt.Sprintf(format, args...)})
+	}
+	if r.SchemaVersion != 0 && r.SchemaVersion != SchemaVersion {
+		add("schemaVersion", ReasonUnsupportedSchema, "schema version %d is not supported; this server speaks %d", r.SchemaVersion, SchemaVersion)
+	}
+	if err := ValidateTenant(subjectTenant); err != nil {
+		add("tenant", ReasonInvalidTenant, "%v", err)
+	} else if r.Tenant != "" && r.Tenant != subjectTenant {
+		add("tenant", ReasonTenantMismatch, "body names tenant %q but was submitted for tenant %q", r.Tenant, subjectTenant)
+	}
+	switch {
+	case r.ID == "":
+		add("id", ReasonMissingField, "id is required: a client-chosen job ID, also used as Nats-Msg-Id")
+	case ValidateID(r.ID) != nil:
+		add("id", ReasonInvalidID, "%v", ValidateID(r.ID))
+	}
+	if len(r.Name) > MaxNameLength {
+		add("name", ReasonOutOfRange, "name is %d bytes, limit is %d", len(r.Name), MaxNameLength)
+	}
+	if r.Priority.Rank() < 0 {
+		add("priority", ReasonUnknownPriority, "unknown priority %q; want one of %v", r.Priority, Priorities)
+	}
+	if r.Pool != "" {
+		if err := ValidatePool(r.Pool); err != nil {
+			add("pool", ReasonInvalidValue, "%v", err)
+		}
+	}
+	g := r.Resources.GPU
+	switch {
+	case g.Count < 1:
+		add("resources.gpu.count", ReasonOutOfRange, "gpu count is %d; want 1 to %d", g.Count, MaxGPUsPerJob)
+	case g.Count > MaxGPUsPerJob:
+		add("resources.gpu.count", ReasonOutOfRange, "gpu count is %d; want 1 to %d", g.Count, MaxGPUsPerJob)
+	}
+	if g.Model != "" && g.Model != GPUModelAny && !KnownGPUModel(g.Model) {
+		add("resources.gpu.model", ReasonUnknownGPUModel, "unknown GPU model %q; want %q or one of %v", g.Model, GPUModelAny, GPUModels)
+	}
+	if g.MemoryMiB < 0 || g.MemoryMiB > MaxGPUMemoryMiB {
+		add("resources.gpu.memoryMiB", ReasonOutOfRange, "gpu memory is %d MiB; want 0 to %d", g.MemoryMiB, MaxGPUMemoryMiB)
+	}
+	if r.Resources.CPUMilli < 0 || r.Resources.CPUMilli > MaxCPUMilli {
+		add("resources.cpuMilli", ReasonOutOfRange, "cpu is %d milli-CPU; want 0 to %d", r.Resources.CPUMilli, MaxCPUMilli)
+	}
+	if r.Resources.MemoryMiB < 0 || r.Resources.MemoryMiB > MaxHostMemoryMiB {
+		add("resources.memoryMiB", ReasonOutOfRange, "host memory is %d MiB; want 0 to %d", r.Resources.MemoryMiB, MaxHostMemoryMiB)
+	}
+	run := r.Run
+	switch {
+	case run.Duration < 0:
+		add("run.duration", ReasonInvalidDuration, "duration %s is negative", run.Duration.D())
+	case run.Duration.D() > MaxJobDuration:
+		add("run.duration", ReasonOutOfRange, "duration %s exceeds the limit of %s", run.Duration.D(), MaxJobDuration)
+	}
+	if len(run.Command) == 0 && run.Duration == 0 {
+		add("run", ReasonMissingField, "set run.duration for a simulated run or run.command for a real one")
+	}
+	if len(run.Command) > MaxCommandArgs {
+		add("run.command", ReasonOutOfRange, "command has %d arguments, limit is %d", len(run.Command), MaxCommandArgs)
+	} else if len(run.Command) > 0 {
+		size := 0
+		for _, a := range run.Command {
+			size += len(a)
+		}
+		if run.Command[0] == "" {
+			add("run.command", ReasonInvalidValue, "command[0] (the program) is empty")
+		}
+		if size > MaxCommandBytes {
+			add("run.command", ReasonOutOfRange, "command is %d bytes, limit is %d", size, MaxCommandBytes)
+		}
+	}
+	if len(run.Command) == 0 && len(run.Env) > 0 {
+		add("run.env", ReasonConflictingRun, "env is only meaningful with a command")
+	}
+	if len(run.Env) > MaxEnvVars {
+		add("run.env", ReasonOutOfRange, "env has %d variables, limit is %d", len(run.Env), MaxEnvVars)
+	}
+	for k := range run.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") {
+			add("run.env", ReasonInvalidValue, "env name %q is not a valid variable name", k)
+		}
+	}
+	if run.ExitCode < 0 || run.ExitCode > 255 {
+		add("run.exitCode", ReasonOutOfRange, "exit code %d; want 0 to 255", run.ExitCode)
+	}
+	if len(r.Labels) > MaxLabels {
+		add("labels", ReasonOutOfRange, "%d labels, limit is %d", len(r.Labels), MaxLabels)
+	}
+	for k, v := range r.Labels {
+		if k == "" || len(k)+len(v) > MaxLabelBytes {
+			add("labels", ReasonInvalidValue, "label %q is empty or longer than %d bytes", k, MaxLabelBytes)
+		}
+	}
+	slices.SortStableFunc(errs, func(a, b FieldError) int { return strings.Compare(a.Field, b.Field) })
+	return newValidationError(errs)
+}
+
+// Normalized returns a copy with defaults filled in: schema version,
+// tenant, priority and model. The scheduler stores and publishes the
+// normalized form.
+func (r JobRequest) Normalized(tenant string) JobRequest {
+	r.SchemaVersion = SchemaVersion
+	r.Tenant = tenant
+	if r.Priority == "" {
+		r.Priority = PriorityNormal
+	}
+	if r.Resources.GPU.Model == "" {
+		r.Resources.GPU.Model = GPUModelAny
+	}
+	return r
+}
+
+// SubmitMsgID is the Nats-Msg-Id for a job request: unique per tenant and
+// job ID, so a retried submit is dropped inside the duplicate window.
+func SubmitMsgID(tenant, jobID string) string { return "submit/" + tenant + "/" + jobID }
+
+// CancelRequest asks to cancel a job; published on SubjectCancel(tenant).
+type CancelRequest struct {
+	SchemaVersion int    `json:"schemaVersion,omitempty"`
+	JobID         string `json:"jobId"`
+	Reason        string `json:"reason,omitempty"`
+}
+
+// DecodeCancelRequest decodes and validates a cancel request.
+func DecodeCancelRequest(data []byte) (CancelRequest, error) {
+	var c CancelRequest
+	if err := decodeStrict(data, &c); err != nil {
+		return c, err
+	}
+	var errs []FieldError
+	if c.SchemaVersion != 0 && c.SchemaVersion != SchemaVersion {
+		errs = append(errs, FieldError{Field: "schemaVersion", Reason: ReasonUnsupportedSchema, Message: fmt.Sprintf("schema version %d is not supported", c.SchemaVersion)})
+	}
+	if err := ValidateID(c.JobID); err != nil {
+		errs = append(errs, FieldError{Field: "jobId", Reason: ReasonInvalidID, Message: err.Error()})
+	}
+	if len(c.Reason) > MaxCancelReasonSz {
+		errs = append(errs, FieldError{Field: "reason", Reason: ReasonOutOfRange, Message: "reason is too long"})
+	}
+	return c, newValidationError(errs)
+}
+
+// CancelMsgID is the Nats-Msg-Id of a cancel request.
+func CancelMsgID(tenant, jobID string) string { return "cancel/" + tenant + "/" + jobID }
+
+// RejectedJobID is the job ID under which a request whose own ID is missing
+// or invalid is rejected: its stream sequence, so the rejection still has a
+// subject (gp.jobs.events.<tenant>.rej-<seq>) that the submitter can watch.
+func RejectedJobID(streamSeq uint64) string { return "rej-" + strconv.FormatUint(streamSeq, 10) }

@@ -1,0 +1,120 @@
+package contracts
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Reason is a stable, machine-readable code. Reasons appear in rejected
+// events, refused plan items, pending reasons and API error bodies; clients
+// switch on them, so a code is never renamed, only added.
+type Reason string
+
+// Request rejection reasons (the Reason of a rejected JobEvent or of an API
+// error body).
+const (
+	ReasonInvalidJSON          Reason = "invalid_json"
+	ReasonInvalidType          Reason = "invalid_type"
+	ReasonUnknownField         Reason = "unknown_field"
+	ReasonTooLarge             Reason = "too_large"
+	ReasonEmptyBody            Reason = "empty_body"
+	ReasonUnsupportedSchema    Reason = "unsupported_schema_version"
+	ReasonMissingField         Reason = "missing_field"
+	ReasonInvalidValue         Reason = "invalid_value"
+	ReasonOutOfRange           Reason = "out_of_range"
+	ReasonInvalidID            Reason = "invalid_id"
+	ReasonInvalidTenant        Reason = "invalid_tenant"
+	ReasonTenantMismatch       Reason = "tenant_mismatch"
+	ReasonUnknownGPUModel      Reason = "unknown_gpu_model"
+	ReasonUnknownPriority      Reason = "unknown_priority"
+	ReasonInvalidDuration      Reason = "invalid_duration"
+	ReasonConflictingRun       Reason = "conflicting_run_spec"
+	ReasonDuplicateJobID       Reason = "duplicate_job_id"
+	ReasonUnsatisfiable        Reason = "unsatisfiable"
+	ReasonInvalidRequest       Reason = "invalid_request" // several field errors of different kinds
+	ReasonUnknownJob           Reason = "unknown_job"
+	ReasonAlreadyTerminal      Reason = "already_terminal"
+	ReasonMissingMsgID         Reason = "missing_msg_id"
+	ReasonInvalidCancelRequest Reason = "invalid_cancel_request"
+)
+
+// Pending reasons: why a queued job is not placed yet.
+const (
+	PendingNoNodes          Reason = "no_nodes"
+	PendingNoMatchingModel  Reason = "no_matching_gpu_model"
+	PendingInsufficientGPUs Reason = "insufficient_free_gpus"
+	PendingQueuedBehind     Reason = "queued_behind_higher_priority"
+	PendingPlanInFlight     Reason = "plan_in_flight"
+	PendingCommitRefused    Reason = "commit_refused"
+)
+
+// Refusal reasons: why the resource manager refused a plan item.
+const (
+	RefusedUnknownNode    Reason = "unknown_node"
+	RefusedNodeNotReady   Reason = "node_not_ready"
+	RefusedUnknownDevice  Reason = "unknown_device"
+	RefusedDeviceTaken    Reason = "device_taken"
+	RefusedAlreadyPlaced  Reason = "job_already_allocated"
+	RefusedStaleEpoch     Reason = "stale_epoch"
+	RefusedInvalidPlan    Reason = "invalid_plan"
+	RefusedModelMismatch  Reason = "gpu_model_mismatch"
+	RefusedCommitConflict Reason = "commit_conflict"
+)
+
+// Release, stop and failure reasons.
+const (
+	ReasonRunEnded      Reason = "run_ended"
+	ReasonCancelled     Reason = "cancelled_by_user"
+	ReasonNodeLost      Reason = "node_lost"
+	ReasonExitNonZero   Reason = "exit_non_zero"
+	ReasonLaunchFailed  Reason = "launch_failed"
+	ReasonAgentRestart  Reason = "agent_restarted"
+	ReasonStopRequested Reason = "stop_requested"
+)
+
+// FieldError is one machine-readable problem with one field of a message.
+// Field is a JSON path such as "resources.gpu.count".
+type FieldError struct {
+	Field   string `json:"field"`
+	Reason  Reason `json:"reason"`
+	Message string `json:"message"`
+}
+
+func (f FieldError) Error() string {
+	if f.Field == "" {
+		return fmt.Sprintf("%s: %s", f.Reason, f.Message)
+	}
+	return fmt.Sprintf("%s: %s: %s", f.Field, f.Reason, f.Message)
+}
+
+// ValidationError is the error Validate and Decode functions return. Reason
+// summarises: the single reason when all field errors share it, otherwise
+// ReasonInvalidRequest.
+type ValidationError struct {
+	Reason Reason       `json:"reason"`
+	Fields []FieldError `json:"fields"`
+}
+
+func (v *ValidationError) Error() string {
+	msgs := make([]string, 0, len(v.Fields))
+	for _, f := range v.Fields {
+		msgs = append(msgs, f.Error())
+	}
+	return fmt.Sprintf("%s: %s", v.Reason, strings.Join(msgs, "; "))
+}
+
+// newValidationError builds a ValidationError from field errors, or returns
+// nil when there are none.
+func newValidationError(fields []FieldError) error {
+	if len(fields) == 0 {
+		return nil
+	}
+	reason := fields[0].Reason
+	for _, f := range fields[1:] {
+		if f.Reason != reason {
+			reason = ReasonInvalidRequest
+			break
+		}
+	}
+	return &ValidationError{Reason: reason, Fields: fields}
+}

@@ -1,0 +1,103 @@
+package contracts
+
+import (
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Stream names. Streams under "log of record" keep what the platform must
+// never lose (jobs, allocations, runs, usage); the others are high-volume or
+// derived and age out.
+const (
+	StreamJobs         = "JOBS"          // job requests and cancels (log of record)
+	StreamJobEvents    = "JOB_EVENTS"    // job lifecycle events (log of record)
+	StreamPlans        = "PLANS"         // placement plans (commands, short-lived)
+	StreamAllocations  = "ALLOCATIONS"   // the ledger and refusals (log of record)
+	StreamRuns         = "RUNS"          // run facts from node agents (log of record)
+	StreamNodes        = "NODES"         // inventory, lifecycle and health
+	StreamHeartbeats   = "HEARTBEATS"    // liveness, last few per node
+	StreamTelemetry    = "TELEMETRY"     // 1 s samples, short max age
+	StreamNodeCommands = "NODE_COMMANDS" // commands for node agents
+	StreamOps          = "OPS"           // demand, scale decisions, alerts
+	StreamUsage        = "USAGE"         // usage records (log of record)
+	StreamDeadLetters  = "DEAD_LETTERS"  // messages consumers gave up on
+)
+
+// DuplicateWindow is how long JetStream remembers a Nats-Msg-Id. Handlers
+// must still be idempotent on their own keys: a redelivery can come later.
+const DuplicateWindow = 2 * time.Minute
+
+// MaxMessageBytes bounds every message body a service accepts. Larger
+// bodies are rejected with ReasonTooLarge before decoding.
+const MaxMessageBytes = 64 * 1024
+
+// StreamOptions are the deployment-dependent knobs of the stream layout.
+type StreamOptions struct {
+	// Replicas is 1 for the embedded server and 3 in production.
+	Replicas int
+	// Storage is file storage unless Memory is set (tests that need speed).
+	Memory bool
+	// TelemetryMaxAge bounds how long telemetry is kept (default 10 minutes).
+	TelemetryMaxAge time.Duration
+}
+
+// Streams returns the configuration of every stream of the platform. It is
+// applied idempotently (create or update) by every service at start-up, so
+// any service can come up first.
+func Streams(o StreamOptions) []jetstream.StreamConfig {
+	if o.Replicas <= 0 {
+		o.Replicas = 1
+	}
+	if o.TelemetryMaxAge <= 0 {
+		o.TelemetryMaxAge = 10 * time.Minute
+	}
+	storage := jetstream.FileStorage
+	if o.Memory {
+		storage = jetstream.MemoryStorage
+	}
+	record := func(name, desc string, subjects ...string) jetstream.StreamConfig {
+		return jetstream.StreamConfig{
+			Name:        name,
+			Description: desc,
+			Subjects:    subjects,
+			Retention:   jetstream.LimitsPolicy,
+			// DiscardNew: an overflowing stream refuses the publish, so the
+			// publisher sees an error instead of an older record vanishing.
+			Discard:           jetstream.DiscardNew,
+			MaxBytes:          -1,
+			MaxMsgs:           -1,
+			Storage:           storage,
+			Replicas:          o.Replicas,
+			Duplicates:        DuplicateWindow,
+			MaxMsgSize:        MaxMessageBytes * 2,
+			AllowDirect:       true,
+			AllowRollup:       false,
+			DenyDelete:        true,
+			DenyPurge:         false,
+			MaxMsgsPerSubject: -1,
+		}
+	}
+	aging := func(name, desc string, maxAge time.Duration, perSubject int64, subjects ...string) jetstream.StreamConfig {
+		c := record(name, desc, subjects...)
+		c.Discard = jetstream.DiscardOld
+		c.MaxAge = maxAge
+		c.MaxMsgsPerSubject = perSubject
+		c.DenyDelete = false
+		return c
+	}
+	return []jetstream.StreamConfig{
+		record(StreamJobs, "job requests and cancel requests, per tenant", SubjectSubmitAll, SubjectCancelAll),
+		record(StreamJobEvents, "job lifecycle events, per tenant and job", SubjectJobEventsAll),
+		aging(StreamPlans, "placement plans from schedulers", 24*time.Hour, -1, SubjectPlansAll),
+		record(StreamAllocations, "allocation ledger (per-node CAS) and refused plan items", SubjectAllocAll),
+		record(StreamRuns, "run facts reported by node agents", SubjectRunsAll),
+		aging(StreamNodes, "node inventory, lifecycle and GPU health", 7*24*time.Hour, 1000, SubjectNodesAll),
+		aging(StreamHeartbeats, "node agent heartbeats, the last few per node", time.Hour, 3, SubjectHeartbeatAll),
+		aging(StreamTelemetry, "per-machine GPU telemetry batches, 1 s", o.TelemetryMaxAge, -1, SubjectTelemetryAll),
+		aging(StreamNodeCommands, "commands for node agents", 7*24*time.Hour, -1, SubjectNodeCommandsAll),
+		aging(StreamOps, "pending demand, scale decisions and alerts", 7*24*time.Hour, -1, SubjectDemandAll, SubjectScaleAll, SubjectAlertsAll),
+		record(StreamUsage, "metered usage records, per tenant", SubjectUsageAll),
+		aging(StreamDeadLetters, "messages a consumer gave up on, for inspection", 30*24*time.Hour, -1, SubjectDeadLetterAll),
+	}
+}

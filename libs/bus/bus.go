@@ -1,0 +1,222 @@
+// Package bus is gpuplane's one way of talking to NATS JetStream: connect
+// with endless reconnect, provision the streams of contracts idempotently,
+// publish with CloudEvents headers, a Nats-Msg-Id and the trace context, and
+// consume durable pull consumers with explicit ack, Nak with backoff,
+// Term plus dead-letter for permanent failures, and replay of a stream from
+// its first message for rebuilding state.
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/gpuplane/gpuplane/contracts"
+)
+
+// Config configures a connection.
+type Config struct {
+	// URL of the NATS server(s), comma separated.
+	URL string
+	// Name identifies the connection and is the CloudEvents source
+	// ("/gpuplane/<name>").
+	Name string
+	// Streams are the stream options applied at Connect (replicas, storage).
+	Streams contracts.StreamOptions
+	// SkipProvision leaves streams alone (a client that only publishes).
+	SkipProvision bool
+	// Logger; default slog.Default().
+	Logger *slog.Logger
+	// TracerProvider for publish and consume spans; default no-op.
+	TracerProvider trace.TracerProvider
+	// ConnectTimeout bounds how long Connect waits for the first
+	// connection and provisioning; default 30 s.
+	ConnectTimeout time.Duration
+	// Options are extra nats.Options (credentials, TLS).
+	Options []nats.Option
+}
+
+// Bus is a connection to JetStream. It is safe for concurrent use.
+type Bus struct {
+	nc     *nats.Conn
+	js     jetstream.JetStream
+	name   string
+	log    *slog.Logger
+	tracer trace.Tracer
+	prop   propagation.TextMapPropagator
+	opts   contracts.StreamOptions
+}
+
+// Connect connects to NATS, waits for the connection, and provisions the
+// platform's streams unless SkipProvision is set. The connection
+// reconnects forever: a NATS restart is an outage to wait out, not a crash.
+func Connect(ctx context.Context, cfg Config) (*Bus, error) {
+	if cfg.URL == "" {
+		return nil, errors.New("bus: no NATS URL")
+	}
+	if cfg.Name == "" {
+		return nil, errors.New("bus: no connection name")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.TracerProvider == nil {
+		cfg.TracerProvider = noop.NewTracerProvider()
+	}
+	if cfg.ConnectTimeout <= 0 {
+		cfg.ConnectTimeout = 30 * time.Second
+	}
+	log := cfg.Logger.With("component", "bus")
+	connected := make(chan struct{}, 1)
+	opts := append([]nats.Option{
+		nats.Name(cfg.Name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.RetryOnFailedConnect(true),
+		nats.ConnectHandler(func(*nats.Conn) {
+			select {
+			case connected <- struct{}{}:
+			default:
+			}
+		}),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				log.Warn("nats disconnected", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) { log.Info("nats reconnected", "url", nc.ConnectedUrl()) }),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			subj := ""
+			if sub != nil {
+				subj = sub.Subject
+			}
+			log.Warn("nats async error", "subject", subj, "err", err)
+		}),
+	}, cfg.Options...)
+	nc, err := nats.Connect(cfg.URL, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("bus: connect %s: %w", cfg.URL, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.ConnectTimeout)
+	defer cancel()
+	if !nc.IsConnected() {
+		select {
+		case <-connected:
+		case <-ctx.Done():
+			nc.Close()
+			return nil, fmt.Errorf("bus: connect %s: %w", cfg.URL, ctx.Err())
+		}
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("bus: jetstream: %w", err)
+	}
+	b := &Bus{
+		nc:     nc,
+		js:     js,
+		name:   cfg.Name,
+		log:    log,
+		tracer: cfg.TracerProvider.Tracer("github.com/gpuplane/gpuplane/libs/bus"),
+		prop:   propagation.TraceContext{},
+		opts:   cfg.Streams,
+	}
+	if !cfg.SkipProvision {
+		if err := b.EnsureStreams(ctx); err != nil {
+			nc.Close()
+			return nil, err
+		}
+	}
+	return b, nil
+}
+
+// EnsureStreams creates or updates every stream of contracts.Streams. It is
+// idempotent and retries while JetStream is not yet available (a cluster
+// still electing its meta leader).
+func (b *Bus) EnsureStreams(ctx context.Context) error {
+	for _, sc := range contracts.Streams(b.opts) {
+		if err := retry(ctx, func() error {
+			_, err := b.js.CreateOrUpdateStream(ctx, sc)
+			return err
+		}); err != nil {
+			return fmt.Errorf("bus: provision stream %s: %w", sc.Name, err)
+		}
+	}
+	return nil
+}
+
+// JetStream exposes the JetStream handle for what the bus does not wrap
+// (KV buckets, stream info).
+func (b *Bus) JetStream() jetstream.JetStream { return b.js }
+
+// Conn exposes the NATS connection.
+func (b *Bus) Conn() *nats.Conn { return b.nc }
+
+// Name is the connection name (the service name).
+func (b *Bus) Name() string { return b.name }
+
+// Close drains the connection: in-flight handlers finish and pending
+// publishes are flushed before it closes. It waits at most until ctx ends.
+func (b *Bus) Close(ctx context.Context) error {
+	if b.nc.IsClosed() {
+		return nil
+	}
+	closed := make(chan struct{})
+	b.nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
+	if err := b.nc.Drain(); err != nil {
+		b.nc.Close()
+		return fmt.Errorf("bus: drain: %w", err)
+	}
+	select {
+	case <-closed:
+		return nil
+	case <-ctx.Done():
+		b.nc.Close()
+		return ctx.Err()
+	}
+}
+
+// retry runs fn until it succeeds, returns a non-transient error, or ctx
+// ends, backing off from 50 ms to 2 s.
+func retry(ctx context.Context, fn func() error) error {
+	delay := 50 * time.Millisecond
+	for {
+		err := fn()
+		if err == nil || !transient(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return errors.Join(err, ctx.Err())
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 2*time.Second)
+	}
+}
+
+// transient reports whether a JetStream call failed for a reason that
+// waiting can fix: no responders, a timeout, a disconnect, a leaderless
+// cluster.
+func transient(err error) bool {
+	switch {
+	case errors.Is(err, nats.ErrNoResponders), errors.Is(err, jetstream.ErrNoStreamResponse),
+		errors.Is(err, nats.ErrTimeout), errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, nats.ErrConnectionClosed), errors.Is(err, nats.ErrConnectionReconnecting),
+		errors.Is(err, nats.ErrDisconnected), errors.Is(err, jetstream.ErrJetStreamNotEnabled):
+		return true
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		// 503: JetStream temporarily unavailable (no leader / catching up).
+		return apiErr.Code == 503
+	}
+	return false
+}

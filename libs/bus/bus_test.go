@@ -1,0 +1,228 @@
+package bus_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
+)
+
+func connect(t *testing.T) *bus.Bus {
+	t.Helper()
+	srv := natstest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "test"})
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() { _ = b.Close(context.Background()) })
+	return b
+}
+
+func eventually(t *testing.T, d time.Duration, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("timed out waiting for %s", what)
+}
+
+func TestPublishSetsEnvelopeAndDeduplicates(t *testing.T) {
+	b := connect(t)
+	ctx := context.Background()
+	req := contracts.JobRequest{ID: "j1", Resources: contracts.Resources{GPU: contracts.GPURequest{Count: 1}}}
+	ack1, err := b.Publish(ctx, contracts.SubjectSubmit("acme"), "id-1", req, bus.CESubject("j1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ack2, err := b.Publish(ctx, contracts.SubjectSubmit("acme"), "id-1", req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ack2.Duplicate || ack2.Sequence != ack1.Sequence {
+		t.Fatalf("second publish with the same ID: duplicate=%v seq=%d, want duplicate of seq %d", ack2.Duplicate, ack2.Sequence, ack1.Sequence)
+	}
+	var got []*bus.Msg
+	last, err := b.Replay(ctx, bus.FollowSpec{Stream: contracts.StreamJobs}, func(_ context.Context, m *bus.Msg) error {
+		got = append(got, m)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || last != ack1.Sequence {
+		t.Fatalf("replay got %d messages up to %d, want 1 up to %d", len(got), last, ack1.Sequence)
+	}
+	h := got[0].Header
+	for k, want := range map[string]string{
+		contracts.HeaderCESpecVersion: "1.0",
+		contracts.HeaderCEType:        "io.gpuplane.job.request.v1",
+		contracts.HeaderCESource:      "/gpuplane/test",
+		contracts.HeaderCEID:          "id-1",
+		contracts.HeaderCESubject:     "j1",
+		contracts.HeaderContentType:   "application/json",
+		contracts.HeaderMsgID:         "id-1",
+	} {
+		if h.Get(k) != want {
+			t.Errorf("header %s = %q, want %q", k, h.Get(k), want)
+		}
+	}
+}
+
+func TestExpectLastSubjectSeqIsCompareAndSet(t *testing.T) {
+	b := connect(t)
+	ctx := context.Background()
+	subj := contracts.SubjectLedger("n1")
+	ack, err := b.Publish(ctx, subj, "e1", contracts.LedgerEntry{Kind: contracts.LedgerCommitted}, bus.ExpectLastSubjectSeq(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A writer that still believes the subject is empty loses.
+	_, err = b.Publish(ctx, subj, "e2", contracts.LedgerEntry{Kind: contracts.LedgerCommitted}, bus.ExpectLastSubjectSeq(0))
+	if !errors.Is(err, bus.ErrWrongLastSequence) {
+		t.Fatalf("stale CAS publish: err = %v, want ErrWrongLastSequence", err)
+	}
+	if _, err := b.Publish(ctx, subj, "e3", contracts.LedgerEntry{Kind: contracts.LedgerReleased}, bus.ExpectLastSubjectSeq(ack.Sequence)); err != nil {
+		t.Fatalf("CAS publish with the right sequence: %v", err)
+	}
+}
+
+func TestConsumeRetriesTransientAndDeadLettersPermanent(t *testing.T) {
+	b := connect(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for _, id := range []string{"ok", "flaky", "poison", "panic"} {
+		if _, err := b.Publish(ctx, contracts.SubjectCancel("acme"), id, contracts.CancelRequest{JobID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	done := map[string]int{}
+	var flakyTries atomic.Int32
+	go func() {
+		_ = b.Consume(ctx, bus.ConsumerSpec{
+			Stream: contracts.StreamJobs, Durable: "t", FilterSubjects: []string{contracts.SubjectCancelAll},
+			Backoff: []time.Duration{20 * time.Millisecond}, MaxDeliver: 5,
+		}, func(_ context.Context, m *bus.Msg) error {
+			var c contracts.CancelRequest
+			if err := m.Decode(&c); err != nil {
+				return bus.Permanent(err)
+			}
+			switch c.JobID {
+			case "flaky":
+				if flakyTries.Add(1) < 3 {
+					return errors.New("transient")
+				}
+			case "poison":
+				return bus.Permanent(errors.New("never valid"))
+			case "panic":
+				panic("boom")
+			}
+			mu.Lock()
+			done[c.JobID]++
+			mu.Unlock()
+			return nil
+		})
+	}()
+	var dead []string
+	var dmu sync.Mutex
+	go func() {
+		_ = b.Follow(ctx, bus.FollowSpec{Stream: contracts.StreamDeadLetters}, func(_ context.Context, m *bus.Msg) error {
+			dmu.Lock()
+			dead = append(dead, m.Header.Get(contracts.HeaderDeadLetterSubject)+":"+m.Header.Get(contracts.HeaderDeadLetterReason))
+			dmu.Unlock()
+			return nil
+		}, nil)
+	}()
+	eventually(t, 10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		dmu.Lock()
+		defer dmu.Unlock()
+		return done["ok"] == 1 && done["flaky"] == 1 && len(dead) == 2
+	}, "ok and flaky handled once, poison and panic dead-lettered")
+	if n := flakyTries.Load(); n != 3 {
+		t.Errorf("flaky handled %d times, want 3", n)
+	}
+}
+
+func TestFollowSignalsCaughtUpThenStreamsNew(t *testing.T) {
+	b := connect(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for _, id := range []string{"a", "b"} {
+		if _, err := b.Publish(ctx, contracts.SubjectCancel("acme"), id, contracts.CancelRequest{JobID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	var seen []string
+	caught := make(chan int, 1)
+	go func() {
+		_ = b.Follow(ctx, bus.FollowSpec{Stream: contracts.StreamJobs}, func(_ context.Context, m *bus.Msg) error {
+			mu.Lock()
+			seen = append(seen, m.ID())
+			mu.Unlock()
+			return nil
+		}, func() {
+			mu.Lock()
+			caught <- len(seen)
+			mu.Unlock()
+		})
+	}()
+	select {
+	case n := <-caught:
+		if n != 2 {
+			t.Fatalf("caught up after %d messages, want 2", n)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("never caught up")
+	}
+	if _, err := b.Publish(ctx, contracts.SubjectCancel("acme"), "c", contracts.CancelRequest{JobID: "c"}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(seen) == 3 }, "the new message")
+}
+
+func TestReplayOfEmptyFilterReturnsAtOnce(t *testing.T) {
+	b := connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	last, err := b.Replay(ctx, bus.FollowSpec{Stream: contracts.StreamAllocations, FilterSubjects: []string{contracts.SubjectLedgerAll}},
+		func(context.Context, *bus.Msg) error { t.Error("no message expected"); return nil })
+	if err != nil || last != 0 {
+		t.Fatalf("Replay of an empty stream = %d, %v; want 0, nil", last, err)
+	}
+}
+
+func TestStreamsAreProvisionedIdempotently(t *testing.T) {
+	b := connect(t)
+	ctx := context.Background()
+	if err := b.EnsureStreams(ctx); err != nil {
+		t.Fatalf("second provisioning: %v", err)
+	}
+	s, err := b.JetStream().Stream(ctx, contracts.StreamJobs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Config.Discard != jetstream.DiscardNew {
+		t.Errorf("JOBS discard policy = %v, want DiscardNew (an overflowing submit must fail, not drop an old job)", info.Config.Discard)
+	}
+}

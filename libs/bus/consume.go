@@ -1,0 +1,302 @@
+package bus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/gpuplane/gpuplane/contracts"
+)
+
+// Msg is one message delivered from a stream.
+type Msg struct {
+	Subject      string
+	Data         []byte
+	Header       nats.Header
+	Stream       string
+	StreamSeq    uint64
+	NumDelivered uint64
+	NumPending   uint64
+	Timestamp    time.Time
+	raw          jetstream.Msg
+}
+
+// Decode unmarshals the body into v.
+func (m *Msg) Decode(v any) error {
+	if err := json.Unmarshal(m.Data, v); err != nil {
+		return fmt.Errorf("decode %s seq %d: %w", m.Subject, m.StreamSeq, err)
+	}
+	return nil
+}
+
+// ID is the message's Nats-Msg-Id (equal to its ce-id), "" when absent.
+func (m *Msg) ID() string { return m.Header.Get(contracts.HeaderMsgID) }
+
+// InProgress tells JetStream the handler is still working, resetting AckWait.
+func (m *Msg) InProgress() error {
+	if m.raw == nil {
+		return nil
+	}
+	return m.raw.InProgress()
+}
+
+// Handler handles one message. Its error decides the message's fate:
+//   - nil: the message is acknowledged (double ack: the server confirmed it).
+//   - an error wrapped with Permanent: the message can never succeed; it is
+//     copied to the dead-letter subject and terminated. A handler that owes
+//     someone an answer (a rejected event) publishes it before returning.
+//   - any other error: transient; the message is Nak'ed with backoff and
+//     redelivered, up to MaxDeliver times, then dead-lettered.
+type Handler func(ctx context.Context, m *Msg) error
+
+// PermanentError marks an error that retrying cannot fix.
+type PermanentError struct{ Err error }
+
+func (e *PermanentError) Error() string { return "permanent: " + e.Err.Error() }
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+// Permanent marks err as permanent (see Handler).
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Err: err}
+}
+
+// IsPermanent reports whether err was marked with Permanent.
+func IsPermanent(err error) bool {
+	var p *PermanentError
+	return errors.As(err, &p)
+}
+
+// ConsumerSpec describes a durable pull consumer.
+type ConsumerSpec struct {
+	Stream  string
+	Durable string
+	// FilterSubjects narrow the stream; empty means all of it.
+	FilterSubjects []string
+	// DeliverPolicy for a newly created consumer; default all.
+	DeliverPolicy jetstream.DeliverPolicy
+	// AckWait before an unacknowledged message is redelivered; default 30 s.
+	AckWait time.Duration
+	// MaxDeliver attempts before a message is dead-lettered; default 10.
+	MaxDeliver int
+	// Backoff are the Nak delays by attempt (the last repeats); default
+	// 100 ms, 500 ms, 2 s, 5 s.
+	Backoff []time.Duration
+	// MaxAckPending bounds unacknowledged messages in flight; default 1000.
+	MaxAckPending int
+	// Batch is how many messages a pull asks for; default 256.
+	Batch int
+	// InactiveThreshold removes an abandoned consumer; 0 keeps it.
+	InactiveThreshold time.Duration
+}
+
+func (s *ConsumerSpec) defaults() {
+	if s.AckWait <= 0 {
+		s.AckWait = 30 * time.Second
+	}
+	if s.MaxDeliver <= 0 {
+		s.MaxDeliver = 10
+	}
+	if len(s.Backoff) == 0 {
+		s.Backoff = []time.Duration{100 * time.Millisecond, 500 * time.Millisecond, 2 * time.Second, 5 * time.Second}
+	}
+	if s.MaxAckPending <= 0 {
+		s.MaxAckPending = 1000
+	}
+	if s.Batch <= 0 {
+		s.Batch = 256
+	}
+}
+
+// Consume runs a durable pull consumer, calling h for each message one at a
+// time in stream order, until ctx ends (then it returns nil). The consumer
+// is created or updated idempotently, so several replicas of a service
+// share one durable and JetStream spreads messages between them.
+func (b *Bus) Consume(ctx context.Context, spec ConsumerSpec, h Handler) error {
+	spec.defaults()
+	cfg := jetstream.ConsumerConfig{
+		Durable:           spec.Durable,
+		Description:       "gpuplane " + b.name,
+		FilterSubjects:    spec.FilterSubjects,
+		DeliverPolicy:     spec.DeliverPolicy,
+		AckPolicy:         jetstream.AckExplicitPolicy,
+		AckWait:           spec.AckWait,
+		MaxDeliver:        spec.MaxDeliver,
+		MaxAckPending:     spec.MaxAckPending,
+		InactiveThreshold: spec.InactiveThreshold,
+	}
+	log := b.log.With("stream", spec.Stream, "consumer", spec.Durable)
+	delay := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		var cons jetstream.Consumer
+		err := retry(ctx, func() error {
+			var err error
+			cons, err = b.js.CreateOrUpdateConsumer(ctx, spec.Stream, cfg)
+			return err
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("bus: consumer %s/%s: %w", spec.Stream, spec.Durable, err)
+		}
+		err = b.consumeLoop(ctx, cons, spec, h)
+		if ctx.Err() != nil {
+			return nil
+		}
+		// The iterator broke (consumer deleted, connection closed for
+		// good): start again after a pause.
+		log.Warn("consumer interrupted, restarting", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 5*time.Second)
+	}
+	return nil
+}
+
+func (b *Bus) consumeLoop(ctx context.Context, cons jetstream.Consumer, spec ConsumerSpec, h Handler) error {
+	it, err := cons.Messages(jetstream.PullMaxMessages(spec.Batch))
+	if err != nil {
+		return err
+	}
+	defer it.Stop()
+	for {
+		raw, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return err
+			}
+			// Heartbeat misses and similar hiccups: the iterator recovers.
+			b.log.Debug("pull consumer hiccup", "stream", spec.Stream, "consumer", spec.Durable, "err", err)
+			continue
+		}
+		b.handle(ctx, spec, raw, h)
+	}
+}
+
+// handle runs h on one message and settles it.
+func (b *Bus) handle(ctx context.Context, spec ConsumerSpec, raw jetstream.Msg, h Handler) {
+	m := newMsg(raw)
+	ctx = b.prop.Extract(ctx, propagation.HeaderCarrier(m.Header))
+	ctx, span := b.tracer.Start(ctx, "process "+m.Subject,
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(
+			attribute.String("messaging.system", "nats"),
+			attribute.String("messaging.destination.name", m.Subject),
+			attribute.String("messaging.consumer.group.name", spec.Durable),
+			attribute.String("messaging.message.id", m.ID()),
+			attribute.Int64("messaging.nats.sequence", int64(m.StreamSeq)),
+			attribute.Int64("messaging.nats.delivered", int64(m.NumDelivered)),
+		))
+	defer span.End()
+	log := b.log.With("subject", m.Subject, "stream_seq", m.StreamSeq, "consumer", spec.Durable)
+
+	err := safeCall(ctx, h, m)
+	switch {
+	case err == nil:
+		if aerr := raw.DoubleAck(ctx); aerr != nil && ctx.Err() == nil {
+			// The work is done and idempotent: a redelivery is harmless.
+			log.Warn("ack failed; message may be redelivered", "err", aerr)
+		}
+		return
+	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
+		// Shutting down mid-handler: let it be redelivered to someone else.
+		_ = raw.Nak()
+		return
+	}
+	span.RecordError(err)
+	span.SetStatus(codes.Error, err.Error())
+	if IsPermanent(err) || m.NumDelivered >= uint64(spec.MaxDeliver) {
+		reason := err.Error()
+		if !IsPermanent(err) {
+			reason = fmt.Sprintf("gave up after %d deliveries: %v", m.NumDelivered, err)
+		}
+		log.Warn("dead-lettering message", "err", err, "delivered", m.NumDelivered)
+		if derr := b.deadLetter(ctx, spec, m, reason); derr != nil {
+			// Could not park it: keep it in the stream rather than lose it.
+			log.Error("dead-letter publish failed; will retry", "err", derr)
+			_ = raw.NakWithDelay(backoff(spec.Backoff, m.NumDelivered))
+			return
+		}
+		_ = raw.TermWithReason(truncate(reason, 200))
+		return
+	}
+	d := backoff(spec.Backoff, m.NumDelivered)
+	log.Info("handler failed; will retry", "err", err, "delivered", m.NumDelivered, "delay", d)
+	_ = raw.NakWithDelay(d)
+}
+
+// safeCall runs h and turns a panic into a permanent error, so one poison
+// message cannot crash a service.
+func safeCall(ctx context.Context, h Handler, m *Msg) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = Permanent(fmt.Errorf("handler panic: %v", r))
+		}
+	}()
+	return h(ctx, m)
+}
+
+func (b *Bus) deadLetter(ctx context.Context, spec ConsumerSpec, m *Msg, reason string) error {
+	opts := []PublishOption{
+		Header(contracts.HeaderDeadLetterReason, truncate(reason, 1024)),
+		Header(contracts.HeaderDeadLetterSubject, m.Subject),
+		Header(contracts.HeaderDeadLetterStream, m.Stream),
+		Header(contracts.HeaderDeadLetterSequence, strconv.FormatUint(m.StreamSeq, 10)),
+		CEType("io.gpuplane.deadletter.v1"),
+	}
+	id := "dlq/" + spec.Stream + "/" + spec.Durable + "/" + strconv.FormatUint(m.StreamSeq, 10)
+	_, err := b.PublishRaw(ctx, contracts.SubjectDeadLetter(spec.Stream, spec.Durable), id, m.Data, opts...)
+	return err
+}
+
+func backoff(steps []time.Duration, delivered uint64) time.Duration {
+	i := int(delivered) - 1
+	if i < 0 {
+		i = 0
+	}
+	if i >= len(steps) {
+		i = len(steps) - 1
+	}
+	return steps[i]
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+func newMsg(raw jetstream.Msg) *Msg {
+	m := &Msg{Subject: raw.Subject(), Data: raw.Data(), Header: raw.Headers(), raw: raw}
+	if m.Header == nil {
+		m.Header = nats.Header{}
+	}
+	if md, err := raw.Metadata(); err == nil {
+		m.Stream = md.Stream
+		m.StreamSeq = md.Sequence.Stream
+		m.NumDelivered = md.NumDelivered
+		m.NumPending = md.NumPending
+		m.Timestamp = md.Timestamp
+	}
+	return m
+}

@@ -1,0 +1,169 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/propagation"
+)
+
+// FollowSpec selects what an ordered (ephemeral, ack-less) read of a stream
+// delivers. Ordered reads rebuild state and feed read models; they never
+// move a durable consumer.
+type FollowSpec struct {
+	Stream         string
+	FilterSubjects []string
+	// StartSeq starts at this stream sequence; 0 starts at the first
+	// message, unless New is set.
+	StartSeq uint64
+	// New delivers only messages published after the read starts.
+	New bool
+	// LastPerSubject starts with the last message of each subject.
+	LastPerSubject bool
+}
+
+// Replay calls fn for every message the stream holds now that matches the
+// spec, in stream order, and returns the sequence of the last one (0 when
+// there was none). Messages published during the replay may or may not be
+// included; Follow from the returned sequence+1 to continue without a gap.
+func (b *Bus) Replay(ctx context.Context, spec FollowSpec, fn func(context.Context, *Msg) error) (uint64, error) {
+	target, err := b.lastSeq(ctx, spec)
+	if err != nil || target == 0 || target < spec.StartSeq {
+		return 0, err
+	}
+	var last uint64
+	err = b.read(ctx, spec, func(ctx context.Context, m *Msg) (bool, error) {
+		if err := fn(ctx, m); err != nil {
+			return true, err
+		}
+		last = m.StreamSeq
+		return m.StreamSeq >= target || m.NumPending == 0, nil
+	})
+	return last, err
+}
+
+// Follow calls fn for every matching message, then for each new one, until
+// ctx ends (it then returns nil) or fn fails. caughtUp, if not nil, is
+// called once when the messages present at the start have been delivered
+// (at once when there were none): a read model is ready from then on.
+func (b *Bus) Follow(ctx context.Context, spec FollowSpec, fn func(context.Context, *Msg) error, caughtUp func()) error {
+	var target uint64
+	if !spec.New {
+		var err error
+		if target, err = b.lastSeq(ctx, spec); err != nil {
+			return err
+		}
+	}
+	signalled := false
+	signal := func() {
+		if !signalled && caughtUp != nil {
+			signalled = true
+			caughtUp()
+		}
+	}
+	if target == 0 || target < spec.StartSeq {
+		signal()
+	}
+	err := b.read(ctx, spec, func(ctx context.Context, m *Msg) (bool, error) {
+		if err := fn(ctx, m); err != nil {
+			return true, err
+		}
+		if m.StreamSeq >= target {
+			signal()
+		}
+		return false, nil
+	})
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// read runs an ordered consumer and calls fn for each message until fn
+// says stop, fn fails, or ctx ends.
+func (b *Bus) read(ctx context.Context, spec FollowSpec, fn func(context.Context, *Msg) (stop bool, err error)) error {
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: spec.FilterSubjects}
+	switch {
+	case spec.New:
+		cfg.DeliverPolicy = jetstream.DeliverNewPolicy
+	case spec.LastPerSubject:
+		cfg.DeliverPolicy = jetstream.DeliverLastPerSubjectPolicy
+	case spec.StartSeq > 0:
+		cfg.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+		cfg.OptStartSeq = spec.StartSeq
+	default:
+		cfg.DeliverPolicy = jetstream.DeliverAllPolicy
+	}
+	var cons jetstream.Consumer
+	if err := retry(ctx, func() error {
+		var err error
+		cons, err = b.js.OrderedConsumer(ctx, spec.Stream, cfg)
+		return err
+	}); err != nil {
+		return fmt.Errorf("bus: ordered consumer on %s: %w", spec.Stream, err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return fmt.Errorf("bus: read %s: %w", spec.Stream, err)
+	}
+	defer it.Stop()
+	for {
+		raw, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return fmt.Errorf("bus: read %s: %w", spec.Stream, err)
+			}
+			continue // the ordered consumer resets itself on gaps
+		}
+		m := newMsg(raw)
+		mctx := b.prop.Extract(ctx, propagation.HeaderCarrier(m.Header))
+		stop, err := fn(mctx, m)
+		if err != nil {
+			return err
+		}
+		if stop {
+			return nil
+		}
+	}
+}
+
+// lastSeq is the sequence of the last message matching spec's filters now,
+// or 0 when there is none.
+func (b *Bus) lastSeq(ctx context.Context, spec FollowSpec) (uint64, error) {
+	var stream jetstream.Stream
+	if err := retry(ctx, func() error {
+		var err error
+		stream, err = b.js.Stream(ctx, spec.Stream)
+		return err
+	}); err != nil {
+		return 0, fmt.Errorf("bus: stream %s: %w", spec.Stream, err)
+	}
+	filters := spec.FilterSubjects
+	if len(filters) == 0 {
+		info, err := stream.Info(ctx)
+		if err != nil {
+			return 0, fmt.Errorf("bus: stream %s info: %w", spec.Stream, err)
+		}
+		if info.State.Msgs == 0 {
+			return 0, nil
+		}
+		return info.State.LastSeq, nil
+	}
+	var last uint64
+	for _, f := range filters {
+		msg, err := stream.GetLastMsgForSubject(ctx, f)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return 0, fmt.Errorf("bus: last message of %s on %s: %w", f, spec.Stream, err)
+		}
+		last = max(last, msg.Sequence)
+	}
+	return last, nil
+}

@@ -1,0 +1,161 @@
+package bus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/gpuplane/gpuplane/contracts"
+)
+
+// ErrWrongLastSequence is returned (wrapped) by Publish when an
+// expected-last-subject-sequence check failed: someone else wrote to the
+// subject first. It is the compare-and-set conflict of the ledger.
+var ErrWrongLastSequence = errors.New("bus: wrong last sequence")
+
+// PublishOption adjusts one publish.
+type PublishOption func(*publishOpts)
+
+type publishOpts struct {
+	expectLastSubjSeq *uint64
+	ceSubject         string
+	ceType            string
+	header            nats.Header
+	noRetry           bool
+}
+
+// ExpectLastSubjectSeq makes the publish fail with ErrWrongLastSequence
+// unless the last message on the same subject has sequence seq (0: none).
+func ExpectLastSubjectSeq(seq uint64) PublishOption {
+	return func(o *publishOpts) { o.expectLastSubjSeq = &seq }
+}
+
+// CESubject sets the CloudEvents subject attribute (e.g. the job ID).
+func CESubject(s string) PublishOption { return func(o *publishOpts) { o.ceSubject = s } }
+
+// CEType overrides the CloudEvents type derived from the message.
+func CEType(s string) PublishOption { return func(o *publishOpts) { o.ceType = s } }
+
+// Header adds a header to the message.
+func Header(k, v string) PublishOption {
+	return func(o *publishOpts) {
+		if o.header == nil {
+			o.header = nats.Header{}
+		}
+		o.header.Set(k, v)
+	}
+}
+
+// NoRetry makes a failed publish return at once instead of retrying
+// transient errors until ctx ends.
+func NoRetry() PublishOption { return func(o *publishOpts) { o.noRetry = true } }
+
+// Publish encodes v as JSON and publishes it to subject with Nats-Msg-Id
+// and ce-id set to id, CloudEvents headers and the trace context of ctx.
+// Transient failures are retried until ctx ends: the message ID makes a
+// retried publish safe, JetStream stores it once.
+func (b *Bus) Publish(ctx context.Context, subject, id string, v any, opts ...PublishOption) (*jetstream.PubAck, error) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("bus: encode %T for %s: %w", v, subject, err)
+	}
+	return b.PublishRaw(ctx, subject, id, data, append([]PublishOption{CEType(contracts.CEType(v))}, opts...)...)
+}
+
+// PublishRaw publishes already-encoded data; Publish is the usual entry.
+func (b *Bus) PublishRaw(ctx context.Context, subject, id string, data []byte, opts ...PublishOption) (*jetstream.PubAck, error) {
+	var o publishOpts
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.ceType == "" {
+		o.ceType = "io.gpuplane.raw.v1"
+	}
+	if id == "" {
+		return nil, fmt.Errorf("bus: publish to %s: empty message ID", subject)
+	}
+	ctx, span := b.tracer.Start(ctx, "publish "+subject,
+		trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(
+			attribute.String("messaging.system", "nats"),
+			attribute.String("messaging.destination.name", subject),
+			attribute.String("messaging.message.id", id),
+			attribute.String("cloudevents.event_type", o.ceType),
+		))
+	defer span.End()
+
+	msg := nats.NewMsg(subject)
+	msg.Data = data
+	for k, vs := range o.header {
+		for _, v := range vs {
+			msg.Header.Add(k, v)
+		}
+	}
+	msg.Header.Set(contracts.HeaderCESpecVersion, contracts.CESpecVersion)
+	msg.Header.Set(contracts.HeaderCEType, o.ceType)
+	msg.Header.Set(contracts.HeaderCESource, "/gpuplane/"+b.name)
+	msg.Header.Set(contracts.HeaderCEID, id)
+	msg.Header.Set(contracts.HeaderCETime, time.Now().UTC().Format(time.RFC3339Nano))
+	msg.Header.Set(contracts.HeaderContentType, contracts.ContentTypeJSON)
+	if o.ceSubject != "" {
+		msg.Header.Set(contracts.HeaderCESubject, o.ceSubject)
+	}
+	b.prop.Inject(ctx, propagation.HeaderCarrier(msg.Header))
+
+	popts := []jetstream.PublishOpt{jetstream.WithMsgID(id)}
+	if o.expectLastSubjSeq != nil {
+		popts = append(popts, jetstream.WithExpectLastSequencePerSubject(*o.expectLastSubjSeq))
+	}
+	var ack *jetstream.PubAck
+	var err error
+	publish := func() error {
+		var err error
+		ack, err = b.js.PublishMsg(ctx, msg, popts...)
+		return err
+	}
+	if o.noRetry {
+		err = publish()
+	} else {
+		err = retry(ctx, publish)
+	}
+	if err != nil {
+		var apiErr *jetstream.APIError
+		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+			err = fmt.Errorf("%w: %s: %w", ErrWrongLastSequence, subject, err)
+		} else {
+			err = fmt.Errorf("bus: publish %s: %w", subject, err)
+		}
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+		return nil, err
+	}
+	span.SetAttributes(attribute.String("messaging.nats.stream", ack.Stream),
+		attribute.String("messaging.nats.sequence", strconv.FormatUint(ack.Sequence, 10)),
+		attribute.Bool("messaging.nats.duplicate", ack.Duplicate))
+	return ack, nil
+}
+
+// PublishCore publishes v on core NATS (no stream, no ack): for
+// fire-and-forget signals that are not records. Most messages should use
+// Publish.
+func (b *Bus) PublishCore(ctx context.Context, subject string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("bus: encode %T: %w", v, err)
+	}
+	msg := nats.NewMsg(subject)
+	msg.Data = data
+	b.prop.Inject(ctx, propagation.HeaderCarrier(msg.Header))
+	return b.nc.PublishMsg(msg)
+}
