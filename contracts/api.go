@@ -1,0 +1,121 @@
+package contracts
+
+import (
+	"errors"
+	"time"
+)
+
+// The gateway's REST API (JSON over HTTP). Paths:
+//
+//	POST   /v1/tenants/{tenant}/jobs              JobRequest -> 202 SubmitResponse
+//	GET    /v1/tenants/{tenant}/jobs              -> 200 JobList (?state=queued&limit=100)
+//	GET    /v1/tenants/{tenant}/jobs/{id}         -> 200 JobStatus
+//	DELETE /v1/tenants/{tenant}/jobs/{id}         -> 202 SubmitResponse (cancel requested)
+//	GET    /v1/tenants/{tenant}/jobs/{id}/events  -> text/event-stream of JobEvent, history first
+//	GET    /v1/tenants/{tenant}/events            -> text/event-stream of the tenant's JobEvents
+//	GET    /v1/tenants/{tenant}/usage             -> 200 UsageSummary
+//	GET    /healthz                               -> 200 when the bus is connected
+//
+// Errors are an APIError body with a 4xx/5xx status.
+
+// APIError is the body of every error answer of the gateway.
+type APIError struct {
+	Error APIErrorBody `json:"error"`
+}
+
+// APIErrorBody says what went wrong, machine-readably.
+type APIErrorBody struct {
+	Reason  Reason       `json:"reason"`
+	Message string       `json:"message"`
+	Fields  []FieldError `json:"fields,omitempty"`
+}
+
+// SubmitResponse answers an accepted submit or cancel: the request is on
+// the bus; its outcome arrives as JobEvents.
+type SubmitResponse struct {
+	Tenant    string `json:"tenant"`
+	JobID     string `json:"jobId"`
+	Stream    string `json:"stream"`
+	Sequence  uint64 `json:"sequence"`
+	Duplicate bool   `json:"duplicate"`
+}
+
+// JobStatus is the read model of one job, folded from its JobEvents.
+type JobStatus struct {
+	Tenant    string       `json:"tenant"`
+	JobID     string       `json:"jobId"`
+	Name      string       `json:"name,omitempty"`
+	State     JobState     `json:"state"`
+	Attempt   int          `json:"attempt"`
+	Reason    Reason       `json:"reason,omitempty"`
+	Message   string       `json:"message,omitempty"`
+	Errors    []FieldError `json:"errors,omitempty"`
+	Request   *JobRequest  `json:"request,omitempty"`
+	Placement *Placement   `json:"placement,omitempty"`
+	ExitCode  *int         `json:"exitCode,omitempty"`
+	CreatedAt time.Time    `json:"createdAt"`
+	UpdatedAt time.Time    `json:"updatedAt"`
+	StartedAt *time.Time   `json:"startedAt,omitempty"`
+	EndedAt   *time.Time   `json:"endedAt,omitempty"`
+	// LastSeq is the JOB_EVENTS sequence of the last event applied.
+	LastSeq uint64 `json:"lastSeq"`
+}
+
+// ErrStaleEvent is returned (wrapped) by Apply for an event already applied.
+var ErrStaleEvent = errors.New("event already applied")
+
+// Apply folds one event (at stream sequence seq) into the status. It is
+// idempotent: an event at or below LastSeq is refused with ErrStaleEvent,
+// and one the state machine forbids with ErrTransition; the status is then
+// unchanged.
+func (s *JobStatus) Apply(ev JobEvent, seq uint64) error {
+	if seq != 0 && seq <= s.LastSeq {
+		return ErrStaleEvent
+	}
+	to, err := Transition(s.State, ev.Type)
+	if err != nil {
+		return err
+	}
+	if s.State == StateNew {
+		s.Tenant, s.JobID, s.CreatedAt = ev.Tenant, ev.JobID, ev.Time
+	}
+	s.State, s.Attempt, s.UpdatedAt, s.LastSeq = to, ev.Attempt, ev.Time, seq
+	s.Reason, s.Message = ev.Reason, ev.Message
+	if ev.Request != nil {
+		s.Request = ev.Request
+		s.Name = ev.Request.Name
+	}
+	if ev.Errors != nil {
+		s.Errors = ev.Errors
+	}
+	if ev.Type == EventRequeued {
+		s.Placement, s.StartedAt, s.EndedAt, s.ExitCode = nil, nil, nil, nil
+	}
+	if ev.Placement != nil {
+		s.Placement = ev.Placement
+	}
+	if ev.ExitCode != nil {
+		s.ExitCode = ev.ExitCode
+	}
+	if ev.StartedAt != nil {
+		s.StartedAt = ev.StartedAt
+	}
+	if ev.EndedAt != nil {
+		s.EndedAt = ev.EndedAt
+	}
+	return nil
+}
+
+// JobList is a page of job statuses.
+type JobList struct {
+	Jobs []JobStatus `json:"jobs"`
+}
+
+// UsageSummary is a tenant's metered usage.
+type UsageSummary struct {
+	Tenant     string        `json:"tenant"`
+	GPUSeconds float64       `json:"gpuSeconds"`
+	GPUMillis  int64         `json:"gpuMillis"`
+	Records    int           `json:"records"`
+	ByJob      []UsageRecord `json:"byJob"`
+}

@@ -1,0 +1,13 @@
+module github.com/gpuplane/gpuplane/services/resource-manager
+
+go 1.26.0
+
+require (
+	github.com/gpuplane/gpuplane/contracts v0.0.0
+	github.com/gpuplane/gpuplane/libs v0.0.0
+)
+
+replace (
+	github.com/gpuplane/gpuplane/contracts => ../../contracts
+	github.com/gpuplane/gpuplane/libs => ../../libs
+)
