@@ -1,0 +1,80 @@
+package contracts
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+func TestTransition(t *testing.T) {
+	tests := []struct {
+		from JobState
+		ev   JobEventType
+		to   JobState
+		ok   bool
+	}{
+		{StateNew, EventQueued, StateQueued, true},
+		{StateNew, EventRejected, StateRejected, true},
+		{StateNew, EventRunning, StateNew, false},
+		{StateQueued, EventPending, StateQueued, true},
+		{StateQueued, EventScheduled, StateScheduled, true},
+		{StateQueued, EventRunning, StateQueued, false},
+		{StateQueued, EventRejected, StateQueued, false},
+		{StateScheduled, EventRunning, StateRunning, true},
+		{StateScheduled, EventRequeued, StateQueued, true},
+		{StateRunning, EventSucceeded, StateSucceeded, true},
+		{StateRunning, EventRequeued, StateQueued, true},
+		{StateRunning, EventQueued, StateRunning, false},
+		{StateSucceeded, EventFailed, StateSucceeded, false},
+		{StateCancelled, EventRunning, StateCancelled, false},
+		{StateRejected, EventQueued, StateRejected, false},
+	}
+	for _, tt := range tests {
+		to, err := Transition(tt.from, tt.ev)
+		if tt.ok != (err == nil) || to != tt.to {
+			t.Errorf("Transition(%q, %s) = %q, %v; want %q ok=%v", tt.from, tt.ev, to, err, tt.to, tt.ok)
+		}
+		if err != nil && !errors.Is(err, ErrTransition) {
+			t.Errorf("error %v does not wrap ErrTransition", err)
+		}
+	}
+	// No event leaves a terminal state.
+	for _, s := range []JobState{StateSucceeded, StateFailed, StateCancelled, StateRejected} {
+		if !s.Terminal() {
+			t.Errorf("%s not terminal", s)
+		}
+		for _, ev := range JobEventTypes {
+			if _, err := Transition(s, ev); err == nil {
+				t.Errorf("terminal %s accepts %s", s, ev)
+			}
+		}
+	}
+}
+
+func TestJobStatusApplyIsIdempotent(t *testing.T) {
+	now := time.Unix(1000, 0)
+	req := &JobRequest{ID: "j", Name: "n"}
+	var s JobStatus
+	steps := []struct {
+		ev  JobEvent
+		seq uint64
+	}{
+		{JobEvent{Type: EventQueued, Tenant: "t", JobID: "j", Attempt: 1, Time: now, Request: req}, 1},
+		{JobEvent{Type: EventScheduled, Attempt: 1, Time: now, Placement: &Placement{NodeID: "n1"}}, 3},
+		{JobEvent{Type: EventRunning, Attempt: 1, Time: now}, 5},
+	}
+	for _, st := range steps {
+		if err := s.Apply(st.ev, st.seq); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Apply(steps[1].ev, 3); !errors.Is(err, ErrStaleEvent) {
+		t.Fatalf("re-applying seq 3: %v, want ErrStaleEvent", err)
+	}
+	if err := s.Apply(JobEvent{Type: EventQueued}, 9); !errors.Is(err, ErrTransition) {
+		t.Fatalf("queued while running: %v, want ErrTransition", err)
+	}
+	if s.State != StateRunning || s.Placement.NodeID != "n1" || s.Name != "n" || s.LastSeq != 5 {
+		t.Fatalf("status = %+v", s)
+	}
+}

@@ -1,0 +1,212 @@
+package contracts
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func validRequest() string {
+	return `{"id":"train-1","name":"resnet","priority":"high","resources":{"gpu":{"count":2,"model":"H100-80GB","memoryMiB":40000}},"run":{"duration":"30s"}}`
+}
+
+func TestDecodeJobRequestAcceptsValid(t *testing.T) {
+	tests := map[string]string{
+		"full":              validRequest(),
+		"minimal":           `{"id":"a","resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`,
+		"command":           `{"id":"a","resources":{"gpu":{"count":1}},"run":{"command":["sh","-c","true"],"env":{"A":"b"}}}`,
+		"tenant matches":    `{"id":"a","tenant":"acme","resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`,
+		"duration seconds":  `{"id":"a","resources":{"gpu":{"count":1,"model":"any"}},"run":{"duration":2.5}}`,
+		"schema version 1":  `{"schemaVersion":1,"id":"A_b-9","resources":{"gpu":{"count":64}},"run":{"duration":"1h"}}`,
+		"best-effort class": `{"id":"a","priority":"best-effort","pool":"h100","resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`,
+	}
+	for name, body := range tests {
+		t.Run(name, func(t *testing.T) {
+			if _, err := DecodeJobRequest([]byte(body), "acme"); err != nil {
+				t.Fatalf("DecodeJobRequest: %v", err)
+			}
+		})
+	}
+}
+
+// TestDecodeJobRequestRejectsWithSpecificReason is the catalogue of bad input:
+// every malformed request gets one precise, machine-readable reason.
+func TestDecodeJobRequestRejectsWithSpecificReason(t *testing.T) {
+	tests := map[string]struct {
+		body, tenant string
+		reason       Reason
+		field        string
+	}{
+		"empty body":         {``, "acme", ReasonEmptyBody, ""},
+		"whitespace body":    {"  \n", "acme", ReasonEmptyBody, ""},
+		"not json":           {`hello`, "acme", ReasonInvalidJSON, ""},
+		"truncated":          {`{"id":"a"`, "acme", ReasonInvalidJSON, ""},
+		"array":              {`[1,2]`, "acme", ReasonInvalidType, ""},
+		"trailing garbage":   {validRequest() + `x`, "acme", ReasonInvalidJSON, ""},
+		"two objects":        {validRequest() + validRequest(), "acme", ReasonInvalidJSON, ""},
+		"count as string":    {`{"id":"a","resources":{"gpu":{"count":"2"}},"run":{"duration":"1s"}}`, "acme", ReasonInvalidType, "resources.gpu.count"},
+		"count fractional":   {`{"id":"a","resources":{"gpu":{"count":1.5}},"run":{"duration":"1s"}}`, "acme", ReasonInvalidType, "resources.gpu.count"},
+		"id as number":       {`{"id":7,"resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`, "acme", ReasonInvalidType, "id"},
+		"unknown field":      {`{"id":"a","gpus":1,"resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`, "acme", ReasonUnknownField, "gpus"},
+		"too large":          {`{"id":"a","name":"` + strings.Repeat("x", MaxMessageBytes) + `"}`, "acme", ReasonTooLarge, ""},
+		"schema 99":          {`{"schemaVersion":99,"id":"a","resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`, "acme", ReasonUnsupportedSchema, "schemaVersion"},
+		"missing id":         {`{"resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`, "acme", ReasonMissingField, "id"},
+		"id with dot":        {`{"id":"a.b","resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`, "acme", ReasonInvalidID, "id"},
+		"id with star":       {`{"id":"a*","resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`, "acme", ReasonInvalidID, "id"},
+		"id with gt":         {`{"id":"a>","resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`, "acme", ReasonInvalidID, "id"},
+		"id with space":      {`{"id":"a b","resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`, "acme", ReasonInvalidID, "id"},
+		"id too long":        {`{"id":"` + strings.Repeat("a", 129) + `","resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`, "acme", ReasonInvalidID, "id"},
+		"tenant mismatch":    {`{"id":"a","tenant":"other","resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`, "acme", ReasonTenantMismatch, "tenant"},
+		"bad subject tenant": {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`, "Acme", ReasonInvalidTenant, "tenant"},
+		"unknown model":      {`{"id":"a","resources":{"gpu":{"count":1,"model":"RTX-9090"}},"run":{"duration":"1s"}}`, "acme", ReasonUnknownGPUModel, "resources.gpu.model"},
+		"zero gpus":          {`{"id":"a","resources":{"gpu":{"count":0}},"run":{"duration":"1s"}}`, "acme", ReasonOutOfRange, "resources.gpu.count"},
+		"absurd gpus":        {`{"id":"a","resources":{"gpu":{"count":100000}},"run":{"duration":"1s"}}`, "acme", ReasonOutOfRange, "resources.gpu.count"},
+		"negative memory":    {`{"id":"a","resources":{"gpu":{"count":1,"memoryMiB":-1}},"run":{"duration":"1s"}}`, "acme", ReasonOutOfRange, "resources.gpu.memoryMiB"},
+		"absurd memory":      {`{"id":"a","resources":{"gpu":{"count":1,"memoryMiB":99999999999}},"run":{"duration":"1s"}}`, "acme", ReasonOutOfRange, "resources.gpu.memoryMiB"},
+		"bad duration":       {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"duration":"soon"}}`, "acme", ReasonInvalidDuration, "run.duration"},
+		"duration as bool":   {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"duration":true}}`, "acme", ReasonInvalidDuration, "run.duration"},
+		"negative duration":  {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"duration":"-5s"}}`, "acme", ReasonInvalidDuration, "run.duration"},
+		"endless duration":   {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"duration":"100000h"}}`, "acme", ReasonOutOfRange, "run.duration"},
+		"missing run":        {`{"id":"a","resources":{"gpu":{"count":1}}}`, "acme", ReasonMissingField, "run"},
+		"empty program":      {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"command":[""]}}`, "acme", ReasonInvalidValue, "run.command"},
+		"env without cmd":    {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"duration":"1s","env":{"A":"b"}}}`, "acme", ReasonConflictingRun, "run.env"},
+		"bad env name":       {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"command":["x"],"env":{"A=B":"c"}}}`, "acme", ReasonInvalidValue, "run.env"},
+		"unknown priority":   {`{"id":"a","priority":"urgent","resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`, "acme", ReasonUnknownPriority, "priority"},
+		"bad pool":           {`{"id":"a","pool":"H100.x","resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`, "acme", ReasonInvalidValue, "pool"},
+		"exit code 300":      {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"duration":"1s","exitCode":300}}`, "acme", ReasonOutOfRange, "run.exitCode"},
+		"negative cpu":       {`{"id":"a","resources":{"gpu":{"count":1},"cpuMilli":-4},"run":{"duration":"1s"}}`, "acme", ReasonOutOfRange, "resources.cpuMilli"},
+		"null resources gpu": {`{"id":"a","resources":{"gpu":null},"run":{"duration":"1s"}}`, "acme", ReasonOutOfRange, "resources.gpu.count"},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			_, err := DecodeJobRequest([]byte(tt.body), tt.tenant)
+			var verr *ValidationError
+			if !errors.As(err, &verr) {
+				t.Fatalf("err = %v, want a *ValidationError", err)
+			}
+			found := false
+			for _, f := range verr.Fields {
+				if f.Reason == tt.reason && f.Field == tt.field {
+					found = true
+				}
+				if f.Message == "" {
+					t.Errorf("field error %+v has no message", f)
+				}
+			}
+			if !found {
+				t.Fatalf("errors %v do not include %s on %q", verr.Fields, tt.reason, tt.field)
+			}
+		})
+	}
+}
+
+func TestValidateReportsEveryProblemAtOnce(t *testing.T) {
+	_, err := DecodeJobRequest([]byte(`{"id":"a.b","priority":"x","resources":{"gpu":{"count":0,"model":"nope"}}}`), "acme")
+	var verr *ValidationError
+	if !errors.As(err, &verr) {
+		t.Fatalf("err = %v", err)
+	}
+	if verr.Reason != ReasonInvalidRequest || len(verr.Fields) != 5 {
+		t.Fatalf("got reason %s with %d fields %v; want invalid_request with 5", verr.Reason, len(verr.Fields), verr.Fields)
+	}
+}
+
+func TestNormalizedFillsDefaults(t *testing.T) {
+	r, err := DecodeJobRequest([]byte(`{"id":"a","resources":{"gpu":{"count":1}},"run":{"duration":"2s"}}`), "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := r.Normalized("acme")
+	if n.Tenant != "acme" || n.Priority != PriorityNormal || n.Resources.GPU.Model != GPUModelAny || n.SchemaVersion != SchemaVersion || n.Run.Duration.D() != 2*time.Second {
+		t.Fatalf("Normalized = %+v", n)
+	}
+}
+
+func TestDecodeCancelRequest(t *testing.T) {
+	tests := map[string]struct {
+		body   string
+		reason Reason
+	}{
+		"valid":        {`{"jobId":"a"}`, ""},
+		"bad id":       {`{"jobId":"a.b"}`, ReasonInvalidID},
+		"missing id":   {`{}`, ReasonInvalidID},
+		"not json":     {`{`, ReasonInvalidJSON},
+		"unknown":      {`{"jobId":"a","x":1}`, ReasonUnknownField},
+		"schema":       {`{"jobId":"a","schemaVersion":2}`, ReasonUnsupportedSchema},
+		"reason large": {`{"jobId":"a","reason":"` + strings.Repeat("r", 2000) + `"}`, ReasonOutOfRange},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			_, err := DecodeCancelRequest([]byte(tt.body))
+			if tt.reason == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			var verr *ValidationError
+			if !errors.As(err, &verr) || verr.Fields[0].Reason != tt.reason {
+				t.Fatalf("err = %v, want %s", err, tt.reason)
+			}
+		})
+	}
+}
+
+func TestSubjectTokensAreValidatedIDs(t *testing.T) {
+	for _, bad := range []string{"", "a.b", "a*", "a>", "a b", "-a", "a\x00"} {
+		if ValidateID(bad) == nil {
+			t.Errorf("ValidateID(%q) accepted a non-token", bad)
+		}
+	}
+	for _, bad := range []string{"", "A", "a.b", "-a", "a-", strings.Repeat("a", 33)} {
+		if ValidateTenant(bad) == nil {
+			t.Errorf("ValidateTenant(%q) accepted", bad)
+		}
+	}
+	if got, err := TenantFromSubject(SubjectSubmit("acme")); err != nil || got != "acme" {
+		t.Errorf("TenantFromSubject(submit) = %q, %v", got, err)
+	}
+	if got, err := TenantFromSubject(SubjectJobEvents("acme", "j1")); err != nil || got != "acme" {
+		t.Errorf("TenantFromSubject(events) = %q, %v", got, err)
+	}
+	if _, err := TenantFromSubject("gp.jobs.submit.BAD"); err == nil {
+		t.Error("TenantFromSubject accepted an invalid tenant")
+	}
+}
+
+// FuzzDecodeJobRequest: no input crashes the decoder, and whatever it
+// accepts re-validates and normalizes to a request the scheduler can use.
+func FuzzDecodeJobRequest(f *testing.F) {
+	f.Add([]byte(validRequest()), "acme")
+	f.Add([]byte(`{"id":"a","resources":{"gpu":{"count":1}},"run":{"command":["sh"]}}`), "t")
+	f.Add([]byte(`{"run":{"duration":1e308}}`), "acme")
+	f.Add([]byte(`null`), "acme")
+	f.Fuzz(func(t *testing.T, data []byte, tenant string) {
+		req, err := DecodeJobRequest(data, tenant)
+		if err != nil {
+			var verr *ValidationError
+			if !errors.As(err, &verr) || len(verr.Fields) == 0 || verr.Reason == "" {
+				t.Fatalf("error %v is not a ValidationError with reasons", err)
+			}
+			return
+		}
+		n := req.Normalized(tenant)
+		if err := n.Validate(tenant); err != nil {
+			t.Fatalf("normalized accepted request fails validation: %v", err)
+		}
+		if ValidateID(n.ID) != nil || ValidateTenant(tenant) != nil || n.Resources.GPU.Count < 1 {
+			t.Fatalf("accepted request with unusable id/tenant/count: %+v", n)
+		}
+	})
+}
+
+func FuzzDecodeCancelRequest(f *testing.F) {
+	f.Add([]byte(`{"jobId":"a"}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := DecodeCancelRequest(data)
+		if err == nil && ValidateID(c.JobID) != nil {
+			t.Fatalf("accepted cancel with invalid job id %q", c.JobID)
+		}
+	})
+}
