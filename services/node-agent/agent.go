@@ -1,0 +1,308 @@
+// Package nodeagent is gpuplane's node agent: one per machine, it reports
+// the machine's GPUs (inventory at start, a heartbeat every 2 s, telemetry
+// every second) and runs the allocations the resource manager commits to
+// it, reporting each run's start and end as facts on gp.runs.<node>.
+//
+//	ALLOCATIONS gp.alloc.ledger.<node> ──committed──▶ launch ──▶ RunEvent{started}
+//	NODE_COMMANDS gp.cmd.node.<node>   ──stop_run───▶ SIGTERM, grace, SIGKILL
+//	                                     run ends  ──▶ RunEvent{ended, Result}
+//	Backend (sim, later NVML) ──▶ NodeInventory, Heartbeat, Telemetry
+//
+// Runs are idempotent on the allocation ID: an allocation that has a run
+// fact on gp.runs.<node> (rebuilt from the stream at start) is never
+// started again, and one the ledger released is never started at all.
+package nodeagent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/service"
+	"github.com/gpuplane/gpuplane/services/node-agent/internal/catalog"
+	"github.com/gpuplane/gpuplane/services/node-agent/internal/runner"
+	"github.com/gpuplane/gpuplane/services/node-agent/internal/sim"
+)
+
+// ServiceName is the agent's name on the bus.
+const ServiceName = "node-agent"
+
+// Run connects to the bus with cfg.Bus and runs the agent until ctx ends.
+func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	if err := errors.Join(cfg.Bus.Validate(), cfg.Validate()); err != nil {
+		return fmt.Errorf("%s: invalid config: %w", ServiceName, err)
+	}
+	rt, err := service.Start(ctx, ServiceName, cfg.Bus, log)
+	if err != nil {
+		return err
+	}
+	defer rt.Close()
+	return RunWithBus(ctx, cfg, rt.Bus, rt.Log)
+}
+
+// RunWithBus runs the agent on an already connected bus until ctx ends,
+// so many simulated agents can share one connection. It returns nil when
+// ctx ends, after stopping the runs it started (their end is reported as
+// agent_restarted by the next agent of this node).
+func RunWithBus(ctx context.Context, cfg Config, b *bus.Bus, log *slog.Logger) error {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("%s: invalid config: %w", ServiceName, err)
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	a, err := newAgent(cfg, b, log.With("node_id", cfg.NodeID))
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", ServiceName, cfg.NodeID, err)
+	}
+	return a.run(ctx)
+}
+
+// agent is one node agent's state. mu guards the maps; each allocation ID
+// is in at most one of active (running or launching) and, once it has a
+// fact, facts.
+type agent struct {
+	cfg         Config
+	bus         *bus.Bus
+	log         *slog.Logger
+	backend     Backend
+	runner      Runner
+	incarnation string
+	gpus        []contracts.GPUInfo
+	byUUID      map[string]contracts.GPUInfo
+
+	mu       sync.Mutex
+	facts    map[string]*runFacts
+	released map[string]bool                  // allocations the ledger released
+	stops    map[string]contracts.NodeCommand // stops for allocations not started yet
+	active   map[string]*activeRun
+	runs     sync.WaitGroup // one per watched run
+}
+
+// runFacts is what gp.runs.<node> holds about one allocation.
+type runFacts struct {
+	started *contracts.RunEvent
+	ended   bool
+}
+
+func newAgent(cfg Config, b *bus.Bus, log *slog.Logger) (*agent, error) {
+	a := &agent{
+		cfg: cfg, bus: b, log: log, backend: cfg.Backend, runner: cfg.Runner,
+		incarnation: newIncarnation(),
+		facts:       map[string]*runFacts{},
+		released:    map[string]bool{},
+		stops:       map[string]contracts.NodeCommand{},
+		active:      map[string]*activeRun{},
+	}
+	if a.backend == nil {
+		m, err := catalog.Get(cfg.GPUModel)
+		if err != nil {
+			return nil, err
+		}
+		if a.backend, err = sim.New(sim.Config{NodeID: cfg.NodeID, Model: m, Count: cfg.GPUCount, NVLink: cfg.NVLink}); err != nil {
+			return nil, err
+		}
+	}
+	if a.runner == nil {
+		dir := cfg.LogDir
+		if dir == "" {
+			var err error
+			if dir, err = os.MkdirTemp("", "gpuplane-node-agent-"+cfg.NodeID+"-*"); err != nil {
+				return nil, fmt.Errorf("log dir: %w", err)
+			}
+			log.Info("run logs in a temporary directory", "dir", dir)
+		}
+		a.runner = &runner.Local{LogDir: dir}
+	}
+	return a, nil
+}
+
+func newIncarnation() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// run rebuilds the agent's facts, reports runs a previous agent left
+// behind, publishes the inventory, then runs its loops together.
+func (a *agent) run(ctx context.Context) error {
+	gpus, err := a.backend.Discover(ctx)
+	if err != nil {
+		return fmt.Errorf("discover GPUs: %w", err)
+	}
+	a.gpus = gpus
+	a.byUUID = make(map[string]contracts.GPUInfo, len(gpus))
+	for _, g := range gpus {
+		a.byUUID[g.UUID] = g
+	}
+	if err := a.rebuild(ctx); err != nil {
+		return err
+	}
+	if err := a.reportOrphans(ctx); err != nil {
+		return err
+	}
+	if err := a.publishInventory(ctx); err != nil {
+		return err
+	}
+	a.log.Info("node agent started", "incarnation", a.incarnation, "backend", a.backend.Kind(), "gpus", len(gpus))
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return a.every(gctx, a.cfg.HeartbeatInterval, a.publishHeartbeat) })
+	g.Go(func() error { return a.every(gctx, a.cfg.TelemetryInterval, a.publishTelemetry) })
+	g.Go(func() error {
+		return a.bus.Consume(gctx, bus.ConsumerSpec{
+			Stream: contracts.StreamAllocations, Durable: a.durable(),
+			FilterSubjects: []string{contracts.SubjectLedger(a.cfg.NodeID)},
+		}, a.onLedger)
+	})
+	g.Go(func() error {
+		return a.bus.Consume(gctx, bus.ConsumerSpec{
+			Stream: contracts.StreamNodeCommands, Durable: a.durable(),
+			FilterSubjects: []string{contracts.SubjectNodeCommands(a.cfg.NodeID)},
+		}, a.onCommand)
+	})
+	err = g.Wait()
+	a.shutdown()
+	a.log.Info("node agent stopped", "incarnation", a.incarnation)
+	return err
+}
+
+// durable is the name of both of the agent's consumers (they are on
+// different streams).
+func (a *agent) durable() string { return "node-agent-" + a.cfg.NodeID }
+
+// every calls fn at once and then every interval until ctx ends.
+// Publishing failures are logged by fn, never fatal: the next tick tries
+// again.
+func (a *agent) every(ctx context.Context, interval time.Duration, fn func(ctx context.Context, seq uint64)) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for seq := uint64(1); ; seq++ {
+		// A tick that cannot be delivered within a few intervals is stale.
+		tctx, cancel := context.WithTimeout(ctx, max(3*interval, time.Second))
+		fn(tctx, seq)
+		cancel()
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func (a *agent) publishInventory(ctx context.Context) error {
+	inv := contracts.NodeInventory{
+		SchemaVersion: contracts.SchemaVersion,
+		NodeID:        a.cfg.NodeID,
+		Hostname:      a.cfg.Hostname,
+		Pool:          a.cfg.Pool,
+		Zone:          a.cfg.Zone,
+		MachineType:   a.cfg.MachineType,
+		PriceClass:    a.cfg.PriceClass,
+		Labels:        a.cfg.Labels,
+		Backend:       a.backend.Kind(),
+		CPUMilli:      a.cfg.CPUMilli,
+		MemoryMiB:     a.cfg.MemoryMiB,
+		GPUs:          a.gpus,
+		Incarnation:   a.incarnation,
+		Time:          a.cfg.Now(),
+	}
+	for _, g := range a.gpus {
+		if m, ok := catalog.Lookup(g.Model); ok {
+			if a.cfg.CPUMilli == 0 {
+				inv.CPUMilli += m.HostCPUMilliPerGPU
+			}
+			if a.cfg.MemoryMiB == 0 {
+				inv.MemoryMiB += m.HostMemoryMiBPerGPU
+			}
+		}
+	}
+	_, err := a.bus.Publish(ctx, contracts.SubjectInventory(a.cfg.NodeID),
+		contracts.InventoryID(a.cfg.NodeID, a.incarnation, 1), inv)
+	if err != nil {
+		return fmt.Errorf("publish inventory: %w", err)
+	}
+	return nil
+}
+
+func (a *agent) publishHeartbeat(ctx context.Context, seq uint64) {
+	hb := contracts.Heartbeat{
+		SchemaVersion: contracts.SchemaVersion,
+		NodeID:        a.cfg.NodeID,
+		Incarnation:   a.incarnation,
+		Seq:           seq,
+		Time:          a.cfg.Now(),
+		Runs:          a.running(),
+	}
+	id := "hb/" + a.cfg.NodeID + "/" + a.incarnation + "/" + strconv.FormatUint(seq, 10)
+	if _, err := a.bus.Publish(ctx, contracts.SubjectHeartbeat(a.cfg.NodeID), id, hb); err != nil && ctx.Err() == nil {
+		a.log.Warn("heartbeat not published", "seq", seq, "err", err)
+	}
+}
+
+func (a *agent) publishTelemetry(ctx context.Context, seq uint64) {
+	now := a.cfg.Now()
+	busy := a.busyGPUs()
+	samples, err := a.backend.Sample(ctx, now, busy)
+	if err != nil {
+		a.log.Warn("telemetry not sampled", "err", err)
+		return
+	}
+	for i := range samples {
+		samples[i].AllocationID = busy[samples[i].UUID]
+	}
+	tel := contracts.Telemetry{
+		SchemaVersion: contracts.SchemaVersion,
+		NodeID:        a.cfg.NodeID,
+		Hostname:      a.cfg.Hostname,
+		Pool:          a.cfg.Pool,
+		Time:          now,
+		GPUs:          samples,
+	}
+	id := "tel/" + a.cfg.NodeID + "/" + a.incarnation + "/" + strconv.FormatUint(seq, 10)
+	if _, err := a.bus.Publish(ctx, contracts.SubjectTelemetry(a.cfg.NodeID), id, tel); err != nil && ctx.Err() == nil {
+		a.log.Warn("telemetry not published", "seq", seq, "err", err)
+	}
+}
+
+// running is the sorted IDs of the allocations whose run is launching or
+// running.
+func (a *agent) running() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ids := make([]string, 0, len(a.active))
+	for id := range a.active {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// busyGPUs maps each GPU of a started run to its allocation.
+func (a *agent) busyGPUs() map[string]string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	busy := map[string]string{}
+	for id, r := range a.active {
+		if r.proc == nil {
+			continue
+		}
+		for _, d := range r.alloc.Devices {
+			busy[d.UUID] = id
+		}
+	}
+	return busy
+}

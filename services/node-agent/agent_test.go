@@ -1,0 +1,615 @@
+package nodeagent_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
+	"github.com/gpuplane/gpuplane/libs/service"
+	nodeagent "github.com/gpuplane/gpuplane/services/node-agent"
+	"github.com/gpuplane/gpuplane/services/node-agent/internal/runner"
+	"github.com/gpuplane/gpuplane/services/node-agent/internal/sim"
+)
+
+const (
+	tick  = 100 * time.Millisecond // heartbeat and telemetry interval in tests
+	limit = 10 * time.Second       // bound of every wait
+)
+
+func connect(t *testing.T) *bus.Bus {
+	t.Helper()
+	srv := natstest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "test", Streams: contracts.StreamOptions{Memory: true}})
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() { _ = b.Close(context.Background()) })
+	return b
+}
+
+func testConfig(t *testing.T, node string) nodeagent.Config {
+	return nodeagent.Config{
+		NodeID: node, Pool: "test", Zone: "zone-a", PriceClass: "spot", Labels: map[string]string{"tier": "test"},
+		GPUModel: "H100-80GB", GPUCount: 8, NVLink: true,
+		HeartbeatInterval: tick, TelemetryInterval: tick, StopGrace: 2 * time.Second,
+		LogDir: t.TempDir(),
+	}
+}
+
+// startAgent runs an agent until the returned stop is called (or the test
+// ends); stop waits for RunWithBus to return and fails the test on error.
+func startAgent(t *testing.T, b *bus.Bus, cfg nodeagent.Config) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	go func() { done <- nodeagent.RunWithBus(ctx, cfg, b, log) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("agent %s: %v", cfg.NodeID, err)
+				}
+			case <-time.After(limit + cfg.StopGrace):
+				t.Errorf("agent %s did not stop", cfg.NodeID)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// recorder keeps every message of a stream subject, decoded as T.
+type recorder[T any] struct {
+	mu   sync.Mutex
+	msgs []T
+	raw  []*bus.Msg
+}
+
+func record[T any](t *testing.T, b *bus.Bus, stream, subject string) *recorder[T] {
+	t.Helper()
+	r := &recorder[T]{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = b.Follow(ctx, bus.FollowSpec{Stream: stream, FilterSubjects: []string{subject}}, func(_ context.Context, m *bus.Msg) error {
+			var v T
+			if err := m.Decode(&v); err != nil {
+				t.Errorf("%s: %v", subject, err)
+				return nil
+			}
+			r.mu.Lock()
+			r.msgs = append(r.msgs, v)
+			r.raw = append(r.raw, m)
+			r.mu.Unlock()
+			return nil
+		}, nil)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return r
+}
+
+// header returns a header of the i-th message.
+func (r *recorder[T]) header(i int, key string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.raw[i].Header.Get(key)
+}
+
+func (r *recorder[T]) all() []T {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]T(nil), r.msgs...)
+}
+
+// facts returns the run facts of one allocation.
+func facts(r *recorder[contracts.RunEvent], allocID string) (started, ended []contracts.RunEvent) {
+	for _, ev := range r.all() {
+		if ev.AllocationID != allocID {
+			continue
+		}
+		switch ev.Kind {
+		case contracts.RunStarted:
+			started = append(started, ev)
+		case contracts.RunEnded:
+			ended = append(ended, ev)
+		}
+	}
+	return started, ended
+}
+
+func waitEnded(t *testing.T, r *recorder[contracts.RunEvent], allocID string) contracts.RunEvent {
+	t.Helper()
+	var ended []contracts.RunEvent
+	eventually(t, "ended fact of "+allocID, func() bool { _, ended = facts(r, allocID); return len(ended) > 0 })
+	return ended[0]
+}
+
+func waitStarted(t *testing.T, r *recorder[contracts.RunEvent], allocID string) contracts.RunEvent {
+	t.Helper()
+	var started []contracts.RunEvent
+	eventually(t, "started fact of "+allocID, func() bool { started, _ = facts(r, allocID); return len(started) > 0 })
+	return started[0]
+}
+
+func allocation(node, job string, spec contracts.RunSpec, gpus ...int) contracts.Allocation {
+	a := contracts.Allocation{ID: contracts.AllocationID("acme", job, 1), Tenant: "acme", JobID: job, Attempt: 1,
+		NodeID: node, Pool: "test", Run: spec}
+	for _, i := range gpus {
+		a.Devices = append(a.Devices, contracts.DeviceRef{Index: i, UUID: sim.UUID(node, i), Model: "H100-80GB"})
+	}
+	return a
+}
+
+// ledger publishes an entry as the resource manager does, and returns its
+// stream sequence. msgID "" means the contract's LedgerEntryID.
+func ledger(t *testing.T, b *bus.Bus, kind contracts.LedgerKind, a contracts.Allocation, msgID string) uint64 {
+	t.Helper()
+	if msgID == "" {
+		msgID = contracts.LedgerEntryID(kind, a.ID)
+	}
+	e := contracts.LedgerEntry{SchemaVersion: contracts.SchemaVersion, Kind: kind, Allocation: a, Time: time.Now()}
+	if kind == contracts.LedgerReleased {
+		e.Reason = contracts.ReasonNodeLost
+	}
+	ack, err := b.Publish(context.Background(), contracts.SubjectLedger(a.NodeID), msgID, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ack.Sequence
+}
+
+func stopRun(t *testing.T, b *bus.Bus, a contracts.Allocation, grace time.Duration) uint64 {
+	t.Helper()
+	c := contracts.NodeCommand{SchemaVersion: contracts.SchemaVersion, Kind: contracts.CommandStopRun, AllocationID: a.ID,
+		Tenant: a.Tenant, JobID: a.JobID, Attempt: a.Attempt, Reason: contracts.ReasonCancelled,
+		GracePeriod: contracts.Duration(grace), Time: time.Now()}
+	ack, err := b.Publish(context.Background(), contracts.SubjectNodeCommands(a.NodeID),
+		contracts.NodeCommandID(contracts.CommandStopRun, a.ID), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ack.Sequence
+}
+
+// waitAcked waits until the agent's durable consumer on stream has acked
+// everything up to seq: the agent has handled that message.
+func waitAcked(t *testing.T, b *bus.Bus, stream, node string, seq uint64) {
+	t.Helper()
+	eventually(t, fmt.Sprintf("%s seq %d acked by node %s", stream, seq, node), func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		c, err := b.JetStream().Consumer(ctx, stream, "node-agent-"+node)
+		if err != nil {
+			return false
+		}
+		info, err := c.Info(ctx)
+		return err == nil && info.AckFloor.Stream >= seq
+	})
+}
+
+// countingRunner launches real runs and counts launches per allocation:
+// the observable proof that a run was never started twice.
+type countingRunner struct {
+	inner nodeagent.Runner
+	mu    sync.Mutex
+	n     map[string]int
+}
+
+func newCountingRunner(t *testing.T) *countingRunner {
+	return &countingRunner{inner: &runner.Local{LogDir: t.TempDir()}, n: map[string]int{}}
+}
+
+func (r *countingRunner) Launch(ctx context.Context, l runner.Launch) (runner.Process, error) {
+	r.mu.Lock()
+	r.n[l.AllocationID]++
+	r.mu.Unlock()
+	return r.inner.Launch(ctx, l)
+}
+
+func (r *countingRunner) launches(id string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n[id]
+}
+
+func TestAgentsReportInventoryHeartbeatsAndTelemetry(t *testing.T) {
+	b := connect(t)
+	nodes := []string{"h100-01", "h100-02"} // two agents sharing one connection
+	inv := map[string]*recorder[contracts.NodeInventory]{}
+	hbs := map[string]*recorder[contracts.Heartbeat]{}
+	tel := map[string]*recorder[contracts.Telemetry]{}
+	for _, n := range nodes {
+		inv[n] = record[contracts.NodeInventory](t, b, contracts.StreamNodes, contracts.SubjectInventory(n))
+		hbs[n] = record[contracts.Heartbeat](t, b, contracts.StreamHeartbeats, contracts.SubjectHeartbeat(n))
+		tel[n] = record[contracts.Telemetry](t, b, contracts.StreamTelemetry, contracts.SubjectTelemetry(n))
+		startAgent(t, b, testConfig(t, n))
+	}
+	for _, n := range nodes {
+		eventually(t, "inventory of "+n, func() bool { return len(inv[n].all()) == 1 })
+		got := inv[n].all()[0]
+		if got.NodeID != n || got.Pool != "test" || got.Zone != "zone-a" || got.PriceClass != "spot" ||
+			got.Labels["tier"] != "test" || got.Backend != "sim" || got.Incarnation == "" ||
+			got.CPUMilli != 8*24000 || got.MemoryMiB != 8*256*1024 || len(got.GPUs) != 8 {
+			t.Fatalf("inventory of %s: %+v", n, got)
+		}
+		for i, g := range got.GPUs {
+			if g.UUID != sim.UUID(n, i) || g.MemoryMiB != 81559 || g.NVLinkDomain != n || !g.Healthy {
+				t.Fatalf("inventory of %s, gpu %d: %+v", n, i, g)
+			}
+		}
+		if ce := inv[n].header(0, contracts.HeaderCEType); ce != "io.gpuplane.node.inventory.v1" {
+			t.Errorf("inventory ce-type %q", ce)
+		}
+
+		eventually(t, "3 heartbeats of "+n, func() bool { return len(hbs[n].all()) >= 3 })
+		for i, hb := range hbs[n].all()[:3] {
+			if hb.NodeID != n || hb.Seq != uint64(i+1) || hb.Incarnation != got.Incarnation || len(hb.Runs) != 0 {
+				t.Fatalf("heartbeat %d of %s: %+v", i, n, hb)
+			}
+		}
+
+		eventually(t, "10 telemetry batches of "+n, func() bool { return len(tel[n].all()) >= 10 })
+		batches := tel[n].all()
+		for i, m := range batches {
+			if m.NodeID != n || len(m.GPUs) != 8 {
+				t.Fatalf("batch %d of %s: node %s, %d GPUs; want one message with all 8", i, n, m.NodeID, len(m.GPUs))
+			}
+			for _, g := range m.GPUs {
+				if g.GPUUtil != 0 || g.AllocationID != "" || g.TempC > 36 {
+					t.Fatalf("idle machine %s reports %+v", n, g)
+				}
+			}
+			// One batch per tick: never two for the same instant.
+			if i > 0 && m.Time.Sub(batches[i-1].Time) < tick/2 {
+				t.Fatalf("batches %d and %d of %s are %s apart; want one per %s tick", i-1, i, n, m.Time.Sub(batches[i-1].Time), tick)
+			}
+		}
+	}
+}
+
+func TestCommittedSimulatedRunsStartAndEnd(t *testing.T) {
+	b := connect(t)
+	const node = "h100-01"
+	runs := record[contracts.RunEvent](t, b, contracts.StreamRuns, contracts.SubjectRuns(node))
+	hbs := record[contracts.Heartbeat](t, b, contracts.StreamHeartbeats, contracts.SubjectHeartbeat(node))
+	tel := record[contracts.Telemetry](t, b, contracts.StreamTelemetry, contracts.SubjectTelemetry(node))
+	startAgent(t, b, testConfig(t, node))
+
+	ok := allocation(node, "ok", contracts.RunSpec{Duration: contracts.Duration(time.Second)}, 0, 1)
+	bad := allocation(node, "bad", contracts.RunSpec{Duration: contracts.Duration(300 * time.Millisecond), ExitCode: 2}, 2)
+	ledger(t, b, contracts.LedgerCommitted, ok, "")
+	ledger(t, b, contracts.LedgerCommitted, bad, "")
+
+	started := waitStarted(t, runs, ok.ID)
+	if started.NodeID != node || started.Tenant != "acme" || started.JobID != "ok" || started.Attempt != 1 || len(started.Devices) != 2 {
+		t.Fatalf("started fact %+v", started)
+	}
+	if ce := runs.header(0, contracts.HeaderMsgID); !strings.HasPrefix(ce, "run/started/acme/") {
+		t.Errorf("run fact Nats-Msg-Id %q", ce)
+	}
+	// While it runs, heartbeats name it and its GPUs work.
+	eventually(t, "a heartbeat naming the run", func() bool {
+		for _, hb := range hbs.all() {
+			if len(hb.Runs) == 2 && hb.Runs[0] == bad.ID && hb.Runs[1] == ok.ID {
+				return true
+			}
+		}
+		return false
+	})
+	eventually(t, "telemetry of busy GPUs", func() bool {
+		for _, m := range tel.all() {
+			g := m.GPUs
+			if g[0].AllocationID == ok.ID && g[1].AllocationID == ok.ID && g[0].GPUUtil >= 85 &&
+				g[0].GPUUtil > g[3].GPUUtil && g[0].FBUsedMiB > 0 && g[0].FBUsedMiB <= 81559 && g[3].AllocationID == "" {
+				return true
+			}
+		}
+		return false
+	})
+
+	for _, c := range []struct {
+		a        contracts.Allocation
+		d        time.Duration
+		outcome  contracts.RunOutcome
+		exitCode int
+		reason   contracts.Reason
+	}{
+		{ok, time.Second, contracts.OutcomeSucceeded, 0, ""},
+		{bad, 300 * time.Millisecond, contracts.OutcomeFailed, 2, contracts.ReasonExitNonZero},
+	} {
+		s := waitStarted(t, runs, c.a.ID)
+		e := waitEnded(t, runs, c.a.ID)
+		r := e.Result
+		if r == nil || r.Outcome != c.outcome || r.ExitCode != c.exitCode || r.Reason != c.reason {
+			t.Fatalf("%s ended with %+v; want %s, exit %d, reason %q", c.a.ID, r, c.outcome, c.exitCode, c.reason)
+		}
+		if !r.StartedAt.Equal(s.Time) || !e.Time.Equal(r.EndedAt) {
+			t.Fatalf("%s: result times %s..%s, started fact at %s, ended fact at %s", c.a.ID, r.StartedAt, r.EndedAt, s.Time, e.Time)
+		}
+		if d := r.EndedAt.Sub(r.StartedAt); d < c.d || d > c.d+3*time.Second {
+			t.Fatalf("%s ran %s, want about %s", c.a.ID, d, c.d)
+		}
+	}
+	eventually(t, "heartbeats after the runs name none", func() bool {
+		all := hbs.all()
+		return len(all[len(all)-1].Runs) == 0
+	})
+}
+
+func TestCommandSeesExactlyItsDevices(t *testing.T) {
+	b := connect(t)
+	const node = "h100-01"
+	cfg := testConfig(t, node)
+	runs := record[contracts.RunEvent](t, b, contracts.StreamRuns, contracts.SubjectRuns(node))
+	startAgent(t, b, cfg)
+
+	a := allocation(node, "cuda", contracts.RunSpec{Command: []string{"sh", "-c", "echo $CUDA_VISIBLE_DEVICES; exit 3"}}, 2, 5)
+	ledger(t, b, contracts.LedgerCommitted, a, "")
+	e := waitEnded(t, runs, a.ID)
+	if r := e.Result; r.Outcome != contracts.OutcomeFailed || r.ExitCode != 3 || r.Reason != contracts.ReasonExitNonZero || r.StartedAt.IsZero() {
+		t.Fatalf("result %+v, want failed with exit code 3", r)
+	}
+	out, err := os.ReadFile(runner.LogPath(cfg.LogDir, a.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := sim.UUID(node, 2) + "," + sim.UUID(node, 5) + "\n"; string(out) != want {
+		t.Fatalf("run log %q, want exactly the allocated UUIDs %q", out, want)
+	}
+}
+
+func TestStopRunKillsTheCommandWithinTheGrace(t *testing.T) {
+	b := connect(t)
+	const node = "h100-01"
+	runs := record[contracts.RunEvent](t, b, contracts.StreamRuns, contracts.SubjectRuns(node))
+	startAgent(t, b, testConfig(t, node))
+
+	for _, c := range []struct {
+		job      string
+		command  []string
+		exitCode int
+	}{
+		{"polite", []string{"sleep", "60"}, 128 + 15},
+		// Ignores SIGTERM (and so does its sleep): SIGKILL after the grace.
+		{"stubborn", []string{"sh", "-c", `trap "" TERM; sleep 60`}, 128 + 9},
+	} {
+		const grace = 500 * time.Millisecond
+		a := allocation(node, c.job, contracts.RunSpec{Command: c.command}, 0)
+		ledger(t, b, contracts.LedgerCommitted, a, "")
+		waitStarted(t, runs, a.ID)
+		stoppedAt := time.Now()
+		stopRun(t, b, a, grace)
+		stopRun(t, b, a, grace) // a repeated command is harmless
+		e := waitEnded(t, runs, a.ID)
+		took := time.Since(stoppedAt)
+		r := e.Result
+		if r.Outcome != contracts.OutcomeCancelled || r.Reason != contracts.ReasonCancelled || r.ExitCode != c.exitCode {
+			t.Fatalf("%s: result %+v, want cancelled by the user with exit %d", c.job, r, c.exitCode)
+		}
+		if took > grace+3*time.Second {
+			t.Fatalf("%s: ended %s after the stop, grace is %s", c.job, took, grace)
+		}
+	}
+}
+
+func TestStopBeforeCommitNeverStarts(t *testing.T) {
+	b := connect(t)
+	const node = "h100-01"
+	runs := record[contracts.RunEvent](t, b, contracts.StreamRuns, contracts.SubjectRuns(node))
+	cfg := testConfig(t, node)
+	counter := newCountingRunner(t)
+	cfg.Runner = counter
+
+	// Before the agent exists: both in its backlog, in the worst order.
+	early := allocation(node, "early", contracts.RunSpec{Duration: contracts.Duration(time.Minute)}, 0)
+	stopRun(t, b, early, 0)
+	ledger(t, b, contracts.LedgerCommitted, early, "")
+	startAgent(t, b, cfg)
+
+	// While it runs: the stop is handled before the commit arrives.
+	late := allocation(node, "late", contracts.RunSpec{Duration: contracts.Duration(time.Minute)}, 1)
+	waitAcked(t, b, contracts.StreamNodeCommands, node, stopRun(t, b, late, 0))
+	ledger(t, b, contracts.LedgerCommitted, late, "")
+
+	for _, a := range []contracts.Allocation{early, late} {
+		e := waitEnded(t, runs, a.ID)
+		if r := e.Result; r.Outcome != contracts.OutcomeCancelled || r.Reason != contracts.ReasonCancelled ||
+			!r.StartedAt.IsZero() || r.ExitCode != nodeagent.NoExitCode {
+			t.Fatalf("%s: result %+v, want cancelled with no start", a.ID, r)
+		}
+		if started, _ := facts(runs, a.ID); len(started) != 0 || counter.launches(a.ID) != 0 {
+			t.Fatalf("%s was started (%d facts, %d launches)", a.ID, len(started), counter.launches(a.ID))
+		}
+	}
+}
+
+func TestRedeliveredCommitDoesNotStartTwice(t *testing.T) {
+	b := connect(t)
+	const node = "h100-01"
+	runs := record[contracts.RunEvent](t, b, contracts.StreamRuns, contracts.SubjectRuns(node))
+	cfg := testConfig(t, node)
+	counter := newCountingRunner(t)
+	cfg.Runner = counter
+	startAgent(t, b, cfg)
+
+	a := allocation(node, "once", contracts.RunSpec{Duration: contracts.Duration(500 * time.Millisecond)}, 3)
+	ledger(t, b, contracts.LedgerCommitted, a, "")
+	waitStarted(t, runs, a.ID)
+	// The same entry again under another message ID, as a redelivery past
+	// JetStream's duplicate window looks: once while the run runs, once
+	// after it ended.
+	waitAcked(t, b, contracts.StreamAllocations, node, ledger(t, b, contracts.LedgerCommitted, a, "again-1"))
+	waitEnded(t, runs, a.ID)
+	waitAcked(t, b, contracts.StreamAllocations, node, ledger(t, b, contracts.LedgerCommitted, a, "again-2"))
+
+	if n := counter.launches(a.ID); n != 1 {
+		t.Fatalf("launched %d times, want once", n)
+	}
+	if started, ended := facts(runs, a.ID); len(started) != 1 || len(ended) != 1 {
+		t.Fatalf("%d started and %d ended facts, want one each", len(started), len(ended))
+	}
+}
+
+func TestRestartMidRunReportsAgentRestartedAndNeverStartsAgain(t *testing.T) {
+	b := connect(t)
+	const node = "h100-01"
+	runs := record[contracts.RunEvent](t, b, contracts.StreamRuns, contracts.SubjectRuns(node))
+	inv := record[contracts.NodeInventory](t, b, contracts.StreamNodes, contracts.SubjectInventory(node))
+	cfg := testConfig(t, node)
+	counter := newCountingRunner(t)
+	cfg.Runner = counter
+
+	stop := startAgent(t, b, cfg)
+	long := allocation(node, "long", contracts.RunSpec{Command: []string{"sleep", "60"}}, 0, 1, 2, 3)
+	committedSeq := ledger(t, b, contracts.LedgerCommitted, long, "")
+	started := waitStarted(t, runs, long.ID)
+	stop()
+
+	// The new agent reads the whole ledger again with a fresh durable: only
+	// its run facts keep it from starting the allocation a second time.
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	if err := b.JetStream().DeleteConsumer(ctx, contracts.StreamAllocations, "node-agent-"+node); err != nil {
+		t.Fatal(err)
+	}
+	startAgent(t, b, cfg)
+	e := waitEnded(t, runs, long.ID)
+	if r := e.Result; r.Outcome != contracts.OutcomeFailed || r.Reason != contracts.ReasonAgentRestart ||
+		!r.StartedAt.Equal(started.Time) || r.EndedAt.Before(r.StartedAt) || r.ExitCode != nodeagent.NoExitCode {
+		t.Fatalf("result %+v, want failed agent_restarted from %s", r, started.Time)
+	}
+	eventually(t, "second inventory", func() bool { return len(inv.all()) == 2 })
+	if i := inv.all(); i[0].Incarnation == i[1].Incarnation {
+		t.Fatalf("both agents have incarnation %s", i[0].Incarnation)
+	}
+	waitAcked(t, b, contracts.StreamAllocations, node, committedSeq)
+	if n := counter.launches(long.ID); n != 1 {
+		t.Fatalf("launched %d times, want once", n)
+	}
+	if s, _ := facts(runs, long.ID); len(s) != 1 {
+		t.Fatalf("%d started facts", len(s))
+	}
+}
+
+func TestAllocationsThatMustNotRun(t *testing.T) {
+	b := connect(t)
+	const node = "h100-01"
+	runs := record[contracts.RunEvent](t, b, contracts.StreamRuns, contracts.SubjectRuns(node))
+	cfg := testConfig(t, node)
+	counter := newCountingRunner(t)
+	cfg.Runner = counter
+
+	// Committed and released while the agent was away (the node was lost):
+	// its devices may be someone else's now.
+	gone := allocation(node, "gone", contracts.RunSpec{Duration: contracts.Duration(time.Minute)}, 0)
+	ledger(t, b, contracts.LedgerCommitted, gone, "")
+	releasedSeq := ledger(t, b, contracts.LedgerReleased, gone, "")
+	startAgent(t, b, cfg)
+
+	missing := allocation(node, "missing", contracts.RunSpec{Command: []string{"/nonexistent/program"}}, 1)
+	foreign := allocation(node, "foreign", contracts.RunSpec{Duration: contracts.Duration(time.Second)}, 2)
+	foreign.Devices[0].UUID = sim.UUID("other-node", 2)
+	ledger(t, b, contracts.LedgerCommitted, missing, "")
+	ledger(t, b, contracts.LedgerCommitted, foreign, "")
+
+	for _, a := range []contracts.Allocation{missing, foreign} {
+		e := waitEnded(t, runs, a.ID)
+		if r := e.Result; r.Outcome != contracts.OutcomeFailed || r.Reason != contracts.ReasonLaunchFailed || !r.StartedAt.IsZero() {
+			t.Fatalf("%s: result %+v, want failed launch with no start", a.ID, r)
+		}
+		if s, _ := facts(runs, a.ID); len(s) != 0 {
+			t.Fatalf("%s has a started fact", a.ID)
+		}
+	}
+	if e := waitEnded(t, runs, missing.ID); e.Result.ExitCode != 127 {
+		t.Errorf("missing program: exit code %d, want 127", e.Result.ExitCode)
+	}
+	waitAcked(t, b, contracts.StreamAllocations, node, releasedSeq)
+	if s, e := facts(runs, gone.ID); len(s)+len(e) != 0 || counter.launches(gone.ID) != 0 {
+		t.Fatalf("released allocation: %d started, %d ended, %d launches; want nothing", len(s), len(e), counter.launches(gone.ID))
+	}
+}
+
+func TestReleaseWhileRunningStopsTheRun(t *testing.T) {
+	b := connect(t)
+	const node = "h100-01"
+	runs := record[contracts.RunEvent](t, b, contracts.StreamRuns, contracts.SubjectRuns(node))
+	startAgent(t, b, testConfig(t, node))
+
+	a := allocation(node, "lost", contracts.RunSpec{Duration: contracts.Duration(time.Minute)}, 0)
+	ledger(t, b, contracts.LedgerCommitted, a, "")
+	waitStarted(t, runs, a.ID)
+	ledger(t, b, contracts.LedgerReleased, a, "")
+	e := waitEnded(t, runs, a.ID)
+	if r := e.Result; r.Outcome != contracts.OutcomeFailed || r.Reason != contracts.ReasonNodeLost {
+		t.Fatalf("result %+v, want failed node_lost", r)
+	}
+}
+
+func TestRunConnectsWithItsBusConfig(t *testing.T) {
+	srv := natstest.Start(t)
+	cfg := testConfig(t, "l4-01")
+	cfg.GPUModel, cfg.GPUCount, cfg.NVLink = "L4", 4, false
+	cfg.Bus = service.BusConfig{NATSURL: srv.URL(), Replicas: 1}
+
+	bad := cfg
+	bad.Bus.Replicas, bad.GPUCount = 2, 0
+	if err := nodeagent.Run(context.Background(), bad, nil); err == nil ||
+		!strings.Contains(err.Error(), "replicas") || !strings.Contains(err.Error(), "gpu count") {
+		t.Fatalf("Run with a broken config: %v; want both problems reported", err)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- nodeagent.Run(ctx, cfg, slog.New(slog.NewTextHandler(t.Output(), nil))) }()
+	observer, err := bus.Connect(context.Background(), bus.Config{URL: srv.URL(), Name: "observer", SkipProvision: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = observer.Close(context.Background()) })
+	eventually(t, "inventory of l4-01", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		s, err := observer.JetStream().Stream(ctx, contracts.StreamNodes)
+		if err != nil {
+			return false
+		}
+		m, err := s.GetLastMsgForSubject(ctx, contracts.SubjectInventory("l4-01"))
+		return err == nil && strings.Contains(string(m.Data), `"model":"L4"`)
+	})
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(limit):
+		t.Fatal("Run did not return after cancel")
+	}
+}

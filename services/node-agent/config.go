@@ -1,0 +1,235 @@
+package nodeagent
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/service"
+	"github.com/gpuplane/gpuplane/services/node-agent/internal/catalog"
+	"github.com/gpuplane/gpuplane/services/node-agent/internal/sim"
+)
+
+// Defaults of Config.
+const (
+	DefaultHeartbeatInterval = 2 * time.Second
+	DefaultTelemetryInterval = time.Second
+	DefaultStopGrace         = 10 * time.Second
+	DefaultPool              = "default"
+	DefaultGPUModel          = "H100-80GB"
+	DefaultGPUCount          = 8
+)
+
+// PriceClasses are the values PriceClass may take ("" means unset).
+var PriceClasses = []string{"on-demand", "spot", "reserved"}
+
+// Config configures one node agent.
+type Config struct {
+	// Bus is used by Run only; RunWithBus is given a connected bus.
+	Bus service.BusConfig
+
+	// NodeID names the machine on every subject; [A-Za-z0-9_-], unique.
+	NodeID      string
+	Hostname    string
+	Pool        string
+	Zone        string
+	MachineType string // "" derives one from the GPUs, e.g. "sim-h100-80gb-x8"
+	PriceClass  string // on-demand, spot, reserved or ""
+	Labels      map[string]string
+
+	// GPUModel (a contracts.GPUModels identifier), GPUCount and NVLink
+	// shape the simulated backend; ignored when Backend is set.
+	GPUModel string
+	GPUCount int
+	NVLink   bool
+
+	// CPUMilli and MemoryMiB are the host's size in the inventory; 0
+	// derives them from the GPUs (the catalogue's per-GPU share).
+	CPUMilli  int64
+	MemoryMiB int64
+
+	// HeartbeatInterval between heartbeats; 0 means 2 s.
+	HeartbeatInterval time.Duration
+	// TelemetryInterval between telemetry batches; 0 means 1 s.
+	TelemetryInterval time.Duration
+	// LogDir keeps each run's stdout and stderr, one file per allocation;
+	// "" means a new temporary directory, kept after the agent exits.
+	LogDir string
+	// StopGrace between SIGTERM and SIGKILL when a stop_run command does
+	// not carry its own grace period, and at a time limit; 0 means 10 s.
+	StopGrace time.Duration
+	// Now is the clock for every timestamp the agent publishes; nil means
+	// time.Now.
+	Now func() time.Time
+
+	// Backend discovers and samples the GPUs; nil means a simulated
+	// machine built from GPUModel, GPUCount and NVLink.
+	Backend Backend
+	// Runner launches runs; nil means local processes and simulated runs
+	// with output in LogDir.
+	Runner Runner
+}
+
+// DefaultConfig is an agent for a simulated 8×H100 machine named after
+// this host, on the default bus (environment variables of
+// service.DefaultBusConfig; GPUPLANE_NODE_ID overrides the node ID).
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	node := os.Getenv("GPUPLANE_NODE_ID")
+	if node == "" {
+		node = nodeIDFromHost(host)
+	}
+	return Config{
+		Bus:               service.DefaultBusConfig(),
+		NodeID:            node,
+		Hostname:          host,
+		Pool:              DefaultPool,
+		PriceClass:        "on-demand",
+		GPUModel:          DefaultGPUModel,
+		GPUCount:          DefaultGPUCount,
+		NVLink:            true,
+		HeartbeatInterval: DefaultHeartbeatInterval,
+		TelemetryInterval: DefaultTelemetryInterval,
+		StopGrace:         DefaultStopGrace,
+		Now:               time.Now,
+	}
+}
+
+// nodeIDFromHost is the first label of a hostname when it is a valid ID.
+func nodeIDFromHost(host string) string {
+	short, _, _ := strings.Cut(host, ".")
+	if contracts.ValidateID(short) != nil {
+		return ""
+	}
+	return short
+}
+
+// RegisterFlags adds the agent's flags (and the bus flags) to fs,
+// defaulting to c's values.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	c.Bus.RegisterFlags(fs)
+	fs.StringVar(&c.NodeID, "node-id", c.NodeID, "node ID, unique in the cluster (env GPUPLANE_NODE_ID; default the short hostname)")
+	fs.StringVar(&c.Hostname, "hostname", c.Hostname, "hostname reported in the inventory")
+	fs.StringVar(&c.Pool, "pool", c.Pool, "node pool")
+	fs.StringVar(&c.Zone, "zone", c.Zone, "availability zone")
+	fs.StringVar(&c.MachineType, "machine-type", c.MachineType, "machine type; empty derives one from the GPUs")
+	fs.StringVar(&c.PriceClass, "price-class", c.PriceClass, "price class: on-demand, spot or reserved")
+	fs.Var((*labelsFlag)(&c.Labels), "labels", "node labels, k=v[,k=v...]")
+	fs.StringVar(&c.GPUModel, "gpu-model", c.GPUModel, "simulated GPU model, one of "+strings.Join(contracts.GPUModels, ", "))
+	fs.IntVar(&c.GPUCount, "gpu-count", c.GPUCount, "simulated GPU count")
+	fs.BoolVar(&c.NVLink, "nvlink", c.NVLink, "simulated GPUs share one NVLink domain (SXM models only)")
+	fs.Int64Var(&c.CPUMilli, "cpu-milli", c.CPUMilli, "host CPU in milli-CPUs; 0 derives it from the GPUs")
+	fs.Int64Var(&c.MemoryMiB, "memory-mib", c.MemoryMiB, "host memory in MiB; 0 derives it from the GPUs")
+	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", c.HeartbeatInterval, "interval between heartbeats")
+	fs.DurationVar(&c.TelemetryInterval, "telemetry-interval", c.TelemetryInterval, "interval between telemetry batches")
+	fs.StringVar(&c.LogDir, "log-dir", c.LogDir, "directory for run logs; empty means a new temporary directory")
+	fs.DurationVar(&c.StopGrace, "stop-grace", c.StopGrace, "grace between SIGTERM and SIGKILL when stopping a run")
+}
+
+// Validate reports every problem of the agent's own settings at once. The
+// bus settings are checked by Run (RunWithBus does not use them). Zero
+// intervals, grace and clock mean their defaults.
+func (c Config) Validate() error {
+	var errs []error
+	if err := contracts.ValidateID(c.NodeID); err != nil {
+		errs = append(errs, fmt.Errorf("node ID: %w", err))
+	}
+	if err := contracts.ValidatePool(c.Pool); err != nil {
+		errs = append(errs, fmt.Errorf("pool: %w", err))
+	}
+	if c.PriceClass != "" && !slices.Contains(PriceClasses, c.PriceClass) {
+		errs = append(errs, fmt.Errorf("price class %q; want one of %v", c.PriceClass, PriceClasses))
+	}
+	for k := range c.Labels {
+		if k == "" || strings.ContainsAny(k, "=,") {
+			errs = append(errs, fmt.Errorf("label name %q is empty or contains '=' or ','", k))
+		}
+	}
+	if c.Backend == nil {
+		m, err := catalog.Get(c.GPUModel)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("gpu model: %w", err))
+		} else if c.NVLink && !m.NVLink {
+			errs = append(errs, fmt.Errorf("nvlink: %s is a PCIe card without NVLink (set -nvlink=false)", m.ID))
+		}
+		if c.GPUCount < 1 || c.GPUCount > sim.MaxGPUs {
+			errs = append(errs, fmt.Errorf("gpu count is %d; want 1 to %d", c.GPUCount, sim.MaxGPUs))
+		}
+	}
+	if c.CPUMilli < 0 {
+		errs = append(errs, fmt.Errorf("cpu is %d milli-CPUs; want >= 0", c.CPUMilli))
+	}
+	if c.MemoryMiB < 0 {
+		errs = append(errs, fmt.Errorf("memory is %d MiB; want >= 0", c.MemoryMiB))
+	}
+	if c.HeartbeatInterval < 0 {
+		errs = append(errs, fmt.Errorf("heartbeat interval is %s; want > 0", c.HeartbeatInterval))
+	}
+	if c.TelemetryInterval < 0 {
+		errs = append(errs, fmt.Errorf("telemetry interval is %s; want > 0", c.TelemetryInterval))
+	}
+	if c.StopGrace < 0 {
+		errs = append(errs, fmt.Errorf("stop grace is %s; want >= 0", c.StopGrace))
+	}
+	return errors.Join(errs...)
+}
+
+// withDefaults fills the zero values that have a default.
+func (c Config) withDefaults() Config {
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if c.TelemetryInterval == 0 {
+		c.TelemetryInterval = DefaultTelemetryInterval
+	}
+	if c.StopGrace == 0 {
+		c.StopGrace = DefaultStopGrace
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Hostname == "" {
+		c.Hostname = c.NodeID
+	}
+	if c.MachineType == "" {
+		c.MachineType = "sim-" + strings.ToLower(c.GPUModel) + "-x" + fmt.Sprint(c.GPUCount)
+	}
+	c.Labels = maps.Clone(c.Labels)
+	return c
+}
+
+// labelsFlag parses k=v[,k=v...] into a map.
+type labelsFlag map[string]string
+
+func (l *labelsFlag) String() string {
+	if l == nil || len(*l) == 0 {
+		return ""
+	}
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(*l)) {
+		parts = append(parts, k+"="+(*l)[k])
+	}
+	return strings.Join(parts, ",")
+}
+
+func (l *labelsFlag) Set(s string) error {
+	m := map[string]string{}
+	for part := range strings.SplitSeq(s, ",") {
+		if part == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(part, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("label %q: want key=value", part)
+		}
+		m[k] = v
+	}
+	*l = m
+	return nil
+}

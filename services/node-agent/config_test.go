@@ -1,0 +1,78 @@
+package nodeagent
+
+import (
+	"flag"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestDefaultConfigIsValid(t *testing.T) {
+	c := DefaultConfig()
+	c.NodeID = "node-1" // the host name of a test machine may not be an ID
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if c.HeartbeatInterval != 2*time.Second || c.TelemetryInterval != time.Second || c.StopGrace != 10*time.Second {
+		t.Fatalf("intervals %s/%s, grace %s", c.HeartbeatInterval, c.TelemetryInterval, c.StopGrace)
+	}
+}
+
+func TestValidateReportsEveryProblem(t *testing.T) {
+	c := Config{
+		NodeID: "bad.node", Pool: "Bad Pool", PriceClass: "cheap", GPUModel: "L4", GPUCount: 99, NVLink: true,
+		Labels:            map[string]string{"": "x"},
+		HeartbeatInterval: -time.Second, TelemetryInterval: -time.Second, StopGrace: -1, CPUMilli: -1, MemoryMiB: -1,
+	}
+	err := c.Validate()
+	if err == nil {
+		t.Fatal("Validate accepted a broken config")
+	}
+	for _, want := range []string{"node ID", "pool", "price class", "nvlink", "gpu count", "label name",
+		"heartbeat interval", "telemetry interval", "stop grace", "cpu", "memory"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not mention %q:\n%v", want, err)
+		}
+	}
+	c = Config{NodeID: "n1", Pool: "p", GPUModel: "H100", GPUCount: 1}
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "unknown GPU model") {
+		t.Errorf("unknown model: %v", err)
+	}
+}
+
+func TestZeroSettingsTakeDefaults(t *testing.T) {
+	c := Config{NodeID: "n1", Pool: "p", GPUModel: "T4", GPUCount: 2}.withDefaults()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if c.HeartbeatInterval != DefaultHeartbeatInterval || c.TelemetryInterval != DefaultTelemetryInterval ||
+		c.StopGrace != DefaultStopGrace || c.Now == nil || c.Hostname != "n1" || c.MachineType != "sim-t4-x2" {
+		t.Fatalf("defaults not applied: %+v", c)
+	}
+}
+
+func TestFlags(t *testing.T) {
+	c := DefaultConfig()
+	fs := flag.NewFlagSet("node-agent", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	c.RegisterFlags(fs)
+	err := fs.Parse([]string{"-node-id", "l4-07", "-pool", "l4", "-gpu-model", "L4", "-gpu-count", "4", "-nvlink=false",
+		"-labels", "tier=inference,spot=yes", "-telemetry-interval", "250ms", "-nats", "nats://example:4222"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	got := []any{c.NodeID, c.Pool, c.GPUModel, c.GPUCount, c.NVLink, c.Labels, c.TelemetryInterval, c.Bus.NATSURL}
+	want := []any{"l4-07", "l4", "L4", 4, false, map[string]string{"tier": "inference", "spot": "yes"}, 250 * time.Millisecond, "nats://example:4222"}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Fatalf("flags (-want +got):\n%s", d)
+	}
+	if err := fs.Parse([]string{"-labels", "novalue"}); err == nil {
+		t.Fatal("a label without '=' was accepted")
+	}
+}

@@ -1,0 +1,257 @@
+// Package fleet describes a simulated fleet of machines in YAML (machine
+// types, pools, counts, zones, price classes, labels) and runs one node
+// agent per machine, all sharing one bus connection.
+package fleet
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+
+	"golang.org/x/sync/errgroup"
+	"gopkg.in/yaml.v3"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+	nodeagent "github.com/gpuplane/gpuplane/services/node-agent"
+	"github.com/gpuplane/gpuplane/services/node-agent/internal/catalog"
+	"github.com/gpuplane/gpuplane/services/node-agent/internal/sim"
+)
+
+// Fleet is a fleet description: named machine types and pools of them.
+type Fleet struct {
+	MachineTypes map[string]MachineType `yaml:"machineTypes"`
+	Pools        []Pool                 `yaml:"pools"`
+}
+
+// MachineType is the shape of one kind of machine.
+type MachineType struct {
+	GPUModel string `yaml:"gpuModel"` // a contracts.GPUModels identifier
+	GPUCount int    `yaml:"gpuCount"`
+	NVLink   bool   `yaml:"nvlink"` // all GPUs in one NVLink domain (SXM models only)
+	// CPUMilli and MemoryMiB size the host; 0 derives them from the GPUs.
+	CPUMilli  int64 `yaml:"cpuMilli,omitempty"`
+	MemoryMiB int64 `yaml:"memoryMiB,omitempty"`
+}
+
+// Pool is Count machines of one type. Its machines are named
+// <name>-01, <name>-02, ... (wider numbers for pools of 100 or more).
+type Pool struct {
+	Name        string            `yaml:"name"`
+	MachineType string            `yaml:"machineType"`
+	Count       int               `yaml:"count"`
+	Zone        string            `yaml:"zone,omitempty"`
+	PriceClass  string            `yaml:"priceClass,omitempty"` // on-demand, spot or reserved
+	Labels      map[string]string `yaml:"labels,omitempty"`
+}
+
+// Machine is one machine of a fleet.
+type Machine struct {
+	NodeID      string
+	Pool        string
+	Zone        string
+	MachineType string
+	PriceClass  string
+	Labels      map[string]string
+	// The machine type's shape.
+	GPUModel  string
+	GPUCount  int
+	NVLink    bool
+	CPUMilli  int64
+	MemoryMiB int64
+}
+
+// Default is the fleet of `make run` (deploy/fleet/default.yaml): two
+// 8×H100 and two 8×A100 NVLink machines for training, four 4×L4 spot
+// machines for inference.
+func Default() Fleet {
+	return Fleet{
+		MachineTypes: map[string]MachineType{
+			"hgx-h100-8": {GPUModel: "H100-80GB", GPUCount: 8, NVLink: true, CPUMilli: 192000, MemoryMiB: 2048 * 1024},
+			"hgx-a100-8": {GPUModel: "A100-80GB", GPUCount: 8, NVLink: true, CPUMilli: 96000, MemoryMiB: 1152 * 1024},
+			"pcie-l4-4":  {GPUModel: "L4", GPUCount: 4, NVLink: false, CPUMilli: 48000, MemoryMiB: 192 * 1024},
+		},
+		Pools: []Pool{
+			{Name: "h100", MachineType: "hgx-h100-8", Count: 2, Zone: "zone-a", PriceClass: "on-demand",
+				Labels: map[string]string{"tier": "training"}},
+			{Name: "a100", MachineType: "hgx-a100-8", Count: 2, Zone: "zone-a", PriceClass: "on-demand",
+				Labels: map[string]string{"tier": "training"}},
+			{Name: "l4", MachineType: "pcie-l4-4", Count: 4, Zone: "zone-b", PriceClass: "spot",
+				Labels: map[string]string{"tier": "inference"}},
+		},
+	}
+}
+
+// Load reads and validates a fleet file.
+func Load(path string) (Fleet, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Fleet{}, fmt.Errorf("fleet: %w", err)
+	}
+	f, err := Parse(data)
+	if err != nil {
+		return Fleet{}, fmt.Errorf("fleet %s: %w", path, err)
+	}
+	return f, nil
+}
+
+// Parse decodes and validates a fleet description. Unknown fields are
+// errors, so a misspelt key does not silently fall back to a default.
+func Parse(data []byte) (Fleet, error) {
+	var f Fleet
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&f); err != nil {
+		if errors.Is(err, io.EOF) {
+			return Fleet{}, errors.New("empty fleet description")
+		}
+		return Fleet{}, err
+	}
+	if err := f.Validate(); err != nil {
+		return Fleet{}, err
+	}
+	return f, nil
+}
+
+// Validate reports every problem of the description at once.
+func (f Fleet) Validate() error {
+	var errs []error
+	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	for _, name := range slices.Sorted(maps.Keys(f.MachineTypes)) {
+		t := f.MachineTypes[name]
+		if name == "" {
+			add("machine type with an empty name")
+		}
+		m, err := catalog.Get(t.GPUModel)
+		if err != nil {
+			add("machine type %q: %w", name, err)
+		} else if t.NVLink && !m.NVLink {
+			add("machine type %q: nvlink: %s is a PCIe card without NVLink", name, m.ID)
+		}
+		if t.GPUCount < 1 || t.GPUCount > sim.MaxGPUs {
+			add("machine type %q: gpuCount is %d; want 1 to %d", name, t.GPUCount, sim.MaxGPUs)
+		}
+		if t.CPUMilli < 0 || t.MemoryMiB < 0 {
+			add("machine type %q: cpuMilli and memoryMiB must not be negative", name)
+		}
+	}
+	if len(f.Pools) == 0 {
+		add("no pools")
+	}
+	pools := map[string]bool{}
+	for i, p := range f.Pools {
+		where := fmt.Sprintf("pool %d (%q)", i, p.Name)
+		if err := contracts.ValidatePool(p.Name); err != nil {
+			add("%s: %w", where, err)
+		} else if pools[p.Name] {
+			add("%s: duplicate pool name", where)
+		}
+		pools[p.Name] = true
+		if _, ok := f.MachineTypes[p.MachineType]; !ok {
+			add("%s: unknown machine type %q", where, p.MachineType)
+		}
+		if p.Count < 0 {
+			add("%s: count is %d; want >= 0", where, p.Count)
+		}
+		if p.PriceClass != "" && !slices.Contains(nodeagent.PriceClasses, p.PriceClass) {
+			add("%s: price class %q; want one of %v", where, p.PriceClass, nodeagent.PriceClasses)
+		}
+		for k := range p.Labels {
+			if k == "" {
+				add("%s: empty label name", where)
+			}
+		}
+	}
+	if len(errs) == 0 {
+		// Node IDs are derived, but a long pool name can still make them
+		// invalid.
+		for _, m := range f.Machines() {
+			if err := contracts.ValidateID(m.NodeID); err != nil {
+				add("pool %q: node ID: %w", m.Pool, err)
+				break
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Machines lists every machine, pool by pool.
+func (f Fleet) Machines() []Machine {
+	var out []Machine
+	for _, p := range f.Pools {
+		t := f.MachineTypes[p.MachineType]
+		width := max(2, len(strconv.Itoa(p.Count)))
+		for i := 1; i <= p.Count; i++ {
+			out = append(out, Machine{
+				NodeID:      fmt.Sprintf("%s-%0*d", p.Name, width, i),
+				Pool:        p.Name,
+				Zone:        p.Zone,
+				MachineType: p.MachineType,
+				PriceClass:  p.PriceClass,
+				Labels:      maps.Clone(p.Labels),
+				GPUModel:    t.GPUModel,
+				GPUCount:    t.GPUCount,
+				NVLink:      t.NVLink,
+				CPUMilli:    t.CPUMilli,
+				MemoryMiB:   t.MemoryMiB,
+			})
+		}
+	}
+	return out
+}
+
+// Configs is the agent configuration of every machine: the template's
+// shared settings (intervals, stop grace, clock, runner) with the
+// machine's own identity and shape. Labels merge, the pool's winning; a
+// template LogDir gets one subdirectory per machine; a template Backend is
+// dropped, since every machine simulates its own GPUs.
+func (f Fleet) Configs(template nodeagent.Config) []nodeagent.Config {
+	machines := f.Machines()
+	cfgs := make([]nodeagent.Config, 0, len(machines))
+	for _, m := range machines {
+		c := template
+		c.NodeID, c.Hostname = m.NodeID, m.NodeID
+		c.Pool, c.Zone, c.MachineType, c.PriceClass = m.Pool, m.Zone, m.MachineType, m.PriceClass
+		c.GPUModel, c.GPUCount, c.NVLink = m.GPUModel, m.GPUCount, m.NVLink
+		c.CPUMilli, c.MemoryMiB = m.CPUMilli, m.MemoryMiB
+		c.Backend = nil
+		c.Labels = maps.Clone(template.Labels)
+		if c.Labels == nil && len(m.Labels) > 0 {
+			c.Labels = map[string]string{}
+		}
+		maps.Copy(c.Labels, m.Labels)
+		if template.LogDir != "" {
+			c.LogDir = filepath.Join(template.LogDir, m.NodeID)
+		}
+		cfgs = append(cfgs, c)
+	}
+	return cfgs
+}
+
+// Run validates f and runs one agent per machine on b, configured by
+// Configs(template), until ctx ends or an agent fails (which stops them
+// all). nodeagent.DefaultConfig() is a fine template; zero settings take
+// the agent's defaults.
+func Run(ctx context.Context, f Fleet, b *bus.Bus, template nodeagent.Config, log *slog.Logger) error {
+	if err := f.Validate(); err != nil {
+		return fmt.Errorf("fleet: %w", err)
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	cfgs := f.Configs(template)
+	log.Info("starting simulated fleet", "machines", len(cfgs), "pools", len(f.Pools))
+	g, gctx := errgroup.WithContext(ctx)
+	for _, c := range cfgs {
+		g.Go(func() error { return nodeagent.RunWithBus(gctx, c, b, log) })
+	}
+	return g.Wait()
+}

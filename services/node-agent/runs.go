@@ -1,0 +1,459 @@
+package nodeagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os/exec"
+	"time"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/services/node-agent/internal/runner"
+)
+
+// NoExitCode is the exit code of a run fact when no process status
+// exists: the run never started, or the agent lost it.
+const NoExitCode = -1
+
+// activeRun is a run being launched (proc nil) or running.
+type activeRun struct {
+	alloc     contracts.Allocation
+	proc      runner.Process
+	startedAt time.Time
+	// stop is why the run was asked to stop, nil while nobody asked.
+	stop *stopRequest
+}
+
+// stopRequest says how a stopped run's end is reported.
+type stopRequest struct {
+	outcome  contracts.RunOutcome
+	reason   contracts.Reason
+	message  string
+	grace    time.Duration
+	shutdown bool // the agent itself is stopping: report nothing
+}
+
+// rebuild reads the node's own history before any consumer runs: the run
+// facts (what was started or ended), the ledger's releases (what must
+// never start) and the stop commands (what must not start), so that
+// neither a redelivery nor the order in which the durable consumers
+// deliver can start a run twice or start a stopped one.
+func (a *agent) rebuild(ctx context.Context) error {
+	if err := a.replayRuns(ctx); err != nil {
+		return err
+	}
+	node := a.cfg.NodeID
+	_, err := a.bus.Replay(ctx, bus.FollowSpec{Stream: contracts.StreamAllocations,
+		FilterSubjects: []string{contracts.SubjectLedger(node)}}, func(_ context.Context, m *bus.Msg) error {
+		var e contracts.LedgerEntry
+		if err := m.Decode(&e); err != nil {
+			a.log.Warn("skipping undecodable ledger entry", "stream_seq", m.StreamSeq, "err", err)
+			return nil
+		}
+		if e.Kind == contracts.LedgerReleased {
+			a.released[e.Allocation.ID] = true
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("replay ledger: %w", err)
+	}
+	_, err = a.bus.Replay(ctx, bus.FollowSpec{Stream: contracts.StreamNodeCommands,
+		FilterSubjects: []string{contracts.SubjectNodeCommands(node)}}, func(_ context.Context, m *bus.Msg) error {
+		var c contracts.NodeCommand
+		if err := m.Decode(&c); err != nil {
+			a.log.Warn("skipping undecodable node command", "stream_seq", m.StreamSeq, "err", err)
+			return nil
+		}
+		if c.Kind == contracts.CommandStopRun && a.facts[c.AllocationID] == nil {
+			a.stops[c.AllocationID] = c
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("replay node commands: %w", err)
+	}
+	return nil
+}
+
+// replayRuns merges every fact of gp.runs.<node> into a.facts.
+func (a *agent) replayRuns(ctx context.Context) error {
+	_, err := a.bus.Replay(ctx, bus.FollowSpec{Stream: contracts.StreamRuns,
+		FilterSubjects: []string{contracts.SubjectRuns(a.cfg.NodeID)}}, func(_ context.Context, m *bus.Msg) error {
+		var ev contracts.RunEvent
+		if err := m.Decode(&ev); err != nil {
+			a.log.Warn("skipping undecodable run fact", "stream_seq", m.StreamSeq, "err", err)
+			return nil
+		}
+		a.mu.Lock()
+		a.recordFact(ev)
+		a.mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("replay runs: %w", err)
+	}
+	return nil
+}
+
+// recordFact notes a published run fact; a.mu must be held.
+func (a *agent) recordFact(ev contracts.RunEvent) {
+	f := a.facts[ev.AllocationID]
+	if f == nil {
+		f = &runFacts{}
+		a.facts[ev.AllocationID] = f
+	}
+	switch ev.Kind {
+	case contracts.RunStarted:
+		f.started = &ev
+	case contracts.RunEnded:
+		f.ended = true
+	}
+}
+
+// reportOrphans ends the runs a previous agent of this node started and
+// never reported ended: that agent died mid-run and its processes are
+// gone (a later version will re-adopt real ones).
+func (a *agent) reportOrphans(ctx context.Context) error {
+	now := a.cfg.Now()
+	var orphans []*contracts.RunEvent
+	a.mu.Lock()
+	for _, f := range a.facts {
+		if f.started != nil && !f.ended {
+			orphans = append(orphans, f.started)
+		}
+	}
+	a.mu.Unlock()
+	for _, s := range orphans {
+		id := s.AllocationID
+		ev := contracts.RunEvent{Kind: contracts.RunEnded, AllocationID: id, Tenant: s.Tenant, JobID: s.JobID,
+			Attempt: s.Attempt, Devices: s.Devices, Time: now,
+			Result: &contracts.RunResult{Outcome: contracts.OutcomeFailed, ExitCode: NoExitCode,
+				StartedAt: s.Time, EndedAt: now, Reason: contracts.ReasonAgentRestart,
+				Message: "the node agent restarted while the run was running"}}
+		if err := a.publishRun(ctx, ev); err != nil {
+			return err
+		}
+		a.log.Warn("reported a run lost to an agent restart", "allocation_id", id)
+	}
+	return nil
+}
+
+// onLedger handles one entry of gp.alloc.ledger.<node>.
+func (a *agent) onLedger(ctx context.Context, m *bus.Msg) error {
+	var e contracts.LedgerEntry
+	if err := m.Decode(&e); err != nil {
+		return bus.Permanent(err)
+	}
+	id := e.Allocation.ID
+	switch {
+	case id == "":
+		return bus.Permanent(errors.New("ledger entry without an allocation ID"))
+	case e.Allocation.NodeID != a.cfg.NodeID:
+		return bus.Permanent(fmt.Errorf("allocation %s is for node %q, not %q", id, e.Allocation.NodeID, a.cfg.NodeID))
+	}
+	switch e.Kind {
+	case contracts.LedgerCommitted:
+		return a.onCommitted(ctx, e.Allocation, m.NumDelivered > 1)
+	case contracts.LedgerReleased:
+		a.onReleased(e)
+		return nil
+	default:
+		return bus.Permanent(fmt.Errorf("unknown ledger entry kind %q", e.Kind))
+	}
+}
+
+// onCommitted starts an allocation's run unless it already has a run
+// fact, is running, was released, or was stopped before it started. It
+// returns (so the entry is acked) once the started fact is published; the
+// run goes on in its own goroutine.
+func (a *agent) onCommitted(ctx context.Context, alloc contracts.Allocation, redelivered bool) error {
+	id := alloc.ID
+	log := a.log.With("allocation_id", id)
+	if redelivered {
+		// An earlier delivery may have published a started fact whose
+		// acknowledgement was lost: look again before deciding.
+		if err := a.replayRuns(ctx); err != nil {
+			return err
+		}
+	}
+	a.mu.Lock()
+	_, running := a.active[id]
+	stop, stopped := a.stops[id]
+	switch {
+	case a.facts[id] != nil:
+		a.mu.Unlock()
+		log.Debug("allocation already has run facts; not starting it again")
+		return nil
+	case running:
+		a.mu.Unlock()
+		return nil
+	case a.released[id]:
+		a.mu.Unlock()
+		log.Info("allocation was released before it started; not starting it")
+		return nil
+	case stopped:
+		a.mu.Unlock()
+		reason := stop.Reason
+		if reason == "" {
+			reason = contracts.ReasonStopRequested
+		}
+		log.Info("allocation was stopped before it started; reporting it cancelled")
+		if err := a.publishEnded(ctx, alloc, contracts.RunResult{Outcome: contracts.OutcomeCancelled,
+			ExitCode: NoExitCode, EndedAt: a.cfg.Now(), Reason: reason, Message: "stopped before it started"}); err != nil {
+			return err
+		}
+		a.mu.Lock()
+		delete(a.stops, id) // the ended fact now guards it
+		a.mu.Unlock()
+		return nil
+	}
+	uuids, err := a.deviceUUIDs(alloc)
+	if err != nil {
+		a.mu.Unlock()
+		log.Warn("allocation cannot run here", "err", err)
+		return a.publishEnded(ctx, alloc, contracts.RunResult{Outcome: contracts.OutcomeFailed,
+			ExitCode: NoExitCode, EndedAt: a.cfg.Now(), Reason: contracts.ReasonLaunchFailed, Message: err.Error()})
+	}
+	run := &activeRun{alloc: alloc}
+	a.active[id] = run
+	a.mu.Unlock()
+
+	proc, err := a.runner.Launch(ctx, runner.Launch{AllocationID: id, Spec: alloc.Run, DeviceUUIDs: uuids, StopGrace: a.cfg.StopGrace})
+	if err != nil {
+		a.mu.Lock()
+		delete(a.active, id)
+		a.mu.Unlock()
+		if ctx.Err() != nil {
+			return ctx.Err() // shutting down: a later agent starts it
+		}
+		log.Warn("run failed to launch", "err", err)
+		return a.publishEnded(ctx, alloc, contracts.RunResult{Outcome: contracts.OutcomeFailed,
+			ExitCode: launchExitCode(err), EndedAt: a.cfg.Now(), Reason: contracts.ReasonLaunchFailed, Message: err.Error()})
+	}
+	startedAt := a.cfg.Now()
+	a.mu.Lock()
+	run.proc, run.startedAt = proc, startedAt
+	pending := run.stop // a stop that came while launching
+	a.mu.Unlock()
+	if pending != nil {
+		proc.Stop(pending.grace)
+	}
+	started := contracts.RunEvent{Kind: contracts.RunStarted, AllocationID: id, Tenant: alloc.Tenant,
+		JobID: alloc.JobID, Attempt: alloc.Attempt, Devices: alloc.Devices, Time: startedAt}
+	if err := a.publishRun(ctx, started); err != nil {
+		// Without its started fact the run does not exist for anyone:
+		// kill it so the redelivered entry starts it afresh.
+		proc.Stop(0)
+		proc.Wait()
+		a.mu.Lock()
+		delete(a.active, id)
+		a.mu.Unlock()
+		return err
+	}
+	log.Info("run started", "devices", len(uuids), "command", len(alloc.Run.Command) > 0)
+	a.runs.Add(1)
+	go a.watch(ctx, run)
+	return nil
+}
+
+// deviceUUIDs checks that every device of alloc is a GPU of this machine
+// and returns their UUIDs in allocation order; a.mu must be held.
+func (a *agent) deviceUUIDs(alloc contracts.Allocation) ([]string, error) {
+	if len(alloc.Devices) == 0 {
+		return nil, errors.New("allocation has no devices")
+	}
+	uuids := make([]string, 0, len(alloc.Devices))
+	for _, d := range alloc.Devices {
+		if _, ok := a.byUUID[d.UUID]; !ok {
+			return nil, fmt.Errorf("device %d (%s) is not a GPU of this node", d.Index, d.UUID)
+		}
+		uuids = append(uuids, d.UUID)
+	}
+	return uuids, nil
+}
+
+// launchExitCode is the shell's code for a command that could not run.
+func launchExitCode(err error) int {
+	switch {
+	case errors.Is(err, exec.ErrNotFound), errors.Is(err, fs.ErrNotExist):
+		return 127
+	case errors.Is(err, fs.ErrPermission):
+		return 126
+	}
+	return NoExitCode
+}
+
+// watch waits for a run to end and reports it.
+func (a *agent) watch(ctx context.Context, run *activeRun) {
+	defer a.runs.Done()
+	exit := run.proc.Wait()
+	endedAt := a.cfg.Now()
+	id := run.alloc.ID
+	a.mu.Lock()
+	stop := run.stop
+	delete(a.active, id)
+	a.mu.Unlock()
+	if stop != nil && stop.shutdown && exit.Stopped {
+		return // reported as agent_restarted by the next agent of this node
+	}
+	res := runResult(exit, stop, run.startedAt, endedAt)
+	pctx := ctx
+	if ctx.Err() != nil {
+		// The run ended on its own while the agent stops: still worth a
+		// short try, the bus is open until RunWithBus returns.
+		var cancel context.CancelFunc
+		pctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+		defer cancel()
+	}
+	if err := a.publishEnded(pctx, run.alloc, res); err != nil {
+		a.log.Error("run end not published; the next agent reports it as agent_restarted",
+			"allocation_id", id, "err", err)
+		return
+	}
+	a.log.Info("run ended", "allocation_id", id, "outcome", res.Outcome, "exit_code", res.ExitCode)
+}
+
+// runResult turns how a process ended into the result reported.
+func runResult(exit runner.Exit, stop *stopRequest, startedAt, endedAt time.Time) contracts.RunResult {
+	res := contracts.RunResult{ExitCode: exit.Code, StartedAt: startedAt, EndedAt: endedAt}
+	switch {
+	case stop != nil && exit.Stopped:
+		res.Outcome, res.Reason, res.Message = stop.outcome, stop.reason, stop.message
+	case exit.TimedOut:
+		res.Outcome, res.Reason, res.Message = contracts.OutcomeFailed, contracts.ReasonExitNonZero, "killed at its time limit"
+	case exit.Err != nil:
+		res.Outcome, res.Reason, res.Message = contracts.OutcomeFailed, contracts.ReasonExitNonZero, exit.Err.Error()
+	case exit.Code == 0:
+		res.Outcome = contracts.OutcomeSucceeded
+	default:
+		res.Outcome, res.Reason = contracts.OutcomeFailed, contracts.ReasonExitNonZero
+	}
+	return res
+}
+
+// onReleased notes a release so the allocation never starts; a run still
+// going is stopped, since its devices are no longer its own (the usual
+// release follows the run's end and finds nothing running).
+func (a *agent) onReleased(e contracts.LedgerEntry) {
+	id := e.Allocation.ID
+	a.mu.Lock()
+	a.released[id] = true
+	delete(a.stops, id)
+	run := a.active[id]
+	var proc runner.Process
+	if run != nil && run.stop == nil {
+		outcome := contracts.OutcomeFailed
+		if e.Reason == contracts.ReasonCancelled {
+			outcome = contracts.OutcomeCancelled
+		}
+		run.stop = &stopRequest{outcome: outcome, reason: e.Reason, grace: a.cfg.StopGrace,
+			message: "the allocation was released while its run was running"}
+		proc = run.proc
+	}
+	a.mu.Unlock()
+	if proc != nil {
+		a.log.Warn("allocation released while running; stopping its run", "allocation_id", id, "reason", e.Reason)
+		proc.Stop(a.cfg.StopGrace)
+	}
+}
+
+// onCommand handles one command of gp.cmd.node.<node>.
+func (a *agent) onCommand(_ context.Context, m *bus.Msg) error {
+	var c contracts.NodeCommand
+	if err := m.Decode(&c); err != nil {
+		return bus.Permanent(err)
+	}
+	if c.AllocationID == "" {
+		return bus.Permanent(errors.New("node command without an allocation ID"))
+	}
+	switch c.Kind {
+	case contracts.CommandStopRun:
+		a.stopRun(c)
+		return nil
+	default:
+		return bus.Permanent(fmt.Errorf("unknown node command %q", c.Kind))
+	}
+}
+
+// stopRun stops a running allocation, or remembers the stop so the
+// allocation never starts (commands and the ledger are different streams:
+// the stop may come first). Idempotent.
+func (a *agent) stopRun(c contracts.NodeCommand) {
+	id := c.AllocationID
+	grace := c.GracePeriod.D()
+	if grace <= 0 {
+		grace = a.cfg.StopGrace
+	}
+	reason := c.Reason
+	if reason == "" {
+		reason = contracts.ReasonStopRequested
+	}
+	a.mu.Lock()
+	run, running := a.active[id]
+	switch {
+	case running:
+		if run.stop == nil {
+			run.stop = &stopRequest{outcome: contracts.OutcomeCancelled, reason: reason, grace: grace, message: "stopped on request"}
+		}
+		proc := run.proc // nil while launching: the launcher applies the stop
+		a.mu.Unlock()
+		if proc != nil {
+			a.log.Info("stopping run", "allocation_id", id, "reason", reason, "grace", grace)
+			proc.Stop(grace)
+		}
+	case a.facts[id] != nil:
+		a.mu.Unlock() // already ended
+	default:
+		a.stops[id] = c
+		a.mu.Unlock()
+		a.log.Info("stop for an allocation not started; it will not start", "allocation_id", id)
+	}
+}
+
+// shutdown stops every run when the agent stops and waits for them (at
+// most the stop grace and a little more).
+func (a *agent) shutdown() {
+	a.mu.Lock()
+	var procs []runner.Process
+	for _, r := range a.active {
+		if r.stop == nil {
+			r.stop = &stopRequest{shutdown: true}
+		} // a run already being stopped on request still reports its end
+		if r.proc != nil {
+			procs = append(procs, r.proc)
+		}
+	}
+	a.mu.Unlock()
+	for _, p := range procs {
+		p.Stop(a.cfg.StopGrace)
+	}
+	done := make(chan struct{})
+	go func() { a.runs.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(a.cfg.StopGrace + 5*time.Second):
+		a.log.Error("runs did not stop in time")
+	}
+}
+
+func (a *agent) publishEnded(ctx context.Context, alloc contracts.Allocation, res contracts.RunResult) error {
+	return a.publishRun(ctx, contracts.RunEvent{Kind: contracts.RunEnded, AllocationID: alloc.ID, Tenant: alloc.Tenant,
+		JobID: alloc.JobID, Attempt: alloc.Attempt, Devices: alloc.Devices, Time: res.EndedAt, Result: &res})
+}
+
+// publishRun publishes a run fact and records it.
+func (a *agent) publishRun(ctx context.Context, ev contracts.RunEvent) error {
+	ev.SchemaVersion = contracts.SchemaVersion
+	ev.NodeID = a.cfg.NodeID
+	if _, err := a.bus.Publish(ctx, contracts.SubjectRuns(a.cfg.NodeID), contracts.RunEventID(ev.Kind, ev.AllocationID),
+		ev, bus.CESubject(ev.AllocationID)); err != nil {
+		return fmt.Errorf("publish run %s of %s: %w", ev.Kind, ev.AllocationID, err)
+	}
+	a.mu.Lock()
+	a.recordFact(ev)
+	a.mu.Unlock()
+	return nil
+}
