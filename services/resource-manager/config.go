@@ -1,0 +1,97 @@
+package resourcemanager
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/service"
+)
+
+// ServiceName is the default name of the service: its connection name and
+// CloudEvents source.
+const ServiceName = "resource-manager"
+
+// PlansDurable is the durable consumer every replica shares on PLANS
+// (contracts/FLOWS.md); JetStream spreads plans between replicas.
+const PlansDurable = "resource-manager-plans"
+
+// Config configures the resource manager.
+type Config struct {
+	Bus service.BusConfig
+	// Name is the connection name and CloudEvents source
+	// ("/gpuplane/<name>"); replicas may set their own (e.g. the pod name)
+	// to tell their writes apart. Default ServiceName.
+	Name string
+	// HeartbeatTimeout: a ready node not heard from for this long is
+	// declared lost. Default 6 s, three missed 2 s heartbeats.
+	HeartbeatTimeout time.Duration
+	// LivenessInterval is how often nodes are checked against
+	// HeartbeatTimeout and lost nodes swept of live allocations.
+	// Default 500 ms; must be below HeartbeatTimeout.
+	LivenessInterval time.Duration
+	// CommitAttempts bounds the compare-and-set retries of one ledger
+	// write that keeps losing to another writer; a plan item that runs
+	// out is refused with commit_conflict. Default 8.
+	CommitAttempts int
+	// PlanBatch is how many plans a replica pulls at once. Small, so that
+	// replicas share a burst rather than one taking it all. Default 32.
+	PlanBatch int
+	// Now is the clock liveness and entry times read; default time.Now.
+	Now func() time.Time
+}
+
+// DefaultConfig returns the defaults, with the bus settings from the
+// environment (service.DefaultBusConfig).
+func DefaultConfig() Config {
+	return Config{
+		Bus:              service.DefaultBusConfig(),
+		Name:             ServiceName,
+		HeartbeatTimeout: 6 * time.Second,
+		LivenessInterval: 500 * time.Millisecond,
+		CommitAttempts:   8,
+		PlanBatch:        32,
+		Now:              time.Now,
+	}
+}
+
+// RegisterFlags adds the resource manager's flags (and the bus flags) to
+// fs, defaulting to c's values.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	c.Bus.RegisterFlags(fs)
+	fs.StringVar(&c.Name, "name", c.Name, "connection name and CloudEvents source of this replica")
+	fs.DurationVar(&c.HeartbeatTimeout, "heartbeat-timeout", c.HeartbeatTimeout, "declare a node lost after this long without a heartbeat")
+	fs.DurationVar(&c.LivenessInterval, "liveness-interval", c.LivenessInterval, "how often node liveness is checked")
+	fs.IntVar(&c.CommitAttempts, "commit-attempts", c.CommitAttempts, "compare-and-set attempts of one ledger write before giving up")
+	fs.IntVar(&c.PlanBatch, "plan-batch", c.PlanBatch, "plans pulled at once by this replica")
+}
+
+// Validate reports every problem of c at once. A nil Now is allowed and
+// means time.Now.
+func (c Config) Validate() error {
+	var errs []error
+	if err := c.Bus.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := contracts.ValidateID(c.Name); err != nil {
+		errs = append(errs, fmt.Errorf("name: %w", err))
+	}
+	if c.HeartbeatTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("heartbeat timeout is %s; want > 0", c.HeartbeatTimeout))
+	}
+	switch {
+	case c.LivenessInterval <= 0:
+		errs = append(errs, fmt.Errorf("liveness interval is %s; want > 0", c.LivenessInterval))
+	case c.HeartbeatTimeout > 0 && c.LivenessInterval >= c.HeartbeatTimeout:
+		errs = append(errs, fmt.Errorf("liveness interval %s is not below the heartbeat timeout %s", c.LivenessInterval, c.HeartbeatTimeout))
+	}
+	if c.CommitAttempts < 1 {
+		errs = append(errs, fmt.Errorf("commit attempts is %d; want >= 1", c.CommitAttempts))
+	}
+	if c.PlanBatch < 1 {
+		errs = append(errs, fmt.Errorf("plan batch is %d; want >= 1", c.PlanBatch))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,205 @@
+package resourcemanager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/services/resource-manager/internal/ledger"
+)
+
+// onLedgerMsg applies one message of a node's ledger subject, read in
+// subject order (replay, follow or catch-up). It never fails: a message it
+// cannot use still moves the node's sequence, or every later
+// compare-and-set on that node would fail.
+func (s *server) onLedgerMsg(_ context.Context, m *bus.Msg) error {
+	node := contracts.Token(m.Subject, 3)
+	log := s.log.With("subject", m.Subject, "stream_seq", m.StreamSeq, "node_id", node)
+	var e contracts.LedgerEntry
+	if err := m.Decode(&e); err != nil {
+		log.Error("undecodable ledger entry skipped", "err", err)
+		s.advance(node, m.StreamSeq)
+		return nil
+	}
+	if e.Allocation.NodeID != node {
+		log.Error("ledger entry for another node skipped", "entry_node_id", e.Allocation.NodeID, "alloc_id", e.Allocation.ID)
+		s.advance(node, m.StreamSeq)
+		return nil
+	}
+	s.apply(log, e, m.StreamSeq)
+	return nil
+}
+
+func (s *server) advance(node string, seq uint64) {
+	s.mu.Lock()
+	s.led.Advance(node, seq)
+	s.mu.Unlock()
+}
+
+// apply folds an entry stored at seq into the ledger.
+func (s *server) apply(log *slog.Logger, e contracts.LedgerEntry, seq uint64) {
+	s.mu.Lock()
+	err := s.led.Apply(e, seq)
+	if e.Kind == contracts.LedgerReleased {
+		delete(s.started, e.Allocation.ID)
+	}
+	if errors.Is(err, ledger.ErrInvalidEntry) {
+		s.led.Advance(e.Allocation.NodeID, seq)
+	}
+	s.mu.Unlock()
+	switch {
+	case errors.Is(err, ledger.ErrConflict):
+		// Another writer broke G1. The log is the truth: keep the device
+		// held and say it loudly.
+		log.Error("ledger holds a device twice", "err", err, "alloc_id", e.Allocation.ID)
+	case err != nil:
+		log.Error("ledger entry skipped", "err", err)
+	}
+}
+
+// catchUp reads a node's ledger subject from the last sequence applied, so
+// that the ledger holds every entry the subject holds now. It is what a
+// lost compare-and-set calls before verifying again.
+func (s *server) catchUp(ctx context.Context, node string) error {
+	s.mu.Lock()
+	last := s.led.LastSeq(node)
+	s.mu.Unlock()
+	_, err := s.bus.Replay(ctx, bus.FollowSpec{Stream: contracts.StreamAllocations,
+		FilterSubjects: []string{contracts.SubjectLedger(node)}, StartSeq: last + 1}, s.onLedgerMsg)
+	if err != nil {
+		return fmt.Errorf("catch up ledger of node %s: %w", node, err)
+	}
+	return nil
+}
+
+// errGaveUp: a ledger write kept losing its compare-and-set.
+var errGaveUp = errors.New("compare-and-set kept failing")
+
+// write publishes a ledger entry on its node's subject expecting the last
+// sequence the ledger applied there, and applies it. check, run under the
+// node's lock against the latest ledger before each attempt, says whether
+// the write is still wanted (ok) and, when not, why (a verdict for the
+// caller). A lost compare-and-set catches up with the subject and tries
+// again, at most CommitAttempts times (then errGaveUp). wrote says whether
+// this call stored the entry. An error other than errGaveUp is transient.
+func (s *server) write(ctx context.Context, e contracts.LedgerEntry, check func() (ledger.Verdict, bool)) (v ledger.Verdict, wrote bool, err error) {
+	node := e.Allocation.NodeID
+	unlock := s.lockNode(node)
+	defer unlock()
+	log := s.log.With("node_id", node, "alloc_id", e.Allocation.ID, "kind", string(e.Kind))
+	id := contracts.LedgerEntryID(e.Kind, e.Allocation.ID)
+	subject := contracts.SubjectLedger(node)
+	stored := false // some attempt found this entry ID already stored
+	for attempt := 1; ; attempt++ {
+		s.mu.Lock()
+		v, ok := check()
+		last := s.led.LastSeq(node)
+		s.mu.Unlock()
+		if !ok {
+			return v, false, nil
+		}
+		if attempt > s.cfg.CommitAttempts {
+			if stored {
+				// Not errGaveUp: the entry exists, so the caller must not
+				// answer as if nothing had been written.
+				return v, false, fmt.Errorf("%s on node %s: stored, but not yet readable after %d attempts", id, node, s.cfg.CommitAttempts)
+			}
+			return v, false, fmt.Errorf("%w: %s on node %s after %d attempts", errGaveUp, id, node, s.cfg.CommitAttempts)
+		}
+		e.Time = s.cfg.Now()
+		ack, err := s.bus.Publish(ctx, subject, id, e, bus.ExpectLastSubjectSeq(last), bus.CESubject(e.Allocation.ID))
+		switch {
+		case errors.Is(err, bus.ErrWrongLastSequence):
+			// Another writer got there first: read what it wrote, check again.
+			log.Debug("ledger compare-and-set conflict", "expected_seq", last, "attempt", attempt)
+			if err := s.catchUp(ctx, node); err != nil {
+				return v, false, err
+			}
+		case err != nil:
+			return v, false, err
+		case ack.Duplicate:
+			// This very entry ID is stored already (a redelivered plan
+			// after a crash, or a replica with the same idea), perhaps on
+			// another node's subject: read it in, then check again.
+			log.Debug("ledger entry already stored", "stream_seq", ack.Sequence)
+			stored = true
+			if err := s.catchUpStored(ctx, ack.Sequence, node); err != nil {
+				return v, false, err
+			}
+		default:
+			s.apply(log, e, ack.Sequence)
+			log.Debug("ledger entry written", "stream_seq", ack.Sequence)
+			return v, true, nil
+		}
+	}
+}
+
+// catchUpStored catches up the subject of the ledger message stored at seq,
+// and node's.
+func (s *server) catchUpStored(ctx context.Context, seq uint64, node string) error {
+	stream, err := s.bus.JetStream().Stream(ctx, contracts.StreamAllocations)
+	if err != nil {
+		return fmt.Errorf("allocations stream: %w", err)
+	}
+	msg, err := stream.GetMsg(ctx, seq)
+	if err != nil {
+		return fmt.Errorf("get ledger message %d: %w", seq, err)
+	}
+	if other := contracts.Token(msg.Subject, 3); other != node && other != "" {
+		if err := s.catchUp(ctx, other); err != nil {
+			return err
+		}
+	}
+	return s.catchUp(ctx, node)
+}
+
+// commit verifies a plan item against the latest ledger and commits it. The
+// verdict is OK when this call committed it, Duplicate when it was already
+// committed, a refusal otherwise (commit_conflict when the compare-and-set
+// kept failing). An error is transient: the plan is to be redelivered.
+func (s *server) commit(ctx context.Context, a contracts.Allocation) (ledger.Verdict, error) {
+	s.mu.Lock()
+	v := s.led.Verify(a)
+	s.mu.Unlock()
+	if !v.OK() {
+		// Malformed items never reach a node lock or a subject.
+		return v, nil
+	}
+	e := contracts.LedgerEntry{SchemaVersion: contracts.SchemaVersion, Kind: contracts.LedgerCommitted, Allocation: a}
+	v, _, err := s.write(ctx, e, func() (ledger.Verdict, bool) {
+		v := s.led.Verify(a)
+		return v, v.OK()
+	})
+	if errors.Is(err, errGaveUp) {
+		// Every attempt was refused by the compare-and-set, so nothing of
+		// ours was stored: a refusal is the truth, and the scheduler
+		// retries on its fresher view.
+		return ledger.Verdict{Reason: contracts.RefusedCommitConflict, Message: err.Error()}, nil
+	}
+	return v, err
+}
+
+// release writes the released entry of a live allocation; nothing when it
+// is not live (never committed, or released already).
+func (s *server) release(ctx context.Context, id string, reason contracts.Reason, run *contracts.RunResult) error {
+	s.mu.Lock()
+	a, live, _ := s.led.Allocation(id)
+	s.mu.Unlock()
+	if !live {
+		return nil
+	}
+	e := contracts.LedgerEntry{SchemaVersion: contracts.SchemaVersion, Kind: contracts.LedgerReleased,
+		Allocation: a, Reason: reason, Run: run}
+	_, wrote, err := s.write(ctx, e, func() (ledger.Verdict, bool) {
+		_, live, _ := s.led.Allocation(id)
+		return ledger.Verdict{}, live
+	})
+	if err != nil || !wrote {
+		return err
+	}
+	s.log.Info("allocation released", "alloc_id", id, "node_id", a.NodeID, "reason", string(reason))
+	return nil
+}

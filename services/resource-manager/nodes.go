@@ -1,0 +1,139 @@
+package resourcemanager
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/services/resource-manager/internal/liveness"
+)
+
+// onNodesMsg applies an inventory or a lifecycle event of NODES. With
+// publish false (the rebuild) it only records; registrations it owes are
+// published once the rebuild is over. The node is the subject's token,
+// never the body's.
+func (s *server) onNodesMsg(ctx context.Context, m *bus.Msg, publish bool) {
+	node := contracts.Token(m.Subject, 3)
+	log := s.log.With("subject", m.Subject, "stream_seq", m.StreamSeq, "node_id", node)
+	s.lifeMu.Lock()
+	defer s.lifeMu.Unlock()
+	switch {
+	case strings.HasPrefix(m.Subject, "gp.nodes.inventory."):
+		var inv contracts.NodeInventory
+		if err := m.Decode(&inv); err != nil {
+			log.Warn("undecodable inventory skipped", "err", err)
+			return
+		}
+		if inv.NodeID != node {
+			log.Warn("inventory names another node; the subject wins", "body_node_id", inv.NodeID)
+			inv.NodeID = node
+		}
+		s.mu.Lock()
+		s.led.SetInventory(inv)
+		s.mu.Unlock()
+		d, owed := s.tracker.Inventory(inv, s.cfg.Now())
+		if owed && publish {
+			s.publishLifecycle(ctx, d)
+		}
+	case strings.HasPrefix(m.Subject, "gp.nodes.lifecycle."):
+		var ev contracts.NodeEvent
+		if err := m.Decode(&ev); err != nil {
+			log.Warn("undecodable node event skipped", "err", err)
+			return
+		}
+		ev.NodeID = node
+		s.applyLifecycle(ev, m.StreamSeq)
+	}
+}
+
+// onHeartbeatMsg records a heartbeat; a lost node's heartbeat brings it
+// back (returned, or registered for a new incarnation).
+func (s *server) onHeartbeatMsg(ctx context.Context, m *bus.Msg) error {
+	node := contracts.Token(m.Subject, 2)
+	var hb contracts.Heartbeat
+	if err := m.Decode(&hb); err != nil {
+		s.log.Warn("undecodable heartbeat skipped", "subject", m.Subject, "err", err)
+		return nil
+	}
+	s.lifeMu.Lock()
+	defer s.lifeMu.Unlock()
+	if d, owed := s.tracker.Heartbeat(node, hb.Incarnation, s.cfg.Now()); owed {
+		s.publishLifecycle(ctx, d)
+	}
+	return nil
+}
+
+// publishLifecycle publishes a decided lifecycle event and applies it.
+// Called with lifeMu held. A failure is logged: the decision is
+// level-triggered and comes again at the next liveness check.
+func (s *server) publishLifecycle(ctx context.Context, d liveness.Decision) {
+	node := d.Event.NodeID
+	ack, err := s.bus.Publish(ctx, contracts.SubjectNodeLifecycle(node), d.ID, d.Event, bus.CESubject(node))
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Warn("node event not published; will decide again", "node_id", node, "kind", string(d.Event.Kind), "err", err)
+		}
+		return
+	}
+	if s.applyLifecycle(d.Event, ack.Sequence) {
+		s.log.Info("node "+string(d.Event.Kind), "node_id", node, "incarnation", d.Event.Incarnation,
+			"reason", d.Event.Reason, "stream_seq", ack.Sequence)
+	}
+}
+
+// applyLifecycle folds a stored lifecycle event into the tracker and the
+// ledger's readiness. Called with lifeMu held.
+func (s *server) applyLifecycle(ev contracts.NodeEvent, seq uint64) bool {
+	changed := s.tracker.Apply(ev, seq, s.cfg.Now())
+	ready := s.tracker.Status(ev.NodeID) == liveness.Ready
+	s.mu.Lock()
+	s.led.SetReady(ev.NodeID, ready)
+	s.mu.Unlock()
+	return changed
+}
+
+// livenessLoop checks liveness every LivenessInterval until ctx ends.
+func (s *server) livenessLoop(ctx context.Context) error {
+	t := time.NewTicker(s.cfg.LivenessInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			s.checkLiveness(ctx)
+		}
+	}
+}
+
+// checkLiveness publishes every lifecycle event owed now (registrations,
+// lost nodes), then releases, with reason node_lost, every live allocation
+// of a lost node, whoever declared it lost and whenever it was committed.
+// Level-triggered: whatever fails is done at the next check.
+func (s *server) checkLiveness(ctx context.Context) {
+	s.lifeMu.Lock()
+	now := s.cfg.Now()
+	for _, d := range s.tracker.Due(now) {
+		s.publishLifecycle(ctx, d)
+	}
+	lost := s.tracker.Lost()
+	s.lifeMu.Unlock()
+	for _, node := range lost {
+		s.mu.Lock()
+		live := s.led.Live(node)
+		started := make(map[string]time.Time, len(live))
+		for _, a := range live {
+			started[a.ID] = s.started[a.ID]
+		}
+		s.mu.Unlock()
+		for _, a := range live {
+			run := &contracts.RunResult{Outcome: contracts.OutcomeFailed, StartedAt: started[a.ID], EndedAt: now,
+				Reason: contracts.ReasonNodeLost, Message: "node " + node + " stopped sending heartbeats"}
+			if err := s.release(ctx, a.ID, contracts.ReasonNodeLost, run); err != nil && ctx.Err() == nil {
+				s.log.Warn("release of a lost node's allocation failed; will retry", "node_id", node, "alloc_id", a.ID, "err", err)
+			}
+		}
+	}
+}

@@ -1,0 +1,180 @@
+// Package resourcemanager is gpuplane's single serialization point for GPU
+// placement. It verifies each item of a scheduler's plan against the latest
+// allocation ledger and commits it with a compare-and-set on the node's
+// ledger subject, releases allocations when their run ends or their node is
+// lost, and decides node lifecycle (registered, lost, returned) from
+// inventories and heartbeats. See README.md for the pipeline.
+//
+// Everything it knows is rebuilt from the streams at start (ALLOCATIONS,
+// NODES, RUNS); several replicas may run at once: they share the plans
+// consumer and the ledger's compare-and-set keeps their writes exclusive.
+package resourcemanager
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/service"
+	"github.com/gpuplane/gpuplane/services/resource-manager/internal/ledger"
+	"github.com/gpuplane/gpuplane/services/resource-manager/internal/liveness"
+)
+
+// Run runs the resource manager until ctx ends; it returns nil on a clean
+// shutdown. It validates cfg, connects the bus (provisioning the streams),
+// rebuilds its state from the streams, and only then consumes plans.
+func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("%s: invalid config: %w", ServiceName, err)
+	}
+	rt, err := service.Start(ctx, cfg.Name, cfg.Bus, log)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	defer rt.Close()
+	s := newServer(cfg, rt.Bus, rt.Log)
+	if err := s.run(ctx); err != nil && ctx.Err() == nil {
+		return fmt.Errorf("%s: %w", ServiceName, err)
+	}
+	return nil
+}
+
+// server is one running resource manager.
+//
+// Locks, always taken in this order: lifeMu (node lifecycle: decide,
+// publish, apply), then a node's lock (one ledger writer per node in this
+// process, held across verify, publish and apply), then mu (the in-memory
+// state, never held across a network call).
+type server struct {
+	cfg Config
+	bus *bus.Bus
+	log *slog.Logger
+
+	lifeMu  sync.Mutex
+	tracker *liveness.Tracker
+
+	mu        sync.Mutex
+	led       *ledger.Ledger
+	started   map[string]time.Time // live allocation ID -> its run's start
+	nodeLocks map[string]*sync.Mutex
+}
+
+func newServer(cfg Config, b *bus.Bus, log *slog.Logger) *server {
+	return &server{
+		cfg: cfg, bus: b, log: log,
+		tracker:   liveness.New(cfg.HeartbeatTimeout),
+		led:       ledger.New(),
+		started:   map[string]time.Time{},
+		nodeLocks: map[string]*sync.Mutex{},
+	}
+}
+
+// lockNode takes the node's writer lock and returns its unlock.
+func (s *server) lockNode(node string) func() {
+	s.mu.Lock()
+	l, ok := s.nodeLocks[node]
+	if !ok {
+		l = &sync.Mutex{}
+		s.nodeLocks[node] = l
+	}
+	s.mu.Unlock()
+	l.Lock()
+	return l.Unlock
+}
+
+// run rebuilds, then runs the follows, the liveness loop and the plan
+// consumer until ctx ends.
+func (s *server) run(ctx context.Context) error {
+	// 1. The ledger, recording each node's last subject sequence.
+	allocSeq, err := s.bus.Replay(ctx, bus.FollowSpec{Stream: contracts.StreamAllocations,
+		FilterSubjects: []string{contracts.SubjectLedgerAll}}, s.onLedgerMsg)
+	if err != nil {
+		return fmt.Errorf("rebuild ledger: %w", err)
+	}
+	// 2. Inventories and lifecycle events: replayed, nothing published.
+	nodesSeq, err := s.bus.Replay(ctx, bus.FollowSpec{Stream: contracts.StreamNodes,
+		FilterSubjects: nodeSubjects}, func(ctx context.Context, m *bus.Msg) error {
+		s.onNodesMsg(ctx, m, false)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("rebuild nodes: %w", err)
+	}
+	s.mu.Lock()
+	live := 0
+	for _, n := range s.led.Nodes() {
+		live += s.led.LiveCount(n)
+	}
+	s.mu.Unlock()
+	s.log.Info("ledger and nodes rebuilt", "ledger_seq", allocSeq, "nodes_seq", nodesSeq,
+		"nodes", len(s.tracker.Nodes()), "live_allocations", live)
+
+	g, gctx := errgroup.WithContext(ctx)
+	// Entries other replicas write, and our own seen again (no-ops).
+	g.Go(func() error {
+		return s.bus.Follow(gctx, bus.FollowSpec{Stream: contracts.StreamAllocations,
+			FilterSubjects: []string{contracts.SubjectLedgerAll}, StartSeq: allocSeq + 1}, s.onLedgerMsg, nil)
+	})
+	g.Go(func() error {
+		return s.bus.Follow(gctx, bus.FollowSpec{Stream: contracts.StreamNodes,
+			FilterSubjects: nodeSubjects, StartSeq: nodesSeq + 1}, func(ctx context.Context, m *bus.Msg) error {
+			s.onNodesMsg(ctx, m, true)
+			return nil
+		}, nil)
+	})
+	// Only heartbeats from now on: a restarted manager gives every node a
+	// fresh grace period instead of judging it by old heartbeats.
+	g.Go(func() error {
+		return s.bus.Follow(gctx, bus.FollowSpec{Stream: contracts.StreamHeartbeats,
+			FilterSubjects: []string{contracts.SubjectHeartbeatAll}, New: true}, s.onHeartbeatMsg, nil)
+	})
+	// 3. Run facts from the start: an ended run whose release a previous
+	// life did not write is released now, before any plan is handled.
+	runsCaughtUp := make(chan struct{})
+	g.Go(func() error {
+		return s.bus.Follow(gctx, bus.FollowSpec{Stream: contracts.StreamRuns,
+			FilterSubjects: []string{contracts.SubjectRunsAll}}, s.onRunMsg, func() { close(runsCaughtUp) })
+	})
+	g.Go(func() error {
+		select {
+		case <-runsCaughtUp:
+		case <-gctx.Done():
+			return nil
+		}
+		s.lifeMu.Lock()
+		s.tracker.Grace(s.cfg.Now())
+		s.lifeMu.Unlock()
+		// Owed registrations and lost nodes still holding allocations are
+		// settled before the first plan.
+		s.checkLiveness(gctx)
+		s.log.Info("ready: consuming plans")
+		lg, lctx := errgroup.WithContext(gctx)
+		lg.Go(func() error { return s.livenessLoop(lctx) })
+		lg.Go(func() error {
+			return s.bus.Consume(lctx, bus.ConsumerSpec{
+				Stream: contracts.StreamPlans, Durable: PlansDurable,
+				FilterSubjects: []string{contracts.SubjectPlansAll},
+				Batch:          s.cfg.PlanBatch,
+				// A plan dead-lettered is a scheduler waiting forever for
+				// an answer: retry transient failures for a long time.
+				MaxDeliver: 1000,
+			}, s.onPlanMsg)
+		})
+		return lg.Wait()
+	})
+	return g.Wait()
+}
+
+var nodeSubjects = []string{contracts.SubjectInventoryAll, contracts.SubjectNodeLifecycleAll}
