@@ -38,6 +38,15 @@ const (
 	ReasonInvalidCancelRequest Reason = "invalid_cancel_request"
 )
 
+// API answer reasons: the Reason of a gateway error body that is not about
+// the request's content.
+const (
+	ReasonNotFound         Reason = "not_found"          // no such path
+	ReasonMethodNotAllowed Reason = "method_not_allowed" // path exists, method does not
+	ReasonUnavailable      Reason = "unavailable"        // the bus is unreachable or the read model not ready; retry
+	ReasonInternal         Reason = "internal_error"     // a bug: the gateway recovered from it
+)
+
 // Pending reasons: why a queued job is not placed yet.
 const (
 	PendingNoNodes          Reason = "no_nodes"

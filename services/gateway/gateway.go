@@ -1,0 +1,95 @@
+// Package gateway is gpuplane's HTTP front door. It validates job requests
+// exactly as the scheduler will (contracts.DecodeJobRequest) and publishes
+// them, and cancel requests, on the bus; it answers reads from a read model
+// folded from JOB_EVENTS and USAGE; it relays job events as server-sent
+// events; and it serves a small web console.
+//
+//	client ──POST/DELETE──▶ gateway ──publish──▶ gp.jobs.submit|cancel.<tenant>  (JOBS)
+//	client ◀──GET/SSE────── gateway ◀──ordered reads── JOB_EVENTS, USAGE
+//
+// The gateway never decides a job's fate: a 202 means the request is on the
+// bus; what became of it arrives as JobEvents from the scheduler.
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/gpuplane/gpuplane/libs/service"
+)
+
+// Name is the service name: the bus connection name and CloudEvents source.
+const Name = "gateway"
+
+// Run validates cfg, connects to the bus, listens on cfg.Addr and serves
+// until ctx ends, then shuts the HTTP server down gracefully (event streams
+// are ended, requests in flight get cfg.ShutdownTimeout) and drains the
+// bus. It returns nil after a shutdown asked by ctx, or the error that
+// stopped it.
+func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("%s: invalid config: %w", Name, err)
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	rt, err := service.Start(ctx, Name, cfg.Bus, log)
+	if err != nil {
+		return err
+	}
+	defer rt.Close()
+	log = rt.Log
+
+	ln, err := new(net.ListenConfig).Listen(ctx, "tcp", cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("%s: listen: %w", Name, err)
+	}
+	addr := ln.Addr().String()
+
+	in := &ingester{bus: rt.Bus, model: newMemoryModel(), log: log}
+	streams, endStreams := context.WithCancel(context.Background())
+	defer endStreams()
+	s := &server{cfg: cfg, bus: rt.Bus, model: in.model, ready: in.ready, log: log, now: time.Now, streams: streams}
+	srv := &http.Server{
+		Handler:           s.handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	srv.RegisterOnShutdown(endStreams)
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return in.followJobEvents(gctx) })
+	g.Go(func() error { return in.followUsage(gctx) })
+	g.Go(func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("%s: serve: %w", Name, err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
+		defer cancel()
+		if err := srv.Shutdown(sctx); err != nil {
+			log.Warn("graceful shutdown incomplete; closing connections", "err", err)
+			_ = srv.Close()
+		}
+		return nil
+	})
+	log.Info("gateway listening", "addr", addr)
+	if cfg.OnListen != nil {
+		cfg.OnListen(addr)
+	}
+	err = g.Wait()
+	log.Info("gateway stopped", "err", err)
+	return err
+}

@@ -1,0 +1,98 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+)
+
+// ingester folds JOB_EVENTS and USAGE into the read model with ordered
+// reads from each stream's first message. It never fails on a bad message:
+// one it cannot use is logged and skipped, so a poison event cannot stop
+// the read model.
+type ingester struct {
+	bus   *bus.Bus
+	model readModel
+	log   *slog.Logger
+	// jobsReady and usageReady are set once the messages present at start
+	// have been folded: from then on the read model answers.
+	jobsReady, usageReady atomic.Bool
+}
+
+// ready reports whether both streams have been caught up with.
+func (in *ingester) ready() bool { return in.jobsReady.Load() && in.usageReady.Load() }
+
+// followJobEvents runs until ctx ends.
+func (in *ingester) followJobEvents(ctx context.Context) error {
+	return in.bus.Follow(ctx, bus.FollowSpec{Stream: contracts.StreamJobEvents}, in.applyJobEvent, func() {
+		in.jobsReady.Store(true)
+		in.log.Info("job events caught up", "stream", contracts.StreamJobEvents)
+	})
+}
+
+// followUsage runs until ctx ends.
+func (in *ingester) followUsage(ctx context.Context) error {
+	return in.bus.Follow(ctx, bus.FollowSpec{Stream: contracts.StreamUsage}, in.applyUsage, func() {
+		in.usageReady.Store(true)
+		in.log.Info("usage caught up", "stream", contracts.StreamUsage)
+	})
+}
+
+func (in *ingester) applyJobEvent(ctx context.Context, m *bus.Msg) error {
+	log := in.log.With("subject", m.Subject, "stream_seq", m.StreamSeq)
+	// The subject names the job; the body must agree with it.
+	tenant, job := contracts.Token(m.Subject, 3), contracts.Token(m.Subject, 4)
+	if contracts.ValidateTenant(tenant) != nil || contracts.ValidateID(job) != nil {
+		log.Warn("skipping job event on a malformed subject")
+		return nil
+	}
+	var ev contracts.JobEvent
+	if err := m.Decode(&ev); err != nil {
+		log.Warn("skipping undecodable job event", "err", err)
+		return nil
+	}
+	if ev.Tenant != tenant || ev.JobID != job {
+		log.Warn("skipping job event whose body names another job", "tenant", ev.Tenant, "job_id", ev.JobID)
+		return nil
+	}
+	err := in.model.ApplyJobEvent(ctx, tenant, job, ev, m.StreamSeq)
+	switch {
+	case err == nil:
+	case errors.Is(err, contracts.ErrStaleEvent), errors.Is(err, contracts.ErrTransition):
+		// A redelivery or a fact the state machine refuses (a rejected
+		// duplicate ID on an accepted job): harmless by design.
+		log.Debug("job event ignored", "tenant", tenant, "job_id", job, "err", err)
+	default:
+		log.Warn("job event not applied", "tenant", tenant, "job_id", job, "err", err)
+	}
+	return nil
+}
+
+func (in *ingester) applyUsage(ctx context.Context, m *bus.Msg) error {
+	log := in.log.With("subject", m.Subject, "stream_seq", m.StreamSeq)
+	tenant, err := contracts.TenantFromSubject(m.Subject)
+	if err != nil {
+		log.Warn("skipping usage record on a malformed subject", "err", err)
+		return nil
+	}
+	var rec contracts.UsageRecord
+	if err := m.Decode(&rec); err != nil {
+		log.Warn("skipping undecodable usage record", "err", err)
+		return nil
+	}
+	if rec.Tenant != tenant {
+		log.Warn("skipping usage record whose body names another tenant", "tenant", rec.Tenant)
+		return nil
+	}
+	if rec.ID == "" {
+		rec.ID = m.ID() // the Nats-Msg-Id is the same key (UsageID)
+	}
+	if _, err := in.model.ApplyUsage(ctx, tenant, rec); err != nil {
+		log.Warn("usage record not applied", "tenant", tenant, "err", err)
+	}
+	return nil
+}

@@ -1,0 +1,417 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"net/http"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+)
+
+// Paging of GET .../jobs.
+const (
+	defaultListLimit = 100
+	maxListLimit     = 1000
+)
+
+// publishTimeout bounds how long a submit or cancel waits for the bus
+// (bus.Publish retries transient failures until then).
+const publishTimeout = 10 * time.Second
+
+// server holds what the HTTP handlers share.
+type server struct {
+	cfg   Config
+	bus   *bus.Bus
+	model readModel
+	// ready reports whether the read model has caught up with its streams.
+	ready func() bool
+	log   *slog.Logger
+	now   func() time.Time
+	// streams ends when the server shuts down: event streams never finish
+	// on their own, so http.Server.Shutdown alone would wait for them.
+	streams context.Context
+}
+
+// handler routes the API. Every route is registered per method, and its
+// path once more without a method to answer other methods with 405 and an
+// APIError body (ServeMux's own 405 is plain text).
+func (s *server) handler() http.Handler {
+	mux := http.NewServeMux()
+	route := func(path string, byMethod map[string]http.HandlerFunc) {
+		for method, h := range byMethod {
+			mux.HandleFunc(method+" "+path, h)
+		}
+		allowed := slices.Sorted(maps.Keys(byMethod))
+		if slices.Contains(allowed, http.MethodGet) {
+			allowed = append(allowed, http.MethodHead)
+		}
+		allow := strings.Join(allowed, ", ")
+		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", allow)
+			writeError(w, http.StatusMethodNotAllowed, contracts.ReasonMethodNotAllowed,
+				fmt.Sprintf("%s is not allowed on %s; allowed: %s", r.Method, r.URL.Path, allow), nil)
+		})
+	}
+	route("/v1/tenants/{tenant}/jobs", map[string]http.HandlerFunc{
+		http.MethodPost: s.submitJob,
+		http.MethodGet:  s.listJobs,
+	})
+	route("/v1/tenants/{tenant}/jobs/{id}", map[string]http.HandlerFunc{
+		http.MethodGet:    s.getJob,
+		http.MethodDelete: s.cancelJob,
+	})
+	route("/v1/tenants/{tenant}/jobs/{id}/events", map[string]http.HandlerFunc{http.MethodGet: s.jobEvents})
+	route("/v1/tenants/{tenant}/events", map[string]http.HandlerFunc{http.MethodGet: s.tenantEvents})
+	route("/v1/tenants/{tenant}/usage", map[string]http.HandlerFunc{http.MethodGet: s.usage})
+	route("/healthz", map[string]http.HandlerFunc{http.MethodGet: s.healthz})
+	route("/{$}", map[string]http.HandlerFunc{http.MethodGet: s.console})
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, contracts.ReasonNotFound, fmt.Sprintf("no such path %s", r.URL.Path), nil)
+	})
+	return s.observe(mux)
+}
+
+// observe logs each request and turns a panic into a 500 APIError, so a
+// bug in one handler never takes the gateway down.
+func (s *server) observe(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rec := &recorder{ResponseWriter: w}
+		start := time.Now()
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				s.log.Error("handler panic", "method", r.Method, "path", r.URL.Path, "panic", v, "stack", string(debug.Stack()))
+				if !rec.wrote {
+					writeError(rec, http.StatusInternalServerError, contracts.ReasonInternal, "internal error; the gateway logged it", nil)
+				}
+			}
+			level := slog.LevelDebug
+			if rec.status >= 500 && rec.status != http.StatusServiceUnavailable {
+				level = slog.LevelWarn
+			}
+			s.log.Log(r.Context(), level, "http request", "method", r.Method, "path", r.URL.Path,
+				"status", rec.status, "duration", time.Since(start))
+		}()
+		next.ServeHTTP(rec, r)
+	})
+}
+
+// recorder remembers the status of a response. Unwrap lets
+// http.ResponseController reach the real writer (Flush, deadlines).
+type recorder struct {
+	http.ResponseWriter
+	status int
+	wrote  bool
+}
+
+func (r *recorder) WriteHeader(code int) {
+	if !r.wrote {
+		r.status, r.wrote = code, true
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	if !r.wrote {
+		r.status, r.wrote = http.StatusOK, true
+	}
+	return r.ResponseWriter.Write(b)
+}
+
+func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+// tenantOf is the one place the tenant of a request is decided: today the
+// path names it; authentication (a later issue) will take it from the
+// caller's token and refuse a path naming another tenant.
+func tenantOf(r *http.Request) (string, error) {
+	t := r.PathValue("tenant")
+	if err := contracts.ValidateTenant(t); err != nil {
+		return "", err
+	}
+	return t, nil
+}
+
+// tenant answers 400 invalid_tenant and returns false for a bad tenant.
+func tenant(w http.ResponseWriter, r *http.Request) (string, bool) {
+	t, err := tenantOf(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, contracts.ReasonInvalidTenant, err.Error(),
+			[]contracts.FieldError{{Field: "tenant", Reason: contracts.ReasonInvalidTenant, Message: err.Error()}})
+		return "", false
+	}
+	return t, true
+}
+
+// jobID answers 400 invalid_id and returns false for a bad job ID in the path.
+func jobID(w http.ResponseWriter, r *http.Request) (string, bool) {
+	id := r.PathValue("id")
+	if err := contracts.ValidateID(id); err != nil {
+		writeError(w, http.StatusBadRequest, contracts.ReasonInvalidID, err.Error(),
+			[]contracts.FieldError{{Field: "id", Reason: contracts.ReasonInvalidID, Message: err.Error()}})
+		return "", false
+	}
+	return id, true
+}
+
+// modelReady answers 503 and returns false while the read model is still
+// catching up: until then "unknown job" could be a lie.
+func (s *server) modelReady(w http.ResponseWriter) bool {
+	if !s.ready() {
+		writeError(w, http.StatusServiceUnavailable, contracts.ReasonUnavailable, "the read model is still catching up with the bus; retry shortly", nil)
+		return false
+	}
+	return true
+}
+
+// submitJob validates a JobRequest exactly as the scheduler will
+// (contracts.DecodeJobRequest) and publishes it on SubjectSubmit(tenant)
+// with Nats-Msg-Id SubmitMsgID(tenant, id): a retried POST is a duplicate,
+// reported as such. A request without an ID gets a generated one.
+func (s *server) submitJob(w http.ResponseWriter, r *http.Request) {
+	tenant, ok := tenant(w, r)
+	if !ok {
+		return
+	}
+	// No server-wide ReadTimeout (it would cut event streams): bound the
+	// body read here instead.
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(30 * time.Second))
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		if tooLarge, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			writeError(w, http.StatusRequestEntityTooLarge, contracts.ReasonTooLarge,
+				fmt.Sprintf("body exceeds the limit of %d bytes", tooLarge.Limit), nil)
+			return
+		}
+		writeError(w, http.StatusBadRequest, contracts.ReasonInvalidRequest, fmt.Sprintf("reading the body: %v", err), nil)
+		return
+	}
+	req, err := contracts.DecodeJobRequest(data, tenant)
+	if ve, ok := errors.AsType[*contracts.ValidationError](err); ok && req.ID == "" && missingID(ve) {
+		// The body decoded and only lacks an ID: give it one and check
+		// the rest again. The re-encoded request is what gets published.
+		req.ID = newJobID(s.now())
+		if err = req.Validate(tenant); err == nil {
+			data, err = json.Marshal(req)
+		}
+	}
+	if err != nil {
+		writeValidationError(w, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), publishTimeout)
+	defer cancel()
+	ack, err := s.bus.PublishRaw(ctx, contracts.SubjectSubmit(tenant), contracts.SubmitMsgID(tenant, req.ID), data,
+		bus.CEType(contracts.CEType(req)), bus.CESubject(req.ID))
+	if err != nil {
+		s.log.Warn("submit publish failed", "tenant", tenant, "job_id", req.ID, "err", err)
+		writeError(w, http.StatusServiceUnavailable, contracts.ReasonUnavailable, fmt.Sprintf("publishing the request: %v", err), nil)
+		return
+	}
+	s.log.Info("job submitted", "tenant", tenant, "job_id", req.ID, "stream_seq", ack.Sequence, "duplicate", ack.Duplicate)
+	writeJSON(w, http.StatusAccepted, contracts.SubmitResponse{Tenant: tenant, JobID: req.ID, Stream: ack.Stream,
+		Sequence: ack.Sequence, Duplicate: ack.Duplicate})
+}
+
+func missingID(ve *contracts.ValidationError) bool {
+	return slices.ContainsFunc(ve.Fields, func(f contracts.FieldError) bool {
+		return f.Field == "id" && f.Reason == contracts.ReasonMissingField
+	})
+}
+
+// cancelJob publishes a CancelRequest for a job the read model knows and
+// that is not terminal yet. An optional ?reason= travels with it.
+func (s *server) cancelJob(w http.ResponseWriter, r *http.Request) {
+	tenant, ok := tenant(w, r)
+	if !ok {
+		return
+	}
+	id, ok := jobID(w, r)
+	if !ok || !s.modelReady(w) {
+		return
+	}
+	reason := r.URL.Query().Get("reason")
+	if len(reason) > contracts.MaxCancelReasonSz {
+		msg := fmt.Sprintf("reason is %d bytes, limit is %d", len(reason), contracts.MaxCancelReasonSz)
+		writeError(w, http.StatusBadRequest, contracts.ReasonOutOfRange, msg,
+			[]contracts.FieldError{{Field: "reason", Reason: contracts.ReasonOutOfRange, Message: msg}})
+		return
+	}
+	st, err := s.model.Job(r.Context(), tenant, id)
+	if !s.jobFound(w, tenant, id, err) {
+		return
+	}
+	if st.State.Terminal() {
+		writeError(w, http.StatusConflict, contracts.ReasonAlreadyTerminal,
+			fmt.Sprintf("job %s is already %s", id, st.State), nil)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), publishTimeout)
+	defer cancel()
+	ack, err := s.bus.Publish(ctx, contracts.SubjectCancel(tenant), contracts.CancelMsgID(tenant, id),
+		contracts.CancelRequest{SchemaVersion: contracts.SchemaVersion, JobID: id, Reason: reason}, bus.CESubject(id))
+	if err != nil {
+		s.log.Warn("cancel publish failed", "tenant", tenant, "job_id", id, "err", err)
+		writeError(w, http.StatusServiceUnavailable, contracts.ReasonUnavailable, fmt.Sprintf("publishing the cancel request: %v", err), nil)
+		return
+	}
+	s.log.Info("cancel requested", "tenant", tenant, "job_id", id, "stream_seq", ack.Sequence, "duplicate", ack.Duplicate)
+	writeJSON(w, http.StatusAccepted, contracts.SubmitResponse{Tenant: tenant, JobID: id, Stream: ack.Stream,
+		Sequence: ack.Sequence, Duplicate: ack.Duplicate})
+}
+
+// jobFound answers 404 unknown_job (or 500) and returns false when err is set.
+func (s *server) jobFound(w http.ResponseWriter, tenant, id string, err error) bool {
+	switch {
+	case err == nil:
+		return true
+	case errors.Is(err, errUnknownJob):
+		writeError(w, http.StatusNotFound, contracts.ReasonUnknownJob,
+			fmt.Sprintf("tenant %s has no job %s (a job appears once the scheduler has queued or rejected it)", tenant, id), nil)
+	default:
+		s.internalError(w, "read model", err)
+	}
+	return false
+}
+
+func (s *server) getJob(w http.ResponseWriter, r *http.Request) {
+	tenant, ok := tenant(w, r)
+	if !ok {
+		return
+	}
+	id, ok := jobID(w, r)
+	if !ok || !s.modelReady(w) {
+		return
+	}
+	st, err := s.model.Job(r.Context(), tenant, id)
+	if !s.jobFound(w, tenant, id, err) {
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+// listJobs answers a tenant's jobs, newest first: ?state= keeps one state,
+// ?limit= (1 to 1000, default 100) bounds the page.
+func (s *server) listJobs(w http.ResponseWriter, r *http.Request) {
+	tenant, ok := tenant(w, r)
+	if !ok {
+		return
+	}
+	q := jobQuery{Limit: defaultListLimit}
+	var fields []contracts.FieldError
+	if v := r.URL.Query().Get("state"); v != "" {
+		q.State = contracts.JobState(v)
+		if !slices.Contains(jobStates, q.State) {
+			fields = append(fields, contracts.FieldError{Field: "state", Reason: contracts.ReasonInvalidValue,
+				Message: fmt.Sprintf("unknown state %q; want one of %v", v, jobStates)})
+		}
+	}
+	if v := r.URL.Query().Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxListLimit {
+			fields = append(fields, contracts.FieldError{Field: "limit", Reason: contracts.ReasonInvalidValue,
+				Message: fmt.Sprintf("limit %q; want 1 to %d", v, maxListLimit)})
+		}
+		q.Limit = n
+	}
+	if len(fields) > 0 {
+		writeError(w, http.StatusBadRequest, contracts.ReasonInvalidValue, "invalid query parameters", fields)
+		return
+	}
+	if !s.modelReady(w) {
+		return
+	}
+	jobs, err := s.model.Jobs(r.Context(), tenant, q)
+	if err != nil {
+		s.internalError(w, "read model", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, contracts.JobList{Jobs: jobs})
+}
+
+// jobStates are the states a list may be filtered on.
+var jobStates = []contracts.JobState{contracts.StateQueued, contracts.StateScheduled, contracts.StateRunning,
+	contracts.StateSucceeded, contracts.StateFailed, contracts.StateCancelled, contracts.StateRejected}
+
+func (s *server) usage(w http.ResponseWriter, r *http.Request) {
+	tenant, ok := tenant(w, r)
+	if !ok || !s.modelReady(w) {
+		return
+	}
+	sum, err := s.model.Usage(r.Context(), tenant)
+	if err != nil {
+		s.internalError(w, "read model", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, sum)
+}
+
+// healthz is 200 only when the bus is connected and the read model has
+// caught up with JOB_EVENTS and USAGE.
+func (s *server) healthz(w http.ResponseWriter, r *http.Request) {
+	var problems []string
+	if !s.bus.Conn().IsConnected() {
+		problems = append(problems, "not connected to NATS")
+	}
+	if !s.ready() {
+		problems = append(problems, "read model catching up")
+	}
+	if len(problems) > 0 {
+		writeError(w, http.StatusServiceUnavailable, contracts.ReasonUnavailable, strings.Join(problems, "; "), nil)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+func (s *server) internalError(w http.ResponseWriter, what string, err error) {
+	s.log.Error("internal error", "what", what, "err", err)
+	writeError(w, http.StatusInternalServerError, contracts.ReasonInternal, what+": "+err.Error(), nil)
+}
+
+// writeValidationError answers a decode or validation failure: 400 with
+// the summary reason and every field error (413 for too_large).
+func writeValidationError(w http.ResponseWriter, err error) {
+	ve, ok := errors.AsType[*contracts.ValidationError](err)
+	if !ok {
+		writeError(w, http.StatusBadRequest, contracts.ReasonInvalidRequest, err.Error(), nil)
+		return
+	}
+	status := http.StatusBadRequest
+	if ve.Reason == contracts.ReasonTooLarge {
+		status = http.StatusRequestEntityTooLarge
+	}
+	msgs := make([]string, 0, len(ve.Fields))
+	for _, f := range ve.Fields {
+		if f.Field != "" {
+			msgs = append(msgs, f.Field+": "+f.Message)
+		} else {
+			msgs = append(msgs, f.Message)
+		}
+	}
+	writeError(w, status, ve.Reason, "invalid job request: "+strings.Join(msgs, "; "), ve.Fields)
+}
+
+func writeError(w http.ResponseWriter, status int, reason contracts.Reason, msg string, fields []contracts.FieldError) {
+	writeJSON(w, status, contracts.APIError{Error: contracts.APIErrorBody{Reason: reason, Message: msg, Fields: fields}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v) // the client may be gone; nothing to do about it
+}

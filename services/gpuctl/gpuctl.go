@@ -1,0 +1,236 @@
+// Package gpuctl is gpuplane's command-line client: submit, inspect,
+// cancel and watch jobs through the gateway's REST API, or submit, cancel
+// and watch straight on the bus (--via bus). The binary is cmd/gpuctl; Run
+// is the whole program, so tests drive it without exiting.
+package gpuctl
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+)
+
+// Exit codes.
+const (
+	ExitOK    = 0 // done; for watch, the job succeeded
+	ExitError = 1 // the request failed, or the watched job failed, was cancelled or rejected
+	ExitUsage = 2 // bad command line
+)
+
+// Transports of --via.
+const (
+	viaGateway = "gateway"
+	viaBus     = "bus"
+)
+
+const usageText = `gpuctl submits, inspects and watches gpuplane jobs.
+
+Usage:
+  gpuctl [common flags] <command> [flags] [args]
+
+Commands:
+  submit [flags] [-- command args...]   submit a job from flags, or from -f job.yaml|job.json
+  get ID                                 show one job
+  list [--state S] [--limit N]           list the tenant's jobs, newest first
+  cancel ID [--reason TEXT]              ask to cancel a job
+  watch ID                               print the job's events until it ends (exit 0 only if it succeeded)
+  usage                                  show the tenant's metered GPU usage
+
+Common flags (before or after the command):
+  --tenant T     tenant (env GPUPLANE_TENANT, default "default")
+  --gateway URL  gateway base URL (env GPUPLANE_GATEWAY, default http://127.0.0.1:8080)
+  --via V        gateway or bus: submit, cancel and watch straight on NATS (get, list and usage always use the gateway)
+  --nats URL     NATS URL for --via bus (env GPUPLANE_NATS_URL, default nats://127.0.0.1:4222)
+  -o FORMAT      table (default) or json
+
+Run "gpuctl <command> -h" for a command's flags.
+`
+
+// env is how Run reads the environment (os.Getenv in the binary).
+type env func(string) string
+
+// common are the flags every command takes.
+type common struct {
+	tenant  string
+	gateway string
+	via     string
+	nats    string
+	output  string
+}
+
+func defaults(getenv env) common {
+	or := func(k, d string) string {
+		if v := getenv(k); v != "" {
+			return v
+		}
+		return d
+	}
+	return common{
+		tenant:  or("GPUPLANE_TENANT", "default"),
+		gateway: or("GPUPLANE_GATEWAY", "http://127.0.0.1:8080"),
+		via:     viaGateway,
+		nats:    or("GPUPLANE_NATS_URL", "nats://127.0.0.1:4222"),
+		output:  "table",
+	}
+}
+
+// register adds the common flags to fs, defaulting to the current values
+// (so flags given before the command carry over).
+func (c *common) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.tenant, "tenant", c.tenant, "tenant (env GPUPLANE_TENANT)")
+	fs.StringVar(&c.gateway, "gateway", c.gateway, "gateway base URL (env GPUPLANE_GATEWAY)")
+	fs.StringVar(&c.via, "via", c.via, "transport for submit, cancel and watch: gateway or bus")
+	fs.StringVar(&c.nats, "nats", c.nats, "NATS URL for --via bus (env GPUPLANE_NATS_URL)")
+	fs.StringVar(&c.output, "o", c.output, "output format: table or json")
+}
+
+func (c *common) validate() error {
+	var errs []error
+	if c.via != viaGateway && c.via != viaBus {
+		errs = append(errs, fmt.Errorf("--via %q: want gateway or bus", c.via))
+	}
+	if c.output != "table" && c.output != "json" {
+		errs = append(errs, fmt.Errorf("-o %q: want table or json", c.output))
+	}
+	if c.gateway == "" {
+		errs = append(errs, errors.New("--gateway is empty"))
+	}
+	return errors.Join(errs...)
+}
+
+// app is one invocation.
+type app struct {
+	common
+	stdout, stderr io.Writer
+}
+
+// command is one subcommand: it registers its flags, then runs with the
+// positional arguments and the arguments after "--".
+type command struct {
+	name  string
+	args  string // positional arguments, for the usage line
+	flags func(a *app, fs *flag.FlagSet) func(ctx context.Context, pos, trailing []string) int
+}
+
+var commands = []command{
+	{"submit", "[-- command args...]", (*app).submitCmd},
+	{"get", "ID", (*app).getCmd},
+	{"list", "", (*app).listCmd},
+	{"cancel", "ID", (*app).cancelCmd},
+	{"watch", "ID", (*app).watchCmd},
+	{"usage", "", (*app).usageCmd},
+}
+
+// Run runs gpuctl with args (without the program name) and returns the
+// exit code. It never exits the process.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	a := &app{common: defaults(getenv), stdout: stdout, stderr: stderr}
+	top := flag.NewFlagSet("gpuctl", flag.ContinueOnError)
+	top.SetOutput(stderr)
+	top.Usage = func() { fmt.Fprint(stderr, usageText) }
+	a.register(top)
+	if err := top.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return ExitOK
+		}
+		return ExitUsage
+	}
+	if top.NArg() == 0 || top.Arg(0) == "help" {
+		fmt.Fprint(stderr, usageText)
+		if top.NArg() == 0 {
+			return ExitUsage
+		}
+		return ExitOK
+	}
+	name, rest := top.Arg(0), top.Args()[1:]
+	i := slices.IndexFunc(commands, func(c command) bool { return c.name == name })
+	if i < 0 {
+		fmt.Fprintf(stderr, "gpuctl: unknown command %q\n\n%s", name, usageText)
+		return ExitUsage
+	}
+	cmd := commands[i]
+	fs := flag.NewFlagSet("gpuctl "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	a.register(fs)
+	run := cmd.flags(a, fs)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: gpuctl %s [flags] %s\n\nFlags:\n", name, cmd.args)
+		fs.PrintDefaults()
+	}
+	pos, trailing, err := parseInterspersed(fs, rest)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return ExitOK
+		}
+		return ExitUsage
+	}
+	if err := a.validate(); err != nil {
+		fmt.Fprintf(stderr, "gpuctl %s: %v\n", name, err)
+		return ExitUsage
+	}
+	return run(ctx, pos, trailing)
+}
+
+// parseInterspersed parses flags anywhere among the positional arguments
+// ("gpuctl get ID -o json"); what follows a "--" is returned apart,
+// untouched.
+func parseInterspersed(fs *flag.FlagSet, args []string) (pos, trailing []string, err error) {
+	if i := slices.Index(args, "--"); i >= 0 {
+		args, trailing = args[:i], args[i+1:]
+	}
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, nil, err
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, trailing, nil
+		}
+		pos, args = append(pos, args[0]), args[1:]
+	}
+}
+
+// usageErr prints a usage problem and returns ExitUsage.
+func (a *app) usageErr(cmd, format string, args ...any) int {
+	fmt.Fprintf(a.stderr, "gpuctl %s: %s\n", cmd, fmt.Sprintf(format, args...))
+	return ExitUsage
+}
+
+// fail prints err (an API error with its reason and field errors) and
+// returns ExitError.
+func (a *app) fail(cmd string, err error) int {
+	var b strings.Builder
+	fmt.Fprintf(&b, "gpuctl %s: %v\n", cmd, err)
+	if ae, ok := errors.AsType[*apiError](err); ok {
+		for _, f := range ae.Body.Fields {
+			if f.Field != "" {
+				fmt.Fprintf(&b, "  %s: %s: %s\n", f.Field, f.Reason, f.Message)
+			} else {
+				fmt.Fprintf(&b, "  %s: %s\n", f.Reason, f.Message)
+			}
+		}
+	}
+	fmt.Fprint(a.stderr, b.String())
+	return ExitError
+}
+
+// onePositional checks that exactly one positional argument (an ID) was given.
+func (a *app) onePositional(cmd string, pos, trailing []string) (string, bool) {
+	if len(pos) != 1 || len(trailing) > 0 {
+		a.usageErr(cmd, "want exactly one job ID, got %d arguments", len(pos)+len(trailing))
+		return "", false
+	}
+	return pos[0], true
+}
+
+func (a *app) noPositional(cmd string, pos, trailing []string) bool {
+	if len(pos)+len(trailing) > 0 {
+		a.usageErr(cmd, "unexpected arguments %q", append(pos, trailing...))
+		return false
+	}
+	return true
+}

@@ -1,0 +1,204 @@
+package gpuctl
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/gpuplane/gpuplane/contracts"
+)
+
+// timeLayout is how tables show times (local time zone).
+const timeLayout = "2006-01-02 15:04:05"
+
+func (a *app) getCmd(*flag.FlagSet) func(context.Context, []string, []string) int {
+	return func(ctx context.Context, pos, trailing []string) int {
+		id, ok := a.onePositional("get", pos, trailing)
+		if !ok {
+			return ExitUsage
+		}
+		if err := checkNames(a.tenant, id); err != nil {
+			return a.usageErr("get", "%v", err)
+		}
+		var st contracts.JobStatus
+		if err := newClient(a.gateway).call(ctx, http.MethodGet, tenantPath(a.tenant, "jobs", id), nil, nil, &st); err != nil {
+			return a.fail("get", err)
+		}
+		if a.output == "json" {
+			return a.printJSON(st)
+		}
+		tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+		row := func(k, v string) {
+			if v != "" {
+				fmt.Fprintf(tw, "%s:\t%s\n", k, v)
+			}
+		}
+		row("ID", st.JobID)
+		row("Tenant", st.Tenant)
+		row("Name", st.Name)
+		row("State", string(st.State))
+		row("Attempt", strconv.Itoa(st.Attempt))
+		row("Reason", string(st.Reason))
+		row("Message", st.Message)
+		if r := st.Request; r != nil {
+			row("Priority", string(r.Priority))
+			row("Pool", r.Pool)
+			row("Requested", requested(r))
+			row("Run", runSpec(r.Run))
+		}
+		if p := st.Placement; p != nil {
+			row("Node", p.NodeID+" (pool "+p.Pool+")")
+			row("GPUs", devices(p))
+		}
+		if st.ExitCode != nil {
+			row("Exit code", strconv.Itoa(*st.ExitCode))
+		}
+		row("Created", formatTime(&st.CreatedAt))
+		row("Updated", formatTime(&st.UpdatedAt))
+		row("Started", formatTime(st.StartedAt))
+		row("Ended", formatTime(st.EndedAt))
+		for _, f := range st.Errors {
+			row("Error", f.Error())
+		}
+		_ = tw.Flush()
+		return ExitOK
+	}
+}
+
+func (a *app) listCmd(fs *flag.FlagSet) func(context.Context, []string, []string) int {
+	var state string
+	var limit int
+	fs.StringVar(&state, "state", "", "only jobs in this state: queued, scheduled, running, succeeded, failed, cancelled or rejected")
+	fs.IntVar(&limit, "limit", 0, "at most this many jobs, newest first (gateway default 100, at most 1000)")
+	return func(ctx context.Context, pos, trailing []string) int {
+		if !a.noPositional("list", pos, trailing) {
+			return ExitUsage
+		}
+		if err := contracts.ValidateTenant(a.tenant); err != nil {
+			return a.usageErr("list", "%v", err)
+		}
+		q := url.Values{}
+		if state != "" {
+			q.Set("state", state)
+		}
+		if limit != 0 {
+			q.Set("limit", strconv.Itoa(limit))
+		}
+		var list contracts.JobList
+		if err := newClient(a.gateway).call(ctx, http.MethodGet, tenantPath(a.tenant, "jobs"), q, nil, &list); err != nil {
+			return a.fail("list", err)
+		}
+		if a.output == "json" {
+			return a.printJSON(list)
+		}
+		tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tNAME\tSTATE\tATTEMPT\tREASON\tNODE\tGPUS\tCREATED")
+		for _, j := range list.Jobs {
+			node, gpus := "", ""
+			if j.Placement != nil {
+				node, gpus = j.Placement.NodeID, devices(j.Placement)
+			} else if j.Request != nil {
+				gpus = requested(j.Request)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", j.JobID, dash(j.Name), j.State, j.Attempt,
+				dash(string(j.Reason)), dash(node), dash(gpus), formatTime(&j.CreatedAt))
+		}
+		_ = tw.Flush()
+		if len(list.Jobs) == 0 {
+			fmt.Fprintf(a.stdout, "no jobs for tenant %s\n", a.tenant)
+		}
+		return ExitOK
+	}
+}
+
+func (a *app) usageCmd(*flag.FlagSet) func(context.Context, []string, []string) int {
+	return func(ctx context.Context, pos, trailing []string) int {
+		if !a.noPositional("usage", pos, trailing) {
+			return ExitUsage
+		}
+		if err := contracts.ValidateTenant(a.tenant); err != nil {
+			return a.usageErr("usage", "%v", err)
+		}
+		var sum contracts.UsageSummary
+		if err := newClient(a.gateway).call(ctx, http.MethodGet, tenantPath(a.tenant, "usage"), nil, nil, &sum); err != nil {
+			return a.fail("usage", err)
+		}
+		if a.output == "json" {
+			return a.printJSON(sum)
+		}
+		fmt.Fprintf(a.stdout, "tenant %s: %.3f GPU-seconds in %d runs\n", sum.Tenant, sum.GPUSeconds, sum.Records)
+		if len(sum.ByJob) == 0 {
+			return ExitOK
+		}
+		fmt.Fprintln(a.stdout)
+		tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "JOB\tATTEMPT\tNODE\tGPUS\tMODEL\tSTART\tEND\tGPU-SECONDS")
+		for _, r := range sum.ByJob {
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\t%s\t%.3f\n", r.JobID, r.Attempt, dash(r.NodeID), r.GPUs, dash(r.GPUModel),
+				formatTime(&r.Start), formatTime(&r.End), float64(r.GPUMillis)/1000)
+		}
+		_ = tw.Flush()
+		return ExitOK
+	}
+}
+
+// requested is what a request asks for: "2 × H100-80GB (≥ 40000 MiB)".
+func requested(r *contracts.JobRequest) string {
+	g := r.Resources.GPU
+	model := g.Model
+	if model == "" {
+		model = contracts.GPUModelAny
+	}
+	s := fmt.Sprintf("%d × %s", g.Count, model)
+	if g.MemoryMiB > 0 {
+		s += fmt.Sprintf(" (≥ %d MiB)", g.MemoryMiB)
+	}
+	return s
+}
+
+func runSpec(r contracts.RunSpec) string {
+	if len(r.Command) > 0 {
+		s := strings.Join(r.Command, " ")
+		if r.Duration > 0 {
+			s += " (limit " + r.Duration.D().String() + ")"
+		}
+		return s
+	}
+	s := "simulated, " + r.Duration.D().String()
+	if r.ExitCode != 0 {
+		s += fmt.Sprintf(", exit %d", r.ExitCode)
+	}
+	return s
+}
+
+// devices is a placement's GPUs: "2 × H100-80GB [0,1]".
+func devices(p *contracts.Placement) string {
+	if len(p.Devices) == 0 {
+		return ""
+	}
+	idx := make([]string, len(p.Devices))
+	for i, d := range p.Devices {
+		idx[i] = strconv.Itoa(d.Index)
+	}
+	return fmt.Sprintf("%d × %s [%s]", len(p.Devices), p.Devices[0].Model, strings.Join(idx, ","))
+}
+
+func formatTime(t *time.Time) string {
+	if t == nil || t.IsZero() {
+		return ""
+	}
+	return t.Local().Format(timeLayout)
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
