@@ -13,8 +13,27 @@ lint:
 	@out=$$(gofmt -l $(MODULES)); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 
-build:
-	$(GO) build $(PKGS)
-
 schemas:
 	cd contracts && $(GO) run ./cmd/schemagen -out schema
+
+BINARIES := gpuplane gpuctl scheduler resource-manager monitor autoscaler billing gateway node-agent fleet-sim
+ARGS ?=
+
+.PHONY: run bench tools tilt tilt-ci
+run:
+	$(GO) run ./services/gpuplane/cmd/gpuplane $(ARGS)
+
+build:
+	@mkdir -p bin
+	$(GO) build -o bin/gpuplane ./services/gpuplane/cmd/gpuplane
+	$(GO) build -o bin/gpuctl ./services/gpuctl/cmd/gpuctl
+	$(GO) build -o bin/ ./services/scheduler/cmd/scheduler ./services/resource-manager/cmd/resource-manager ./services/monitor/cmd/monitor ./services/autoscaler/cmd/autoscaler ./services/billing/cmd/billing ./services/gateway/cmd/gateway ./services/node-agent/cmd/node-agent ./services/node-agent/cmd/fleet-sim
+
+tools:
+	tilt/install-tools.sh --with-tilt
+
+tilt: tools
+	TILT_WEB_MODE=prod .tools/bin/tilt up --port 0
+
+tilt-ci: tools
+	TILT_WEB_MODE=prod .tools/bin/tilt ci --port 0 --timeout 10m

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/propagation"
@@ -84,7 +85,10 @@ func (b *Bus) Follow(ctx context.Context, spec FollowSpec, fn func(context.Conte
 // read runs an ordered consumer and calls fn for each message until fn
 // says stop, fn fails, or ctx ends.
 func (b *Bus) read(ctx context.Context, spec FollowSpec, fn func(context.Context, *Msg) (stop bool, err error)) error {
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: spec.FilterSubjects}
+	// A short inactive threshold lets the server drop the ephemeral
+	// consumer soon after the reader stops (the default is 5 minutes); an
+	// ordered consumer recreates itself if a slow reader trips it.
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: spec.FilterSubjects, InactiveThreshold: 30 * time.Second}
 	switch {
 	case spec.New:
 		cfg.DeliverPolicy = jetstream.DeliverNewPolicy

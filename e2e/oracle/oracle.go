@@ -1,0 +1,358 @@
+// Package oracle checks gpuplane's invariants from the outside. It replays
+// the streams from sequence 1 with its own ordered consumer (plain nats.go,
+// not libs/bus) and shares nothing with the services but contracts/:
+//
+//   - G1, exclusivity: over the ledger's timeline, a device is committed to
+//     at most one allocation at a time.
+//   - J1, no lost or doubled jobs: every accepted job's events follow the
+//     state machine, end in at most one terminal state, and a job never has
+//     two live allocations; every run started at most once.
+//   - Metering: each run that ran is billed exactly once, for GPUs × its
+//     run time.
+package oracle
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gpuplane/gpuplane/contracts"
+)
+
+// Job is what the oracle knows of one job.
+type Job struct {
+	Tenant, ID string
+	State      contracts.JobState
+	Events     []contracts.JobEventType
+	Attempt    int
+	Reason     contracts.Reason
+	Errors     []contracts.FieldError
+	Request    *contracts.JobRequest
+	ExitCode   *int
+}
+
+// Run is what the oracle knows of one allocation's run.
+type Run struct {
+	AllocationID string
+	GPUs         int
+	Started      int // count of started facts (distinct publishes)
+	Ended        int
+	StartedAt    time.Time
+	EndedAt      time.Time
+	Outcome      contracts.RunOutcome
+}
+
+// Report is the result of a check.
+type Report struct {
+	Jobs       map[string]*Job // by tenant/id
+	Runs       map[string]*Run // by allocation ID
+	Usage      map[string][]contracts.UsageRecord
+	Violations []string
+	// LedgerEntries and JobEvents counted, for the log.
+	LedgerEntries, JobEvents, RunEvents int
+}
+
+// Err returns the violations as one error, or nil.
+func (r *Report) Err() error {
+	if len(r.Violations) == 0 {
+		return nil
+	}
+	v := r.Violations
+	if len(v) > 30 {
+		v = append(v[:30:30], fmt.Sprintf("... and %d more", len(r.Violations)-30))
+	}
+	return errors.New("invariant violations:\n  " + strings.Join(v, "\n  "))
+}
+
+func (r *Report) violate(format string, args ...any) {
+	r.Violations = append(r.Violations, fmt.Sprintf(format, args...))
+}
+
+// Check replays JOB_EVENTS, ALLOCATIONS, RUNS and USAGE from the start and
+// checks the invariants. It reads each stream up to its last message at the
+// time of the call.
+func Check(ctx context.Context, nc *nats.Conn) (*Report, error) {
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	r := &Report{Jobs: map[string]*Job{}, Runs: map[string]*Run{}, Usage: map[string][]contracts.UsageRecord{}}
+
+	if err := replay(ctx, js, contracts.StreamJobEvents, func(m jetstream.Msg) error {
+		var ev contracts.JobEvent
+		if err := json.Unmarshal(m.Data(), &ev); err != nil {
+			r.violate("undecodable job event on %s: %v", m.Subject(), err)
+			return nil
+		}
+		r.JobEvents++
+		r.applyJobEvent(m.Subject(), ev)
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if err := replay(ctx, js, contracts.StreamAllocations, r.ledgerChecker()); err != nil {
+		return nil, err
+	}
+	if err := replay(ctx, js, contracts.StreamRuns, func(m jetstream.Msg) error {
+		var ev contracts.RunEvent
+		if err := json.Unmarshal(m.Data(), &ev); err != nil {
+			r.violate("undecodable run event on %s: %v", m.Subject(), err)
+			return nil
+		}
+		r.RunEvents++
+		run := r.run(ev.AllocationID)
+		run.GPUs = len(ev.Devices)
+		switch ev.Kind {
+		case contracts.RunStarted:
+			run.Started++
+			run.StartedAt = ev.Time
+		case contracts.RunEnded:
+			run.Ended++
+			if ev.Result != nil {
+				run.Outcome = ev.Result.Outcome
+				run.EndedAt = ev.Result.EndedAt
+				if !ev.Result.StartedAt.IsZero() {
+					run.StartedAt = ev.Result.StartedAt
+				}
+			}
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if err := replay(ctx, js, contracts.StreamUsage, func(m jetstream.Msg) error {
+		var u contracts.UsageRecord
+		if err := json.Unmarshal(m.Data(), &u); err != nil {
+			r.violate("undecodable usage record on %s: %v", m.Subject(), err)
+			return nil
+		}
+		r.Usage[u.AllocationID] = append(r.Usage[u.AllocationID], u)
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	for id, run := range r.Runs {
+		if run.Started > 1 {
+			r.violate("J1: allocation %s started %d times", id, run.Started)
+		}
+		if run.Ended > 1 {
+			r.violate("J1: allocation %s ended %d times", id, run.Ended)
+		}
+	}
+	return r, nil
+}
+
+func (r *Report) run(id string) *Run {
+	run, ok := r.Runs[id]
+	if !ok {
+		run = &Run{AllocationID: id}
+		r.Runs[id] = run
+	}
+	return run
+}
+
+func (r *Report) applyJobEvent(subject string, ev contracts.JobEvent) {
+	key := ev.Tenant + "/" + ev.JobID
+	if want := contracts.SubjectJobEvents(ev.Tenant, ev.JobID); subject != want {
+		r.violate("job event for %s published on %s", key, subject)
+	}
+	j, ok := r.Jobs[key]
+	if !ok {
+		j = &Job{Tenant: ev.Tenant, ID: ev.JobID}
+		r.Jobs[key] = j
+	}
+	to, err := contracts.Transition(j.State, ev.Type)
+	if err != nil {
+		// A rejected duplicate submission of an accepted job is documented
+		// as harmless to the job (contracts/FLOWS.md); anything else is a
+		// broken lifecycle.
+		if ev.Type == contracts.EventRejected && ev.Reason == contracts.ReasonDuplicateJobID {
+			return
+		}
+		r.violate("J1: job %s: %v (events so far %v)", key, err, j.Events)
+		return
+	}
+	if ev.Attempt < j.Attempt {
+		r.violate("J1: job %s attempt went back from %d to %d", key, j.Attempt, ev.Attempt)
+	}
+	j.State, j.Attempt = to, ev.Attempt
+	j.Events = append(j.Events, ev.Type)
+	if ev.Reason != "" {
+		j.Reason = ev.Reason
+	}
+	if ev.Errors != nil {
+		j.Errors = ev.Errors
+	}
+	if ev.Request != nil {
+		j.Request = ev.Request
+	}
+	if ev.ExitCode != nil {
+		j.ExitCode = ev.ExitCode
+	}
+}
+
+type deviceKey struct{ node, uuid string }
+
+// ledgerChecker checks G1 over the timeline and that a job never holds two
+// live allocations.
+func (r *Report) ledgerChecker() func(jetstream.Msg) error {
+	holder := map[deviceKey]string{}          // device -> allocation holding it
+	live := map[string]contracts.Allocation{} // allocation ID -> allocation
+	liveByJob := map[string]string{}          // tenant/job -> allocation ID
+	return func(m jetstream.Msg) error {
+		if !strings.HasPrefix(m.Subject(), "gp.alloc.ledger.") {
+			return nil
+		}
+		var e contracts.LedgerEntry
+		if err := json.Unmarshal(m.Data(), &e); err != nil {
+			r.violate("undecodable ledger entry on %s: %v", m.Subject(), err)
+			return nil
+		}
+		r.LedgerEntries++
+		a := e.Allocation
+		if m.Subject() != contracts.SubjectLedger(a.NodeID) {
+			r.violate("ledger entry for node %s on %s", a.NodeID, m.Subject())
+		}
+		job := a.Tenant + "/" + a.JobID
+		switch e.Kind {
+		case contracts.LedgerCommitted:
+			if _, dup := live[a.ID]; dup {
+				r.violate("G1: allocation %s committed twice while live", a.ID)
+				return nil
+			}
+			if other, ok := liveByJob[job]; ok {
+				r.violate("J1: job %s has two live allocations %s and %s", job, other, a.ID)
+			}
+			for _, d := range a.Devices {
+				k := deviceKey{a.NodeID, d.UUID}
+				if other, taken := holder[k]; taken {
+					r.violate("G1: device %s/%s given to %s while held by %s (seq %d)", a.NodeID, d.UUID, a.ID, other, seqOf(m))
+				}
+				holder[k] = a.ID
+			}
+			live[a.ID] = a
+			liveByJob[job] = a.ID
+		case contracts.LedgerReleased:
+			held, ok := live[a.ID]
+			if !ok {
+				r.violate("ledger releases %s which is not live (seq %d)", a.ID, seqOf(m))
+				return nil
+			}
+			for _, d := range held.Devices {
+				delete(holder, deviceKey{held.NodeID, d.UUID})
+			}
+			delete(live, a.ID)
+			delete(liveByJob, job)
+		default:
+			r.violate("unknown ledger kind %q", e.Kind)
+		}
+		return nil
+	}
+}
+
+func seqOf(m jetstream.Msg) uint64 {
+	md, err := m.Metadata()
+	if err != nil {
+		return 0
+	}
+	return md.Sequence.Stream
+}
+
+// replay delivers every message of stream up to its last sequence now.
+func replay(ctx context.Context, js jetstream.JetStream, stream string, fn func(jetstream.Msg) error) error {
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return fmt.Errorf("oracle: stream %s: %w", stream, err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("oracle: stream %s info: %w", stream, err)
+	}
+	if info.State.Msgs == 0 {
+		return nil
+	}
+	last := info.State.LastSeq
+	cons, err := js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverAllPolicy})
+	if err != nil {
+		return fmt.Errorf("oracle: consumer on %s: %w", stream, err)
+	}
+	it, err := cons.Messages()
+	if err != nil {
+		return err
+	}
+	defer it.Stop()
+	for {
+		m, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			return fmt.Errorf("oracle: read %s: %w", stream, err)
+		}
+		if err := fn(m); err != nil {
+			return err
+		}
+		md, err := m.Metadata()
+		if err != nil {
+			return err
+		}
+		if md.Sequence.Stream >= last {
+			return nil
+		}
+	}
+}
+
+// CheckMetering verifies that every run that ran is billed exactly once,
+// for GPUs × (ended − started) to the millisecond, and that nothing else is
+// billed. It returns the total billed GPU-milliseconds and the expected
+// total computed from the run facts.
+func (r *Report) CheckMetering() (billed, expected int64) {
+	for id, run := range r.Runs {
+		if run.Ended == 0 || run.StartedAt.IsZero() {
+			continue
+		}
+		want := int64(run.GPUs) * run.EndedAt.Sub(run.StartedAt).Milliseconds()
+		expected += want
+		recs := r.Usage[id]
+		switch {
+		case len(recs) == 0:
+			r.violate("metering: run %s (%d GPU-ms) was not billed", id, want)
+		case len(recs) > 1:
+			r.violate("metering: run %s billed %d times", id, len(recs))
+		case recs[0].GPUMillis != want:
+			r.violate("metering: run %s billed %d GPU-ms, ran %d", id, recs[0].GPUMillis, want)
+		}
+	}
+	for id, recs := range r.Usage {
+		for _, u := range recs {
+			billed += u.GPUMillis
+		}
+		if run, ok := r.Runs[id]; !ok || run.StartedAt.IsZero() {
+			r.violate("metering: %s billed but never ran", id)
+		}
+	}
+	return billed, expected
+}
+
+// Summary counts jobs by state, for logs.
+func (r *Report) Summary() string {
+	counts := map[contracts.JobState]int{}
+	for _, j := range r.Jobs {
+		counts[j.State]++
+	}
+	keys := make([]string, 0, len(counts))
+	for s := range counts {
+		keys = append(keys, string(s))
+	}
+	sort.Strings(keys)
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, counts[contracts.JobState(k)]))
+	}
+	return fmt.Sprintf("jobs: %s; job events %d, ledger entries %d, run events %d, usage records %d",
+		strings.Join(parts, " "), r.JobEvents, r.LedgerEntries, r.RunEvents, len(r.Usage))
+}

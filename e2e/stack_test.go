@@ -1,0 +1,182 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/services/gpuplane"
+	"github.com/gpuplane/gpuplane/services/node-agent/fleet"
+)
+
+// stack is a running all-in-one with a client connection.
+type stack struct {
+	ep gpuplane.Endpoints
+	nc *nats.Conn
+	js jetstream.JetStream
+}
+
+// startStack runs the whole platform in this process on an embedded NATS
+// server with random ports and a temporary store, and stops it when the
+// test ends.
+func startStack(t testing.TB, fl *fleet.Fleet) *stack {
+	t.Helper()
+	level := slog.LevelWarn
+	if os.Getenv("GPUPLANE_E2E_DEBUG") != "" {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	cfg := gpuplane.Config{
+		DataDir:     t.TempDir(),
+		NATSPort:    -1,
+		GatewayAddr: "127.0.0.1:0",
+		MetricsAddr: "127.0.0.1:0",
+		Fleet:       fl,
+		AgentLogDir: t.TempDir(),
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan gpuplane.Endpoints, 1)
+	done := make(chan error, 1)
+	go func() { done <- gpuplane.Run(ctx, cfg, log, func(ep gpuplane.Endpoints) { ready <- ep }) }()
+	var ep gpuplane.Endpoints
+	select {
+	case ep = <-ready:
+	case err := <-done:
+		cancel()
+		t.Fatalf("stack exited before ready: %v", err)
+	case <-time.After(60 * time.Second):
+		cancel()
+		t.Fatal("stack not ready after 60s")
+	}
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("stack stopped with error: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("stack did not stop within 30s of cancellation")
+		}
+	})
+	nc, err := nats.Connect(ep.NATSURL, nats.Name("e2e-client"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &stack{ep: ep, nc: nc, js: js}
+}
+
+// submitBus publishes a raw request body as a bus client would.
+func (s *stack) submitBus(ctx context.Context, tenant, msgID string, body []byte) (*jetstream.PubAck, error) {
+	msg := nats.NewMsg(contracts.SubjectSubmit(tenant))
+	msg.Data = body
+	if msgID != "" {
+		msg.Header.Set(contracts.HeaderMsgID, msgID)
+	}
+	return s.js.PublishMsg(ctx, msg)
+}
+
+// submitAPI posts a raw request body to the gateway.
+func (s *stack) submitAPI(ctx context.Context, tenant string, body []byte) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.ep.GatewayURL+"/v1/tenants/"+tenant+"/jobs", bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, err
+}
+
+// jobWatcher follows JOB_EVENTS and records the last event of every job.
+type jobWatcher struct {
+	mu     sync.Mutex
+	last   map[string]contracts.JobEvent // tenant/job -> last event
+	counts map[contracts.JobEventType]int
+}
+
+func (s *stack) watchJobs(t testing.TB) *jobWatcher {
+	t.Helper()
+	w := &jobWatcher{last: map[string]contracts.JobEvent{}, counts: map[contracts.JobEventType]int{}}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	cons, err := s.js.OrderedConsumer(ctx, contracts.StreamJobEvents, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		var ev contracts.JobEvent
+		if err := json.Unmarshal(m.Data(), &ev); err != nil {
+			return
+		}
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.counts[ev.Type]++
+		key := ev.Tenant + "/" + ev.JobID
+		// A rejected duplicate does not change the accepted job.
+		if ev.Type == contracts.EventRejected && ev.Reason == contracts.ReasonDuplicateJobID {
+			w.last[key+"#duplicate"] = ev
+			return
+		}
+		w.last[key] = ev
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cc.Stop)
+	return w
+}
+
+func (w *jobWatcher) get(key string) (contracts.JobEvent, bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ev, ok := w.last[key]
+	return ev, ok
+}
+
+// waitFor polls cond every 50 ms until it holds or the deadline passes.
+func waitFor(t testing.TB, d time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	var status string
+	for time.Now().Before(deadline) {
+		var ok bool
+		if ok, status = cond(); ok {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("timed out after %s waiting for %s: %s", d, what, status)
+}
+
+// apiError decodes a gateway error body.
+func apiError(b []byte) (contracts.APIError, error) {
+	var e contracts.APIError
+	err := json.Unmarshal(b, &e)
+	if err == nil && e.Error.Reason == "" {
+		err = fmt.Errorf("no reason in %s", strings.TrimSpace(string(b)))
+	}
+	return e, err
+}

@@ -1,0 +1,51 @@
+// Command gpuplane runs the whole platform in one process on an embedded
+// NATS JetStream server with a simulated GPU fleet: `make run`.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"sort"
+	"strings"
+
+	"github.com/gpuplane/gpuplane/libs/service"
+	"github.com/gpuplane/gpuplane/services/gpuplane"
+)
+
+func main() {
+	cfg := gpuplane.DefaultConfig()
+	fs := flag.NewFlagSet("gpuplane", flag.ExitOnError)
+	cfg.RegisterFlags(fs)
+	_ = fs.Parse(os.Args[1:])
+	service.Main("gpuplane", func(ctx context.Context, log *slog.Logger) error {
+		return gpuplane.Run(ctx, cfg, log, func(ep gpuplane.Endpoints) { printBanner(ep) })
+	})
+}
+
+func printBanner(ep gpuplane.Endpoints) {
+	pools := map[string]int{}
+	machines, gpus := 0, 0
+	for _, m := range ep.Fleet.Machines() {
+		machines++
+		gpus += m.GPUCount
+		pools[m.Pool] += m.GPUCount
+	}
+	names := make([]string, 0, len(pools))
+	for p, n := range pools {
+		names = append(names, fmt.Sprintf("%s (%d GPUs)", p, n))
+	}
+	sort.Strings(names)
+	fmt.Printf(`
+gpuplane is up
+  NATS      %s   (data in %s)
+  gateway   %s   (web console at /, REST API under /v1)
+  metrics   %s
+  fleet     %d simulated machines, %d GPUs: %s
+Try:  gpuctl submit --tenant acme --gpus 2 --model H100-80GB --duration 20s
+Press Ctrl-C to stop.
+
+`, ep.NATSURL, ep.DataDir, ep.GatewayURL, ep.MetricsURL, machines, gpus, strings.Join(names, ", "))
+}
