@@ -1,0 +1,266 @@
+// Package readmodel folds the streams the monitor watches into the state its
+// metrics are computed from at scrape time: the latest sample of every GPU,
+// jobs by state and tenant, the allocation ledger and the node inventory.
+//
+// Every Apply method is idempotent on its stream's key (GPU UUID, job,
+// allocation ID, node ID), so a replay or a duplicate message is harmless.
+// A Model is safe for concurrent use: the followers write, scrapes read.
+package readmodel
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/gpuplane/gpuplane/contracts"
+)
+
+// Model is the monitor's read model.
+type Model struct {
+	mu sync.Mutex
+
+	telemetryMsgs uint64
+	gpus          map[string]GPU       // by GPU UUID (node ID + index when the UUID is empty)
+	nodeSeen      map[string]time.Time // node ID → time of its latest telemetry
+
+	jobs      map[jobKey]contracts.JobState
+	jobCounts map[string]map[contracts.JobState]int // tenant → state → jobs
+
+	allocs      map[string]allocation // by allocation ID, committed and not released
+	allocTenant map[poolTenant]int    // GPUs allocated, kept at 0 once seen
+
+	nodes map[string]node // by node ID
+}
+
+// GPU is the latest sample of one GPU with the machine it belongs to.
+type GPU struct {
+	NodeID   string
+	Hostname string
+	Pool     string
+	Sample   contracts.GPUSample
+}
+
+type jobKey struct{ tenant, job string }
+
+type poolTenant struct{ pool, tenant string }
+
+type allocation struct {
+	pool, tenant string
+	gpus         int
+}
+
+type node struct {
+	pool string
+	gpus int
+	lost bool
+}
+
+// New returns an empty model.
+func New() *Model {
+	return &Model{
+		gpus:        map[string]GPU{},
+		nodeSeen:    map[string]time.Time{},
+		jobs:        map[jobKey]contracts.JobState{},
+		jobCounts:   map[string]map[contracts.JobState]int{},
+		allocs:      map[string]allocation{},
+		allocTenant: map[poolTenant]int{},
+		nodes:       map[string]node{},
+	}
+}
+
+// ApplyTelemetry keeps the samples of t as the latest of their GPUs. at is
+// when the sample was taken as the stream saw it; samples older than what the
+// model holds for a node are counted but otherwise ignored.
+func (m *Model) ApplyTelemetry(nodeID string, t contracts.Telemetry, at time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.telemetryMsgs++
+	if seen, ok := m.nodeSeen[nodeID]; ok && at.Before(seen) {
+		return
+	}
+	m.nodeSeen[nodeID] = at
+	host := t.Hostname
+	if host == "" {
+		host = nodeID
+	}
+	for _, s := range t.GPUs {
+		key := s.UUID
+		if key == "" {
+			key = fmt.Sprintf("%s/%d", nodeID, s.Index)
+		}
+		m.gpus[key] = GPU{NodeID: nodeID, Hostname: host, Pool: t.Pool, Sample: s}
+	}
+}
+
+// ApplyJobEvent moves a job along the state machine. An event that
+// contracts.Transition refuses (a duplicate, a stale or a duplicate_job_id
+// rejection) leaves the model unchanged and returns the refusal, which wraps
+// contracts.ErrTransition.
+func (m *Model) ApplyJobEvent(tenant, jobID string, ev contracts.JobEvent) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	k := jobKey{tenant, jobID}
+	from := m.jobs[k]
+	to, err := contracts.Transition(from, ev.Type)
+	if err != nil {
+		return err
+	}
+	counts := m.jobCounts[tenant]
+	if counts == nil {
+		counts = map[contracts.JobState]int{}
+		m.jobCounts[tenant] = counts
+	}
+	if from != contracts.StateNew {
+		counts[from]--
+	}
+	counts[to]++
+	m.jobs[k] = to
+	return nil
+}
+
+// ApplyLedger adds a committed allocation or removes a released one, keyed by
+// allocation ID. A commit seen twice or a release of an unknown allocation
+// changes nothing.
+func (m *Model) ApplyLedger(e contracts.LedgerEntry) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	a := e.Allocation
+	pt := poolTenant{a.Pool, a.Tenant}
+	switch e.Kind {
+	case contracts.LedgerCommitted:
+		if _, ok := m.allocs[a.ID]; ok {
+			return
+		}
+		m.allocs[a.ID] = allocation{pool: a.Pool, tenant: a.Tenant, gpus: len(a.Devices)}
+		m.allocTenant[pt] += len(a.Devices)
+	case contracts.LedgerReleased:
+		held, ok := m.allocs[a.ID]
+		if !ok {
+			return
+		}
+		delete(m.allocs, a.ID)
+		m.allocTenant[poolTenant{held.pool, held.tenant}] -= held.gpus
+	}
+}
+
+// ApplyInventory records the latest inventory of a node. Whether the node is
+// lost is decided by lifecycle events only.
+func (m *Model) ApplyInventory(nodeID string, inv contracts.NodeInventory) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := m.nodes[nodeID]
+	n.pool, n.gpus = inv.Pool, len(inv.GPUs)
+	m.nodes[nodeID] = n
+}
+
+// ApplyNodeEvent marks a node lost, or live again when it returns or
+// registers anew.
+func (m *Model) ApplyNodeEvent(nodeID string, ev contracts.NodeEvent) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n, ok := m.nodes[nodeID]
+	if !ok {
+		n.pool = ev.Pool
+	}
+	switch ev.Kind {
+	case contracts.NodeLost:
+		n.lost = true
+	case contracts.NodeRegistered, contracts.NodeReturned:
+		n.lost = false
+	}
+	m.nodes[nodeID] = n
+}
+
+// Snapshot is a consistent copy of the model, sorted for stable output.
+type Snapshot struct {
+	TelemetryMessages uint64
+	// GPUs whose node sent telemetry at or after the freshSince given to
+	// Snapshot, by hostname then GPU index.
+	GPUs []GPU
+	// Jobs by tenant then state; a (tenant, state) pair once seen stays, at 0.
+	Jobs []JobCount
+	// Pools known from the inventory or the ledger, by name.
+	Pools []PoolCount
+	// TenantAllocations by pool then tenant; a pair once seen stays, at 0.
+	TenantAllocations []TenantAllocation
+}
+
+// JobCount is how many jobs of a tenant are in one state.
+type JobCount struct {
+	Tenant string
+	State  contracts.JobState
+	Jobs   int
+}
+
+// PoolCount sums up one pool: live nodes (not lost), their GPUs, and the
+// GPUs the ledger has allocated.
+type PoolCount struct {
+	Pool          string
+	Nodes         int
+	GPUs          int
+	AllocatedGPUs int
+}
+
+// TenantAllocation is how many GPUs of a pool a tenant holds.
+type TenantAllocation struct {
+	Pool   string
+	Tenant string
+	GPUs   int
+}
+
+// Snapshot copies the model. GPUs of nodes whose latest telemetry is older
+// than freshSince are left out: a silent node's last readings would show a
+// machine frozen in time, as a dcgm-exporter that died would not.
+func (m *Model) Snapshot(freshSince time.Time) Snapshot {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := Snapshot{TelemetryMessages: m.telemetryMsgs}
+	for _, g := range m.gpus {
+		if m.nodeSeen[g.NodeID].Before(freshSince) {
+			continue
+		}
+		s.GPUs = append(s.GPUs, g)
+	}
+	slices.SortFunc(s.GPUs, func(a, b GPU) int {
+		return cmp.Or(cmp.Compare(a.Hostname, b.Hostname), cmp.Compare(a.NodeID, b.NodeID),
+			cmp.Compare(a.Sample.Index, b.Sample.Index), cmp.Compare(a.Sample.UUID, b.Sample.UUID))
+	})
+	for tenant, counts := range m.jobCounts {
+		for state, n := range counts {
+			s.Jobs = append(s.Jobs, JobCount{Tenant: tenant, State: state, Jobs: n})
+		}
+	}
+	slices.SortFunc(s.Jobs, func(a, b JobCount) int {
+		return cmp.Or(cmp.Compare(a.Tenant, b.Tenant), cmp.Compare(a.State, b.State))
+	})
+	pools := map[string]*PoolCount{}
+	pool := func(name string) *PoolCount {
+		p := pools[name]
+		if p == nil {
+			p = &PoolCount{Pool: name}
+			pools[name] = p
+		}
+		return p
+	}
+	for _, n := range m.nodes {
+		p := pool(n.pool)
+		if !n.lost {
+			p.Nodes++
+			p.GPUs += n.gpus
+		}
+	}
+	for pt, gpus := range m.allocTenant {
+		pool(pt.pool).AllocatedGPUs += gpus
+		s.TenantAllocations = append(s.TenantAllocations, TenantAllocation{Pool: pt.pool, Tenant: pt.tenant, GPUs: gpus})
+	}
+	slices.SortFunc(s.TenantAllocations, func(a, b TenantAllocation) int {
+		return cmp.Or(cmp.Compare(a.Pool, b.Pool), cmp.Compare(a.Tenant, b.Tenant))
+	})
+	for _, p := range pools {
+		s.Pools = append(s.Pools, *p)
+	}
+	slices.SortFunc(s.Pools, func(a, b PoolCount) int { return cmp.Compare(a.Pool, b.Pool) })
+	return s
+}

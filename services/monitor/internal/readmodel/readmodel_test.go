@@ -1,0 +1,90 @@
+package readmodel
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/gpuplane/gpuplane/contracts"
+)
+
+func TestJobsFollowTheStateMachine(t *testing.T) {
+	m := New()
+	steps := []struct {
+		tenant, job string
+		ev          contracts.JobEventType
+		refused     bool
+	}{
+		{"acme", "j1", contracts.EventQueued, false},
+		{"acme", "j1", contracts.EventQueued, true}, // redelivered
+		{"acme", "j1", contracts.EventPending, false},
+		{"acme", "j2", contracts.EventQueued, false},
+		{"acme", "j2", contracts.EventScheduled, false},
+		{"acme", "j2", contracts.EventRunning, false},
+		{"acme", "j2", contracts.EventSucceeded, false},
+		{"acme", "j2", contracts.EventRequeued, true}, // terminal: nothing leaves it
+		{"acme", "j1", contracts.EventRejected, true}, // duplicate_job_id rejection of an accepted job
+		{"beta", "j1", contracts.EventRunning, true},  // same job ID, other tenant, never queued
+	}
+	for _, s := range steps {
+		err := m.ApplyJobEvent(s.tenant, s.job, contracts.JobEvent{Type: s.ev})
+		if s.refused != errors.Is(err, contracts.ErrTransition) {
+			t.Fatalf("%s/%s %s: err = %v, want refused = %v", s.tenant, s.job, s.ev, err, s.refused)
+		}
+	}
+	want := []JobCount{
+		{Tenant: "acme", State: contracts.StateQueued, Jobs: 1},
+		{Tenant: "acme", State: contracts.StateRunning, Jobs: 0},
+		{Tenant: "acme", State: contracts.StateScheduled, Jobs: 0},
+		{Tenant: "acme", State: contracts.StateSucceeded, Jobs: 1},
+	}
+	if diff := cmp.Diff(want, m.Snapshot(time.Time{}).Jobs); diff != "" {
+		t.Errorf("jobs (-want +got):\n%s", diff)
+	}
+}
+
+func TestLedgerIsIdempotentOnAllocationID(t *testing.T) {
+	m := New()
+	alloc := func(id, pool, tenant string, gpus int) contracts.Allocation {
+		return contracts.Allocation{ID: id, Pool: pool, Tenant: tenant, Devices: make([]contracts.DeviceRef, gpus)}
+	}
+	a1, a2 := alloc("acme/j1/1", "h100", "acme", 2), alloc("beta/j1/1", "h100", "beta", 1)
+	for _, e := range []contracts.LedgerEntry{
+		{Kind: contracts.LedgerCommitted, Allocation: a1},
+		{Kind: contracts.LedgerCommitted, Allocation: a1},
+		{Kind: contracts.LedgerCommitted, Allocation: a2},
+		{Kind: contracts.LedgerReleased, Allocation: a2},
+		{Kind: contracts.LedgerReleased, Allocation: a2},
+		{Kind: contracts.LedgerReleased, Allocation: alloc("ghost/j/1", "h100", "ghost", 8)},
+	} {
+		m.ApplyLedger(e)
+	}
+	m.ApplyInventory("n1", contracts.NodeInventory{Pool: "h100", GPUs: make([]contracts.GPUInfo, 8)})
+	m.ApplyInventory("n2", contracts.NodeInventory{Pool: "h100", GPUs: make([]contracts.GPUInfo, 8)})
+	m.ApplyNodeEvent("n2", contracts.NodeEvent{Kind: contracts.NodeLost})
+	s := m.Snapshot(time.Time{})
+	if diff := cmp.Diff([]PoolCount{{Pool: "h100", Nodes: 1, GPUs: 8, AllocatedGPUs: 2}}, s.Pools); diff != "" {
+		t.Errorf("pools (-want +got):\n%s", diff)
+	}
+	wantTenants := []TenantAllocation{{Pool: "h100", Tenant: "acme", GPUs: 2}, {Pool: "h100", Tenant: "beta", GPUs: 0}}
+	if diff := cmp.Diff(wantTenants, s.TenantAllocations); diff != "" {
+		t.Errorf("tenant allocations (-want +got):\n%s", diff)
+	}
+	m.ApplyNodeEvent("n2", contracts.NodeEvent{Kind: contracts.NodeReturned})
+	if got := m.Snapshot(time.Time{}).Pools[0]; got.Nodes != 2 || got.GPUs != 16 {
+		t.Errorf("after n2 returned: %+v, want 2 nodes and 16 GPUs", got)
+	}
+}
+
+func TestSnapshotLeavesOutSilentNodes(t *testing.T) {
+	m := New()
+	t0 := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	m.ApplyTelemetry("n1", contracts.Telemetry{Hostname: "host-1", GPUs: []contracts.GPUSample{{Index: 0, UUID: "GPU-1"}}}, t0)
+	m.ApplyTelemetry("n2", contracts.Telemetry{Hostname: "host-2", GPUs: []contracts.GPUSample{{Index: 0, UUID: "GPU-2"}}}, t0.Add(time.Minute))
+	s := m.Snapshot(t0.Add(time.Second))
+	if len(s.GPUs) != 1 || s.GPUs[0].NodeID != "n2" || s.TelemetryMessages != 2 {
+		t.Errorf("snapshot = %+v, want only n2's GPU and 2 messages", s)
+	}
+}

@@ -1,0 +1,187 @@
+// Package silence detects nodes that stopped sending telemetry and turns
+// each silence into one node_silent episode: one firing alert when the node
+// has been quiet for the configured time, one resolved alert when it speaks
+// again, never more for the same episode.
+//
+// The Detector is pure: times are passed in (Seen takes a sample's stream
+// time, Check the current time), so tests drive it without a clock. Episodes
+// are numbered per node; Restore rebuilds the numbering and any open episode
+// from the alerts already published, so a restarted monitor neither repeats
+// an alert nor reuses an episode number.
+package silence
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/gpuplane/gpuplane/contracts"
+)
+
+// Kind is the alert kind this package raises.
+const Kind = "node_silent"
+
+// Label keys of a node_silent alert.
+const (
+	LabelNode     = "node"
+	LabelPool     = "pool"
+	LabelHostname = "hostname"
+	LabelEpisode  = "episode"
+)
+
+// Detector tracks when every node last sent telemetry. It is safe for
+// concurrent use.
+type Detector struct {
+	after time.Duration
+	mu    sync.Mutex
+	nodes map[string]*node
+}
+
+type node struct {
+	pool, hostname string
+	lastSeen       time.Time
+	episode        int
+	firing         bool
+	// silentSince is the last telemetry before the open episode.
+	silentSince time.Time
+}
+
+// New returns a detector that declares a node silent after a quiet period of
+// after.
+func New(after time.Duration) *Detector {
+	return &Detector{after: after, nodes: map[string]*node{}}
+}
+
+// Seen records telemetry from a node taken at at. Out-of-order times never
+// move a node's last-seen time backwards.
+func (d *Detector) Seen(nodeID, pool, hostname string, at time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := d.node(nodeID)
+	if pool != "" {
+		n.pool = pool
+	}
+	if hostname != "" {
+		n.hostname = hostname
+	}
+	if at.After(n.lastSeen) {
+		n.lastSeen = at
+	}
+}
+
+// Restore applies a node_silent alert published earlier (in stream order):
+// the episode counter never goes back, and a firing alert reopens its
+// episode until the node is seen after the alert's Since.
+func (d *Detector) Restore(a contracts.Alert) error {
+	if a.Kind != Kind {
+		return fmt.Errorf("alert kind %q is not %s", a.Kind, Kind)
+	}
+	ep, err := strconv.Atoi(a.Labels[LabelEpisode])
+	if err != nil || ep < 1 {
+		return fmt.Errorf("alert %s has no valid %s label: %q", a.Key, LabelEpisode, a.Labels[LabelEpisode])
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := d.node(a.Key)
+	if ep < n.episode {
+		return nil
+	}
+	n.episode = ep
+	n.firing = a.State == contracts.AlertFiring
+	n.silentSince = a.Since
+	if p := a.Labels[LabelPool]; p != "" {
+		n.pool = p
+	}
+	if h := a.Labels[LabelHostname]; h != "" {
+		n.hostname = h
+	}
+	return nil
+}
+
+// Change is a node entering or leaving a silent episode.
+type Change struct {
+	Node     string
+	Pool     string
+	Hostname string
+	Episode  int
+	State    contracts.AlertState
+	// Since is the time of the last telemetry before the silence.
+	Since time.Time
+	// Silence is how long the node has been quiet (firing) or was quiet
+	// (resolved).
+	Silence time.Duration
+	At      time.Time
+}
+
+// Check returns the changes due at now, sorted by node: a firing change for
+// every node quiet for the detector's period with no episode open, a
+// resolved change for every open episode whose node was seen since.
+func (d *Detector) Check(now time.Time) []Change {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var out []Change
+	for id, n := range d.nodes {
+		switch {
+		case n.firing && n.lastSeen.After(n.silentSince):
+			n.firing = false
+			out = append(out, n.change(id, contracts.AlertResolved, n.lastSeen.Sub(n.silentSince), now))
+		case !n.firing && !n.lastSeen.IsZero() && now.Sub(n.lastSeen) >= d.after:
+			n.firing = true
+			n.episode++
+			n.silentSince = n.lastSeen
+			out = append(out, n.change(id, contracts.AlertFiring, now.Sub(n.lastSeen), now))
+		}
+	}
+	slices.SortFunc(out, func(a, b Change) int { return cmp.Compare(a.Node, b.Node) })
+	return out
+}
+
+func (d *Detector) node(id string) *node {
+	n := d.nodes[id]
+	if n == nil {
+		n = &node{}
+		d.nodes[id] = n
+	}
+	return n
+}
+
+func (n *node) change(id string, state contracts.AlertState, silence time.Duration, now time.Time) Change {
+	return Change{Node: id, Pool: n.pool, Hostname: n.hostname, Episode: n.episode, State: state,
+		Since: n.silentSince, Silence: silence, At: now}
+}
+
+// ID is the deterministic message ID of the change's alert: one per node,
+// episode and state, so a republished alert is dropped by JetStream.
+func (c Change) ID() string {
+	return "alert/" + Kind + "/" + c.Node + "/" + strconv.Itoa(c.Episode) + "/" + string(c.State)
+}
+
+// Alert is the contracts message for the change.
+func (c Change) Alert() contracts.Alert {
+	labels := map[string]string{LabelNode: c.Node, LabelEpisode: strconv.Itoa(c.Episode)}
+	if c.Pool != "" {
+		labels[LabelPool] = c.Pool
+	}
+	if c.Hostname != "" {
+		labels[LabelHostname] = c.Hostname
+	}
+	msg := fmt.Sprintf("node %s has sent no telemetry for %s", c.Node, c.Silence.Round(time.Millisecond))
+	if c.State == contracts.AlertResolved {
+		msg = fmt.Sprintf("node %s sends telemetry again after %s of silence", c.Node, c.Silence.Round(time.Millisecond))
+	}
+	return contracts.Alert{
+		SchemaVersion: contracts.SchemaVersion,
+		Kind:          Kind,
+		Key:           c.Node,
+		State:         c.State,
+		Severity:      "warning",
+		Labels:        labels,
+		Value:         c.Silence.Seconds(),
+		Message:       msg,
+		Since:         c.Since,
+		Time:          c.At,
+	}
+}

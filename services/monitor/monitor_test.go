@@ -1,0 +1,432 @@
+package monitor_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
+	"github.com/gpuplane/gpuplane/libs/service"
+	"github.com/gpuplane/gpuplane/services/monitor"
+)
+
+func TestConfigValidateReportsEveryProblem(t *testing.T) {
+	cfg := monitor.DefaultConfig()
+	cfg.Bus.NATSURL = ""
+	cfg.Addr = "no-port"
+	cfg.SilentAfter = 0
+	err := cfg.Validate()
+	for _, want := range []string{"nats URL", "addr", "silent-after"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate() = %v, want it to mention %q", err, want)
+		}
+	}
+	if err := monitor.DefaultConfig().Validate(); err != nil {
+		t.Errorf("defaults do not validate: %v", err)
+	}
+}
+
+func TestMetricsFromStreams(t *testing.T) {
+	srv := natstest.Start(t)
+	b := connect(t, srv.URL())
+
+	// History the monitor must read from the start: inventory, lifecycle,
+	// job events and ledger entries, with duplicates and refused events.
+	publish(t, b, contracts.SubjectInventory("n1"), "inv/n1", inventory("n1", "host-1", "h100", 2))
+	publish(t, b, contracts.SubjectInventory("n2"), "inv/n2", inventory("n2", "host-2", "h100", 8))
+	publish(t, b, contracts.SubjectInventory("n3"), "inv/n3", inventory("n3", "host-3", "a100", 4))
+	publish(t, b, contracts.SubjectNodeLifecycle("n2"), "lost/n2", contracts.NodeEvent{Kind: contracts.NodeLost, NodeID: "n2", Pool: "h100"})
+	for i, ev := range []struct {
+		tenant, job string
+		typ         contracts.JobEventType
+	}{
+		{"acme", "j1", contracts.EventQueued},
+		{"acme", "j1", contracts.EventQueued}, // same event again under another ID: refused
+		{"acme", "j2", contracts.EventQueued},
+		{"acme", "j2", contracts.EventScheduled},
+		{"acme", "j2", contracts.EventRunning},
+		{"acme", "j3", contracts.EventRejected},
+		{"acme", "j1", contracts.EventRejected}, // duplicate_job_id: the accepted job is unaffected
+		{"beta", "j4", contracts.EventQueued},
+		{"beta", "j4", contracts.EventCancelled},
+	} {
+		publish(t, b, contracts.SubjectJobEvents(ev.tenant, ev.job), fmt.Sprintf("ev-%d", i),
+			contracts.JobEvent{Type: ev.typ, Tenant: ev.tenant, JobID: ev.job, Attempt: 1})
+	}
+	a1 := allocation("acme", "j2", "n1", "h100", 2)
+	a2 := allocation("beta", "j5", "n1", "h100", 1)
+	a3 := allocation("acme", "j6", "n3", "a100", 4)
+	for i, e := range []contracts.LedgerEntry{
+		{Kind: contracts.LedgerCommitted, Allocation: a1},
+		{Kind: contracts.LedgerCommitted, Allocation: a1}, // duplicate under another ID
+		{Kind: contracts.LedgerCommitted, Allocation: a2},
+		{Kind: contracts.LedgerCommitted, Allocation: a3},
+		{Kind: contracts.LedgerReleased, Allocation: a2},
+	} {
+		publish(t, b, contracts.SubjectLedger(e.Allocation.NodeID), fmt.Sprintf("led-%d", i), e)
+	}
+	// Telemetry before the start: only the last sample of each node counts.
+	publish(t, b, contracts.SubjectTelemetry("n3"), "tel-n3-1", telemetry("n3", "host-3", "a100", gpu(0, "GPU-3a", "A100-80GB", 1)))
+	publish(t, b, contracts.SubjectTelemetry("n3"), "tel-n3-2", telemetry("n3", "host-3", "a100", contracts.GPUSample{
+		Index: 0, UUID: "GPU-3a", Model: "A100-80GB", GPUUtil: 100, MemCopyUtil: 93.5, FBUsedMiB: 80000, FBFreeMiB: 1920,
+		TempC: 71, PowerW: 398.5, SMClockMHz: 1410}))
+
+	addr := startMonitor(t, srv.URL(), time.Minute)
+	waitHealthy(t, addr)
+
+	// Live telemetry: the second tick replaces the first.
+	publish(t, b, contracts.SubjectTelemetry("n1"), "tel-n1-1", telemetry("n1", "host-1", "h100",
+		gpu(0, "GPU-1a", "H100-80GB", 5), gpu(1, "GPU-1b", "H100-80GB", 5)))
+	publish(t, b, contracts.SubjectTelemetry("n1"), "tel-n1-2", telemetry("n1", "host-1", "h100",
+		contracts.GPUSample{Index: 0, UUID: "GPU-1a", Model: "H100-80GB", GPUUtil: 87, MemCopyUtil: 40.5,
+			FBUsedMiB: 61440, FBFreeMiB: 20480, TempC: 64, PowerW: 512.25, SMClockMHz: 1980, AllocationID: a1.ID},
+		contracts.GPUSample{Index: 1, UUID: "GPU-1b", Model: "H100-80GB", GPUUtil: 0, MemCopyUtil: 0,
+			FBUsedMiB: 0, FBFreeMiB: 81920, TempC: 31, PowerW: 70, SMClockMHz: 210}))
+
+	want := slices.Concat(
+		dcgmLines(`Hostname="host-1",UUID="GPU-1a",gpu="0",modelName="H100-80GB",pool="h100"`, "87", "40.5", "61440", "20480", "64", "512.25", "1980"),
+		dcgmLines(`Hostname="host-1",UUID="GPU-1b",gpu="1",modelName="H100-80GB",pool="h100"`, "0", "0", "0", "81920", "31", "70", "210"),
+		dcgmLines(`Hostname="host-3",UUID="GPU-3a",gpu="0",modelName="A100-80GB",pool="a100"`, "100", "93.5", "80000", "1920", "71", "398.5", "1410"),
+		[]string{
+			`gpuplane_allocated_gpus{pool="a100"} 4`,
+			`gpuplane_allocated_gpus{pool="h100"} 2`,
+			`gpuplane_gpus_total{pool="a100"} 4`,
+			`gpuplane_gpus_total{pool="h100"} 2`,
+			`gpuplane_jobs{state="cancelled",tenant="beta"} 1`,
+			`gpuplane_jobs{state="queued",tenant="acme"} 1`,
+			`gpuplane_jobs{state="queued",tenant="beta"} 0`,
+			`gpuplane_jobs{state="rejected",tenant="acme"} 1`,
+			`gpuplane_jobs{state="running",tenant="acme"} 1`,
+			`gpuplane_jobs{state="scheduled",tenant="acme"} 0`,
+			`gpuplane_nodes{pool="a100"} 1`,
+			`gpuplane_nodes{pool="h100"} 1`,
+			`gpuplane_queue_depth{tenant="acme"} 1`,
+			`gpuplane_queue_depth{tenant="beta"} 0`,
+			`gpuplane_telemetry_messages_total 3`,
+			`gpuplane_tenant_allocated_gpus{pool="a100",tenant="acme"} 4`,
+			`gpuplane_tenant_allocated_gpus{pool="h100",tenant="acme"} 2`,
+			`gpuplane_tenant_allocated_gpus{pool="h100",tenant="beta"} 0`,
+		})
+	slices.Sort(want)
+	var got []string
+	eventually(t, 10*time.Second, "metrics to match", func() bool {
+		got = scrape(t, addr)
+		return cmp.Equal(want, got)
+	}, func() string { return cmp.Diff(want, got) })
+
+	body := get(t, "http://"+addr+"/metrics")
+	for _, help := range []string{"# TYPE DCGM_FI_DEV_GPU_UTIL gauge", "# TYPE gpuplane_telemetry_messages_total counter"} {
+		if !strings.Contains(body, help) {
+			t.Errorf("metrics lack %q", help)
+		}
+	}
+}
+
+func TestNodeSilentFiresOnceAndResolvesOnce(t *testing.T) {
+	srv := natstest.Start(t)
+	b := connect(t, srv.URL())
+	const silentAfter = 800 * time.Millisecond
+
+	addr, stop := startMonitorStoppable(t, srv.URL(), silentAfter)
+	waitHealthy(t, addr)
+
+	// n2 keeps talking for the whole test; n1 sends one tick and falls silent.
+	tick(t, b, "n2", "host-2")
+	publish(t, b, contracts.SubjectTelemetry("n1"), "n1-once", telemetry("n1", "host-1", "h100", gpu(0, "GPU-1a", "H100-80GB", 50)))
+
+	var alerts []idAlert
+	eventually(t, 10*time.Second, "node_silent firing for n1", func() bool {
+		alerts = readAlerts(t, b)
+		return len(alerts) >= 1
+	}, func() string { return fmt.Sprintf("%+v", alerts) })
+	first := alerts[0]
+	if first.id != "alert/node_silent/n1/1/firing" || first.Key != "n1" || first.State != contracts.AlertFiring ||
+		first.Labels["pool"] != "h100" || first.Labels["hostname"] != "host-1" || first.Value < silentAfter.Seconds() {
+		t.Fatalf("first alert = %+v", first)
+	}
+	// The silent node's GPUs are gone from /metrics; the talking node's stay.
+	eventually(t, 5*time.Second, "n1's GPU series to disappear", func() bool {
+		lines := strings.Join(scrape(t, addr), "\n")
+		return !strings.Contains(lines, `Hostname="host-1"`) && strings.Contains(lines, `Hostname="host-2"`)
+	}, func() string { return strings.Join(scrape(t, addr), "\n") })
+
+	// Restart while the episode is open. JetStream would hide a re-fired
+	// alert under the same message ID, so shorten its memory first: a
+	// monitor that forgot the open episode would publish a second firing.
+	forgetMsgIDs(t, b, contracts.StreamOps)
+	stop()
+	addr, _ = startMonitorStoppable(t, srv.URL(), silentAfter)
+	waitHealthy(t, addr)
+
+	tick(t, b, "n1", "host-1")
+	eventually(t, 10*time.Second, "node_silent resolved for n1", func() bool {
+		alerts = readAlerts(t, b)
+		return len(alerts) >= 2
+	}, func() string { return fmt.Sprintf("%+v", alerts) })
+
+	// Barrier: n1's GPUs are back, so every check since resolution ran.
+	eventually(t, 5*time.Second, "n1's GPU series to come back", func() bool {
+		return strings.Contains(strings.Join(scrape(t, addr), "\n"), `Hostname="host-1"`)
+	}, func() string { return "" })
+	alerts = readAlerts(t, b)
+	var ids []string
+	for _, a := range alerts {
+		ids = append(ids, a.id)
+	}
+	wantIDs := []string{"alert/node_silent/n1/1/firing", "alert/node_silent/n1/1/resolved"}
+	if diff := cmp.Diff(wantIDs, ids); diff != "" {
+		t.Fatalf("alerts on the bus (-want +got):\n%s", diff)
+	}
+	if r := alerts[1]; r.State != contracts.AlertResolved || r.Key != "n1" || !r.Since.Equal(first.Since) {
+		t.Errorf("resolution = %+v, want n1 resolved with Since %v", r, first.Since)
+	}
+}
+
+// --- helpers ---
+
+func connect(t *testing.T, url string) *bus.Bus {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b, err := bus.Connect(ctx, bus.Config{URL: url, Name: "test", Logger: quietLog()})
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() { _ = b.Close(context.Background()) })
+	return b
+}
+
+func quietLog() *slog.Logger {
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+func startMonitor(t *testing.T, url string, silentAfter time.Duration) string {
+	addr, _ := startMonitorStoppable(t, url, silentAfter)
+	return addr
+}
+
+// startMonitorStoppable runs the monitor until stop is called or the test
+// ends, and checks that it stops cleanly within a bounded time.
+func startMonitorStoppable(t *testing.T, url string, silentAfter time.Duration) (string, func()) {
+	t.Helper()
+	cfg := monitor.DefaultConfig()
+	cfg.Bus = service.BusConfig{NATSURL: url, Replicas: 1}
+	cfg.Addr = "127.0.0.1:0"
+	cfg.SilentAfter = silentAfter
+	listening := make(chan string, 1)
+	cfg.OnListen = func(addr string) { listening <- addr }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- monitor.Run(ctx, cfg, quietLog()) }()
+	stopped := false
+	stop := func() {
+		t.Helper()
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("monitor stopped with %v, want nil", err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Error("monitor did not stop within 15s")
+		}
+	}
+	t.Cleanup(stop)
+	select {
+	case addr := <-listening:
+		return addr, stop
+	case err := <-done:
+		t.Fatalf("monitor exited before listening: %v", err)
+	case <-time.After(15 * time.Second):
+		t.Fatal("monitor not listening after 15s")
+	}
+	return "", nil
+}
+
+func waitHealthy(t *testing.T, addr string) {
+	t.Helper()
+	var last string
+	eventually(t, 10*time.Second, "/healthz 200", func() bool {
+		resp, err := http.Get("http://" + addr + "/healthz")
+		if err != nil {
+			last = err.Error()
+			return false
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		last = fmt.Sprintf("%d %s", resp.StatusCode, body)
+		return resp.StatusCode == http.StatusOK
+	}, func() string { return last })
+}
+
+func get(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %d %v", url, resp.StatusCode, err)
+	}
+	return string(body)
+}
+
+// scrape returns the DCGM_ and gpuplane_ sample lines of /metrics, sorted.
+func scrape(t *testing.T, addr string) []string {
+	t.Helper()
+	var out []string
+	for line := range strings.Lines(get(t, "http://"+addr+"/metrics")) {
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, "DCGM_") || strings.HasPrefix(line, "gpuplane_") {
+			out = append(out, line)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func dcgmLines(labels string, values ...string) []string {
+	names := []string{"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE",
+		"DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_SM_CLOCK"}
+	var out []string
+	for i, n := range names {
+		out = append(out, n+"{"+labels+"} "+values[i])
+	}
+	return out
+}
+
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool, state func() string) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if cond() {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("timed out after %s waiting for %s; last state:\n%s", d, what, state())
+}
+
+func publish(t *testing.T, b *bus.Bus, subject, id string, v any) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := b.Publish(ctx, subject, id, v); err != nil {
+		t.Fatalf("publish %s: %v", subject, err)
+	}
+}
+
+// tick publishes a telemetry sample for a node every 100 ms until the test
+// ends; cleanup waits for it to stop.
+func tick(t *testing.T, b *bus.Bus, node, host string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var failed error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			_, err := b.Publish(ctx, contracts.SubjectTelemetry(node), fmt.Sprintf("tick/%s/%d", node, i),
+				telemetry(node, host, "h100", gpu(0, "GPU-"+node, "H100-80GB", 50)))
+			if err != nil && ctx.Err() == nil {
+				failed = err
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		if failed != nil {
+			t.Errorf("telemetry for %s: %v", node, failed)
+		}
+	})
+}
+
+type idAlert struct {
+	id string
+	contracts.Alert
+}
+
+func readAlerts(t *testing.T, b *bus.Bus) []idAlert {
+	t.Helper()
+	var out []idAlert
+	_, err := b.Replay(context.Background(), bus.FollowSpec{Stream: contracts.StreamOps,
+		FilterSubjects: []string{contracts.SubjectAlert("node_silent")}}, func(_ context.Context, m *bus.Msg) error {
+		var a contracts.Alert
+		if err := m.Decode(&a); err != nil {
+			return err
+		}
+		out = append(out, idAlert{m.ID(), a})
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("read alerts: %v", err)
+	}
+	return out
+}
+
+// forgetMsgIDs shortens a stream's duplicate window to its 100 ms minimum
+// and lets it pass, so that a message republished under an old ID is stored
+// again: the only way to see whether a service itself avoids duplicates
+// beyond the window, which production sets to 2 minutes. JetStream forgets
+// IDs on its own timer, so there is nothing to poll: this waits.
+func forgetMsgIDs(t *testing.T, b *bus.Bus, stream string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := b.JetStream().Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.Duplicates = 100 * time.Millisecond
+	if _, err := b.JetStream().UpdateStream(ctx, cfg); err != nil {
+		t.Fatalf("shorten duplicate window of %s: %v", stream, err)
+	}
+	time.Sleep(400 * time.Millisecond)
+}
+
+func inventory(node, host, pool string, gpus int) contracts.NodeInventory {
+	inv := contracts.NodeInventory{SchemaVersion: 1, NodeID: node, Hostname: host, Pool: pool, MachineType: "m", Incarnation: "i1"}
+	for i := range gpus {
+		inv.GPUs = append(inv.GPUs, contracts.GPUInfo{Index: i, UUID: fmt.Sprintf("GPU-%s-%d", node, i), Model: "H100-80GB", Healthy: true})
+	}
+	return inv
+}
+
+func allocation(tenant, job, node, pool string, gpus int) contracts.Allocation {
+	a := contracts.Allocation{ID: contracts.AllocationID(tenant, job, 1), Tenant: tenant, JobID: job, Attempt: 1, NodeID: node, Pool: pool}
+	for i := range gpus {
+		a.Devices = append(a.Devices, contracts.DeviceRef{Index: i, UUID: fmt.Sprintf("GPU-%s-%d", node, i), Model: "H100-80GB"})
+	}
+	return a
+}
+
+func telemetry(node, host, pool string, gpus ...contracts.GPUSample) contracts.Telemetry {
+	return contracts.Telemetry{SchemaVersion: 1, NodeID: node, Hostname: host, Pool: pool, Time: time.Now(), GPUs: gpus}
+}
+
+func gpu(index int, uuid, model string, util float64) contracts.GPUSample {
+	return contracts.GPUSample{Index: index, UUID: uuid, Model: model, GPUUtil: util}
+}
