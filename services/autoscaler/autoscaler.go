@@ -1,0 +1,238 @@
+// Package autoscaler decides how big each node pool should be. It follows
+// the NODES stream (machine type and live nodes per pool) and the pending
+// demand the scheduler publishes per pool, and publishes a ScaleDecision
+// when waiting jobs would fit on more machines of the pool's type. Acting on
+// decisions (a cloud provider loop) is a later issue.
+//
+//	NODES inventory+lifecycle ──> fleet ─┐
+//	OPS gp.sched.demand.* (last per pool, then new) ──> decide.Decide ──> gp.autoscale.decisions.<pool>
+//	OPS gp.autoscale.decisions.* (replayed at start) ──> last decision per pool (cooldown, no repeats)
+//
+// It is level-triggered: every demand message and a once-a-second tick
+// re-evaluate the latest demand of each pool, so a demand held back by the
+// cooldown is decided when the cooldown ends even if nothing new arrives.
+package autoscaler
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/service"
+	"github.com/gpuplane/gpuplane/services/autoscaler/internal/decide"
+	"github.com/gpuplane/gpuplane/services/autoscaler/internal/fleet"
+)
+
+// Name is the service name.
+const Name = "autoscaler"
+
+// reevaluateEvery is how often every pool's latest demand is decided again.
+const reevaluateEvery = time.Second
+
+// Run runs the autoscaler until ctx ends; it returns nil on a clean shutdown.
+func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("%s: %w", Name, err)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	rt, err := service.Start(ctx, Name, cfg.Bus, log)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	defer rt.Close()
+	s := &scaler{cfg: cfg, bus: rt.Bus, log: rt.Log, fleet: fleet.New(),
+		demand: map[string]demandAt{}, last: map[string]decide.Previous{}, why: map[string]string{}}
+	if err := s.restoreDecisions(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("%s: %w", Name, err)
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	nodesReady := make(chan struct{})
+	g.Go(func() error {
+		err := s.bus.Follow(gctx, bus.FollowSpec{Stream: contracts.StreamNodes,
+			FilterSubjects: []string{contracts.SubjectInventoryAll, contracts.SubjectNodeLifecycleAll}},
+			func(_ context.Context, m *bus.Msg) error {
+				s.onNode(m)
+				return nil
+			}, func() { close(nodesReady) })
+		if err != nil {
+			return fmt.Errorf("%s: follow nodes: %w", Name, err)
+		}
+		return nil
+	})
+	// Demand is sized against machine types, so it waits for the fleet.
+	g.Go(func() error {
+		select {
+		case <-gctx.Done():
+			return nil
+		case <-nodesReady:
+		}
+		err := s.bus.Follow(gctx, bus.FollowSpec{Stream: contracts.StreamOps,
+			FilterSubjects: []string{contracts.SubjectDemandAll}, LastPerSubject: true}, s.onDemand, nil)
+		if err != nil {
+			return fmt.Errorf("%s: follow demand: %w", Name, err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		select {
+		case <-gctx.Done():
+			return nil
+		case <-nodesReady:
+		}
+		t := time.NewTicker(reevaluateEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-gctx.Done():
+				return nil
+			case <-t.C:
+				if err := s.evaluateAll(gctx); err != nil {
+					return err
+				}
+			}
+		}
+	})
+	return g.Wait()
+}
+
+type scaler struct {
+	cfg   Config
+	bus   *bus.Bus
+	log   *slog.Logger
+	fleet *fleet.Fleet
+
+	// mu serializes decisions: evaluation and publish happen under it, so
+	// the demand follower and the tick never decide for a pool at once.
+	mu     sync.Mutex
+	demand map[string]demandAt        // pool → latest demand
+	last   map[string]decide.Previous // pool → last decision published
+	why    map[string]string          // pool → last reason for no decision, logged once
+}
+
+type demandAt struct {
+	d   contracts.PoolDemand
+	seq uint64
+}
+
+func (s *scaler) onNode(m *bus.Msg) {
+	nodeID := contracts.Token(m.Subject, 3)
+	var err error
+	switch contracts.Token(m.Subject, 2) {
+	case "inventory":
+		var inv contracts.NodeInventory
+		if err = m.Decode(&inv); err == nil {
+			s.fleet.ApplyInventory(nodeID, inv)
+		}
+	case "lifecycle":
+		var ev contracts.NodeEvent
+		if err = m.Decode(&ev); err == nil {
+			s.fleet.ApplyNodeEvent(nodeID, ev)
+		}
+	}
+	if err != nil {
+		s.log.Warn("skipping node message", "subject", m.Subject, "stream_seq", m.StreamSeq, "err", err)
+	}
+}
+
+// onDemand keeps the latest demand of a pool and decides at once. The pool
+// is taken from the subject, never from the body.
+func (s *scaler) onDemand(ctx context.Context, m *bus.Msg) error {
+	var d contracts.PoolDemand
+	if err := m.Decode(&d); err != nil {
+		s.log.Warn("skipping demand", "subject", m.Subject, "stream_seq", m.StreamSeq, "err", err)
+		return nil
+	}
+	pool := contracts.Token(m.Subject, 3)
+	if err := contracts.ValidatePool(pool); err != nil {
+		s.log.Warn("skipping demand", "subject", m.Subject, "stream_seq", m.StreamSeq, "err", err)
+		return nil
+	}
+	d.Pool = pool
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.demand[pool] = demandAt{d: d, seq: m.StreamSeq}
+	return s.evaluate(ctx, pool)
+}
+
+func (s *scaler) evaluateAll(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, pool := range slices.Sorted(maps.Keys(s.demand)) {
+		if err := s.evaluate(ctx, pool); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// evaluate decides for one pool and publishes the decision, if any. The
+// caller holds s.mu.
+func (s *scaler) evaluate(ctx context.Context, pool string) error {
+	da := s.demand[pool]
+	in := decide.Input{Demand: da.d, DemandSeq: da.seq, Max: s.cfg.maxNodes(pool), Cooldown: s.cfg.Cooldown, Now: s.cfg.Now()}
+	if p, ok := s.fleet.Pool(pool); ok {
+		in.Machine = decide.Machine{Type: p.MachineType, GPUs: p.GPUs, Model: p.Model}
+		in.LiveNodes = p.LiveNodes
+	}
+	if l, ok := s.last[pool]; ok {
+		in.Last = &l
+	}
+	out := decide.Decide(in)
+	if out.Decision == nil {
+		if s.why[pool] != out.Why {
+			s.why[pool] = out.Why
+			s.log.Info("no scale decision", "pool", pool, "why", out.Why)
+		}
+		return nil
+	}
+	d := *out.Decision
+	if _, err := s.bus.Publish(ctx, contracts.SubjectScale(pool), d.ID, d, bus.CESubject(pool)); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("%s: publish decision %s: %w", Name, d.ID, err)
+	}
+	s.last[pool] = decide.Previous{ID: d.ID, Current: d.CurrentNodes, Desired: d.DesiredNodes, Time: d.Time}
+	delete(s.why, pool)
+	s.log.Info("scale decision", "pool", pool, "id", d.ID, "current", d.CurrentNodes, "desired", d.DesiredNodes, "reason", d.Reason)
+	return nil
+}
+
+// restoreDecisions replays the decisions already published: the last one of
+// each pool starts its cooldown and is not repeated.
+func (s *scaler) restoreDecisions(ctx context.Context) error {
+	_, err := s.bus.Replay(ctx, bus.FollowSpec{Stream: contracts.StreamOps,
+		FilterSubjects: []string{contracts.SubjectScaleAll}}, func(_ context.Context, m *bus.Msg) error {
+		var d contracts.ScaleDecision
+		if err := m.Decode(&d); err != nil {
+			s.log.Warn("skipping decision", "subject", m.Subject, "stream_seq", m.StreamSeq, "err", err)
+			return nil
+		}
+		s.last[contracts.Token(m.Subject, 3)] = decide.Previous{ID: d.ID, Current: d.CurrentNodes, Desired: d.DesiredNodes, Time: d.Time}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("replay decisions: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,109 @@
+package autoscaler
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/service"
+)
+
+// Config configures the autoscaler.
+type Config struct {
+	Bus service.BusConfig
+	// MaxNodes caps the size of named pools (-max-nodes h100=4,a100=4).
+	MaxNodes map[string]int
+	// DefaultMaxNodes caps every pool not named in MaxNodes (default 8).
+	DefaultMaxNodes int
+	// Cooldown is the least time between two decisions for one pool
+	// (default 30s).
+	Cooldown time.Duration
+	// Now is the clock decisions are dated and cooled down with (default
+	// time.Now). Not a flag.
+	Now func() time.Time
+}
+
+// DefaultConfig returns the defaults, with the bus settings from the
+// environment.
+func DefaultConfig() Config {
+	return Config{Bus: service.DefaultBusConfig(), MaxNodes: map[string]int{}, DefaultMaxNodes: 8,
+		Cooldown: 30 * time.Second, Now: time.Now}
+}
+
+// RegisterFlags adds the autoscaler's flags to fs, defaulting to c.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	c.Bus.RegisterFlags(fs)
+	fs.Var((*poolLimits)(&c.MaxNodes), "max-nodes", "per-pool node maximum, as pool=n[,pool=n...]")
+	fs.IntVar(&c.DefaultMaxNodes, "default-max-nodes", c.DefaultMaxNodes, "node maximum of pools not named in -max-nodes")
+	fs.DurationVar(&c.Cooldown, "cooldown", c.Cooldown, "least time between two scale decisions for one pool")
+}
+
+// Validate reports every problem at once.
+func (c Config) Validate() error {
+	errs := []error{c.Bus.Validate()}
+	if c.DefaultMaxNodes < 0 {
+		errs = append(errs, fmt.Errorf("default-max-nodes is %d; want >= 0", c.DefaultMaxNodes))
+	}
+	for _, pool := range slices.Sorted(maps.Keys(c.MaxNodes)) {
+		if err := contracts.ValidatePool(pool); err != nil {
+			errs = append(errs, fmt.Errorf("max-nodes: %w", err))
+		}
+		if n := c.MaxNodes[pool]; n < 0 {
+			errs = append(errs, fmt.Errorf("max-nodes: pool %s has maximum %d; want >= 0", pool, n))
+		}
+	}
+	if c.Cooldown < 0 {
+		errs = append(errs, fmt.Errorf("cooldown is %s; want >= 0", c.Cooldown))
+	}
+	return errors.Join(errs...)
+}
+
+// maxNodes is the cap of one pool.
+func (c Config) maxNodes(pool string) int {
+	if n, ok := c.MaxNodes[pool]; ok {
+		return n
+	}
+	return c.DefaultMaxNodes
+}
+
+// poolLimits is the flag.Value of -max-nodes: "h100=4,a100=4". Setting it
+// replaces the whole map, so a repeated flag means the last one.
+type poolLimits map[string]int
+
+func (p *poolLimits) String() string {
+	if p == nil {
+		return ""
+	}
+	parts := make([]string, 0, len(*p))
+	for _, k := range slices.Sorted(maps.Keys(*p)) {
+		parts = append(parts, k+"="+strconv.Itoa((*p)[k]))
+	}
+	return strings.Join(parts, ",")
+}
+
+func (p *poolLimits) Set(s string) error {
+	m := map[string]int{}
+	for part := range strings.SplitSeq(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		pool, n, ok := strings.Cut(part, "=")
+		if !ok {
+			return fmt.Errorf("%q: want pool=n", part)
+		}
+		v, err := strconv.Atoi(strings.TrimSpace(n))
+		if err != nil {
+			return fmt.Errorf("%q: %w", part, err)
+		}
+		m[strings.TrimSpace(pool)] = v
+	}
+	*p = m
+	return nil
+}

@@ -1,0 +1,161 @@
+package decide
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/gpuplane/gpuplane/contracts"
+)
+
+var (
+	now   = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	h100x = Machine{Type: "a3-highgpu-8g", GPUs: 8, Model: "H100-80GB"}
+)
+
+func demand(nodes int, waiting ...contracts.Shape) contracts.PoolDemand {
+	return contracts.PoolDemand{Pool: "h100", Nodes: nodes, Waiting: waiting}
+}
+
+func shape(count, gpus int) contracts.Shape {
+	return contracts.Shape{Model: "H100-80GB", GPUs: gpus, Count: count}
+}
+
+func up(current, desired int, reason string) *contracts.ScaleDecision {
+	return &contracts.ScaleDecision{SchemaVersion: 1, ID: ID("h100", 42, contracts.ScaleUp, desired), Pool: "h100",
+		Direction: contracts.ScaleUp, CurrentNodes: current, DesiredNodes: desired, Reason: reason, Time: now}
+}
+
+func TestDecideSizesTheScaleUp(t *testing.T) {
+	tests := map[string]struct {
+		in   Input
+		want *contracts.ScaleDecision
+	}{
+		"three 8-GPU jobs on 8-GPU machines: +3": {
+			in:   Input{Demand: demand(2, shape(3, 8)), Machine: h100x, Max: 10},
+			want: up(2, 5, "3 jobs waiting (3×8 GPUs H100-80GB) need 3 more a3-highgpu-8g machines of 8 GPUs"),
+		},
+		"three 8-GPU jobs, capped by the pool maximum": {
+			in: Input{Demand: demand(2, shape(3, 8)), Machine: h100x, Max: 4},
+			want: up(2, 4, "3 jobs waiting (3×8 GPUs H100-80GB) need 3 more a3-highgpu-8g machines of 8 GPUs; "+
+				"capped at the pool maximum of 4 nodes"),
+		},
+		"small shapes are bin-packed, not one machine each": {
+			// 3×4 + 5×2 = 22 GPUs: first-fit decreasing gives [4 4] [4 2 2] [2 2 2].
+			in: Input{Demand: demand(1, shape(5, 2), shape(3, 4)), Machine: h100x, Max: 10},
+			want: up(1, 4, "8 jobs waiting (5×2 GPUs H100-80GB, 3×4 GPUs H100-80GB) need 3 more a3-highgpu-8g "+
+				"machines of 8 GPUs"),
+		},
+		"a shape larger than one machine is not helped, and the reason says so": {
+			in: Input{Demand: demand(2, shape(1, 16), shape(1, 8)), Machine: h100x, Max: 10},
+			want: up(2, 3, "1 job waiting (1×8 GPUs H100-80GB) need 1 more a3-highgpu-8g machine of 8 GPUs; "+
+				"not helped by scaling: 1 job of 16 GPUs (more than one a3-highgpu-8g machine has)"),
+		},
+		"any model fits; another model is not helped": {
+			in: Input{Demand: demand(2, contracts.Shape{Model: "any", GPUs: 1, Count: 1},
+				contracts.Shape{Model: "A100-80GB", GPUs: 1, Count: 2}), Machine: h100x, Max: 10},
+			want: up(2, 3, "1 job waiting (1×1 GPU) need 1 more a3-highgpu-8g machine of 8 GPUs; "+
+				"not helped by scaling: 2 jobs wanting A100-80GB (the pool's machines have H100-80GB)"),
+		},
+		"demand without a node count uses the inventory's live nodes": {
+			in:   Input{Demand: demand(0, shape(1, 8)), Machine: h100x, LiveNodes: 3, Max: 10},
+			want: up(3, 4, "1 job waiting (1×8 GPUs H100-80GB) need 1 more a3-highgpu-8g machine of 8 GPUs"),
+		},
+		"a huge count is bounded and said so": {
+			in: Input{Demand: demand(2, shape(1_000_000_000, 1)), Machine: h100x, Max: 5},
+			want: up(2, 5, "1000000000 jobs waiting (1000000000×1 GPU H100-80GB) need more than 1003 more "+
+				"a3-highgpu-8g machines of 8 GPUs; capped at the pool maximum of 5 nodes"),
+		},
+		"cooldown over: decide again": {
+			in: Input{Demand: demand(2, shape(4, 8)), Machine: h100x, Max: 10, Cooldown: 30 * time.Second,
+				Last: &Previous{ID: "scale/h100/41/up-5", Current: 2, Desired: 5, Time: now.Add(-30 * time.Second)}},
+			want: up(2, 6, "4 jobs waiting (4×8 GPUs H100-80GB) need 4 more a3-highgpu-8g machines of 8 GPUs"),
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			tc.in.Now, tc.in.DemandSeq = now, 42
+			got := Decide(tc.in)
+			if diff := cmp.Diff(tc.want, got.Decision); diff != "" {
+				t.Errorf("decision (-want +got):\n%s", diff)
+			}
+			if got.Why != tc.want.Reason {
+				t.Errorf("Why = %q, want the reason", got.Why)
+			}
+		})
+	}
+}
+
+func TestDecideHoldsWhenScalingIsWrong(t *testing.T) {
+	last := &Previous{ID: "scale/h100/41/up-5", Current: 2, Desired: 5, Time: now.Add(-10 * time.Second)}
+	tests := map[string]struct {
+		in  Input
+		why string
+	}{
+		"nothing waits (the demand fits already)": {
+			in:  Input{Demand: demand(2), Machine: h100x, Max: 10},
+			why: "nothing waits for pool h100",
+		},
+		"empty shapes are ignored": {
+			in:  Input{Demand: demand(2, shape(0, 8), shape(3, 0)), Machine: h100x, Max: 10},
+			why: "nothing waits for pool h100",
+		},
+		"machine type unknown": {
+			in:  Input{Demand: demand(2, shape(1, 8)), Max: 10},
+			why: "pool h100: machine type unknown (no inventory with GPUs); cannot size a scale-up",
+		},
+		"only shapes larger than a machine": {
+			in:  Input{Demand: demand(2, shape(2, 16)), Machine: h100x, Max: 10},
+			why: "more machines would not help: 2 jobs of 16 GPUs (more than one a3-highgpu-8g machine has)",
+		},
+		"pool at its maximum": {
+			in:  Input{Demand: demand(4, shape(3, 8)), Machine: h100x, Max: 4},
+			why: "pool h100 has 4 nodes, at or above its maximum of 4",
+		},
+		"in cooldown": {
+			in:  Input{Demand: demand(2, shape(4, 8)), Machine: h100x, Max: 10, Cooldown: 30 * time.Second, Last: last},
+			why: "in cooldown until 2025-03-01T12:00:20Z after decision scale/h100/41/up-5",
+		},
+		"the same decision again, even after the cooldown": {
+			in: Input{Demand: demand(2, shape(3, 8)), Machine: h100x, Max: 10, Cooldown: time.Second,
+				Last: &Previous{ID: "scale/h100/41/up-5", Current: 2, Desired: 5, Time: now.Add(-time.Hour)}},
+			why: "already decided: 2 to 5 nodes (scale/h100/41/up-5)",
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			tc.in.Now, tc.in.DemandSeq = now, 42
+			got := Decide(tc.in)
+			if diff := cmp.Diff(Outcome{Why: tc.why}, got); diff != "" {
+				t.Errorf("outcome (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestPack(t *testing.T) {
+	tests := map[string]struct {
+		shapes   []contracts.Shape
+		capacity int
+		limit    int
+		want     int
+		complete bool
+	}{
+		"nothing":                  {nil, 8, 10, 0, true},
+		"exact fit":                {[]contracts.Shape{shape(2, 4)}, 8, 10, 1, true},
+		"odd sizes leave holes":    {[]contracts.Shape{shape(3, 5)}, 8, 10, 3, true},
+		"decreasing fills holes":   {[]contracts.Shape{shape(3, 3), shape(3, 5)}, 8, 10, 3, true},
+		"stops at the limit":       {[]contracts.Shape{shape(5, 8)}, 8, 3, 3, false},
+		"exactly at the limit":     {[]contracts.Shape{shape(3, 8)}, 8, 3, 3, true},
+		"one-GPU jobs share hosts": {[]contracts.Shape{shape(17, 1)}, 8, 10, 3, true},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			got, complete := pack(tc.shapes, tc.capacity, tc.limit)
+			if got != tc.want || complete != tc.complete {
+				t.Errorf("pack = %d, %v; want %d, %v", got, complete, tc.want, tc.complete)
+			}
+		})
+	}
+}

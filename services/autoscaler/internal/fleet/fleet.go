@@ -1,0 +1,126 @@
+// Package fleet is the autoscaler's view of the NODES stream: for every pool,
+// its machine type (what a new machine of the pool would look like) and how
+// many of its nodes are live. The latest inventory of a node is the truth;
+// lifecycle events mark it lost or live again. Applying a message twice is
+// harmless. A Fleet is safe for concurrent use.
+package fleet
+
+import (
+	"maps"
+	"slices"
+	"sync"
+
+	"github.com/gpuplane/gpuplane/contracts"
+)
+
+// Fleet folds inventories and lifecycle events.
+type Fleet struct {
+	mu    sync.Mutex
+	nodes map[string]node
+}
+
+type node struct {
+	pool        string
+	machineType string
+	gpus        int
+	model       string
+	lost        bool
+}
+
+// New returns an empty fleet.
+func New() *Fleet { return &Fleet{nodes: map[string]node{}} }
+
+// ApplyInventory records the latest inventory of a node.
+func (f *Fleet) ApplyInventory(nodeID string, inv contracts.NodeInventory) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := f.nodes[nodeID]
+	n.pool, n.machineType, n.gpus, n.model = inv.Pool, inv.MachineType, len(inv.GPUs), majorityModel(inv.GPUs)
+	f.nodes[nodeID] = n
+}
+
+// ApplyNodeEvent marks a node lost, or live again.
+func (f *Fleet) ApplyNodeEvent(nodeID string, ev contracts.NodeEvent) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n, ok := f.nodes[nodeID]
+	if !ok {
+		n.pool = ev.Pool
+	}
+	switch ev.Kind {
+	case contracts.NodeLost:
+		n.lost = true
+	case contracts.NodeRegistered, contracts.NodeReturned:
+		n.lost = false
+	}
+	f.nodes[nodeID] = n
+}
+
+// Pool describes one pool.
+type Pool struct {
+	// MachineType is the type most of the pool's nodes have (lost ones
+	// included: they still say what the pool is made of); ties go to the
+	// type first in name order.
+	MachineType string
+	// GPUs is the most GPUs a node of that type reported, Model the GPU
+	// model most of them have.
+	GPUs  int
+	Model string
+	// LiveNodes are the nodes not lost, of any type.
+	LiveNodes int
+}
+
+// Pool returns what the fleet knows of a pool; false when no node of it was
+// ever seen.
+func (f *Fleet) Pool(name string) (Pool, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var p Pool
+	byType := map[string][]node{}
+	for _, n := range f.nodes {
+		if n.pool != name {
+			continue
+		}
+		byType[n.machineType] = append(byType[n.machineType], n)
+		if !n.lost {
+			p.LiveNodes++
+		}
+	}
+	if len(byType) == 0 {
+		return Pool{}, false
+	}
+	perType := map[string]int{}
+	for t, ns := range byType {
+		perType[t] = len(ns)
+	}
+	p.MachineType = majority(perType)
+	models := map[string]int{}
+	for _, n := range byType[p.MachineType] {
+		p.GPUs = max(p.GPUs, n.gpus)
+		if n.model != "" {
+			models[n.model]++
+		}
+	}
+	p.Model = majority(models)
+	return p, true
+}
+
+func majorityModel(gpus []contracts.GPUInfo) string {
+	counts := map[string]int{}
+	for _, g := range gpus {
+		counts[g.Model]++
+	}
+	return majority(counts)
+}
+
+// majority returns the key with the highest count, the smallest such key on
+// a tie, "" for an empty map.
+func majority(counts map[string]int) string {
+	best, bestN := "", 0
+	for _, k := range slices.Sorted(maps.Keys(counts)) {
+		if counts[k] > bestN {
+			best, bestN = k, counts[k]
+		}
+	}
+	return best
+}
