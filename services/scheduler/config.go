@@ -1,0 +1,81 @@
+package scheduler
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/service"
+)
+
+// Config configures the scheduler.
+type Config struct {
+	// Bus is the NATS connection and tracing shared by every service.
+	Bus service.BusConfig
+	// Name is the scheduler's ID: its plans go to gp.plans.<Name> and it
+	// is the bus connection's name. Default "scheduler".
+	Name string
+	// CycleInterval is the least time between the starts of two cycles:
+	// facts arriving faster are coalesced into one cycle. Default 5 ms.
+	CycleInterval time.Duration
+	// DemandInterval is the least time between two PoolDemand publishes of
+	// one pool. Default 1 s.
+	DemandInterval time.Duration
+	// Publishers is how many job events are published concurrently (events
+	// of one job always go out in order). Default 16.
+	Publishers int
+	// MaxPlanBytes bounds one plan message; a cycle that places more splits
+	// its plan. The PLANS stream refuses messages over 128 KiB. Default
+	// 96 KiB.
+	MaxPlanBytes int
+}
+
+// DefaultConfig returns the defaults, with the bus settings from the
+// environment (service.DefaultBusConfig).
+func DefaultConfig() Config {
+	return Config{
+		Bus:            service.DefaultBusConfig(),
+		Name:           "scheduler",
+		CycleInterval:  5 * time.Millisecond,
+		DemandInterval: time.Second,
+		Publishers:     16,
+		MaxPlanBytes:   96 * 1024,
+	}
+}
+
+// RegisterFlags adds the scheduler's flags to fs, defaulting to c.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	c.Bus.RegisterFlags(fs)
+	fs.StringVar(&c.Name, "name", c.Name, "scheduler ID: plans go to gp.plans.<name>")
+	fs.DurationVar(&c.CycleInterval, "cycle-interval", c.CycleInterval, "least time between two scheduling cycles")
+	fs.DurationVar(&c.DemandInterval, "demand-interval", c.DemandInterval, "least time between two demand publishes of one pool")
+	fs.IntVar(&c.Publishers, "publishers", c.Publishers, "job events published concurrently (per-job order is kept)")
+	fs.IntVar(&c.MaxPlanBytes, "max-plan-bytes", c.MaxPlanBytes, "largest plan message; larger cycles split their plan")
+}
+
+// maxPlanLimit leaves room under the PLANS stream's message limit for
+// headers and the plan's own fields.
+const maxPlanLimit = 2*contracts.MaxMessageBytes - 8*1024
+
+// Validate reports every problem at once.
+func (c Config) Validate() error {
+	errs := []error{c.Bus.Validate()}
+	if err := contracts.ValidateID(c.Name); err != nil {
+		errs = append(errs, fmt.Errorf("name: %w", err))
+	}
+	if c.CycleInterval <= 0 || c.CycleInterval > time.Minute {
+		errs = append(errs, fmt.Errorf("cycle interval is %s; want more than 0 and at most 1m", c.CycleInterval))
+	}
+	if c.DemandInterval <= 0 {
+		errs = append(errs, fmt.Errorf("demand interval is %s; want more than 0", c.DemandInterval))
+	}
+	if c.Publishers < 1 || c.Publishers > 1024 {
+		errs = append(errs, fmt.Errorf("publishers is %d; want 1 to 1024", c.Publishers))
+	}
+	if c.MaxPlanBytes < 4*1024 || c.MaxPlanBytes > maxPlanLimit {
+		errs = append(errs, fmt.Errorf("max plan bytes is %d; want 4096 to %d", c.MaxPlanBytes, maxPlanLimit))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,524 @@
+// Package state is the scheduler's memory: every job it has accepted (folded
+// from its own JOB_EVENTS), the cluster as the NODES and ALLOCATIONS streams
+// describe it, and the plans in flight. It turns facts into decisions: which
+// job events to publish, which stop commands to send, and, in a cycle, which
+// plan to propose. It does no I/O: each method returns the messages to
+// publish, and the caller publishes them in order (per job) and only then
+// acknowledges whatever caused them.
+//
+// A Store is not safe for concurrent use; the scheduler holds one lock
+// around it. Every job event it returns has passed contracts.Transition from
+// the job's state, with one documented exception: the duplicate_job_id
+// rejection of FLOWS.md, which readers ignore by design.
+//
+// Facts may arrive in any order across streams (a run may start before the
+// scheduler sees its commit); each job keeps the facts of its current
+// attempt and advance moves it as far as they allow, so the outcome is the
+// same whatever the interleaving. Before GoLive (while rebuilding after a
+// restart) facts are recorded but nothing is published; GoLive then
+// publishes what the rebuilt state owes, once.
+package state
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/services/scheduler/internal/placement"
+	"github.com/gpuplane/gpuplane/services/scheduler/internal/queue"
+)
+
+// Config configures a Store.
+type Config struct {
+	// Scheduler is this scheduler's name (plans' Scheduler field).
+	Scheduler string
+	// Boot is unique to this process start; plan IDs carry it so a plan of
+	// a restarted scheduler is never taken for a duplicate of an older one.
+	Boot string
+	// MaxPlanBytes bounds one plan's encoded size; a cycle that places more
+	// splits its plan (the PLANS stream refuses messages over 128 KiB).
+	MaxPlanBytes int
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+	// Log; default slog.Default().
+	Log *slog.Logger
+	// Wake is called (under the caller's lock, so it must not block) when
+	// something changed that a cycle could act on.
+	Wake func()
+}
+
+// Publish is one message to publish. Messages with the same Key (one job)
+// must be published in the order returned.
+type Publish struct {
+	Subject string
+	ID      string
+	Msg     any
+	Key     string
+}
+
+// Job is one job as the scheduler knows it.
+type Job struct {
+	Tenant, ID string
+	key        string
+	State      contracts.JobState
+	Attempt    int
+	// Request is the normalized request; dropped once the job is terminal.
+	Request *contracts.JobRequest
+	hash    [sha256.Size]byte
+	// seq is the submit order: the JOB_EVENTS sequence of the queued event.
+	seq       uint64
+	rejection *rejection
+
+	// cancel is set once a cancel request was accepted.
+	cancel       bool
+	cancelReason string
+	stopSent     bool
+
+	// inFlight is the plan item proposed for the current attempt, until the
+	// ledger commits it or a refusal comes back.
+	inFlight *contracts.Allocation
+
+	// Facts about the current attempt.
+	committed *contracts.Allocation
+	started   *time.Time
+	ended     *contracts.RunResult
+	released  *contracts.LedgerEntry
+
+	// Pending is the job's current reason for waiting; pubPending the code
+	// of the last pending event published for this attempt, pendingSeq how
+	// many were published.
+	Pending    placement.Pending
+	pubPending contracts.Reason
+	pendingSeq int
+}
+
+type rejection struct {
+	reason contracts.Reason
+	errors []contracts.FieldError
+}
+
+// Store is the scheduler's state. See the package comment.
+type Store struct {
+	cfg     Config
+	log     *slog.Logger
+	live    bool
+	jobs    map[string]*Job
+	queue   *queue.Queue[*Job]
+	flying  map[string]*Job     // allocation ID -> job with that plan item in flight
+	seenIDs map[string]struct{} // rejected events already in JOB_EVENTS
+	cluster *cluster
+	planSeq uint64
+	out     []Publish
+}
+
+// New returns an empty store.
+func New(cfg Config) *Store {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.Wake == nil {
+		cfg.Wake = func() {}
+	}
+	if cfg.MaxPlanBytes <= 0 {
+		cfg.MaxPlanBytes = 96 * 1024
+	}
+	return &Store{
+		cfg:     cfg,
+		log:     cfg.Log,
+		jobs:    map[string]*Job{},
+		queue:   queue.New[*Job](),
+		flying:  map[string]*Job{},
+		seenIDs: map[string]struct{}{},
+		cluster: newCluster(),
+	}
+}
+
+// Key is the store's key of a job.
+func Key(tenant, jobID string) string { return tenant + "/" + jobID }
+
+// Job returns a copy of the job's public view, for tests and logs.
+func (s *Store) Job(tenant, jobID string) (Job, bool) {
+	j, ok := s.jobs[Key(tenant, jobID)]
+	if !ok {
+		return Job{}, false
+	}
+	return *j, true
+}
+
+// Live reports whether GoLive was called.
+func (s *Store) Live() bool { return s.live }
+
+// Queued is the number of jobs waiting in the queue.
+func (s *Store) Queued() int { return s.queue.Len() }
+
+func (s *Store) take() []Publish {
+	out := s.out
+	s.out = nil
+	return out
+}
+
+// ---- rebuilding after a restart ----
+
+// ReplayJobEvent folds one event of JOB_EVENTS (at stream sequence seq,
+// with Nats-Msg-Id msgID) into the store. Events the state machine refuses
+// are skipped, as every reader does.
+func (s *Store) ReplayJobEvent(ev contracts.JobEvent, seq uint64, msgID string) {
+	if ev.Type == contracts.EventRejected && msgID != "" {
+		s.seenIDs[msgID] = struct{}{}
+	}
+	key := Key(ev.Tenant, ev.JobID)
+	j := s.jobs[key]
+	from := contracts.StateNew
+	if j != nil {
+		from = j.State
+	}
+	to, err := contracts.Transition(from, ev.Type)
+	if err != nil {
+		return
+	}
+	if j == nil {
+		j = &Job{Tenant: ev.Tenant, ID: ev.JobID, key: key}
+		s.jobs[key] = j
+	}
+	j.State = to
+	switch ev.Type {
+	case contracts.EventQueued:
+		if ev.Request == nil {
+			s.log.Error("queued event without a request", "tenant", ev.Tenant, "job_id", ev.JobID, "stream_seq", seq)
+			return
+		}
+		req := *ev.Request
+		j.Request, j.hash, j.Attempt, j.seq = &req, hashRequest(req), max(ev.Attempt, 1), seq
+		s.enqueue(j)
+	case contracts.EventRejected:
+		j.rejection = &rejection{reason: ev.Reason, errors: ev.Errors}
+	case contracts.EventPending:
+		if ev.Attempt == j.Attempt {
+			j.pubPending = ev.Reason
+			j.Pending = placement.Pending{Code: ev.Reason, Message: ev.Message}
+			j.pendingSeq = max(j.pendingSeq+1, pendingSeqOf(msgID))
+		}
+	case contracts.EventScheduled:
+		s.queue.Remove(key)
+	case contracts.EventRequeued:
+		s.resetAttempt(j, ev.Attempt)
+		s.enqueue(j)
+	case contracts.EventSucceeded, contracts.EventFailed, contracts.EventCancelled:
+		s.finish(j)
+	}
+}
+
+// pendingSeqOf reads the sequence from a pending event's ID
+// (job/<tenant>/<job>/pending/<attempt>/<seq>), or 0.
+func pendingSeqOf(id string) int {
+	parts := strings.Split(id, "/")
+	if len(parts) != 6 {
+		return 0
+	}
+	n, _ := strconv.Atoi(parts[5])
+	return n
+}
+
+// ReplayCancel records a cancel request found in JOBS, so that a cancel
+// accepted before a restart (waiting on a plan in flight) is not
+// forgotten. A cancel of an unknown or terminal job is ignored.
+func (s *Store) ReplayCancel(subject string, data []byte) {
+	tenant, err := contracts.TenantFromSubject(subject)
+	if err != nil {
+		return
+	}
+	c, err := contracts.DecodeCancelRequest(data)
+	if err != nil {
+		return
+	}
+	if j := s.jobs[Key(tenant, c.JobID)]; j != nil && !j.State.Terminal() {
+		j.cancel, j.cancelReason = true, c.Reason
+	}
+}
+
+// ReplayPlan records the items of one of this scheduler's past plans as in
+// flight when they still concern a queued job's current attempt: the
+// devices stay held until the ledger or a refusal answers (the ALLOCATIONS
+// stream, followed next, says which already did).
+func (s *Store) ReplayPlan(p contracts.Plan) {
+	for _, item := range p.Items {
+		j := s.jobs[Key(item.Tenant, item.JobID)]
+		if j == nil || j.State != contracts.StateQueued || item.Attempt != j.Attempt {
+			continue
+		}
+		if j.inFlight != nil {
+			// A later plan for the same attempt supersedes: the earlier
+			// one was refused before the job was placed again.
+			s.cluster.forget(j.inFlight.ID, j.inFlight.PlanID)
+		}
+		item := item
+		item.PlanID = cmp.Or(item.PlanID, p.ID)
+		s.fly(j, &item)
+	}
+}
+
+// GoLive ends the rebuild: from now on decisions are published. It returns
+// what the rebuilt state owes (events the previous run did not get to
+// publish, stop commands for accepted cancels).
+func (s *Store) GoLive() []Publish {
+	s.live = true
+	keys := make([]string, 0, len(s.jobs))
+	for k, j := range s.jobs {
+		if !j.State.Terminal() {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		s.advance(s.jobs[k])
+	}
+	s.cfg.Wake()
+	return s.take()
+}
+
+// ---- requests ----
+
+// Submission is the decision on one job request.
+type Submission struct {
+	// Publish is the event to publish before acknowledging; nil when the
+	// request changes nothing (an identical resubmit).
+	Publish *Publish
+	// Invalid is set when nothing can be published for the request (its
+	// subject names no valid tenant): the caller dead-letters it.
+	Invalid error
+	// Outcome names the decision for logs: queued, rejected, duplicate,
+	// unchanged or invalid.
+	Outcome string
+	commit  func(seq uint64)
+}
+
+// Published records that the submission's event was stored at JOB_EVENTS
+// sequence seq. Call it only after the publish succeeded.
+func (sub Submission) Published(seq uint64) {
+	if sub.commit != nil {
+		sub.commit(seq)
+	}
+}
+
+// Submit decides a job request received on subject at JOBS sequence
+// streamSeq. Nothing changes until Published is called, so a publish that
+// fails leaves the store as it was and a redelivery decides again.
+func (s *Store) Submit(subject string, data []byte, streamSeq uint64) Submission {
+	tenant, err := contracts.TenantFromSubject(subject)
+	if err != nil {
+		return Submission{Invalid: fmt.Errorf("job request: %w", err), Outcome: "invalid"}
+	}
+	req, err := contracts.DecodeJobRequest(data, tenant)
+	if err != nil {
+		return s.reject(tenant, req.ID, streamSeq, err)
+	}
+	norm := req.Normalized(tenant)
+	h := hashRequest(norm)
+	key := Key(tenant, req.ID)
+	if j := s.jobs[key]; j != nil {
+		if j.rejection == nil && j.hash == h {
+			return Submission{Outcome: "unchanged"}
+		}
+		return s.duplicate(j, streamSeq)
+	}
+	now := s.cfg.Now().UTC()
+	ev := contracts.JobEvent{SchemaVersion: contracts.SchemaVersion, Type: contracts.EventQueued, Tenant: tenant,
+		JobID: req.ID, Attempt: 1, State: contracts.StateQueued, Time: now, Request: &norm}
+	return Submission{
+		Publish: &Publish{Subject: contracts.SubjectJobEvents(tenant, req.ID), Key: key, Msg: ev,
+			ID: contracts.JobEventID(tenant, req.ID, contracts.EventQueued, 1, 0)},
+		Outcome: "queued",
+		commit: func(seq uint64) {
+			j := &Job{Tenant: tenant, ID: req.ID, key: key, State: contracts.StateQueued, Attempt: 1,
+				Request: &norm, hash: h, seq: seq}
+			s.jobs[key] = j
+			s.enqueue(j)
+			s.cfg.Wake()
+		},
+	}
+}
+
+// reject answers an invalid request: on the job's own subject when its ID
+// is usable, else on rej-<streamSeq>.
+func (s *Store) reject(tenant, id string, streamSeq uint64, err error) Submission {
+	var ve *contracts.ValidationError
+	if !errors.As(err, &ve) {
+		ve = &contracts.ValidationError{Reason: contracts.ReasonInvalidRequest,
+			Fields: []contracts.FieldError{{Reason: contracts.ReasonInvalidRequest, Message: err.Error()}}}
+	}
+	if contracts.ValidateID(id) != nil {
+		id = contracts.RejectedJobID(streamSeq)
+	}
+	key := Key(tenant, id)
+	if j := s.jobs[key]; j != nil {
+		if j.rejection != nil && j.rejection.reason == ve.Reason && slices.Equal(j.rejection.errors, ve.Fields) {
+			return Submission{Outcome: "unchanged"}
+		}
+		return s.duplicate(j, streamSeq)
+	}
+	evID := contracts.JobEventID(tenant, id, contracts.EventRejected, 0, 0)
+	ev := contracts.JobEvent{SchemaVersion: contracts.SchemaVersion, Type: contracts.EventRejected, Tenant: tenant,
+		JobID: id, State: contracts.StateRejected, Time: s.cfg.Now().UTC(), Reason: ve.Reason,
+		Message: ve.Error(), Errors: ve.Fields}
+	return Submission{
+		Publish: &Publish{Subject: contracts.SubjectJobEvents(tenant, id), ID: evID, Msg: ev, Key: key},
+		Outcome: "rejected",
+		commit: func(uint64) {
+			s.jobs[key] = &Job{Tenant: tenant, ID: id, key: key, State: contracts.StateRejected,
+				rejection: &rejection{reason: ve.Reason, errors: ve.Fields}}
+			s.seenIDs[evID] = struct{}{}
+		},
+	}
+}
+
+// duplicate rejects a request that reuses job j's ID with another body.
+// This is the one event published without a valid transition: FLOWS.md
+// asks for it so the submitter gets an answer, and every reader's
+// Transition ignores it, leaving the job unaffected. Its ID carries the
+// request's stream sequence, so each offending request is answered once.
+func (s *Store) duplicate(j *Job, streamSeq uint64) Submission {
+	evID := contracts.JobEventID(j.Tenant, j.ID, contracts.EventRejected, 0, int(streamSeq))
+	if _, seen := s.seenIDs[evID]; seen {
+		return Submission{Outcome: "unchanged"}
+	}
+	msg := fmt.Sprintf("job ID %s is already taken by another request (state %s); resubmit the same body, or use a new ID", j.ID, j.State)
+	ev := contracts.JobEvent{SchemaVersion: contracts.SchemaVersion, Type: contracts.EventRejected, Tenant: j.Tenant,
+		JobID: j.ID, State: contracts.StateRejected, Time: s.cfg.Now().UTC(), Reason: contracts.ReasonDuplicateJobID,
+		Message: msg, Errors: []contracts.FieldError{{Field: "id", Reason: contracts.ReasonDuplicateJobID, Message: msg}}}
+	return Submission{
+		Publish: &Publish{Subject: contracts.SubjectJobEvents(j.Tenant, j.ID), ID: evID, Msg: ev, Key: j.key},
+		Outcome: "duplicate",
+		commit:  func(uint64) { s.seenIDs[evID] = struct{}{} },
+	}
+}
+
+// ErrUnknownJob and ErrTerminalJob explain a cancel that changes nothing.
+var (
+	ErrUnknownJob  = errors.New("unknown job")
+	ErrTerminalJob = errors.New("job already ended")
+)
+
+// Cancel applies a cancel request received on subject. It returns what to
+// publish before acknowledging (a cancelled event, or a stop command), or
+// an error: a bus-level invalid request (the caller dead-letters it), or
+// ErrUnknownJob / ErrTerminalJob (the caller logs and acknowledges).
+func (s *Store) Cancel(subject string, data []byte) ([]Publish, error) {
+	tenant, err := contracts.TenantFromSubject(subject)
+	if err != nil {
+		return nil, fmt.Errorf("cancel request: %w", err)
+	}
+	c, err := contracts.DecodeCancelRequest(data)
+	if err != nil {
+		return nil, fmt.Errorf("cancel request: %w", err)
+	}
+	j := s.jobs[Key(tenant, c.JobID)]
+	switch {
+	case j == nil:
+		return nil, fmt.Errorf("cancel %s/%s: %w", tenant, c.JobID, ErrUnknownJob)
+	case j.State.Terminal():
+		return nil, fmt.Errorf("cancel %s/%s (%s): %w", tenant, c.JobID, j.State, ErrTerminalJob)
+	}
+	j.cancel, j.cancelReason = true, c.Reason
+	// A redelivered cancel of a running job sends the same stop again
+	// (same message ID), so the caller can wait on it.
+	j.stopSent = false
+	s.advance(j)
+	return s.take(), nil
+}
+
+// ---- helpers ----
+
+func hashRequest(r contracts.JobRequest) [sha256.Size]byte {
+	b, err := json.Marshal(r)
+	if err != nil {
+		// A decoded request always encodes; keep a distinct hash anyway.
+		return sha256.Sum256([]byte(err.Error()))
+	}
+	return sha256.Sum256(b)
+}
+
+func (s *Store) enqueue(j *Job) {
+	if j.Request == nil || j.inFlight != nil {
+		return
+	}
+	s.queue.Push(queue.Item[*Job]{Key: j.key, Tenant: j.Tenant, Priority: j.Request.Priority, Seq: j.seq, Value: j})
+}
+
+// event builds a job event of type typ for j, checks the transition, moves
+// j to the new state and returns false when the state machine refuses.
+func (s *Store) emit(j *Job, typ contracts.JobEventType, seq int, fill func(*contracts.JobEvent)) bool {
+	to, err := contracts.Transition(j.State, typ)
+	if err != nil {
+		s.log.Error("refusing to publish an invalid job event", "tenant", j.Tenant, "job_id", j.ID, "err", err)
+		return false
+	}
+	ev := contracts.JobEvent{SchemaVersion: contracts.SchemaVersion, Type: typ, Tenant: j.Tenant, JobID: j.ID,
+		Attempt: j.Attempt, State: to, Time: s.cfg.Now().UTC()}
+	if fill != nil {
+		fill(&ev)
+	}
+	j.State = to
+	s.out = append(s.out, Publish{Subject: contracts.SubjectJobEvents(j.Tenant, j.ID), Key: j.key, Msg: ev,
+		ID: contracts.JobEventID(j.Tenant, j.ID, typ, ev.Attempt, seq)})
+	return true
+}
+
+// setPending records j's reason for waiting and publishes a pending event
+// when its code changed: the message alone (queue position, free block
+// sizes) moves every cycle and is not worth an event.
+func (s *Store) setPending(j *Job, p placement.Pending) {
+	j.Pending = p
+	if !s.live || p.Code == j.pubPending || j.State != contracts.StateQueued {
+		return
+	}
+	j.pendingSeq++
+	j.pubPending = p.Code
+	s.emit(j, contracts.EventPending, j.pendingSeq, func(ev *contracts.JobEvent) {
+		ev.Reason, ev.Message = p.Code, p.Message
+	})
+}
+
+func (s *Store) fly(j *Job, item *contracts.Allocation) {
+	j.inFlight = item
+	s.flying[item.ID] = j
+	s.queue.Remove(j.key)
+	s.cluster.assume(item)
+	// Concatenation, not Sprintf: a burst cycle sets thousands of these.
+	j.Pending = placement.Pending{Code: contracts.PendingPlanInFlight,
+		Message: "proposed on " + item.NodeID + " in plan " + item.PlanID + "; waiting for the resource manager to commit"}
+}
+
+func (s *Store) land(j *Job) {
+	if j.inFlight != nil {
+		delete(s.flying, j.inFlight.ID)
+		j.inFlight = nil
+	}
+}
+
+func (s *Store) resetAttempt(j *Job, attempt int) {
+	s.land(j)
+	j.Attempt = attempt
+	j.committed, j.started, j.ended, j.released = nil, nil, nil, nil
+	j.stopSent = false
+	j.pubPending, j.pendingSeq, j.Pending = "", 0, placement.Pending{}
+}
+
+// finish forgets what a terminal job no longer needs; the hash stays so a
+// resubmit of the same ID is still recognised.
+func (s *Store) finish(j *Job) {
+	s.queue.Remove(j.key)
+	s.land(j)
+	j.Request, j.committed, j.started, j.ended, j.released = nil, nil, nil, nil, nil
+	j.Pending = placement.Pending{}
+}

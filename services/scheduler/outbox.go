@@ -1,0 +1,152 @@
+package scheduler
+
+import (
+	"context"
+	"hash/fnv"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/services/scheduler/internal/state"
+)
+
+// publisher is what the scheduler needs of the bus to publish.
+type publisher interface {
+	Publish(ctx context.Context, subject, id string, v any, opts ...bus.PublishOption) (*jetstream.PubAck, error)
+}
+
+var _ publisher = (*bus.Bus)(nil)
+
+// outbox publishes the store's decisions. Messages with the same key (one
+// job) go to the same shard and out in the order they were enqueued, so a
+// reader never sees a job's running event before its scheduled one;
+// different jobs publish in parallel. Enqueue never blocks, so it is called
+// under the scheduler's lock: that is what keeps the order of decisions.
+type outbox struct {
+	pub    publisher
+	log    *slog.Logger
+	shards []*shard
+}
+
+type shard struct {
+	mu     sync.Mutex
+	items  []outItem
+	signal chan struct{}
+}
+
+type outItem struct {
+	state.Publish
+	done chan error // nil when nobody waits
+}
+
+func newOutbox(pub publisher, n int, log *slog.Logger) *outbox {
+	o := &outbox{pub: pub, log: log}
+	for range n {
+		o.shards = append(o.shards, &shard{signal: make(chan struct{}, 1)})
+	}
+	return o
+}
+
+// enqueue queues pubs. With wait, it returns one channel per message that
+// receives the publish's outcome.
+func (o *outbox) enqueue(pubs []state.Publish, wait bool) []chan error {
+	var dones []chan error
+	for _, p := range pubs {
+		it := outItem{Publish: p}
+		if wait {
+			it.done = make(chan error, 1)
+			dones = append(dones, it.done)
+		}
+		h := fnv.New32a()
+		_, _ = h.Write([]byte(p.Key))
+		sh := o.shards[h.Sum32()%uint32(len(o.shards))]
+		sh.mu.Lock()
+		sh.items = append(sh.items, it)
+		sh.mu.Unlock()
+		select {
+		case sh.signal <- struct{}{}:
+		default:
+		}
+	}
+	return dones
+}
+
+// run publishes until ctx ends; what is left then is reported to its
+// waiters as ctx's error (and rebuilt from the streams after a restart).
+func (o *outbox) run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	for _, sh := range o.shards {
+		wg.Go(func() { o.drain(ctx, sh) })
+	}
+	wg.Wait()
+	return nil
+}
+
+func (o *outbox) drain(ctx context.Context, sh *shard) {
+	for {
+		select {
+		case <-ctx.Done():
+			sh.mu.Lock()
+			left := sh.items
+			sh.items = nil
+			sh.mu.Unlock()
+			for _, it := range left {
+				if it.done != nil {
+					it.done <- ctx.Err()
+				}
+			}
+			return
+		case <-sh.signal:
+		}
+		for {
+			sh.mu.Lock()
+			batch := sh.items
+			sh.items = nil
+			sh.mu.Unlock()
+			if len(batch) == 0 {
+				break
+			}
+			for i, it := range batch {
+				err := o.publish(ctx, it.Publish)
+				if it.done != nil {
+					it.done <- err
+				}
+				if ctx.Err() != nil {
+					for _, rest := range batch[i+1:] {
+						if rest.done != nil {
+							rest.done <- ctx.Err()
+						}
+					}
+					break
+				}
+			}
+		}
+	}
+}
+
+// publish sends one message. The bus already retries transient failures
+// until ctx ends; what fails anyway is retried a few times, then logged and
+// dropped (the same facts rebuild it after a restart).
+func (o *outbox) publish(ctx context.Context, p state.Publish) error {
+	delay := 100 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		_, err := o.pub.Publish(ctx, p.Subject, p.ID, p.Msg, bus.CESubject(p.Key))
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		if attempt == 5 {
+			o.log.Error("giving up on a publish", "subject", p.Subject, "id", p.ID, "err", err)
+			return err
+		}
+		o.log.Warn("publish failed; retrying", "subject", p.Subject, "id", p.ID, "err", err)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+		delay *= 2
+	}
+}

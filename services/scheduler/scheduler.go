@@ -1,0 +1,391 @@
+// Package scheduler is gpuplane's scheduler service: it validates job
+// requests, keeps the queue, places jobs on GPUs, proposes plans to the
+// resource manager and publishes every job event (it is the single writer
+// of JOB_EVENTS). See contracts/FLOWS.md for the protocol.
+//
+//	JOBS ──(durable scheduler-requests)──▶ validate ─▶ queued / rejected / cancelled
+//	                                              │
+//	NODES, ALLOCATIONS, RUNS ──(ordered follow)──▶ state ──▶ job events, stop commands
+//	                                              │ dirty
+//	                                              ▼
+//	                                        cycle (≤ 1 per CycleInterval)
+//	                                              │
+//	                          plan ─▶ gp.plans.<name>, demand ─▶ gp.sched.demand.<pool>
+//
+// At start it rebuilds before it decides anything: JOB_EVENTS (every job's
+// state and request), the cancels in JOBS, its own plans in PLANS (what is
+// still in flight), then NODES, ALLOCATIONS and RUNS from their beginning.
+// Only then does it publish what the rebuilt state owes, consume requests
+// and run cycles.
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/service"
+	"github.com/gpuplane/gpuplane/services/scheduler/internal/state"
+)
+
+// RequestsConsumer is the durable consumer of JOBS the scheduler reads
+// submits and cancels with.
+const RequestsConsumer = "scheduler-requests"
+
+// Run runs the scheduler until ctx ends; it returns nil on a clean
+// shutdown and an error when it cannot start or a loop fails.
+func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("scheduler: invalid config: %w", err)
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	rt, err := service.Start(ctx, cfg.Name, cfg.Bus, log)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("scheduler: %w", err)
+	}
+	defer rt.Close()
+	err = newScheduler(cfg, rt.Bus, rt.Log).run(ctx)
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+type scheduler struct {
+	cfg    Config
+	bus    *bus.Bus
+	log    *slog.Logger
+	wake   chan struct{}
+	out    *outbox
+	demand *demandPublisher
+
+	mu sync.Mutex // guards st
+	st *state.Store
+}
+
+func newScheduler(cfg Config, b *bus.Bus, log *slog.Logger) *scheduler {
+	boot := strconv.FormatInt(time.Now().UnixNano(), 36)
+	s := &scheduler{cfg: cfg, bus: b, log: log, wake: make(chan struct{}, 1)}
+	s.out = newOutbox(b, cfg.Publishers, log)
+	s.demand = newDemandPublisher(b, cfg.DemandInterval, cfg.Name, boot, log)
+	s.st = state.New(state.Config{Scheduler: cfg.Name, Boot: boot, MaxPlanBytes: cfg.MaxPlanBytes, Log: log,
+		Wake: s.markDirty})
+	return s
+}
+
+// markDirty asks for a cycle. It never blocks: one pending signal is
+// enough, the cycle reads the whole state.
+func (s *scheduler) markDirty() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *scheduler) run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return s.out.run(ctx) })
+	if err := s.rebuild(ctx, g); err != nil {
+		cancel() // the outbox and follows run until their context ends
+		return errors.Join(err, g.Wait())
+	}
+	s.mu.Lock()
+	s.out.enqueue(s.st.GoLive(), false)
+	queued := s.st.Queued()
+	s.mu.Unlock()
+	s.log.Info("scheduler live", "queued", queued)
+	g.Go(func() error { return s.demand.run(ctx) })
+	g.Go(func() error { return s.cycles(ctx) })
+	g.Go(func() error {
+		return s.bus.Consume(ctx, bus.ConsumerSpec{Stream: contracts.StreamJobs, Durable: RequestsConsumer,
+			FilterSubjects: []string{contracts.SubjectSubmitAll, contracts.SubjectCancelAll}}, s.handleRequest)
+	})
+	return g.Wait()
+}
+
+// rebuild replays what the scheduler itself wrote, then starts following
+// the fact streams and returns once they have delivered what they held.
+func (s *scheduler) rebuild(ctx context.Context, g *errgroup.Group) error {
+	start := time.Now()
+	replays := []struct {
+		spec  bus.FollowSpec
+		apply func(*bus.Msg) error
+	}{
+		{bus.FollowSpec{Stream: contracts.StreamJobEvents}, func(m *bus.Msg) error {
+			var ev contracts.JobEvent
+			if err := m.Decode(&ev); err != nil {
+				return err
+			}
+			s.st.ReplayJobEvent(ev, m.StreamSeq, m.ID())
+			return nil
+		}},
+		{bus.FollowSpec{Stream: contracts.StreamJobs, FilterSubjects: []string{contracts.SubjectCancelAll}}, func(m *bus.Msg) error {
+			s.st.ReplayCancel(m.Subject, m.Data)
+			return nil
+		}},
+		{bus.FollowSpec{Stream: contracts.StreamPlans, FilterSubjects: []string{contracts.SubjectPlan(s.cfg.Name)}}, func(m *bus.Msg) error {
+			var p contracts.Plan
+			if err := m.Decode(&p); err != nil {
+				return err
+			}
+			s.st.ReplayPlan(p)
+			return nil
+		}},
+	}
+	for _, r := range replays {
+		n := 0
+		_, err := s.bus.Replay(ctx, r.spec, func(_ context.Context, m *bus.Msg) error {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			n++
+			if err := r.apply(m); err != nil {
+				s.log.Warn("skipping undecodable message", "subject", m.Subject, "stream_seq", m.StreamSeq, "err", err)
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("replay %s: %w", r.spec.Stream, err)
+		}
+		s.log.Debug("replayed", "stream", r.spec.Stream, "messages", n)
+	}
+
+	follows := []struct {
+		spec  bus.FollowSpec
+		apply func(*bus.Msg) ([]state.Publish, error)
+	}{
+		{bus.FollowSpec{Stream: contracts.StreamNodes,
+			FilterSubjects: []string{contracts.SubjectInventoryAll, contracts.SubjectNodeLifecycleAll}}, s.applyNode},
+		{bus.FollowSpec{Stream: contracts.StreamAllocations}, s.applyAllocation},
+		{bus.FollowSpec{Stream: contracts.StreamRuns}, s.applyRun},
+	}
+	caught := make(chan struct{}, len(follows))
+	for _, f := range follows {
+		g.Go(func() error { return s.follow(ctx, f.spec, f.apply, func() { caught <- struct{}{} }) })
+	}
+	for range follows {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-caught:
+		}
+	}
+	s.log.Info("state rebuilt", "took", time.Since(start))
+	return nil
+}
+
+// follow applies every message of spec, in stream order, for as long as
+// ctx lives, resuming after the last applied message if the read breaks.
+func (s *scheduler) follow(ctx context.Context, spec bus.FollowSpec, apply func(*bus.Msg) ([]state.Publish, error), caughtUp func()) error {
+	var once sync.Once
+	var last uint64
+	delay := 100 * time.Millisecond
+	for {
+		if last > 0 {
+			spec.StartSeq = last + 1
+		}
+		err := s.bus.Follow(ctx, spec, func(_ context.Context, m *bus.Msg) error {
+			s.mu.Lock()
+			pubs, err := apply(m)
+			s.out.enqueue(pubs, false)
+			s.mu.Unlock()
+			if err != nil {
+				s.log.Warn("skipping undecodable message", "subject", m.Subject, "stream_seq", m.StreamSeq, "err", err)
+			}
+			last = m.StreamSeq
+			return nil
+		}, func() { once.Do(caughtUp) })
+		if ctx.Err() != nil {
+			return nil
+		}
+		s.log.Warn("follow interrupted; resuming", "stream", spec.Stream, "after_seq", last, "err", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
+}
+
+// The apply functions run under s.mu.
+
+func (s *scheduler) applyNode(m *bus.Msg) ([]state.Publish, error) {
+	switch {
+	case strings.HasPrefix(m.Subject, "gp.nodes.inventory."):
+		var inv contracts.NodeInventory
+		if err := m.Decode(&inv); err != nil {
+			return nil, err
+		}
+		s.st.ApplyInventory(inv)
+	case strings.HasPrefix(m.Subject, "gp.nodes.lifecycle."):
+		var ev contracts.NodeEvent
+		if err := m.Decode(&ev); err != nil {
+			return nil, err
+		}
+		s.st.ApplyNodeEvent(ev)
+	}
+	return nil, nil
+}
+
+func (s *scheduler) applyAllocation(m *bus.Msg) ([]state.Publish, error) {
+	switch {
+	case strings.HasPrefix(m.Subject, "gp.alloc.ledger."):
+		var e contracts.LedgerEntry
+		if err := m.Decode(&e); err != nil {
+			return nil, err
+		}
+		return s.st.ApplyLedger(e), nil
+	case strings.HasPrefix(m.Subject, "gp.alloc.refused."):
+		var r contracts.Refusal
+		if err := m.Decode(&r); err != nil {
+			return nil, err
+		}
+		if s.st.Live() {
+			s.log.Info("plan item refused", "tenant", r.Tenant, "job_id", r.JobID, "node_id", r.NodeID,
+				"plan", r.PlanID, "reason", r.Reason)
+		}
+		return s.st.ApplyRefusal(r), nil
+	}
+	return nil, nil
+}
+
+func (s *scheduler) applyRun(m *bus.Msg) ([]state.Publish, error) {
+	var r contracts.RunEvent
+	if err := m.Decode(&r); err != nil {
+		return nil, err
+	}
+	return s.st.ApplyRun(r), nil
+}
+
+// handleRequest handles one message of the durable consumer. It returns
+// nil (ack) only once what the request owes is published.
+func (s *scheduler) handleRequest(ctx context.Context, m *bus.Msg) error {
+	switch {
+	case strings.HasPrefix(m.Subject, "gp.jobs.submit."):
+		return s.submit(ctx, m)
+	case strings.HasPrefix(m.Subject, "gp.jobs.cancel."):
+		return s.cancel(ctx, m)
+	}
+	return bus.Permanent(fmt.Errorf("unexpected subject %s", m.Subject))
+}
+
+func (s *scheduler) submit(ctx context.Context, m *bus.Msg) error {
+	s.mu.Lock()
+	sub := s.st.Submit(m.Subject, m.Data, m.StreamSeq)
+	s.mu.Unlock()
+	log := s.log.With("subject", m.Subject, "stream_seq", m.StreamSeq, "outcome", sub.Outcome)
+	switch {
+	case sub.Invalid != nil:
+		// No tenant to answer under: park it for operators.
+		log.Warn("dead-lettering a job request", "err", sub.Invalid)
+		return bus.Permanent(sub.Invalid)
+	case sub.Publish == nil:
+		log.Debug("job request changes nothing")
+		return nil
+	}
+	p := sub.Publish
+	ack, err := s.bus.Publish(ctx, p.Subject, p.ID, p.Msg, bus.CESubject(p.Key))
+	if err != nil {
+		return fmt.Errorf("publish %s: %w", p.ID, err)
+	}
+	s.mu.Lock()
+	sub.Published(ack.Sequence)
+	s.mu.Unlock()
+	log.Debug("job request handled", "event", p.ID)
+	return nil
+}
+
+func (s *scheduler) cancel(ctx context.Context, m *bus.Msg) error {
+	s.mu.Lock()
+	pubs, err := s.st.Cancel(m.Subject, m.Data)
+	dones := s.out.enqueue(pubs, true)
+	s.mu.Unlock()
+	log := s.log.With("subject", m.Subject, "stream_seq", m.StreamSeq)
+	switch {
+	case errors.Is(err, state.ErrUnknownJob), errors.Is(err, state.ErrTerminalJob):
+		log.Info("cancel changes nothing", "err", err)
+		return nil
+	case err != nil:
+		log.Warn("dead-lettering a cancel request", "err", err)
+		return bus.Permanent(err)
+	}
+	for _, done := range dones {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-done:
+			if err != nil {
+				return fmt.Errorf("cancel: %w", err)
+			}
+		}
+	}
+	if len(pubs) == 0 {
+		log.Info("cancel remembered until the plan in flight is answered")
+	}
+	return nil
+}
+
+// cycles runs a scheduling cycle whenever something changed, at most once
+// per CycleInterval, and publishes its plans.
+func (s *scheduler) cycles(ctx context.Context) error {
+	var last time.Time
+	timer := time.NewTimer(0)
+	<-timer.C
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.wake:
+		}
+		if wait := s.cfg.CycleInterval - time.Since(last); wait > 0 {
+			timer.Reset(wait)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-timer.C:
+			}
+		}
+		last = time.Now()
+		s.mu.Lock()
+		res := s.st.Cycle()
+		s.out.enqueue(res.Publish, false)
+		s.mu.Unlock()
+		for _, p := range res.Plans {
+			if _, err := s.bus.Publish(ctx, contracts.SubjectPlan(s.cfg.Name), p.ID, p); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				// The plan never reached the resource manager: nothing
+				// will answer it, so take its assumptions back now and
+				// give the bus a moment before the next try.
+				s.log.Error("plan publish failed; its jobs go back to the queue", "plan", p.ID, "items", len(p.Items), "err", err)
+				s.mu.Lock()
+				s.out.enqueue(s.st.PlanFailed(p.ID), false)
+				s.mu.Unlock()
+				last = time.Now().Add(time.Second)
+				continue
+			}
+			s.log.Debug("plan published", "plan", p.ID, "items", len(p.Items))
+		}
+		if res.Placed > 0 || res.Waiting > 0 {
+			s.log.Debug("cycle", "placed", res.Placed, "waiting", res.Waiting, "took", time.Since(last))
+		}
+		s.demand.update(res.Demand)
+	}
+}
