@@ -3,6 +3,7 @@ package bus_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -224,5 +225,73 @@ func TestStreamsAreProvisionedIdempotently(t *testing.T) {
 	}
 	if info.Config.Discard != jetstream.DiscardNew {
 		t.Errorf("JOBS discard policy = %v, want DiscardNew (an overflowing submit must fail, not drop an old job)", info.Config.Discard)
+	}
+}
+
+// TestConsumeWorkersKeepPerKeyOrder: with several workers, messages of one
+// key are still handled in stream order, each exactly once, while different
+// keys overlap in time.
+func TestConsumeWorkersKeepPerKeyOrder(t *testing.T) {
+	b := connect(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const keys, perKey = 10, 20
+	for i := range keys * perKey {
+		c := contracts.CancelRequest{JobID: fmt.Sprintf("k%d", i%keys), Reason: fmt.Sprint(i / keys)}
+		if _, err := b.Publish(ctx, contracts.SubjectCancel("acme"), fmt.Sprint("m", i), c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	seen := map[string][]string{}
+	var inFlight, maxInFlight atomic.Int32
+	go func() {
+		_ = b.Consume(ctx, bus.ConsumerSpec{
+			Stream: contracts.StreamJobs, Durable: "workers", Workers: 8,
+			Key: func(m *bus.Msg) string {
+				var c contracts.CancelRequest
+				_ = m.Decode(&c)
+				return c.JobID
+			},
+		}, func(_ context.Context, m *bus.Msg) error {
+			n := inFlight.Add(1)
+			for {
+				old := maxInFlight.Load()
+				if n <= old || maxInFlight.CompareAndSwap(old, n) {
+					break
+				}
+			}
+			time.Sleep(2 * time.Millisecond) // let other keys overlap
+			inFlight.Add(-1)
+			var c contracts.CancelRequest
+			if err := m.Decode(&c); err != nil {
+				return bus.Permanent(err)
+			}
+			mu.Lock()
+			seen[c.JobID] = append(seen[c.JobID], c.Reason)
+			mu.Unlock()
+			return nil
+		})
+	}()
+	eventually(t, 10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for _, v := range seen {
+			n += len(v)
+		}
+		return n == keys*perKey
+	}, "every message handled")
+	mu.Lock()
+	defer mu.Unlock()
+	for k, got := range seen {
+		for i, r := range got {
+			if r != fmt.Sprint(i) {
+				t.Fatalf("key %s handled out of order or twice: %v", k, got)
+			}
+		}
+	}
+	if maxInFlight.Load() < 2 {
+		t.Errorf("at most %d handler ran at once; want parallel keys", maxInFlight.Load())
 	}
 }

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -100,6 +102,14 @@ type ConsumerSpec struct {
 	Batch int
 	// InactiveThreshold removes an abandoned consumer; 0 keeps it.
 	InactiveThreshold time.Duration
+	// Workers handle messages in parallel when > 1 (default 1: one at a
+	// time in stream order). Messages with the same Key go to the same
+	// worker, so they are still handled in stream order; handlers must then
+	// be safe for concurrent use.
+	Workers int
+	// Key groups messages that must be handled in order (default: the
+	// subject). Only used with Workers > 1.
+	Key func(*Msg) string
 }
 
 func (s *ConsumerSpec) defaults() {
@@ -175,6 +185,12 @@ func (b *Bus) consumeLoop(ctx context.Context, cons jetstream.Consumer, spec Con
 		return err
 	}
 	defer it.Stop()
+	dispatch := func(raw jetstream.Msg) { b.handle(ctx, spec, raw, h) }
+	if spec.Workers > 1 {
+		var wait func()
+		dispatch, wait = b.workers(ctx, spec, h)
+		defer wait()
+	}
 	for {
 		raw, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
@@ -188,8 +204,42 @@ func (b *Bus) consumeLoop(ctx context.Context, cons jetstream.Consumer, spec Con
 			b.log.Debug("pull consumer hiccup", "stream", spec.Stream, "consumer", spec.Durable, "err", err)
 			continue
 		}
-		b.handle(ctx, spec, raw, h)
+		dispatch(raw)
 	}
+}
+
+// workers starts spec.Workers goroutines, each handling its share of the
+// keys in arrival order. dispatch blocks when the chosen worker is busy and
+// its buffer full: back-pressure instead of unbounded memory. wait stops
+// the workers after their buffered messages (which settle or, once ctx has
+// ended, are Nak'ed for redelivery).
+func (b *Bus) workers(ctx context.Context, spec ConsumerSpec, h Handler) (dispatch func(jetstream.Msg), wait func()) {
+	key := spec.Key
+	if key == nil {
+		key = func(m *Msg) string { return m.Subject }
+	}
+	queues := make([]chan jetstream.Msg, spec.Workers)
+	var wg sync.WaitGroup
+	for i := range queues {
+		queues[i] = make(chan jetstream.Msg, 32)
+		wg.Go(func() {
+			for raw := range queues[i] {
+				b.handle(ctx, spec, raw, h)
+			}
+		})
+	}
+	dispatch = func(raw jetstream.Msg) {
+		f := fnv.New32a()
+		_, _ = f.Write([]byte(key(newMsg(raw))))
+		queues[f.Sum32()%uint32(len(queues))] <- raw
+	}
+	wait = func() {
+		for _, q := range queues {
+			close(q)
+		}
+		wg.Wait()
+	}
+	return dispatch, wait
 }
 
 // handle runs h on one message and settles it.
