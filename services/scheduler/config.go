@@ -26,6 +26,9 @@ type Config struct {
 	// Publishers is how many job events are published concurrently (events
 	// of one job always go out in order). Default 16.
 	Publishers int
+	// IntakeWorkers handle job requests in parallel; a job's own submit
+	// and cancel stay in stream order (they share a worker).
+	IntakeWorkers int
 	// MaxPlanBytes bounds one plan message; a cycle that places more splits
 	// its plan. The PLANS stream refuses messages over 128 KiB. Default
 	// 96 KiB.
@@ -41,6 +44,7 @@ func DefaultConfig() Config {
 		CycleInterval:  5 * time.Millisecond,
 		DemandInterval: time.Second,
 		Publishers:     16,
+		IntakeWorkers:  16,
 		MaxPlanBytes:   96 * 1024,
 	}
 }
@@ -52,6 +56,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.CycleInterval, "cycle-interval", c.CycleInterval, "least time between two scheduling cycles")
 	fs.DurationVar(&c.DemandInterval, "demand-interval", c.DemandInterval, "least time between two demand publishes of one pool")
 	fs.IntVar(&c.Publishers, "publishers", c.Publishers, "job events published concurrently (per-job order is kept)")
+	fs.IntVar(&c.IntakeWorkers, "intake-workers", c.IntakeWorkers, "job requests handled in parallel (per-job order is kept)")
 	fs.IntVar(&c.MaxPlanBytes, "max-plan-bytes", c.MaxPlanBytes, "largest plan message; larger cycles split their plan")
 }
 
@@ -70,6 +75,9 @@ func (c Config) Validate() error {
 	}
 	if c.DemandInterval <= 0 {
 		errs = append(errs, fmt.Errorf("demand interval is %s; want more than 0", c.DemandInterval))
+	}
+	if c.IntakeWorkers < 1 || c.IntakeWorkers > 1024 {
+		errs = append(errs, fmt.Errorf("intake workers is %d; want 1 to 1024", c.IntakeWorkers))
 	}
 	if c.Publishers < 1 || c.Publishers > 1024 {
 		errs = append(errs, fmt.Errorf("publishers is %d; want 1 to 1024", c.Publishers))

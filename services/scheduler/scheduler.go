@@ -21,6 +21,7 @@ package scheduler
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -114,7 +115,8 @@ func (s *scheduler) run(ctx context.Context) error {
 	g.Go(func() error { return s.cycles(ctx) })
 	g.Go(func() error {
 		return s.bus.Consume(ctx, bus.ConsumerSpec{Stream: contracts.StreamJobs, Durable: RequestsConsumer,
-			FilterSubjects: []string{contracts.SubjectSubmitAll, contracts.SubjectCancelAll}}, s.handleRequest)
+			FilterSubjects: []string{contracts.SubjectSubmitAll, contracts.SubjectCancelAll},
+			Workers:        s.cfg.IntakeWorkers, Key: requestKey}, s.handleRequest)
 	})
 	return g.Wait()
 }
@@ -271,6 +273,22 @@ func (s *scheduler) applyRun(m *bus.Msg) ([]state.Publish, error) {
 		return nil, err
 	}
 	return s.st.ApplyRun(r), nil
+}
+
+// requestKey is the job a request is about (tenant token and job ID), so
+// parallel intake keeps one job's submit and cancel in stream order. A body
+// that does not even name a job keys on its subject: its order matters to
+// nobody.
+func requestKey(m *bus.Msg) string {
+	var ids struct {
+		ID    string `json:"id"`
+		JobID string `json:"jobId"`
+	}
+	tenant := contracts.Token(m.Subject, 3)
+	if json.Unmarshal(m.Data, &ids) != nil {
+		return m.Subject
+	}
+	return tenant + "/" + ids.ID + ids.JobID
 }
 
 // handleRequest handles one message of the durable consumer. It returns
