@@ -36,6 +36,8 @@ type Config struct {
 	// write that keeps losing to another writer; a plan item that runs
 	// out is refused with commit_conflict. Default 8.
 	CommitAttempts int
+	// CommitParallelism bounds how many nodes of one plan commit at once.
+	CommitParallelism int
 	// PlanBatch is how many plans a replica pulls at once. Small, so that
 	// replicas share a burst rather than one taking it all. Default 32.
 	PlanBatch int
@@ -47,13 +49,14 @@ type Config struct {
 // environment (service.DefaultBusConfig).
 func DefaultConfig() Config {
 	return Config{
-		Bus:              service.DefaultBusConfig(),
-		Name:             ServiceName,
-		HeartbeatTimeout: 6 * time.Second,
-		LivenessInterval: 500 * time.Millisecond,
-		CommitAttempts:   8,
-		PlanBatch:        32,
-		Now:              time.Now,
+		Bus:               service.DefaultBusConfig(),
+		Name:              ServiceName,
+		HeartbeatTimeout:  6 * time.Second,
+		LivenessInterval:  500 * time.Millisecond,
+		CommitAttempts:    8,
+		CommitParallelism: 32,
+		PlanBatch:         32,
+		Now:               time.Now,
 	}
 }
 
@@ -64,6 +67,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Name, "name", c.Name, "connection name and CloudEvents source of this replica")
 	fs.DurationVar(&c.HeartbeatTimeout, "heartbeat-timeout", c.HeartbeatTimeout, "declare a node lost after this long without a heartbeat")
 	fs.DurationVar(&c.LivenessInterval, "liveness-interval", c.LivenessInterval, "how often node liveness is checked")
+	fs.IntVar(&c.CommitParallelism, "commit-parallelism", c.CommitParallelism, "nodes of one plan committed concurrently")
 	fs.IntVar(&c.CommitAttempts, "commit-attempts", c.CommitAttempts, "compare-and-set attempts of one ledger write before giving up")
 	fs.IntVar(&c.PlanBatch, "plan-batch", c.PlanBatch, "plans pulled at once by this replica")
 }
@@ -86,6 +90,9 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("liveness interval is %s; want > 0", c.LivenessInterval))
 	case c.HeartbeatTimeout > 0 && c.LivenessInterval >= c.HeartbeatTimeout:
 		errs = append(errs, fmt.Errorf("liveness interval %s is not below the heartbeat timeout %s", c.LivenessInterval, c.HeartbeatTimeout))
+	}
+	if c.CommitParallelism < 1 {
+		errs = append(errs, fmt.Errorf("commit parallelism is %d; want >= 1", c.CommitParallelism))
 	}
 	if c.CommitAttempts < 1 {
 		errs = append(errs, fmt.Errorf("commit attempts is %d; want >= 1", c.CommitAttempts))

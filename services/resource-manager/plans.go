@@ -3,6 +3,9 @@ package resourcemanager
 import (
 	"context"
 	"strconv"
+	"sync/atomic"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
@@ -24,14 +27,18 @@ func (s *server) onPlanMsg(ctx context.Context, m *bus.Msg) error {
 		planID = "seq-" + strconv.FormatUint(m.StreamSeq, 10)
 	}
 	log := s.log.With("plan_id", planID, "scheduler", p.Scheduler, "stream_seq", m.StreamSeq)
-	var committed, duplicate, refused int
-	for i, item := range p.Items {
-		if item.PlanID == "" {
-			item.PlanID = p.ID
+	for i := range p.Items {
+		if p.Items[i].PlanID == "" {
+			p.Items[i].PlanID = p.ID
 		}
-		if item.Scheduler == "" {
-			item.Scheduler = p.Scheduler
+		if p.Items[i].Scheduler == "" {
+			p.Items[i].Scheduler = p.Scheduler
 		}
+	}
+	var committed, duplicate, refused, settled atomic.Int64
+	// settle answers one item: committed, or refused in a stream.
+	settle := func(ctx context.Context, i int) error {
+		item := p.Items[i]
 		v, err := s.commit(ctx, item)
 		if err != nil {
 			log.Warn("plan item not settled; plan will be redelivered", "alloc_id", item.ID, "err", err)
@@ -39,21 +46,70 @@ func (s *server) onPlanMsg(ctx context.Context, m *bus.Msg) error {
 		}
 		switch {
 		case v.Refused():
-			refused++
+			refused.Add(1)
 			if err := s.refuse(ctx, planID, i, item, v); err != nil {
 				return err
 			}
 		case v.Duplicate:
-			duplicate++
+			duplicate.Add(1)
 		default:
-			committed++
+			committed.Add(1)
 		}
-		if i%64 == 63 {
+		if settled.Add(1)%64 == 0 {
 			_ = m.InProgress() // a long plan must not outlive AckWait
 		}
+		return nil
 	}
-	log.Info("plan settled", "items", len(p.Items), "committed", committed, "duplicate", duplicate, "refused", refused)
+	// Items on different nodes touch different ledger subjects, so they
+	// commit concurrently: a plan costs about one compare-and-set round
+	// trip per item on its busiest node, not one per item. Items of one
+	// node keep their order (each CAS builds on the previous one).
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(s.cfg.CommitParallelism)
+	for _, group := range commitGroups(p.Items) {
+		g.Go(func() error {
+			for _, i := range group {
+				if err := settle(gctx, i); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	log.Info("plan settled", "items", len(p.Items), "committed", committed.Load(), "duplicate", duplicate.Load(), "refused", refused.Load())
 	return nil
+}
+
+// commitGroups splits a plan's item indexes into groups that may commit
+// concurrently: one per node, in plan order. A plan that names one
+// allocation ID twice is one group, in order: "already allocated" is only
+// decided right when such items are verified one after the other.
+func commitGroups(items []contracts.Allocation) [][]int {
+	seen := make(map[string]bool, len(items))
+	byNode := map[string][]int{}
+	var order []string
+	for i, a := range items {
+		if seen[a.ID] {
+			all := make([]int, len(items))
+			for j := range all {
+				all[j] = j
+			}
+			return [][]int{all}
+		}
+		seen[a.ID] = true
+		if _, ok := byNode[a.NodeID]; !ok {
+			order = append(order, a.NodeID)
+		}
+		byNode[a.NodeID] = append(byNode[a.NodeID], i)
+	}
+	groups := make([][]int, 0, len(order))
+	for _, n := range order {
+		groups = append(groups, byNode[n])
+	}
+	return groups
 }
 
 // refuse publishes the refusal of one plan item on its tenant's subject.
