@@ -1,0 +1,228 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/services/node-agent/fleet"
+)
+
+// benchFleet has room for every job of a burst at once (160 × 8 H100), so
+// the benchmark measures the control plane, not waiting for GPUs.
+const benchFleet = `
+machineTypes:
+  hgx-h100-8: {gpuModel: H100-80GB, gpuCount: 8, nvlink: true}
+pools:
+  - {name: bench, machineType: hgx-h100-8, count: 160, zone: zone-a, priceClass: on-demand}
+`
+
+// BenchmarkBurst measures a burst of 1,000 one-GPU jobs from submit (an
+// async JetStream publish per job) to the scheduled event, through the whole
+// platform on an embedded JetStream. Beside it, in the same run, the raw
+// JetStream publish rate of as many messages of the same size to a
+// file-backed stream: the ceiling any bus-based control plane works under.
+//
+//	make bench   (or: go test -run '^$' -bench Burst -benchtime 1x ./e2e/)
+func BenchmarkBurst(b *testing.B) {
+	const jobs = 1000
+	fl, err := fleet.Parse([]byte(benchFleet))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		s := startStack(b, &fl)
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		waitNodes(b, ctx, s, len(fl.Machines()))
+		waitReady(b, ctx, s, fmt.Sprintf("warmup-%d", i))
+		baseline := rawPublishRate(b, ctx, s.js, jobs)
+		b.StartTimer()
+		r := burst(b, ctx, s, fmt.Sprintf("b%d", i), jobs)
+		b.StopTimer()
+		cancel()
+		b.ReportMetric(r.jobsPerSec, "jobs/s")
+		b.ReportMetric(r.p50.Seconds()*1000, "p50-ms")
+		b.ReportMetric(r.p99.Seconds()*1000, "p99-ms")
+		b.ReportMetric(baseline, "raw-publish/s")
+		b.ReportMetric(r.jobsPerSec/baseline, "ratio-to-raw")
+		b.Logf("%d jobs submit→scheduled: %.0f jobs/s, p50 %s, p99 %s, max %s (last queued after %s, last scheduled after %s); raw JetStream publish %.0f msg/s (ratio %.3f)",
+			jobs, r.jobsPerSec, r.p50.Round(time.Millisecond), r.p99.Round(time.Millisecond), r.max.Round(time.Millisecond),
+			r.intake.Round(time.Millisecond), r.total.Round(time.Millisecond), baseline, r.jobsPerSec/baseline)
+	}
+}
+
+type burstResult struct {
+	// intake is from the first submit to the last queued event; total to
+	// the last scheduled one.
+	intake, total time.Duration
+	jobsPerSec    float64
+	p50, p99, max time.Duration
+}
+
+func burst(b *testing.B, ctx context.Context, s *stack, prefix string, n int) burstResult {
+	b.Helper()
+	var mu sync.Mutex
+	scheduledAt := make(map[string]time.Time, n)
+	var lastQueued time.Time
+	done := make(chan struct{})
+	// A core subscription sees each event as JetStream stores it.
+	sub, err := s.nc.Subscribe(contracts.SubjectTenantJobEvents("bench"), func(m *nats.Msg) {
+		now := time.Now()
+		if m.Header.Get(contracts.HeaderCEType) == "io.gpuplane.job.queued.v1" {
+			mu.Lock()
+			lastQueued = now
+			mu.Unlock()
+		}
+		if m.Header.Get(contracts.HeaderCEType) != "io.gpuplane.job.scheduled.v1" {
+			return
+		}
+		id := m.Subject[len("gp.jobs.events.bench."):]
+		mu.Lock()
+		defer mu.Unlock()
+		if _, seen := scheduledAt[id]; !seen {
+			scheduledAt[id] = now
+			if len(scheduledAt) == n {
+				close(done)
+			}
+		}
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+
+	submittedAt := make(map[string]time.Time, n)
+	bodies := make([][]byte, n)
+	for i := range bodies {
+		req := contracts.JobRequest{ID: fmt.Sprintf("%s-%04d", prefix, i),
+			Resources: contracts.Resources{GPU: contracts.GPURequest{Count: 1, Model: "H100-80GB"}},
+			Run:       contracts.RunSpec{Duration: contracts.Duration(10 * time.Minute)}}
+		bodies[i], _ = json.Marshal(req)
+	}
+	start := time.Now()
+	futures := make([]jetstream.PubAckFuture, n)
+	for i, body := range bodies {
+		id := fmt.Sprintf("%s-%04d", prefix, i)
+		msg := nats.NewMsg(contracts.SubjectSubmit("bench"))
+		msg.Data = body
+		msg.Header.Set(contracts.HeaderMsgID, contracts.SubmitMsgID("bench", id))
+		submittedAt[id] = time.Now()
+		if futures[i], err = s.js.PublishMsgAsync(msg); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			b.Fatal(err)
+		case <-ctx.Done():
+			b.Fatal("publish acks: ", ctx.Err())
+		}
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		mu.Lock()
+		b.Fatalf("only %d of %d jobs scheduled: %v", len(scheduledAt), n, ctx.Err())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	var last time.Time
+	lat := make([]time.Duration, 0, n)
+	for id, t := range scheduledAt {
+		lat = append(lat, t.Sub(submittedAt[id]))
+		if t.After(last) {
+			last = t
+		}
+	}
+	slices.Sort(lat)
+	return burstResult{
+		intake:     lastQueued.Sub(start),
+		total:      last.Sub(start),
+		jobsPerSec: float64(n) / last.Sub(start).Seconds(),
+		p50:        lat[len(lat)/2],
+		p99:        lat[len(lat)*99/100],
+		max:        lat[len(lat)-1],
+	}
+}
+
+// rawPublishRate publishes n messages of a job request's size to a
+// file-backed stream of its own, async with message IDs as the platform
+// does, and returns messages per second until the last ack.
+func rawPublishRate(b *testing.B, ctx context.Context, js jetstream.JetStream, n int) float64 {
+	b.Helper()
+	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "BENCH_RAW", Subjects: []string{"bench.raw.>"}, Storage: jetstream.FileStorage}); err != nil {
+		b.Fatal(err)
+	}
+	body := make([]byte, 160)
+	start := time.Now()
+	futures := make([]jetstream.PubAckFuture, n)
+	for i := range futures {
+		var err error
+		if futures[i], err = js.PublishAsync("bench.raw.x", body, jetstream.WithMsgID(fmt.Sprintf("raw-%d-%d", start.UnixNano(), i))); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			b.Fatal(err)
+		}
+	}
+	return float64(n) / time.Since(start).Seconds()
+}
+
+// waitReady submits one job and waits for it to be scheduled: every
+// service and every node is up and caught up.
+func waitReady(b *testing.B, ctx context.Context, s *stack, id string) {
+	b.Helper()
+	body, _ := json.Marshal(contracts.JobRequest{ID: id, Resources: contracts.Resources{GPU: contracts.GPURequest{Count: 1}}, Run: contracts.RunSpec{Duration: contracts.Duration(time.Second)}})
+	sub, err := s.nc.SubscribeSync(contracts.SubjectJobEvents("warmup", id))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if _, err := s.submitBus(ctx, "warmup", contracts.SubmitMsgID("warmup", id), body); err != nil {
+		b.Fatal(err)
+	}
+	for {
+		m, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			b.Fatalf("warm-up job never scheduled: %v", err)
+		}
+		if m.Header.Get(contracts.HeaderCEType) == "io.gpuplane.job.scheduled.v1" {
+			return
+		}
+	}
+}
+
+// waitNodes waits until the resource manager registered n nodes.
+func waitNodes(b *testing.B, ctx context.Context, s *stack, n int) {
+	b.Helper()
+	stream, err := s.js.Stream(ctx, contracts.StreamNodes)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for {
+		info, err := stream.Info(ctx, jetstream.WithSubjectFilter(contracts.SubjectNodeLifecycleAll))
+		if err == nil && len(info.State.Subjects) >= n {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			b.Fatalf("nodes not registered: %v", ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
