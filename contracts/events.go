@@ -112,6 +112,9 @@ type JobEvent struct {
 	Errors []FieldError `json:"errors,omitempty"`
 	// Request is the normalized request (queued).
 	Request *JobRequest `json:"request,omitempty"`
+	// SubmitSeq is the JOBS stream sequence of the request (queued): the
+	// platform's arrival order, which FIFO within a priority class follows.
+	SubmitSeq uint64 `json:"submitSeq,omitempty"`
 	// Placement is where the job runs (scheduled, running).
 	Placement *Placement `json:"placement,omitempty"`
 	// ExitCode of the run (succeeded, failed).

@@ -73,7 +73,7 @@ type Job struct {
 	// Request is the normalized request; dropped once the job is terminal.
 	Request *contracts.JobRequest
 	hash    [sha256.Size]byte
-	// seq is the submit order: the JOB_EVENTS sequence of the queued event.
+	// seq is the submit order: the JOBS sequence of the request.
 	seq       uint64
 	rejection *rejection
 
@@ -199,7 +199,11 @@ func (s *Store) ReplayJobEvent(ev contracts.JobEvent, seq uint64, msgID string) 
 			return
 		}
 		req := *ev.Request
-		j.Request, j.hash, j.Attempt, j.seq = &req, hashRequest(req), max(ev.Attempt, 1), seq
+		order := ev.SubmitSeq
+		if order == 0 {
+			order = seq // written before queued events carried it
+		}
+		j.Request, j.hash, j.Attempt, j.seq = &req, hashRequest(req), max(ev.Attempt, 1), order
 		s.enqueue(j)
 	case contracts.EventRejected:
 		j.rejection = &rejection{reason: ev.Reason, errors: ev.Errors}
@@ -334,14 +338,17 @@ func (s *Store) Submit(subject string, data []byte, streamSeq uint64) Submission
 	}
 	now := s.cfg.Now().UTC()
 	ev := contracts.JobEvent{SchemaVersion: contracts.SchemaVersion, Type: contracts.EventQueued, Tenant: tenant,
-		JobID: req.ID, Attempt: 1, State: contracts.StateQueued, Time: now, Request: &norm}
+		JobID: req.ID, Attempt: 1, State: contracts.StateQueued, Time: now, Request: &norm, SubmitSeq: streamSeq}
 	return Submission{
 		Publish: &Publish{Subject: contracts.SubjectJobEvents(tenant, req.ID), Key: key, Msg: ev,
 			ID: contracts.JobEventID(tenant, req.ID, contracts.EventQueued, 1, 0)},
 		Outcome: "queued",
-		commit: func(seq uint64) {
+		// The queue orders by the request's JOBS sequence, not by when its
+		// queued event was stored: requests are answered in parallel, so
+		// queued events may be stored out of arrival order.
+		commit: func(uint64) {
 			j := &Job{Tenant: tenant, ID: req.ID, key: key, State: contracts.StateQueued, Attempt: 1,
-				Request: &norm, hash: h, seq: seq}
+				Request: &norm, hash: h, seq: streamSeq}
 			s.jobs[key] = j
 			s.enqueue(j)
 			s.cfg.Wake()

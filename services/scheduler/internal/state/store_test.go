@@ -581,3 +581,32 @@ func TestFairnessAcrossCycles(t *testing.T) {
 		t.Fatalf("one GPU should alternate between tenants (-want +got):\n%s", diff)
 	}
 }
+
+// TestFIFOFollowsArrivalNotAnswerOrder: requests are answered in parallel,
+// so a later request's queued event can be stored first. The queue still
+// serves them in the order they arrived on JOBS, before and after a restart.
+func TestFIFOFollowsArrivalNotAnswerOrder(t *testing.T) {
+	h := newHarness(t)
+	h.inventory("n1", "p", "H100-80GB", 81559, 1)
+	data := func(id string) []byte { return mustJSON(t, job(id, 1, "H100-80GB")) }
+	first := h.st.Submit(contracts.SubjectSubmit("acme"), data("first"), 10)
+	second := h.st.Submit(contracts.SubjectSubmit("acme"), data("second"), 11)
+	// The second request's queued event is stored first.
+	h.collect([]Publish{*second.Publish})
+	second.Published(h.seq)
+	h.collect([]Publish{*first.Publish})
+	first.Published(h.seq)
+	if ev := h.last("acme", "first"); ev.SubmitSeq != 10 {
+		t.Fatalf("queued event carries submitSeq %d, want the request's JOBS sequence 10", ev.SubmitSeq)
+	}
+	check := func(when string) {
+		t.Helper()
+		res := h.st.Cycle()
+		if len(res.Plans) != 1 || len(res.Plans[0].Items) != 1 || res.Plans[0].Items[0].JobID != "first" {
+			t.Fatalf("%s: plans %+v; want the one GPU for the job that arrived first", when, res.Plans)
+		}
+	}
+	check("live")
+	h.restart()
+	check("after a restart")
+}
