@@ -70,8 +70,19 @@ func (s *server) onHeartbeatMsg(ctx context.Context, m *bus.Msg) error {
 // level-triggered and comes again at the next liveness check.
 func (s *server) publishLifecycle(ctx context.Context, d liveness.Decision) {
 	node := d.Event.NodeID
+	// The ledger takes the decision before it is announced: whoever reads
+	// "registered" may send a plan for the node at once, and whoever reads
+	// "lost" must not find it still taking allocations.
+	s.mu.Lock()
+	s.led.SetReady(node, d.Event.Kind != contracts.NodeLost)
+	s.mu.Unlock()
 	ack, err := s.bus.Publish(ctx, contracts.SubjectNodeLifecycle(node), d.ID, d.Event, bus.CESubject(node))
 	if err != nil {
+		// Not announced: back to what the stored lifecycle says.
+		ready := s.tracker.Status(node) == liveness.Ready
+		s.mu.Lock()
+		s.led.SetReady(node, ready)
+		s.mu.Unlock()
 		if ctx.Err() == nil {
 			s.log.Warn("node event not published; will decide again", "node_id", node, "kind", string(d.Event.Kind), "err", err)
 		}
