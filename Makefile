@@ -7,7 +7,7 @@ PKGS := $(addsuffix /...,$(addprefix ./,$(MODULES)))
 
 .PHONY: test lint build schemas
 test: lint
-	$(GO) test -count=1 -timeout 15m $(PKGS)
+	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 
 lint:
 	@out=$$(gofmt -l $(MODULES)); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
