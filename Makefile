@@ -20,6 +20,15 @@ BINARIES := gpuplane gpuctl scheduler resource-manager monitor autoscaler billin
 ARGS ?=
 
 .PHONY: run bench tools tilt tilt-ci
+
+# System-level and core benchmarks; results also land in bench.out.
+# BENCHTIME=5x for steadier figures.
+BENCHTIME ?= 1x
+bench:
+	set -o pipefail; { \
+	  $(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./e2e/ && \
+	  $(GO) test -run '^$$' -bench . -benchtime 1s ./services/scheduler/... ./services/resource-manager/... ; \
+	} 2>&1 | grep -v '^time=' | tee bench.out
 run:
 	$(GO) run ./services/gpuplane/cmd/gpuplane $(ARGS)
 

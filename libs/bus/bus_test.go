@@ -10,6 +10,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
@@ -294,4 +297,54 @@ func TestConsumeWorkersKeepPerKeyOrder(t *testing.T) {
 	if maxInFlight.Load() < 2 {
 		t.Errorf("at most %d handler ran at once; want parallel keys", maxInFlight.Load())
 	}
+}
+
+// TestTraceContextCrossesTheBus: a span started before Publish is the
+// parent of the consumer's span, through the traceparent header, read with
+// the real OpenTelemetry SDK.
+func TestTraceContextCrossesTheBus(t *testing.T) {
+	srv := natstest.Start(t)
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "traced", TracerProvider: tp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close(context.Background())
+
+	ctx, root := tp.Tracer("test").Start(ctx, "submit")
+	if _, err := b.Publish(ctx, contracts.SubjectCancel("acme"), "t1", contracts.CancelRequest{JobID: "j"}); err != nil {
+		t.Fatal(err)
+	}
+	root.End()
+	got := make(chan trace.SpanContext, 1)
+	go func() {
+		_ = b.Consume(ctx, bus.ConsumerSpec{Stream: contracts.StreamJobs, Durable: "traced"}, func(hctx context.Context, m *bus.Msg) error {
+			if m.Header.Get("traceparent") == "" {
+				t.Error("no traceparent header on the message")
+			}
+			got <- trace.SpanContextFromContext(hctx)
+			return nil
+		})
+	}()
+	select {
+	case sc := <-got:
+		if sc.TraceID() != root.SpanContext().TraceID() {
+			t.Fatalf("handler trace %s, want the publisher's %s", sc.TraceID(), root.SpanContext().TraceID())
+		}
+	case <-ctx.Done():
+		t.Fatal("message not consumed")
+	}
+	// publish (producer) and process (consumer) spans share the trace.
+	eventually(t, 5*time.Second, func() bool {
+		kinds := map[trace.SpanKind]bool{}
+		for _, s := range rec.Ended() {
+			if s.SpanContext().TraceID() == root.SpanContext().TraceID() {
+				kinds[s.SpanKind()] = true
+			}
+		}
+		return kinds[trace.SpanKindProducer] && kinds[trace.SpanKindConsumer]
+	}, "producer and consumer spans in one trace")
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gpuplane/gpuplane/contracts"
@@ -245,7 +244,7 @@ func (b *Bus) workers(ctx context.Context, spec ConsumerSpec, h Handler) (dispat
 // handle runs h on one message and settles it.
 func (b *Bus) handle(ctx context.Context, spec ConsumerSpec, raw jetstream.Msg, h Handler) {
 	m := newMsg(raw)
-	ctx = b.prop.Extract(ctx, propagation.HeaderCarrier(m.Header))
+	ctx = b.prop.Extract(ctx, headerCarrier(m.Header))
 	ctx, span := b.tracer.Start(ctx, "process "+m.Subject,
 		trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"go.opentelemetry.io/otel/propagation"
 )
 
 // FollowSpec selects what an ordered (ephemeral, ack-less) read of a stream
@@ -125,7 +124,7 @@ func (b *Bus) read(ctx context.Context, spec FollowSpec, fn func(context.Context
 			continue // the ordered consumer resets itself on gaps
 		}
 		m := newMsg(raw)
-		mctx := b.prop.Extract(ctx, propagation.HeaderCarrier(m.Header))
+		mctx := b.prop.Extract(ctx, headerCarrier(m.Header))
 		stop, err := fn(mctx, m)
 		if err != nil {
 			return err

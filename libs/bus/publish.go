@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gpuplane/gpuplane/contracts"
@@ -110,7 +109,7 @@ func (b *Bus) PublishRaw(ctx context.Context, subject, id string, data []byte, o
 	if o.ceSubject != "" {
 		msg.Header.Set(contracts.HeaderCESubject, o.ceSubject)
 	}
-	b.prop.Inject(ctx, propagation.HeaderCarrier(msg.Header))
+	b.prop.Inject(ctx, headerCarrier(msg.Header))
 
 	popts := []jetstream.PublishOpt{jetstream.WithMsgID(id)}
 	if o.expectLastSubjSeq != nil {
@@ -156,6 +155,6 @@ func (b *Bus) PublishCore(ctx context.Context, subject string, v any) error {
 	}
 	msg := nats.NewMsg(subject)
 	msg.Data = data
-	b.prop.Inject(ctx, propagation.HeaderCarrier(msg.Header))
+	b.prop.Inject(ctx, headerCarrier(msg.Header))
 	return b.nc.PublishMsg(msg)
 }
