@@ -164,8 +164,12 @@ func (s *server) commit(ctx context.Context, a contracts.Allocation) (ledger.Ver
 	s.mu.Lock()
 	v := s.led.Verify(a)
 	s.mu.Unlock()
-	if !v.OK() {
-		// Malformed items never reach a node lock or a subject.
+	if v.Reason == contracts.RefusedInvalidPlan {
+		// Malformed items never reach a node lock or a subject. Every
+		// other verdict is taken again under the node lock below: a write
+		// to the node may be stored (and seen by the scheduler) but not yet
+		// applied here while another goroutine holds that lock, so a
+		// verdict taken outside it can refuse a device just released.
 		return v, nil
 	}
 	e := contracts.LedgerEntry{SchemaVersion: contracts.SchemaVersion, Kind: contracts.LedgerCommitted, Allocation: a}
