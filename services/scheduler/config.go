@@ -26,6 +26,9 @@ type Config struct {
 	// Publishers is how many job events are published concurrently (events
 	// of one job always go out in order). Default 16.
 	Publishers int
+	// ResyncInterval runs a cycle even when no fact arrived, so what only
+	// time makes eligible again (a refused node's backoff) is retried.
+	ResyncInterval time.Duration
 	// IntakeWorkers handle job requests in parallel; a job's own submit
 	// and cancel stay in stream order (they share a worker).
 	IntakeWorkers int
@@ -45,6 +48,7 @@ func DefaultConfig() Config {
 		DemandInterval: time.Second,
 		Publishers:     16,
 		IntakeWorkers:  16,
+		ResyncInterval: time.Second,
 		MaxPlanBytes:   96 * 1024,
 	}
 }
@@ -56,6 +60,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.CycleInterval, "cycle-interval", c.CycleInterval, "least time between two scheduling cycles")
 	fs.DurationVar(&c.DemandInterval, "demand-interval", c.DemandInterval, "least time between two demand publishes of one pool")
 	fs.IntVar(&c.Publishers, "publishers", c.Publishers, "job events published concurrently (per-job order is kept)")
+	fs.DurationVar(&c.ResyncInterval, "resync-interval", c.ResyncInterval, "a cycle at least this often, even with no new fact")
 	fs.IntVar(&c.IntakeWorkers, "intake-workers", c.IntakeWorkers, "job requests handled in parallel (per-job order is kept)")
 	fs.IntVar(&c.MaxPlanBytes, "max-plan-bytes", c.MaxPlanBytes, "largest plan message; larger cycles split their plan")
 }
@@ -75,6 +80,9 @@ func (c Config) Validate() error {
 	}
 	if c.DemandInterval <= 0 {
 		errs = append(errs, fmt.Errorf("demand interval is %s; want more than 0", c.DemandInterval))
+	}
+	if c.ResyncInterval <= 0 {
+		errs = append(errs, fmt.Errorf("resync interval is %s; want > 0", c.ResyncInterval))
 	}
 	if c.IntakeWorkers < 1 || c.IntakeWorkers > 1024 {
 		errs = append(errs, fmt.Errorf("intake workers is %d; want 1 to 1024", c.IntakeWorkers))

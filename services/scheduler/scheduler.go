@@ -365,11 +365,18 @@ func (s *scheduler) cycles(ctx context.Context) error {
 	var last time.Time
 	timer := time.NewTimer(0)
 	<-timer.C
+	// Cycles are driven by facts; the resync tick is the level-triggered
+	// safety net that retries what only time makes eligible again (a
+	// refused node's backoff). A cycle that changes nothing publishes
+	// nothing.
+	resync := time.NewTicker(s.cfg.ResyncInterval)
+	defer resync.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-s.wake:
+		case <-resync.C:
 		}
 		if wait := s.cfg.CycleInterval - time.Since(last); wait > 0 {
 			timer.Reset(wait)

@@ -291,7 +291,11 @@ func (p *Placer) why(r Request, cands []*bucket) Pending {
 		return Pending{contracts.PendingQueuedBehind,
 			fmt.Sprintf("%s; the free GPUs went to %s placed ahead of it this cycle%s", shape, plural(p.placed, "job"), ahead)}
 	case freeMax == 0:
-		return Pending{contracts.PendingInsufficientGPUs, fmt.Sprintf("%s; no %s GPU is free%s", shape, kind(r), ahead)}
+		free := "no " + kind(r) + " GPU is free"
+		if kind(r) == "any" {
+			free = "no GPU is free"
+		}
+		return Pending{contracts.PendingInsufficientGPUs, fmt.Sprintf("%s; %s%s", shape, free, ahead)}
 	default:
 		return Pending{contracts.PendingInsufficientGPUs,
 			fmt.Sprintf("%s; largest free block is %s on %s%s", shape, plural(freeMax, "GPU"), freeNode, ahead)}

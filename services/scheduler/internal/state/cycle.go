@@ -29,7 +29,7 @@ type CycleResult struct {
 // calling it twice with no new fact in between places nothing new and
 // publishes nothing new.
 func (s *Store) Cycle() CycleResult {
-	snap := s.cluster.snapshot()
+	snap := s.cluster.snapshot(s.cfg.Now())
 	p := placement.NewPlacer(snap)
 	type hit struct {
 		j *Job

@@ -27,11 +27,20 @@ type nodeState struct {
 	inv  *contracts.NodeInventory
 	lost bool
 	// suspect nodes and devices were refused by the resource manager for a
-	// reason only a newer fact about the node can clear (not ready, unknown
-	// device); they sit out cycles until then instead of being retried hot.
-	suspect     bool
-	suspectGPUs map[string]bool
+	// reason that a newer fact about the node clears (not ready, unknown
+	// device). They sit out cycles until that fact, or until suspectUntil:
+	// NODES and ALLOCATIONS are separate streams, so the clearing fact may
+	// have been read before the refusal, and then no later fact may ever
+	// come. Expiry only makes the node eligible again (a retried plan is
+	// verified like any other); no reservation is ever released by time.
+	suspect      bool
+	suspectGPUs  map[string]bool
+	suspectUntil time.Time
 }
+
+// suspectBackoff is how long a refused node or device sits out when no
+// newer fact about it clears it first.
+const suspectBackoff = time.Second
 
 func newCluster() *cluster {
 	return &cluster{nodes: map[string]*nodeState{}, committed: map[string]string{}, assumed: map[string]string{},
@@ -107,10 +116,13 @@ func (c *cluster) release(a contracts.Allocation) {
 
 // snapshot is what a cycle may place on: ready, non-suspect nodes with an
 // inventory, their healthy GPUs, free unless held.
-func (c *cluster) snapshot() placement.Snapshot {
+func (c *cluster) snapshot(now time.Time) placement.Snapshot {
 	snap := placement.Snapshot{Nodes: make([]placement.Node, 0, len(c.ids))}
 	for _, id := range c.ids {
 		n := c.nodes[id]
+		if (n.suspect || len(n.suspectGPUs) > 0) && !now.Before(n.suspectUntil) {
+			n.clear()
+		}
 		if n.lost || n.suspect {
 			continue
 		}
@@ -227,10 +239,17 @@ func (s *Store) ApplyRefusal(r contracts.Refusal) []Publish {
 	switch r.Reason {
 	case contracts.RefusedUnknownNode, contracts.RefusedNodeNotReady:
 		n.suspect = true
-	case contracts.RefusedUnknownDevice, contracts.RefusedDeviceTaken, contracts.RefusedModelMismatch:
+		n.suspectUntil = s.cfg.Now().Add(suspectBackoff)
+	case contracts.RefusedDeviceTaken:
+		// Nothing to sit out: the refusal comes on ALLOCATIONS after every
+		// ledger entry the resource manager checked against, and this
+		// store reads that stream in order, so its view already holds
+		// whatever took the device.
+	case contracts.RefusedUnknownDevice, contracts.RefusedModelMismatch:
 		// The refusal does not say which device; hold the ones the item
-		// named until the node's next fact.
+		// named until the node's next fact (or the backoff).
 		if j := s.flying[r.AllocationID]; j != nil && j.inFlight.PlanID == r.PlanID {
+			n.suspectUntil = s.cfg.Now().Add(suspectBackoff)
 			if n.suspectGPUs == nil {
 				n.suspectGPUs = map[string]bool{}
 			}

@@ -98,7 +98,16 @@ type Job struct {
 	Pending    placement.Pending
 	pubPending contracts.Reason
 	pendingSeq int
+	// pubPendingAt is when the last pending event was published: a job
+	// waiting for capacity flips between "no free GPUs" and "the free ones
+	// went to jobs ahead" whenever a GPU frees, so events are spaced.
+	pubPendingAt time.Time
 }
+
+// PendingEventInterval is the least time between two pending events of one
+// job. The current reason is always in the store; readers of events see it
+// at most this late (plus a resync interval).
+const PendingEventInterval = 5 * time.Second
 
 type rejection struct {
 	reason contracts.Reason
@@ -209,7 +218,7 @@ func (s *Store) ReplayJobEvent(ev contracts.JobEvent, seq uint64, msgID string) 
 		j.rejection = &rejection{reason: ev.Reason, errors: ev.Errors}
 	case contracts.EventPending:
 		if ev.Attempt == j.Attempt {
-			j.pubPending = ev.Reason
+			j.pubPending, j.pubPendingAt = ev.Reason, ev.Time
 			j.Pending = placement.Pending{Code: ev.Reason, Message: ev.Message}
 			j.pendingSeq = max(j.pendingSeq+1, pendingSeqOf(msgID))
 		}
@@ -482,15 +491,20 @@ func (s *Store) emit(j *Job, typ contracts.JobEventType, seq int, fill func(*con
 }
 
 // setPending records j's reason for waiting and publishes a pending event
-// when its code changed: the message alone (queue position, free block
-// sizes) moves every cycle and is not worth an event.
+// when its code changed, at most once per PendingEventInterval: the message
+// alone (queue position, free block sizes) moves every cycle, and the code
+// can flip with every freed GPU; neither is worth an event each time.
 func (s *Store) setPending(j *Job, p placement.Pending) {
 	j.Pending = p
 	if !s.live || p.Code == j.pubPending || j.State != contracts.StateQueued {
 		return
 	}
+	now := s.cfg.Now()
+	if j.pubPending != "" && now.Sub(j.pubPendingAt) < PendingEventInterval {
+		return // a later cycle publishes the reason current then
+	}
 	j.pendingSeq++
-	j.pubPending = p.Code
+	j.pubPending, j.pubPendingAt = p.Code, now
 	s.emit(j, contracts.EventPending, j.pendingSeq, func(ev *contracts.JobEvent) {
 		ev.Reason, ev.Message = p.Code, p.Message
 	})
@@ -518,7 +532,7 @@ func (s *Store) resetAttempt(j *Job, attempt int) {
 	j.Attempt = attempt
 	j.committed, j.started, j.ended, j.released = nil, nil, nil, nil
 	j.stopSent = false
-	j.pubPending, j.pendingSeq, j.Pending = "", 0, placement.Pending{}
+	j.pubPending, j.pendingSeq, j.Pending, j.pubPendingAt = "", 0, placement.Pending{}, time.Time{}
 }
 
 // finish forgets what a terminal job no longer needs; the hash stays so a

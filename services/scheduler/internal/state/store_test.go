@@ -288,6 +288,11 @@ func TestRefusal(t *testing.T) {
 	if res := h.cycle(); res.Placed != 0 {
 		t.Fatal("a stale refusal released the assumption")
 	}
+	// The resource manager refuses device_taken only after a ledger entry
+	// took the devices, and that entry comes first on ALLOCATIONS.
+	other := contracts.Allocation{ID: contracts.AllocationID("globex", "other", 1), Tenant: "globex", JobID: "other",
+		Attempt: 1, NodeID: "n1", Pool: "p", Devices: first.Devices}
+	h.commit(other)
 	h.refuse(first, contracts.RefusedDeviceTaken)
 	if diff := cmp.Diff([]string{"queued", "pending:" + string(contracts.PendingCommitRefused)}, h.types("acme", "j1")); diff != "" {
 		t.Fatalf("events (-want +got):\n%s", diff)
@@ -300,7 +305,7 @@ func TestRefusal(t *testing.T) {
 		t.Fatalf("retry item %+v: want a new plan for the same allocation", second)
 	}
 	if second.NodeID != "n2" {
-		t.Errorf("retry went to %s; the refused devices should sit out until n1's next fact", second.NodeID)
+		t.Errorf("retry went to %s; n1's devices are held by the entry that caused the refusal", second.NodeID)
 	}
 	h.commit(second)
 	if e := h.last("acme", "j1"); e.Type != contracts.EventScheduled || e.Placement.NodeID != "n2" {
@@ -323,6 +328,49 @@ func TestRefusedNodeSitsOutUntilItsNextFact(t *testing.T) {
 	h.nodeEvent("n1", contracts.NodeRegistered)
 	if res := h.cycle(); res.Placed != 1 {
 		t.Fatal("not placed once the node registered")
+	}
+}
+
+// TestRefusedNodeComesBackWhenItsFactCameFirst: NODES and ALLOCATIONS are
+// separate streams, so the registration can be read before the refusal it
+// would have cleared. No later fact may come; the backoff must then make the
+// node eligible again, or its GPUs would be idle forever.
+func TestRefusedNodeComesBackWhenItsFactCameFirst(t *testing.T) {
+	h := newHarness(t)
+	h.inventory("n1", "p", h100, 81920, 1)
+	h.submit("acme", job("j1", 1, h100))
+	a := h.cycle().Plans[0].Items[0]
+	h.nodeEvent("n1", contracts.NodeRegistered) // read first...
+	h.refuse(a, contracts.RefusedNodeNotReady)  // ...then the refusal it answers
+	if res := h.cycle(); res.Placed != 0 {
+		t.Fatal("retried at once on a refused node")
+	}
+	h.now = h.now.Add(suspectBackoff)
+	if res := h.cycle(); res.Placed != 1 {
+		t.Fatal("refused node still sitting out after the backoff with no newer fact to wait for")
+	}
+}
+
+// TestPendingEventsAreSpaced: a changed code inside PendingEventInterval
+// waits; the first cycle after it publishes the reason current then.
+func TestPendingEventsAreSpaced(t *testing.T) {
+	h := newHarness(t)
+	h.submit("acme", job("big", 8, h100))
+	h.cycle() // no nodes: first pending event at once
+	h.inventory("n1", "p", h100, 81920, 4)
+	h.cycle() // too small now, but the last event is fresh
+	want := []string{"queued", "pending:" + string(contracts.PendingNoNodes)}
+	if diff := cmp.Diff(want, h.types("acme", "big")); diff != "" {
+		t.Fatalf("inside the interval (-want +got):\n%s", diff)
+	}
+	if j, _ := h.st.Job("acme", "big"); j.Pending.Code != contracts.PendingInsufficientGPUs {
+		t.Errorf("current reason %q, want %q even while its event waits", j.Pending.Code, contracts.PendingInsufficientGPUs)
+	}
+	h.now = h.now.Add(PendingEventInterval)
+	h.cycle()
+	want = append(want, "pending:"+string(contracts.PendingInsufficientGPUs))
+	if diff := cmp.Diff(want, h.types("acme", "big")); diff != "" {
+		t.Fatalf("after the interval (-want +got):\n%s", diff)
 	}
 }
 
@@ -492,6 +540,7 @@ func TestPendingEventOnlyWhenTheReasonChanges(t *testing.T) {
 	h.submit("acme", job("big", 8, h100))
 	h.cycle() // no nodes at all
 	h.inventory("n1", "p", h100, 81920, 4)
+	h.now = h.now.Add(PendingEventInterval)
 	h.cycle() // the machine is too small
 	for i := range 5 {
 		h.submit("acme", job(fmt.Sprintf("s%d", i), 1, h100))
