@@ -175,10 +175,28 @@ func TestPlatformEndToEnd(t *testing.T) {
 		t.Error(err)
 	}
 	submitted := time.Now()
+	// On failure, say what the streams hold: refusals explain most stalls.
+	t.Cleanup(func() {
+		if !t.Failed() && os.Getenv("GPUPLANE_E2E_REFUSALS") == "" {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		rep, err := oracle.Check(ctx, s.nc)
+		if err != nil {
+			t.Logf("oracle after failure: %v", err)
+			return
+		}
+		t.Logf("after failure: %s", rep.Summary())
+		for _, rf := range rep.Refusals {
+			t.Logf("refused %s on %s: %s %s", rf.AllocationID, rf.NodeID, rf.Reason, rf.Message)
+		}
+	})
 
 	// Every valid job succeeds.
 	waitFor(t, 3*time.Minute, "all 200 jobs to succeed", func() (bool, string) {
 		states := map[contracts.JobState]int{}
+		var stuck []string
 		for _, j := range jobs {
 			ev, ok := w.get(j.tenant + "/" + j.id)
 			if !ok {
@@ -186,8 +204,13 @@ func TestPlatformEndToEnd(t *testing.T) {
 				continue
 			}
 			states[ev.State]++
+			if ev.State != contracts.StateSucceeded && len(stuck) < 10 {
+				g := j.req.Resources.GPU
+				stuck = append(stuck, fmt.Sprintf("%s/%s (%d×%s, %s) last %s attempt %d: %s %s",
+					j.tenant, j.id, g.Count, g.Model, j.req.Priority, ev.Type, ev.Attempt, ev.Reason, ev.Message))
+			}
 		}
-		return states[contracts.StateSucceeded] == len(jobs), fmt.Sprint(states)
+		return states[contracts.StateSucceeded] == len(jobs), fmt.Sprintf("%v\n  %s", states, strings.Join(stuck, "\n  "))
 	})
 	allDone := time.Now()
 	for _, j := range jobs {
@@ -278,6 +301,9 @@ func TestPlatformEndToEnd(t *testing.T) {
 	} else {
 		resp.Body.Close()
 	}
+	w.mu.Lock()
+	t.Logf("job events by type: %v", w.counts)
+	w.mu.Unlock()
 	t.Logf("timing: submit %.1fs, all succeeded after %.1fs, whole test %.1fs",
 		submitted.Sub(start).Seconds(), allDone.Sub(start).Seconds(), time.Since(start).Seconds())
 }

@@ -57,6 +57,8 @@ type Report struct {
 	Violations []string
 	// LedgerEntries and JobEvents counted, for the log.
 	LedgerEntries, JobEvents, RunEvents int
+	// Refusals are the resource manager's refused plan items, in order.
+	Refusals []contracts.Refusal
 }
 
 // Err returns the violations as one error, or nil.
@@ -207,6 +209,13 @@ func (r *Report) ledgerChecker() func(jetstream.Msg) error {
 	live := map[string]contracts.Allocation{} // allocation ID -> allocation
 	liveByJob := map[string]string{}          // tenant/job -> allocation ID
 	return func(m jetstream.Msg) error {
+		if strings.HasPrefix(m.Subject(), "gp.alloc.refused.") {
+			var rf contracts.Refusal
+			if err := json.Unmarshal(m.Data(), &rf); err == nil {
+				r.Refusals = append(r.Refusals, rf)
+			}
+			return nil
+		}
 		if !strings.HasPrefix(m.Subject(), "gp.alloc.ledger.") {
 			return nil
 		}
@@ -353,6 +362,10 @@ func (r *Report) Summary() string {
 	for _, k := range keys {
 		parts = append(parts, fmt.Sprintf("%s=%d", k, counts[contracts.JobState(k)]))
 	}
-	return fmt.Sprintf("jobs: %s; job events %d, ledger entries %d, run events %d, usage records %d",
-		strings.Join(parts, " "), r.JobEvents, r.LedgerEntries, r.RunEvents, len(r.Usage))
+	refused := map[contracts.Reason]int{}
+	for _, rf := range r.Refusals {
+		refused[rf.Reason]++
+	}
+	return fmt.Sprintf("jobs: %s; job events %d, ledger entries %d, run events %d, usage records %d, refusals %v",
+		strings.Join(parts, " "), r.JobEvents, r.LedgerEntries, r.RunEvents, len(r.Usage), refused)
 }
