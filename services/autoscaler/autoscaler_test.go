@@ -102,7 +102,7 @@ func TestDemandBecomesAScaleDecision(t *testing.T) {
 
 	// Restart, long after the cooldown, with JetStream's duplicate window
 	// gone: the latest demands are decided again and must not be repeated.
-	forgetMsgIDs(t, b, contracts.StreamOps)
+	natstest.ForgetMsgIDs(t, b.JetStream(), contracts.StreamOps)
 	stop()
 	clk.Advance(time.Hour)
 	start(t, cfg)
@@ -215,27 +215,6 @@ func waitDecisions(t *testing.T, b *bus.Bus, want []contracts.ScaleDecision) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Fatalf("scale decisions (-want +got):\n%s", diff)
 	}
-}
-
-// forgetMsgIDs shortens a stream's duplicate window to its 100 ms minimum
-// and lets it pass, so that a message republished under an old ID is stored
-// again: the only way to see whether a service itself avoids repeats beyond
-// the window, which production sets to 2 minutes. JetStream forgets IDs on
-// its own timer, so there is nothing to poll: this waits.
-func forgetMsgIDs(t *testing.T, b *bus.Bus, stream string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	s, err := b.JetStream().Stream(ctx, stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := s.CachedInfo().Config
-	cfg.Duplicates = 100 * time.Millisecond
-	if _, err := b.JetStream().UpdateStream(ctx, cfg); err != nil {
-		t.Fatalf("shorten duplicate window of %s: %v", stream, err)
-	}
-	time.Sleep(400 * time.Millisecond)
 }
 
 func inventory(node, pool, machineType string, gpus int, model string) contracts.NodeInventory {

@@ -59,7 +59,7 @@ func TestEveryRunIsBilledExactlyOnce(t *testing.T) {
 	}
 	// Beyond JetStream's duplicate window, the same entries come again
 	// under other message IDs, then a poison entry, then c as a barrier.
-	forgetMsgIDs(t, b, contracts.StreamUsage)
+	natstest.ForgetMsgIDs(t, b.JetStream(), contracts.StreamUsage)
 	backwards := released(c, time.Second)
 	backwards.Allocation.ID = "beta/bad/1"
 	backwards.Run.EndedAt = t0.Add(-time.Second)
@@ -88,7 +88,7 @@ func TestEveryRunIsBilledExactlyOnce(t *testing.T) {
 	if err := b.JetStream().DeleteConsumer(ctx, contracts.StreamAllocations, billing.Consumer); err != nil {
 		t.Fatal(err)
 	}
-	forgetMsgIDs(t, b, contracts.StreamUsage)
+	natstest.ForgetMsgIDs(t, b.JetStream(), contracts.StreamUsage)
 	publishLedger(t, b, "down-", released(a, 90*time.Second+500*time.Millisecond))
 	publishLedger(t, b, "", committed(d), released(d, 2*time.Millisecond+700*time.Microsecond))
 	store2 := billing.NewMemoryStore()
@@ -265,25 +265,4 @@ func deadLetters(t *testing.T, b *bus.Bus) []string {
 		t.Fatal(err)
 	}
 	return out
-}
-
-// forgetMsgIDs shortens a stream's duplicate window to its 100 ms minimum
-// and lets it pass, so that a message republished under an old ID is stored
-// again: the only way to see whether billing itself avoids duplicates
-// beyond the window, which production sets to 2 minutes. JetStream forgets
-// IDs on its own timer, so there is nothing to poll: this waits.
-func forgetMsgIDs(t *testing.T, b *bus.Bus, stream string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	s, err := b.JetStream().Stream(ctx, stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := s.CachedInfo().Config
-	cfg.Duplicates = 100 * time.Millisecond
-	if _, err := b.JetStream().UpdateStream(ctx, cfg); err != nil {
-		t.Fatalf("shorten duplicate window of %s: %v", stream, err)
-	}
-	time.Sleep(400 * time.Millisecond)
 }

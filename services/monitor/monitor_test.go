@@ -163,7 +163,7 @@ func TestNodeSilentFiresOnceAndResolvesOnce(t *testing.T) {
 	// Restart while the episode is open. JetStream would hide a re-fired
 	// alert under the same message ID, so shorten its memory first: a
 	// monitor that forgot the open episode would publish a second firing.
-	forgetMsgIDs(t, b, contracts.StreamOps)
+	natstest.ForgetMsgIDs(t, b.JetStream(), contracts.StreamOps)
 	stop()
 	addr, _ = startMonitorStoppable(t, srv.URL(), silentAfter)
 	waitHealthy(t, addr)
@@ -384,27 +384,6 @@ func readAlerts(t *testing.T, b *bus.Bus) []idAlert {
 		t.Fatalf("read alerts: %v", err)
 	}
 	return out
-}
-
-// forgetMsgIDs shortens a stream's duplicate window to its 100 ms minimum
-// and lets it pass, so that a message republished under an old ID is stored
-// again: the only way to see whether a service itself avoids duplicates
-// beyond the window, which production sets to 2 minutes. JetStream forgets
-// IDs on its own timer, so there is nothing to poll: this waits.
-func forgetMsgIDs(t *testing.T, b *bus.Bus, stream string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	s, err := b.JetStream().Stream(ctx, stream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := s.CachedInfo().Config
-	cfg.Duplicates = 100 * time.Millisecond
-	if _, err := b.JetStream().UpdateStream(ctx, cfg); err != nil {
-		t.Fatalf("shorten duplicate window of %s: %v", stream, err)
-	}
-	time.Sleep(400 * time.Millisecond)
 }
 
 func inventory(node, host, pool string, gpus int) contracts.NodeInventory {

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/gpuplane/gpuplane/libs/natsserver"
 )
 
@@ -21,4 +23,25 @@ func Start(t testing.TB) *natsserver.Server {
 	}
 	t.Cleanup(s.Shutdown)
 	return s
+}
+
+// ForgetMsgIDs shortens a stream's duplicate window to its 100 ms minimum
+// and lets it pass, so a message republished under an old Nats-Msg-Id is
+// stored again. It is the only way to see whether a service itself avoids
+// repeats beyond the window, which production sets to 2 minutes. JetStream
+// forgets IDs on its own timer, so there is nothing to poll: this waits.
+func ForgetMsgIDs(t testing.TB, js jetstream.JetStream, stream string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.Duplicates = 100 * time.Millisecond
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatalf("shorten duplicate window of %s: %v", stream, err)
+	}
+	time.Sleep(400 * time.Millisecond)
 }
