@@ -12,6 +12,8 @@ test: lint
 lint:
 	@out=$$(gofmt -l $(MODULES)); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	@# Each module must build alone (require + replace for its siblings).
+	@for m in $(MODULES); do (cd $$m && GOWORK=off $(GO) build ./...) || { echo "$$m does not build with GOWORK=off"; exit 1; }; done
 
 schemas:
 	cd contracts && $(GO) run ./cmd/schemagen -out schema
