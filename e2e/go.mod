@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/gpuplane/gpuplane/contracts v0.0.0
+	github.com/gpuplane/gpuplane/libs v0.0.0
 	github.com/gpuplane/gpuplane/services/gpuplane v0.0.0
 	github.com/gpuplane/gpuplane/services/node-agent v0.0.0
 	github.com/nats-io/nats.go v1.55.0
@@ -20,7 +21,6 @@ require (
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/google/go-tpm v0.9.8 // indirect
 	github.com/google/uuid v1.6.0 // indirect
-	github.com/gpuplane/gpuplane/libs v0.0.0 // indirect
 	github.com/gpuplane/gpuplane/services/autoscaler v0.0.0 // indirect
 	github.com/gpuplane/gpuplane/services/billing v0.0.0 // indirect
 	github.com/gpuplane/gpuplane/services/gateway v0.0.0 // indirect
