@@ -348,3 +348,35 @@ func TestTraceContextCrossesTheBus(t *testing.T) {
 		return kinds[trace.SpanKindProducer] && kinds[trace.SpanKindConsumer]
 	}, "producer and consumer spans in one trace")
 }
+
+// TestSlowHandlerIsKeptAlive: a handler slower than AckWait is not
+// redelivered while it works, because the bus sends InProgress for it.
+func TestSlowHandlerIsKeptAlive(t *testing.T) {
+	b := connect(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := b.Publish(ctx, contracts.SubjectCancel("acme"), "slow", contracts.CancelRequest{JobID: "slow"}); err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	done := make(chan struct{})
+	go func() {
+		_ = b.Consume(ctx, bus.ConsumerSpec{Stream: contracts.StreamJobs, Durable: "slow", AckWait: 300 * time.Millisecond},
+			func(context.Context, *bus.Msg) error {
+				if calls.Add(1) == 1 {
+					time.Sleep(1500 * time.Millisecond) // five AckWaits
+					close(done)
+				}
+				return nil
+			})
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("handler never finished")
+	}
+	time.Sleep(600 * time.Millisecond) // a redelivery would come within one AckWait
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("handled %d times; a live slow handler must not be redelivered", n)
+	}
+}

@@ -88,8 +88,16 @@ type ConsumerSpec struct {
 	FilterSubjects []string
 	// DeliverPolicy for a newly created consumer; default all.
 	DeliverPolicy jetstream.DeliverPolicy
-	// AckWait before an unacknowledged message is redelivered; default 30 s.
+	// AckWait before an unacknowledged message is redelivered; default
+	// 5 s. It bounds how long a message held by a consumer that died waits
+	// for another; a live handler is never cut short by it, because the bus
+	// sends InProgress every AckWait/3 while the handler runs (for at most
+	// MaxHandlerTime).
 	AckWait time.Duration
+	// MaxHandlerTime is how long a handler is kept alive with InProgress;
+	// after it the message may be redelivered (a hung handler must not hold
+	// it forever). Default 5 minutes.
+	MaxHandlerTime time.Duration
 	// MaxDeliver attempts before a message is dead-lettered; default 10.
 	MaxDeliver int
 	// Backoff are the Nak delays by attempt (the last repeats); default
@@ -112,8 +120,11 @@ type ConsumerSpec struct {
 }
 
 func (s *ConsumerSpec) defaults() {
+	if s.MaxHandlerTime <= 0 {
+		s.MaxHandlerTime = 5 * time.Minute
+	}
 	if s.AckWait <= 0 {
-		s.AckWait = 30 * time.Second
+		s.AckWait = 5 * time.Second
 	}
 	if s.MaxDeliver <= 0 {
 		s.MaxDeliver = 10
@@ -230,6 +241,8 @@ func (b *Bus) workers(ctx context.Context, spec ConsumerSpec, h Handler) (dispat
 	dispatch = func(raw jetstream.Msg) {
 		f := fnv.New32a()
 		_, _ = f.Write([]byte(key(newMsg(raw))))
+		// Waiting for a busy worker counts against AckWait: restart it.
+		_ = raw.InProgress()
 		queues[f.Sum32()%uint32(len(queues))] <- raw
 	}
 	wait = func() {
@@ -258,7 +271,9 @@ func (b *Bus) handle(ctx context.Context, spec ConsumerSpec, raw jetstream.Msg, 
 	defer span.End()
 	log := b.log.With("subject", m.Subject, "stream_seq", m.StreamSeq, "consumer", spec.Durable)
 
+	stop := keepAlive(raw, spec.AckWait/3, spec.MaxHandlerTime)
 	err := safeCall(ctx, h, m)
+	stop()
 	switch {
 	case err == nil:
 		if aerr := raw.DoubleAck(ctx); aerr != nil && ctx.Err() == nil {
@@ -291,6 +306,29 @@ func (b *Bus) handle(ctx context.Context, spec ConsumerSpec, raw jetstream.Msg, 
 	d := backoff(spec.Backoff, m.NumDelivered)
 	log.Info("handler failed; will retry", "err", err, "delivered", m.NumDelivered, "delay", d)
 	_ = raw.NakWithDelay(d)
+}
+
+// keepAlive sends InProgress every interval until stop is called or max
+// has passed, so a handler slower than AckWait is not redelivered to
+// someone else while it works.
+func keepAlive(raw jetstream.Msg, interval, max time.Duration) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		deadline := time.After(max)
+		for {
+			select {
+			case <-done:
+				return
+			case <-deadline:
+				return
+			case <-t.C:
+				_ = raw.InProgress()
+			}
+		}
+	}()
+	return func() { close(done) }
 }
 
 // safeCall runs h and turns a panic into a permanent error, so one poison
