@@ -320,6 +320,9 @@ func (s *scheduler) submit(ctx context.Context, m *bus.Msg) error {
 	p := sub.Publish
 	ack, err := s.bus.Publish(ctx, p.Subject, p.ID, p.Msg, bus.CESubject(p.Key))
 	if err != nil {
+		s.mu.Lock()
+		sub.Abandoned()
+		s.mu.Unlock()
 		return fmt.Errorf("publish %s: %w", p.ID, err)
 	}
 	s.mu.Lock()

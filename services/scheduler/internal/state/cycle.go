@@ -46,8 +46,18 @@ func (s *Store) Cycle() CycleResult {
 		ahead  = map[string]int{}
 		served = map[contracts.Priority]string{}
 	)
+	// The watermark: a job that arrived after a request still being
+	// accepted waits for it (a cycle or two, milliseconds), or it could
+	// take capacity the earlier arrival is owed.
+	watermark := ^uint64(0)
+	for seq := range s.accepting {
+		watermark = min(watermark, seq)
+	}
 	for it := range s.queue.Order() {
 		j := it.Value
+		if j.seq > watermark {
+			continue
+		}
 		g := j.Request.Resources.GPU
 		r := placement.Request{Tenant: j.Tenant, Ahead: ahead[j.Tenant], Count: g.Count, Model: g.Model,
 			MemoryMiB: g.MemoryMiB, Pool: j.Request.Pool}

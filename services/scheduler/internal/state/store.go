@@ -123,9 +123,12 @@ type Store struct {
 	queue   *queue.Queue[*Job]
 	flying  map[string]*Job     // allocation ID -> job with that plan item in flight
 	seenIDs map[string]struct{} // rejected events already in JOB_EVENTS
-	cluster *cluster
-	planSeq uint64
-	out     []Publish
+	// accepting counts, by JOBS sequence, the requests whose queued event
+	// is being published: jobs that arrived later wait for them.
+	accepting map[uint64]int
+	cluster   *cluster
+	planSeq   uint64
+	out       []Publish
 }
 
 // New returns an empty store.
@@ -143,13 +146,14 @@ func New(cfg Config) *Store {
 		cfg.MaxPlanBytes = 96 * 1024
 	}
 	return &Store{
-		cfg:     cfg,
-		log:     cfg.Log,
-		jobs:    map[string]*Job{},
-		queue:   queue.New[*Job](),
-		flying:  map[string]*Job{},
-		seenIDs: map[string]struct{}{},
-		cluster: newCluster(),
+		cfg:       cfg,
+		log:       cfg.Log,
+		jobs:      map[string]*Job{},
+		queue:     queue.New[*Job](),
+		flying:    map[string]*Job{},
+		seenIDs:   map[string]struct{}{},
+		accepting: map[uint64]int{},
+		cluster:   newCluster(),
 	}
 }
 
@@ -314,6 +318,8 @@ type Submission struct {
 	// unchanged or invalid.
 	Outcome string
 	commit  func(seq uint64)
+	// accepted drops the request from the set still being accepted.
+	accepted func()
 }
 
 // Published records that the submission's event was stored at JOB_EVENTS
@@ -321,6 +327,17 @@ type Submission struct {
 func (sub Submission) Published(seq uint64) {
 	if sub.commit != nil {
 		sub.commit(seq)
+	}
+	if sub.accepted != nil {
+		sub.accepted()
+	}
+}
+
+// Abandoned says the answer could not be published: the request will be
+// redelivered and decided again. Later arrivals no longer wait for it.
+func (sub Submission) Abandoned() {
+	if sub.accepted != nil {
+		sub.accepted()
 	}
 }
 
@@ -348,10 +365,20 @@ func (s *Store) Submit(subject string, data []byte, streamSeq uint64) Submission
 	now := s.cfg.Now().UTC()
 	ev := contracts.JobEvent{SchemaVersion: contracts.SchemaVersion, Type: contracts.EventQueued, Tenant: tenant,
 		JobID: req.ID, Attempt: 1, State: contracts.StateQueued, Time: now, Request: &norm, SubmitSeq: streamSeq}
+	// Until its queued event is stored, this request holds back every job
+	// that arrived after it (see Cycle): requests are answered in
+	// parallel, and FIFO means arrival order on JOBS.
+	s.accepting[streamSeq]++
 	return Submission{
 		Publish: &Publish{Subject: contracts.SubjectJobEvents(tenant, req.ID), Key: key, Msg: ev,
 			ID: contracts.JobEventID(tenant, req.ID, contracts.EventQueued, 1, 0)},
 		Outcome: "queued",
+		accepted: func() {
+			if s.accepting[streamSeq]--; s.accepting[streamSeq] <= 0 {
+				delete(s.accepting, streamSeq)
+			}
+			s.cfg.Wake()
+		},
 		// The queue orders by the request's JOBS sequence, not by when its
 		// queued event was stored: requests are answered in parallel, so
 		// queued events may be stored out of arrival order.

@@ -374,6 +374,22 @@ func TestPendingEventsAreSpaced(t *testing.T) {
 	}
 }
 
+// TestAbandonedRequestHoldsNobodyBack: a request whose answer could not be
+// published will be redelivered; later arrivals do not wait for it.
+func TestAbandonedRequestHoldsNobodyBack(t *testing.T) {
+	h := newHarness(t)
+	h.inventory("n1", "p", h100, 81559, 1)
+	first := h.st.Submit(contracts.SubjectSubmit("acme"), mustJSON(t, job("first", 1, h100)), 10)
+	second := h.st.Submit(contracts.SubjectSubmit("acme"), mustJSON(t, job("second", 1, h100)), 11)
+	h.collect([]Publish{*second.Publish})
+	second.Published(h.seq)
+	first.Abandoned()
+	res := h.st.Cycle()
+	if len(res.Plans) != 1 || res.Plans[0].Items[0].JobID != "second" {
+		t.Fatalf("plans %+v; want the second job placed once the first was abandoned", res.Plans)
+	}
+}
+
 func TestCancel(t *testing.T) {
 	end := func(h *harness) contracts.RunResult {
 		return contracts.RunResult{Outcome: contracts.OutcomeCancelled, ExitCode: 143, StartedAt: h.now, EndedAt: h.now,
@@ -643,6 +659,11 @@ func TestFIFOFollowsArrivalNotAnswerOrder(t *testing.T) {
 	// The second request's queued event is stored first.
 	h.collect([]Publish{*second.Publish})
 	second.Published(h.seq)
+	// While the first is still being accepted, the later arrival waits:
+	// the one GPU is owed to the first.
+	if res := h.st.Cycle(); len(res.Plans) != 0 {
+		t.Fatalf("placed %+v while an earlier request was still being accepted", res.Plans)
+	}
 	h.collect([]Publish{*first.Publish})
 	first.Published(h.seq)
 	if ev := h.last("acme", "first"); ev.SubmitSeq != 10 {
