@@ -138,7 +138,7 @@ func (s *scheduler) rebuild(ctx context.Context, g *errgroup.Group) error {
 			return nil
 		}},
 		{bus.FollowSpec{Stream: contracts.StreamJobs, FilterSubjects: []string{contracts.SubjectCancelAll}}, func(m *bus.Msg) error {
-			s.st.ReplayCancel(m.Subject, m.Data)
+			s.st.ReplayCancel(m.Subject, m.Data, m.StreamSeq)
 			return nil
 		}},
 		{bus.FollowSpec{Stream: contracts.StreamPlans, FilterSubjects: []string{contracts.SubjectPlan(s.cfg.Name)}}, func(m *bus.Msg) error {

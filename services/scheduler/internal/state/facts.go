@@ -219,7 +219,11 @@ func (s *Store) ApplyLedger(e contracts.LedgerEntry) []Publish {
 			break
 		}
 		j.released = &e
-		if e.Run != nil && j.ended == nil {
+		// A release for a run that ended carries its result. One for a
+		// lost node carries the resource manager's account of the loss
+		// (outcome failed, reason node_lost): that is not the job's end,
+		// the job is requeued (advance -> lost).
+		if e.Run != nil && j.ended == nil && awaitsRunFact(e.Reason) {
 			r := *e.Run
 			j.ended = &r
 		}
@@ -289,6 +293,11 @@ func (s *Store) ApplyRun(r contracts.RunEvent) []Publish {
 			j.started = &t
 		}
 	case contracts.RunEnded:
+		if r.Result != nil && r.Result.Reason == contracts.ReasonNodeLost {
+			// The agent stopped the run because its allocation was
+			// released as node_lost: the release requeues the job.
+			break
+		}
 		if j.ended == nil {
 			res := contracts.RunResult{Outcome: contracts.OutcomeFailed, ExitCode: -1, EndedAt: r.Time,
 				Reason: contracts.ReasonLaunchFailed, Message: "the agent reported an end without a result"}

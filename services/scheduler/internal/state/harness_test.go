@@ -29,8 +29,9 @@ type harness struct {
 	plans    []contracts.Plan
 	// facts and cancels are every fact and cancel request given to the
 	// store, kept so restart can rebuild a new store from them.
-	facts   []func(*Store) []Publish
-	cancels [][2]string
+	facts      []func(*Store) []Publish
+	cancels    [][2]string
+	cancelSeqs []uint64
 }
 
 type published struct {
@@ -110,6 +111,7 @@ func (h *harness) cancel(tenant, jobID string) error {
 	data, _ := json.Marshal(contracts.CancelRequest{JobID: jobID, Reason: "no longer needed"})
 	h.jobsSeq++
 	h.cancels = append(h.cancels, [2]string{contracts.SubjectCancel(tenant), string(data)})
+	h.cancelSeqs = append(h.cancelSeqs, h.jobsSeq)
 	pubs, err := h.st.Cancel(contracts.SubjectCancel(tenant), data)
 	h.collect(pubs)
 	return err
@@ -190,8 +192,8 @@ func (h *harness) restart() {
 	for _, p := range h.events {
 		st.ReplayJobEvent(p.ev, p.seq, p.id)
 	}
-	for _, c := range h.cancels {
-		st.ReplayCancel(c[0], []byte(c[1]))
+	for i, c := range h.cancels {
+		st.ReplayCancel(c[0], []byte(c[1]), h.cancelSeqs[i])
 	}
 	for _, p := range h.plans {
 		st.ReplayPlan(p)

@@ -250,7 +250,7 @@ func pendingSeqOf(id string) int {
 // ReplayCancel records a cancel request found in JOBS, so that a cancel
 // accepted before a restart (waiting on a plan in flight) is not
 // forgotten. A cancel of an unknown or terminal job is ignored.
-func (s *Store) ReplayCancel(subject string, data []byte) {
+func (s *Store) ReplayCancel(subject string, data []byte, streamSeq uint64) {
 	tenant, err := contracts.TenantFromSubject(subject)
 	if err != nil {
 		return
@@ -259,7 +259,10 @@ func (s *Store) ReplayCancel(subject string, data []byte) {
 	if err != nil {
 		return
 	}
-	if j := s.jobs[Key(tenant, c.JobID)]; j != nil && !j.State.Terminal() {
+	// Only a cancel that arrived after the job's own submit (both are JOBS
+	// sequences) applies: live, an earlier one found no job and changed
+	// nothing, so a replay must not let it cancel the job now.
+	if j := s.jobs[Key(tenant, c.JobID)]; j != nil && !j.State.Terminal() && streamSeq > j.seq {
 		j.cancel, j.cancelReason = true, c.Reason
 	}
 }

@@ -534,6 +534,61 @@ func TestNodeLostRequeues(t *testing.T) {
 	}
 }
 
+// TestNodeLostRequeuesWithTheReleaseAsWritten: the resource manager's
+// node_lost release carries a RunResult (outcome failed, reason node_lost),
+// and the agent, if it still runs, reports its stopped run with the same
+// reason. Neither is the job's end: whichever comes first, the job is
+// requeued, never failed.
+func TestNodeLostRequeuesWithTheReleaseAsWritten(t *testing.T) {
+	for _, agentFirst := range []bool{false, true} {
+		t.Run(fmt.Sprintf("agent fact first=%v", agentFirst), func(t *testing.T) {
+			h := newHarness(t)
+			h.inventory("n1", "p", h100, 81920, 1)
+			h.submit("acme", job("j1", 1, h100))
+			a := h.cycle().Plans[0].Items[0]
+			h.commit(a)
+			started := h.now
+			h.started(a, started)
+			lost := contracts.RunResult{Outcome: contracts.OutcomeFailed, ExitCode: -1, StartedAt: started,
+				EndedAt: h.now, Reason: contracts.ReasonNodeLost, Message: "node n1 lost"}
+			if agentFirst {
+				h.ended(a, lost)
+			}
+			h.release(a, contracts.ReasonNodeLost, &lost)
+			if !agentFirst {
+				h.ended(a, lost)
+			}
+			e := h.last("acme", "j1")
+			if e.Type != contracts.EventRequeued || e.Attempt != 2 || e.Reason != contracts.ReasonNodeLost {
+				t.Fatalf("after node lost: %s attempt %d reason %s; want requeued attempt 2 (events %v)",
+					e.Type, e.Attempt, e.Reason, h.types("acme", "j1"))
+			}
+		})
+	}
+}
+
+// TestEarlyCancelStaysHarmlessAfterRestart: a cancel that arrived before
+// its job's submit found no job and changed nothing; a restart replaying
+// JOBS must not let it cancel the job after all.
+func TestEarlyCancelStaysHarmlessAfterRestart(t *testing.T) {
+	h := newHarness(t)
+	h.inventory("n1", "p", h100, 81920, 1)
+	if err := h.cancel("acme", "j1"); err == nil {
+		t.Fatal("cancel of an unknown job accepted")
+	}
+	h.submit("acme", job("j1", 1, h100))
+	a := h.cycle().Plans[0].Items[0]
+	h.commit(a)
+	h.started(a, h.now)
+	h.restart()
+	if len(h.commands) != 0 {
+		t.Fatalf("restart sent %+v for a job nobody cancelled after submitting it", h.commands)
+	}
+	if e := h.last("acme", "j1"); e.Type != contracts.EventRunning {
+		t.Fatalf("after restart: %s", e.Type)
+	}
+}
+
 func TestReleaseWaitsForTheRunFact(t *testing.T) {
 	h := newHarness(t)
 	h.inventory("n1", "p", h100, 81920, 1)
