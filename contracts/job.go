@@ -63,13 +63,17 @@ func KnownGPUModel(m string) bool { return slices.Contains(GPUModels, m) }
 
 // Limits on a request; beyond them a request is rejected as out_of_range.
 const (
-	MaxGPUsPerJob     = 64
-	MaxGPUMemoryMiB   = 1 << 20 // 1 TiB: larger than any card
-	MaxJobDuration    = 30 * 24 * time.Hour
-	MaxNameLength     = 256
-	MaxCommandArgs    = 256
-	MaxCommandBytes   = 16 * 1024
-	MaxEnvVars        = 128
+	MaxGPUsPerJob   = 64
+	MaxGPUMemoryMiB = 1 << 20 // 1 TiB: larger than any card
+	MaxJobDuration  = 30 * 24 * time.Hour
+	MaxNameLength   = 256
+	MaxCommandArgs  = 256
+	MaxCommandBytes = 16 * 1024
+	MaxEnvVars      = 128
+	MaxEnvBytes     = 16 * 1024
+	// MaxFieldErrors bounds the field errors one rejection lists, so a
+	// hostile request cannot make its own rejection too large to publish.
+	MaxFieldErrors    = 32
 	MaxLabels         = 64
 	MaxLabelBytes     = 256
 	MaxCPUMilli       = 1024 * 1000
@@ -160,7 +164,19 @@ func DecodeJobRequest(data []byte, subjectTenant string) (JobRequest, error) {
 	if err := decodeStrict(data, &req); err != nil {
 		return req, err
 	}
-	return req, req.Validate(subjectTenant)
+	if err := req.Validate(subjectTenant); err != nil {
+		return req, err
+	}
+	// The queued event echoes the normalized request; escapes can make it
+	// larger than the body was. Refuse here what could not be answered.
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false) // as the bus encodes
+	if err := enc.Encode(req.Normalized(subjectTenant)); err != nil || buf.Len() > MaxMessageBytes {
+		return req, newValidationError([]FieldError{{Reason: ReasonTooLarge,
+			Message: fmt.Sprintf("the normalized request is %d bytes, limit is %d", buf.Len(), MaxMessageBytes)}})
+	}
+	return req, nil
 }
 
 // decodeStrict decodes one JSON object into v, refusing unknown fields and
@@ -286,10 +302,15 @@ func (r *JobRequest) Validate(subjectTenant string) error {
 	if len(run.Env) > MaxEnvVars {
 		add("run.env", ReasonOutOfRange, "env has %d variables, limit is %d", len(run.Env), MaxEnvVars)
 	}
-	for k := range run.Env {
+	envBytes := 0
+	for k, v := range run.Env {
+		envBytes += len(k) + len(v)
 		if k == "" || strings.ContainsAny(k, "=\x00") {
 			add("run.env", ReasonInvalidValue, "env name %q is not a valid variable name", k)
 		}
+	}
+	if envBytes > MaxEnvBytes {
+		add("run.env", ReasonOutOfRange, "env is %d bytes, limit is %d", envBytes, MaxEnvBytes)
 	}
 	if run.ExitCode < 0 || run.ExitCode > 255 {
 		add("run.exitCode", ReasonOutOfRange, "exit code %d; want 0 to 255", run.ExitCode)
@@ -302,7 +323,20 @@ func (r *JobRequest) Validate(subjectTenant string) error {
 			add("labels", ReasonInvalidValue, "label %q is empty or longer than %d bytes", k, MaxLabelBytes)
 		}
 	}
-	slices.SortStableFunc(errs, func(a, b FieldError) int { return strings.Compare(a.Field, b.Field) })
+	// Sorted by field and message: errors from map keys would otherwise
+	// come in random order, and a redelivered request must be answered
+	// with the same rejection.
+	slices.SortFunc(errs, func(a, b FieldError) int {
+		if c := strings.Compare(a.Field, b.Field); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Message, b.Message)
+	})
+	if len(errs) > MaxFieldErrors {
+		more := len(errs) - MaxFieldErrors + 1
+		errs = append(errs[:MaxFieldErrors-1], FieldError{Reason: errs[MaxFieldErrors-1].Reason,
+			Message: fmt.Sprintf("and %d more problems", more)})
+	}
 	return newValidationError(errs)
 }
 

@@ -1,7 +1,9 @@
 package contracts
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -209,4 +211,59 @@ func FuzzDecodeCancelRequest(f *testing.F) {
 			t.Fatalf("accepted cancel with invalid job id %q", c.JobID)
 		}
 	})
+}
+
+// TestRejectionStaysSmall: however many problems a request has, its
+// rejection lists at most MaxFieldErrors, in a stable order.
+func TestRejectionStaysSmall(t *testing.T) {
+	env := map[string]string{}
+	for i := range 3000 { // about 40 KiB: under the body limit
+		env[fmt.Sprintf("BAD=%d", i)] = "x"
+	}
+	body, _ := json.Marshal(JobRequest{ID: "a", Resources: Resources{GPU: GPURequest{Count: 1}},
+		Run: RunSpec{Command: []string{"true"}, Env: env}})
+	_, err1 := DecodeJobRequest(body, "acme")
+	_, err2 := DecodeJobRequest(body, "acme")
+	var v1, v2 *ValidationError
+	if !errors.As(err1, &v1) || !errors.As(err2, &v2) {
+		t.Fatalf("errors %v, %v", err1, err2)
+	}
+	if len(v1.Fields) != MaxFieldErrors {
+		t.Fatalf("%d field errors, want %d", len(v1.Fields), MaxFieldErrors)
+	}
+	if fmt.Sprint(v1.Fields) != fmt.Sprint(v2.Fields) {
+		t.Fatal("the same request was rejected with field errors in another order")
+	}
+	if enc, _ := json.Marshal(v1); len(enc) > MaxMessageBytes {
+		t.Fatalf("rejection is %d bytes", len(enc))
+	}
+}
+
+// TestLargestValidRequestFitsItsEvent: every field at its cap still makes a
+// queued event within the body limit (the stream takes twice that), so an
+// accepted request can always be answered. Raising a cap fails this test.
+func TestLargestValidRequestFitsItsEvent(t *testing.T) {
+	req := JobRequest{ID: strings.Repeat("i", 128), Name: strings.Repeat("n", MaxNameLength), Pool: "p",
+		Resources: Resources{GPU: GPURequest{Count: 1}}, Labels: map[string]string{}, Run: RunSpec{Env: map[string]string{}}}
+	arg := strings.Repeat("a", MaxCommandBytes/MaxCommandArgs)
+	for range MaxCommandArgs {
+		req.Run.Command = append(req.Run.Command, arg)
+	}
+	for i := range MaxEnvVars {
+		req.Run.Env[fmt.Sprintf("E%03d", i)] = strings.Repeat("v", MaxEnvBytes/MaxEnvVars-4)
+	}
+	for i := range MaxLabels {
+		req.Labels[fmt.Sprintf("l%03d", i)] = strings.Repeat("w", MaxLabelBytes-4)
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := DecodeJobRequest(body, "acme"); err != nil {
+		t.Fatalf("the largest valid request is refused: %v", err)
+	}
+	ev, _ := json.Marshal(JobEvent{Type: EventQueued, Request: &req})
+	if len(ev) > 2*MaxMessageBytes {
+		t.Fatalf("its queued event is %d bytes, over the stream's %d", len(ev), 2*MaxMessageBytes)
+	}
 }

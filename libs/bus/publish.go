@@ -1,6 +1,7 @@
 package bus
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -64,11 +65,24 @@ func NoRetry() PublishOption { return func(o *publishOpts) { o.noRetry = true } 
 // Transient failures are retried until ctx ends: the message ID makes a
 // retried publish safe, JetStream stores it once.
 func (b *Bus) Publish(ctx context.Context, subject, id string, v any, opts ...PublishOption) (*jetstream.PubAck, error) {
-	data, err := json.Marshal(v)
+	data, err := encode(v)
 	if err != nil {
 		return nil, fmt.Errorf("bus: encode %T for %s: %w", v, subject, err)
 	}
 	return b.PublishRaw(ctx, subject, id, data, append([]PublishOption{CEType(contracts.CEType(v))}, opts...)...)
+}
+
+// encode is JSON without HTML escaping: json.Marshal writes '<', '>' and
+// '&' as six bytes each, which can grow a request echoed in an event past
+// the stream's message size limit; nothing here is embedded in HTML.
+func encode(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
 
 // PublishRaw publishes already-encoded data; Publish is the usual entry.
