@@ -154,13 +154,26 @@ func (a *agent) run(ctx context.Context) error {
 	if err := a.reportOrphans(ctx); err != nil {
 		return err
 	}
-	if err := a.publishInventory(ctx); err != nil {
+	if err := a.publishInventory(ctx, 1); err != nil {
 		return err
 	}
 	a.log.Info("node agent started", "incarnation", a.incarnation, "backend", a.backend.Kind(), "gpus", len(gpus))
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return a.every(gctx, a.cfg.HeartbeatInterval, a.publishHeartbeat) })
+	// NODES ages messages out (7 days): the inventory is republished well
+	// within that, so a service restarted long after this agent still
+	// finds the node. Version 1 went out above.
+	g.Go(func() error {
+		return a.every(gctx, a.cfg.InventoryInterval, func(ctx context.Context, seq uint64) {
+			if seq == 1 {
+				return
+			}
+			if err := a.publishInventory(ctx, int(seq)); err != nil && ctx.Err() == nil {
+				a.log.Warn("inventory not republished; next interval tries again", "err", err)
+			}
+		})
+	})
 	g.Go(func() error { return a.every(gctx, a.cfg.TelemetryInterval, a.publishTelemetry) })
 	g.Go(func() error {
 		return a.bus.Consume(gctx, bus.ConsumerSpec{
@@ -203,7 +216,7 @@ func (a *agent) every(ctx context.Context, interval time.Duration, fn func(ctx c
 	}
 }
 
-func (a *agent) publishInventory(ctx context.Context) error {
+func (a *agent) publishInventory(ctx context.Context, version int) error {
 	inv := contracts.NodeInventory{
 		SchemaVersion: contracts.SchemaVersion,
 		NodeID:        a.cfg.NodeID,
@@ -231,7 +244,7 @@ func (a *agent) publishInventory(ctx context.Context) error {
 		}
 	}
 	_, err := a.bus.Publish(ctx, contracts.SubjectInventory(a.cfg.NodeID),
-		contracts.InventoryID(a.cfg.NodeID, a.incarnation, 1), inv)
+		contracts.InventoryID(a.cfg.NodeID, a.incarnation, version), inv)
 	if err != nil {
 		return fmt.Errorf("publish inventory: %w", err)
 	}

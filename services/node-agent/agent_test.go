@@ -613,3 +613,19 @@ func TestRunConnectsWithItsBusConfig(t *testing.T) {
 		t.Fatal("Run did not return after cancel")
 	}
 }
+
+// TestInventoryIsRepublished: NODES ages messages out, so the agent
+// republishes its inventory on an interval, under new message IDs (one
+// incarnation), for services that start long after it.
+func TestInventoryIsRepublished(t *testing.T) {
+	b := connect(t)
+	inv := record[contracts.NodeInventory](t, b, contracts.StreamNodes, contracts.SubjectInventory("n-inv"))
+	cfg := testConfig(t, "n-inv")
+	cfg.InventoryInterval = 3 * tick
+	startAgent(t, b, cfg)
+	eventually(t, "three inventories", func() bool { return len(inv.all()) >= 3 })
+	all := inv.all()
+	if all[0].Incarnation == "" || all[1].Incarnation != all[0].Incarnation || all[2].Incarnation != all[0].Incarnation {
+		t.Fatalf("republished inventories changed incarnation: %q %q %q", all[0].Incarnation, all[1].Incarnation, all[2].Incarnation)
+	}
+}

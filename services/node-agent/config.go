@@ -19,6 +19,9 @@ import (
 // Defaults of Config.
 const (
 	DefaultHeartbeatInterval = 2 * time.Second
+	// DefaultInventoryInterval republishes the inventory well within the
+	// NODES stream's 7-day max age.
+	DefaultInventoryInterval = time.Hour
 	DefaultTelemetryInterval = time.Second
 	DefaultStopGrace         = 10 * time.Second
 	DefaultPool              = "default"
@@ -56,6 +59,8 @@ type Config struct {
 
 	// HeartbeatInterval between heartbeats; 0 means 2 s.
 	HeartbeatInterval time.Duration
+	// InventoryInterval between inventory republishes; 0 means 1 h.
+	InventoryInterval time.Duration
 	// TelemetryInterval between telemetry batches; 0 means 1 s.
 	TelemetryInterval time.Duration
 	// LogDir keeps each run's stdout and stderr, one file per allocation;
@@ -95,6 +100,7 @@ func DefaultConfig() Config {
 		GPUCount:          DefaultGPUCount,
 		NVLink:            true,
 		HeartbeatInterval: DefaultHeartbeatInterval,
+		InventoryInterval: DefaultInventoryInterval,
 		TelemetryInterval: DefaultTelemetryInterval,
 		StopGrace:         DefaultStopGrace,
 		Now:               time.Now,
@@ -127,6 +133,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Int64Var(&c.CPUMilli, "cpu-milli", c.CPUMilli, "host CPU in milli-CPUs; 0 derives it from the GPUs")
 	fs.Int64Var(&c.MemoryMiB, "memory-mib", c.MemoryMiB, "host memory in MiB; 0 derives it from the GPUs")
 	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", c.HeartbeatInterval, "interval between heartbeats")
+	fs.DurationVar(&c.InventoryInterval, "inventory-interval", c.InventoryInterval, "interval between inventory republishes (must stay well under the NODES max age of 7 days)")
 	fs.DurationVar(&c.TelemetryInterval, "telemetry-interval", c.TelemetryInterval, "interval between telemetry batches")
 	fs.StringVar(&c.LogDir, "log-dir", c.LogDir, "directory for run logs; empty means a new temporary directory")
 	fs.DurationVar(&c.StopGrace, "stop-grace", c.StopGrace, "grace between SIGTERM and SIGKILL when stopping a run")
@@ -168,6 +175,9 @@ func (c Config) Validate() error {
 	if c.MemoryMiB < 0 {
 		errs = append(errs, fmt.Errorf("memory is %d MiB; want >= 0", c.MemoryMiB))
 	}
+	if c.InventoryInterval < 0 || c.InventoryInterval > 24*time.Hour {
+		errs = append(errs, fmt.Errorf("inventory interval is %s; want up to 24h (NODES keeps 7 days)", c.InventoryInterval))
+	}
 	if c.HeartbeatInterval < 0 {
 		errs = append(errs, fmt.Errorf("heartbeat interval is %s; want > 0", c.HeartbeatInterval))
 	}
@@ -182,6 +192,9 @@ func (c Config) Validate() error {
 
 // withDefaults fills the zero values that have a default.
 func (c Config) withDefaults() Config {
+	if c.InventoryInterval == 0 {
+		c.InventoryInterval = DefaultInventoryInterval
+	}
 	if c.HeartbeatInterval == 0 {
 		c.HeartbeatInterval = DefaultHeartbeatInterval
 	}
