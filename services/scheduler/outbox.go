@@ -2,6 +2,8 @@ package scheduler
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"hash/fnv"
 	"log/slog"
 	"sync"
@@ -77,15 +79,25 @@ func (o *outbox) enqueue(pubs []state.Publish, wait bool) []chan error {
 // run publishes until ctx ends; what is left then is reported to its
 // waiters as ctx's error (and rebuilt from the streams after a restart).
 func (o *outbox) run(ctx context.Context) error {
+	ctx, fail := context.WithCancelCause(ctx)
+	defer fail(nil)
 	var wg sync.WaitGroup
 	for _, sh := range o.shards {
-		wg.Go(func() { o.drain(ctx, sh) })
+		wg.Go(func() { o.drain(ctx, sh, fail) })
 	}
 	wg.Wait()
+	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
 	return nil
 }
 
-func (o *outbox) drain(ctx context.Context, sh *shard) {
+// drain publishes one shard's messages in order. A publish that fails for
+// good stops the outbox with an error, and with it the scheduler: the store
+// has already moved past a fact readers never got, and a restart rebuilds it
+// from the streams, which is the recovery this design relies on. Dropping
+// the message instead would leave readers behind for good.
+func (o *outbox) drain(ctx context.Context, sh *shard, fail context.CancelCauseFunc) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -114,6 +126,9 @@ func (o *outbox) drain(ctx context.Context, sh *shard) {
 				if it.done != nil {
 					it.done <- err
 				}
+				if err != nil && ctx.Err() == nil {
+					fail(fmt.Errorf("outbox: %s not published, restart to rebuild: %w", it.ID, err))
+				}
 				if ctx.Err() != nil {
 					for _, rest := range batch[i+1:] {
 						if rest.done != nil {
@@ -128,8 +143,8 @@ func (o *outbox) drain(ctx context.Context, sh *shard) {
 }
 
 // publish sends one message. The bus already retries transient failures
-// until ctx ends; what fails anyway is retried a few times, then logged and
-// dropped (the same facts rebuild it after a restart).
+// until ctx ends; what fails anyway is retried a few times, then returned
+// (and drain stops the scheduler).
 func (o *outbox) publish(ctx context.Context, p state.Publish) error {
 	delay := 100 * time.Millisecond
 	for attempt := 1; ; attempt++ {
