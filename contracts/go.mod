@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/invopop/jsonschema v0.13.0
 	github.com/nats-io/nats.go v1.55.0
+	github.com/oklog/ulid/v2 v2.1.1
 )
 
 require (

@@ -267,3 +267,14 @@ func TestLargestValidRequestFitsItsEvent(t *testing.T) {
 		t.Fatalf("its queued event is %d bytes, over the stream's %d", len(ev), 2*MaxMessageBytes)
 	}
 }
+
+func TestNewJobIDIsAValidSubjectToken(t *testing.T) {
+	seen := map[string]bool{}
+	for range 1000 {
+		id := NewJobID()
+		if err := ValidateID(id); err != nil || len(id) != 26 || seen[id] {
+			t.Fatalf("NewJobID() = %q: %v (duplicate=%v)", id, err, seen[id])
+		}
+		seen[id] = true
+	}
+}

@@ -627,24 +627,6 @@ func TestConfigValidateReportsEveryProblem(t *testing.T) {
 	}
 }
 
-func TestNewJobIDIsValidUniqueAndTimeOrdered(t *testing.T) {
-	seen := map[string]bool{}
-	prev := ""
-	for i := range 1000 {
-		id := newJobID(t0.Add(time.Duration(i) * time.Millisecond))
-		if err := contracts.ValidateID(id); err != nil || len(id) != 26 {
-			t.Fatalf("id %q: %v", id, err)
-		}
-		if seen[id] || id <= prev {
-			t.Fatalf("id %q after %q: not unique or not ordered", id, prev)
-		}
-		seen[id], prev = true, id
-	}
-	if a, b := newJobID(t0), newJobID(t0); a == b || a[:10] != b[:10] {
-		t.Fatalf("same millisecond: %q and %q; want equal time prefix, different randomness", a, b)
-	}
-}
-
 // sseFrame is one server-sent event, or a comment when Comment is set.
 type sseFrame struct {
 	Event, ID, Data, Comment string

@@ -202,7 +202,7 @@ func (s *server) submitJob(w http.ResponseWriter, r *http.Request) {
 	if ve, ok := errors.AsType[*contracts.ValidationError](err); ok && req.ID == "" && missingID(ve) {
 		// The body decoded and only lacks an ID: give it one and check
 		// the rest again. The re-encoded request is what gets published.
-		req.ID = newJobID(s.now())
+		req.ID = contracts.NewJobID()
 		if err = req.Validate(tenant); err == nil {
 			data, err = json.Marshal(req)
 		}

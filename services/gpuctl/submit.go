@@ -2,8 +2,6 @@ package gpuctl
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -243,7 +241,7 @@ func withID(doc []byte, id string) ([]byte, error) {
 		if cur, ok := obj["id"]; ok && string(cur) != `""` && string(cur) != "null" {
 			return doc, nil
 		}
-		id = newJobID(time.Now())
+		id = contracts.NewJobID()
 	}
 	raw, _ := json.Marshal(id)
 	obj["id"] = raw
@@ -356,27 +354,6 @@ func closeBus(b *bus.Bus) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = b.Close(ctx)
-}
-
-// crockford is Crockford's base32 alphabet (no I, L, O, U), as in ULIDs.
-const crockford = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-
-// newJobID returns a ULID-style ID: 48 bits of Unix milliseconds then 80
-// random bits, as 26 Crockford base32 characters; it sorts by creation
-// time and passes contracts.ValidateID. (The gateway has the same
-// generator; services do not share code beyond contracts and libs.)
-func newJobID(now time.Time) string {
-	var b [16]byte
-	binary.BigEndian.PutUint64(b[:8], uint64(now.UnixMilli())<<16)
-	_, _ = rand.Read(b[6:]) // crypto/rand.Read never fails (Go 1.24+)
-	hi, lo := binary.BigEndian.Uint64(b[:8]), binary.BigEndian.Uint64(b[8:])
-	var out [26]byte
-	for i := len(out) - 1; i >= 0; i-- {
-		out[i] = crockford[lo&31]
-		lo = lo>>5 | hi<<59
-		hi >>= 5
-	}
-	return string(out[:])
 }
 
 func (a *app) printJSON(v any) int {
