@@ -380,3 +380,39 @@ func TestSlowHandlerIsKeptAlive(t *testing.T) {
 		t.Fatalf("handled %d times; a live slow handler must not be redelivered", n)
 	}
 }
+
+// TestQueuedMessagesAreKeptAlive: messages waiting behind a slow handler
+// for the same worker wait longer than AckWait, and are still handled once.
+func TestQueuedMessagesAreKeptAlive(t *testing.T) {
+	b := connect(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const n = 6
+	for i := range n {
+		if _, err := b.Publish(ctx, contracts.SubjectCancel("acme"), fmt.Sprint("q", i), contracts.CancelRequest{JobID: fmt.Sprint("q", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	count := map[string]int{}
+	go func() {
+		_ = b.Consume(ctx, bus.ConsumerSpec{Stream: contracts.StreamJobs, Durable: "queued", AckWait: 300 * time.Millisecond,
+			Workers: 2, Key: func(*bus.Msg) string { return "one key: one worker, in order" }},
+			func(_ context.Context, m *bus.Msg) error {
+				time.Sleep(200 * time.Millisecond) // the last waits ~1 s, three AckWaits
+				mu.Lock()
+				count[m.ID()]++
+				mu.Unlock()
+				return nil
+			})
+	}()
+	eventually(t, 15*time.Second, func() bool { mu.Lock(); defer mu.Unlock(); return len(count) == n }, "every message")
+	time.Sleep(600 * time.Millisecond) // a redelivery would come within one AckWait
+	mu.Lock()
+	defer mu.Unlock()
+	for id, c := range count {
+		if c != 1 {
+			t.Errorf("%s handled %d times; a waiting message must be kept alive", id, c)
+		}
+	}
+}

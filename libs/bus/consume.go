@@ -90,8 +90,9 @@ type ConsumerSpec struct {
 	DeliverPolicy jetstream.DeliverPolicy
 	// AckWait before an unacknowledged message is redelivered; default
 	// 5 s. It bounds how long a message held by a consumer that died waits
-	// for another; a live handler is never cut short by it, because the bus
-	// sends InProgress every AckWait/3 while the handler runs (for at most
+	// for another; a live consumer never loses a message to it, because the
+	// bus sends InProgress every AckWait/3 for every message it has taken
+	// and not settled, handled or waiting for a worker (for at most
 	// MaxHandlerTime).
 	AckWait time.Duration
 	// MaxHandlerTime is how long a handler is kept alive with InProgress;
@@ -105,7 +106,10 @@ type ConsumerSpec struct {
 	Backoff []time.Duration
 	// MaxAckPending bounds unacknowledged messages in flight; default 1000.
 	MaxAckPending int
-	// Batch is how many messages a pull asks for; default 256.
+	// Batch is how many messages a pull asks for; default 64. Messages
+	// prefetched into the client are not yet kept alive (the bus sees
+	// them only when it takes them), so Batch × the handler's time should
+	// stay well under AckWait.
 	Batch int
 	// InactiveThreshold removes an abandoned consumer; 0 keeps it.
 	InactiveThreshold time.Duration
@@ -136,7 +140,7 @@ func (s *ConsumerSpec) defaults() {
 		s.MaxAckPending = 1000
 	}
 	if s.Batch <= 0 {
-		s.Batch = 256
+		s.Batch = 64
 	}
 }
 
@@ -195,10 +199,21 @@ func (b *Bus) consumeLoop(ctx context.Context, cons jetstream.Consumer, spec Con
 		return err
 	}
 	defer it.Stop()
-	dispatch := func(raw jetstream.Msg) { b.handle(ctx, spec, raw, h) }
+	// Every message taken from the iterator is held until settled and kept
+	// alive meanwhile, whether it is being handled or waits for a worker:
+	// only a consumer that died lets AckWait pass.
+	hold := &held{msgs: map[jetstream.Msg]time.Time{}}
+	kaCtx, stopKA := context.WithCancel(ctx)
+	defer stopKA()
+	go hold.keepAlive(kaCtx, spec.AckWait/3, spec.MaxHandlerTime)
+	settle := func(raw jetstream.Msg) {
+		b.handle(ctx, spec, raw, h)
+		hold.done(raw)
+	}
+	dispatch := settle
 	if spec.Workers > 1 {
 		var wait func()
-		dispatch, wait = b.workers(ctx, spec, h)
+		dispatch, wait = b.workers(spec, settle)
 		defer wait()
 	}
 	for {
@@ -214,7 +229,52 @@ func (b *Bus) consumeLoop(ctx context.Context, cons jetstream.Consumer, spec Con
 			b.log.Debug("pull consumer hiccup", "stream", spec.Stream, "consumer", spec.Durable, "err", err)
 			continue
 		}
+		hold.add(raw)
 		dispatch(raw)
+	}
+}
+
+// held is the set of messages a consumer has taken and not yet settled.
+type held struct {
+	mu   sync.Mutex
+	msgs map[jetstream.Msg]time.Time // when taken
+}
+
+func (h *held) add(m jetstream.Msg) {
+	h.mu.Lock()
+	h.msgs[m] = time.Now()
+	h.mu.Unlock()
+}
+
+func (h *held) done(m jetstream.Msg) {
+	h.mu.Lock()
+	delete(h.msgs, m)
+	h.mu.Unlock()
+}
+
+// keepAlive sends InProgress for every held message each interval, except
+// those held longer than max: a hung handler must not keep its message
+// from everyone else forever.
+func (h *held) keepAlive(ctx context.Context, interval, max time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		h.mu.Lock()
+		alive := make([]jetstream.Msg, 0, len(h.msgs))
+		for m, since := range h.msgs {
+			if time.Since(since) < max {
+				alive = append(alive, m)
+			}
+		}
+		h.mu.Unlock()
+		for _, m := range alive {
+			_ = m.InProgress()
+		}
 	}
 }
 
@@ -223,7 +283,7 @@ func (b *Bus) consumeLoop(ctx context.Context, cons jetstream.Consumer, spec Con
 // its buffer full: back-pressure instead of unbounded memory. wait stops
 // the workers after their buffered messages (which settle or, once ctx has
 // ended, are Nak'ed for redelivery).
-func (b *Bus) workers(ctx context.Context, spec ConsumerSpec, h Handler) (dispatch func(jetstream.Msg), wait func()) {
+func (b *Bus) workers(spec ConsumerSpec, settle func(jetstream.Msg)) (dispatch func(jetstream.Msg), wait func()) {
 	key := spec.Key
 	if key == nil {
 		key = func(m *Msg) string { return m.Subject }
@@ -234,15 +294,13 @@ func (b *Bus) workers(ctx context.Context, spec ConsumerSpec, h Handler) (dispat
 		queues[i] = make(chan jetstream.Msg, 32)
 		wg.Go(func() {
 			for raw := range queues[i] {
-				b.handle(ctx, spec, raw, h)
+				settle(raw)
 			}
 		})
 	}
 	dispatch = func(raw jetstream.Msg) {
 		f := fnv.New32a()
 		_, _ = f.Write([]byte(key(newMsg(raw))))
-		// Waiting for a busy worker counts against AckWait: restart it.
-		_ = raw.InProgress()
 		queues[f.Sum32()%uint32(len(queues))] <- raw
 	}
 	wait = func() {
@@ -271,9 +329,7 @@ func (b *Bus) handle(ctx context.Context, spec ConsumerSpec, raw jetstream.Msg, 
 	defer span.End()
 	log := b.log.With("subject", m.Subject, "stream_seq", m.StreamSeq, "consumer", spec.Durable)
 
-	stop := keepAlive(raw, spec.AckWait/3, spec.MaxHandlerTime)
 	err := safeCall(ctx, h, m)
-	stop()
 	switch {
 	case err == nil:
 		if aerr := raw.DoubleAck(ctx); aerr != nil && ctx.Err() == nil {
@@ -306,29 +362,6 @@ func (b *Bus) handle(ctx context.Context, spec ConsumerSpec, raw jetstream.Msg, 
 	d := backoff(spec.Backoff, m.NumDelivered)
 	log.Info("handler failed; will retry", "err", err, "delivered", m.NumDelivered, "delay", d)
 	_ = raw.NakWithDelay(d)
-}
-
-// keepAlive sends InProgress every interval until stop is called or max
-// has passed, so a handler slower than AckWait is not redelivered to
-// someone else while it works.
-func keepAlive(raw jetstream.Msg, interval, max time.Duration) (stop func()) {
-	done := make(chan struct{})
-	go func() {
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		deadline := time.After(max)
-		for {
-			select {
-			case <-done:
-				return
-			case <-deadline:
-				return
-			case <-t.C:
-				_ = raw.InProgress()
-			}
-		}
-	}()
-	return func() { close(done) }
 }
 
 // safeCall runs h and turns a panic into a permanent error, so one poison
