@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
@@ -16,6 +17,14 @@ import (
 // cannot use still moves the node's sequence, or every later
 // compare-and-set on that node would fail.
 func (s *server) onLedgerMsg(_ context.Context, m *bus.Msg) error {
+	if strings.HasPrefix(m.Subject, "gp.alloc.refused.") {
+		// A refusal (ours or another replica's) is final for its plan
+		// item: a redelivered plan must not commit what was refused.
+		s.mu.Lock()
+		s.refused[m.ID()] = true
+		s.mu.Unlock()
+		return nil
+	}
 	node := contracts.Token(m.Subject, 3)
 	log := s.log.With("subject", m.Subject, "stream_seq", m.StreamSeq, "node_id", node)
 	var e contracts.LedgerEntry

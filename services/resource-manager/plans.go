@@ -39,6 +39,13 @@ func (s *server) onPlanMsg(ctx context.Context, m *bus.Msg) error {
 	// settle answers one item: committed, or refused in a stream.
 	settle := func(ctx context.Context, i int) error {
 		item := p.Items[i]
+		if s.wasRefused(planID, i, item) {
+			// Answered before this delivery: the scheduler already put the
+			// job back; committing now would be a second, contrary answer.
+			refused.Add(1)
+			settled.Add(1)
+			return nil
+		}
 		v, err := s.commit(ctx, item)
 		if err != nil {
 			log.Warn("plan item not settled; plan will be redelivered", "alloc_id", item.ID, "err", err)
@@ -112,6 +119,22 @@ func commitGroups(items []contracts.Allocation) [][]int {
 	return groups
 }
 
+// refusalKey is what a plan item's RefusalID is made of: its allocation ID,
+// or its index when it has none.
+func refusalKey(i int, a contracts.Allocation) string {
+	if a.ID == "" {
+		return "item-" + strconv.Itoa(i)
+	}
+	return a.ID
+}
+
+// wasRefused reports whether this plan item was refused before.
+func (s *server) wasRefused(planID string, i int, a contracts.Allocation) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.refused[contracts.RefusalID(planID, refusalKey(i, a))]
+}
+
 // refuse publishes the refusal of one plan item on its tenant's subject.
 func (s *server) refuse(ctx context.Context, planID string, i int, a contracts.Allocation, v ledger.Verdict) error {
 	log := s.log.With("plan_id", planID, "alloc_id", a.ID, "node_id", a.NodeID, "tenant", a.Tenant, "reason", string(v.Reason))
@@ -121,18 +144,19 @@ func (s *server) refuse(ctx context.Context, planID string, i int, a contracts.A
 		log.Warn("plan item refused without an answer: invalid tenant", "err", err, "message", v.Message)
 		return nil
 	}
-	key := a.ID
-	if key == "" {
-		key = "item-" + strconv.Itoa(i)
-	}
+	key := refusalKey(i, a)
 	r := contracts.Refusal{
 		SchemaVersion: contracts.SchemaVersion, PlanID: planID, AllocationID: a.ID,
 		Tenant: a.Tenant, JobID: a.JobID, Attempt: a.Attempt, NodeID: a.NodeID,
 		Reason: v.Reason, Message: v.Message, Time: s.cfg.Now(),
 	}
-	if _, err := s.bus.Publish(ctx, contracts.SubjectRefused(a.Tenant), contracts.RefusalID(planID, key), r, bus.CESubject(a.JobID)); err != nil {
+	id := contracts.RefusalID(planID, key)
+	if _, err := s.bus.Publish(ctx, contracts.SubjectRefused(a.Tenant), id, r, bus.CESubject(a.JobID)); err != nil {
 		return err
 	}
+	s.mu.Lock()
+	s.refused[id] = true
+	s.mu.Unlock()
 	log.Debug("plan item refused", "message", v.Message)
 	return nil
 }

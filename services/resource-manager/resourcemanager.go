@@ -69,6 +69,9 @@ type server struct {
 	led       *ledger.Ledger
 	started   map[string]time.Time // live allocation ID -> its run's start
 	nodeLocks map[string]*sync.Mutex
+	// refused holds the RefusalIDs in ALLOCATIONS: a plan item refused once
+	// stays refused when the plan is redelivered.
+	refused map[string]bool
 }
 
 func newServer(cfg Config, b *bus.Bus, log *slog.Logger) *server {
@@ -78,6 +81,7 @@ func newServer(cfg Config, b *bus.Bus, log *slog.Logger) *server {
 		led:       ledger.New(),
 		started:   map[string]time.Time{},
 		nodeLocks: map[string]*sync.Mutex{},
+		refused:   map[string]bool{},
 	}
 }
 
@@ -96,10 +100,14 @@ func (s *server) lockNode(node string) func() {
 
 // run rebuilds, then runs the follows, the liveness loop and the plan
 // consumer until ctx ends.
+// allocSubjects are what the resource manager reads of ALLOCATIONS: the
+// ledger, and refusals (final answers a redelivered plan must respect).
+var allocSubjects = []string{contracts.SubjectLedgerAll, contracts.SubjectRefusedAll}
+
 func (s *server) run(ctx context.Context) error {
 	// 1. The ledger, recording each node's last subject sequence.
 	allocSeq, err := s.bus.Replay(ctx, bus.FollowSpec{Stream: contracts.StreamAllocations,
-		FilterSubjects: []string{contracts.SubjectLedgerAll}}, s.onLedgerMsg)
+		FilterSubjects: allocSubjects}, s.onLedgerMsg)
 	if err != nil {
 		return fmt.Errorf("rebuild ledger: %w", err)
 	}
@@ -125,7 +133,7 @@ func (s *server) run(ctx context.Context) error {
 	// Entries other replicas write, and our own seen again (no-ops).
 	g.Go(func() error {
 		return s.bus.Follow(gctx, bus.FollowSpec{Stream: contracts.StreamAllocations,
-			FilterSubjects: []string{contracts.SubjectLedgerAll}, StartSeq: allocSeq + 1}, s.onLedgerMsg, nil)
+			FilterSubjects: allocSubjects, StartSeq: allocSeq + 1}, s.onLedgerMsg, nil)
 	})
 	g.Go(func() error {
 		return s.bus.Follow(gctx, bus.FollowSpec{Stream: contracts.StreamNodes,

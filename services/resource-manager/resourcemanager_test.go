@@ -366,3 +366,43 @@ func TestConfigFlags(t *testing.T) {
 		t.Errorf("valid flags rejected: %v", err)
 	}
 }
+
+// TestRedeliveredPlanKeepsItsRefusals: a plan redelivered after some of its
+// items were refused (a crash after the refusal, a transient failure of
+// another item) must not commit those items now that they would fit: the
+// scheduler already took the refusal as the answer. Also after a restart.
+func TestRedeliveredPlanKeepsItsRefusals(t *testing.T) {
+	h := newHarness(t)
+	first := h.start(h.config("rm-a"))
+	h.ready(h100, 2, "n1")
+	holder, late := item("j1", 1, "n1", h100, 0), item("j2", 1, "n1", h100, 0)
+	h.plan("p1", holder)
+	h.eventually("holder committed", func() bool { return h.has(holder.ID, contracts.LedgerCommitted) })
+	h.plan("p2", late)
+	h.eventually("late refused", func() bool { _, ok := h.refusal("p2", late.ID); return ok })
+	h.runEvent("n1", contracts.RunEnded, holder, &contracts.RunResult{Outcome: contracts.OutcomeSucceeded}, "")
+	h.eventually("holder released", func() bool { return h.has(holder.ID, contracts.LedgerReleased) })
+
+	redeliver := func(id, marker string) {
+		t.Helper()
+		// The same plan again under a new message ID (past the duplicate
+		// window), then a marker plan: plans are handled in order, so once
+		// the marker commits the redelivery has been handled.
+		h.publish(contracts.SubjectPlan("sched-test"), id,
+			contracts.Plan{SchemaVersion: 1, ID: "p2", Scheduler: "sched-test", Time: h.clock.Now(), Items: []contracts.Allocation{late}})
+		m := item(marker, 1, "n1", h100, 1)
+		h.plan(marker, m)
+		h.eventually("marker "+marker, func() bool { return h.has(m.ID, contracts.LedgerCommitted) })
+		h.locked(func() {
+			if h.has(late.ID, contracts.LedgerCommitted) {
+				t.Fatalf("%s: a refused item was committed on redelivery", id)
+			}
+		})
+		h.runEvent("n1", contracts.RunEnded, m, &contracts.RunResult{Outcome: contracts.OutcomeSucceeded}, "")
+		h.eventually("marker released", func() bool { return h.has(m.ID, contracts.LedgerReleased) })
+	}
+	redeliver("plan/p2-again", "m1")
+	first.stop()
+	h.start(h.config("rm-a"))
+	redeliver("plan/p2-after-restart", "m2")
+}
