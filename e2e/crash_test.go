@@ -265,20 +265,16 @@ func TestServicesSurviveKill9(t *testing.T) {
 
 	// The workload: bursts of submits, several tenants, mixed shapes.
 	tenants := []string{"acme", "globex", "initech", "umbrella"}
-	type job struct {
-		tenant, id string
-		req        contracts.JobRequest
-	}
-	jobs := make([]job, 80)
+	jobs := make([]submitted, 80)
 	for i := range jobs {
 		req := contracts.JobRequest{
 			ID:        fmt.Sprintf("crash-%03d", i),
 			Resources: contracts.Resources{GPU: crashShapes[rng.IntN(len(crashShapes))]},
 			Run:       contracts.RunSpec{Duration: contracts.Duration(time.Duration(200+rng.IntN(1000)) * time.Millisecond)},
 		}
-		jobs[i] = job{tenant: tenants[rng.IntN(len(tenants))], id: req.ID, req: req}
+		jobs[i] = submitted{tenant: tenants[rng.IntN(len(tenants))], id: req.ID, req: req}
 	}
-	var bursts [][]job
+	var bursts [][]submitted
 	for rest := jobs; len(rest) > 0; {
 		n := min(5+rng.IntN(11), len(rest))
 		bursts = append(bursts, rest[:n])
@@ -389,22 +385,7 @@ func TestServicesSurviveKill9(t *testing.T) {
 				t.Logf("slow: +%s: %s", time.Since(submitStart).Round(time.Second), consumerStats(ctx, js))
 			}
 		}()
-		states := map[contracts.JobState]int{}
-		var stuck []string
-		for _, j := range jobs {
-			ev, ok := w.get(j.tenant + "/" + j.id)
-			if !ok {
-				states["unseen"]++
-				continue
-			}
-			states[ev.State]++
-			if ev.State != contracts.StateSucceeded && len(stuck) < 10 {
-				g := j.req.Resources.GPU
-				stuck = append(stuck, fmt.Sprintf("%s/%s (%d×%s) last %s attempt %d: %s %s",
-					j.tenant, j.id, g.Count, g.Model, ev.Type, ev.Attempt, ev.Reason, ev.Message))
-			}
-		}
-		return states[contracts.StateSucceeded] == len(jobs), fmt.Sprintf("%v\n  %s", states, strings.Join(stuck, "\n  "))
+		return w.progress(jobs)
 	})
 	allDone := time.Now()
 

@@ -180,3 +180,32 @@ func apiError(b []byte) (contracts.APIError, error) {
 	}
 	return e, err
 }
+
+// submitted is a job a test submitted.
+type submitted struct {
+	tenant, id string
+	viaAPI     bool
+	req        contracts.JobRequest
+}
+
+// progress reports whether every job succeeded and, for a wait's status,
+// the count by last state and up to ten jobs that have not succeeded, each
+// with its shape, last event and reason.
+func (w *jobWatcher) progress(jobs []submitted) (bool, string) {
+	states := map[contracts.JobState]int{}
+	var stuck []string
+	for _, j := range jobs {
+		ev, ok := w.get(j.tenant + "/" + j.id)
+		if !ok {
+			states["unseen"]++
+			continue
+		}
+		states[ev.State]++
+		if ev.State != contracts.StateSucceeded && len(stuck) < 10 {
+			g := j.req.Resources.GPU
+			stuck = append(stuck, fmt.Sprintf("%s/%s (%d×%s, %s) last %s attempt %d: %s %s",
+				j.tenant, j.id, g.Count, g.Model, j.req.Priority, ev.Type, ev.Attempt, ev.Reason, ev.Message))
+		}
+	}
+	return states[contracts.StateSucceeded] == len(jobs), fmt.Sprintf("%v\n  %s", states, strings.Join(stuck, "\n  "))
+}

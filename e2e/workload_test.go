@@ -60,12 +60,7 @@ func TestPlatformEndToEnd(t *testing.T) {
 
 	tenants := []string{"acme", "globex", "initech"}
 	priorities := []contracts.Priority{"", contracts.PriorityHigh, contracts.PriorityNormal, contracts.PriorityBestEffort, contracts.PriorityCritical}
-	type job struct {
-		tenant, id string
-		viaAPI     bool
-		req        contracts.JobRequest
-	}
-	jobs := make([]job, 200)
+	jobs := make([]submitted, 200)
 	for i := range jobs {
 		tenant := tenants[rng.IntN(len(tenants))]
 		req := contracts.JobRequest{
@@ -75,7 +70,7 @@ func TestPlatformEndToEnd(t *testing.T) {
 			Resources: contracts.Resources{GPU: shapes[rng.IntN(len(shapes))]},
 			Run:       contracts.RunSpec{Duration: contracts.Duration(time.Duration(100+rng.IntN(900)) * time.Millisecond)},
 		}
-		jobs[i] = job{tenant: tenant, id: req.ID, viaAPI: i%2 == 1, req: req}
+		jobs[i] = submitted{tenant: tenant, id: req.ID, viaAPI: i%2 == 1, req: req}
 	}
 
 	var wg sync.WaitGroup
@@ -195,22 +190,7 @@ func TestPlatformEndToEnd(t *testing.T) {
 
 	// Every valid job succeeds.
 	waitFor(t, 3*time.Minute, "all 200 jobs to succeed", func() (bool, string) {
-		states := map[contracts.JobState]int{}
-		var stuck []string
-		for _, j := range jobs {
-			ev, ok := w.get(j.tenant + "/" + j.id)
-			if !ok {
-				states["unseen"]++
-				continue
-			}
-			states[ev.State]++
-			if ev.State != contracts.StateSucceeded && len(stuck) < 10 {
-				g := j.req.Resources.GPU
-				stuck = append(stuck, fmt.Sprintf("%s/%s (%d×%s, %s) last %s attempt %d: %s %s",
-					j.tenant, j.id, g.Count, g.Model, j.req.Priority, ev.Type, ev.Attempt, ev.Reason, ev.Message))
-			}
-		}
-		return states[contracts.StateSucceeded] == len(jobs), fmt.Sprintf("%v\n  %s", states, strings.Join(stuck, "\n  "))
+		return w.progress(jobs)
 	})
 	allDone := time.Now()
 	for _, j := range jobs {

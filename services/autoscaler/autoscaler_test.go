@@ -152,25 +152,7 @@ func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, n
 // checks that it stops cleanly within a bounded time.
 func start(t *testing.T, cfg autoscaler.Config) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- autoscaler.Run(ctx, cfg, quietLog()) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("autoscaler stopped with %v, want nil", err)
-				}
-			case <-time.After(15 * time.Second):
-				t.Error("autoscaler did not stop within 15s")
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return natstest.RunService(t, "autoscaler", func(ctx context.Context) error { return autoscaler.Run(ctx, cfg, quietLog()) })
 }
 
 func publish(t *testing.T, b *bus.Bus, subject, id string, v any) uint64 {

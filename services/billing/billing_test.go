@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -135,25 +134,7 @@ func start(t *testing.T, url string, store billing.Store) (stop func()) {
 	cfg := billing.DefaultConfig()
 	cfg.Bus = service.BusConfig{NATSURL: url, Replicas: 1}
 	cfg.Store = store
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- billing.Run(ctx, cfg, quietLog()) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("billing stopped with %v, want nil", err)
-				}
-			case <-time.After(15 * time.Second):
-				t.Error("billing did not stop within 15s")
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return stop
+	return natstest.RunService(t, "billing", func(ctx context.Context) error { return billing.Run(ctx, cfg, quietLog()) })
 }
 
 func alloc(tenant, job string, attempt int, node string, gpus int) contracts.Allocation {

@@ -225,31 +225,16 @@ func startMonitorStoppable(t *testing.T, url string, silentAfter time.Duration) 
 	cfg.SilentAfter = silentAfter
 	listening := make(chan string, 1)
 	cfg.OnListen = func(addr string) { listening <- addr }
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- monitor.Run(ctx, cfg, quietLog()) }()
-	stopped := false
-	stop := func() {
-		t.Helper()
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("monitor stopped with %v, want nil", err)
-			}
-		case <-time.After(15 * time.Second):
-			t.Error("monitor did not stop within 15s")
-		}
-	}
-	t.Cleanup(stop)
+	exited := make(chan error, 1)
+	stop := natstest.RunService(t, "monitor", func(ctx context.Context) error {
+		err := monitor.Run(ctx, cfg, quietLog())
+		exited <- err
+		return err
+	})
 	select {
 	case addr := <-listening:
 		return addr, stop
-	case err := <-done:
+	case err := <-exited:
 		t.Fatalf("monitor exited before listening: %v", err)
 	case <-time.After(15 * time.Second):
 		t.Fatal("monitor not listening after 15s")

@@ -4,6 +4,7 @@ package natstest
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -44,4 +45,30 @@ func ForgetMsgIDs(t testing.TB, js jetstream.JetStream, stream string) {
 		t.Fatalf("shorten duplicate window of %s: %v", stream, err)
 	}
 	time.Sleep(400 * time.Millisecond)
+}
+
+// RunService runs a service's Run in the background until stop is called
+// or the test ends; stop cancels it and fails the test unless Run returns
+// nil within 15 s (a clean shutdown is part of every service's contract).
+func RunService(t testing.TB, name string, run func(ctx context.Context) error) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("%s stopped with %v, want nil", name, err)
+				}
+			case <-time.After(15 * time.Second):
+				t.Errorf("%s did not stop within 15s", name)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
 }
