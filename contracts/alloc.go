@@ -5,11 +5,31 @@ import (
 	"time"
 )
 
-// DeviceRef names one GPU of a node.
+// DeviceRef names one GPU of a node, or a MIG instance or a share of one.
+// A run sees MIG.UUID when MIG is set, the GPU's UUID otherwise.
 type DeviceRef struct {
 	Index int    `json:"index"`
 	UUID  string `json:"uuid"`
 	Model string `json:"model"`
+	// MIG is set when the allocation holds one MIG instance of the GPU.
+	MIG *MIGInstance `json:"mig,omitempty"`
+	// Share is set when the allocation holds a fraction of the GPU (run
+	// under MPS with these limits).
+	Share *GPUShare `json:"share,omitempty"`
+}
+
+// GPUShare is a fraction of one GPU: framebuffer and SM share.
+type GPUShare struct {
+	MemoryMiB      int64 `json:"memoryMiB"`
+	ComputePercent int   `json:"computePercent"` // 1..100
+}
+
+// VisibleUUID is what CUDA_VISIBLE_DEVICES names for d.
+func (d DeviceRef) VisibleUUID() string {
+	if d.MIG != nil && d.MIG.UUID != "" {
+		return d.MIG.UUID
+	}
+	return d.UUID
 }
 
 // Allocation is a set of devices of one node given to one attempt of one job.
@@ -105,7 +125,29 @@ type RunKind string
 const (
 	RunStarted RunKind = "started"
 	RunEnded   RunKind = "ended"
+	// RunCheckpointed reports a complete checkpoint of a running job (see
+	// Checkpoint); a run may report many.
+	RunCheckpointed RunKind = "checkpointed"
 )
+
+// Checkpoint is a complete checkpoint a run wrote, following the protocol
+// in FLOWS.md: the agent gives every run GPUPLANE_CHECKPOINT_DIR (one
+// directory per job, kept across attempts); on a checkpoint command it
+// sends SIGUSR1 to the run's process group; the job writes its state into
+// a new subdirectory and then, last, writes the subdirectory's name into
+// GPUPLANE_CHECKPOINT_DIR/LATEST (write a temporary file, rename it). The
+// agent reports each new LATEST. A later attempt finds the last complete
+// checkpoint through LATEST and GPUPLANE_RESTORE_FROM.
+type Checkpoint struct {
+	// Name is the subdirectory LATEST names.
+	Name string `json:"name"`
+	// Dir is its full path on the node.
+	Dir string `json:"dir"`
+	// Requested is true when the checkpoint answered a checkpoint command,
+	// false when the job wrote one on its own.
+	Requested bool      `json:"requested"`
+	Time      time.Time `json:"time"`
+}
 
 // RunOutcome is how a run ended.
 type RunOutcome string
@@ -141,6 +183,16 @@ type RunEvent struct {
 	Time          time.Time   `json:"time"`
 	// Result is set on ended.
 	Result *RunResult `json:"result,omitempty"`
+	// PID is the run's process (group leader) on started, 0 for a
+	// simulated run.
+	PID int `json:"pid,omitempty"`
+	// Checkpoint is set on checkpointed.
+	Checkpoint *Checkpoint `json:"checkpoint,omitempty"`
+}
+
+// RunCheckpointID is the Nats-Msg-Id of a checkpointed fact.
+func RunCheckpointID(allocationID, name string) string {
+	return "run/checkpointed/" + allocationID + "/" + name
 }
 
 // RunEventID is the Nats-Msg-Id of a run fact.
@@ -159,7 +211,38 @@ const (
 	// period, SIGKILL. Stopping an allocation the agent has not started yet
 	// makes it never start. Idempotent.
 	CommandStopRun NodeCommandKind = "stop_run"
+	// CommandCheckpointRun asks the run of an allocation to write a
+	// checkpoint (SIGUSR1, see Checkpoint); the agent reports it with a
+	// checkpointed run fact. A run that does not checkpoint ignores it.
+	CommandCheckpointRun NodeCommandKind = "checkpoint_run"
+	// CommandInjectFault injects Fault into a simulated machine, for tests
+	// and drills; an agent on real GPUs refuses it (logs and acks).
+	CommandInjectFault NodeCommandKind = "inject_fault"
 )
+
+// FaultKind names a fault a simulated machine can be given.
+type FaultKind string
+
+const (
+	FaultXID          FaultKind = "xid"           // an XID error on one GPU; Code (default 79: fell off the bus)
+	FaultECCDBE       FaultKind = "ecc_dbe"       // a double-bit ECC error on one GPU
+	FaultOverheat     FaultKind = "overheat"      // one GPU runs hot (above its slowdown temperature)
+	FaultMachineDeath FaultKind = "machine_death" // the machine and its agent stop at once; runs die
+	FaultAgentPause   FaultKind = "agent_pause"   // the agent stops publishing for Duration; runs go on
+	FaultClear        FaultKind = "clear"         // every fault of the GPU (or of the machine when GPU is empty) ends
+)
+
+// Fault is a fault to inject. GPU names the GPU by UUID or by index ("3");
+// empty means the first GPU for per-GPU faults and the whole machine for
+// clear. Duration bounds overheat and agent_pause (0: until cleared for
+// overheat, 30s for agent_pause).
+type Fault struct {
+	ID       string    `json:"id"`
+	Kind     FaultKind `json:"kind"`
+	GPU      string    `json:"gpu,omitempty"`
+	Code     int       `json:"code,omitempty"`
+	Duration Duration  `json:"duration,omitempty"`
+}
 
 // NodeCommand is a command for one node agent on SubjectNodeCommands(node).
 type NodeCommand struct {
@@ -171,8 +254,52 @@ type NodeCommand struct {
 	Attempt       int             `json:"attempt"`
 	Reason        Reason          `json:"reason"`
 	GracePeriod   Duration        `json:"gracePeriod,omitempty"`
-	Time          time.Time       `json:"time"`
+	// Fault is set on inject_fault (AllocationID is empty then).
+	Fault *Fault    `json:"fault,omitempty"`
+	Time  time.Time `json:"time"`
 }
+
+// FaultCommandID is the Nats-Msg-Id of an inject_fault command.
+func FaultCommandID(nodeID, faultID string) string {
+	return "cmd/inject_fault/" + nodeID + "/" + faultID
+}
+
+// CheckpointCommandID is the Nats-Msg-Id of a checkpoint_run command; seq
+// tells the requests of one allocation apart.
+func CheckpointCommandID(allocationID string, seq int) string {
+	return "cmd/checkpoint_run/" + allocationID + "/" + strconv.Itoa(seq)
+}
+
+// LogChunk is a piece of a run's output (stdout and stderr interleaved as
+// written), published by the node agent on SubjectLogs(tenant, job) with
+// Nats-Msg-Id LogChunkID. Offset is the byte offset of Data in the run's
+// log; the last chunk of a run has EOF set (and ExitCode). Data is the raw
+// bytes as a string; invalid UTF-8 is replaced.
+type LogChunk struct {
+	SchemaVersion int       `json:"schemaVersion"`
+	AllocationID  string    `json:"allocationId"`
+	Tenant        string    `json:"tenant"`
+	JobID         string    `json:"jobId"`
+	Attempt       int       `json:"attempt"`
+	NodeID        string    `json:"nodeId"`
+	Offset        int64     `json:"offset"`
+	Data          string    `json:"data"`
+	EOF           bool      `json:"eof,omitempty"`
+	ExitCode      int       `json:"exitCode,omitempty"`
+	Time          time.Time `json:"time"`
+}
+
+// LogChunkID is the Nats-Msg-Id of a log chunk.
+func LogChunkID(allocationID string, offset int64, eof bool) string {
+	id := "log/" + allocationID + "/" + strconv.FormatInt(offset, 10)
+	if eof {
+		id += "/eof"
+	}
+	return id
+}
+
+// MaxLogChunk is the most bytes of output one LogChunk carries.
+const MaxLogChunk = 32 << 10
 
 // NodeCommandID is the Nats-Msg-Id of a node command.
 func NodeCommandID(kind NodeCommandKind, allocationID string) string {

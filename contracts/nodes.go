@@ -15,7 +15,53 @@ type GPUInfo struct {
 	// NVLinkDomain groups GPUs connected by NVLink/NVSwitch; "" means PCIe only.
 	NVLinkDomain string `json:"nvlinkDomain,omitempty"`
 	Healthy      bool   `json:"healthy"`
+	// ComputeCapability is the CUDA compute capability, "major.minor" ("9.0").
+	ComputeCapability string `json:"computeCapability,omitempty"`
+	// MIGEnabled is the GPU's current MIG mode. The agent reads it and the
+	// instances below; it never changes them (an administrator does).
+	MIGEnabled bool `json:"migEnabled,omitempty"`
+	// MIGInstances are the MIG devices that exist on this GPU now.
+	MIGInstances []MIGInstance `json:"migInstances,omitempty"`
 }
+
+// MIGInstance is one MIG device (a GPU instance with its compute instance)
+// of a GPU. Start and Size are its placement on the parent in memory
+// slices, as nvidia-smi mig -lgip reports them ("placements: {0,2,4}:2").
+type MIGInstance struct {
+	UUID      string `json:"uuid"`    // MIG-<uuid>, what CUDA_VISIBLE_DEVICES takes
+	Profile   string `json:"profile"` // "1g.10gb", "3g.40gb", ...
+	GIID      int    `json:"giId"`
+	CIID      int    `json:"ciId"`
+	Start     int    `json:"start"`
+	Size      int    `json:"size"`
+	MemoryMiB int64  `json:"memoryMiB"`
+}
+
+// GPULink is how two GPUs of a machine reach each other, as
+// `nvidia-smi topo -m` shows it. A < B; every pair appears once.
+type GPULink struct {
+	A int `json:"a"`
+	B int `json:"b"`
+	// NVLinks is the number of active NVLink links between the two (through
+	// an NVSwitch every GPU reaches every other with all its links); 0 when
+	// they talk over PCIe only.
+	NVLinks int `json:"nvlinks"`
+	// Path is the closest common ancestor on PCIe: one of the TopoPath values.
+	Path TopoPath `json:"path"`
+}
+
+// TopoPath is nvidia-smi's name for the PCIe path between two GPUs, from
+// nearest to farthest; it mirrors NVML's GpuTopologyLevel.
+type TopoPath string
+
+const (
+	TopoInternal   TopoPath = "X"    // same board (NVML TOPOLOGY_INTERNAL)
+	TopoSingle     TopoPath = "PIX"  // one PCIe switch
+	TopoMultiple   TopoPath = "PXB"  // several PCIe switches, no host bridge
+	TopoHostBridge TopoPath = "PHB"  // a PCIe host bridge
+	TopoNode       TopoPath = "NODE" // host bridges within one NUMA node
+	TopoSystem     TopoPath = "SYS"  // across NUMA nodes (SMP interconnect)
+)
 
 // NodeInventory is what a node agent publishes on SubjectInventory(node) at
 // start and whenever it changes. The latest one per node is the truth.
@@ -29,9 +75,15 @@ type NodeInventory struct {
 	PriceClass    string            `json:"priceClass,omitempty"` // on-demand, spot, reserved
 	Labels        map[string]string `json:"labels,omitempty"`
 	Backend       string            `json:"backend"` // sim or nvml
-	CPUMilli      int64             `json:"cpuMilli"`
-	MemoryMiB     int64             `json:"memoryMiB"`
-	GPUs          []GPUInfo         `json:"gpus"`
+	// DriverVersion and CUDAVersion are the NVIDIA driver's ("550.54.15")
+	// and the CUDA version it supports ("12.4").
+	DriverVersion string `json:"driverVersion,omitempty"`
+	CUDAVersion   string `json:"cudaVersion,omitempty"`
+	// Topology links every pair of the machine's GPUs (by index).
+	Topology  []GPULink `json:"topology,omitempty"`
+	CPUMilli  int64     `json:"cpuMilli"`
+	MemoryMiB int64     `json:"memoryMiB"`
+	GPUs      []GPUInfo `json:"gpus"`
 	// Incarnation changes every time the agent process starts, so consumers
 	// can tell a restart from a redelivery.
 	Incarnation string    `json:"incarnation"`
@@ -67,8 +119,66 @@ type GPUSample struct {
 	TempC       float64 `json:"tempC"`       // DCGM_FI_DEV_GPU_TEMP (°C)
 	PowerW      float64 `json:"powerW"`      // DCGM_FI_DEV_POWER_USAGE (W)
 	SMClockMHz  float64 `json:"smClockMHz"`  // DCGM_FI_DEV_SM_CLOCK (MHz)
+	// PowerLimitW is the enforced power limit: DCGM_FI_DEV_POWER_MGMT_LIMIT (W).
+	PowerLimitW float64 `json:"powerLimitW,omitempty"`
+	// ECCSBE and ECCDBE are the volatile single- and double-bit ECC error
+	// counts since the driver loaded: DCGM_FI_DEV_ECC_SBE_VOL_TOTAL,
+	// DCGM_FI_DEV_ECC_DBE_VOL_TOTAL.
+	ECCSBE int64 `json:"eccSbe,omitempty"`
+	ECCDBE int64 `json:"eccDbe,omitempty"`
+	// ThrottleReasons is NVML's clocks-event-reasons bit mask:
+	// DCGM_FI_DEV_CLOCK_THROTTLE_REASONS. ThrottleReasonNames decodes it.
+	ThrottleReasons uint64 `json:"throttleReasons,omitempty"`
+	// LastXID is the last XID error the GPU raised: DCGM_FI_DEV_XID_ERRORS.
+	LastXID int `json:"lastXid,omitempty"`
+	// Processes are the compute processes on the GPU now.
+	Processes []GPUProcess `json:"processes,omitempty"`
+	// Healthy is false once the agent has seen a fault that makes the GPU
+	// unusable (XID 79/48/..., double-bit ECC, fell off the bus).
+	Healthy bool `json:"healthy"`
 	// AllocationID is the allocation holding this GPU, "" when idle.
 	AllocationID string `json:"allocationId,omitempty"`
+}
+
+// GPUProcess is one process using a GPU.
+type GPUProcess struct {
+	PID     int   `json:"pid"`
+	UsedMiB int64 `json:"usedMiB"`
+}
+
+// Throttle reason bits, NVML's nvmlClocksEventReason* values.
+const (
+	ThrottleGPUIdle          uint64 = 0x1
+	ThrottleAppClocksSetting uint64 = 0x2
+	ThrottleSWPowerCap       uint64 = 0x4
+	ThrottleHWSlowdown       uint64 = 0x8
+	ThrottleSyncBoost        uint64 = 0x10
+	ThrottleSWThermal        uint64 = 0x20
+	ThrottleHWThermal        uint64 = 0x40
+	ThrottleHWPowerBrake     uint64 = 0x80
+	ThrottleDisplayClocks    uint64 = 0x100
+)
+
+var throttleNames = []struct {
+	bit  uint64
+	name string
+}{
+	{ThrottleGPUIdle, "gpu_idle"}, {ThrottleAppClocksSetting, "applications_clocks_setting"},
+	{ThrottleSWPowerCap, "sw_power_cap"}, {ThrottleHWSlowdown, "hw_slowdown"},
+	{ThrottleSyncBoost, "sync_boost"}, {ThrottleSWThermal, "sw_thermal_slowdown"},
+	{ThrottleHWThermal, "hw_thermal_slowdown"}, {ThrottleHWPowerBrake, "hw_power_brake_slowdown"},
+	{ThrottleDisplayClocks, "display_clock_setting"},
+}
+
+// ThrottleReasonNames decodes a throttle reason mask into names, in bit order.
+func ThrottleReasonNames(mask uint64) []string {
+	var out []string
+	for _, t := range throttleNames {
+		if mask&t.bit != 0 {
+			out = append(out, t.name)
+		}
+	}
+	return out
 }
 
 // Telemetry is one tick of one machine: all its GPUs in one message, on
@@ -108,15 +218,47 @@ func NodeEventID(kind NodeLifecycleKind, nodeID string, seq uint64) string {
 	return "node/" + string(kind) + "/" + nodeID + "/" + strconv.FormatUint(seq, 10)
 }
 
-// HealthEvent reports a GPU health fact (XID, ECC, thermal) on
-// SubjectNodeHealth(node).
+// HealthKind names a GPU health fact.
+type HealthKind string
+
+const (
+	// HealthXID is an XID error; Code is the XID. Whether it makes the GPU
+	// unhealthy depends on the XID (79 fell off the bus, 48 double-bit ECC,
+	// 63/64 row remapping, 74 NVLink, 92/94/95 ECC, 119/120 GSP).
+	HealthXID HealthKind = "xid"
+	// HealthECCDBE is a rise of the volatile double-bit ECC error count.
+	HealthECCDBE HealthKind = "ecc_dbe"
+	// HealthThermal is a GPU at or above its slowdown temperature (Healthy
+	// stays true: the GPU works, slowly) or back below it.
+	HealthThermal HealthKind = "thermal"
+	// HealthFellOffBus is a GPU the driver can no longer reach.
+	HealthFellOffBus HealthKind = "fell_off_bus"
+	// HealthRecovered says a GPU reported unhealthy before is usable again
+	// (after a reset by an administrator, or a cleared simulated fault).
+	HealthRecovered HealthKind = "recovered"
+)
+
+// HealthEvent reports a GPU health fact on SubjectNodeHealth(node). Its
+// Nats-Msg-Id is HealthEventID.
 type HealthEvent struct {
-	SchemaVersion int       `json:"schemaVersion"`
-	NodeID        string    `json:"nodeId"`
-	GPUUUID       string    `json:"gpuUuid"`
-	Kind          string    `json:"kind"` // xid, ecc_dbe, thermal, fell_off_bus
-	Code          int       `json:"code,omitempty"`
-	Healthy       bool      `json:"healthy"`
-	Message       string    `json:"message,omitempty"`
-	Time          time.Time `json:"time"`
+	SchemaVersion int        `json:"schemaVersion"`
+	NodeID        string     `json:"nodeId"`
+	Incarnation   string     `json:"incarnation,omitempty"`
+	Seq           uint64     `json:"seq"` // per agent incarnation, from 1
+	GPUUUID       string     `json:"gpuUuid"`
+	GPUIndex      int        `json:"gpuIndex"`
+	Kind          HealthKind `json:"kind"`
+	Code          int        `json:"code,omitempty"`
+	// Healthy is whether the GPU may still be given to new work.
+	Healthy bool      `json:"healthy"`
+	Message string    `json:"message,omitempty"`
+	Time    time.Time `json:"time"`
 }
+
+// HealthEventID is the Nats-Msg-Id of a health event.
+func HealthEventID(nodeID, incarnation string, seq uint64) string {
+	return "health/" + nodeID + "/" + incarnation + "/" + strconv.FormatUint(seq, 10)
+}
+
+// CEType is the CloudEvents type of a health event.
+func (e HealthEvent) CEType() string { return "io.gpuplane.node.health." + string(e.Kind) + ".v1" }

@@ -29,6 +29,7 @@ var schemaTypes = map[string]any{
 	"scale-decision.json": ScaleDecision{},
 	"alert.json":          Alert{},
 	"usage-record.json":   UsageRecord{},
+	"log-chunk.json":      LogChunk{},
 }
 
 // Schemas returns the JSON Schema document of every message, by file name.

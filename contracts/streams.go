@@ -22,6 +22,7 @@ const (
 	StreamOps          = "OPS"           // demand, scale decisions, alerts
 	StreamUsage        = "USAGE"         // usage records (log of record)
 	StreamDeadLetters  = "DEAD_LETTERS"  // messages consumers gave up on
+	StreamLogs         = "LOGS"          // run output, per tenant and job
 )
 
 // DuplicateWindow is how long JetStream remembers a Nats-Msg-Id. Handlers
@@ -40,6 +41,14 @@ type StreamOptions struct {
 	Memory bool
 	// TelemetryMaxAge bounds how long telemetry is kept (default 10 minutes).
 	TelemetryMaxAge time.Duration
+	// LogsMaxBytes bounds the LOGS stream; the oldest output goes first
+	// (default 1 GiB).
+	LogsMaxBytes int64
+}
+
+func logs(c jetstream.StreamConfig, maxBytes int64) jetstream.StreamConfig {
+	c.MaxBytes = maxBytes
+	return c
 }
 
 // Streams returns the configuration of every stream of the platform. It is
@@ -51,6 +60,9 @@ func Streams(o StreamOptions) []jetstream.StreamConfig {
 	}
 	if o.TelemetryMaxAge <= 0 {
 		o.TelemetryMaxAge = 10 * time.Minute
+	}
+	if o.LogsMaxBytes <= 0 {
+		o.LogsMaxBytes = 1 << 30
 	}
 	storage := jetstream.FileStorage
 	if o.Memory {
@@ -99,5 +111,6 @@ func Streams(o StreamOptions) []jetstream.StreamConfig {
 		aging(StreamOps, "pending demand, scale decisions and alerts", 7*24*time.Hour, -1, SubjectDemandAll, SubjectScaleAll, SubjectAlertsAll),
 		record(StreamUsage, "metered usage records, per tenant", SubjectUsageAll),
 		aging(StreamDeadLetters, "messages a consumer gave up on, for inspection", 30*24*time.Hour, -1, SubjectDeadLetterAll),
+		logs(aging(StreamLogs, "run output chunks, per tenant and job", 7*24*time.Hour, -1, SubjectLogsAll), o.LogsMaxBytes),
 	}
 }

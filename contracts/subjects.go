@@ -59,6 +59,9 @@ const (
 	// SubjectUsageAll matches usage records: gp.usage.<tenant>.
 	SubjectUsageAll = "gp.usage.*"
 
+	// SubjectLogsAll matches run output: gp.logs.<tenant>.<job>.
+	SubjectLogsAll = "gp.logs.>"
+
 	// SubjectDeadLetterAll matches messages a consumer gave up on: gp.dlq.<stream>.<consumer>.
 	SubjectDeadLetterAll = "gp.dlq.>"
 )
@@ -118,6 +121,9 @@ func SubjectAlert(kind string) string { return "gp.alerts." + kind }
 
 // SubjectUsage is where billing publishes a tenant's usage records.
 func SubjectUsage(tenant string) string { return "gp.usage." + tenant }
+
+// SubjectLogs is where the output of a job's runs (every attempt) goes.
+func SubjectLogs(tenant, jobID string) string { return "gp.logs." + tenant + "." + jobID }
 
 // SubjectDeadLetter is where a consumer parks a message it gave up on.
 func SubjectDeadLetter(stream, consumer string) string {
