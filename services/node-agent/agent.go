@@ -32,6 +32,7 @@ import (
 	"github.com/gpuplane/gpuplane/libs/bus"
 	"github.com/gpuplane/gpuplane/libs/service"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/catalog"
+	"github.com/gpuplane/gpuplane/services/node-agent/internal/device"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/runner"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/sim"
 )
@@ -81,6 +82,7 @@ type agent struct {
 	backend     Backend
 	runner      Runner
 	incarnation string
+	machine     device.Machine
 	gpus        []contracts.GPUInfo
 	byUUID      map[string]contracts.GPUInfo
 
@@ -139,10 +141,12 @@ func newIncarnation() string {
 // run rebuilds the agent's facts, reports runs a previous agent left
 // behind, publishes the inventory, then runs its loops together.
 func (a *agent) run(ctx context.Context) error {
-	gpus, err := a.backend.Discover(ctx)
+	machine, err := a.backend.Discover(ctx)
 	if err != nil {
 		return fmt.Errorf("discover GPUs: %w", err)
 	}
+	gpus := machine.GPUs
+	a.machine = machine
 	a.gpus = gpus
 	a.byUUID = make(map[string]contracts.GPUInfo, len(gpus))
 	for _, g := range gpus {
@@ -227,6 +231,9 @@ func (a *agent) publishInventory(ctx context.Context, version int) error {
 		PriceClass:    a.cfg.PriceClass,
 		Labels:        a.cfg.Labels,
 		Backend:       a.backend.Kind(),
+		DriverVersion: a.machine.DriverVersion,
+		CUDAVersion:   a.machine.CUDAVersion,
+		Topology:      a.machine.Topology,
 		CPUMilli:      a.cfg.CPUMilli,
 		MemoryMiB:     a.cfg.MemoryMiB,
 		GPUs:          a.gpus,

@@ -20,6 +20,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/catalog"
+	"github.com/gpuplane/gpuplane/services/node-agent/internal/device"
 )
 
 // Kind is the backend name reported in NodeInventory.Backend.
@@ -114,10 +115,10 @@ func New(cfg Config) (*Backend, error) {
 func (b *Backend) Kind() string { return Kind }
 
 // Discover returns the machine's GPUs.
-func (b *Backend) Discover(context.Context) ([]contracts.GPUInfo, error) {
+func (b *Backend) Discover(context.Context) (device.Machine, error) {
 	out := make([]contracts.GPUInfo, len(b.gpus))
 	copy(out, b.gpus)
-	return out, nil
+	return device.Machine{GPUs: out}, nil
 }
 
 // Sample reads every GPU at now. busy maps the UUID of each GPU held by a

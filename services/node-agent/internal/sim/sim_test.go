@@ -58,7 +58,8 @@ func TestDiscoverBuildsTheMachine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gpus, _ := b.Discover(context.Background())
+	m, _ := b.Discover(context.Background())
+	gpus := m.GPUs
 	if len(gpus) != 8 {
 		t.Fatalf("%d GPUs, want 8", len(gpus))
 	}
@@ -81,7 +82,8 @@ func TestDiscoverBuildsTheMachine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gpus, _ = l4.Discover(context.Background())
+	m, _ = l4.Discover(context.Background())
+	gpus = m.GPUs
 	for _, g := range gpus {
 		if g.NVLinkDomain != "" {
 			t.Errorf("PCIe L4 %d in NVLink domain %q", g.Index, g.NVLinkDomain)
@@ -111,7 +113,9 @@ func TestTelemetryIsPlausible(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gpus, _ := b.Discover(context.Background())
+	disc, _ := b.Discover(context.Background())
+	gpus := disc.GPUs
+
 	busy := map[string]string{}
 	for _, g := range gpus[:4] {
 		busy[g.UUID] = "acme/train/1"
