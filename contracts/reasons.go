@@ -59,15 +59,18 @@ const (
 
 // Refusal reasons: why the resource manager refused a plan item.
 const (
-	RefusedUnknownNode    Reason = "unknown_node"
-	RefusedNodeNotReady   Reason = "node_not_ready"
-	RefusedUnknownDevice  Reason = "unknown_device"
-	RefusedDeviceTaken    Reason = "device_taken"
-	RefusedAlreadyPlaced  Reason = "job_already_allocated"
-	RefusedStaleEpoch     Reason = "stale_epoch"
-	RefusedInvalidPlan    Reason = "invalid_plan"
-	RefusedModelMismatch  Reason = "gpu_model_mismatch"
-	RefusedCommitConflict Reason = "commit_conflict"
+	RefusedUnknownNode   Reason = "unknown_node"
+	RefusedNodeNotReady  Reason = "node_not_ready"
+	RefusedUnknownDevice Reason = "unknown_device"
+	RefusedDeviceTaken   Reason = "device_taken"
+	// RefusedDeviceUnhealthy: the node's latest inventory marks the GPU
+	// unhealthy.
+	RefusedDeviceUnhealthy Reason = "device_unhealthy"
+	RefusedAlreadyPlaced   Reason = "job_already_allocated"
+	RefusedStaleEpoch      Reason = "stale_epoch"
+	RefusedInvalidPlan     Reason = "invalid_plan"
+	RefusedModelMismatch   Reason = "gpu_model_mismatch"
+	RefusedCommitConflict  Reason = "commit_conflict"
 )
 
 // Release, stop and failure reasons.

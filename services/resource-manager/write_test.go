@@ -34,7 +34,7 @@ func writeServer(t *testing.T) (*server, *bus.Bus) {
 	for _, n := range []string{"n1", "n2"} {
 		inv := contracts.NodeInventory{NodeID: n}
 		for i := range 4 {
-			inv.GPUs = append(inv.GPUs, contracts.GPUInfo{Index: i, UUID: gpu(n, i), Model: "L4"})
+			inv.GPUs = append(inv.GPUs, contracts.GPUInfo{Index: i, UUID: gpu(n, i), Model: "L4", Healthy: true})
 		}
 		s.led.SetInventory(inv)
 		s.led.SetReady(n, true)

@@ -232,6 +232,11 @@ func (l *Ledger) Verify(a contracts.Allocation) Verdict {
 			return refuse(contracts.RefusedUnknownDevice, "GPU %s is index %d on node %s, not %d", d.UUID, g.Index, a.NodeID, d.Index)
 		case g.Model != d.Model:
 			return refuse(contracts.RefusedModelMismatch, "GPU %s on node %s is %s, not %s", d.UUID, a.NodeID, g.Model, d.Model)
+		case !g.Healthy:
+			// The agent reported a fault (XID, double-bit ECC, fell off
+			// the bus) after the scheduler's snapshot: new work stays off
+			// the GPU until the agent reports it recovered.
+			return refuse(contracts.RefusedDeviceUnhealthy, "GPU %s on node %s is unhealthy", d.UUID, a.NodeID)
 		}
 	}
 	for _, d := range a.Devices {

@@ -40,7 +40,9 @@ func released(a contracts.Allocation) contracts.LedgerEntry {
 func fixture(t *testing.T) *Ledger {
 	t.Helper()
 	l := New()
-	l.SetInventory(contracts.NodeInventory{NodeID: "n1", GPUs: gpus("n1", 4, "H100-80GB")})
+	n1 := gpus("n1", 4, "H100-80GB")
+	n1[3].Healthy = false // an XID made it unusable
+	l.SetInventory(contracts.NodeInventory{NodeID: "n1", GPUs: n1})
 	l.SetReady("n1", true)
 	l.SetInventory(contracts.NodeInventory{NodeID: "n2", GPUs: gpus("n2", 4, "H100-80GB")})
 	l.SetReady("n2", false)
@@ -88,6 +90,7 @@ func TestVerifyReasons(t *testing.T) {
 		"index mismatch":           {item: alloc("acme", "j", 1, "n1", contracts.DeviceRef{Index: 3, UUID: "GPU-n1-1", Model: "H100-80GB"}), want: contracts.RefusedUnknownDevice},
 		"model mismatch":           {item: alloc("acme", "j", 1, "n1", dev("n1", 1, "A100-80GB")), want: contracts.RefusedModelMismatch},
 		"taken":                    {item: alloc("acme", "j", 1, "n1", h(1), h(0)), want: contracts.RefusedDeviceTaken},
+		"unhealthy":                {item: alloc("acme", "j", 1, "n1", h(1), h(3)), want: contracts.RefusedDeviceUnhealthy},
 		"released device is free":  {item: alloc("acme", "j", 1, "n3", dev("n3", 0, "A100-80GB"))},
 		"unknown beats taken":      {item: alloc("acme", "j", 1, "n1", h(0), dev("n1", 9, "H100-80GB")), want: contracts.RefusedUnknownDevice},
 		"already placed beats bad": {item: alloc("acme", "held", 1, "n9", h(0)), want: contracts.RefusedAlreadyPlaced},

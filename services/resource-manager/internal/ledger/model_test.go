@@ -90,6 +90,8 @@ func (m *model) verify(a contracts.Allocation) (contracts.Reason, bool) {
 			return contracts.RefusedUnknownDevice, false
 		case inv[i].Model != d.Model:
 			return contracts.RefusedModelMismatch, false
+		case !inv[i].Healthy:
+			return contracts.RefusedDeviceUnhealthy, false
 		}
 	}
 	for _, o := range live {
@@ -138,7 +140,8 @@ func runModel(seed uint64, steps int) error {
 		model := models[rng.IntN(len(models))]
 		g := make([]contracts.GPUInfo, n)
 		for i := range g {
-			g[i] = contracts.GPUInfo{Index: i, UUID: fmt.Sprintf("GPU-%s-%d", node, i), Model: model}
+			// One GPU in ten is reported unhealthy (an XID, an ECC error).
+			g[i] = contracts.GPUInfo{Index: i, UUID: fmt.Sprintf("GPU-%s-%d", node, i), Model: model, Healthy: rng.IntN(10) != 0}
 		}
 		m.inv[node] = g
 		l.SetInventory(contracts.NodeInventory{NodeID: node, GPUs: slices.Clone(g)})
