@@ -133,7 +133,7 @@ const (
 // Checkpoint is a complete checkpoint a run wrote, following the protocol
 // in FLOWS.md: the agent gives every run GPUPLANE_CHECKPOINT_DIR (one
 // directory per job, kept across attempts); on a checkpoint command it
-// sends SIGUSR1 to the run's process group; the job writes its state into
+// sends SIGUSR1 to the run's command (its process group leader); the job writes its state into
 // a new subdirectory and then, last, writes the subdirectory's name into
 // GPUPLANE_CHECKPOINT_DIR/LATEST (write a temporary file, rename it). The
 // agent reports each new LATEST. A later attempt finds the last complete
@@ -216,7 +216,9 @@ const (
 	// checkpointed run fact. A run that does not checkpoint ignores it.
 	CommandCheckpointRun NodeCommandKind = "checkpoint_run"
 	// CommandInjectFault injects Fault into a simulated machine, for tests
-	// and drills; an agent on real GPUs refuses it (logs and acks).
+	// and drills; an agent on real GPUs refuses it (logs and acks). An agent
+	// applies each Fault.ID once, and never one that was already in the
+	// stream when it started (it hit an earlier incarnation).
 	CommandInjectFault NodeCommandKind = "inject_fault"
 )
 

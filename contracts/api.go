@@ -14,9 +14,17 @@ import (
 //	GET    /v1/tenants/{tenant}/jobs/{id}/events  -> text/event-stream of JobEvent, history first
 //	GET    /v1/tenants/{tenant}/events            -> text/event-stream of the tenant's JobEvents
 //	GET    /v1/tenants/{tenant}/usage             -> 200 UsageSummary
+//	GET    /v1/tenants/{tenant}/jobs/{id}/logs    -> 200 text/plain run output (?attempt=N|all, ?follow=true)
+//	POST   /v1/tenants/{tenant}/jobs/{id}/checkpoint -> 202 CheckpointResponse (409 not_running)
+//	GET    /v1/nodes                              -> 200 NodeList (?pool=)
+//	GET    /v1/nodes/{node}                       -> 200 NodeStatus
+//	POST   /v1/nodes/{node}/faults                FaultRequest -> 202 FaultResponse (admin)
+//	GET    /v1/pricebook, PUT /v1/pricebook, GET|PUT|DELETE /v1/tenants/{tenant}/budget,
+//	GET    /v1/tenants/{tenant}/invoice?period=   -> billing (types in invoice.go)
 //	GET    /healthz                               -> 200 when the bus is connected
 //
-// Errors are an APIError body with a 4xx/5xx status.
+// Errors are an APIError body with a 4xx/5xx status. The types of the logs,
+// checkpoint, node and fault endpoints are in apiops.go.
 
 // APIError is the body of every error answer of the gateway.
 type APIError struct {
@@ -118,4 +126,9 @@ type UsageSummary struct {
 	GPUMillis  int64         `json:"gpuMillis"`
 	Records    int           `json:"records"`
 	ByJob      []UsageRecord `json:"byJob"`
+	// CostMicros sums the records' costs (micro-units of Currency) and
+	// OnDemandCostMicros the same usage at on-demand rates.
+	CostMicros         int64  `json:"costMicros"`
+	OnDemandCostMicros int64  `json:"onDemandCostMicros"`
+	Currency           string `json:"currency,omitempty"`
 }

@@ -3,6 +3,7 @@ module github.com/gpuplane/gpuplane/contracts
 go 1.26.0
 
 require (
+	github.com/google/go-cmp v0.7.0
 	github.com/invopop/jsonschema v0.13.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/oklog/ulid/v2 v2.1.1

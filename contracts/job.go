@@ -122,6 +122,12 @@ type RunSpec struct {
 	Env      map[string]string `json:"env,omitempty"`
 	// ExitCode is the exit code a simulated run ends with (default 0).
 	ExitCode int `json:"exitCode,omitempty"`
+	// Checkpoint declares that the job implements the checkpoint protocol
+	// (FLOWS.md, "Checkpoints"): it writes a checkpoint on SIGUSR1 and
+	// restores from GPUPLANE_RESTORE_FROM. Only such jobs are ever sent
+	// SIGUSR1 (it ends a process that does not handle it); the others are
+	// restarted from the beginning when they must move.
+	Checkpoint bool `json:"checkpoint,omitempty"`
 }
 
 // Duration is a time.Duration encoded as a Go duration string ("90s").

@@ -45,6 +45,15 @@ const (
 	ReasonMethodNotAllowed Reason = "method_not_allowed" // path exists, method does not
 	ReasonUnavailable      Reason = "unavailable"        // the bus is unreachable or the read model not ready; retry
 	ReasonInternal         Reason = "internal_error"     // a bug: the gateway recovered from it
+	// ReasonNotRunning: the operation needs a running job (checkpoint).
+	ReasonNotRunning Reason = "not_running"
+	// ReasonNotCheckpointable: the job did not declare run.checkpoint.
+	ReasonNotCheckpointable Reason = "not_checkpointable"
+	// ReasonUnknownNode: no node agent has published an inventory under
+	// this ID (the same code as RefusedUnknownNode).
+	ReasonUnknownNode Reason = "unknown_node"
+	// ReasonNotSimulated: faults are injected only into simulated nodes.
+	ReasonNotSimulated Reason = "not_simulated"
 )
 
 // Pending reasons: why a queued job is not placed yet.

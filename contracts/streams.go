@@ -46,6 +46,10 @@ type StreamOptions struct {
 	LogsMaxBytes int64
 }
 
+// MaxConsumersPerStream bounds the consumers of each stream: room for
+// 2 x 10,000 standalone node agents and every service's replicas.
+const MaxConsumersPerStream = 32768
+
 func logs(c jetstream.StreamConfig, maxBytes int64) jetstream.StreamConfig {
 	c.MaxBytes = maxBytes
 	return c
@@ -88,6 +92,11 @@ func Streams(o StreamOptions) []jetstream.StreamConfig {
 			DenyDelete:        true,
 			DenyPurge:         false,
 			MaxMsgsPerSubject: -1,
+			// One standalone agent per machine holds a durable consumer on
+			// ALLOCATIONS and NODE_COMMANDS and replays RUNS at start; the
+			// server's default of 1,000 consumers per stream would stop a
+			// fleet of more than 1,000 machines.
+			MaxConsumers: MaxConsumersPerStream,
 		}
 	}
 	aging := func(name, desc string, maxAge time.Duration, perSubject int64, subjects ...string) jetstream.StreamConfig {
