@@ -231,6 +231,26 @@ func TestStreamsAreProvisionedIdempotently(t *testing.T) {
 	}
 }
 
+// TestStreamsHoldMoreConsumersThanTheServerDefault: every standalone node
+// agent holds a durable consumer on ALLOCATIONS; a fleet of more than 1,000
+// machines must not hit the server's default of 1,000 per stream.
+func TestStreamsHoldMoreConsumersThanTheServerDefault(t *testing.T) {
+	b := connect(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := b.JetStream().Stream(ctx, contracts.StreamAllocations)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 1001 {
+		node := fmt.Sprintf("n%04d", i)
+		if _, err := s.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "node-agent-" + node,
+			FilterSubject: contracts.SubjectLedger(node), AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+			t.Fatalf("consumer %d: %v", i+1, err)
+		}
+	}
+}
+
 // TestConsumeWorkersKeepPerKeyOrder: with several workers, messages of one
 // key are still handled in stream order, each exactly once, while different
 // keys overlap in time.

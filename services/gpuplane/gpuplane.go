@@ -194,7 +194,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Endpoints
 	run("gateway", func(ctx context.Context) error { return gateway.Run(ctx, gw, log) })
 
 	run("fleet", func(ctx context.Context) error {
-		return runFleet(ctx, fl, busCfg, cfg.AgentLogDir, log)
+		return runFleet(ctx, fl, busCfg, cfg.AgentLogDir, filepath.Join(root, "checkpoints"), log)
 	})
 
 	return g.Wait()
@@ -210,8 +210,10 @@ func loadFleet(cfg Config) (fleet.Fleet, error) {
 	return fleet.Load(cfg.FleetFile)
 }
 
-// runFleet runs the simulated node agents on one shared connection.
-func runFleet(ctx context.Context, fl fleet.Fleet, busCfg service.BusConfig, logDir string, log *slog.Logger) error {
+// runFleet runs the simulated node agents on one shared connection. They
+// share one checkpoint root, as machines with shared storage would, so a
+// job's later attempt on another machine finds its checkpoints.
+func runFleet(ctx context.Context, fl fleet.Fleet, busCfg service.BusConfig, logDir, checkpointDir string, log *slog.Logger) error {
 	rt, err := service.Start(ctx, "node-agent-fleet", busCfg, log)
 	if err != nil {
 		return err
@@ -220,6 +222,7 @@ func runFleet(ctx context.Context, fl fleet.Fleet, busCfg service.BusConfig, log
 	agent := nodeagent.DefaultConfig()
 	agent.Bus = busCfg
 	agent.LogDir = logDir
+	agent.CheckpointDir = checkpointDir
 	return fleet.Run(ctx, fl, rt.Bus, agent, log)
 }
 

@@ -7,6 +7,8 @@
 //	NODE_COMMANDS gp.cmd.node.<node>   ──stop_run───▶ SIGTERM, grace, SIGKILL
 //	                                     run ends  ──▶ RunEvent{ended, Result}
 //	Backend (sim, later NVML) ──▶ NodeInventory, Heartbeat, Telemetry
+//	Backend health facts      ──▶ HealthEvent, NodeInventory (GPU Healthy)
+//	                  ──inject_fault──▶ GPU faults, agent pause, machine death (health.go)
 //
 // Runs are idempotent on the allocation ID: an allocation that has a run
 // fact on gp.runs.<node> (rebuilt from the stream at start) is never
@@ -19,6 +21,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"slices"
@@ -33,6 +36,7 @@ import (
 	"github.com/gpuplane/gpuplane/libs/service"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/catalog"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/device"
+	"github.com/gpuplane/gpuplane/services/node-agent/internal/nvmlgpu"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/runner"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/sim"
 )
@@ -69,6 +73,13 @@ func RunWithBus(ctx context.Context, cfg Config, b *bus.Bus, log *slog.Logger) e
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", ServiceName, cfg.NodeID, err)
 	}
+	if c, ok := a.backend.(io.Closer); ok && cfg.Backend == nil {
+		defer func() {
+			if err := c.Close(); err != nil {
+				log.Warn("GPU backend not closed", "node_id", cfg.NodeID, "err", err)
+			}
+		}()
+	}
 	return a.run(ctx)
 }
 
@@ -81,6 +92,7 @@ type agent struct {
 	log         *slog.Logger
 	backend     Backend
 	runner      Runner
+	feed        Feed
 	incarnation string
 	machine     device.Machine
 	gpus        []contracts.GPUInfo
@@ -88,16 +100,19 @@ type agent struct {
 
 	mu       sync.Mutex
 	facts    map[string]*runFacts
-	released map[string]bool                  // allocations the ledger released
+	released map[string]contracts.Reason      // allocations the ledger released, and why
 	stops    map[string]contracts.NodeCommand // stops for allocations not started yet
 	active   map[string]*activeRun
 	runs     sync.WaitGroup // one per watched run
+
+	health healthState // GPU health facts, injected faults, pause, death (health.go)
 }
 
 // runFacts is what gp.runs.<node> holds about one allocation.
 type runFacts struct {
-	started *contracts.RunEvent
-	ended   bool
+	started    *contracts.RunEvent
+	ended      bool
+	checkpoint string // the last checkpoint reported
 }
 
 func newAgent(cfg Config, b *bus.Bus, log *slog.Logger) (*agent, error) {
@@ -105,16 +120,20 @@ func newAgent(cfg Config, b *bus.Bus, log *slog.Logger) (*agent, error) {
 		cfg: cfg, bus: b, log: log, backend: cfg.Backend, runner: cfg.Runner,
 		incarnation: newIncarnation(),
 		facts:       map[string]*runFacts{},
-		released:    map[string]bool{},
+		released:    map[string]contracts.Reason{},
 		stops:       map[string]contracts.NodeCommand{},
 		active:      map[string]*activeRun{},
 	}
-	if a.backend == nil {
+	if a.feed = cfg.Feed; a.feed == nil {
+		a.feed = busFeed{bus: b, durable: a.durable()}
+	}
+	if a.backend == nil && cfg.BackendKind != BackendNVML {
 		m, err := catalog.Get(cfg.GPUModel)
 		if err != nil {
 			return nil, err
 		}
-		if a.backend, err = sim.New(sim.Config{NodeID: cfg.NodeID, Model: m, Count: cfg.GPUCount, NVLink: cfg.NVLink}); err != nil {
+		if a.backend, err = sim.New(sim.Config{NodeID: cfg.NodeID, Model: m, Count: cfg.GPUCount, NVLink: cfg.NVLink,
+			NVLinkBridges: cfg.NVLinkBridges, MIG: sim.MIG{Enabled: cfg.MIGEnabled, Layout: cfg.MIGLayout}}); err != nil {
 			return nil, err
 		}
 	}
@@ -127,7 +146,18 @@ func newAgent(cfg Config, b *bus.Bus, log *slog.Logger) (*agent, error) {
 			}
 			log.Info("run logs in a temporary directory", "dir", dir)
 		}
-		a.runner = &runner.Local{LogDir: dir}
+		a.runner = &runner.Local{LogDir: dir, CheckpointDir: cfg.CheckpointDir}
+	}
+	if a.backend == nil && cfg.BackendKind == BackendNVML {
+		// Opened last: nothing after it can fail and leave NVML open.
+		nb, err := nvmlgpu.Open(nvmlgpu.Config{NodeID: cfg.NodeID, Log: log})
+		if err != nil {
+			return nil, err
+		}
+		a.backend = nb
+		if a.cfg.MachineType == "" {
+			a.cfg.MachineType = nb.MachineType()
+		}
 	}
 	return a, nil
 }
@@ -155,15 +185,21 @@ func (a *agent) run(ctx context.Context) error {
 	if err := a.rebuild(ctx); err != nil {
 		return err
 	}
-	if err := a.reportOrphans(ctx); err != nil {
+	if err := a.recoverRuns(ctx); err != nil {
 		return err
 	}
-	if err := a.publishInventory(ctx, 1); err != nil {
+	if err := a.publishInventory(ctx, a.nextInventoryVersion()); err != nil {
 		return err
 	}
 	a.log.Info("node agent started", "incarnation", a.incarnation, "backend", a.backend.Kind(), "gpus", len(gpus))
 
+	// A machine_death fault ends every loop with ErrMachineDied.
+	ctx, a.health.die = context.WithCancelCause(ctx)
+	defer a.health.die(nil)
 	g, gctx := errgroup.WithContext(ctx)
+	if hw, ok := a.backend.(HealthWatcher); ok {
+		g.Go(func() error { return a.watchHealth(gctx, hw) })
+	}
 	g.Go(func() error { return a.every(gctx, a.cfg.HeartbeatInterval, a.publishHeartbeat) })
 	// NODES ages messages out (7 days): the inventory is republished well
 	// within that, so a service restarted long after this agent still
@@ -173,26 +209,24 @@ func (a *agent) run(ctx context.Context) error {
 			if seq == 1 {
 				return
 			}
-			if err := a.publishInventory(ctx, int(seq)); err != nil && ctx.Err() == nil {
+			if err := a.publishInventory(ctx, a.nextInventoryVersion()); err != nil && ctx.Err() == nil {
 				a.log.Warn("inventory not republished; next interval tries again", "err", err)
 			}
 		})
 	})
 	g.Go(func() error { return a.every(gctx, a.cfg.TelemetryInterval, a.publishTelemetry) })
 	g.Go(func() error {
-		return a.bus.Consume(gctx, bus.ConsumerSpec{
-			Stream: contracts.StreamAllocations, Durable: a.durable(),
-			FilterSubjects: []string{contracts.SubjectLedger(a.cfg.NodeID)},
-		}, a.onLedger)
+		return a.feed.Consume(gctx, contracts.StreamAllocations, contracts.SubjectLedger(a.cfg.NodeID), a.onLedger)
 	})
 	g.Go(func() error {
-		return a.bus.Consume(gctx, bus.ConsumerSpec{
-			Stream: contracts.StreamNodeCommands, Durable: a.durable(),
-			FilterSubjects: []string{contracts.SubjectNodeCommands(a.cfg.NodeID)},
-		}, a.onCommand)
+		return a.feed.Consume(gctx, contracts.StreamNodeCommands, contracts.SubjectNodeCommands(a.cfg.NodeID), a.onCommand)
 	})
 	err = g.Wait()
 	a.shutdown()
+	if a.machineDied() {
+		a.log.Warn("node agent stopped: its machine died", "incarnation", a.incarnation)
+		return ErrMachineDied
+	}
 	a.log.Info("node agent stopped", "incarnation", a.incarnation)
 	return err
 }
@@ -236,11 +270,11 @@ func (a *agent) publishInventory(ctx context.Context, version int) error {
 		Topology:      a.machine.Topology,
 		CPUMilli:      a.cfg.CPUMilli,
 		MemoryMiB:     a.cfg.MemoryMiB,
-		GPUs:          a.gpus,
+		GPUs:          a.inventoryGPUs(),
 		Incarnation:   a.incarnation,
 		Time:          a.cfg.Now(),
 	}
-	for _, g := range a.gpus {
+	for _, g := range inv.GPUs {
 		if m, ok := catalog.Lookup(g.Model); ok {
 			if a.cfg.CPUMilli == 0 {
 				inv.CPUMilli += m.HostCPUMilliPerGPU
@@ -259,6 +293,9 @@ func (a *agent) publishInventory(ctx context.Context, version int) error {
 }
 
 func (a *agent) publishHeartbeat(ctx context.Context, seq uint64) {
+	if a.silenced() {
+		return // paused or dead: the resource manager sees silence
+	}
 	hb := contracts.Heartbeat{
 		SchemaVersion: contracts.SchemaVersion,
 		NodeID:        a.cfg.NodeID,
@@ -274,6 +311,9 @@ func (a *agent) publishHeartbeat(ctx context.Context, seq uint64) {
 }
 
 func (a *agent) publishTelemetry(ctx context.Context, seq uint64) {
+	if a.silenced() {
+		return
+	}
 	now := a.cfg.Now()
 	busy := a.busyGPUs()
 	samples, err := a.backend.Sample(ctx, now, busy)
@@ -321,6 +361,10 @@ func (a *agent) busyGPUs() map[string]string {
 			continue
 		}
 		for _, d := range r.alloc.Devices {
+			if d.MIG != nil && d.MIG.UUID != "" {
+				busy[d.MIG.UUID] = id // the backend finds its MIG device
+				continue
+			}
 			busy[d.UUID] = id
 		}
 	}

@@ -2,6 +2,7 @@ package nodeagent_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -10,11 +11,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 	"github.com/gpuplane/gpuplane/libs/service"
 	nodeagent "github.com/gpuplane/gpuplane/services/node-agent"
+	"github.com/gpuplane/gpuplane/services/node-agent/internal/nvmlgpu"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/runner"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/sim"
 )
@@ -214,22 +218,23 @@ func waitAcked(t *testing.T, b *bus.Bus, stream, node string, seq uint64) {
 }
 
 // countingRunner launches real runs and counts launches per allocation:
-// the observable proof that a run was never started twice.
+// the observable proof that a run was never started twice. It keeps the
+// local runner's other methods, so runs left by an agent are re-adopted.
 type countingRunner struct {
-	inner nodeagent.Runner
-	mu    sync.Mutex
-	n     map[string]int
+	*runner.Local
+	mu sync.Mutex
+	n  map[string]int
 }
 
 func newCountingRunner(t *testing.T) *countingRunner {
-	return &countingRunner{inner: &runner.Local{LogDir: t.TempDir()}, n: map[string]int{}}
+	return &countingRunner{Local: &runner.Local{LogDir: t.TempDir()}, n: map[string]int{}}
 }
 
 func (r *countingRunner) Launch(ctx context.Context, l runner.Launch) (runner.Process, error) {
 	r.mu.Lock()
 	r.n[l.AllocationID]++
 	r.mu.Unlock()
-	return r.inner.Launch(ctx, l)
+	return r.Local.Launch(ctx, l)
 }
 
 func (r *countingRunner) launches(id string) int {
@@ -500,9 +505,11 @@ func TestRestartMidRunReportsAgentRestartedAndNeverStartsAgain(t *testing.T) {
 	}
 	startAgent(t, b, cfg)
 	e := waitEnded(t, runs, long.ID)
+	// The stopping agent stopped the command (SIGTERM): its shim kept the
+	// exit code for the next agent.
 	if r := e.Result; r.Outcome != contracts.OutcomeFailed || r.Reason != contracts.ReasonAgentRestart ||
-		!r.StartedAt.Equal(started.Time) || r.EndedAt.Before(r.StartedAt) || r.ExitCode != nodeagent.NoExitCode {
-		t.Fatalf("result %+v, want failed agent_restarted from %s", r, started.Time)
+		!r.StartedAt.Equal(started.Time) || r.EndedAt.Before(r.StartedAt) || r.ExitCode != 128+15 {
+		t.Fatalf("result %+v, want failed agent_restarted from %s with exit code 143", r, started.Time)
 	}
 	eventually(t, "second inventory", func() bool { return len(inv.all()) == 2 })
 	if i := inv.all(); i[0].Incarnation == i[1].Incarnation {
@@ -627,5 +634,37 @@ func TestInventoryIsRepublished(t *testing.T) {
 	all := inv.all()
 	if all[0].Incarnation == "" || all[1].Incarnation != all[0].Incarnation || all[2].Incarnation != all[0].Incarnation {
 		t.Fatalf("republished inventories changed incarnation: %q %q %q", all[0].Incarnation, all[1].Incarnation, all[2].Incarnation)
+	}
+}
+
+// TestNVMLBackendRefusesToStartWithoutTheDriver: an agent told to read
+// the machine's GPUs through NVML, on a machine without the NVIDIA
+// driver, stops at once with an error naming the missing library, and
+// publishes nothing.
+func TestNVMLBackendRefusesToStartWithoutTheDriver(t *testing.T) {
+	if lib := nvml.New(); lib.Init() == nvml.SUCCESS {
+		_ = lib.Shutdown()
+		t.Skip("this machine has the NVIDIA driver (libnvidia-ml.so.1 loads): the refusal needs a machine without it")
+	}
+	b := connect(t)
+	cfg := testConfig(t, "gpu-01")
+	cfg.BackendKind = nodeagent.BackendNVML
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	err := nodeagent.RunWithBus(ctx, cfg, b, slog.New(slog.NewTextHandler(t.Output(), nil)))
+	if !errors.Is(err, nvmlgpu.ErrLibraryNotFound) {
+		t.Fatalf("RunWithBus: %v; want an error wrapping nvmlgpu.ErrLibraryNotFound", err)
+	}
+	for _, want := range []string{"gpu-01", "NVIDIA driver library libnvidia-ml.so.1 not found", "use backend sim"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+	s, err := b.JetStream().Stream(ctx, contracts.StreamNodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := s.GetLastMsgForSubject(ctx, contracts.SubjectInventory("gpu-01")); err == nil {
+		t.Errorf("an agent that refused to start published an inventory: %s", m.Data)
 	}
 }

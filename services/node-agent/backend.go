@@ -6,6 +6,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/device"
+	"github.com/gpuplane/gpuplane/services/node-agent/internal/nvmlgpu"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/runner"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/sim"
 )
@@ -51,6 +52,10 @@ type Runner interface {
 }
 
 var (
-	_ Backend = (*sim.Backend)(nil)
-	_ Runner  = (*runner.Local)(nil)
+	_ Backend       = (*sim.Backend)(nil)
+	_ HealthWatcher = (*sim.Backend)(nil)
+	_ FaultInjector = (*sim.Backend)(nil)
+	_ Backend       = (*nvmlgpu.Backend)(nil)
+	_ HealthWatcher = (*nvmlgpu.Backend)(nil)
+	_ Runner        = (*runner.Local)(nil)
 )

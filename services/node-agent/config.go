@@ -29,6 +29,15 @@ const (
 	DefaultGPUCount          = 8
 )
 
+// Backend kinds (Config.BackendKind).
+const (
+	// BackendSim simulates GPUModel × GPUCount GPUs.
+	BackendSim = "sim"
+	// BackendNVML reads this machine's NVIDIA GPUs through NVML; the agent
+	// refuses to start where the driver's library is missing.
+	BackendNVML = "nvml"
+)
+
 // PriceClasses are the values PriceClass may take ("" means unset).
 var PriceClasses = []string{"on-demand", "spot", "reserved"}
 
@@ -51,6 +60,13 @@ type Config struct {
 	GPUModel string
 	GPUCount int
 	NVLink   bool
+	// NVLinkBridges joins simulated PCIe cards in pairs with NVLink
+	// bridges (models that take them: H100 PCIe).
+	NVLinkBridges bool
+	// MIGEnabled puts every simulated GPU in MIG mode with the instances
+	// of MIGLayout ("3g.40gb", ...), placed by NVIDIA's rules.
+	MIGEnabled bool
+	MIGLayout  []string
 
 	// CPUMilli and MemoryMiB are the host's size in the inventory; 0
 	// derives them from the GPUs (the catalogue's per-GPU share).
@@ -63,9 +79,16 @@ type Config struct {
 	InventoryInterval time.Duration
 	// TelemetryInterval between telemetry batches; 0 means 1 s.
 	TelemetryInterval time.Duration
-	// LogDir keeps each run's stdout and stderr, one file per allocation;
-	// "" means a new temporary directory, kept after the agent exits.
+	// LogDir keeps each run's stdout and stderr, one file per allocation,
+	// and the state of running commands (state/), which a restarted agent
+	// uses to re-adopt them; "" means a new temporary directory, kept after
+	// the agent exits (a restarted agent then finds nothing to re-adopt).
 	LogDir string
+	// CheckpointDir holds each job's checkpoint directory,
+	// <CheckpointDir>/<tenant>/<job>, kept across attempts: agents of
+	// several machines share it where it is shared storage; "" means
+	// LogDir/checkpoints.
+	CheckpointDir string
 	// StopGrace between SIGTERM and SIGKILL when a stop_run command does
 	// not carry its own grace period, and at a time limit; 0 means 10 s.
 	StopGrace time.Duration
@@ -73,12 +96,19 @@ type Config struct {
 	// time.Now.
 	Now func() time.Time
 
-	// Backend discovers and samples the GPUs; nil means a simulated
-	// machine built from GPUModel, GPUCount and NVLink.
+	// Backend discovers and samples the GPUs; nil means the one
+	// BackendKind names.
 	Backend Backend
+	// BackendKind is BackendSim ("" too: a machine built from GPUModel,
+	// GPUCount and NVLink) or BackendNVML (this machine's GPUs).
+	BackendKind string
 	// Runner launches runs; nil means local processes and simulated runs
 	// with output in LogDir.
 	Runner Runner
+	// Feed is where the agent reads its node's history, ledger entries
+	// and commands; nil means the bus, with the agent's own durable
+	// consumers. A fleet shares one Feed among its agents.
+	Feed Feed
 }
 
 // DefaultConfig is an agent for a simulated 8×H100 machine named after
@@ -96,6 +126,7 @@ func DefaultConfig() Config {
 		Hostname:          host,
 		Pool:              DefaultPool,
 		PriceClass:        "on-demand",
+		BackendKind:       backendFromEnv(),
 		GPUModel:          DefaultGPUModel,
 		GPUCount:          DefaultGPUCount,
 		NVLink:            true,
@@ -105,6 +136,14 @@ func DefaultConfig() Config {
 		StopGrace:         DefaultStopGrace,
 		Now:               time.Now,
 	}
+}
+
+// backendFromEnv is GPUPLANE_NODE_BACKEND, BackendSim when unset.
+func backendFromEnv() string {
+	if k := os.Getenv("GPUPLANE_NODE_BACKEND"); k != "" {
+		return k
+	}
+	return BackendSim
 }
 
 // nodeIDFromHost is the first label of a hostname when it is a valid ID.
@@ -127,15 +166,29 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.MachineType, "machine-type", c.MachineType, "machine type; empty derives one from the GPUs")
 	fs.StringVar(&c.PriceClass, "price-class", c.PriceClass, "price class: on-demand, spot or reserved")
 	fs.Var((*labelsFlag)(&c.Labels), "labels", "node labels, k=v[,k=v...]")
+	fs.StringVar(&c.BackendKind, "backend", c.BackendKind, "GPU backend: sim (simulated GPUs) or nvml (this machine's NVIDIA GPUs, needs the driver) (env GPUPLANE_NODE_BACKEND)")
 	fs.StringVar(&c.GPUModel, "gpu-model", c.GPUModel, "simulated GPU model, one of "+strings.Join(contracts.GPUModels, ", "))
 	fs.IntVar(&c.GPUCount, "gpu-count", c.GPUCount, "simulated GPU count")
 	fs.BoolVar(&c.NVLink, "nvlink", c.NVLink, "simulated GPUs share one NVLink domain (SXM models only)")
+	fs.BoolVar(&c.NVLinkBridges, "nvlink-bridges", c.NVLinkBridges, "simulated PCIe GPUs are joined in pairs by NVLink bridges (H100 PCIe)")
+	fs.BoolVar(&c.MIGEnabled, "mig", c.MIGEnabled, "simulated GPUs are in MIG mode (A100, H100, H200)")
+	fs.Func("mig-layout", "MIG instances of every simulated GPU, e.g. 3g.40gb,3g.40gb (implies -mig)", func(v string) error {
+		c.MIGLayout = nil
+		for p := range strings.SplitSeq(v, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				c.MIGLayout = append(c.MIGLayout, p)
+			}
+		}
+		c.MIGEnabled = c.MIGEnabled || len(c.MIGLayout) > 0
+		return nil
+	})
 	fs.Int64Var(&c.CPUMilli, "cpu-milli", c.CPUMilli, "host CPU in milli-CPUs; 0 derives it from the GPUs")
 	fs.Int64Var(&c.MemoryMiB, "memory-mib", c.MemoryMiB, "host memory in MiB; 0 derives it from the GPUs")
 	fs.DurationVar(&c.HeartbeatInterval, "heartbeat-interval", c.HeartbeatInterval, "interval between heartbeats")
 	fs.DurationVar(&c.InventoryInterval, "inventory-interval", c.InventoryInterval, "interval between inventory republishes (must stay well under the NODES max age of 7 days)")
 	fs.DurationVar(&c.TelemetryInterval, "telemetry-interval", c.TelemetryInterval, "interval between telemetry batches")
-	fs.StringVar(&c.LogDir, "log-dir", c.LogDir, "directory for run logs; empty means a new temporary directory")
+	fs.StringVar(&c.LogDir, "log-dir", c.LogDir, "directory for run logs and run state; empty means a new temporary directory")
+	fs.StringVar(&c.CheckpointDir, "checkpoint-dir", c.CheckpointDir, "root of the jobs' checkpoint directories; empty means <log-dir>/checkpoints")
 	fs.DurationVar(&c.StopGrace, "stop-grace", c.StopGrace, "grace between SIGTERM and SIGKILL when stopping a run")
 }
 
@@ -158,12 +211,23 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("label name %q is empty or contains '=' or ','", k))
 		}
 	}
-	if c.Backend == nil {
+	if c.BackendKind != "" && c.BackendKind != BackendSim && c.BackendKind != BackendNVML {
+		errs = append(errs, fmt.Errorf("backend %q; want %s or %s", c.BackendKind, BackendSim, BackendNVML))
+	}
+	if c.Backend == nil && c.BackendKind != BackendNVML {
 		m, err := catalog.Get(c.GPUModel)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("gpu model: %w", err))
-		} else if c.NVLink && !m.NVLink {
-			errs = append(errs, fmt.Errorf("nvlink: %s is a PCIe card without NVLink (set -nvlink=false)", m.ID))
+		} else {
+			if c.NVLink && !m.NVLink {
+				errs = append(errs, fmt.Errorf("nvlink: %s is a PCIe card without NVLink (set -nvlink=false)", m.ID))
+			}
+			if c.NVLinkBridges && !m.NVLinkBridge {
+				errs = append(errs, fmt.Errorf("nvlink bridges: %s takes no NVLink bridges", m.ID))
+			}
+			if err := (sim.MIG{Enabled: c.MIGEnabled, Layout: c.MIGLayout}).Validate(m); err != nil {
+				errs = append(errs, err)
+			}
 		}
 		if c.GPUCount < 1 || c.GPUCount > sim.MaxGPUs {
 			errs = append(errs, fmt.Errorf("gpu count is %d; want 1 to %d", c.GPUCount, sim.MaxGPUs))
@@ -210,10 +274,12 @@ func (c Config) withDefaults() Config {
 	if c.Hostname == "" {
 		c.Hostname = c.NodeID
 	}
-	if c.MachineType == "" {
+	// An NVML agent names its machine type after the GPUs it finds.
+	if c.MachineType == "" && (c.Backend != nil || c.BackendKind != BackendNVML) {
 		c.MachineType = "sim-" + strings.ToLower(c.GPUModel) + "-x" + fmt.Sprint(c.GPUCount)
 	}
 	c.Labels = maps.Clone(c.Labels)
+	c.MIGLayout = slices.Clone(c.MIGLayout)
 	return c
 }
 

@@ -3,6 +3,7 @@ package nodeagent
 import (
 	"flag"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -74,5 +75,80 @@ func TestFlags(t *testing.T) {
 	}
 	if err := fs.Parse([]string{"-labels", "novalue"}); err == nil {
 		t.Fatal("a label without '=' was accepted")
+	}
+}
+
+func TestBackendKind(t *testing.T) {
+	tests := []struct {
+		name        string
+		args        []string
+		env         string // GPUPLANE_NODE_BACKEND
+		kind        string
+		invalid     string // a word the validation error says; "" for valid
+		machineType string // after withDefaults
+	}{
+		{"default is sim", nil, "", BackendSim, "", "sim-h100-80gb-x8"},
+		{"environment", nil, "nvml", BackendNVML, "", ""},
+		{"flag over environment", []string{"-backend", "sim"}, "nvml", BackendSim, "", "sim-h100-80gb-x8"},
+		// The simulated machine's shape is not checked for nvml: the GPUs
+		// are whatever the machine has.
+		{"nvml ignores the simulated shape", []string{"-backend", "nvml", "-gpu-model", "nope", "-gpu-count", "0"}, "", BackendNVML, "", ""},
+		{"unknown backend", []string{"-backend", "cuda"}, "", "cuda", `backend "cuda"`, "sim-h100-80gb-x8"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("GPUPLANE_NODE_BACKEND", tc.env)
+			c := DefaultConfig()
+			c.NodeID = "node-1"
+			fs := flag.NewFlagSet("node-agent", flag.ContinueOnError)
+			fs.SetOutput(io.Discard)
+			c.RegisterFlags(fs)
+			if err := fs.Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			if c.BackendKind != tc.kind {
+				t.Errorf("backend %q; want %q", c.BackendKind, tc.kind)
+			}
+			err := c.Validate()
+			switch {
+			case tc.invalid == "" && err != nil:
+				t.Errorf("Validate: %v", err)
+			case tc.invalid != "" && (err == nil || !strings.Contains(err.Error(), tc.invalid)):
+				t.Errorf("Validate: %v; want an error saying %s", err, tc.invalid)
+			}
+			if mt := c.withDefaults().MachineType; mt != tc.machineType {
+				t.Errorf("machine type %q; want %q (an nvml agent names it after its GPUs)", mt, tc.machineType)
+			}
+		})
+	}
+}
+
+func TestSimulatedMachineShapeFlags(t *testing.T) {
+	c := DefaultConfig()
+	c.NodeID = "h100p-01"
+	fs := flag.NewFlagSet("node-agent", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	c.RegisterFlags(fs)
+	if err := fs.Parse([]string{"-gpu-model", "H100-80GB-PCIE", "-nvlink=false", "-nvlink-bridges", "-mig-layout", "3g.40gb, 4g.40gb"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if !c.NVLinkBridges || !c.MIGEnabled || !slices.Equal(c.MIGLayout, []string{"3g.40gb", "4g.40gb"}) {
+		t.Fatalf("bridges %v, MIG %v %v", c.NVLinkBridges, c.MIGEnabled, c.MIGLayout)
+	}
+	for name, c := range map[string]Config{
+		"bridges on an SXM card": {GPUModel: "H100-80GB", NVLinkBridges: true},
+		"MIG on an L4":           {GPUModel: "L4", MIGEnabled: true},
+		"a layout too big":       {GPUModel: "A100-40GB", MIGEnabled: true, MIGLayout: []string{"7g.40gb", "1g.5gb"}},
+	} {
+		c.NodeID, c.Pool, c.GPUCount = "n1", "p", 8
+		err := c.Validate()
+		if err == nil {
+			t.Errorf("%s: accepted", name)
+		} else if !strings.Contains(err.Error(), "bridges") && !strings.Contains(err.Error(), "mig") {
+			t.Errorf("%s: %v", name, err)
+		}
 	}
 }

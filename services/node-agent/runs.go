@@ -10,8 +10,13 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/services/node-agent/internal/logship"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/runner"
 )
+
+// watchInterval is how often a running command's log is shipped and its
+// checkpoint directory looked at.
+const watchInterval = 250 * time.Millisecond
 
 // NoExitCode is the exit code of a run fact when no process status
 // exists: the run never started, or the agent lost it.
@@ -24,6 +29,20 @@ type activeRun struct {
 	startedAt time.Time
 	// stop is why the run was asked to stop, nil while nobody asked.
 	stop *stopRequest
+	// recovered is set for a run a previous agent started.
+	recovered bool
+	// checkpoint is the last checkpoint reported (or restored from at
+	// launch); ckptAsked is set by a checkpoint command until the next
+	// new checkpoint is reported; ckptCmds are the commands applied.
+	checkpoint string
+	ckptAsked  bool
+	ckptCmds   map[string]bool
+	// poke makes the run's watcher look at its log and checkpoints now.
+	poke chan struct{}
+}
+
+func newActiveRun(alloc contracts.Allocation) *activeRun {
+	return &activeRun{alloc: alloc, ckptCmds: map[string]bool{}, poke: make(chan struct{}, 1)}
 }
 
 // stopRequest says how a stopped run's end is reported.
@@ -45,31 +64,32 @@ func (a *agent) rebuild(ctx context.Context) error {
 		return err
 	}
 	node := a.cfg.NodeID
-	_, err := a.bus.Replay(ctx, bus.FollowSpec{Stream: contracts.StreamAllocations,
-		FilterSubjects: []string{contracts.SubjectLedger(node)}}, func(_ context.Context, m *bus.Msg) error {
+	err := a.feed.Replay(ctx, contracts.StreamAllocations, contracts.SubjectLedger(node), func(_ context.Context, m *bus.Msg) error {
 		var e contracts.LedgerEntry
 		if err := m.Decode(&e); err != nil {
 			a.log.Warn("skipping undecodable ledger entry", "stream_seq", m.StreamSeq, "err", err)
 			return nil
 		}
 		if e.Kind == contracts.LedgerReleased {
-			a.released[e.Allocation.ID] = true
+			a.released[e.Allocation.ID] = e.Reason
 		}
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("replay ledger: %w", err)
 	}
-	_, err = a.bus.Replay(ctx, bus.FollowSpec{Stream: contracts.StreamNodeCommands,
-		FilterSubjects: []string{contracts.SubjectNodeCommands(node)}}, func(_ context.Context, m *bus.Msg) error {
+	err = a.feed.Replay(ctx, contracts.StreamNodeCommands, contracts.SubjectNodeCommands(node), func(_ context.Context, m *bus.Msg) error {
 		var c contracts.NodeCommand
 		if err := m.Decode(&c); err != nil {
 			a.log.Warn("skipping undecodable node command", "stream_seq", m.StreamSeq, "err", err)
 			return nil
 		}
-		if c.Kind == contracts.CommandStopRun && a.facts[c.AllocationID] == nil {
+		if c.Kind == contracts.CommandStopRun && (a.facts[c.AllocationID] == nil || !a.facts[c.AllocationID].ended) {
+			// Kept for runs that did not end either: one a previous agent
+			// left running is stopped once re-adopted (recoverRuns).
 			a.stops[c.AllocationID] = c
 		}
+		a.faultHistory(c) // faults hit earlier incarnations, never this one
 		return nil
 	})
 	if err != nil {
@@ -80,8 +100,7 @@ func (a *agent) rebuild(ctx context.Context) error {
 
 // replayRuns merges every fact of gp.runs.<node> into a.facts.
 func (a *agent) replayRuns(ctx context.Context) error {
-	_, err := a.bus.Replay(ctx, bus.FollowSpec{Stream: contracts.StreamRuns,
-		FilterSubjects: []string{contracts.SubjectRuns(a.cfg.NodeID)}}, func(_ context.Context, m *bus.Msg) error {
+	err := a.feed.Replay(ctx, contracts.StreamRuns, contracts.SubjectRuns(a.cfg.NodeID), func(_ context.Context, m *bus.Msg) error {
 		var ev contracts.RunEvent
 		if err := m.Decode(&ev); err != nil {
 			a.log.Warn("skipping undecodable run fact", "stream_seq", m.StreamSeq, "err", err)
@@ -110,35 +129,11 @@ func (a *agent) recordFact(ev contracts.RunEvent) {
 		f.started = &ev
 	case contracts.RunEnded:
 		f.ended = true
-	}
-}
-
-// reportOrphans ends the runs a previous agent of this node started and
-// never reported ended: that agent died mid-run and its processes are
-// gone (a later version will re-adopt real ones).
-func (a *agent) reportOrphans(ctx context.Context) error {
-	now := a.cfg.Now()
-	var orphans []*contracts.RunEvent
-	a.mu.Lock()
-	for _, f := range a.facts {
-		if f.started != nil && !f.ended {
-			orphans = append(orphans, f.started)
+	case contracts.RunCheckpointed:
+		if ev.Checkpoint != nil {
+			f.checkpoint = ev.Checkpoint.Name
 		}
 	}
-	a.mu.Unlock()
-	for _, s := range orphans {
-		id := s.AllocationID
-		ev := contracts.RunEvent{Kind: contracts.RunEnded, AllocationID: id, Tenant: s.Tenant, JobID: s.JobID,
-			Attempt: s.Attempt, Devices: s.Devices, Time: now,
-			Result: &contracts.RunResult{Outcome: contracts.OutcomeFailed, ExitCode: NoExitCode,
-				StartedAt: s.Time, EndedAt: now, Reason: contracts.ReasonAgentRestart,
-				Message: "the node agent restarted while the run was running"}}
-		if err := a.publishRun(ctx, ev); err != nil {
-			return err
-		}
-		a.log.Warn("reported a run lost to an agent restart", "allocation_id", id)
-	}
-	return nil
 }
 
 // onLedger handles one entry of gp.alloc.ledger.<node>.
@@ -190,7 +185,7 @@ func (a *agent) onCommitted(ctx context.Context, alloc contracts.Allocation, red
 	case running:
 		a.mu.Unlock()
 		return nil
-	case a.released[id]:
+	case a.isReleased(id):
 		a.mu.Unlock()
 		log.Info("allocation was released before it started; not starting it")
 		return nil
@@ -210,69 +205,98 @@ func (a *agent) onCommitted(ctx context.Context, alloc contracts.Allocation, red
 		a.mu.Unlock()
 		return nil
 	}
-	uuids, err := a.deviceUUIDs(alloc)
+	devices, err := a.devices(alloc)
 	if err != nil {
 		a.mu.Unlock()
 		log.Warn("allocation cannot run here", "err", err)
 		return a.publishEnded(ctx, alloc, contracts.RunResult{Outcome: contracts.OutcomeFailed,
 			ExitCode: NoExitCode, EndedAt: a.cfg.Now(), Reason: contracts.ReasonLaunchFailed, Message: err.Error()})
 	}
-	run := &activeRun{alloc: alloc}
+	run := newActiveRun(alloc)
 	a.active[id] = run
 	a.mu.Unlock()
 
-	proc, err := a.runner.Launch(ctx, runner.Launch{AllocationID: id, Spec: alloc.Run, DeviceUUIDs: uuids, StopGrace: a.cfg.StopGrace})
+	proc, err := a.runner.Launch(ctx, runner.Launch{AllocationID: id, Tenant: alloc.Tenant, JobID: alloc.JobID,
+		Attempt: alloc.Attempt, Spec: alloc.Run, Devices: devices, StopGrace: a.cfg.StopGrace})
 	if err != nil {
 		a.mu.Lock()
 		delete(a.active, id)
 		a.mu.Unlock()
+		if errors.Is(err, runner.ErrAlreadyLaunched) {
+			// The second guard: a run was launched for it and its facts
+			// do not say so (they were lost). Report what became of it.
+			log.Warn("a run was already launched for this allocation; adopting it instead", "err", err)
+			return a.adopt(ctx, id)
+		}
 		if ctx.Err() != nil {
 			return ctx.Err() // shutting down: a later agent starts it
 		}
 		log.Warn("run failed to launch", "err", err)
-		return a.publishEnded(ctx, alloc, contracts.RunResult{Outcome: contracts.OutcomeFailed,
-			ExitCode: launchExitCode(err), EndedAt: a.cfg.Now(), Reason: contracts.ReasonLaunchFailed, Message: err.Error()})
+		if err := a.publishEnded(ctx, alloc, contracts.RunResult{Outcome: contracts.OutcomeFailed,
+			ExitCode: launchExitCode(err), EndedAt: a.cfg.Now(), Reason: contracts.ReasonLaunchFailed, Message: err.Error()}); err != nil {
+			return err
+		}
+		a.forget(id)
+		return nil
 	}
 	startedAt := a.cfg.Now()
+	info := proc.Info()
+	if info.LogPath != "" {
+		if err := logship.Reset(info.LogPath); err != nil {
+			log.Warn("the log of a fresh run may be shipped from a stale offset", "err", err)
+		}
+	}
 	a.mu.Lock()
-	run.proc, run.startedAt = proc, startedAt
+	run.proc, run.startedAt, run.checkpoint = proc, startedAt, info.RestoredFrom
 	pending := run.stop // a stop that came while launching
 	a.mu.Unlock()
 	if pending != nil {
 		proc.Stop(pending.grace)
 	}
 	started := contracts.RunEvent{Kind: contracts.RunStarted, AllocationID: id, Tenant: alloc.Tenant,
-		JobID: alloc.JobID, Attempt: alloc.Attempt, Devices: alloc.Devices, Time: startedAt}
+		JobID: alloc.JobID, Attempt: alloc.Attempt, Devices: alloc.Devices, Time: startedAt, PID: info.PID}
 	if err := a.publishRun(ctx, started); err != nil {
 		// Without its started fact the run does not exist for anyone:
-		// kill it so the redelivered entry starts it afresh.
+		// kill it and forget it, so the redelivered entry starts it
+		// afresh.
 		proc.Stop(0)
 		proc.Wait()
+		a.forget(id)
 		a.mu.Lock()
 		delete(a.active, id)
 		a.mu.Unlock()
 		return err
 	}
-	log.Info("run started", "devices", len(uuids), "command", len(alloc.Run.Command) > 0)
+	log.Info("run started", "devices", len(devices), "command", len(alloc.Run.Command) > 0, "pid", info.PID,
+		"restored_from", info.RestoredFrom)
 	a.runs.Add(1)
 	go a.watch(ctx, run)
 	return nil
 }
 
-// deviceUUIDs checks that every device of alloc is a GPU of this machine
-// and returns their UUIDs in allocation order; a.mu must be held.
-func (a *agent) deviceUUIDs(alloc contracts.Allocation) ([]string, error) {
+// isReleased reports whether the ledger released allocation id; a.mu must
+// be held.
+func (a *agent) isReleased(id string) bool {
+	_, ok := a.released[id]
+	return ok
+}
+
+// devices checks that every device of alloc is a GPU of this machine and
+// can confine a run (runner.ValidateDevice), and returns them in
+// allocation order; a.mu must be held.
+func (a *agent) devices(alloc contracts.Allocation) ([]contracts.DeviceRef, error) {
 	if len(alloc.Devices) == 0 {
 		return nil, errors.New("allocation has no devices")
 	}
-	uuids := make([]string, 0, len(alloc.Devices))
 	for _, d := range alloc.Devices {
 		if _, ok := a.byUUID[d.UUID]; !ok {
 			return nil, fmt.Errorf("device %d (%s) is not a GPU of this node", d.Index, d.UUID)
 		}
-		uuids = append(uuids, d.UUID)
+		if err := runner.ValidateDevice(d); err != nil {
+			return nil, err
+		}
 	}
-	return uuids, nil
+	return alloc.Devices, nil
 }
 
 // launchExitCode is the shell's code for a command that could not run.
@@ -286,20 +310,56 @@ func launchExitCode(err error) int {
 	return NoExitCode
 }
 
-// watch waits for a run to end and reports it.
+// watch follows a run until it ends: it ships its log and reports its
+// checkpoints as they come (every watchInterval for a command; for a
+// simulated run, which writes both only on request, when poked), then
+// reports its end, ships the rest of its log and forgets its state.
 func (a *agent) watch(ctx context.Context, run *activeRun) {
 	defer a.runs.Done()
+	id := run.alloc.ID
+	log := a.log.With("allocation_id", id)
+	info := run.proc.Info()
+	ship := a.shipper(run.alloc, info)
+	flush := func(ctx context.Context) {
+		if ship != nil {
+			if err := ship.Flush(ctx); err != nil && ctx.Err() == nil {
+				log.Warn("run output not shipped; next time tries again", "err", err)
+			}
+		}
+	}
+	var tick <-chan time.Time
+	if info.PID != 0 {
+		t := time.NewTicker(watchInterval)
+		defer t.Stop()
+		tick = t.C
+	}
+	flush(ctx)
+	for running := true; running; {
+		select {
+		case <-run.proc.Done():
+			running = false
+		case <-tick:
+		case <-run.poke:
+		}
+		if running && ctx.Err() == nil {
+			flush(ctx)
+			a.reportCheckpoint(ctx, run)
+		}
+	}
 	exit := run.proc.Wait()
 	endedAt := a.cfg.Now()
-	id := run.alloc.ID
+	if run.recovered && !exit.EndedAt.IsZero() {
+		endedAt = exit.EndedAt // it may have ended while no agent ran
+	}
 	a.mu.Lock()
 	stop := run.stop
 	delete(a.active, id)
 	a.mu.Unlock()
-	if stop != nil && stop.shutdown && exit.Stopped {
-		return // reported as agent_restarted by the next agent of this node
+	if (stop != nil && stop.shutdown && exit.Stopped) || a.machineDied() {
+		// Reported by the next agent of this node: from the shim's exit
+		// file for a command, as agent_restarted for a simulated run.
+		return
 	}
-	res := runResult(exit, stop, run.startedAt, endedAt)
 	pctx := ctx
 	if ctx.Err() != nil {
 		// The run ended on its own while the agent stops: still worth a
@@ -308,20 +368,59 @@ func (a *agent) watch(ctx context.Context, run *activeRun) {
 		pctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		defer cancel()
 	}
+	a.reportCheckpoint(pctx, run) // one written just before the end counts
+	res := runResult(exit, stop, run, endedAt)
 	if err := a.publishEnded(pctx, run.alloc, res); err != nil {
-		a.log.Error("run end not published; the next agent reports it as agent_restarted",
-			"allocation_id", id, "err", err)
+		log.Error("run end not published; the next agent reports it", "err", err)
 		return
 	}
-	a.log.Info("run ended", "allocation_id", id, "outcome", res.Outcome, "exit_code", res.ExitCode)
+	log.Info("run ended", "outcome", res.Outcome, "exit_code", res.ExitCode)
+	a.finish(pctx, ship, id, res.ExitCode)
 }
 
-// runResult turns how a process ended into the result reported.
-func runResult(exit runner.Exit, stop *stopRequest, startedAt, endedAt time.Time) contracts.RunResult {
-	res := contracts.RunResult{ExitCode: exit.Code, StartedAt: startedAt, EndedAt: endedAt}
+// finish ships the rest of an ended run's log, then forgets the run's
+// state; whatever fails is left for the next agent to finish.
+func (a *agent) finish(ctx context.Context, ship *logship.Shipper, id string, exitCode int) {
+	if ship != nil {
+		if err := ship.Finish(ctx, exitCode); err != nil {
+			a.log.Warn("end of run output not shipped; the next agent ships it", "allocation_id", id, "err", err)
+			return
+		}
+	}
+	a.forget(id)
+}
+
+// shipper ships a run's log, nil when it has none the agent can read.
+func (a *agent) shipper(alloc contracts.Allocation, info runner.Info) *logship.Shipper {
+	if info.LogPath == "" {
+		return nil
+	}
+	s, err := logship.New(a.bus, logship.Run{AllocationID: alloc.ID, Tenant: alloc.Tenant, JobID: alloc.JobID,
+		Attempt: alloc.Attempt, NodeID: a.cfg.NodeID}, info.LogPath, a.cfg.Now)
+	if err != nil {
+		a.log.Warn("run output will not be shipped", "allocation_id", alloc.ID, "err", err)
+		return nil
+	}
+	return s
+}
+
+// runResult turns how a run ended into the result reported.
+func runResult(exit runner.Exit, stop *stopRequest, run *activeRun, endedAt time.Time) contracts.RunResult {
+	res := contracts.RunResult{ExitCode: exit.Code, StartedAt: run.startedAt, EndedAt: endedAt}
 	switch {
+	case errors.Is(exit.Err, runner.ErrLaunch):
+		res.Outcome, res.Reason, res.Message = contracts.OutcomeFailed, contracts.ReasonLaunchFailed, exit.Err.Error()
+		res.ExitCode, res.StartedAt = launchExitCode(exit.Err), time.Time{}
 	case stop != nil && exit.Stopped:
 		res.Outcome, res.Reason, res.Message = stop.outcome, stop.reason, stop.message
+	case run.recovered && exit.Stopped:
+		// Stopped with no stop on record: the previous agent stopped it
+		// as it shut down.
+		res.Outcome, res.Reason = contracts.OutcomeFailed, contracts.ReasonAgentRestart
+		res.Message = "the run was stopped when the node agent stopped"
+	case run.recovered && errors.Is(exit.Err, runner.ErrLost):
+		res.Outcome, res.Reason = contracts.OutcomeFailed, contracts.ReasonAgentRestart
+		res.Message = "the node agent restarted and the run's process and exit status were gone"
 	case exit.TimedOut:
 		res.Outcome, res.Reason, res.Message = contracts.OutcomeFailed, contracts.ReasonExitNonZero, "killed at its time limit"
 	case exit.Err != nil:
@@ -340,7 +439,7 @@ func runResult(exit runner.Exit, stop *stopRequest, startedAt, endedAt time.Time
 func (a *agent) onReleased(e contracts.LedgerEntry) {
 	id := e.Allocation.ID
 	a.mu.Lock()
-	a.released[id] = true
+	a.released[id] = e.Reason
 	delete(a.stops, id)
 	run := a.active[id]
 	var proc runner.Process
@@ -366,13 +465,18 @@ func (a *agent) onCommand(_ context.Context, m *bus.Msg) error {
 	if err := m.Decode(&c); err != nil {
 		return bus.Permanent(err)
 	}
-	if c.AllocationID == "" {
+	if c.AllocationID == "" && c.Kind != contracts.CommandInjectFault {
 		return bus.Permanent(errors.New("node command without an allocation ID"))
 	}
 	switch c.Kind {
 	case contracts.CommandStopRun:
 		a.stopRun(c)
 		return nil
+	case contracts.CommandCheckpointRun:
+		a.checkpointRun(c, m.ID()) // checkpoints.go
+		return nil
+	case contracts.CommandInjectFault:
+		return a.onFault(c) // health.go
 	default:
 		return bus.Permanent(fmt.Errorf("unknown node command %q", c.Kind))
 	}
@@ -448,8 +552,11 @@ func (a *agent) publishEnded(ctx context.Context, alloc contracts.Allocation, re
 func (a *agent) publishRun(ctx context.Context, ev contracts.RunEvent) error {
 	ev.SchemaVersion = contracts.SchemaVersion
 	ev.NodeID = a.cfg.NodeID
-	if _, err := a.bus.Publish(ctx, contracts.SubjectRuns(a.cfg.NodeID), contracts.RunEventID(ev.Kind, ev.AllocationID),
-		ev, bus.CESubject(ev.AllocationID)); err != nil {
+	id := contracts.RunEventID(ev.Kind, ev.AllocationID)
+	if ev.Kind == contracts.RunCheckpointed && ev.Checkpoint != nil {
+		id = contracts.RunCheckpointID(ev.AllocationID, ev.Checkpoint.Name)
+	}
+	if _, err := a.bus.Publish(ctx, contracts.SubjectRuns(a.cfg.NodeID), id, ev, bus.CESubject(ev.AllocationID)); err != nil {
 		return fmt.Errorf("publish run %s of %s: %w", ev.Kind, ev.AllocationID, err)
 	}
 	a.mu.Lock()

@@ -1,6 +1,8 @@
 // Package fleet describes a simulated fleet of machines in YAML (machine
 // types, pools, counts, zones, price classes, labels) and runs one node
-// agent per machine, all sharing one bus connection.
+// agent per machine, all sharing one bus connection and one durable
+// consumer per stream (feed.go). BenchmarkFleet measures what a fleet of
+// thousands of 8-GPU machines costs the process and the NATS server.
 package fleet
 
 import (
@@ -15,6 +17,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync"
 
 	"golang.org/x/sync/errgroup"
 	"gopkg.in/yaml.v3"
@@ -36,10 +39,16 @@ type Fleet struct {
 type MachineType struct {
 	GPUModel string `yaml:"gpuModel"` // a contracts.GPUModels identifier
 	GPUCount int    `yaml:"gpuCount"`
-	NVLink   bool   `yaml:"nvlink"` // all GPUs in one NVLink domain (SXM models only)
+	// NVLink (yaml nvlink: true) is an SXM board: all GPUs in one NVLink
+	// domain. NVLinkBridges (yaml nvlink: pairs) joins PCIe cards in pairs
+	// with NVLink bridges (H100 PCIe). See machinetype.go.
+	NVLink        bool `yaml:"nvlink"`
+	NVLinkBridges bool `yaml:"-"`
 	// CPUMilli and MemoryMiB size the host; 0 derives them from the GPUs.
 	CPUMilli  int64 `yaml:"cpuMilli,omitempty"`
 	MemoryMiB int64 `yaml:"memoryMiB,omitempty"`
+	// MIG puts every GPU in MIG mode with the same instances.
+	MIG *MIGSpec `yaml:"mig,omitempty"`
 }
 
 // Pool is Count machines of one type. Its machines are named
@@ -67,6 +76,10 @@ type Machine struct {
 	NVLink    bool
 	CPUMilli  int64
 	MemoryMiB int64
+	// NVLinkBridges, MIGEnabled and MIGLayout as the machine type says.
+	NVLinkBridges bool
+	MIGEnabled    bool
+	MIGLayout     []string
 }
 
 // Default is the fleet of `make run` (deploy/fleet/default.yaml): two
@@ -133,8 +146,16 @@ func (f Fleet) Validate() error {
 		m, err := catalog.Get(t.GPUModel)
 		if err != nil {
 			add("machine type %q: %w", name, err)
-		} else if t.NVLink && !m.NVLink {
-			add("machine type %q: nvlink: %s is a PCIe card without NVLink", name, m.ID)
+		} else {
+			if t.NVLink && !m.NVLink {
+				add("machine type %q: nvlink: %s is a PCIe card without NVLink", name, m.ID)
+			}
+			if t.NVLinkBridges && !m.NVLinkBridge {
+				add("machine type %q: nvlink: pairs: %s takes no NVLink bridges", name, m.ID)
+			}
+			if err := t.MIG.sim().Validate(m); err != nil {
+				add("machine type %q: %w", name, err)
+			}
 		}
 		if t.GPUCount < 1 || t.GPUCount > sim.MaxGPUs {
 			add("machine type %q: gpuCount is %d; want 1 to %d", name, t.GPUCount, sim.MaxGPUs)
@@ -202,6 +223,10 @@ func (f Fleet) Machines() []Machine {
 				NVLink:      t.NVLink,
 				CPUMilli:    t.CPUMilli,
 				MemoryMiB:   t.MemoryMiB,
+
+				NVLinkBridges: t.NVLinkBridges,
+				MIGEnabled:    t.MIG.sim().Enabled,
+				MIGLayout:     slices.Clone(t.MIG.sim().Layout),
 			})
 		}
 	}
@@ -222,6 +247,7 @@ func (f Fleet) Configs(template nodeagent.Config) []nodeagent.Config {
 		c.Pool, c.Zone, c.MachineType, c.PriceClass = m.Pool, m.Zone, m.MachineType, m.PriceClass
 		c.GPUModel, c.GPUCount, c.NVLink = m.GPUModel, m.GPUCount, m.NVLink
 		c.CPUMilli, c.MemoryMiB = m.CPUMilli, m.MemoryMiB
+		c.NVLinkBridges, c.MIGEnabled, c.MIGLayout = m.NVLinkBridges, m.MIGEnabled, slices.Clone(m.MIGLayout)
 		c.Backend = nil
 		c.Labels = maps.Clone(template.Labels)
 		if c.Labels == nil && len(m.Labels) > 0 {
@@ -249,9 +275,35 @@ func Run(ctx context.Context, f Fleet, b *bus.Bus, template nodeagent.Config, lo
 	}
 	cfgs := f.Configs(template)
 	log.Info("starting simulated fleet", "machines", len(cfgs), "pools", len(f.Pools))
-	g, gctx := errgroup.WithContext(ctx)
-	for _, c := range cfgs {
-		g.Go(func() error { return nodeagent.RunWithBus(gctx, c, b, log) })
+	// The agents share one replay and one consumer per stream (feed.go).
+	feed := newSharedFeed(b, log, nodeIDs(cfgs))
+	if err := feed.loadHistory(ctx); err != nil {
+		return err
 	}
+	g, gctx := errgroup.WithContext(ctx)
+	feedCtx, stopFeed := context.WithCancel(gctx)
+	defer stopFeed()
+	g.Go(func() error { return feed.run(feedCtx) })
+	var agents sync.WaitGroup
+	for _, c := range cfgs {
+		c.Feed = feed
+		agents.Add(1)
+		g.Go(func() error {
+			defer agents.Done()
+			defer feed.stopped(c.NodeID)
+			err := nodeagent.RunWithBus(gctx, c, b, log)
+			if errors.Is(err, nodeagent.ErrMachineDied) {
+				// A dead machine stays dead; the others go on.
+				log.Warn("simulated machine died; it is not restarted", "node_id", c.NodeID)
+				return nil
+			}
+			return err
+		})
+	}
+	g.Go(func() error {
+		agents.Wait()
+		stopFeed() // no agent left to hand messages to
+		return nil
+	})
 	return g.Wait()
 }

@@ -13,9 +13,13 @@ import (
 
 	"github.com/gpuplane/gpuplane/libs/service"
 	"github.com/gpuplane/gpuplane/services/gpuplane"
+	nodeagent "github.com/gpuplane/gpuplane/services/node-agent"
 )
 
 func main() {
+	// First: this program is also the supervisor of each command its node
+	// agents run (a copy started in shim mode never gets past this line).
+	nodeagent.MaybeRunShim()
 	cfg := gpuplane.DefaultConfig()
 	fs := flag.NewFlagSet("gpuplane", flag.ExitOnError)
 	cfg.RegisterFlags(fs)

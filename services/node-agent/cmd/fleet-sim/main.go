@@ -13,6 +13,9 @@ import (
 )
 
 func main() {
+	// First: this program is also the supervisor of each command its node
+	// agents run (a copy started in shim mode never gets past this line).
+	nodeagent.MaybeRunShim()
 	// The template every machine's agent starts from; each machine then
 	// gets its own identity and GPUs from the fleet description.
 	agent := nodeagent.DefaultConfig()
@@ -22,6 +25,7 @@ func main() {
 	flag.DurationVar(&agent.TelemetryInterval, "telemetry-interval", agent.TelemetryInterval, "interval between telemetry batches")
 	flag.DurationVar(&agent.StopGrace, "stop-grace", agent.StopGrace, "grace between SIGTERM and SIGKILL when stopping a run")
 	flag.StringVar(&agent.LogDir, "log-dir", "", "directory for run logs, one subdirectory per machine; empty means temporary directories")
+	flag.StringVar(&agent.CheckpointDir, "checkpoint-dir", "", "root of the jobs' checkpoint directories, shared by every machine; empty means one per machine under its log directory")
 	flag.Parse()
 	service.Main("fleet-sim", func(ctx context.Context, log *slog.Logger) error {
 		f := fleet.Default()

@@ -1,5 +1,6 @@
-// Command node-agent runs gpuplane's node agent for one machine (a
-// simulated one until the NVML backend exists).
+// Command node-agent runs gpuplane's node agent for one machine: a
+// simulated one (-backend sim, the default) or this machine's NVIDIA GPUs
+// read through NVML (-backend nvml, which needs the NVIDIA driver).
 package main
 
 import (
@@ -12,6 +13,9 @@ import (
 )
 
 func main() {
+	// First: this program is also the supervisor of each command its node
+	// agents run (a copy started in shim mode never gets past this line).
+	nodeagent.MaybeRunShim()
 	cfg := nodeagent.DefaultConfig()
 	cfg.RegisterFlags(flag.CommandLine)
 	flag.Parse()

@@ -1,7 +1,25 @@
 // Package runner starts the runs of allocations on the local machine: a
-// real command through os/exec in its own process group, or a simulated
-// run that only waits. Both keep the run's output in a per-allocation log
-// file and end on their own, at a time limit, or when stopped.
+// real command under a small supervisor process (the shim, see shim.go)
+// so that it outlives the agent, or a simulated run that only waits. Both
+// keep the run's output in a per-allocation log file, implement the
+// checkpoint protocol (see contracts.Checkpoint) and end on their own, at
+// a time limit, or when stopped.
+//
+// A command's run leaves a directory under <LogDir>/state/ that the shim
+// and the agent share (files and signals only, no sockets):
+//
+//	spec.json   what to run (the agent writes it before starting the shim)
+//	lock        flock-ed by the shim for its whole life: held = shim alive
+//	state.json  the shim's and the command's pids and start times
+//	stop.json   the grace of a stop (the agent writes it, then SIGTERMs the shim)
+//	exit.json   how the command ended, written by the shim as it exits
+//	shim.log    the shim's own messages
+//
+// The directory is the agent's second guard against starting a run twice
+// (the first is the run facts on the bus): Launch never starts a run whose
+// directory exists. Recover and Adopt give a restarted agent the runs its
+// predecessor left; Forget removes a run's directory once its end is
+// reported.
 package runner
 
 import (
@@ -18,13 +36,23 @@ import (
 
 // Launch is one allocation's run to start.
 type Launch struct {
-	AllocationID string
-	Spec         contracts.RunSpec
-	// DeviceUUIDs are the GPUs the run may see, in allocation order.
-	DeviceUUIDs []string
+	AllocationID string            `json:"allocationId"`
+	Tenant       string            `json:"tenant"`
+	JobID        string            `json:"jobId"`
+	Attempt      int               `json:"attempt"`
+	Spec         contracts.RunSpec `json:"spec"`
+	// Devices are what the run may see, in allocation order: GPUs, MIG
+	// instances or shares of a GPU.
+	Devices []contracts.DeviceRef `json:"devices"`
 	// StopGrace is the SIGTERM-to-SIGKILL grace applied when a command
 	// reaches its time limit.
-	StopGrace time.Duration
+	StopGrace time.Duration `json:"stopGrace"`
+	// CheckpointDir is the job's checkpoint directory
+	// (GPUPLANE_CHECKPOINT_DIR) and RestoreFrom the last complete
+	// checkpoint in it when the run starts (GPUPLANE_RESTORE_FROM, "" when
+	// none). Local.Launch sets both.
+	CheckpointDir string `json:"checkpointDir,omitempty"`
+	RestoreFrom   string `json:"restoreFrom,omitempty"`
 }
 
 // Exit is how a run ended.
@@ -32,12 +60,34 @@ type Exit struct {
 	// Code is the process exit code, 128+signal when a signal killed it
 	// (as shells and container runtimes report it), -1 when unknown.
 	Code int
-	// Stopped is set when Stop was called before the run ended.
+	// Stopped is set when the run was stopped (Stop, or a SIGTERM the
+	// shim received) before it ended.
 	Stopped bool
 	// TimedOut is set when a command was killed at its time limit.
 	TimedOut bool
-	// Err is a failure to wait for the run, other than a non-zero exit.
+	// Err is a failure other than a non-zero exit: ErrLaunch (wrapped)
+	// when the command never started, ErrLost when its shim died without
+	// recording the end.
 	Err error
+	// EndedAt is when the run ended, when a shim recorded it; zero
+	// otherwise (the agent then uses its own clock).
+	EndedAt time.Time
+}
+
+// Info describes a started run.
+type Info struct {
+	// PID is the command's process, the leader of its process group; 0
+	// for a simulated run.
+	PID int
+	// StartedAt is when the command started, as its shim recorded it (zero
+	// for a simulated run, or a command that never started).
+	StartedAt time.Time
+	// LogPath is the run's output (stdout and stderr).
+	LogPath string
+	// CheckpointDir is the job's checkpoint directory; RestoredFrom the
+	// name of the checkpoint LATEST named at launch ("" when none).
+	CheckpointDir string
+	RestoredFrom  string
 }
 
 // Process is a started run.
@@ -49,73 +99,114 @@ type Process interface {
 	Done() <-chan struct{}
 	// Stop ends the run: SIGTERM to its process group, then SIGKILL once
 	// grace has passed (at once when grace <= 0). It returns at once and
-	// is idempotent; stopping an ended run does nothing.
+	// is idempotent: the first grace holds; stopping an ended run does
+	// nothing.
 	Stop(grace time.Duration)
+	// Checkpoint asks the run to write a checkpoint: SIGUSR1 to its
+	// command (the group leader, not the processes it forked) (a simulated run writes one itself). It returns once
+	// the request is sent; the run reports it through LATEST.
+	Checkpoint() error
+	// Info describes the run.
+	Info() Info
+}
+
+// Leftover is a run a previous agent started: running (adopted: watched
+// and stopped like a run of this agent) or ended (its Process is done).
+type Leftover struct {
+	Launch Launch
+	Proc   Process
 }
 
 // Local starts runs on this machine.
 type Local struct {
-	// LogDir holds one log file per allocation (LogPath); it is created
-	// when missing.
+	// LogDir holds one log file per allocation (LogPath) and the runs'
+	// state directories (state/); it is created when missing.
 	LogDir string
+	// CheckpointDir holds one directory per job, <tenant>/<job>, kept
+	// across attempts; "" means LogDir/checkpoints.
+	CheckpointDir string
+
+	// shimProgram is the program started as a run's shim; "" means this
+	// one (tests start others to see a launch fail).
+	shimProgram string
 }
 
-// ErrLaunch wraps every failure to start a run.
-var ErrLaunch = errors.New("launch failed")
+var (
+	// ErrLaunch wraps every failure to start a run.
+	ErrLaunch = errors.New("launch failed")
+	// ErrAlreadyLaunched is returned by Launch for an allocation whose
+	// state directory exists: a run was started for it already (Adopt
+	// tells what became of it).
+	ErrAlreadyLaunched = errors.New("a run was already launched for this allocation")
+	// ErrLost is the Exit.Err of a run whose shim ended without recording
+	// how the command ended (it was killed); the command is killed too.
+	ErrLost = errors.New("the run's supervisor died without recording its end")
+	// ErrNoRun is returned by Adopt when no run was launched for the
+	// allocation.
+	ErrNoRun = errors.New("no run was launched for this allocation")
+	// ErrEnded is returned by Checkpoint when the run has ended.
+	ErrEnded = errors.New("the run has ended")
+)
 
 // Launch starts l: a command when l.Spec.Command is set, a simulated run
 // of l.Spec.Duration otherwise. It returns once the process exists; ctx
-// bounds the launch only, never the run.
+// bounds the launch only, never the run. A command that cannot start
+// returns an error wrapping ErrLaunch and the cause (exec.ErrNotFound,
+// fs.ErrNotExist, fs.ErrPermission).
 func (r *Local) Launch(ctx context.Context, l Launch) (Process, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(r.LogDir, 0o755); err != nil {
-		return nil, fmt.Errorf("%w: log dir: %w", ErrLaunch, err)
-	}
-	logFile, err := os.OpenFile(LogPath(r.LogDir, l.AllocationID), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("%w: log file: %w", ErrLaunch, err)
-	}
-	if len(l.Spec.Command) == 0 {
-		return startSim(l, logFile), nil
-	}
-	p, err := startExec(l, logFile)
-	if err != nil {
-		_ = logFile.Close()
+	if err := r.prepare(&l); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrLaunch, err)
 	}
-	return p, nil
+	logPath := LogPath(r.LogDir, l.AllocationID)
+	if len(l.Spec.Command) == 0 {
+		logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+		if err != nil {
+			return nil, fmt.Errorf("%w: log file: %w", ErrLaunch, err)
+		}
+		return startSim(l, logFile, logPath), nil
+	}
+	return r.startShim(l, logPath)
 }
 
-// LogPath is where the output of allocationID's run is kept under dir.
-// Allocation IDs are tenant/job/attempt; tenants have no '_' and attempts
-// are digits, so replacing '/' by '_' keeps names unique.
-func LogPath(dir, allocationID string) string {
-	return filepath.Join(dir, strings.ReplaceAll(allocationID, "/", "_")+".log")
-}
-
-// Env is the environment of a command run: a minimal base (PATH, HOME,
-// TMPDIR of the agent, never its secrets), the run's own variables, then
-// the ones the agent owns and a run cannot override: the allocation ID and
-// the visible devices for CUDA and the NVIDIA container runtime.
-func Env(l Launch) []string {
-	env := map[string]string{"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-	for _, k := range []string{"PATH", "HOME", "TMPDIR"} {
-		if v, ok := os.LookupEnv(k); ok {
-			env[k] = v
+// prepare creates the directories of a launch and fills in its checkpoint
+// fields.
+func (r *Local) prepare(l *Launch) error {
+	if err := os.MkdirAll(r.LogDir, 0o755); err != nil {
+		return fmt.Errorf("log dir: %w", err)
+	}
+	for _, p := range []struct{ what, v string }{{"tenant", l.Tenant}, {"job ID", l.JobID}} {
+		// Both become a path component: nothing that could leave the root.
+		if p.v == "" || p.v == "." || p.v == ".." || strings.ContainsAny(p.v, `/\`) {
+			return fmt.Errorf("%s %q cannot name a checkpoint directory", p.what, p.v)
 		}
 	}
-	for k, v := range l.Spec.Env {
-		env[k] = v
+	l.CheckpointDir = filepath.Join(r.checkpointRoot(), l.Tenant, l.JobID)
+	if err := os.MkdirAll(l.CheckpointDir, 0o755); err != nil {
+		return fmt.Errorf("checkpoint dir: %w", err)
 	}
-	devices := strings.Join(l.DeviceUUIDs, ",")
-	env["GPUPLANE_ALLOCATION_ID"] = l.AllocationID
-	env["CUDA_VISIBLE_DEVICES"] = devices
-	env["NVIDIA_VISIBLE_DEVICES"] = devices
-	out := make([]string, 0, len(env))
-	for k, v := range env {
-		out = append(out, k+"="+v)
+	l.RestoreFrom = ""
+	if name, ok := LatestCheckpoint(l.CheckpointDir); ok {
+		l.RestoreFrom = filepath.Join(l.CheckpointDir, name)
 	}
-	return out
+	return nil
+}
+
+func (r *Local) checkpointRoot() string {
+	if r.CheckpointDir != "" {
+		return r.CheckpointDir
+	}
+	return filepath.Join(r.LogDir, "checkpoints")
+}
+
+// fileKey is an allocation ID as one path component. Allocation IDs are
+// tenant/job/attempt; tenants have no '_' and attempts are digits, so
+// replacing '/' by '_' keeps names unique.
+func fileKey(allocationID string) string { return strings.ReplaceAll(allocationID, "/", "_") }
+
+// LogPath is where the output of allocationID's run is kept under dir.
+func LogPath(dir, allocationID string) string {
+	return filepath.Join(dir, fileKey(allocationID)+".log")
 }

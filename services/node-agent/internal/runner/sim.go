@@ -3,8 +3,11 @@ package runner
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/gpuplane/gpuplane/contracts"
 )
 
 // sigtermExit is the exit code of a process ended by SIGTERM; a stopped
@@ -12,38 +15,110 @@ import (
 const sigtermExit = 128 + 15
 
 // simProc is a simulated run: it waits for its duration and exits with the
-// spec's exit code, or ends at once when stopped.
+// spec's exit code, or ends at once when stopped. It implements the
+// checkpoint protocol: Checkpoint saves its progress as the job's next
+// checkpoint, and a run that starts with a checkpoint of its job (a later
+// attempt) only runs what remains.
 type simProc struct {
-	done  chan struct{}
-	stop  chan struct{}
-	once  sync.Once
-	mu    sync.Mutex
-	exit  Exit
-	timer *time.Timer
+	done    chan struct{}
+	stop    chan struct{}
+	once    sync.Once
+	timer   *time.Timer
+	info    Info
+	total   time.Duration
+	started time.Time
+	// restored is the progress the run started from.
+	restored time.Duration
+	ckpt     sync.Mutex // one checkpoint at a time: each takes the next name
+
+	mu   sync.Mutex // guards exit and the log file
+	exit Exit
+	log  *os.File
 }
 
-func startSim(l Launch, logFile *os.File) *simProc {
-	fmt.Fprintf(logFile, "simulated run of %s on %v, exit code %d\n", l.Spec.Duration.D(), l.DeviceUUIDs, l.Spec.ExitCode)
-	_ = logFile.Close()
-	p := &simProc{done: make(chan struct{}), stop: make(chan struct{}), timer: time.NewTimer(max(l.Spec.Duration.D(), 0))}
+func startSim(l Launch, logFile *os.File, logPath string) *simProc {
+	total := max(l.Spec.Duration.D(), 0)
+	p := &simProc{done: make(chan struct{}), stop: make(chan struct{}), total: total, log: logFile,
+		info: Info{LogPath: logPath, CheckpointDir: l.CheckpointDir}}
+	p.logf("simulated run of %s on %v, exit code %d", total, visibleUUIDs(l.Devices), l.Spec.ExitCode)
+	if l.RestoreFrom != "" {
+		p.info.RestoredFrom = filepath.Base(l.RestoreFrom)
+		if s, err := readSimCheckpoint(l.RestoreFrom); err != nil {
+			p.logf("not restored (%v): starting from the beginning", err)
+		} else {
+			p.restored = min(s.Progress.D(), total)
+			p.logf("restored from %s at %s: %s to go", p.info.RestoredFrom, p.restored, total-p.restored)
+		}
+	}
+	p.started = time.Now()
+	p.timer = time.NewTimer(total - p.restored)
 	go func() {
-		defer close(p.done)
+		var exit Exit
 		select {
 		case <-p.timer.C:
-			p.exit = Exit{Code: l.Spec.ExitCode}
+			exit = Exit{Code: l.Spec.ExitCode}
 		case <-p.stop:
 			p.timer.Stop()
-			p.exit = Exit{Code: sigtermExit, Stopped: true}
+			exit = Exit{Code: sigtermExit, Stopped: true}
 		}
+		p.mu.Lock()
+		p.exit = exit
+		_ = p.log.Close()
+		p.log = nil
+		p.mu.Unlock()
+		close(p.done)
 	}()
 	return p
 }
 
+func visibleUUIDs(devs []contracts.DeviceRef) []string {
+	out := make([]string, len(devs))
+	for i, d := range devs {
+		out[i] = d.VisibleUUID()
+	}
+	return out
+}
+
+// logf appends a line to the run's log while it runs.
+func (p *simProc) logf(format string, args ...any) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.log != nil {
+		fmt.Fprintf(p.log, format+"\n", args...)
+	}
+}
+
 func (p *simProc) Wait() Exit {
 	<-p.done
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	return p.exit
 }
 
 func (p *simProc) Done() <-chan struct{} { return p.done }
 
 func (p *simProc) Stop(time.Duration) { p.once.Do(func() { close(p.stop) }) }
+
+func (p *simProc) Info() Info { return p.info }
+
+// Checkpoint saves the run's progress at once, as a job answering SIGUSR1
+// would.
+func (p *simProc) Checkpoint() error {
+	select {
+	case <-p.done:
+		return ErrEnded
+	default:
+	}
+	if p.info.CheckpointDir == "" {
+		return fmt.Errorf("simulated run has no checkpoint directory")
+	}
+	p.ckpt.Lock()
+	defer p.ckpt.Unlock()
+	progress := min(p.restored+time.Since(p.started), p.total)
+	name, err := writeSimCheckpoint(p.info.CheckpointDir, simState{Progress: contracts.Duration(progress), Duration: contracts.Duration(p.total)})
+	if err != nil {
+		return fmt.Errorf("simulated checkpoint: %w", err)
+	}
+	p.logf("checkpoint %s at %s of %s", name, progress, p.total)
+	return nil
+}

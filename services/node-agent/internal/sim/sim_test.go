@@ -9,10 +9,11 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/catalog"
 )
 
-func model(t *testing.T, id string) catalog.Model {
+func model(t testing.TB, id string) catalog.Model {
 	t.Helper()
 	m, err := catalog.Get(id)
 	if err != nil {
@@ -77,6 +78,14 @@ func TestDiscoverBuildsTheMachine(t *testing.T) {
 	if gpus[0].PCIBusID != "00000000:18:00.0" {
 		t.Errorf("gpu 0 PCI bus %s, want the HGX board's 00000000:18:00.0", gpus[0].PCIBusID)
 	}
+	for _, g := range gpus {
+		if g.ComputeCapability != "9.0" || g.MIGEnabled || len(g.MIGInstances) != 0 {
+			t.Errorf("gpu %d: compute capability %q, MIG %v %v", g.Index, g.ComputeCapability, g.MIGEnabled, g.MIGInstances)
+		}
+	}
+	if m.DriverVersion != "550.54.15" || m.CUDAVersion != "12.4" || len(m.Topology) != 28 {
+		t.Errorf("driver %q, CUDA %q, %d links; want 550.54.15, 12.4 and 28 pairs", m.DriverVersion, m.CUDAVersion, len(m.Topology))
+	}
 
 	l4, err := New(Config{NodeID: "l4-01", Model: model(t, "L4"), Count: 4})
 	if err != nil {
@@ -93,11 +102,17 @@ func TestDiscoverBuildsTheMachine(t *testing.T) {
 
 func TestNewRejectsImpossibleMachines(t *testing.T) {
 	for name, cfg := range map[string]Config{
-		"nvlink on a PCIe card": {NodeID: "n", Model: model(t, "L4"), Count: 4, NVLink: true},
-		"no GPUs":               {NodeID: "n", Model: model(t, "T4"), Count: 0},
-		"too many GPUs":         {NodeID: "n", Model: model(t, "T4"), Count: MaxGPUs + 1},
-		"no node":               {Model: model(t, "T4"), Count: 1},
-		"no model":              {NodeID: "n", Count: 1},
+		"nvlink on a PCIe card":   {NodeID: "n", Model: model(t, "L4"), Count: 4, NVLink: true},
+		"no GPUs":                 {NodeID: "n", Model: model(t, "T4"), Count: 0},
+		"too many GPUs":           {NodeID: "n", Model: model(t, "T4"), Count: MaxGPUs + 1},
+		"no node":                 {Model: model(t, "T4"), Count: 1},
+		"no model":                {NodeID: "n", Count: 1},
+		"bridges on an SXM card":  {NodeID: "n", Model: model(t, "H100-80GB"), Count: 8, NVLinkBridges: true},
+		"bridges on an L4":        {NodeID: "n", Model: model(t, "L4"), Count: 2, NVLinkBridges: true},
+		"MIG on a V100":           {NodeID: "n", Model: model(t, "V100-32GB"), Count: 8, MIG: MIG{Enabled: true}},
+		"a MIG layout too big":    {NodeID: "n", Model: model(t, "A100-80GB"), Count: 8, MIG: MIG{Enabled: true, Layout: []string{"4g.40gb", "4g.40gb"}}},
+		"another model's profile": {NodeID: "n", Model: model(t, "H200-141GB"), Count: 8, MIG: MIG{Enabled: true, Layout: []string{"3g.40gb"}}},
+		"a layout, MIG off":       {NodeID: "n", Model: model(t, "A100-80GB"), Count: 8, MIG: MIG{Layout: []string{"7g.80gb"}}},
 	} {
 		if _, err := New(cfg); err == nil {
 			t.Errorf("%s: New succeeded", name)
@@ -139,8 +154,14 @@ func TestTelemetryIsPlausible(t *testing.T) {
 			if x.FBUsedMiB < 0 || x.FBUsedMiB > m.MemoryMiB || x.FBUsedMiB+x.FBFreeMiB != m.MemoryMiB {
 				t.Fatalf("gpu %d: used %d + free %d MiB, total %d", i, x.FBUsedMiB, x.FBFreeMiB, m.MemoryMiB)
 			}
-			if x.PowerW <= 0 || x.PowerW > m.TDPWatts {
-				t.Fatalf("gpu %d: power %v W outside (0, %v]", i, x.PowerW, m.TDPWatts)
+			if x.PowerW <= 0 || x.PowerW > m.TDPWatts || x.PowerLimitW != m.TDPWatts {
+				t.Fatalf("gpu %d: power %v W outside (0, %v], limit %v W", i, x.PowerW, m.TDPWatts, x.PowerLimitW)
+			}
+			if !x.Healthy || x.LastXID != 0 || x.ECCDBE != 0 {
+				t.Fatalf("gpu %d: healthy %v, last XID %d, %d double-bit errors on a machine without faults", i, x.Healthy, x.LastXID, x.ECCDBE)
+			}
+			if x.ThrottleReasons&(contracts.ThrottleHWThermal|contracts.ThrottleHWSlowdown) != 0 {
+				t.Fatalf("gpu %d at %v °C: thermal throttle %v", i, x.TempC, contracts.ThrottleReasonNames(x.ThrottleReasons))
 			}
 			if working {
 				if x.GPUUtil < 85 || x.GPUUtil > 98 {
@@ -154,6 +175,13 @@ func TestTelemetryIsPlausible(t *testing.T) {
 				}
 				if x.AllocationID != "acme/train/1" {
 					t.Fatalf("busy gpu %d: allocation %q", i, x.AllocationID)
+				}
+				if len(x.Processes) != 1 || x.Processes[0].PID < 1000 || x.Processes[0].UsedMiB != x.FBUsedMiB ||
+					x.Processes[0].PID != samples[0].Processes[0].PID {
+					t.Fatalf("busy gpu %d: processes %+v; want the allocation's one process using %d MiB", i, x.Processes, x.FBUsedMiB)
+				}
+				if x.ThrottleReasons&contracts.ThrottleGPUIdle != 0 || x.SMClockMHz < 0.95*m.MaxSMClockMHz {
+					t.Fatalf("busy gpu %d: throttle %v, SM clock %v MHz", i, contracts.ThrottleReasonNames(x.ThrottleReasons), x.SMClockMHz)
 				}
 				if s > 0 && math.Abs(x.GPUUtil-prevUtil[i]) > 6 {
 					t.Fatalf("busy gpu %d jumps from %v to %v %% in a second", i, prevUtil[i], x.GPUUtil)
@@ -169,6 +197,9 @@ func TestTelemetryIsPlausible(t *testing.T) {
 				if x.PowerW > 2*m.IdleWatts {
 					t.Fatalf("idle gpu %d draws %v W", i, x.PowerW)
 				}
+				if x.ThrottleReasons != contracts.ThrottleGPUIdle || len(x.Processes) != 0 || x.SMClockMHz != m.IdleSMClockMHz {
+					t.Fatalf("idle gpu %d: throttle %v, processes %v, clock %v", i, contracts.ThrottleReasonNames(x.ThrottleReasons), x.Processes, x.SMClockMHz)
+				}
 			}
 		}
 		if s == 0 {
@@ -176,8 +207,8 @@ func TestTelemetryIsPlausible(t *testing.T) {
 		}
 		lastBusyTemp = samples[0].TempC
 	}
-	if firstBusyTemp > 36 || lastBusyTemp < 70 || lastBusyTemp > 82 {
-		t.Fatalf("busy gpu warmed from %v to %v °C, want from idle to 70-80", firstBusyTemp, lastBusyTemp)
+	if firstBusyTemp > 36 || lastBusyTemp < 65 || lastBusyTemp > 82 || lastBusyTemp >= m.SlowdownTempC {
+		t.Fatalf("busy gpu warmed from %v to %v °C, want from idle to 65-82, below slowdown", firstBusyTemp, lastBusyTemp)
 	}
 }
 

@@ -1,0 +1,15 @@
+package e2e
+
+import (
+	"os"
+	"testing"
+
+	nodeagent "github.com/gpuplane/gpuplane/services/node-agent"
+)
+
+// TestMain lets this test binary supervise the commands that the node
+// agents of the in-process stack run (nodeagent.MaybeRunShim).
+func TestMain(m *testing.M) {
+	nodeagent.MaybeRunShim()
+	os.Exit(m.Run())
+}

@@ -1,0 +1,47 @@
+package nodeagent
+
+import (
+	"context"
+
+	"github.com/gpuplane/gpuplane/libs/bus"
+)
+
+// Feed is where an agent reads what is addressed to its node: the history
+// it rebuilds from at start (gp.runs.<node>, gp.alloc.ledger.<node>,
+// gp.cmd.node.<node>) and the live ledger entries and commands it acts on.
+//
+// A standalone agent reads the bus itself: an ordered replay per subject
+// and a durable consumer per stream, named after its node (busFeed). A
+// fleet of simulated agents in one process shares one replay and one
+// durable consumer per stream among all of its machines instead, because
+// JetStream caps consumers per stream (1,000 by default) and each costs
+// the server memory and heartbeats; the agent cannot tell the two apart.
+type Feed interface {
+	// Replay calls fn for every message of subject that stream holds now,
+	// in stream order, until fn fails.
+	Replay(ctx context.Context, stream, subject string, fn func(context.Context, *bus.Msg) error) error
+	// Consume calls h for every message of subject in stream that this
+	// node's agent has not yet acknowledged, and for each new one, in
+	// stream order with bus.Handler's contract (nil acks, a permanent
+	// error dead-letters, any other error redelivers), until ctx ends; it
+	// returns nil then. The ctx given to h ends no later than ctx.
+	Consume(ctx context.Context, stream, subject string, h bus.Handler) error
+}
+
+// busFeed is the Feed of a standalone agent: it reads the bus directly,
+// with one durable consumer per stream named durable.
+type busFeed struct {
+	bus     *bus.Bus
+	durable string
+}
+
+var _ Feed = busFeed{}
+
+func (f busFeed) Replay(ctx context.Context, stream, subject string, fn func(context.Context, *bus.Msg) error) error {
+	_, err := f.bus.Replay(ctx, bus.FollowSpec{Stream: stream, FilterSubjects: []string{subject}}, fn)
+	return err
+}
+
+func (f busFeed) Consume(ctx context.Context, stream, subject string, h bus.Handler) error {
+	return f.bus.Consume(ctx, bus.ConsumerSpec{Stream: stream, Durable: f.durable, FilterSubjects: []string{subject}}, h)
+}
