@@ -10,21 +10,24 @@ import (
 	"github.com/gpuplane/gpuplane/libs/bus"
 )
 
-// ingester folds JOB_EVENTS and USAGE into the read model with ordered
-// reads from each stream's first message. It never fails on a bad message:
-// one it cannot use is logged and skipped, so a poison event cannot stop
-// the read model.
+// ingester folds JOB_EVENTS and USAGE into the read model, and NODES into
+// the node model (nodes.go), with ordered reads from each stream's first
+// message. It never fails on a bad message: one it cannot use is logged
+// and skipped, so a poison event cannot stop the read model.
 type ingester struct {
 	bus   *bus.Bus
 	model readModel
+	nodes *nodeModel
 	log   *slog.Logger
-	// jobsReady and usageReady are set once the messages present at start
-	// have been folded: from then on the read model answers.
-	jobsReady, usageReady atomic.Bool
+	// jobsReady, usageReady and nodesReady are set once the messages
+	// present at start have been folded: from then on the models answer.
+	jobsReady, usageReady, nodesReady atomic.Bool
 }
 
-// ready reports whether both streams have been caught up with.
-func (in *ingester) ready() bool { return in.jobsReady.Load() && in.usageReady.Load() }
+// ready reports whether every stream has been caught up with.
+func (in *ingester) ready() bool {
+	return in.jobsReady.Load() && in.usageReady.Load() && in.nodesReady.Load()
+}
 
 // followJobEvents runs until ctx ends.
 func (in *ingester) followJobEvents(ctx context.Context) error {

@@ -197,13 +197,13 @@ func (h *harness) queue(req contracts.JobRequest, at time.Time) {
 func TestSubmitFromFlags(t *testing.T) {
 	h := start(t)
 	code, out, errOut := h.run("submit", "--id", "train-1", "--name", "resnet", "--gpus", "2", "--model", "H100-80GB",
-		"--gpu-memory", "40000", "--priority", "high", "--pool", "h100", "--duration", "45s", "--exit-code", "3")
+		"--gpu-memory", "40000", "--priority", "high", "--pool", "h100", "--duration", "45s", "--exit-code", "3", "--checkpoint")
 	if code != ExitOK || !strings.Contains(out, "job train-1 submitted (tenant acme, JOBS #") {
 		t.Fatalf("submit: code %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	want := contracts.JobRequest{ID: "train-1", Name: "resnet", Priority: contracts.PriorityHigh, Pool: "h100",
 		Resources: contracts.Resources{GPU: contracts.GPURequest{Count: 2, Model: "H100-80GB", MemoryMiB: 40000}},
-		Run:       contracts.RunSpec{Duration: contracts.Duration(45 * time.Second), ExitCode: 3}}
+		Run:       contracts.RunSpec{Duration: contracts.Duration(45 * time.Second), ExitCode: 3, Checkpoint: true}}
 	if diff := cmp.Diff(want, h.submitted("train-1")); diff != "" {
 		t.Fatalf("published request (-want +got):\n%s", diff)
 	}
@@ -400,7 +400,7 @@ func TestGetListCancelUsage(t *testing.T) {
 	}
 	h.eventually("usage", func() bool {
 		_, out, _ := h.run("usage")
-		return strings.Contains(out, "tenant acme: 180.000 GPU-seconds in 1 runs") && strings.Contains(out, "node-7")
+		return strings.Contains(out, "tenant acme: 180 GPU-seconds in 1 records") && strings.Contains(out, "node-7")
 	})
 }
 
@@ -500,7 +500,7 @@ func TestCommandLineErrors(t *testing.T) {
 		"unknown command": {[]string{"frobnicate"}, ExitUsage, `unknown command "frobnicate"`},
 		"get without id":  {[]string{"get"}, ExitUsage, "want exactly one job ID"},
 		"get two ids":     {[]string{"get", "a", "b"}, ExitUsage, "want exactly one job ID"},
-		"bad output":      {[]string{"list", "-o", "yaml"}, ExitUsage, "table or json"},
+		"bad output":      {[]string{"list", "-o", "yaml"}, ExitUsage, "table, json or csv"},
 		"bad via":         {[]string{"--via", "pigeon", "list"}, ExitUsage, "gateway or bus"},
 		"unknown flag":    {[]string{"list", "--colour"}, ExitUsage, "flag provided but not defined"},
 		"bad id":          {[]string{"watch", "a.b"}, ExitUsage, "invalid id"},

@@ -26,14 +26,14 @@ import (
 const busTimeout = 15 * time.Second
 
 // requestFlags are the flags that build a job request; -f excludes them.
-var requestFlags = []string{"name", "gpus", "model", "gpu-memory", "priority", "pool", "duration", "exit-code"}
+var requestFlags = []string{"name", "gpus", "model", "gpu-memory", "priority", "pool", "duration", "exit-code", "checkpoint"}
 
 func (a *app) submitCmd(fs *flag.FlagSet) func(context.Context, []string, []string) int {
 	var (
 		file, id, name, model, priority, pool, duration string
 		gpus, exitCode                                  int
 		gpuMemory                                       int64
-		watch                                           bool
+		watch, checkpoint                               bool
 	)
 	fs.StringVar(&file, "f", "", "read the JobRequest from a YAML or JSON file (- for stdin)")
 	fs.StringVar(&id, "id", "", "job ID (default: a new time-ordered ID); also the submit's Nats-Msg-Id")
@@ -45,6 +45,7 @@ func (a *app) submitCmd(fs *flag.FlagSet) func(context.Context, []string, []stri
 	fs.StringVar(&pool, "pool", "", "restrict placement to one node pool")
 	fs.StringVar(&duration, "duration", "30s", "a simulated run's length; with a command after --, a time limit (only when given)")
 	fs.IntVar(&exitCode, "exit-code", 0, "exit code the simulated run ends with")
+	fs.BoolVar(&checkpoint, "checkpoint", false, "the job implements the checkpoint protocol (SIGUSR1, GPUPLANE_CHECKPOINT_DIR; see FLOWS.md)")
 	fs.BoolVar(&watch, "watch", false, "then watch the job until it ends (exit code as for watch)")
 	return func(ctx context.Context, pos, trailing []string) int {
 		if len(pos) > 0 {
@@ -70,7 +71,7 @@ func (a *app) submitCmd(fs *flag.FlagSet) func(context.Context, []string, []stri
 				return a.fail("submit", err)
 			}
 		} else {
-			doc = flagsRequest(name, gpus, model, gpuMemory, priority, pool, duration, set["duration"], exitCode, trailing)
+			doc = flagsRequest(name, gpus, model, gpuMemory, priority, pool, duration, set["duration"], exitCode, checkpoint, trailing)
 		}
 		if doc, err = withID(doc, id); err != nil {
 			return a.fail("submit", err)
@@ -104,7 +105,7 @@ func (a *app) submitCmd(fs *flag.FlagSet) func(context.Context, []string, []stri
 
 // flagsRequest builds the request document from the submit flags. It is
 // JSON, so that it goes through exactly the decoding a posted body does.
-func flagsRequest(name string, gpus int, model string, gpuMemory int64, priority, pool, duration string, durationSet bool, exitCode int, command []string) []byte {
+func flagsRequest(name string, gpus int, model string, gpuMemory int64, priority, pool, duration string, durationSet bool, exitCode int, checkpoint bool, command []string) []byte {
 	gpu := map[string]any{"count": gpus}
 	if model != "" {
 		gpu["model"] = model
@@ -118,6 +119,9 @@ func flagsRequest(name string, gpus int, model string, gpuMemory int64, priority
 	}
 	if len(command) == 0 || durationSet {
 		run["duration"] = duration
+	}
+	if checkpoint {
+		run["checkpoint"] = true
 	}
 	if exitCode != 0 {
 		run["exitCode"] = exitCode

@@ -1,0 +1,133 @@
+package gateway
+
+import (
+	"cmp"
+	"context"
+	"slices"
+	"sync"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+)
+
+// nodeModel is the gateway's view of the fleet: the latest inventory and
+// lifecycle fact of each node, folded from the NODES stream. It is
+// rebuilt from the stream at every start. Applies are idempotent by stream
+// sequence, so a replay or a redelivery changes nothing.
+type nodeModel struct {
+	mu    sync.RWMutex
+	nodes map[string]*nodeEntry
+}
+
+type nodeEntry struct {
+	status          contracts.NodeStatus
+	invSeq, lifeSeq uint64
+}
+
+func newNodeModel() *nodeModel { return &nodeModel{nodes: map[string]*nodeEntry{}} }
+
+// applyInventory replaces the node's inventory with inv, read at stream
+// sequence seq, unless a later one was applied; it reports whether it did.
+// The slices of inv are shared with readers from then on: never mutated.
+func (m *nodeModel) applyInventory(inv contracts.NodeInventory, seq uint64) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e := m.entry(inv.NodeID)
+	if seq <= e.invSeq {
+		return false
+	}
+	e.status.NodeInventory, e.invSeq = inv, seq
+	return true
+}
+
+// applyLifecycle records ev, read at seq, as the node's lifecycle state
+// unless a later one was applied.
+func (m *nodeModel) applyLifecycle(ev contracts.NodeEvent, seq uint64) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e := m.entry(ev.NodeID)
+	if seq <= e.lifeSeq {
+		return false
+	}
+	e.status.Lifecycle, e.status.LifecycleAt, e.lifeSeq = ev.Kind, ev.Time, seq
+	return true
+}
+
+// entry returns the node's entry, creating it; m.mu is held for writing.
+func (m *nodeModel) entry(id string) *nodeEntry {
+	e := m.nodes[id]
+	if e == nil {
+		e = &nodeEntry{}
+		m.nodes[id] = e
+	}
+	return e
+}
+
+// node returns a node that has published an inventory.
+func (m *nodeModel) node(id string) (contracts.NodeStatus, bool) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	e, ok := m.nodes[id]
+	if !ok || e.invSeq == 0 {
+		return contracts.NodeStatus{}, false
+	}
+	return e.status, true
+}
+
+// list returns the nodes with an inventory, of one pool ("" for all),
+// ordered by ID.
+func (m *nodeModel) list(pool string) []contracts.NodeStatus {
+	m.mu.RLock()
+	out := make([]contracts.NodeStatus, 0, len(m.nodes))
+	for _, e := range m.nodes {
+		if e.invSeq > 0 && (pool == "" || e.status.Pool == pool) {
+			out = append(out, e.status)
+		}
+	}
+	m.mu.RUnlock()
+	slices.SortFunc(out, func(a, b contracts.NodeStatus) int { return cmp.Compare(a.NodeID, b.NodeID) })
+	return out
+}
+
+// followNodes folds the last inventory and lifecycle fact of every node,
+// then each new one, until ctx ends. Only the latest of each subject is
+// the truth, so the replay starts with the last message per subject
+// rather than every inventory a node ever published.
+func (in *ingester) followNodes(ctx context.Context) error {
+	spec := bus.FollowSpec{
+		Stream:         contracts.StreamNodes,
+		FilterSubjects: []string{contracts.SubjectInventoryAll, contracts.SubjectNodeLifecycleAll},
+		LastPerSubject: true,
+	}
+	return in.bus.Follow(ctx, spec, in.applyNode, func() {
+		in.nodesReady.Store(true)
+		in.log.Info("nodes caught up", "stream", contracts.StreamNodes)
+	})
+}
+
+// applyNode never fails: a message it cannot use is logged and skipped.
+func (in *ingester) applyNode(_ context.Context, m *bus.Msg) error {
+	log := in.log.With("subject", m.Subject, "stream_seq", m.StreamSeq)
+	node := contracts.Token(m.Subject, 3)
+	if contracts.ValidateID(node) != nil {
+		log.Warn("skipping node message on a malformed subject")
+		return nil
+	}
+	switch contracts.Token(m.Subject, 2) {
+	case "inventory":
+		var inv contracts.NodeInventory
+		if err := m.Decode(&inv); err != nil || inv.NodeID != node {
+			log.Warn("skipping an inventory that does not decode or names another node", "node_id", inv.NodeID, "err", err)
+			return nil
+		}
+		in.nodes.applyInventory(inv, m.StreamSeq)
+	case "lifecycle":
+		var ev contracts.NodeEvent
+		if err := m.Decode(&ev); err != nil || ev.NodeID != node {
+			log.Warn("skipping a node event that does not decode or names another node", "node_id", ev.NodeID, "err", err)
+			return nil
+		}
+		in.nodes.applyLifecycle(ev, m.StreamSeq)
+	}
+	return nil
+}
