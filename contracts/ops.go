@@ -72,9 +72,14 @@ type Alert struct {
 }
 
 // UsageRecord is one metered run segment, published by billing on
-// SubjectUsage(tenant) with Nats-Msg-Id UsageID(allocationID). GPU time is
-// metered from the run's start to its end at one-millisecond resolution;
-// GPUSeconds is GPUMillis/1000 for display.
+// SubjectUsage(tenant) with Nats-Msg-Id UsageSegmentID(allocationID,
+// Segment). A run is metered in whole seconds, [floor(start), ceil(end)),
+// cut into segments at UTC midnights and at price changes; Start and End
+// are the segment's bounds, GPUMillis is GPUs × Seconds × 1000 and
+// GPUSeconds is GPUMillis/1000 for display. Records written before
+// segments existed have ID UsageID(allocationID), millisecond bounds and
+// no price fields. Costs are integer micro-units of Currency; see
+// services/billing/README.md for the rounding rules.
 type UsageRecord struct {
 	SchemaVersion int       `json:"schemaVersion"`
 	ID            string    `json:"id"`
@@ -91,6 +96,47 @@ type UsageRecord struct {
 	GPUMillis     int64     `json:"gpuMillis"`
 	GPUSeconds    float64   `json:"gpuSeconds"`
 	Time          time.Time `json:"time"`
+	UsageSegment
+}
+
+// UsageSegment is what a usage record says about its segment and its price.
+type UsageSegment struct {
+	// Segment numbers an allocation's records from 0; Final marks the last.
+	Segment int  `json:"segment,omitempty"`
+	Final   bool `json:"final,omitempty"`
+	// Reason the allocation was released (run_ended, cancelled_by_user,
+	// node_lost, ...): a preempted or lost run bills up to its release.
+	Reason  Reason      `json:"reason,omitempty"`
+	Devices []DeviceRef `json:"devices,omitempty"`
+	// Seconds is End − Start in whole seconds.
+	Seconds int64 `json:"seconds,omitempty"`
+	// GPUShare is the GPU equivalents held, an exact fraction: "2" for two
+	// whole GPUs, "3/7" for a MIG 3g instance, "1/2" for half a card.
+	GPUShare   string     `json:"gpuShare,omitempty"`
+	PriceClass PriceClass `json:"priceClass,omitempty"`
+	// PriceVersion is the price book version in effect over the segment;
+	// empty (and the costs zero) when the book had none then.
+	PriceVersion string `json:"priceVersion,omitempty"`
+	Currency     string `json:"currency,omitempty"`
+	// Unpriced is set when the version prices neither the GPU model nor
+	// "*": the time is metered, its GPU cost is zero.
+	Unpriced bool `json:"unpriced,omitempty"`
+	// GPURateMicros is the price of one GPU-hour of GPUModel in PriceClass;
+	// OnDemandRateMicros the same at on-demand, for savings.
+	GPURateMicros      int64 `json:"gpuRateMicros,omitempty"`
+	OnDemandRateMicros int64 `json:"onDemandRateMicros,omitempty"`
+	// CPUMilli and MemoryMiB are what the job requested, billed when the
+	// version has CPU or memory rates.
+	CPUMilli  int64 `json:"cpuMilli,omitempty"`
+	MemoryMiB int64 `json:"memoryMiB,omitempty"`
+	// Each cost is rounded half to even to the micro-unit on its own;
+	// CostMicros is their sum, OnDemandCostMicros the same usage priced at
+	// on-demand rates (what spot or reserved saved is the difference).
+	GPUCostMicros      int64 `json:"gpuCostMicros,omitempty"`
+	CPUCostMicros      int64 `json:"cpuCostMicros,omitempty"`
+	MemoryCostMicros   int64 `json:"memoryCostMicros,omitempty"`
+	CostMicros         int64 `json:"costMicros,omitempty"`
+	OnDemandCostMicros int64 `json:"onDemandCostMicros,omitempty"`
 }
 
 // UsageID is the Nats-Msg-Id and idempotency key of a usage record.

@@ -29,6 +29,9 @@ var schemaTypes = map[string]any{
 	"scale-decision.json": ScaleDecision{},
 	"alert.json":          Alert{},
 	"usage-record.json":   UsageRecord{},
+	"price-book.json":     PriceBook{},
+	"budget.json":         Budget{},
+	"budget-status.json":  BudgetStatus{},
 	"log-chunk.json":      LogChunk{},
 }
 

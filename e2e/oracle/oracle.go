@@ -7,8 +7,8 @@
 //   - J1, no lost or doubled jobs: every accepted job's events follow the
 //     state machine, end in at most one terminal state, and a job never has
 //     two live allocations; every run started at most once.
-//   - Metering: each run that ran is billed exactly once, for GPUs × its
-//     run time.
+//   - Metering: each run that ran is billed exactly once, for GPUs × the
+//     whole seconds it held its devices, in contiguous segments.
 package oracle
 
 import (
@@ -59,6 +59,9 @@ type Report struct {
 	LedgerEntries, JobEvents, RunEvents int
 	// Refusals are the resource manager's refused plan items, in order.
 	Refusals []contracts.Refusal
+	// Released is each allocation's release entry: a run whose node was
+	// lost has no ended fact, only the release's times.
+	Released map[string]contracts.LedgerEntry
 }
 
 // Err returns the violations as one error, or nil.
@@ -85,7 +88,8 @@ func Check(ctx context.Context, nc *nats.Conn) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Report{Jobs: map[string]*Job{}, Runs: map[string]*Run{}, Usage: map[string][]contracts.UsageRecord{}}
+	r := &Report{Jobs: map[string]*Job{}, Runs: map[string]*Run{}, Usage: map[string][]contracts.UsageRecord{},
+		Released: map[string]contracts.LedgerEntry{}}
 
 	if err := replay(ctx, js, contracts.StreamJobEvents, func(m jetstream.Msg) error {
 		var ev contracts.JobEvent
@@ -259,6 +263,7 @@ func (r *Report) ledgerChecker() func(jetstream.Msg) error {
 			}
 			delete(live, a.ID)
 			delete(liveByJob, job)
+			r.Released[a.ID] = e
 		default:
 			r.violate("unknown ledger kind %q", e.Kind)
 		}
@@ -315,33 +320,87 @@ func replay(ctx context.Context, js jetstream.JetStream, stream string, fn func(
 	}
 }
 
-// CheckMetering verifies that every run that ran is billed exactly once,
-// for GPUs × (ended − started) to the millisecond, and that nothing else is
-// billed. It returns the total billed GPU-milliseconds and the expected
-// total computed from the run facts.
+// RunSpan is the time a run held its devices: from its start to its ended
+// fact, or to its release when it has none (its node was lost). ok is
+// false for a run that never started or is not over yet.
+func (r *Report) RunSpan(id string) (start, end time.Time, ok bool) {
+	run := r.Runs[id]
+	rel, released := r.Released[id]
+	switch {
+	case run == nil || run.StartedAt.IsZero():
+		return time.Time{}, time.Time{}, false
+	case run.Ended > 0:
+		return run.StartedAt, run.EndedAt, true
+	case released && rel.Run != nil && !rel.Run.EndedAt.IsZero():
+		return run.StartedAt, rel.Run.EndedAt, true
+	}
+	return time.Time{}, time.Time{}, false
+}
+
+// BilledSpan is the whole seconds billing must bill for [start, end):
+// [floor(start), ceil(end)), UTC (the rule of services/billing/README.md).
+func BilledSpan(start, end time.Time) (time.Time, time.Time) {
+	s, e := start.UTC().Truncate(time.Second), end.UTC().Truncate(time.Second)
+	if e.Before(end) {
+		e = e.Add(time.Second)
+	}
+	return s, e
+}
+
+// CheckMetering verifies that every run that ran is billed exactly once:
+// its allocation's records are segments 0..n-1, contiguous, the last one
+// final, together covering the whole seconds the run touched (BilledSpan
+// of RunSpan), each billing GPUs × its own seconds; and that nothing else
+// is billed. It returns the billed and the expected GPU-milliseconds.
 func (r *Report) CheckMetering() (billed, expected int64) {
 	for id, run := range r.Runs {
-		if run.Ended == 0 || run.StartedAt.IsZero() {
+		start, end, ok := r.RunSpan(id)
+		if !ok {
 			continue
 		}
-		want := int64(run.GPUs) * run.EndedAt.Sub(run.StartedAt).Milliseconds()
+		if rel, released := r.Released[id]; released && run.Ended > 0 && rel.Run != nil && !rel.Run.EndedAt.Equal(run.EndedAt) {
+			r.violate("metering: run %s ended at %s, its release says %s", id, run.EndedAt, rel.Run.EndedAt)
+		}
+		from, to := BilledSpan(start, end)
+		want := int64(run.GPUs) * int64(to.Sub(from)/time.Second) * 1000
 		expected += want
-		recs := r.Usage[id]
-		switch {
-		case len(recs) == 0:
-			r.violate("metering: run %s (%d GPU-ms) was not billed", id, want)
-		case len(recs) > 1:
-			r.violate("metering: run %s billed %d times", id, len(recs))
-		case recs[0].GPUMillis != want:
-			r.violate("metering: run %s billed %d GPU-ms, ran %d", id, recs[0].GPUMillis, want)
+		recs := append([]contracts.UsageRecord(nil), r.Usage[id]...)
+		sort.Slice(recs, func(i, j int) bool { return recs[i].Segment < recs[j].Segment })
+		if len(recs) == 0 {
+			if want > 0 {
+				r.violate("metering: run %s (%d GPU-ms) was not billed", id, want)
+			}
+			continue
+		}
+		var got int64
+		for i, u := range recs {
+			secs := int64(u.End.Sub(u.Start) / time.Second)
+			switch {
+			case u.Segment != i:
+				r.violate("metering: run %s: record %d of %d is segment %d (billed twice, or a segment missing)", id, i, len(recs), u.Segment)
+			case i > 0 && !u.Start.Equal(recs[i-1].End):
+				r.violate("metering: run %s: segment %d starts at %s, the previous ended at %s", id, i, u.Start, recs[i-1].End)
+			case u.Final != (i == len(recs)-1):
+				r.violate("metering: run %s: segment %d of %d final=%v", id, i, len(recs), u.Final)
+			case u.Seconds != secs || u.GPUMillis != int64(run.GPUs)*secs*1000:
+				r.violate("metering: run %s: segment %d bills %d s and %d GPU-ms over %s..%s with %d GPUs", id, i, u.Seconds, u.GPUMillis, u.Start, u.End, run.GPUs)
+			}
+			got += u.GPUMillis
+		}
+		if !recs[0].Start.Equal(from) || !recs[len(recs)-1].End.Equal(to) {
+			r.violate("metering: run %s billed %s..%s, it held its devices %s..%s (billed span %s..%s)", id,
+				recs[0].Start, recs[len(recs)-1].End, start, end, from, to)
+		}
+		if got != want {
+			r.violate("metering: run %s billed %d GPU-ms, ran %d", id, got, want)
 		}
 	}
 	for id, recs := range r.Usage {
 		for _, u := range recs {
 			billed += u.GPUMillis
 		}
-		if run, ok := r.Runs[id]; !ok || run.StartedAt.IsZero() {
-			r.violate("metering: %s billed but never ran", id)
+		if _, _, ok := r.RunSpan(id); !ok {
+			r.violate("metering: %s billed but never ran (or never ended)", id)
 		}
 	}
 	return billed, expected

@@ -57,7 +57,8 @@ func (m *Msg) InProgress() error {
 //     copied to the dead-letter subject and terminated. A handler that owes
 //     someone an answer (a rejected event) publishes it before returning.
 //   - any other error: transient; the message is Nak'ed with backoff and
-//     redelivered, up to MaxDeliver times, then dead-lettered.
+//     redelivered, up to MaxDeliver times, then dead-lettered. An error
+//     wrapped with RetryAfter is redelivered after its own delay.
 type Handler func(ctx context.Context, m *Msg) error
 
 // PermanentError marks an error that retrying cannot fix.
@@ -78,6 +79,27 @@ func Permanent(err error) error {
 func IsPermanent(err error) bool {
 	var p *PermanentError
 	return errors.As(err, &p)
+}
+
+// RetryAfterError is a transient error that asks for redelivery after
+// Delay instead of the consumer's backoff: for a dependency known to be
+// down for a while (a circuit breaker that is open). It counts towards
+// MaxDeliver like any transient error.
+type RetryAfterError struct {
+	Err   error
+	Delay time.Duration
+}
+
+func (e *RetryAfterError) Error() string { return fmt.Sprintf("retry after %s: %v", e.Delay, e.Err) }
+func (e *RetryAfterError) Unwrap() error { return e.Err }
+
+// RetryAfter marks err as transient, to be redelivered after d (see
+// RetryAfterError). A nil err stays nil.
+func RetryAfter(err error, d time.Duration) error {
+	if err == nil {
+		return nil
+	}
+	return &RetryAfterError{Err: err, Delay: d}
 }
 
 // ConsumerSpec describes a durable pull consumer.
@@ -149,6 +171,14 @@ func (s *ConsumerSpec) defaults() {
 // is created or updated idempotently, so several replicas of a service
 // share one durable and JetStream spreads messages between them.
 func (b *Bus) Consume(ctx context.Context, spec ConsumerSpec, h Handler) error {
+	return b.consume(ctx, spec, func(cons jetstream.Consumer, spec ConsumerSpec) error {
+		return b.consumeLoop(ctx, cons, spec, h)
+	})
+}
+
+// consume creates the durable consumer of spec and runs loop on it until
+// ctx ends, creating it again when loop breaks.
+func (b *Bus) consume(ctx context.Context, spec ConsumerSpec, loop func(jetstream.Consumer, ConsumerSpec) error) error {
 	spec.defaults()
 	cfg := jetstream.ConsumerConfig{
 		Durable:           spec.Durable,
@@ -176,7 +206,7 @@ func (b *Bus) Consume(ctx context.Context, spec ConsumerSpec, h Handler) error {
 			}
 			return fmt.Errorf("bus: consumer %s/%s: %w", spec.Stream, spec.Durable, err)
 		}
-		err = b.consumeLoop(ctx, cons, spec, h)
+		err = loop(cons, spec)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -327,12 +357,22 @@ func (b *Bus) handle(ctx context.Context, spec ConsumerSpec, raw jetstream.Msg, 
 			attribute.Int64("messaging.nats.delivered", int64(m.NumDelivered)),
 		))
 	defer span.End()
-	log := b.log.With("subject", m.Subject, "stream_seq", m.StreamSeq, "consumer", spec.Durable)
+	b.settle(ctx, spec, raw, m, span, safeCall(ctx, h, m), true)
+}
 
-	err := safeCall(ctx, h, m)
+// settle acknowledges, redelivers or dead-letters one handled message
+// according to the handler's error (see Handler). A double ack waits for
+// the server to confirm it; a plain one does not (a lost ack is a
+// redelivery, which an idempotent handler shrugs off).
+func (b *Bus) settle(ctx context.Context, spec ConsumerSpec, raw jetstream.Msg, m *Msg, span trace.Span, err error, double bool) {
+	log := b.log.With("subject", m.Subject, "stream_seq", m.StreamSeq, "consumer", spec.Durable)
 	switch {
 	case err == nil:
-		if aerr := raw.DoubleAck(ctx); aerr != nil && ctx.Err() == nil {
+		ack := raw.Ack
+		if double {
+			ack = func() error { return raw.DoubleAck(ctx) }
+		}
+		if aerr := ack(); aerr != nil && ctx.Err() == nil {
 			// The work is done and idempotent: a redelivery is harmless.
 			log.Warn("ack failed; message may be redelivered", "err", aerr)
 		}
@@ -360,6 +400,9 @@ func (b *Bus) handle(ctx context.Context, spec ConsumerSpec, raw jetstream.Msg, 
 		return
 	}
 	d := backoff(spec.Backoff, m.NumDelivered)
+	if ra, ok := errors.AsType[*RetryAfterError](err); ok {
+		d = ra.Delay
+	}
 	log.Info("handler failed; will retry", "err", err, "delivered", m.NumDelivered, "delay", d)
 	_ = raw.NakWithDelay(d)
 }

@@ -1,13 +1,14 @@
-// Package billing meters GPU time. It consumes the allocation ledger with a
-// durable consumer and publishes one UsageRecord per allocation whose run
-// started, GPUs × (EndedAt − StartedAt) to the millisecond, on
-// gp.usage.<tenant>; it keeps totals by tenant and job in a Store.
+// Package billing meters GPU time and prices it. See README.md for the
+// pipeline, the rounding rules and the failure modes.
 //
-//	USAGE (replayed at start) ──> billed set + Store totals
-//	ALLOCATIONS gp.alloc.ledger.* ──durable billing-ledger──> meter ──CAS──> gp.usage.<tenant>
+//	ALLOCATIONS gp.alloc.ledger.* ──durable billing-ledger──▶ biller ──CAS──▶ gp.usage.<tenant> (USAGE)
+//	      price book (KV gp-pricebook), node inventories, job requests ──┘
+//	USAGE ──durable billing-usage-<generation>, batches──▶ projector ──▶ Store (memory or Redis)
+//	budgets (KV gp-budgets) + Store ──▶ budget watcher ──▶ KV gp-budget-status, gp.alerts.budget
 //
-// Exactly once per allocation, across redeliveries, duplicates and
-// restarts: see internal/biller.
+// Exactly once per segment, across redeliveries, duplicates and restarts:
+// see internal/biller. The store is a view of USAGE, rebuilt from it
+// whenever it loses its content: see internal/projector.
 package billing
 
 import (
@@ -16,13 +17,20 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"os"
+	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
 	"github.com/gpuplane/gpuplane/libs/service"
 	"github.com/gpuplane/gpuplane/services/billing/internal/biller"
+	"github.com/gpuplane/gpuplane/services/billing/internal/budget"
+	"github.com/gpuplane/gpuplane/services/billing/internal/catalog"
+	"github.com/gpuplane/gpuplane/services/billing/internal/projector"
 )
 
 // Name is the service name.
@@ -32,28 +40,57 @@ const Name = "billing"
 const Consumer = "billing-ledger"
 
 // maxDeliver is how often a ledger entry that fails for a transient reason
-// (bus or store outage) is tried before it is dead-lettered: about 80
-// minutes at the bus's 5 s backoff ceiling. An entry given up on is revenue
-// lost until an operator replays it, so billing outwaits outages; malformed
-// entries are permanent failures and go to the dead letters at once.
+// (bus outage, an inventory not read yet) is tried before it is
+// dead-lettered: about 80 minutes at the bus's 5 s backoff ceiling. An
+// entry given up on is revenue lost until an operator replays it, so
+// billing outwaits outages; malformed entries are permanent failures and
+// go to the dead letters at once.
 const maxDeliver = 1000
 
 // Config configures billing.
 type Config struct {
 	Bus service.BusConfig
-	// Store keeps the totals; nil means a new MemoryStore. Not a flag.
+	// RedisAddr selects the Redis store (host:port); empty keeps the
+	// in-memory store. Redis tunes it (its Addr is RedisAddr).
+	RedisAddr string
+	Redis     RedisConfig
+	// Store, when set, is used as is (tests). Not a flag.
 	Store Store
+	// StoreRetryDelay is how long usage waits while the store is
+	// unavailable; default 5 s.
+	StoreRetryDelay time.Duration
+	// BudgetInterval re-evaluates every budget; default 30 s.
+	BudgetInterval time.Duration
+	// Now is the clock of budget periods; default time.Now. Not a flag.
+	Now func() time.Time
 }
 
-// DefaultConfig returns the defaults, with the bus settings from the
-// environment.
-func DefaultConfig() Config { return Config{Bus: service.DefaultBusConfig()} }
+// DefaultConfig returns the defaults, with the bus settings and
+// GPUPLANE_BILLING_REDIS from the environment.
+func DefaultConfig() Config {
+	return Config{Bus: service.DefaultBusConfig(), RedisAddr: os.Getenv("GPUPLANE_BILLING_REDIS"),
+		StoreRetryDelay: 5 * time.Second, BudgetInterval: 30 * time.Second}
+}
 
 // RegisterFlags adds billing's flags to fs, defaulting to c.
-func (c *Config) RegisterFlags(fs *flag.FlagSet) { c.Bus.RegisterFlags(fs) }
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	c.Bus.RegisterFlags(fs)
+	fs.StringVar(&c.RedisAddr, "redis", c.RedisAddr, "Redis host:port for the usage totals; empty keeps them in memory (env GPUPLANE_BILLING_REDIS)")
+	fs.DurationVar(&c.StoreRetryDelay, "store-retry", c.StoreRetryDelay, "how long usage waits while the store is unavailable")
+	fs.DurationVar(&c.BudgetInterval, "budget-interval", c.BudgetInterval, "how often every budget is evaluated again")
+}
 
 // Validate reports every problem at once.
-func (c Config) Validate() error { return errors.Join(c.Bus.Validate()) }
+func (c Config) Validate() error {
+	errs := []error{c.Bus.Validate()}
+	if c.StoreRetryDelay < 0 {
+		errs = append(errs, fmt.Errorf("store retry delay is %s; want ≥ 0", c.StoreRetryDelay))
+	}
+	if c.BudgetInterval < 0 {
+		errs = append(errs, fmt.Errorf("budget interval is %s; want ≥ 0", c.BudgetInterval))
+	}
+	return errors.Join(errs...)
+}
 
 // Run runs billing until ctx ends; it returns nil on a clean shutdown.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
@@ -63,8 +100,26 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if log == nil {
 		log = slog.Default()
 	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	store := cfg.Store
-	if store == nil {
+	switch {
+	case store != nil:
+	case cfg.RedisAddr != "":
+		rc := cfg.Redis
+		rc.Addr = cfg.RedisAddr
+		rc.OnBreakerChange = func(from, to string) { log.Warn("redis circuit breaker", "from", from, "to", to) }
+		// go-redis logs its connection pool's troubles to stderr through a
+		// package-level logger: send them to this service's log instead.
+		redis.SetLogger(redisLog{log.With("component", "redis")})
+		rs, err := NewRedisStore(rc)
+		if err != nil {
+			return fmt.Errorf("%s: %w", Name, err)
+		}
+		defer rs.Close()
+		store = rs
+	default:
 		store = NewMemoryStore()
 	}
 	rt, err := service.Start(ctx, Name, cfg.Bus, log)
@@ -75,23 +130,86 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer rt.Close()
-	bl := biller.New(rt.Bus, store, rt.Log)
-	if err := bl.Rebuild(ctx); err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return fmt.Errorf("%s: %w", Name, err)
+	err = run(ctx, cfg, rt, store)
+	if ctx.Err() != nil {
+		return nil
 	}
-	rt.Log.Info("billing rebuilt from USAGE", "allocations_billed", bl.Billed())
+	return err
+}
 
+func run(ctx context.Context, cfg Config, rt *service.Runtime, store Store) error {
+	log, b := rt.Log, rt.Bus
+	buckets := map[string]jetstream.KeyValue{}
+	for _, name := range []string{contracts.BucketPriceBook, contracts.BucketBudgets, contracts.BucketBudgetStatus} {
+		kv, err := b.KeyValue(ctx, name)
+		if err != nil {
+			return fmt.Errorf("%s: %w", Name, err)
+		}
+		buckets[name] = kv
+	}
 	g, gctx := errgroup.WithContext(ctx)
+	nodes := catalog.NewNodes(b, log)
+	g.Go(func() error { return nodes.Run(gctx) })
+	select {
+	case <-gctx.Done():
+		return g.Wait()
+	case <-nodes.Ready():
+	}
+	book := catalog.NewBook(buckets[contracts.BucketPriceBook])
+	mark := catalog.NewWatermark(buckets[contracts.BucketPriceBook], log)
+	bl := biller.New(biller.Config{Bus: b, Prices: book, Nodes: nodes, Requests: catalog.NewRequests(b.JetStream()),
+		Watermark: mark, Log: log})
+	if err := bl.Rebuild(gctx); err != nil {
+		return errors.Join(fmt.Errorf("%s: %w", Name, err), g.Wait())
+	}
+	if err := mark.Init(gctx, bl.MeteredUntil()); err != nil {
+		return errors.Join(fmt.Errorf("%s: %w", Name, err), g.Wait())
+	}
+	log.Info("billing rebuilt from USAGE", "allocations_billed", bl.Billed(), "metered_until", bl.MeteredUntil())
+
+	var proj *projector.Projector
+	budgets := budget.New(budget.Config{Bus: b, Budgets: buckets[contracts.BucketBudgets],
+		Statuses: buckets[contracts.BucketBudgetStatus], Spend: spend{store}, Ready: func() bool { return proj.CaughtUp() },
+		Currency: func(ctx context.Context) string {
+			bk, err := book.Get(ctx)
+			if err != nil {
+				return ""
+			}
+			return bk.Currency()
+		},
+		SpotPools: nodes.SpotPools, Log: log, Now: cfg.Now, Interval: cfg.BudgetInterval})
+	proj = projector.New(projector.Config{Bus: b, Store: store, Log: log, Unavailable: ErrStoreUnavailable,
+		Changed: ErrGenerationChanged, RetryDelay: cfg.StoreRetryDelay, Applied: budgets.Touch})
+
 	g.Go(func() error {
-		err := rt.Bus.Consume(gctx, bus.ConsumerSpec{Stream: contracts.StreamAllocations, Durable: Consumer,
+		err := b.Consume(gctx, bus.ConsumerSpec{Stream: contracts.StreamAllocations, Durable: Consumer,
 			FilterSubjects: []string{contracts.SubjectLedgerAll}, MaxDeliver: maxDeliver}, bl.Handle)
 		if err != nil {
 			return fmt.Errorf("%s: %w", Name, err)
 		}
 		return nil
 	})
+	g.Go(func() error { return proj.Run(gctx) })
+	g.Go(func() error { return budgets.Run(gctx) })
 	return g.Wait()
+}
+
+// spend reads a tenant's spend from the store.
+type spend struct{ s Store }
+
+func (sp spend) TenantDay(ctx context.Context, tenant string, day time.Time) (int64, error) {
+	t, err := sp.s.TenantDay(ctx, tenant, day)
+	return t.CostMicros, err
+}
+
+func (sp spend) TenantMonth(ctx context.Context, tenant string, month time.Time) (int64, error) {
+	t, err := sp.s.TenantMonth(ctx, tenant, month)
+	return t.CostMicros, err
+}
+
+// redisLog adapts slog to go-redis's logger.
+type redisLog struct{ log *slog.Logger }
+
+func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
+	l.log.WarnContext(ctx, fmt.Sprintf(format, v...))
 }

@@ -2,80 +2,151 @@ package billing
 
 import (
 	"context"
+	"crypto/rand"
+	"errors"
 	"sync"
+	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
 )
 
-// Totals is metered usage summed up.
+// Totals is metered usage summed up; amounts are micro-units of the price
+// book's currency.
 type Totals struct {
-	Records   int
+	Records   int64
 	GPUMillis int64
+	// CostMicros is what was billed; OnDemandMicros the same usage at
+	// on-demand rates.
+	CostMicros     int64
+	OnDemandMicros int64
 }
 
 // GPUSeconds is GPUMillis in seconds, for display.
 func (t Totals) GPUSeconds() float64 { return float64(t.GPUMillis) / 1000 }
 
-// Store keeps usage totals by tenant and by job. It is a view that the USAGE
-// stream can always rebuild, never the record itself: billing replays USAGE
-// into it at every start. A Redis implementation will come with a later
-// issue; every implementation passes the conformance test in store_test.go.
+// Errors of a Store.
+var (
+	// ErrGenerationChanged: the store lost what it held since Open (Redis
+	// flushed or restarted). Open again: it starts a new generation,
+	// which billing fills by replaying USAGE from its first record.
+	ErrGenerationChanged = errors.New("billing store: generation changed")
+	// ErrStoreUnavailable: the store is failing and its circuit breaker is
+	// open; try again later.
+	ErrStoreUnavailable = errors.New("billing store unavailable")
+)
+
+// Store keeps running totals of usage records by tenant, tenant and day,
+// tenant and month, pool and day, and job. It is a view that the USAGE
+// stream can always rebuild, never the record itself. Every
+// implementation passes the conformance test in store_test.go.
+//
+// Days and months are UTC and taken from a record's Start: billing cuts
+// segments at midnight, so a record lies within one day.
 type Store interface {
-	// Add counts rec in the totals of its tenant and of its job. It is
-	// idempotent on rec.ID: a record added again, by a replay or a
-	// redelivery, counts once.
-	Add(ctx context.Context, rec contracts.UsageRecord) error
-	// Tenant returns a tenant's totals, zero for a tenant never billed.
+	// Open names the generation of the store's content, creating it when
+	// the store is empty. A generation is filled by replaying USAGE from
+	// its start; billing keeps one durable consumer per generation.
+	Open(ctx context.Context) (generation string, err error)
+	// Apply counts each record in its totals at most once (keyed by its
+	// ID: a record applied again, by a replay or a redelivery, counts
+	// nothing), atomically with its applied marker. It returns how many
+	// records were new. It fails with ErrGenerationChanged when the store
+	// lost its content since Open.
+	Apply(ctx context.Context, recs []contracts.UsageRecord) (applied int, err error)
+	// Tenant, TenantDay, TenantMonth, PoolDay and Job return totals; zero
+	// for what was never billed. day and month may be any instant in them.
 	Tenant(ctx context.Context, tenant string) (Totals, error)
-	// Job returns the totals of one job of a tenant, all attempts together.
+	TenantDay(ctx context.Context, tenant string, day time.Time) (Totals, error)
+	TenantMonth(ctx context.Context, tenant string, month time.Time) (Totals, error)
+	PoolDay(ctx context.Context, pool string, day time.Time) (Totals, error)
 	Job(ctx context.Context, tenant, jobID string) (Totals, error)
 }
 
-// MemoryStore is the in-memory Store, for the embedded default and tests.
-// It is safe for concurrent use.
+// dayKey and monthKey name a UTC day and month.
+func dayKey(t time.Time) string   { return t.UTC().Format(time.DateOnly) }
+func monthKey(t time.Time) string { return t.UTC().Format("2006-01") }
+
+// MemoryStore is the in-memory Store: the embedded default of `make run`
+// and of tests. Its content dies with the process, so every process has a
+// new generation and rebuilds from USAGE. It is safe for concurrent use.
 type MemoryStore struct {
 	mu      sync.Mutex
-	added   map[string]struct{} // record IDs
-	tenants map[string]Totals
-	jobs    map[[2]string]Totals // (tenant, job)
+	gen     string
+	applied map[string]struct{} // record IDs
+	totals  map[string]Totals   // by the same keys as RedisStore's
 }
 
 var _ Store = (*MemoryStore)(nil)
 
 // NewMemoryStore returns an empty in-memory store.
 func NewMemoryStore() *MemoryStore {
-	return &MemoryStore{added: map[string]struct{}{}, tenants: map[string]Totals{}, jobs: map[[2]string]Totals{}}
+	return &MemoryStore{gen: newGeneration(), applied: map[string]struct{}{}, totals: map[string]Totals{}}
 }
 
-// Add implements Store.
-func (s *MemoryStore) Add(_ context.Context, rec contracts.UsageRecord) error {
+// newGeneration is a random name for a store's content.
+func newGeneration() string { return rand.Text()[:16] }
+
+// Open implements Store.
+func (s *MemoryStore) Open(context.Context) (string, error) { return s.gen, nil }
+
+// Apply implements Store.
+func (s *MemoryStore) Apply(_ context.Context, recs []contracts.UsageRecord) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.added[rec.ID]; ok {
-		return nil
+	n := 0
+	for _, r := range recs {
+		if _, ok := s.applied[r.ID]; ok {
+			continue
+		}
+		s.applied[r.ID] = struct{}{}
+		n++
+		for _, k := range totalKeys(r) {
+			t := s.totals[k]
+			t.Records++
+			t.GPUMillis += r.GPUMillis
+			t.CostMicros += r.CostMicros
+			t.OnDemandMicros += r.OnDemandCostMicros
+			s.totals[k] = t
+		}
 	}
-	s.added[rec.ID] = struct{}{}
-	add := func(t Totals) Totals {
-		t.Records++
-		t.GPUMillis += rec.GPUMillis
-		return t
-	}
-	s.tenants[rec.Tenant] = add(s.tenants[rec.Tenant])
-	k := [2]string{rec.Tenant, rec.JobID}
-	s.jobs[k] = add(s.jobs[k])
-	return nil
+	return n, nil
+}
+
+// totalKeys are the totals one record counts in, named as RedisStore
+// names its hashes (without the prefix).
+func totalKeys(r contracts.UsageRecord) []string {
+	day, month := dayKey(r.Start), monthKey(r.Start)
+	return []string{"tenant:" + r.Tenant, "tenant:" + r.Tenant + ":day:" + day, "tenant:" + r.Tenant + ":month:" + month,
+		"pool:" + r.Pool + ":day:" + day, "job:" + r.Tenant + ":" + r.JobID}
+}
+
+func (s *MemoryStore) get(k string) (Totals, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.totals[k], nil
 }
 
 // Tenant implements Store.
 func (s *MemoryStore) Tenant(_ context.Context, tenant string) (Totals, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.tenants[tenant], nil
+	return s.get("tenant:" + tenant)
+}
+
+// TenantDay implements Store.
+func (s *MemoryStore) TenantDay(_ context.Context, tenant string, day time.Time) (Totals, error) {
+	return s.get("tenant:" + tenant + ":day:" + dayKey(day))
+}
+
+// TenantMonth implements Store.
+func (s *MemoryStore) TenantMonth(_ context.Context, tenant string, month time.Time) (Totals, error) {
+	return s.get("tenant:" + tenant + ":month:" + monthKey(month))
+}
+
+// PoolDay implements Store.
+func (s *MemoryStore) PoolDay(_ context.Context, pool string, day time.Time) (Totals, error) {
+	return s.get("pool:" + pool + ":day:" + dayKey(day))
 }
 
 // Job implements Store.
 func (s *MemoryStore) Job(_ context.Context, tenant, jobID string) (Totals, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.jobs[[2]string{tenant, jobID}], nil
+	return s.get("job:" + tenant + ":" + jobID)
 }

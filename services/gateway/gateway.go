@@ -1,11 +1,14 @@
 // Package gateway is gpuplane's HTTP front door. It validates job requests
 // exactly as the scheduler will (contracts.DecodeJobRequest) and publishes
 // them, and cancel requests, on the bus; it answers reads from a read model
-// folded from JOB_EVENTS and USAGE; it relays job events as server-sent
-// events; and it serves a small web console.
+// folded from JOB_EVENTS and USAGE, and a node model folded from NODES; it
+// relays job events as server-sent events and run output from LOGS; it
+// publishes checkpoint and (admin) fault commands for node agents; and it
+// serves a small web console.
 //
 //	client ──POST/DELETE──▶ gateway ──publish──▶ gp.jobs.submit|cancel.<tenant>  (JOBS)
-//	client ◀──GET/SSE────── gateway ◀──ordered reads── JOB_EVENTS, USAGE
+//	client ──POST─────────▶ gateway ──publish──▶ gp.cmd.node.<node>  (NODE_COMMANDS)
+//	client ◀──GET/SSE────── gateway ◀──ordered reads── JOB_EVENTS, USAGE, NODES, LOGS
 //
 // The gateway never decides a job's fate: a 202 means the request is on the
 // bus; what became of it arrives as JobEvents from the scheduler.
@@ -53,10 +56,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	addr := ln.Addr().String()
 
-	in := &ingester{bus: rt.Bus, model: newMemoryModel(), log: log}
+	in := &ingester{bus: rt.Bus, model: newMemoryModel(), nodes: newNodeModel(), log: log}
 	streams, endStreams := context.WithCancel(context.Background())
 	defer endStreams()
-	s := &server{cfg: cfg, bus: rt.Bus, model: in.model, ready: in.ready, log: log, now: time.Now, streams: streams}
+	s := &server{cfg: cfg, bus: rt.Bus, model: in.model, nodes: in.nodes, ready: in.ready, log: log, now: time.Now, streams: streams}
+	s.billing = newBillingKV(rt.Bus)
 	srv := &http.Server{
 		Handler:           s.handler(),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -69,6 +73,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return in.followJobEvents(gctx) })
 	g.Go(func() error { return in.followUsage(gctx) })
+	g.Go(func() error { return in.followNodes(gctx) })
 	g.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("%s: serve: %w", Name, err)

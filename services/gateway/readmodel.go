@@ -153,6 +153,11 @@ func summarize(tenant string, recs []contracts.UsageRecord) contracts.UsageSumma
 	s := contracts.UsageSummary{Tenant: tenant, Records: len(recs), ByJob: recs}
 	for _, r := range recs {
 		s.GPUMillis += r.GPUMillis
+		s.CostMicros += r.CostMicros
+		s.OnDemandCostMicros += r.OnDemandCostMicros
+		if r.Currency != "" {
+			s.Currency = r.Currency
+		}
 	}
 	s.GPUSeconds = float64(s.GPUMillis) / 1000
 	return s

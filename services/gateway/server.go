@@ -34,6 +34,10 @@ type server struct {
 	cfg   Config
 	bus   *bus.Bus
 	model readModel
+	// nodes is the fleet as the NODES stream tells it (nodes.go).
+	nodes *nodeModel
+	// billing opens the price book and budget buckets (billing.go).
+	billing *billingKV
 	// ready reports whether the read model has caught up with its streams.
 	ready func() bool
 	log   *slog.Logger
@@ -74,6 +78,15 @@ func (s *server) handler() http.Handler {
 	route("/v1/tenants/{tenant}/jobs/{id}/events", map[string]http.HandlerFunc{http.MethodGet: s.jobEvents})
 	route("/v1/tenants/{tenant}/events", map[string]http.HandlerFunc{http.MethodGet: s.tenantEvents})
 	route("/v1/tenants/{tenant}/usage", map[string]http.HandlerFunc{http.MethodGet: s.usage})
+	route("/v1/tenants/{tenant}/jobs/{id}/logs", map[string]http.HandlerFunc{http.MethodGet: s.jobLogs})
+	route("/v1/tenants/{tenant}/jobs/{id}/checkpoint", map[string]http.HandlerFunc{http.MethodPost: s.checkpointJob})
+	route("/v1/nodes", map[string]http.HandlerFunc{http.MethodGet: s.listNodes})
+	route("/v1/nodes/{node}", map[string]http.HandlerFunc{http.MethodGet: s.getNode})
+	route("/v1/nodes/{node}/faults", map[string]http.HandlerFunc{http.MethodPost: s.injectFault})
+	route("/v1/pricebook", map[string]http.HandlerFunc{http.MethodGet: s.getPriceBook, http.MethodPut: s.putPriceBook})
+	route("/v1/tenants/{tenant}/budget", map[string]http.HandlerFunc{http.MethodGet: s.getBudget, http.MethodPut: s.putBudget,
+		http.MethodDelete: s.deleteBudget})
+	route("/v1/tenants/{tenant}/invoice", map[string]http.HandlerFunc{http.MethodGet: s.invoice})
 	route("/healthz", map[string]http.HandlerFunc{http.MethodGet: s.healthz})
 	route("/{$}", map[string]http.HandlerFunc{http.MethodGet: s.console})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

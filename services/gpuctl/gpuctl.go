@@ -1,7 +1,8 @@
 // Package gpuctl is gpuplane's command-line client: submit, inspect,
-// cancel and watch jobs through the gateway's REST API, or submit, cancel
-// and watch straight on the bus (--via bus). The binary is cmd/gpuctl; Run
-// is the whole program, so tests drive it without exiting.
+// cancel and watch jobs, read their output, ask them to checkpoint, list
+// nodes and inject faults through the gateway's REST API, or submit,
+// cancel and watch straight on the bus (--via bus). The binary is
+// cmd/gpuctl; Run is the whole program, so tests drive it without exiting.
 package gpuctl
 
 import (
@@ -38,14 +39,23 @@ Commands:
   list [--state S] [--limit N]           list the tenant's jobs, newest first
   cancel ID [--reason TEXT]              ask to cancel a job
   watch ID                               print the job's events until it ends (exit 0 only if it succeeded)
-  usage                                  show the tenant's metered GPU usage
+  logs ID [-f] [--attempt N|all]         print the job's output (latest attempt); -f follows it to the end
+  checkpoint ID                          ask the job's running process to write a checkpoint
+  usage                                  show the tenant's metered GPU usage and its cost (-o csv too)
+  invoice [--period YYYY-MM]             the tenant's invoice: on-demand, spot, reserved, spot savings (-o csv too)
+  prices get | set -f book.yaml          show or replace the price book (admin)
+  budget get | set --limit L [--period monthly|daily] [--policy notify|reject|spot-only] | delete
+                                         the tenant's budget and its status (set and delete: admin)
+  nodes [NODE] [--pool P]                list the nodes, or show one: GPUs, MIG, health, topology
+  fault inject NODE --kind K [flags]     inject a fault into a simulated node (admin): xid, ecc_dbe,
+                                         overheat, machine_death, agent_pause or clear
 
 Common flags (before or after the command):
   --tenant T     tenant (env GPUPLANE_TENANT, default "default")
   --gateway URL  gateway base URL (env GPUPLANE_GATEWAY, default http://127.0.0.1:8080)
-  --via V        gateway or bus: submit, cancel and watch straight on NATS (get, list and usage always use the gateway)
+  --via V        gateway or bus: submit, cancel and watch straight on NATS (the other commands always use the gateway)
   --nats URL     NATS URL for --via bus (env GPUPLANE_NATS_URL, default nats://127.0.0.1:4222)
-  -o FORMAT      table (default) or json
+  -o FORMAT      table (default) or json; csv for usage and invoice
 
 Run "gpuctl <command> -h" for a command's flags.
 `
@@ -85,7 +95,7 @@ func (c *common) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.gateway, "gateway", c.gateway, "gateway base URL (env GPUPLANE_GATEWAY)")
 	fs.StringVar(&c.via, "via", c.via, "transport for submit, cancel and watch: gateway or bus")
 	fs.StringVar(&c.nats, "nats", c.nats, "NATS URL for --via bus (env GPUPLANE_NATS_URL)")
-	fs.StringVar(&c.output, "o", c.output, "output format: table or json")
+	fs.StringVar(&c.output, "o", c.output, "output format: table or json (csv for usage and invoice)")
 }
 
 func (c *common) validate() error {
@@ -93,8 +103,8 @@ func (c *common) validate() error {
 	if c.via != viaGateway && c.via != viaBus {
 		errs = append(errs, fmt.Errorf("--via %q: want gateway or bus", c.via))
 	}
-	if c.output != "table" && c.output != "json" {
-		errs = append(errs, fmt.Errorf("-o %q: want table or json", c.output))
+	if c.output != "table" && c.output != "json" && c.output != "csv" {
+		errs = append(errs, fmt.Errorf("-o %q: want table, json or csv", c.output))
 	}
 	if c.gateway == "" {
 		errs = append(errs, errors.New("--gateway is empty"))
@@ -123,6 +133,13 @@ var commands = []command{
 	{"cancel", "ID", (*app).cancelCmd},
 	{"watch", "ID", (*app).watchCmd},
 	{"usage", "", (*app).usageCmd},
+	{"invoice", "", (*app).invoiceCmd},
+	{"prices", "get|set", (*app).pricesCmd},
+	{"budget", "get|set|delete", (*app).budgetCmd},
+	{"logs", "ID", (*app).logsCmd},
+	{"checkpoint", "ID", (*app).checkpointCmd},
+	{"nodes", "[NODE]", (*app).nodesCmd},
+	{"fault", "inject NODE", (*app).faultCmd},
 }
 
 // Run runs gpuctl with args (without the program name) and returns the
@@ -170,6 +187,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	}
 	if err := a.validate(); err != nil {
 		fmt.Fprintf(stderr, "gpuctl %s: %v\n", name, err)
+		return ExitUsage
+	}
+	if a.output == "csv" && name != "usage" && name != "invoice" {
+		fmt.Fprintf(stderr, "gpuctl %s: -o csv is for usage and invoice; want table or json\n", name)
 		return ExitUsage
 	}
 	return run(ctx, pos, trailing)

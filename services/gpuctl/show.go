@@ -2,10 +2,13 @@ package gpuctl
 
 import (
 	"context"
+	"encoding/csv"
 	"flag"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -129,23 +132,86 @@ func (a *app) usageCmd(*flag.FlagSet) func(context.Context, []string, []string) 
 		if err := newClient(a.gateway).call(ctx, http.MethodGet, tenantPath(a.tenant, "usage"), nil, nil, &sum); err != nil {
 			return a.fail("usage", err)
 		}
-		if a.output == "json" {
+		switch a.output {
+		case "json":
 			return a.printJSON(sum)
+		case "csv":
+			return a.usageCSV(sum)
 		}
-		fmt.Fprintf(a.stdout, "tenant %s: %.3f GPU-seconds in %d runs\n", sum.Tenant, sum.GPUSeconds, sum.Records)
+		fmt.Fprintf(a.stdout, "tenant %s: %.0f GPU-seconds in %d records, cost %s %s (at on-demand rates %s)\n", sum.Tenant,
+			sum.GPUSeconds, sum.Records, contracts.Money(sum.CostMicros).CentString(), sum.Currency,
+			contracts.Money(sum.OnDemandCostMicros).CentString())
 		if len(sum.ByJob) == 0 {
 			return ExitOK
 		}
+		type agg struct {
+			n               int
+			gpuMillis, cost int64
+		}
+		byDay, byPool := map[string]*agg{}, map[string]*agg{}
+		add := func(m map[string]*agg, k string, r contracts.UsageRecord) {
+			if m[k] == nil {
+				m[k] = &agg{}
+			}
+			m[k].n++
+			m[k].gpuMillis += r.GPUMillis
+			m[k].cost += r.CostMicros
+		}
+		for _, r := range sum.ByJob {
+			add(byDay, r.Start.UTC().Format(time.DateOnly), r)
+			add(byPool, r.Pool+" ("+string(r.PriceClass)+")", r)
+		}
+		for _, t := range []struct {
+			title string
+			m     map[string]*agg
+		}{{"DAY (UTC)", byDay}, {"POOL (CLASS)", byPool}} {
+			fmt.Fprintln(a.stdout)
+			tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintf(tw, "%s\tRECORDS\tGPU-HOURS\tCOST\n", t.title)
+			for _, k := range slices.Sorted(maps.Keys(t.m)) {
+				v := t.m[k]
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", k, v.n, gpuHours(v.gpuMillis), contracts.Money(v.cost).CentString())
+			}
+			_ = tw.Flush()
+		}
 		fmt.Fprintln(a.stdout)
 		tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "JOB\tATTEMPT\tNODE\tGPUS\tMODEL\tSTART\tEND\tGPU-SECONDS")
+		fmt.Fprintln(tw, "JOB\tATTEMPT\tSEG\tNODE\tGPUS\tMODEL\tCLASS\tSTART\tEND\tGPU-SECONDS\tCOST")
 		for _, r := range sum.ByJob {
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%s\t%s\t%.3f\n", r.JobID, r.Attempt, dash(r.NodeID), r.GPUs, dash(r.GPUModel),
-				formatTime(&r.Start), formatTime(&r.End), float64(r.GPUMillis)/1000)
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%.0f\t%s\n", r.JobID, r.Attempt, r.Segment, dash(r.NodeID),
+				share(r), dash(r.GPUModel), dash(string(r.PriceClass)), formatTime(&r.Start), formatTime(&r.End), r.GPUSeconds,
+				contracts.Money(r.CostMicros).CentString())
 		}
 		_ = tw.Flush()
 		return ExitOK
 	}
+}
+
+// share is a record's GPUs: "2", or "1 (3/7)" for a MIG instance.
+func share(r contracts.UsageRecord) string {
+	s := strconv.Itoa(r.GPUs)
+	if r.GPUShare != "" && r.GPUShare != s {
+		s += " (" + r.GPUShare + ")"
+	}
+	return s
+}
+
+// usageCSV writes one row per usage record; amounts are exact decimals.
+func (a *app) usageCSV(sum contracts.UsageSummary) int {
+	w := csv.NewWriter(a.stdout)
+	_ = w.Write([]string{"tenant", "job", "attempt", "segment", "allocation", "node", "pool", "price_class", "gpu_model", "gpus",
+		"gpu_share", "start", "end", "seconds", "gpu_seconds", "price_version", "currency", "cost", "on_demand_cost", "reason"})
+	for _, r := range sum.ByJob {
+		_ = w.Write([]string{r.Tenant, r.JobID, strconv.Itoa(r.Attempt), strconv.Itoa(r.Segment), r.AllocationID, r.NodeID, r.Pool,
+			string(r.PriceClass), r.GPUModel, strconv.Itoa(r.GPUs), r.GPUShare, r.Start.UTC().Format(time.RFC3339Nano),
+			r.End.UTC().Format(time.RFC3339Nano), strconv.FormatInt(r.Seconds, 10), strconv.FormatFloat(r.GPUSeconds, 'f', -1, 64),
+			r.PriceVersion, r.Currency, contracts.Money(r.CostMicros).String(), contracts.Money(r.OnDemandCostMicros).String(), string(r.Reason)})
+	}
+	w.Flush()
+	if err := w.Error(); err != nil {
+		return a.fail("usage", err)
+	}
+	return ExitOK
 }
 
 // requested is what a request asks for: "2 × H100-80GB (≥ 40000 MiB)".

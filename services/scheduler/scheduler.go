@@ -73,6 +73,7 @@ type scheduler struct {
 	wake   chan struct{}
 	out    *outbox
 	demand *demandPublisher
+	budget *budgetGate
 
 	mu sync.Mutex // guards st
 	st *state.Store
@@ -83,8 +84,9 @@ func newScheduler(cfg Config, b *bus.Bus, log *slog.Logger) *scheduler {
 	s := &scheduler{cfg: cfg, bus: b, log: log, wake: make(chan struct{}, 1)}
 	s.out = newOutbox(b, cfg.Publishers, log)
 	s.demand = newDemandPublisher(b, cfg.DemandInterval, cfg.Name, boot, log)
+	s.budget = newBudgetGate(b, log)
 	s.st = state.New(state.Config{Scheduler: cfg.Name, Boot: boot, MaxPlanBytes: cfg.MaxPlanBytes, Log: log,
-		Wake: s.markDirty})
+		Wake: s.markDirty, Admit: s.budget.Admit})
 	return s
 }
 
@@ -113,7 +115,15 @@ func (s *scheduler) run(ctx context.Context) error {
 	s.log.Info("scheduler live", "queued", queued)
 	g.Go(func() error { return s.demand.run(ctx) })
 	g.Go(func() error { return s.cycles(ctx) })
+	// Intake waits for the budget statuses (budget.go).
+	budgetsSynced := make(chan struct{})
+	g.Go(func() error { return s.budget.run(ctx, func() { close(budgetsSynced) }) })
 	g.Go(func() error {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-budgetsSynced:
+		}
 		return s.bus.Consume(ctx, bus.ConsumerSpec{Stream: contracts.StreamJobs, Durable: RequestsConsumer,
 			FilterSubjects: []string{contracts.SubjectSubmitAll, contracts.SubjectCancelAll},
 			Workers:        s.cfg.IntakeWorkers, Key: requestKey}, s.handleRequest)

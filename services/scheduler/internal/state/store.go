@@ -53,6 +53,11 @@ type Config struct {
 	// Wake is called (under the caller's lock, so it must not block) when
 	// something changed that a cycle could act on.
 	Wake func()
+	// Admit, when set, is asked about every new valid request before it
+	// is queued (under the caller's lock, so it must not block); an error
+	// (a *contracts.ValidationError) rejects the request with its reason.
+	// Billing's budget policy comes in here (budget.go of the scheduler).
+	Admit func(tenant string, req contracts.JobRequest) error
 }
 
 // Publish is one message to publish. Messages with the same Key (one job)
@@ -364,6 +369,11 @@ func (s *Store) Submit(subject string, data []byte, streamSeq uint64) Submission
 			return Submission{Outcome: "unchanged"}
 		}
 		return s.duplicate(j, streamSeq)
+	}
+	if s.cfg.Admit != nil {
+		if err := s.cfg.Admit(tenant, norm); err != nil {
+			return s.reject(tenant, req.ID, streamSeq, err)
+		}
 	}
 	now := s.cfg.Now().UTC()
 	ev := contracts.JobEvent{SchemaVersion: contracts.SchemaVersion, Type: contracts.EventQueued, Tenant: tenant,

@@ -1,0 +1,290 @@
+// Package projector feeds the usage records of USAGE into billing's
+// store, a batch at a time, with a durable consumer per store generation:
+//
+//	USAGE gp.usage.* ──durable billing-usage-<generation>, batches──▶ Store.Apply ──▶ ack
+//
+// A store that keeps its content (Redis) resumes where its consumer acked;
+// a new or emptied one (the in-memory store at every start, a flushed or
+// restarted Redis) opens a new generation, whose new consumer replays
+// USAGE from its first record. While the store is unavailable (its
+// circuit breaker open) every record is handed back with a delay
+// (NakWithDelay) and comes again: metering is late, never lost.
+package projector
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/buger/jsonparser"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+)
+
+// Store is where records go.
+type Store interface {
+	Open(ctx context.Context) (generation string, err error)
+	Apply(ctx context.Context, recs []contracts.UsageRecord) (applied int, err error)
+}
+
+// ConsumerPrefix starts the name of every generation's durable consumer.
+const ConsumerPrefix = "billing-usage-"
+
+// Config configures a projector.
+type Config struct {
+	Bus   *bus.Bus
+	Store Store
+	Log   *slog.Logger
+	// Unavailable is the error of a store that fails fast (its breaker
+	// open), and Changed the error of a store that lost its content.
+	Unavailable, Changed error
+	// RetryDelay is how long a batch waits when the store is unavailable;
+	// default 5 s.
+	RetryDelay time.Duration
+	// Batch bounds a batch; default 1024.
+	Batch int
+	// MaxDeliver bounds the deliveries of one record before it is
+	// dead-lettered; default 100,000 (at RetryDelay, days of outage).
+	MaxDeliver int
+	// Applied, if set, hears the tenants of every batch applied.
+	Applied func(tenants []string)
+}
+
+// Projector is the feed. Run it once.
+type Projector struct {
+	cfg      Config
+	caughtUp atomic.Bool
+	applied  atomic.Int64
+}
+
+// New returns a projector.
+func New(cfg Config) *Projector {
+	if cfg.RetryDelay <= 0 {
+		cfg.RetryDelay = 5 * time.Second
+	}
+	if cfg.Batch <= 0 {
+		cfg.Batch = 1024
+	}
+	if cfg.MaxDeliver <= 0 {
+		cfg.MaxDeliver = 100_000
+	}
+	return &Projector{cfg: cfg}
+}
+
+// CaughtUp reports whether the store holds every record USAGE held when
+// the current generation's replay began (and more since).
+func (p *Projector) CaughtUp() bool { return p.caughtUp.Load() }
+
+// Applied counts the records that were new to the store.
+func (p *Projector) Applied() int64 { return p.applied.Load() }
+
+// Run feeds the store until ctx ends.
+func (p *Projector) Run(ctx context.Context) error {
+	delay := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		gen, err := p.cfg.Store.Open(ctx)
+		if err != nil {
+			p.cfg.Log.Warn("billing store cannot be opened; again", "err", err, "delay", delay)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(delay):
+			}
+			delay = min(2*delay, p.cfg.RetryDelay)
+			continue
+		}
+		delay = 100 * time.Millisecond
+		p.caughtUp.Store(false)
+		if err := p.generation(ctx, gen); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// generation runs one generation's consumer until ctx ends or the store
+// loses its content.
+func (p *Projector) generation(ctx context.Context, gen string) error {
+	gctx, changed := context.WithCancelCause(ctx)
+	defer changed(nil)
+	durable := ConsumerPrefix + gen
+	if n, err := p.pending(ctx); err == nil && n == 0 {
+		p.caughtUp.Store(true)
+	}
+	p.cfg.Log.Info("feeding the billing store", "generation", gen, "consumer", durable)
+	err := p.cfg.Bus.ConsumeBatch(gctx, bus.ConsumerSpec{Stream: contracts.StreamUsage, Durable: durable,
+		FilterSubjects: []string{contracts.SubjectUsageAll}, Batch: p.cfg.Batch, MaxAckPending: 4 * p.cfg.Batch,
+		MaxDeliver: p.cfg.MaxDeliver, InactiveThreshold: time.Hour},
+		func(ctx context.Context, msgs []*bus.Msg) []error {
+			errs := p.HandleBatch(ctx, msgs)
+			if slices.ContainsFunc(errs, func(err error) bool { return errors.Is(err, p.cfg.Changed) }) {
+				changed(p.cfg.Changed)
+			}
+			return errs
+		})
+	if err != nil {
+		return fmt.Errorf("usage feed: %w", err)
+	}
+	if ctx.Err() == nil {
+		p.cfg.Log.Warn("the billing store lost its content; rebuilding it from USAGE", "generation", gen)
+	}
+	return nil
+}
+
+// pending is how many records USAGE holds (to know an empty stream is
+// caught up at once).
+func (p *Projector) pending(ctx context.Context) (uint64, error) {
+	s, err := p.cfg.Bus.JetStream().Stream(ctx, contracts.StreamUsage)
+	if err != nil {
+		return 0, err
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return info.State.Msgs, nil
+}
+
+// subBatch is how many records go to the store in one call. A batch is
+// cut into sub-batches so that decoding one overlaps with the store
+// applying the one before (Redis works on its own core meanwhile).
+const subBatch = 512
+
+// HandleBatch applies one batch of USAGE messages (a bus.BatchHandler;
+// exported for the benchmark). Each message is settled by the outcome of
+// its own sub-batch.
+func (p *Projector) HandleBatch(ctx context.Context, msgs []*bus.Msg) []error {
+	errs := make([]error, len(msgs))
+	tenants := map[string]struct{}{}
+	type flight struct {
+		lo, hi int
+		n      int
+		err    error
+		done   chan struct{}
+	}
+	var flights []*flight
+	for lo := 0; lo < len(msgs); lo += subBatch {
+		hi := min(lo+subBatch, len(msgs))
+		recs := make([]contracts.UsageRecord, 0, hi-lo)
+		for i := lo; i < hi; i++ {
+			m := msgs[i]
+			rec, err := decode(m.Data)
+			switch {
+			case err != nil:
+				errs[i] = bus.Permanent(err)
+				continue
+			case rec.ID == "" || m.Subject != contracts.SubjectUsage(rec.Tenant):
+				errs[i] = bus.Permanent(fmt.Errorf("usage record %q of tenant %q on %s", rec.ID, rec.Tenant, m.Subject))
+				continue
+			}
+			recs = append(recs, rec)
+			tenants[rec.Tenant] = struct{}{}
+		}
+		f := &flight{lo: lo, hi: hi, done: make(chan struct{})}
+		flights = append(flights, f)
+		go func() {
+			defer close(f.done)
+			f.n, f.err = p.cfg.Store.Apply(ctx, recs)
+		}()
+		if len(flights) > 1 { // at most two in flight
+			<-flights[len(flights)-2].done
+		}
+	}
+	applied, failed := 0, false
+	for _, f := range flights {
+		<-f.done
+		applied += f.n
+		if f.err == nil {
+			continue
+		}
+		failed = true
+		var retry error
+		switch {
+		case errors.Is(f.err, p.cfg.Unavailable):
+			retry = bus.RetryAfter(f.err, p.cfg.RetryDelay)
+		case errors.Is(f.err, p.cfg.Changed):
+			retry = f.err
+		default:
+			retry = bus.RetryAfter(f.err, p.cfg.RetryDelay/5)
+		}
+		p.cfg.Log.Info("usage records not applied; they come again", "records", f.hi-f.lo, "err", f.err)
+		for i := f.lo; i < f.hi; i++ {
+			if errs[i] == nil {
+				errs[i] = retry
+			}
+		}
+	}
+	p.applied.Add(int64(applied))
+	if last := msgs[len(msgs)-1]; !failed && last.NumPending == 0 {
+		p.caughtUp.Store(true)
+	}
+	if p.cfg.Applied != nil && applied > 0 {
+		list := make([]string, 0, len(tenants))
+		for t := range tenants {
+			list = append(list, t)
+		}
+		p.cfg.Applied(list)
+	}
+	if failed || slices.ContainsFunc(errs, func(err error) bool { return err != nil }) {
+		return errs
+	}
+	return nil
+}
+
+// storeFields are what a store keeps of a usage record.
+var storeFields = [][]string{{"id"}, {"tenant"}, {"jobId"}, {"pool"}, {"start"}, {"gpuMillis"}, {"costMicros"}, {"onDemandCostMicros"}}
+
+// decode reads what the store needs of a usage record (the fields of
+// storeFields) with jsonparser, which picks them out without reflection:
+// on the feed's hot path encoding/json costs more than the store. A body
+// that cannot be read that way is decoded again with encoding/json, whose
+// error says what is wrong with it.
+func decode(data []byte) (contracts.UsageRecord, error) {
+	var r contracts.UsageRecord
+	var bad error
+	seen := 0
+	jsonparser.EachKey(data, func(i int, v []byte, _ jsonparser.ValueType, err error) {
+		seen++
+		if err == nil {
+			switch i {
+			case 0:
+				r.ID, err = jsonparser.ParseString(v)
+			case 1:
+				r.Tenant, err = jsonparser.ParseString(v)
+			case 2:
+				r.JobID, err = jsonparser.ParseString(v)
+			case 3:
+				r.Pool, err = jsonparser.ParseString(v)
+			case 4:
+				var s string
+				if s, err = jsonparser.ParseString(v); err == nil {
+					r.Start, err = time.Parse(time.RFC3339Nano, s)
+				}
+			case 5:
+				r.GPUMillis, err = jsonparser.ParseInt(v)
+			case 6:
+				r.CostMicros, err = jsonparser.ParseInt(v)
+			case 7:
+				r.OnDemandCostMicros, err = jsonparser.ParseInt(v)
+			}
+		}
+		if err != nil && bad == nil {
+			bad = err
+		}
+	}, storeFields...)
+	// costMicros and onDemandCostMicros are omitted when zero.
+	if bad == nil && seen >= 6 && r.ID != "" && !r.Start.IsZero() {
+		return r, nil
+	}
+	var full contracts.UsageRecord
+	if err := json.Unmarshal(data, &full); err != nil {
+		return full, fmt.Errorf("usage record: %w", err)
+	}
+	return full, nil
+}

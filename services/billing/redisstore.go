@@ -1,0 +1,520 @@
+package billing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sony/gobreaker/v2"
+
+	"github.com/gpuplane/gpuplane/contracts"
+)
+
+// RedisConfig configures a RedisStore.
+type RedisConfig struct {
+	// Addr is host:port of a standalone Redis server.
+	Addr     string
+	Password string
+	DB       int
+	// Prefix starts every key; the braces make them one Redis Cluster
+	// hash slot, so the applying script may touch them all. Default
+	// "{gp-billing}:".
+	Prefix string
+	// Timeout bounds each command; default 2 s.
+	Timeout time.Duration
+	// BreakerOpen is how long the breaker stays open before it lets one
+	// call try again; default 5 s. BreakerFailures consecutive failures
+	// open it; default 3.
+	BreakerOpen     time.Duration
+	BreakerFailures uint32
+	// OnBreakerChange, if set, hears every breaker state change.
+	OnBreakerChange func(from, to string)
+}
+
+// RedisStore is the Store on Redis (go-redis v9), for a shared, durable
+// read side. Layout, under Prefix:
+//
+//	gen                        the content's generation (string)
+//	applied:<YYYY-MM-DD>       set of the IDs of the day's applied records
+//	tenant:<t>                 hash n, gms, cost, od (Totals)
+//	tenant:<t>:day:<date>      hash, the same fields
+//	tenant:<t>:month:<YYYY-MM> hash
+//	pool:<p>:day:<date>        hash
+//	job:<t>:<job>              hash
+//
+// Apply runs one Lua script per batch (applyScript): it checks the
+// generation, adds each record's ID to its day's applied set and adds the
+// batch's sums to the totals; when records were applied before, it writes
+// nothing and the rest is sent again. Redis runs a script atomically, so
+// markers and totals never disagree.
+//
+// Every call goes through a circuit breaker (sony/gobreaker): after
+// BreakerFailures consecutive failures calls fail fast with
+// ErrStoreUnavailable for BreakerOpen. redis.Nil and ErrGenerationChanged
+// are answers, not failures; a cancelled context is neither.
+//
+// Redis may lose the last second of writes when it restarts (appendfsync
+// everysec), so the store does not trust content that outlived a restart
+// of the server it was opened on: it notices the new run_id on
+// reconnection, fails Apply with ErrGenerationChanged, and Open then
+// clears the keys and starts a new generation.
+type RedisStore struct {
+	rdb     *redis.Client
+	prefix  string
+	timeout time.Duration
+	cb      *gobreaker.CircuitBreaker[any]
+
+	mu    sync.Mutex
+	gen   string
+	runID string // of the server when Open ran
+	lost  bool   // the server restarted since Open
+}
+
+var _ Store = (*RedisStore)(nil)
+
+// NewRedisStore returns a store on the Redis of cfg; it connects lazily.
+func NewRedisStore(cfg RedisConfig) (*RedisStore, error) {
+	if cfg.Addr == "" {
+		return nil, errors.New("billing: redis address is empty")
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = "{gp-billing}:"
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 2 * time.Second
+	}
+	if cfg.BreakerOpen <= 0 {
+		cfg.BreakerOpen = 5 * time.Second
+	}
+	if cfg.BreakerFailures == 0 {
+		cfg.BreakerFailures = 3
+	}
+	s := &RedisStore{prefix: cfg.Prefix, timeout: cfg.Timeout}
+	s.rdb = redis.NewClient(&redis.Options{
+		Addr: cfg.Addr, Password: cfg.Password, DB: cfg.DB,
+		DialTimeout: cfg.Timeout, ReadTimeout: cfg.Timeout, WriteTimeout: cfg.Timeout,
+		// Fail fast: the breaker and the bus's redelivery do the retrying.
+		MaxRetries: -1,
+		OnConnect:  s.onConnect,
+	})
+	s.cb = gobreaker.NewCircuitBreaker[any](gobreaker.Settings{
+		Name:        "redis " + cfg.Addr,
+		MaxRequests: 1,
+		Timeout:     cfg.BreakerOpen,
+		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= cfg.BreakerFailures },
+		IsSuccessful: func(err error) bool {
+			return err == nil || errors.Is(err, redis.Nil) || errors.Is(err, ErrGenerationChanged)
+		},
+		IsExcluded: func(err error) bool { return errors.Is(err, context.Canceled) },
+		OnStateChange: func(_ string, from, to gobreaker.State) {
+			if cfg.OnBreakerChange != nil {
+				cfg.OnBreakerChange(from.String(), to.String())
+			}
+		},
+	})
+	return s, nil
+}
+
+// Close closes the connections.
+func (s *RedisStore) Close() error { return s.rdb.Close() }
+
+// BreakerState is the circuit breaker's state: closed, half-open or open.
+func (s *RedisStore) BreakerState() string { return s.cb.State().String() }
+
+// onConnect runs on every new connection: a server whose run_id differs
+// from the one Open saw has restarted and may have lost writes.
+func (s *RedisStore) onConnect(ctx context.Context, cn *redis.Conn) error {
+	id, err := runID(ctx, cn)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.runID != "" && id != s.runID {
+		s.lost = true
+	}
+	s.mu.Unlock()
+	return nil
+}
+
+type infoer interface {
+	Info(ctx context.Context, section ...string) *redis.StringCmd
+}
+
+func runID(ctx context.Context, c infoer) (string, error) {
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		return "", err
+	}
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "run_id:"); ok {
+			return v, nil
+		}
+	}
+	return "", errors.New("redis INFO server has no run_id")
+}
+
+// do runs fn through the breaker with the command timeout.
+func (s *RedisStore) do(ctx context.Context, fn func(ctx context.Context) error) error {
+	_, err := s.cb.Execute(func() (any, error) {
+		ctx, cancel := context.WithTimeout(ctx, s.timeout)
+		defer cancel()
+		return nil, fn(ctx)
+	})
+	if errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests) {
+		return fmt.Errorf("%w: %w", ErrStoreUnavailable, err)
+	}
+	return err
+}
+
+// Open implements Store. It clears the store and starts a new generation
+// when the server restarted since the last Open or holds no generation.
+func (s *RedisStore) Open(ctx context.Context) (string, error) {
+	var gen string
+	err := s.do(ctx, func(ctx context.Context) error {
+		id, err := runID(ctx, s.rdb)
+		if err != nil {
+			return err
+		}
+		s.mu.Lock()
+		restarted := s.lost || s.runID != "" && s.runID != id
+		s.mu.Unlock()
+		cur, err := s.rdb.Get(ctx, s.prefix+"gen").Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return err
+		}
+		if cur == "" || restarted {
+			if err := s.clear(ctx); err != nil {
+				return err
+			}
+			if err := s.rdb.SetNX(ctx, s.prefix+"gen", newGeneration(), 0).Err(); err != nil {
+				return err
+			}
+			if cur, err = s.rdb.Get(ctx, s.prefix+"gen").Result(); err != nil {
+				return err
+			}
+		}
+		s.mu.Lock()
+		s.gen, s.runID, s.lost = cur, id, false
+		s.mu.Unlock()
+		gen = cur
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("open redis store: %w", err)
+	}
+	return gen, nil
+}
+
+// clear deletes every key of the store.
+func (s *RedisStore) clear(ctx context.Context) error {
+	iter := s.rdb.Scan(ctx, 0, escapeGlob(s.prefix)+"*", 1000).Iterator()
+	var batch []string
+	for iter.Next(ctx) {
+		if batch = append(batch, iter.Val()); len(batch) == 1000 {
+			if err := s.rdb.Unlink(ctx, batch...).Err(); err != nil {
+				return err
+			}
+			batch = batch[:0]
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return err
+	}
+	if len(batch) > 0 {
+		return s.rdb.Unlink(ctx, batch...).Err()
+	}
+	return nil
+}
+
+func escapeGlob(s string) string {
+	return strings.NewReplacer(`\`, `\\`, "*", `\*`, "?", `\?`, "[", `\[`, "]", `\]`).Replace(s)
+}
+
+// applyScript applies one batch. Billing's Go side does all it can, so
+// that Redis, which runs scripts one at a time, does only what must be
+// atomic: Go computes every key and sums the batch per key; the script
+// checks that no record was applied before (SMISMEMBER on each day's
+// applied set), marks them all (one SADD per set) and adds the sums. When
+// some record was applied before (a redelivery), the script writes nothing
+// and names those records; Go sums again without them and calls once
+// more. A call counts all its records or none.
+//
+// KEYS[1] is the generation key. ARGV[1] the generation, ARGV[2] the number
+// of records R, ARGV[3] the number of applied sets S, ARGV[4] the number
+// of totals K; then 4 values per record: its ID, GPU-ms, cost, on-demand
+// cost; then per set: its key, the number M of its records and their
+// numbers (1-based); then per total: its key and either "=" and the
+// number of its only record, or "+" and the four sums (records, GPU-ms,
+// cost, on-demand cost). It returns R, or {"dup", r...}: the records
+// applied before.
+var applyScript = redis.NewScript(`
+local gen = redis.call('GET', KEYS[1])
+if gen ~= ARGV[1] then
+  return redis.error_reply('GPGEN store generation is ' .. tostring(gen) .. ', not ' .. ARGV[1])
+end
+local nrec, nsets, nkeys = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local base = 5
+local i = base + nrec * 4
+local sets, dups = {}, {'dup'}
+for s = 1, nsets do
+  local key, m = ARGV[i], tonumber(ARGV[i + 1])
+  local ids, recs = {}, {}
+  for j = 1, m do
+    local r = tonumber(ARGV[i + 1 + j])
+    recs[j] = r
+    ids[j] = ARGV[base + (r - 1) * 4]
+  end
+  local present = redis.call('SMISMEMBER', key, unpack(ids))
+  for j = 1, m do
+    if present[j] == 1 then
+      dups[#dups + 1] = recs[j]
+    end
+  end
+  sets[s] = {key, ids}
+  i = i + 2 + m
+end
+if #dups > 1 then
+  return dups
+end
+for s = 1, nsets do
+  redis.call('SADD', sets[s][1], unpack(sets[s][2]))
+end
+for _ = 1, nkeys do
+  local key = ARGV[i]
+  if ARGV[i + 1] == '=' then
+    local ri = base + (tonumber(ARGV[i + 2]) - 1) * 4
+    redis.call('HINCRBY', key, 'n', 1)
+    redis.call('HINCRBY', key, 'gms', ARGV[ri + 1])
+    redis.call('HINCRBY', key, 'cost', ARGV[ri + 2])
+    redis.call('HINCRBY', key, 'od', ARGV[ri + 3])
+    i = i + 3
+  else
+    redis.call('HINCRBY', key, 'n', ARGV[i + 2])
+    redis.call('HINCRBY', key, 'gms', ARGV[i + 3])
+    redis.call('HINCRBY', key, 'cost', ARGV[i + 4])
+    redis.call('HINCRBY', key, 'od', ARGV[i + 5])
+    i = i + 6
+  end
+end
+return nrec
+`)
+
+// maxScriptRecords bounds one script call; larger batches are split into
+// several calls sent in one pipeline. Lua holds numbers as doubles, exact
+// up to 2^53 micro-units: Go does the sums, the script only passes them on.
+const maxScriptRecords = 1000
+
+// total is one hash a batch adds to: its sums, and its records.
+type total struct {
+	key     string
+	sum     Totals
+	members []int
+}
+
+// applyArgs is the script's ARGV for recs (distinct IDs).
+func (s *RedisStore) applyArgs(gen string, recs []contracts.UsageRecord) []any {
+	var order []*total
+	totals := map[string]*total{}
+	var setOrder []string
+	sets := map[string][]int{}
+	args := make([]any, 4, 4+9*len(recs))
+	args[0], args[1] = gen, strconv.Itoa(len(recs))
+	for r, rec := range recs {
+		args = append(args, rec.ID, strconv.FormatInt(rec.GPUMillis, 10),
+			strconv.FormatInt(rec.CostMicros, 10), strconv.FormatInt(rec.OnDemandCostMicros, 10))
+		set := s.prefix + "applied:" + dayKey(rec.Start)
+		if _, ok := sets[set]; !ok {
+			setOrder = append(setOrder, set)
+		}
+		sets[set] = append(sets[set], r+1)
+		for _, k := range totalKeys(rec) {
+			t := totals[k]
+			if t == nil {
+				t = &total{key: s.prefix + k}
+				totals[k] = t
+				order = append(order, t)
+			}
+			t.sum.Records++
+			t.sum.GPUMillis += rec.GPUMillis
+			t.sum.CostMicros += rec.CostMicros
+			t.sum.OnDemandMicros += rec.OnDemandCostMicros
+			t.members = append(t.members, r+1)
+		}
+	}
+	args[2], args[3] = strconv.Itoa(len(setOrder)), strconv.Itoa(len(order))
+	for _, set := range setOrder {
+		args = append(args, set, strconv.Itoa(len(sets[set])))
+		for _, r := range sets[set] {
+			args = append(args, strconv.Itoa(r))
+		}
+	}
+	for _, t := range order {
+		if len(t.members) == 1 {
+			args = append(args, t.key, "=", strconv.Itoa(t.members[0]))
+			continue
+		}
+		args = append(args, t.key, "+", strconv.FormatInt(t.sum.Records, 10), strconv.FormatInt(t.sum.GPUMillis, 10),
+			strconv.FormatInt(t.sum.CostMicros, 10), strconv.FormatInt(t.sum.OnDemandMicros, 10))
+	}
+	return args
+}
+
+// Apply implements Store.
+func (s *RedisStore) Apply(ctx context.Context, recs []contracts.UsageRecord) (int, error) {
+	s.mu.Lock()
+	gen, lost := s.gen, s.lost
+	s.mu.Unlock()
+	if gen == "" || lost {
+		return 0, ErrGenerationChanged
+	}
+	// A record twice in one batch counts once.
+	seen := make(map[string]struct{}, len(recs))
+	distinct := make([]contracts.UsageRecord, 0, len(recs))
+	for _, r := range recs {
+		if _, dup := seen[r.ID]; !dup {
+			seen[r.ID] = struct{}{}
+			distinct = append(distinct, r)
+		}
+	}
+	var parts [][]contracts.UsageRecord
+	for chunk := range chunks(distinct, maxScriptRecords) {
+		parts = append(parts, chunk)
+	}
+	applied := 0
+	// Each round sends every part left; a part that met records applied
+	// before is sent again without them. Two rounds nearly always do;
+	// more only when another writer applies the same records meanwhile.
+	for round := 0; len(parts) > 0; round++ {
+		if round == 10 {
+			return applied, fmt.Errorf("redis store: records keep being applied by another writer; %d parts left", len(parts))
+		}
+		var again [][]contracts.UsageRecord
+		err := s.do(ctx, func(ctx context.Context) error {
+			send := func() ([]*redis.Cmd, error) {
+				pipe := s.rdb.Pipeline()
+				cmds := make([]*redis.Cmd, 0, len(parts))
+				for _, part := range parts {
+					cmds = append(cmds, applyScript.EvalSha(ctx, pipe, []string{s.prefix + "gen"}, s.applyArgs(gen, part)...))
+				}
+				_, err := pipe.Exec(ctx)
+				return cmds, err
+			}
+			cmds, err := send()
+			if err != nil && strings.Contains(err.Error(), "NOSCRIPT") {
+				// First use on this server: load the script, then once more.
+				if err := applyScript.Load(ctx, s.rdb).Err(); err != nil {
+					return err
+				}
+				cmds, err = send()
+			}
+			for p, c := range cmds {
+				if cerr := c.Err(); cerr != nil {
+					if strings.Contains(cerr.Error(), "GPGEN") {
+						return fmt.Errorf("%w: %v", ErrGenerationChanged, cerr)
+					}
+					return cerr
+				}
+				switch v := c.Val().(type) {
+				case int64:
+					applied += int(v)
+				case []any:
+					if rest := withoutDuplicates(parts[p], v); len(rest) > 0 {
+						again = append(again, rest)
+					}
+				}
+			}
+			return err
+		})
+		if errors.Is(err, ErrGenerationChanged) {
+			s.mu.Lock()
+			s.lost = true
+			s.mu.Unlock()
+		}
+		if err != nil {
+			return applied, err
+		}
+		parts = again
+	}
+	return applied, nil
+}
+
+// withoutDuplicates is part without the records the script answered were
+// applied before ({"dup", r...}, 1-based).
+func withoutDuplicates(part []contracts.UsageRecord, answer []any) []contracts.UsageRecord {
+	dup := map[int]bool{}
+	for _, v := range answer[1:] {
+		if r, ok := v.(int64); ok {
+			dup[int(r)-1] = true
+		}
+	}
+	out := make([]contracts.UsageRecord, 0, len(part)-len(dup))
+	for i, r := range part {
+		if !dup[i] {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// chunks yields recs in slices of at most n.
+func chunks(recs []contracts.UsageRecord, n int) func(func([]contracts.UsageRecord) bool) {
+	return func(yield func([]contracts.UsageRecord) bool) {
+		for len(recs) > 0 {
+			k := min(n, len(recs))
+			if !yield(recs[:k]) {
+				return
+			}
+			recs = recs[k:]
+		}
+	}
+}
+
+func (s *RedisStore) get(ctx context.Context, key string) (Totals, error) {
+	var t Totals
+	err := s.do(ctx, func(ctx context.Context) error {
+		vals, err := s.rdb.HMGet(ctx, s.prefix+key, "n", "gms", "cost", "od").Result()
+		if err != nil {
+			return err
+		}
+		dst := []*int64{&t.Records, &t.GPUMillis, &t.CostMicros, &t.OnDemandMicros}
+		for i, v := range vals {
+			if str, ok := v.(string); ok {
+				if *dst[i], err = strconv.ParseInt(str, 10, 64); err != nil {
+					return fmt.Errorf("redis %s%s: %w", s.prefix, key, err)
+				}
+			}
+		}
+		return nil
+	})
+	return t, err
+}
+
+// Tenant implements Store.
+func (s *RedisStore) Tenant(ctx context.Context, tenant string) (Totals, error) {
+	return s.get(ctx, "tenant:"+tenant)
+}
+
+// TenantDay implements Store.
+func (s *RedisStore) TenantDay(ctx context.Context, tenant string, day time.Time) (Totals, error) {
+	return s.get(ctx, "tenant:"+tenant+":day:"+dayKey(day))
+}
+
+// TenantMonth implements Store.
+func (s *RedisStore) TenantMonth(ctx context.Context, tenant string, month time.Time) (Totals, error) {
+	return s.get(ctx, "tenant:"+tenant+":month:"+monthKey(month))
+}
+
+// PoolDay implements Store.
+func (s *RedisStore) PoolDay(ctx context.Context, pool string, day time.Time) (Totals, error) {
+	return s.get(ctx, "pool:"+pool+":day:"+dayKey(day))
+}
+
+// Job implements Store.
+func (s *RedisStore) Job(ctx context.Context, tenant, jobID string) (Totals, error) {
+	return s.get(ctx, "job:"+tenant+":"+jobID)
+}
