@@ -35,6 +35,9 @@ type redisServer struct {
 func startRedis(t testing.TB, persist bool) *redisServer {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
+	if err != nil && os.Getenv("GPUPLANE_REQUIRE_REDIS") != "" {
+		t.Fatal("redis-server is not on PATH and GPUPLANE_REQUIRE_REDIS is set (CI): the Redis store tests must run")
+	}
 	if err != nil {
 		t.Skip("redis-server is not on PATH: install it (apt-get install -y redis-server, as .ci/run does) to run the Redis store tests")
 	}
