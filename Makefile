@@ -29,7 +29,11 @@ BENCHTIME ?= 1x
 bench:
 	set -o pipefail; { \
 	  $(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) ./e2e/ && \
-	  $(GO) test -run '^$$' -bench . -benchtime 1s ./services/scheduler/... ./services/resource-manager/... ; \
+	  $(GO) test -run '^$$' -bench . -benchtime 1s ./services/scheduler/... ./services/resource-manager/... && \
+	  $(GO) run ./services/scheduler/cmd/tracesim -o bench-trace.out && \
+	  $(GO) test -run '^$$' -bench 'UsageIngest$$' -benchtime 200000x -cpu 1 ./services/billing/ && \
+	  $(GO) test -run '^$$' -bench 'UsageIngestFromStream' -benchtime 50000x -cpu 1 ./services/billing/ && \
+	  $(GO) test -run '^$$' -bench 'Fleet$$' -benchtime 1x -timeout 30m ./services/node-agent/fleet/ ; \
 	} 2>&1 | grep -v '^time=' | tee bench.out
 run:
 	$(GO) run ./services/gpuplane/cmd/gpuplane $(ARGS)

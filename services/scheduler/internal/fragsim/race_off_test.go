@@ -1,0 +1,5 @@
+//go:build !race
+
+package fragsim
+
+const raceEnabled = false
