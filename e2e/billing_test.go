@@ -140,45 +140,16 @@ func TestBillingOverASimulatedDay(t *testing.T) {
 
 	redis := startRedisForE2E(t)
 	gwAddr := freeAddr(t)
-	env := append(os.Environ(), "GPUPLANE_NATS_URL="+ns.URL(), "GPUPLANE_LOG_LEVEL=warn", "GPUPLANE_OTLP_ENDPOINT=")
-	children := map[string]*child{}
+	billingArgs := []string{"-budget-interval", "200ms", "-store-retry", "300ms"}
+	if redis != nil {
+		billingArgs = append(billingArgs, "-redis", redis.addr)
+	}
 	order := []string{"fleet-sim", "resource-manager", "scheduler", "billing", "gateway"}
-	for _, name := range order {
-		lf, err := os.OpenFile(filepath.Join(tmp, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := &child{name: name, bin: filepath.Join(bin, name), env: env, log: lf}
-		switch name {
-		case "fleet-sim":
-			c.args = []string{"-fleet", fleetPath, "-log-dir", t.TempDir()}
-		case "billing":
-			c.args = []string{"-budget-interval", "200ms", "-store-retry", "300ms"}
-			if redis != nil {
-				c.args = append(c.args, "-redis", redis.addr)
-			}
-		case "gateway":
-			c.args = []string{"-addr", gwAddr}
-		}
-		children[name] = c
-	}
-	t.Cleanup(func() {
-		for _, name := range order {
-			c := children[name]
-			if err := c.kill(); err != nil {
-				t.Error(err)
-			}
-			if t.Failed() {
-				t.Logf("--- %s log (last 40 lines) ---\n%s", name, c.tail(40))
-			}
-			_ = c.log.Close()
-		}
+	children := startChildren(t, bin, tmp, ns.URL(), order, map[string][]string{
+		"fleet-sim": {"-fleet", fleetPath, "-log-dir", t.TempDir()},
+		"billing":   billingArgs,
+		"gateway":   {"-addr", gwAddr},
 	})
-	for _, name := range order {
-		if err := children[name].start(); err != nil {
-			t.Fatal(err)
-		}
-	}
 	gw := &gatewayClient{t: t, base: "http://" + gwAddr}
 	waitFor(t, time.Minute, "the gateway", func() (bool, string) {
 		status, body := gw.do(http.MethodGet, "/healthz", nil, nil)

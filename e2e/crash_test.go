@@ -173,6 +173,43 @@ func buildServices(t *testing.T, dir string) {
 	t.Logf("built the services in %.1fs", time.Since(start).Seconds())
 }
 
+// startChildren starts the binaries of bin named in order, one after the
+// other, as children on the NATS server at natsURL, each with its args and
+// logging to logDir/<name>.log. Their cleanup is registered here: call it
+// after the TempDirs and natstest.Start, so that it runs before they are
+// removed and the processes go before the server. It kills every child
+// and, when the test failed, shows the last 40 lines of its log.
+func startChildren(t *testing.T, bin, logDir, natsURL string, order []string, args map[string][]string) map[string]*child {
+	t.Helper()
+	env := append(os.Environ(), "GPUPLANE_NATS_URL="+natsURL, "GPUPLANE_LOG_LEVEL=warn", "GPUPLANE_OTLP_ENDPOINT=")
+	children := map[string]*child{}
+	for _, name := range order {
+		lf, err := os.OpenFile(filepath.Join(logDir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		children[name] = &child{name: name, bin: filepath.Join(bin, name), args: args[name], env: env, log: lf}
+	}
+	t.Cleanup(func() {
+		for _, name := range order {
+			c := children[name]
+			if err := c.kill(); err != nil {
+				t.Error(err)
+			}
+			if t.Failed() {
+				t.Logf("--- %s log (last 40 lines) ---\n%s", name, c.tail(40))
+			}
+			_ = c.log.Close()
+		}
+	})
+	for _, name := range order {
+		if err := children[name].start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return children
+}
+
 // killPlan is one SIGKILL of a service and how long it stays down.
 type killPlan struct {
 	svc        string
@@ -201,40 +238,10 @@ func TestServicesSurviveKill9(t *testing.T) {
 	if err := os.WriteFile(fleetPath, []byte(crashFleet), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	env := append(os.Environ(), "GPUPLANE_NATS_URL="+ns.URL(), "GPUPLANE_LOG_LEVEL=warn", "GPUPLANE_OTLP_ENDPOINT=")
-	children := map[string]*child{}
 	order := []string{"fleet-sim", "resource-manager", "scheduler", "billing"}
-	for _, name := range order {
-		lf, err := os.OpenFile(filepath.Join(tmp, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := &child{name: name, bin: filepath.Join(bin, name), env: env, log: lf}
-		if name == "fleet-sim" {
-			c.args = []string{"-fleet", fleetPath, "-log-dir", t.TempDir()}
-		}
-		children[name] = c
-	}
-	// Registered after the TempDirs, so it runs before they are removed,
-	// and after natstest's shutdown is registered, so the processes go
-	// before the server.
-	t.Cleanup(func() {
-		for _, name := range order {
-			c := children[name]
-			if err := c.kill(); err != nil {
-				t.Error(err)
-			}
-			if t.Failed() {
-				t.Logf("--- %s log (last 40 lines) ---\n%s", name, c.tail(40))
-			}
-			_ = c.log.Close()
-		}
+	children := startChildren(t, bin, tmp, ns.URL(), order, map[string][]string{
+		"fleet-sim": {"-fleet", fleetPath, "-log-dir", t.TempDir()},
 	})
-	for _, name := range order {
-		if err := children[name].start(); err != nil {
-			t.Fatal(err)
-		}
-	}
 
 	nc, err := nats.Connect(ns.URL(), nats.Name("e2e-crash-client"))
 	if err != nil {

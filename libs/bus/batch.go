@@ -2,7 +2,6 @@ package bus
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -38,42 +37,29 @@ func (b *Bus) ConsumeBatch(ctx context.Context, spec ConsumerSpec, h BatchHandle
 }
 
 func (b *Bus) consumeBatchLoop(ctx context.Context, cons jetstream.Consumer, spec ConsumerSpec, h BatchHandler) error {
-	it, err := cons.Messages(jetstream.PullMaxMessages(spec.Batch))
+	p, err := b.pull(ctx, cons, spec)
 	if err != nil {
 		return err
 	}
-	defer it.Stop()
-	hold := &held{msgs: map[jetstream.Msg]time.Time{}}
-	kaCtx, stopKA := context.WithCancel(ctx)
-	defer stopKA()
-	go hold.keepAlive(kaCtx, spec.AckWait/3, spec.MaxHandlerTime)
+	defer p.stop()
 	raws := make([]jetstream.Msg, 0, spec.Batch)
 	for {
-		raws = raws[:0]
-		raw, err := it.Next(jetstream.NextContext(ctx))
+		raw, err := p.next(ctx)
 		if err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				return err
-			}
-			b.log.Debug("pull consumer hiccup", "stream", spec.Stream, "consumer", spec.Durable, "err", err)
-			continue
+			return err
 		}
-		hold.add(raw)
-		raws = append(raws, raw)
+		raws = append(raws[:0], raw)
 		for len(raws) < spec.Batch {
-			raw, err := it.Next(jetstream.NextMaxWait(batchGather))
+			raw, err := p.it.Next(jetstream.NextMaxWait(batchGather))
 			if err != nil {
 				break // nothing more on its way: handle what we have
 			}
-			hold.add(raw)
+			p.hold.add(raw)
 			raws = append(raws, raw)
 		}
 		b.handleBatch(ctx, spec, raws, h)
 		for _, raw := range raws {
-			hold.done(raw)
+			p.hold.done(raw)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"strconv"
 	"sync"
 	"time"
@@ -224,21 +225,14 @@ func (b *Bus) consume(ctx context.Context, spec ConsumerSpec, loop func(jetstrea
 }
 
 func (b *Bus) consumeLoop(ctx context.Context, cons jetstream.Consumer, spec ConsumerSpec, h Handler) error {
-	it, err := cons.Messages(jetstream.PullMaxMessages(spec.Batch))
+	p, err := b.pull(ctx, cons, spec)
 	if err != nil {
 		return err
 	}
-	defer it.Stop()
-	// Every message taken from the iterator is held until settled and kept
-	// alive meanwhile, whether it is being handled or waits for a worker:
-	// only a consumer that died lets AckWait pass.
-	hold := &held{msgs: map[jetstream.Msg]time.Time{}}
-	kaCtx, stopKA := context.WithCancel(ctx)
-	defer stopKA()
-	go hold.keepAlive(kaCtx, spec.AckWait/3, spec.MaxHandlerTime)
+	defer p.stop()
 	settle := func(raw jetstream.Msg) {
 		b.handle(ctx, spec, raw, h)
-		hold.done(raw)
+		p.hold.done(raw)
 	}
 	dispatch := settle
 	if spec.Workers > 1 {
@@ -247,20 +241,63 @@ func (b *Bus) consumeLoop(ctx context.Context, cons jetstream.Consumer, spec Con
 		defer wait()
 	}
 	for {
-		raw, err := it.Next(jetstream.NextContext(ctx))
+		raw, err := p.next(ctx)
+		if err != nil {
+			return err
+		}
+		dispatch(raw)
+	}
+}
+
+// puller is a consumer's message iterator together with the messages it
+// has taken: every one is held until settled and kept alive meanwhile,
+// whether it is being handled or waits for a worker or a batch, so only a
+// consumer that died lets AckWait pass.
+type puller struct {
+	it     jetstream.MessagesContext
+	hold   *held
+	stopKA context.CancelFunc
+	log    *slog.Logger
+}
+
+// pull starts pulling from cons and keeping held messages alive; stop ends
+// both.
+func (b *Bus) pull(ctx context.Context, cons jetstream.Consumer, spec ConsumerSpec) (*puller, error) {
+	it, err := cons.Messages(jetstream.PullMaxMessages(spec.Batch))
+	if err != nil {
+		return nil, err
+	}
+	hold := &held{msgs: map[jetstream.Msg]time.Time{}}
+	kaCtx, stopKA := context.WithCancel(ctx)
+	go hold.keepAlive(kaCtx, spec.AckWait/3, spec.MaxHandlerTime)
+	return &puller{it: it, hold: hold, stopKA: stopKA,
+		log: b.log.With("stream", spec.Stream, "consumer", spec.Durable)}, nil
+}
+
+func (p *puller) stop() {
+	p.stopKA()
+	p.it.Stop()
+}
+
+// next waits for the next message and holds it. It fails only when ctx
+// ends or the iterator closed for good (the consumer must be created
+// again); hiccups are waited through.
+func (p *puller) next(ctx context.Context) (jetstream.Msg, error) {
+	for {
+		raw, err := p.it.Next(jetstream.NextContext(ctx))
 		if err != nil {
 			if ctx.Err() != nil {
-				return ctx.Err()
+				return nil, ctx.Err()
 			}
 			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				return err
+				return nil, err
 			}
 			// Heartbeat misses and similar hiccups: the iterator recovers.
-			b.log.Debug("pull consumer hiccup", "stream", spec.Stream, "consumer", spec.Durable, "err", err)
+			p.log.Debug("pull consumer hiccup", "err", err)
 			continue
 		}
-		hold.add(raw)
-		dispatch(raw)
+		p.hold.add(raw)
+		return raw, nil
 	}
 }
 

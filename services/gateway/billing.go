@@ -68,10 +68,13 @@ func (s *server) kv(w http.ResponseWriter, r *http.Request, bucket string) jetst
 	return kv
 }
 
-// readDoc reads a request body of at most the configured size.
-func (s *server) readDoc(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+// readBody reads a request body of at most limit bytes; it answers 413 or
+// 400 and returns false when it cannot.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, bool) {
+	// No server-wide ReadTimeout (it would cut event streams): bound the
+	// body read here instead.
 	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(30 * time.Second))
-	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
 		if tooLarge, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			writeError(w, http.StatusRequestEntityTooLarge, contracts.ReasonTooLarge,
@@ -141,7 +144,7 @@ func (s *server) putPriceBook(w http.ResponseWriter, r *http.Request) {
 		}
 		want = n
 	}
-	data, ok := s.readDoc(w, r)
+	data, ok := readBody(w, r, s.cfg.MaxBodyBytes)
 	if !ok {
 		return
 	}
@@ -253,7 +256,7 @@ func (s *server) putBudget(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	data, ok := s.readDoc(w, r)
+	data, ok := readBody(w, r, s.cfg.MaxBodyBytes)
 	if !ok {
 		return
 	}

@@ -18,16 +18,8 @@ import (
 // not_running: there is no process to signal. The checkpoint itself is
 // reported by the agent as a checkpointed run fact.
 func (s *server) checkpointJob(w http.ResponseWriter, r *http.Request) {
-	tenant, ok := tenant(w, r)
+	tenant, id, st, ok := s.knownJob(w, r)
 	if !ok {
-		return
-	}
-	id, ok := jobID(w, r)
-	if !ok || !s.modelReady(w) {
-		return
-	}
-	st, err := s.model.Job(r.Context(), tenant, id)
-	if !s.jobFound(w, tenant, id, err) {
 		return
 	}
 	p := st.Placement

@@ -311,17 +311,7 @@ func TestSubmitRejectsMalformedRequests(t *testing.T) {
 	}
 	for name, tt := range tests {
 		t.Run(name, func(t *testing.T) {
-			var apiErr contracts.APIError
-			status, body := h.do(http.MethodPost, "/v1/tenants/"+tt.tenant+"/jobs", tt.body, &apiErr, "Content-Type", "application/json")
-			if status != tt.status || apiErr.Error.Reason != tt.reason {
-				t.Fatalf("status %d reason %q, want %d %q; body %s", status, apiErr.Error.Reason, tt.status, tt.reason, body)
-			}
-			if apiErr.Error.Message == "" {
-				t.Errorf("error without a message: %s", body)
-			}
-			if tt.field != "" && !hasField(apiErr.Error.Fields, tt.field) {
-				t.Errorf("fields %+v do not name %q", apiErr.Error.Fields, tt.field)
-			}
+			h.postRefused(t, "/v1/tenants/"+tt.tenant+"/jobs", tt.body, tt.status, tt.reason, tt.field)
 			if n := h.streamMsgs(contracts.StreamJobs); n != 0 {
 				t.Fatalf("a rejected request reached the bus: JOBS holds %d messages", n)
 			}
@@ -333,6 +323,23 @@ func TestSubmitRejectsMalformedRequests(t *testing.T) {
 	}
 	if n := h.streamMsgs(contracts.StreamJobs); n != 1 {
 		t.Fatalf("JOBS holds %d messages, want 1", n)
+	}
+}
+
+// postRefused POSTs body as JSON to path and checks the answer: status
+// and reason, a message, and when field is set a field error naming it.
+func (h *harness) postRefused(t *testing.T, path, body string, status int, reason contracts.Reason, field string) {
+	t.Helper()
+	var apiErr contracts.APIError
+	got, data := h.do(http.MethodPost, path, body, &apiErr, "Content-Type", "application/json")
+	if got != status || apiErr.Error.Reason != reason {
+		t.Fatalf("status %d reason %q, want %d %q; body %s", got, apiErr.Error.Reason, status, reason, data)
+	}
+	if apiErr.Error.Message == "" {
+		t.Errorf("error without a message: %s", data)
+	}
+	if field != "" && !hasField(apiErr.Error.Fields, field) {
+		t.Errorf("fields %+v do not name %q", apiErr.Error.Fields, field)
 	}
 }
 

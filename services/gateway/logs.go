@@ -77,11 +77,7 @@ func parseLogQuery(w http.ResponseWriter, r *http.Request) (logQuery, bool) {
 // What is known only at the end travels in trailers: TrailerLogComplete,
 // TrailerExitCode and TrailerLogGaps.
 func (s *server) jobLogs(w http.ResponseWriter, r *http.Request) {
-	tenant, ok := tenant(w, r)
-	if !ok {
-		return
-	}
-	id, ok := jobID(w, r)
+	tenant, id, ok := tenantJob(w, r)
 	if !ok {
 		return
 	}

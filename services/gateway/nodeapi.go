@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
@@ -91,15 +90,8 @@ func (s *server) injectFault(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(30 * time.Second))
-	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxFaultBody))
-	if err != nil {
-		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			writeError(w, http.StatusRequestEntityTooLarge, contracts.ReasonTooLarge,
-				fmt.Sprintf("body exceeds the limit of %d bytes", maxFaultBody), nil)
-			return
-		}
-		writeError(w, http.StatusBadRequest, contracts.ReasonInvalidRequest, fmt.Sprintf("reading the body: %v", err), nil)
+	data, ok := readBody(w, r, maxFaultBody)
+	if !ok {
 		return
 	}
 	req, fields := decodeFaultRequest(data)

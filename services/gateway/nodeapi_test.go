@@ -141,17 +141,7 @@ func TestFaultRequestsValidated(t *testing.T) {
 	}
 	for name, tt := range tests {
 		t.Run(name, func(t *testing.T) {
-			var apiErr contracts.APIError
-			status, body := h.do(http.MethodPost, "/v1/nodes/"+tt.node+"/faults", tt.body, &apiErr, "Content-Type", "application/json")
-			if status != tt.status || apiErr.Error.Reason != tt.reason {
-				t.Fatalf("status %d reason %q, want %d %q; body %s", status, apiErr.Error.Reason, tt.status, tt.reason, body)
-			}
-			if apiErr.Error.Message == "" {
-				t.Errorf("error without a message: %s", body)
-			}
-			if tt.field != "" && !hasField(apiErr.Error.Fields, tt.field) {
-				t.Errorf("fields %+v do not name %q", apiErr.Error.Fields, tt.field)
-			}
+			h.postRefused(t, "/v1/nodes/"+tt.node+"/faults", tt.body, tt.status, tt.reason, tt.field)
 		})
 	}
 	if n := h.streamMsgs(contracts.StreamNodeCommands); n != 0 {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"net/http"
@@ -179,6 +178,30 @@ func jobID(w http.ResponseWriter, r *http.Request) (string, bool) {
 	return id, true
 }
 
+// tenantJob reads the tenant and job ID of a job route; it answers 400
+// for the first bad one and returns false.
+func tenantJob(w http.ResponseWriter, r *http.Request) (tenantID, id string, ok bool) {
+	if tenantID, ok = tenant(w, r); !ok {
+		return "", "", false
+	}
+	id, ok = jobID(w, r)
+	return tenantID, id, ok
+}
+
+// knownJob reads a job route and the job's status from the read model; it
+// answers 400, 503, 404 or 500 and returns false when it cannot.
+func (s *server) knownJob(w http.ResponseWriter, r *http.Request) (tenantID, id string, st contracts.JobStatus, ok bool) {
+	tenantID, id, ok = tenantJob(w, r)
+	if !ok || !s.modelReady(w) {
+		return "", "", st, false
+	}
+	st, err := s.model.Job(r.Context(), tenantID, id)
+	if !s.jobFound(w, tenantID, id, err) {
+		return "", "", st, false
+	}
+	return tenantID, id, st, true
+}
+
 // modelReady answers 503 and returns false while the read model is still
 // catching up: until then "unknown job" could be a lie.
 func (s *server) modelReady(w http.ResponseWriter) bool {
@@ -198,17 +221,8 @@ func (s *server) submitJob(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	// No server-wide ReadTimeout (it would cut event streams): bound the
-	// body read here instead.
-	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(30 * time.Second))
-	data, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
-	if err != nil {
-		if tooLarge, ok := errors.AsType[*http.MaxBytesError](err); ok {
-			writeError(w, http.StatusRequestEntityTooLarge, contracts.ReasonTooLarge,
-				fmt.Sprintf("body exceeds the limit of %d bytes", tooLarge.Limit), nil)
-			return
-		}
-		writeError(w, http.StatusBadRequest, contracts.ReasonInvalidRequest, fmt.Sprintf("reading the body: %v", err), nil)
+	data, ok := readBody(w, r, s.cfg.MaxBodyBytes)
+	if !ok {
 		return
 	}
 	req, err := contracts.DecodeJobRequest(data, tenant)
@@ -247,11 +261,7 @@ func missingID(ve *contracts.ValidationError) bool {
 // cancelJob publishes a CancelRequest for a job the read model knows and
 // that is not terminal yet. An optional ?reason= travels with it.
 func (s *server) cancelJob(w http.ResponseWriter, r *http.Request) {
-	tenant, ok := tenant(w, r)
-	if !ok {
-		return
-	}
-	id, ok := jobID(w, r)
+	tenant, id, ok := tenantJob(w, r)
 	if !ok || !s.modelReady(w) {
 		return
 	}
@@ -300,16 +310,8 @@ func (s *server) jobFound(w http.ResponseWriter, tenant, id string, err error) b
 }
 
 func (s *server) getJob(w http.ResponseWriter, r *http.Request) {
-	tenant, ok := tenant(w, r)
+	_, _, st, ok := s.knownJob(w, r)
 	if !ok {
-		return
-	}
-	id, ok := jobID(w, r)
-	if !ok || !s.modelReady(w) {
-		return
-	}
-	st, err := s.model.Job(r.Context(), tenant, id)
-	if !s.jobFound(w, tenant, id, err) {
 		return
 	}
 	writeJSON(w, http.StatusOK, st)

@@ -29,11 +29,7 @@ const streamInactiveThreshold = 30 * time.Second
 // still folded from its first event, so the stream ends at once when the
 // client already saw the terminal event.
 func (s *server) jobEvents(w http.ResponseWriter, r *http.Request) {
-	tenant, ok := tenant(w, r)
-	if !ok {
-		return
-	}
-	id, ok := jobID(w, r)
+	tenant, id, ok := tenantJob(w, r)
 	if !ok {
 		return
 	}

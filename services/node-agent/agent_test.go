@@ -28,16 +28,11 @@ const (
 	limit = 10 * time.Second       // bound of every wait
 )
 
+// connect starts a NATS server for t and connects a bus to it, with the
+// streams in memory.
 func connect(t *testing.T) *bus.Bus {
 	t.Helper()
-	srv := natstest.Start(t)
-	ctx, cancel := context.WithTimeout(context.Background(), limit)
-	defer cancel()
-	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "test", Streams: contracts.StreamOptions{Memory: true}})
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
-	t.Cleanup(func() { _ = b.Close(context.Background()) })
+	b, _ := connectURL(t)
 	return b
 }
 

@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -16,6 +15,7 @@ import (
 	"github.com/gpuplane/gpuplane/libs/bus"
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 	nodeagent "github.com/gpuplane/gpuplane/services/node-agent"
+	"github.com/gpuplane/gpuplane/services/node-agent/internal/proctest"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/runner"
 )
 
@@ -69,28 +69,6 @@ func startAgentAfterCrash(t *testing.T, b *bus.Bus, cfg nodeagent.Config, inv *r
 	t.Helper()
 	startAgent(t, b, cfg)
 	eventually(t, "the new agent's inventory", func() bool { return len(inv.all()) > before })
-}
-
-// groupAlive reports whether any live process is in process group pgid.
-func groupAlive(t *testing.T, pgid int) bool {
-	t.Helper()
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range entries {
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-		// f[0] is the state (field 3), f[2] the process group (field 5).
-		if len(f) > 2 && f[2] == strconv.Itoa(pgid) && f[0] != "Z" {
-			return true
-		}
-	}
-	return false
 }
 
 // killGroupAtEnd makes sure no process of a test's run outlives the test,
@@ -160,7 +138,7 @@ func TestRunsSurviveAnAgentCrashAndAreReadopted(t *testing.T) {
 			// The first agent shipped the start of the log.
 			eventually(t, "the first line shipped", func() bool { return len(logs.all()) > 0 })
 			crash()
-			if !groupAlive(t, pid) {
+			if !proctest.GroupAlive(t, pid) {
 				t.Fatal("the run died with its agent")
 			}
 			if endsWhileAway {
@@ -198,7 +176,7 @@ func TestRunsSurviveAnAgentCrashAndAreReadopted(t *testing.T) {
 			if text != "start\ndone\n" || text != string(file) || cs[len(cs)-1].ExitCode != 3 {
 				t.Fatalf("shipped %q (last chunk %+v), file %q; want both start and done once, exit code 3", text, cs[len(cs)-1], file)
 			}
-			eventually(t, "no process of the run left", func() bool { return !groupAlive(t, pid) })
+			eventually(t, "no process of the run left", func() bool { return !proctest.GroupAlive(t, pid) })
 			eventually(t, "the run's state forgotten", func() bool {
 				_, err := os.Stat(stateDir(cfg, a.ID))
 				return os.IsNotExist(err)
@@ -239,7 +217,7 @@ func TestRunsReleasedOrStoppedWhileTheAgentWasAwayAreKilled(t *testing.T) {
 			if r := e.Result; r.Outcome != c.outcome || r.Reason != c.reason || r.ExitCode != c.exitCode {
 				t.Fatalf("result %+v, want %s, %s, exit code %d", r, c.outcome, c.reason, c.exitCode)
 			}
-			eventually(t, "the run's processes killed", func() bool { return !groupAlive(t, pid) })
+			eventually(t, "the run's processes killed", func() bool { return !proctest.GroupAlive(t, pid) })
 		})
 	}
 }
@@ -276,7 +254,7 @@ func TestARunWhoseShimWasKilledWhileTheAgentWasAwayIsReportedLost(t *testing.T) 
 		r.ExitCode != nodeagent.NoExitCode || !r.StartedAt.Equal(started.Time) {
 		t.Fatalf("result %+v, want failed agent_restarted with no exit code", r)
 	}
-	eventually(t, "what the run forked killed", func() bool { return !groupAlive(t, started.PID) })
+	eventually(t, "what the run forked killed", func() bool { return !proctest.GroupAlive(t, started.PID) })
 }
 
 func TestARunLaunchedButNeverAnnouncedIsAdoptedNotStartedAgain(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/services/node-agent/internal/proctest"
 )
 
 // TestMain lets the test binary be a run's shim: commands launched by
@@ -86,28 +87,6 @@ func waitLog(t *testing.T, path, want string) {
 		out, _ := os.ReadFile(path)
 		return string(out) == want
 	})
-}
-
-// groupAlive reports whether any process is in process group pgid.
-func groupAlive(t *testing.T, pgid int) bool {
-	t.Helper()
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range entries {
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-		// f[0] is the state (field 3), f[2] the process group (field 5).
-		if len(f) > 2 && f[2] == strconv.Itoa(pgid) && f[0] != "Z" {
-			return true
-		}
-	}
-	return false
 }
 
 func TestEnv(t *testing.T) {
@@ -230,7 +209,7 @@ func TestStopReachesTheWholeProcessGroup(t *testing.T) {
 	if !exit.Stopped || exit.Code != 128+15 {
 		t.Fatalf("exit %+v, want stopped by SIGTERM (143)", exit)
 	}
-	if groupAlive(t, p.Info().PID) {
+	if proctest.GroupAlive(t, p.Info().PID) {
 		t.Fatal("processes of the run's group outlived it")
 	}
 }
@@ -411,7 +390,7 @@ func TestAdoptedRunsStopThroughTheirShim(t *testing.T) {
 	if e := waitExit(t, p, limit); !e.Stopped || e.Code != 128+9 {
 		t.Fatalf("launcher's exit %+v", e)
 	}
-	if groupAlive(t, p.Info().PID) {
+	if proctest.GroupAlive(t, p.Info().PID) {
 		t.Fatal("the run's group outlived the stop")
 	}
 }
@@ -431,7 +410,7 @@ func TestKilledShimTakesItsCommandAlong(t *testing.T) {
 	if !errors.Is(exit.Err, ErrLost) || exit.Code != -1 {
 		t.Fatalf("exit %+v, want ErrLost", exit)
 	}
-	eventually(t, "the command's group to die", func() bool { return !groupAlive(t, st.PID) })
+	eventually(t, "the command's group to die", func() bool { return !proctest.GroupAlive(t, st.PID) })
 
 	// A later agent finds it lost too.
 	l, err := (&Local{LogDir: dir}).Adopt(allocID)
