@@ -80,6 +80,30 @@ const (
 	RefusedInvalidPlan     Reason = "invalid_plan"
 	RefusedModelMismatch   Reason = "gpu_model_mismatch"
 	RefusedCommitConflict  Reason = "commit_conflict"
+	// RefusedMIGDisabled: a MIG instance was asked of a GPU whose latest
+	// inventory has MIG mode off.
+	RefusedMIGDisabled Reason = "mig_disabled"
+	// RefusedMIGEnabled: a whole GPU or a share was asked of a GPU in MIG
+	// mode; its capacity is its MIG instances.
+	RefusedMIGEnabled Reason = "mig_enabled"
+	// RefusedMIGInstanceUnknown: the GPU's latest inventory lists no MIG
+	// instance with that UUID, or lists it with another profile or
+	// placement.
+	RefusedMIGInstanceUnknown Reason = "mig_instance_unknown"
+	// RefusedMIGInstanceTaken: the MIG instance is held by a live
+	// allocation.
+	RefusedMIGInstanceTaken Reason = "mig_instance_taken"
+	// RefusedMIGInventoryInvalid: the GPU's reported MIG instances break the
+	// model's placement rules (or MIG mode is off yet instances are
+	// listed); nothing is placed on the GPU until the agent reports a
+	// consistent state.
+	RefusedMIGInventoryInvalid Reason = "mig_inventory_invalid"
+	// RefusedGPUShared: a whole GPU was asked for, but part of it (a share
+	// or a MIG instance) is held by a live allocation.
+	RefusedGPUShared Reason = "gpu_shared"
+	// RefusedShareExceedsGPU: the share, added to the shares already held,
+	// would pass the GPU's memory or 100% of its compute.
+	RefusedShareExceedsGPU Reason = "share_exceeds_gpu"
 )
 
 // Release, stop and failure reasons.

@@ -31,8 +31,13 @@ func (s *server) onNodesMsg(ctx context.Context, m *bus.Msg, publish bool) {
 			inv.NodeID = node
 		}
 		s.mu.Lock()
-		s.led.SetInventory(inv)
+		err := s.led.SetInventory(inv)
 		s.mu.Unlock()
+		if err != nil {
+			// Recorded anyway; the GPUs named take no new allocation
+			// until the agent reports a consistent MIG state.
+			log.Warn("inventory kept, GPUs unusable", "err", err)
+		}
 		d, owed := s.tracker.Inventory(inv, s.cfg.Now())
 		if owed && publish {
 			s.publishLifecycle(ctx, d)

@@ -1,6 +1,7 @@
 // Package ledger is the resource manager's pure model of the allocation
 // ledger: for every node, the devices its inventory declares, which
-// allocation holds each device, and the last ledger stream sequence applied
+// allocation holds each device (a whole GPU, a MIG instance, or a share of
+// a GPU's memory and compute), and the last ledger stream sequence applied
 // for that node (the value a commit's compare-and-set expects).
 //
 // The ledger never touches the network. It is fed in stream order with
@@ -12,7 +13,8 @@
 // Apply is idempotent: an entry at or below a node's last applied sequence
 // changes nothing, a committed allocation ID already present is a no-op and
 // a release of an allocation that is not live is a no-op. Verify is O(devices
-// of the item); nothing here is O(total allocations).
+// of the item × claims on their GPUs, at most 100 shares each); nothing
+// here is O(total allocations).
 package ledger
 
 import (
@@ -59,20 +61,65 @@ func refuse(r contracts.Reason, format string, args ...any) Verdict {
 }
 
 // node is the ledger's state of one node.
+//
+// What each live allocation holds is kept in four claim maps. Each lists
+// the live allocations claiming a thing in commit order; more than one
+// allocation in a whole or mig list only happens after an ErrConflict (the
+// log is the truth, and the device stays held until every claimant is
+// released), so the first one is "the holder".
 type node struct {
 	id string
 	// hasInventory: an inventory was seen; devices is its GPUs by UUID.
 	hasInventory bool
 	devices      map[string]contracts.GPUInfo
+	// migInvalid maps a GPU UUID to why its reported MIG state breaks the
+	// model's placement rules; such a GPU takes no new allocation.
+	migInvalid map[string]error
 	// ready: registered and not lost (the liveness side's verdict).
 	ready bool
-	// holders maps a device UUID to the live allocation holding it.
-	holders map[string]string
+	// whole: GPU UUID -> allocations holding the GPU whole.
+	whole map[string][]string
+	// mig: MIG instance UUID -> allocations holding the instance.
+	mig map[string][]string
+	// migOn: GPU UUID -> one allocation ID per MIG instance claim on it,
+	// so that a whole GPU or a share is refused while any is held.
+	migOn map[string][]string
+	// shares: GPU UUID -> the shares held on it.
+	shares map[string][]shareClaim
 	// live is the set of live allocation IDs on the node.
 	live map[string]struct{}
 	// lastSeq is the stream sequence of the last ledger entry applied
 	// from this node's subject.
 	lastSeq uint64
+}
+
+// shareClaim is one allocation's share of a GPU.
+type shareClaim struct {
+	id    string
+	share contracts.GPUShare
+}
+
+// claimKind is what a DeviceRef asks of its GPU.
+type claimKind int
+
+const (
+	claimWhole claimKind = iota // the whole GPU
+	claimMIG                    // one MIG instance of it
+	claimShare                  // a share of it
+)
+
+// kindOf classifies d. A ref with both MIG and Share set is refused by
+// Verify; should the log hold one anyway, commit and release classify it
+// the same way, so a release frees exactly what its commit claimed.
+func kindOf(d contracts.DeviceRef) claimKind {
+	switch {
+	case d.MIG != nil:
+		return claimMIG
+	case d.Share != nil:
+		return claimShare
+	default:
+		return claimWhole
+	}
 }
 
 // record is what the ledger keeps of one allocation ID ever committed.
@@ -99,7 +146,9 @@ func New() *Ledger {
 func (l *Ledger) node(id string) *node {
 	n, ok := l.nodes[id]
 	if !ok {
-		n = &node{id: id, devices: map[string]contracts.GPUInfo{}, holders: map[string]string{}, live: map[string]struct{}{}}
+		n = &node{id: id, devices: map[string]contracts.GPUInfo{}, migInvalid: map[string]error{},
+			whole: map[string][]string{}, mig: map[string][]string{}, migOn: map[string][]string{},
+			shares: map[string][]shareClaim{}, live: map[string]struct{}{}}
 		l.nodes[id] = n
 	}
 	return n
@@ -108,13 +157,64 @@ func (l *Ledger) node(id string) *node {
 // SetInventory replaces the devices of inv.NodeID with inv.GPUs (the latest
 // inventory wins). Allocations holding devices the new inventory no longer
 // lists keep them until released.
-func (l *Ledger) SetInventory(inv contracts.NodeInventory) {
+//
+// MIG instances exist physically (an administrator made them), so their
+// placement is the inventory's to report; still, a GPU whose reported MIG
+// state breaks the model's placement rules is not trusted: the inventory
+// is recorded, the GPU takes no new allocation (mig_inventory_invalid)
+// until a consistent inventory arrives, and the returned error names every
+// such GPU and problem, for the caller to log.
+func (l *Ledger) SetInventory(inv contracts.NodeInventory) error {
 	n := l.node(inv.NodeID)
 	n.hasInventory = true
 	n.devices = make(map[string]contracts.GPUInfo, len(inv.GPUs))
+	n.migInvalid = map[string]error{}
+	seen := map[string]string{} // MIG UUID -> GPU UUID, across the node
+	var errs []error
 	for _, g := range inv.GPUs {
 		n.devices[g.UUID] = g
+		if err := checkMIG(g, seen); err != nil {
+			n.migInvalid[g.UUID] = err
+			errs = append(errs, fmt.Errorf("GPU %s (index %d): %w", g.UUID, g.Index, err))
+		}
 	}
+	if len(errs) > 0 {
+		return fmt.Errorf("node %s: inconsistent MIG inventory, GPUs left unusable: %w", inv.NodeID, errors.Join(errs...))
+	}
+	return nil
+}
+
+// checkMIG checks a GPU's reported MIG state: instances only in MIG mode,
+// each with a UUID unique on the node (seen) and the size its profile
+// has, together a valid set of placements for the model.
+func checkMIG(g contracts.GPUInfo, seen map[string]string) error {
+	if !g.MIGEnabled {
+		if len(g.MIGInstances) > 0 {
+			return fmt.Errorf("MIG mode is off, yet %d MIG instances are listed", len(g.MIGInstances))
+		}
+		return nil
+	}
+	var errs []error
+	ps := make([]contracts.MIGPlacement, 0, len(g.MIGInstances))
+	for i, m := range g.MIGInstances {
+		switch other, dup := seen[m.UUID]; {
+		case m.UUID == "":
+			errs = append(errs, fmt.Errorf("MIG instance %d has no UUID", i))
+		case dup:
+			errs = append(errs, fmt.Errorf("MIG instance %s is also listed on GPU %s", m.UUID, other))
+		default:
+			seen[m.UUID] = g.UUID
+		}
+		if p, err := contracts.LookupMIGProfile(g.Model, m.Profile); err == nil && m.Size != p.MemorySlices {
+			errs = append(errs, fmt.Errorf("MIG instance %s: size %d, but profile %s spans %d memory slices",
+				m.UUID, m.Size, m.Profile, p.MemorySlices))
+		}
+		ps = append(ps, m.Placement())
+	}
+	if err := contracts.ValidateMIGPlacements(g.Model, ps); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
 // SetReady records whether a node may receive new allocations (registered
@@ -170,12 +270,34 @@ func (l *Ledger) LiveCount(nodeID string) int {
 	return 0
 }
 
-// Holder returns the live allocation holding a device of a node, "" when free.
+// Holder returns the live allocation holding, exclusively, a GPU (by its
+// UUID) or a MIG instance (by the instance's UUID) of a node; "" when it
+// is free or only shared (see Shared).
 func (l *Ledger) Holder(nodeID, uuid string) string {
-	if n, ok := l.nodes[nodeID]; ok {
-		return n.holders[uuid]
+	n, ok := l.nodes[nodeID]
+	if !ok {
+		return ""
+	}
+	if h := n.whole[uuid]; len(h) > 0 {
+		return h[0]
+	}
+	if h := n.mig[uuid]; len(h) > 0 {
+		return h[0]
 	}
 	return ""
+}
+
+// Shared returns the sum of the shares held on a GPU of a node and the
+// allocations holding them, in commit order; zero and nil when none.
+func (l *Ledger) Shared(nodeID, gpuUUID string) (used contracts.GPUShare, holders []string) {
+	n, ok := l.nodes[nodeID]
+	if !ok {
+		return contracts.GPUShare{}, nil
+	}
+	for _, c := range n.shares[gpuUUID] {
+		holders = append(holders, c.id)
+	}
+	return sumShares(n.shares[gpuUUID]), holders
 }
 
 // Nodes returns the IDs of every node the ledger knows, sorted.
@@ -193,16 +315,28 @@ func (l *Ledger) Nodes() []string {
 //
 //  1. invalid_plan: the item is malformed (its ID is not AllocationID of
 //     its tenant, job and attempt, a token is invalid, no devices, a device
-//     twice).
+//     twice, a bad MIG or share ref). A device is a whole GPU, one MIG
+//     instance of a GPU, or a share of a GPU; an item names a GPU once,
+//     except for distinct MIG instances of it.
 //  2. the allocation ID is already in the ledger: Duplicate when it is the
 //     identical allocation (same node, same devices), else
 //     job_already_allocated; also job_already_allocated when another
 //     attempt of the job is live.
 //  3. unknown_node: no inventory for the node; node_not_ready: not
 //     registered, or lost.
-//  4. unknown_device: a UUID the inventory does not list, or listed at
-//     another index; gpu_model_mismatch: the model differs.
-//  5. device_taken: a device is held by a live allocation.
+//  4. per device, in item order: unknown_device: a UUID the inventory does
+//     not list, or listed at another index; gpu_model_mismatch: the model
+//     differs; device_unhealthy; mig_inventory_invalid: the GPU's reported
+//     MIG state is inconsistent; mig_disabled: a MIG instance of a GPU not
+//     in MIG mode; mig_enabled: a whole GPU or a share of a GPU in MIG mode
+//     (its capacity is its instances); mig_instance_unknown: the GPU has no
+//     such instance, or not with that profile and placement.
+//  5. per device, in item order, against the live allocations:
+//     device_taken: the GPU is held whole (or, for a share, by a MIG
+//     instance; for a MIG instance, by a share), gpu_shared: a whole GPU
+//     of which a share or a MIG instance is held, mig_instance_taken,
+//     share_exceeds_gpu: the shares held plus this one pass the GPU's
+//     memory or 100% of its compute.
 func (l *Ledger) Verify(a contracts.Allocation) Verdict {
 	if v := validate(a); v.Refused() {
 		return v
@@ -238,13 +372,91 @@ func (l *Ledger) Verify(a contracts.Allocation) Verdict {
 			// the GPU until the agent reports it recovered.
 			return refuse(contracts.RefusedDeviceUnhealthy, "GPU %s on node %s is unhealthy", d.UUID, a.NodeID)
 		}
+		if v := n.checkMode(d, g); v.Refused() {
+			return v
+		}
 	}
 	for _, d := range a.Devices {
-		if h, taken := n.holders[d.UUID]; taken {
-			return refuse(contracts.RefusedDeviceTaken, "GPU %s on node %s is held by %s", d.UUID, a.NodeID, h)
+		if v := n.checkFree(d); v.Refused() {
+			return v
 		}
 	}
 	return Verdict{}
+}
+
+// checkMode checks that the inventory's GPU g can give what d asks of it.
+func (n *node) checkMode(d contracts.DeviceRef, g contracts.GPUInfo) Verdict {
+	if err := n.migInvalid[d.UUID]; err != nil {
+		return refuse(contracts.RefusedMIGInventoryInvalid, "GPU %s on node %s reports an inconsistent MIG state: %v", d.UUID, n.id, err)
+	}
+	if kindOf(d) != claimMIG {
+		if g.MIGEnabled {
+			return refuse(contracts.RefusedMIGEnabled, "GPU %s on node %s is in MIG mode: only its MIG instances can be allocated", d.UUID, n.id)
+		}
+		return Verdict{}
+	}
+	if !g.MIGEnabled {
+		return refuse(contracts.RefusedMIGDisabled, "GPU %s on node %s is not in MIG mode", d.UUID, n.id)
+	}
+	i := slices.IndexFunc(g.MIGInstances, func(m contracts.MIGInstance) bool { return m.UUID == d.MIG.UUID })
+	if i < 0 {
+		return refuse(contracts.RefusedMIGInstanceUnknown, "GPU %s on node %s has no MIG instance %s", d.UUID, n.id, d.MIG.UUID)
+	}
+	if m := g.MIGInstances[i]; m.Profile != d.MIG.Profile || m.Start != d.MIG.Start || m.Size != d.MIG.Size {
+		return refuse(contracts.RefusedMIGInstanceUnknown, "MIG instance %s of GPU %s on node %s is %s at %d:%d, not %s at %d:%d",
+			m.UUID, d.UUID, n.id, m.Profile, m.Start, m.Size, d.MIG.Profile, d.MIG.Start, d.MIG.Size)
+	}
+	return Verdict{}
+}
+
+// checkFree checks that what d asks is not held by a live allocation and,
+// for a share, that the shares held plus d's fit the card (checkMode ran
+// first, so the GPU is in the inventory).
+func (n *node) checkFree(d contracts.DeviceRef) Verdict {
+	whole, migOn, shares := n.whole[d.UUID], n.migOn[d.UUID], n.shares[d.UUID]
+	switch kindOf(d) {
+	case claimWhole:
+		switch {
+		case len(whole) > 0:
+			return refuse(contracts.RefusedDeviceTaken, "GPU %s on node %s is held by %s", d.UUID, n.id, whole[0])
+		case len(migOn) > 0:
+			return refuse(contracts.RefusedGPUShared, "a MIG instance of GPU %s on node %s is held by %s", d.UUID, n.id, migOn[0])
+		case len(shares) > 0:
+			return refuse(contracts.RefusedGPUShared, "GPU %s on node %s is shared by %s", d.UUID, n.id, shares[0].id)
+		}
+	case claimMIG:
+		switch {
+		case len(n.mig[d.MIG.UUID]) > 0:
+			return refuse(contracts.RefusedMIGInstanceTaken, "MIG instance %s of GPU %s on node %s is held by %s", d.MIG.UUID, d.UUID, n.id, n.mig[d.MIG.UUID][0])
+		case len(whole) > 0:
+			return refuse(contracts.RefusedDeviceTaken, "GPU %s on node %s is held by %s", d.UUID, n.id, whole[0])
+		case len(shares) > 0:
+			return refuse(contracts.RefusedDeviceTaken, "GPU %s on node %s is shared by %s", d.UUID, n.id, shares[0].id)
+		}
+	case claimShare:
+		switch {
+		case len(whole) > 0:
+			return refuse(contracts.RefusedDeviceTaken, "GPU %s on node %s is held by %s", d.UUID, n.id, whole[0])
+		case len(migOn) > 0:
+			return refuse(contracts.RefusedDeviceTaken, "a MIG instance of GPU %s on node %s is held by %s", d.UUID, n.id, migOn[0])
+		}
+		used := sumShares(shares)
+		g := n.devices[d.UUID]
+		// Subtract, never add: a plan's MemoryMiB may be near MaxInt64.
+		if d.Share.MemoryMiB > g.MemoryMiB-used.MemoryMiB || d.Share.ComputePercent > 100-used.ComputePercent {
+			return refuse(contracts.RefusedShareExceedsGPU, "GPU %s on node %s has %d of %d MiB and %d%% of its compute shared; %d MiB and %d%% more do not fit",
+				d.UUID, n.id, used.MemoryMiB, g.MemoryMiB, used.ComputePercent, d.Share.MemoryMiB, d.Share.ComputePercent)
+		}
+	}
+	return Verdict{}
+}
+
+func sumShares(cs []shareClaim) (sum contracts.GPUShare) {
+	for _, c := range cs {
+		sum.MemoryMiB += c.share.MemoryMiB
+		sum.ComputePercent += c.share.ComputePercent
+	}
+	return sum
 }
 
 // validate checks what an item must be on its own.
@@ -268,14 +480,29 @@ func validate(a contracts.Allocation) Verdict {
 	if len(a.Devices) == 0 {
 		errs = append(errs, "no devices")
 	}
-	seen := make(map[string]bool, len(a.Devices))
+	gpus := make(map[string]claimKind, len(a.Devices))
+	migs := map[string]bool{}
 	for _, d := range a.Devices {
 		if d.UUID == "" {
 			errs = append(errs, "a device has no UUID")
-		} else if seen[d.UUID] {
-			errs = append(errs, "device "+d.UUID+" twice")
+			continue
 		}
-		seen[d.UUID] = true
+		errs = append(errs, validateRef(d)...)
+		k := kindOf(d)
+		if prev, ok := gpus[d.UUID]; ok {
+			if prev == claimWhole && k == claimWhole {
+				errs = append(errs, "device "+d.UUID+" twice")
+			} else if prev != claimMIG || k != claimMIG {
+				errs = append(errs, "GPU "+d.UUID+" named more than once (only distinct MIG instances of one GPU may be)")
+			}
+		}
+		gpus[d.UUID] = k
+		if k == claimMIG && d.MIG.UUID != "" {
+			if migs[d.MIG.UUID] {
+				errs = append(errs, "MIG instance "+d.MIG.UUID+" twice")
+			}
+			migs[d.MIG.UUID] = true
+		}
 	}
 	if len(errs) > 0 {
 		return refuse(contracts.RefusedInvalidPlan, "%s", strings.Join(errs, "; "))
@@ -283,22 +510,57 @@ func validate(a contracts.Allocation) Verdict {
 	return Verdict{}
 }
 
+// validateRef checks a MIG or share ref on its own.
+func validateRef(d contracts.DeviceRef) []string {
+	var errs []string
+	if d.MIG != nil && d.Share != nil {
+		errs = append(errs, fmt.Sprintf("device %s asks for both a MIG instance and a share", d.UUID))
+	}
+	if d.MIG != nil && d.MIG.UUID == "" {
+		errs = append(errs, fmt.Sprintf("device %s: MIG instance has no UUID", d.UUID))
+	}
+	if s := d.Share; s != nil {
+		if s.MemoryMiB <= 0 {
+			errs = append(errs, fmt.Sprintf("device %s: share of %d MiB, want > 0", d.UUID, s.MemoryMiB))
+		}
+		if s.ComputePercent < 1 || s.ComputePercent > 100 {
+			errs = append(errs, fmt.Sprintf("device %s: share of %d%% compute, want 1..100", d.UUID, s.ComputePercent))
+		}
+	}
+	return errs
+}
+
 // samePlacement reports whether a and b put the same allocation on the same
-// devices of the same node (device order aside).
+// devices of the same node (device order aside): the same GPUs whole, the
+// same MIG instances, the same shares of the same GPUs.
 func samePlacement(a, b contracts.Allocation) bool {
 	if a.ID != b.ID || a.NodeID != b.NodeID || len(a.Devices) != len(b.Devices) {
 		return false
 	}
-	uuids := make(map[string]bool, len(a.Devices))
+	keys := make(map[string]int, len(a.Devices))
 	for _, d := range a.Devices {
-		uuids[d.UUID] = true
+		keys[deviceKey(d)]++
 	}
 	for _, d := range b.Devices {
-		if !uuids[d.UUID] {
+		k := deviceKey(d)
+		if keys[k] == 0 {
 			return false
 		}
+		keys[k]--
 	}
 	return true
+}
+
+// deviceKey names what d claims.
+func deviceKey(d contracts.DeviceRef) string {
+	switch kindOf(d) {
+	case claimMIG:
+		return "mig/" + d.UUID + "/" + d.MIG.UUID
+	case claimShare:
+		return fmt.Sprintf("share/%s/%d/%d", d.UUID, d.Share.MemoryMiB, d.Share.ComputePercent)
+	default:
+		return "gpu/" + d.UUID
+	}
 }
 
 func jobKey(a contracts.Allocation) string { return a.Tenant + "/" + a.JobID }
@@ -342,11 +604,10 @@ func (l *Ledger) commit(n *node, a contracts.Allocation) error {
 	l.liveJobs[jobKey(a)] = a.ID
 	var conflicts []string
 	for _, d := range a.Devices {
-		if h, taken := n.holders[d.UUID]; taken {
-			conflicts = append(conflicts, fmt.Sprintf("%s held by %s", d.UUID, h))
-			continue
+		if c := n.conflict(d); c != "" {
+			conflicts = append(conflicts, c)
 		}
-		n.holders[d.UUID] = a.ID
+		n.claim(a.ID, d)
 	}
 	if len(conflicts) > 0 {
 		return fmt.Errorf("%w: allocation %s on node %s: %s", ErrConflict, a.ID, n.id, strings.Join(conflicts, ", "))
@@ -373,18 +634,71 @@ func (l *Ledger) release(a contracts.Allocation) {
 		delete(l.liveJobs, jobKey(held))
 	}
 	for _, d := range held.Devices {
-		if n.holders[d.UUID] != held.ID {
-			continue
+		n.unclaim(held.ID, d)
+	}
+}
+
+// conflict says how claiming d now would break G1 (a thing held twice,
+// a whole GPU mixed with a share or a MIG instance, shares past 100% of
+// the compute or past the memory of an inventoried GPU); "" when it would
+// not. It reads no inventory mode, so that the holdings rebuilt from the
+// log do not depend on when the inventory arrived.
+func (n *node) conflict(d contracts.DeviceRef) string {
+	whole, migOn, shares := n.whole[d.UUID], n.migOn[d.UUID], n.shares[d.UUID]
+	switch {
+	case len(whole) > 0:
+		return fmt.Sprintf("%s held whole by %s", d.UUID, whole[0])
+	case kindOf(d) == claimMIG && len(n.mig[d.MIG.UUID]) > 0:
+		return fmt.Sprintf("MIG instance %s of %s held by %s", d.MIG.UUID, d.UUID, n.mig[d.MIG.UUID][0])
+	case kindOf(d) != claimMIG && len(migOn) > 0:
+		return fmt.Sprintf("%s has a MIG instance held by %s", d.UUID, migOn[0])
+	case kindOf(d) != claimShare && len(shares) > 0:
+		return fmt.Sprintf("%s shared by %s", d.UUID, shares[0].id)
+	case kindOf(d) == claimShare:
+		used := sumShares(shares)
+		g, known := n.devices[d.UUID]
+		if d.Share.ComputePercent > 100-used.ComputePercent || known && d.Share.MemoryMiB > g.MemoryMiB-used.MemoryMiB {
+			return fmt.Sprintf("%s shares pass the card with %d MiB and %d%% more", d.UUID, d.Share.MemoryMiB, d.Share.ComputePercent)
 		}
-		delete(n.holders, d.UUID)
-		// Only after an ErrConflict can another live allocation claim
-		// the device; hand it over so it stays held. Bounded by the
-		// node's live allocations.
-		for id := range n.live {
-			if slices.ContainsFunc(l.allocs[id].alloc.Devices, func(o contracts.DeviceRef) bool { return o.UUID == d.UUID }) {
-				n.holders[d.UUID] = id
-				break
-			}
+	}
+	return ""
+}
+
+// claim records that allocation id holds d.
+func (n *node) claim(id string, d contracts.DeviceRef) {
+	switch kindOf(d) {
+	case claimMIG:
+		n.mig[d.MIG.UUID] = append(n.mig[d.MIG.UUID], id)
+		n.migOn[d.UUID] = append(n.migOn[d.UUID], id)
+	case claimShare:
+		n.shares[d.UUID] = append(n.shares[d.UUID], shareClaim{id: id, share: *d.Share})
+	default:
+		n.whole[d.UUID] = append(n.whole[d.UUID], id)
+	}
+}
+
+// unclaim drops every claim of allocation id on what d names; a claimant
+// after it (only after an ErrConflict) becomes the holder, so the device
+// stays held. Bounded by the claims on one GPU.
+func (n *node) unclaim(id string, d contracts.DeviceRef) {
+	drop := func(m map[string][]string, key string) {
+		if rest := slices.DeleteFunc(m[key], func(h string) bool { return h == id }); len(rest) > 0 {
+			m[key] = rest
+		} else {
+			delete(m, key)
 		}
+	}
+	switch kindOf(d) {
+	case claimMIG:
+		drop(n.mig, d.MIG.UUID)
+		drop(n.migOn, d.UUID)
+	case claimShare:
+		if rest := slices.DeleteFunc(n.shares[d.UUID], func(c shareClaim) bool { return c.id == id }); len(rest) > 0 {
+			n.shares[d.UUID] = rest
+		} else {
+			delete(n.shares, d.UUID)
+		}
+	default:
+		drop(n.whole, d.UUID)
 	}
 }

@@ -3,6 +3,9 @@ package ledger
 import (
 	"errors"
 	"fmt"
+	"math"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -27,6 +30,46 @@ func alloc(tenant, job string, attempt int, node string, devs ...contracts.Devic
 		Attempt: attempt, NodeID: node, Pool: "default", Devices: devs}
 }
 
+// The MIG instances of fixture node n4's GPU 0 (H100-80GB in MIG mode):
+// a 3g.40gb held by acme/mig-held, a free 2g.20gb and a free 1g.10gb.
+var (
+	migHeld = contracts.MIGInstance{UUID: "MIG-n4-0-a", Profile: "3g.40gb", GIID: 1, Start: 0, Size: 4, MemoryMiB: 40448}
+	migB    = contracts.MIGInstance{UUID: "MIG-n4-0-b", Profile: "2g.20gb", GIID: 2, Start: 4, Size: 2, MemoryMiB: 20096}
+	migC    = contracts.MIGInstance{UUID: "MIG-n4-0-c", Profile: "1g.10gb", GIID: 3, Start: 6, Size: 1, MemoryMiB: 9984}
+)
+
+// migDev asks for instance m of GPU i of node.
+func migDev(node string, i int, m contracts.MIGInstance) contracts.DeviceRef {
+	d := dev(node, i, "H100-80GB")
+	d.MIG = &m
+	return d
+}
+
+// shareDev asks for a share of GPU i of node.
+func shareDev(node string, i int, model string, mib int64, pct int) contracts.DeviceRef {
+	d := dev(node, i, model)
+	d.Share = &contracts.GPUShare{MemoryMiB: mib, ComputePercent: pct}
+	return d
+}
+
+// n4GPUs: GPU 0 in MIG mode with migHeld, migB and migC; GPU 1 shared
+// (40000 MiB and 50% held by acme/share-held); GPU 2 in MIG mode with two
+// instances on the same memory slices (an inconsistent report); GPU 3
+// free.
+func n4GPUs() []contracts.GPUInfo {
+	g := gpus("n4", 4, "H100-80GB")
+	for i := range g {
+		g[i].MemoryMiB = 81559
+	}
+	g[0].MIGEnabled, g[0].MIGInstances = true, []contracts.MIGInstance{migHeld, migB, migC}
+	g[2].MIGEnabled = true
+	g[2].MIGInstances = []contracts.MIGInstance{
+		{UUID: "MIG-n4-2-a", Profile: "4g.40gb", Start: 0, Size: 4},
+		{UUID: "MIG-n4-2-b", Profile: "3g.40gb", Start: 0, Size: 4},
+	}
+	return g
+}
+
 func committed(a contracts.Allocation) contracts.LedgerEntry {
 	return contracts.LedgerEntry{SchemaVersion: 1, Kind: contracts.LedgerCommitted, Allocation: a}
 }
@@ -35,24 +78,37 @@ func released(a contracts.Allocation) contracts.LedgerEntry {
 	return contracts.LedgerEntry{SchemaVersion: 1, Kind: contracts.LedgerReleased, Allocation: a, Reason: contracts.ReasonRunEnded}
 }
 
-// fixture: n1 ready with 4 H100s, GPU 0 held by acme/held; n2 known but
-// lost; n3 ready with 2 A100s; acme/live-job holds n3 GPU 1 on attempt 1.
+// fixture: n1 ready with 4 H100s (memory unknown), GPU 0 held by
+// acme/held; n2 known but lost; n3 ready with 2 A100s; acme/live-job
+// holds n3 GPU 1 on attempt 1; n4 ready with n4GPUs.
 func fixture(t *testing.T) *Ledger {
 	t.Helper()
 	l := New()
 	n1 := gpus("n1", 4, "H100-80GB")
 	n1[3].Healthy = false // an XID made it unusable
-	l.SetInventory(contracts.NodeInventory{NodeID: "n1", GPUs: n1})
+	for _, inv := range []contracts.NodeInventory{
+		{NodeID: "n1", GPUs: n1},
+		{NodeID: "n2", GPUs: gpus("n2", 4, "H100-80GB")},
+		{NodeID: "n3", GPUs: gpus("n3", 2, "A100-80GB")},
+	} {
+		if err := l.SetInventory(inv); err != nil {
+			t.Fatal(err)
+		}
+	}
 	l.SetReady("n1", true)
-	l.SetInventory(contracts.NodeInventory{NodeID: "n2", GPUs: gpus("n2", 4, "H100-80GB")})
 	l.SetReady("n2", false)
-	l.SetInventory(contracts.NodeInventory{NodeID: "n3", GPUs: gpus("n3", 2, "A100-80GB")})
 	l.SetReady("n3", true)
+	if err := l.SetInventory(contracts.NodeInventory{NodeID: "n4", GPUs: n4GPUs()}); err == nil || !strings.Contains(err.Error(), "GPU-n4-2") {
+		t.Fatalf("SetInventory of a MIG layout with overlapping instances = %v, want an error naming GPU-n4-2", err)
+	}
+	l.SetReady("n4", true)
 	for i, e := range []contracts.LedgerEntry{
 		committed(alloc("acme", "held", 1, "n1", dev("n1", 0, "H100-80GB"))),
 		committed(alloc("acme", "live-job", 1, "n3", dev("n3", 1, "A100-80GB"))),
 		committed(alloc("acme", "done", 1, "n3", dev("n3", 0, "A100-80GB"))),
 		released(alloc("acme", "done", 1, "n3", dev("n3", 0, "A100-80GB"))),
+		committed(alloc("acme", "mig-held", 1, "n4", migDev("n4", 0, migHeld))),
+		committed(alloc("acme", "share-held", 1, "n4", shareDev("n4", 1, "H100-80GB", 40000, 50))),
 	} {
 		if err := l.Apply(e, uint64(i+1)); err != nil {
 			t.Fatal(err)
@@ -94,6 +150,52 @@ func TestVerifyReasons(t *testing.T) {
 		"released device is free":  {item: alloc("acme", "j", 1, "n3", dev("n3", 0, "A100-80GB"))},
 		"unknown beats taken":      {item: alloc("acme", "j", 1, "n1", h(0), dev("n1", 9, "H100-80GB")), want: contracts.RefusedUnknownDevice},
 		"already placed beats bad": {item: alloc("acme", "held", 1, "n9", h(0)), want: contracts.RefusedAlreadyPlaced},
+
+		// MIG instances.
+		"mig fits":                 {item: alloc("acme", "j", 1, "n4", migDev("n4", 0, migB))},
+		"two instances of one gpu": {item: alloc("acme", "j", 1, "n4", migDev("n4", 0, migB), migDev("n4", 0, migC))},
+		"mig with whole and share": {item: alloc("acme", "j", 1, "n4", migDev("n4", 0, migB), dev("n4", 3, "H100-80GB"), shareDev("n4", 1, "H100-80GB", 1000, 10))},
+		"mig instance twice":       {item: alloc("acme", "j", 1, "n4", migDev("n4", 0, migB), migDev("n4", 0, migB)), want: contracts.RefusedInvalidPlan},
+		"mig without uuid":         {item: alloc("acme", "j", 1, "n4", migDev("n4", 0, contracts.MIGInstance{Profile: "2g.20gb", Start: 4, Size: 2})), want: contracts.RefusedInvalidPlan},
+		"mig and share in one ref": {item: alloc("acme", "j", 1, "n4", func() contracts.DeviceRef {
+			d := migDev("n4", 0, migB)
+			d.Share = &contracts.GPUShare{MemoryMiB: 1, ComputePercent: 1}
+			return d
+		}()), want: contracts.RefusedInvalidPlan},
+		"mig and whole of one gpu":     {item: alloc("acme", "j", 1, "n4", migDev("n4", 0, migB), dev("n4", 0, "H100-80GB")), want: contracts.RefusedInvalidPlan},
+		"mig taken":                    {item: alloc("acme", "j", 1, "n4", migDev("n4", 0, migHeld)), want: contracts.RefusedMIGInstanceTaken},
+		"mig unknown uuid":             {item: alloc("acme", "j", 1, "n4", migDev("n4", 0, contracts.MIGInstance{UUID: "MIG-nope", Profile: "2g.20gb", Start: 4, Size: 2})), want: contracts.RefusedMIGInstanceUnknown},
+		"mig wrong profile":            {item: alloc("acme", "j", 1, "n4", migDev("n4", 0, contracts.MIGInstance{UUID: migB.UUID, Profile: "1g.20gb", Start: 4, Size: 2})), want: contracts.RefusedMIGInstanceUnknown},
+		"mig wrong placement":          {item: alloc("acme", "j", 1, "n4", migDev("n4", 0, contracts.MIGInstance{UUID: migB.UUID, Profile: "2g.20gb", Start: 2, Size: 2})), want: contracts.RefusedMIGInstanceUnknown},
+		"mig on a gpu not in mig mode": {item: alloc("acme", "j", 1, "n4", migDev("n4", 3, migB)), want: contracts.RefusedMIGDisabled},
+		"whole of a mig gpu":           {item: alloc("acme", "j", 1, "n4", dev("n4", 0, "H100-80GB")), want: contracts.RefusedMIGEnabled},
+		"share of a mig gpu":           {item: alloc("acme", "j", 1, "n4", shareDev("n4", 0, "H100-80GB", 1000, 10)), want: contracts.RefusedMIGEnabled},
+		"inconsistent mig gpu":         {item: alloc("acme", "j", 1, "n4", migDev("n4", 2, contracts.MIGInstance{UUID: "MIG-n4-2-a", Profile: "4g.40gb", Start: 0, Size: 4})), want: contracts.RefusedMIGInventoryInvalid},
+		"whole of an inconsistent gpu": {item: alloc("acme", "j", 1, "n4", dev("n4", 2, "H100-80GB")), want: contracts.RefusedMIGInventoryInvalid},
+		"identical mig commit":         {item: alloc("acme", "mig-held", 1, "n4", migDev("n4", 0, migHeld)), dup: true},
+		"same mig id, other instance":  {item: alloc("acme", "mig-held", 1, "n4", migDev("n4", 0, migB)), want: contracts.RefusedAlreadyPlaced},
+		"unhealthy beats mig mode":     {item: alloc("acme", "j", 1, "n1", migDev("n1", 3, migB)), want: contracts.RefusedDeviceUnhealthy},
+		"mig invalid beats taken":      {item: alloc("acme", "j", 1, "n4", migDev("n4", 0, migHeld), dev("n4", 2, "H100-80GB")), want: contracts.RefusedMIGInventoryInvalid},
+		"mig taken in item order":      {item: alloc("acme", "j", 1, "n4", dev("n4", 1, "H100-80GB"), migDev("n4", 0, migHeld)), want: contracts.RefusedGPUShared},
+
+		// Shares.
+		"share fits the rest":         {item: alloc("acme", "j", 1, "n4", shareDev("n4", 1, "H100-80GB", 41559, 50))},
+		"share of a free gpu":         {item: alloc("acme", "j", 1, "n4", shareDev("n4", 3, "H100-80GB", 81559, 100))},
+		"share past memory":           {item: alloc("acme", "j", 1, "n4", shareDev("n4", 1, "H100-80GB", 41560, 10)), want: contracts.RefusedShareExceedsGPU},
+		"share past compute":          {item: alloc("acme", "j", 1, "n4", shareDev("n4", 1, "H100-80GB", 1000, 51)), want: contracts.RefusedShareExceedsGPU},
+		"share bigger than the card":  {item: alloc("acme", "j", 1, "n4", shareDev("n4", 3, "H100-80GB", 81560, 10)), want: contracts.RefusedShareExceedsGPU},
+		"share of overflowing memory": {item: alloc("acme", "j", 1, "n4", shareDev("n4", 1, "H100-80GB", math.MaxInt64, 1)), want: contracts.RefusedShareExceedsGPU},
+		"share of unknown memory":     {item: alloc("acme", "j", 1, "n1", shareDev("n1", 1, "H100-80GB", 1, 1)), want: contracts.RefusedShareExceedsGPU},
+		"share of a held gpu":         {item: alloc("acme", "j", 1, "n1", shareDev("n1", 0, "H100-80GB", 1, 1)), want: contracts.RefusedDeviceTaken},
+		"whole of a shared gpu":       {item: alloc("acme", "j", 1, "n4", dev("n4", 1, "H100-80GB")), want: contracts.RefusedGPUShared},
+		"share of zero memory":        {item: alloc("acme", "j", 1, "n4", shareDev("n4", 3, "H100-80GB", 0, 10)), want: contracts.RefusedInvalidPlan},
+		"share of zero compute":       {item: alloc("acme", "j", 1, "n4", shareDev("n4", 3, "H100-80GB", 10, 0)), want: contracts.RefusedInvalidPlan},
+		"share past 100%":             {item: alloc("acme", "j", 1, "n4", shareDev("n4", 3, "H100-80GB", 10, 101)), want: contracts.RefusedInvalidPlan},
+		"two shares of one gpu":       {item: alloc("acme", "j", 1, "n4", shareDev("n4", 3, "H100-80GB", 10, 10), shareDev("n4", 3, "H100-80GB", 10, 10)), want: contracts.RefusedInvalidPlan},
+		"share and whole of one gpu":  {item: alloc("acme", "j", 1, "n4", shareDev("n4", 3, "H100-80GB", 10, 10), dev("n4", 3, "H100-80GB")), want: contracts.RefusedInvalidPlan},
+		"identical share commit":      {item: alloc("acme", "share-held", 1, "n4", shareDev("n4", 1, "H100-80GB", 40000, 50)), dup: true},
+		"same share id, other amount": {item: alloc("acme", "share-held", 1, "n4", shareDev("n4", 1, "H100-80GB", 40000, 40)), want: contracts.RefusedAlreadyPlaced},
+		"same share id, whole gpu":    {item: alloc("acme", "share-held", 1, "n4", dev("n4", 1, "H100-80GB")), want: contracts.RefusedAlreadyPlaced},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -208,5 +310,135 @@ func TestInventoryChangeKeepsHolders(t *testing.T) {
 	}
 	if v := l.Verify(alloc("acme", "j", 1, "n1", dev("n1", 1, "H100-80GB"))); v.Reason != contracts.RefusedUnknownDevice {
 		t.Fatalf("Verify = %+v, want unknown_device", v)
+	}
+}
+
+func TestMIGModeChangeKeepsHolders(t *testing.T) {
+	l := fixture(t)
+	// An administrator turns MIG off on GPU 0 (its instances go) while
+	// acme/mig-held still holds one, turns it on for GPU 1 (shared by
+	// acme/share-held) and fixes GPU 2's layout.
+	g := n4GPUs()
+	g[0].MIGEnabled, g[0].MIGInstances = false, nil
+	g[1].MIGEnabled, g[1].MIGInstances = true, []contracts.MIGInstance{{UUID: "MIG-n4-1-a", Profile: "7g.80gb", Size: 8}}
+	fixed := contracts.MIGInstance{UUID: "MIG-n4-2-a", Profile: "4g.40gb", Start: 0, Size: 4}
+	g[2].MIGInstances = []contracts.MIGInstance{fixed}
+	if err := l.SetInventory(contracts.NodeInventory{NodeID: "n4", GPUs: g}); err != nil {
+		t.Fatal(err)
+	}
+	if h := l.Holder("n4", migHeld.UUID); h != "acme/mig-held/1" {
+		t.Fatalf("holder of a MIG instance gone from the inventory = %q", h)
+	}
+	if used, holders := l.Shared("n4", "GPU-n4-1"); used.ComputePercent != 50 || len(holders) != 1 {
+		t.Fatalf("Shared(GPU-n4-1) = %+v %v, want 50%% by acme/share-held", used, holders)
+	}
+	tests := map[string]struct {
+		item contracts.Allocation
+		want contracts.Reason
+	}{
+		"whole while an instance is held": {item: alloc("acme", "j", 1, "n4", dev("n4", 0, "H100-80GB")), want: contracts.RefusedGPUShared},
+		"share while an instance is held": {item: alloc("acme", "j", 1, "n4", shareDev("n4", 0, "H100-80GB", 10, 10)), want: contracts.RefusedDeviceTaken},
+		"instance while shares are held":  {item: alloc("acme", "j", 1, "n4", migDev("n4", 1, g[1].MIGInstances[0])), want: contracts.RefusedDeviceTaken},
+		"gone instance":                   {item: alloc("acme", "j", 1, "n4", migDev("n4", 0, migB)), want: contracts.RefusedMIGDisabled},
+		"fixed layout":                    {item: alloc("acme", "j", 1, "n4", migDev("n4", 2, fixed))},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			if v := l.Verify(tc.item); v.Reason != tc.want || v.Duplicate {
+				t.Fatalf("Verify = %+v, want %q", v, tc.want)
+			}
+		})
+	}
+	// Once the instance's allocation ends, the GPU is whole again.
+	if err := l.Apply(released(alloc("acme", "mig-held", 1, "n4", migDev("n4", 0, migHeld))), 20); err != nil {
+		t.Fatal(err)
+	}
+	if v := l.Verify(alloc("acme", "j", 1, "n4", dev("n4", 0, "H100-80GB"))); !v.OK() {
+		t.Fatalf("Verify of the freed GPU = %+v", v)
+	}
+}
+
+func TestApplyReleasesExactlyWhatWasHeld(t *testing.T) {
+	l := fixture(t)
+	a := alloc("acme", "j", 1, "n4", migDev("n4", 0, migB), migDev("n4", 0, migC), shareDev("n4", 1, "H100-80GB", 20000, 25),
+		dev("n4", 3, "H100-80GB"))
+	if v := l.Verify(a); !v.OK() {
+		t.Fatalf("Verify = %+v", v)
+	}
+	snapshot := func() map[string]any {
+		used, holders := l.Shared("n4", "GPU-n4-1")
+		var live []string
+		for _, x := range l.Live("n4") {
+			live = append(live, x.ID)
+		}
+		return map[string]any{"live": live, "b": l.Holder("n4", migB.UUID), "c": l.Holder("n4", migC.UUID),
+			"held": l.Holder("n4", migHeld.UUID), "used": used, "holders": holders, "gpu3": l.Holder("n4", "GPU-n4-3")}
+	}
+	before := snapshot()
+	if err := l.Apply(committed(a), 10); err != nil {
+		t.Fatal(err)
+	}
+	held := snapshot()
+	want := map[string]any{"live": []string{a.ID, "acme/mig-held/1", "acme/share-held/1"},
+		"b": a.ID, "c": a.ID, "held": "acme/mig-held/1", "used": contracts.GPUShare{MemoryMiB: 60000, ComputePercent: 75},
+		"holders": []string{"acme/share-held/1", a.ID}, "gpu3": a.ID}
+	if diff := cmp.Diff(want, held); diff != "" {
+		t.Fatalf("after commit (-want +got):\n%s", diff)
+	}
+	for _, seq := range []uint64{10, 0} {
+		if err := l.Apply(committed(a), seq); err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(held, snapshot()); diff != "" {
+			t.Fatalf("re-applying at seq %d changed the ledger (-before +after):\n%s", seq, diff)
+		}
+	}
+	for _, seq := range []uint64{11, 12, 0} {
+		if err := l.Apply(released(a), seq); err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(before, snapshot()); diff != "" {
+			t.Fatalf("after release at seq %d (-before commit +after):\n%s", seq, diff)
+		}
+	}
+}
+
+func TestApplyReportsMIGAndShareConflicts(t *testing.T) {
+	tests := map[string]struct {
+		intruder contracts.DeviceRef
+		// check says whether the intruder still holds its claim after
+		// the fixture's holder is released.
+		check func(l *Ledger) bool
+	}{
+		"mig instance twice": {intruder: migDev("n4", 0, migHeld),
+			check: func(l *Ledger) bool { return l.Holder("n4", migHeld.UUID) == "other/x/1" }},
+		"shares past the card": {intruder: shareDev("n4", 1, "H100-80GB", 50000, 10),
+			check: func(l *Ledger) bool {
+				used, h := l.Shared("n4", "GPU-n4-1")
+				return used.MemoryMiB == 50000 && slices.Equal(h, []string{"other/x/1"})
+			}},
+		"whole of a shared gpu": {intruder: dev("n4", 1, "H100-80GB"),
+			check: func(l *Ledger) bool { return l.Holder("n4", "GPU-n4-1") == "other/x/1" }},
+		"whole of a mig gpu with an instance held": {intruder: dev("n4", 0, "H100-80GB"),
+			check: func(l *Ledger) bool { return l.Holder("n4", "GPU-n4-0") == "other/x/1" }},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			l := fixture(t)
+			if err := l.Apply(committed(alloc("other", "x", 1, "n4", tc.intruder)), 20); !errors.Is(err, ErrConflict) {
+				t.Fatalf("Apply = %v, want ErrConflict", err)
+			}
+			for _, a := range []contracts.Allocation{
+				alloc("acme", "mig-held", 1, "n4", migDev("n4", 0, migHeld)),
+				alloc("acme", "share-held", 1, "n4", shareDev("n4", 1, "H100-80GB", 40000, 50)),
+			} {
+				if err := l.Apply(released(a), 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !tc.check(l) {
+				t.Fatal("the intruder's claim was lost when the first holder was released")
+			}
+		})
 	}
 }

@@ -3,8 +3,13 @@ package ledger
 import (
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/gpuplane/gpuplane/contracts"
 )
@@ -49,21 +54,29 @@ func (m *model) everCommitted(id string) (contracts.Allocation, bool) {
 
 // verify answers like Ledger.Verify, by brute force.
 func (m *model) verify(a contracts.Allocation) (contracts.Reason, bool) {
-	uuids := []string{}
-	for _, d := range a.Devices {
-		if d.UUID == "" || slices.Contains(uuids, d.UUID) {
-			return contracts.RefusedInvalidPlan, false
-		}
-		uuids = append(uuids, d.UUID)
-	}
 	if len(a.Devices) == 0 || a.Attempt < 1 || a.ID != contracts.AllocationID(a.Tenant, a.JobID, a.Attempt) ||
 		contracts.ValidateTenant(a.Tenant) != nil || contracts.ValidateID(a.JobID) != nil || contracts.ValidateID(a.NodeID) != nil {
 		return contracts.RefusedInvalidPlan, false
 	}
+	for i, d := range a.Devices {
+		switch {
+		case d.UUID == "",
+			d.MIG != nil && d.Share != nil,
+			d.MIG != nil && d.MIG.UUID == "",
+			d.Share != nil && (d.Share.MemoryMiB <= 0 || d.Share.ComputePercent < 1 || d.Share.ComputePercent > 100):
+			return contracts.RefusedInvalidPlan, false
+		}
+		for _, e := range a.Devices[:i] {
+			bothMIG := d.MIG != nil && e.MIG != nil
+			if e.UUID == d.UUID && !(bothMIG && e.MIG.UUID != d.MIG.UUID) || bothMIG && e.MIG.UUID == d.MIG.UUID {
+				return contracts.RefusedInvalidPlan, false
+			}
+		}
+	}
 	if prev, ok := m.everCommitted(a.ID); ok {
 		same := prev.NodeID == a.NodeID && len(prev.Devices) == len(a.Devices)
 		for _, d := range prev.Devices {
-			same = same && slices.Contains(uuids, d.UUID)
+			same = same && slices.ContainsFunc(a.Devices, func(e contracts.DeviceRef) bool { return sameClaim(d, e) })
 		}
 		if same {
 			return "", true
@@ -92,76 +105,342 @@ func (m *model) verify(a contracts.Allocation) (contracts.Reason, bool) {
 			return contracts.RefusedModelMismatch, false
 		case !inv[i].Healthy:
 			return contracts.RefusedDeviceUnhealthy, false
+		case !migConsistent(inv, i):
+			return contracts.RefusedMIGInventoryInvalid, false
+		case d.MIG == nil && inv[i].MIGEnabled:
+			return contracts.RefusedMIGEnabled, false
+		case d.MIG != nil && !inv[i].MIGEnabled:
+			return contracts.RefusedMIGDisabled, false
+		case d.MIG != nil && !slices.ContainsFunc(inv[i].MIGInstances, func(mi contracts.MIGInstance) bool {
+			return mi.UUID == d.MIG.UUID && mi.Profile == d.MIG.Profile && mi.Start == d.MIG.Start && mi.Size == d.MIG.Size
+		}):
+			return contracts.RefusedMIGInstanceUnknown, false
 		}
 	}
-	for _, o := range live {
-		for _, od := range o.Devices {
-			if o.NodeID == a.NodeID && slices.Contains(uuids, od.UUID) {
-				return contracts.RefusedDeviceTaken, false
+	for _, d := range a.Devices {
+		// What the live allocations hold of d's GPU, by kind.
+		var whole, migs, shares bool
+		var instTaken bool
+		var mem int64
+		var compute int
+		for _, o := range live {
+			if o.NodeID != a.NodeID {
+				continue
 			}
+			for _, od := range o.Devices {
+				if od.MIG != nil && d.MIG != nil && od.MIG.UUID == d.MIG.UUID {
+					instTaken = true
+				}
+				if od.UUID != d.UUID {
+					continue
+				}
+				switch {
+				case od.MIG != nil:
+					migs = true
+				case od.Share != nil:
+					shares = true
+					mem += od.Share.MemoryMiB
+					compute += od.Share.ComputePercent
+				default:
+					whole = true
+				}
+			}
+		}
+		g := inv[slices.IndexFunc(inv, func(g contracts.GPUInfo) bool { return g.UUID == d.UUID })]
+		switch {
+		case d.MIG != nil && instTaken:
+			return contracts.RefusedMIGInstanceTaken, false
+		case d.MIG != nil && (whole || shares):
+			return contracts.RefusedDeviceTaken, false
+		case d.Share != nil && (whole || migs):
+			return contracts.RefusedDeviceTaken, false
+		case d.Share != nil && (mem+d.Share.MemoryMiB > g.MemoryMiB || compute+d.Share.ComputePercent > 100):
+			return contracts.RefusedShareExceedsGPU, false
+		case d.MIG == nil && d.Share == nil && whole:
+			return contracts.RefusedDeviceTaken, false
+		case d.MIG == nil && d.Share == nil && (migs || shares):
+			return contracts.RefusedGPUShared, false
 		}
 	}
 	return "", false
 }
 
+// sameClaim reports whether d and e ask for the same thing of a GPU.
+func sameClaim(d, e contracts.DeviceRef) bool {
+	switch {
+	case d.UUID != e.UUID || (d.MIG == nil) != (e.MIG == nil) || (d.Share == nil) != (e.Share == nil):
+		return false
+	case d.MIG != nil:
+		return d.MIG.UUID == e.MIG.UUID
+	case d.Share != nil:
+		return *d.Share == *e.Share
+	default:
+		return true
+	}
+}
+
+// migConsistent reports whether GPU i of an inventory reports a MIG state
+// the model's rules allow: no instances without MIG mode; in MIG mode,
+// instances with UUIDs not seen before on the node (in inventory order),
+// each the size of its profile, at placements valid together.
+func migConsistent(inv []contracts.GPUInfo, i int) bool {
+	g := inv[i]
+	if !g.MIGEnabled {
+		return len(g.MIGInstances) == 0
+	}
+	var ps []contracts.MIGPlacement
+	for k, mi := range g.MIGInstances {
+		if mi.UUID == "" {
+			return false
+		}
+		for j := 0; j <= i; j++ {
+			if !inv[j].MIGEnabled {
+				continue // its instances are not read at all
+			}
+			earlier := inv[j].MIGInstances
+			if j == i {
+				earlier = earlier[:k]
+			}
+			if slices.ContainsFunc(earlier, func(o contracts.MIGInstance) bool { return o.UUID == mi.UUID }) {
+				return false
+			}
+		}
+		for _, p := range contracts.MIGProfiles(g.Model) {
+			if p.Name == mi.Profile && p.MemorySlices != mi.Size {
+				return false
+			}
+		}
+		ps = append(ps, mi.Placement())
+	}
+	return contracts.ValidateMIGPlacements(g.Model, ps) == nil
+}
+
+// gpuMiB is every modelled GPU's memory: fixed, so that "shares never sum
+// past the card" is exact however often inventories change.
+const gpuMiB = 81920
+
+// chooser is where a run's choices come from: a seeded PRNG, or the bytes
+// of a fuzz input.
+type chooser interface{ IntN(n int) int }
+
+// byteChooser makes choices from fuzz input bytes; once they run out it
+// answers 0 and says so.
+type byteChooser struct {
+	data []byte
+	done bool
+}
+
+func (b *byteChooser) IntN(n int) int {
+	if len(b.data) == 0 {
+		b.done = true
+		return 0
+	}
+	v := int(b.data[0])
+	b.data = b.data[1:]
+	return v % n
+}
+
 // TestLedgerAgainstModel drives the ledger and the model with the same
-// random commits (verified first, as the resource manager does),
-// redeliveries, releases, inventory changes and readiness flips, and checks
-// after every step that they agree and that no device is held twice (G1).
+// random commits (verified first, as the resource manager does) of whole
+// GPUs, MIG instances and shares, redeliveries, releases, inventory changes
+// (MIG mode, layouts, broken reports) and readiness flips, and checks after
+// every step that they agree and that G1 holds: no GPU or MIG instance held
+// twice, no whole GPU mixed with a share or an instance, no shares past the
+// card. At the end of each run a ledger rebuilt from the log must be the
+// same. It runs 2,000 seeds (300 with -short or -race);
+// GPUPLANE_MODEL_SEEDS=N runs N instead.
 func TestLedgerAgainstModel(t *testing.T) {
-	seeds, steps := 3000, 120
-	if testing.Short() {
+	seeds, steps := 2000, 120
+	if testing.Short() || raceEnabled {
 		seeds = 300
 	}
+	if env := os.Getenv("GPUPLANE_MODEL_SEEDS"); env != "" {
+		n, err := strconv.Atoi(env)
+		if err != nil || n < 1 {
+			t.Fatalf("GPUPLANE_MODEL_SEEDS=%q: want a positive number", env)
+		}
+		seeds = n
+	}
+	seen := map[string]int{}
 	for seed := range seeds {
-		if err := runModel(uint64(seed), steps); err != nil {
+		if err := runModel(rand.New(rand.NewPCG(uint64(seed), 0x6770)), steps, nil, seen); err != nil {
 			t.Fatalf("seed %d: %v", seed, err)
+		}
+	}
+	// The generator must reach every rule, or agreeing proves little.
+	for _, want := range []string{"ok", "duplicate", string(contracts.RefusedInvalidPlan), string(contracts.RefusedAlreadyPlaced),
+		string(contracts.RefusedUnknownNode), string(contracts.RefusedNodeNotReady), string(contracts.RefusedUnknownDevice),
+		string(contracts.RefusedModelMismatch), string(contracts.RefusedDeviceUnhealthy), string(contracts.RefusedDeviceTaken),
+		string(contracts.RefusedMIGInventoryInvalid), string(contracts.RefusedMIGEnabled), string(contracts.RefusedMIGDisabled),
+		string(contracts.RefusedMIGInstanceUnknown), string(contracts.RefusedMIGInstanceTaken), string(contracts.RefusedGPUShared),
+		string(contracts.RefusedShareExceedsGPU), "ok mig", "ok share", "ok mixed"} {
+		if seen[want] == 0 && seeds >= 200 {
+			t.Errorf("no verify over %d seeds ended %q; seen %v", seeds, want, seen)
 		}
 	}
 }
 
-func runModel(seed uint64, steps int) error {
-	rng := rand.New(rand.NewPCG(seed, 0x6770))
+// FuzzVerifyApply runs the model test with the fuzzer's bytes as the
+// choices, until they run out or 300 steps are done (the model replays
+// its history at every question: long runs cost quadratic time and find
+// nothing the seeds do not).
+func FuzzVerifyApply(f *testing.F) {
+	for seed := range 8 {
+		rng := rand.New(rand.NewPCG(uint64(seed), 1))
+		b := make([]byte, 600)
+		for i := range b {
+			b[i] = byte(rng.IntN(256))
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c := &byteChooser{data: data}
+		if err := runModel(c, 300, func() bool { return c.done }, nil); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+type stored struct {
+	e   contracts.LedgerEntry
+	seq uint64
+}
+
+// runModel runs steps random operations; done, when not nil, ends the run
+// early (the fuzz input ran out). seen, when not nil, counts the verdicts
+// by reason ("ok" and "duplicate" for the others, "ok mig", "ok share" and
+// "ok mixed" for commits with MIG instances, shares, or several kinds).
+func runModel(rng chooser, steps int, done func() bool, seen map[string]int) error {
 	nodes := []string{"n0", "n1", "n2"}
 	models := []string{"H100-80GB", "A100-80GB"}
 	l := New()
 	m := &model{inv: map[string][]contracts.GPUInfo{}, ready: map[string]bool{}}
 	var seq uint64
-	type stored struct {
-		e   contracts.LedgerEntry
-		seq uint64
-	}
 	var log []stored
 
-	// inventory gives a node 2-4 GPUs of one model; some steps later it
-	// may shrink or change model, as a re-discovered node would.
+	// migLayout places a random layout of up to three instances on GPU
+	// i, as nvidia-smi would; an instance's UUID names its start, so that
+	// a later layout may reuse it for another profile.
+	migLayout := func(node string, i int, model string) []contracts.MIGInstance {
+		profiles := contracts.MIGProfiles(model)
+		var layout []string
+		for range rng.IntN(4) {
+			layout = append(layout, profiles[rng.IntN(len(profiles))].Name)
+		}
+		ps, err := contracts.PlaceMIG(model, layout)
+		if err != nil {
+			return nil // does not fit: MIG mode with no instances
+		}
+		out := make([]contracts.MIGInstance, len(ps))
+		for k, pl := range ps {
+			p, _ := contracts.LookupMIGProfile(model, pl.Profile)
+			out[k] = contracts.MIGInstance{UUID: fmt.Sprintf("MIG-%s-%d-s%d", node, i, pl.Start), Profile: pl.Profile,
+				GIID: k + 1, Start: pl.Start, Size: p.MemorySlices, MemoryMiB: p.MemoryMiB}
+		}
+		return out
+	}
+	// inventory gives a node 2-4 GPUs of one model, a third of them in
+	// MIG mode; some steps later it may shrink, change model or layouts,
+	// as a re-discovered node would. Now and then an agent reports a MIG
+	// state the rules forbid.
 	inventory := func(node string) {
 		n := 2 + rng.IntN(3)
 		model := models[rng.IntN(len(models))]
 		g := make([]contracts.GPUInfo, n)
 		for i := range g {
 			// One GPU in ten is reported unhealthy (an XID, an ECC error).
-			g[i] = contracts.GPUInfo{Index: i, UUID: fmt.Sprintf("GPU-%s-%d", node, i), Model: model, Healthy: rng.IntN(10) != 0}
+			g[i] = contracts.GPUInfo{Index: i, UUID: fmt.Sprintf("GPU-%s-%d", node, i), Model: model,
+				MemoryMiB: gpuMiB, Healthy: rng.IntN(10) != 0}
+			if rng.IntN(3) == 0 {
+				g[i].MIGEnabled = true
+				g[i].MIGInstances = migLayout(node, i, model)
+			}
+			insts := g[i].MIGInstances
+			switch rng.IntN(40) {
+			case 0: // instances listed with MIG mode off
+				g[i].MIGEnabled = false
+			case 1: // two instances on the same memory slices
+				if len(insts) > 0 {
+					dup := insts[0]
+					dup.UUID += "-dup"
+					g[i].MIGInstances = append(insts, dup)
+				}
+			case 2: // a size its profile does not have
+				if len(insts) > 0 {
+					insts[0].Size++
+				}
+			case 3: // an instance UUID another GPU lists too
+				if i > 0 && len(g[0].MIGInstances) > 0 && g[i].MIGEnabled {
+					g[i].MIGInstances = append(insts, g[0].MIGInstances[0])
+				}
+			}
 		}
 		m.inv[node] = g
-		l.SetInventory(contracts.NodeInventory{NodeID: node, GPUs: slices.Clone(g)})
+		clone := make([]contracts.GPUInfo, len(g))
+		for i, gi := range g {
+			gi.MIGInstances = slices.Clone(gi.MIGInstances)
+			clone[i] = gi
+		}
+		_ = l.SetInventory(contracts.NodeInventory{NodeID: node, GPUs: clone}) // the model judges broken reports itself
 	}
+	// migRef names one MIG instance of GPU idx: one it lists, else one of
+	// another GPU of the node, else one that does not exist.
+	migRef := func(node string, idx int) *contracts.MIGInstance {
+		inv := m.inv[node]
+		if i := slices.IndexFunc(inv, func(g contracts.GPUInfo) bool { return g.Index == idx }); i >= 0 && len(inv[i].MIGInstances) > 0 && rng.IntN(4) > 0 {
+			mi := inv[i].MIGInstances[rng.IntN(len(inv[i].MIGInstances))]
+			return &mi
+		}
+		for _, g := range inv {
+			if len(g.MIGInstances) > 0 && rng.IntN(2) == 0 {
+				mi := g.MIGInstances[rng.IntN(len(g.MIGInstances))]
+				return &mi
+			}
+		}
+		return &contracts.MIGInstance{UUID: fmt.Sprintf("MIG-%s-%d-s0", node, idx), Profile: "1g.10gb", Size: 1}
+	}
+	// Shares mostly valid, some past the card, a few malformed.
+	shareMiB := []int64{8192, 20480, 40960, 8192, 20480, 40960, 60000, gpuMiB, 8192, 20480, 40960, 8192, 20480, 40960, 60000, gpuMiB, 90000, 0}
+	sharePct := []int{10, 25, 50, 1, 33, 51, 75, 100, 10, 25, 50, 34, 25, 50, 75, 100, 101, 0}
 	randomItem := func() contracts.Allocation {
 		node := nodes[rng.IntN(len(nodes))]
 		if rng.IntN(20) == 0 {
 			node = "n9"
 		}
-		job := fmt.Sprintf("j%d", rng.IntN(12))
+		job := fmt.Sprintf("j%d", rng.IntN(16))
 		a := contracts.Allocation{Tenant: "acme", JobID: job, Attempt: 1 + rng.IntN(2), NodeID: node}
 		a.ID = contracts.AllocationID(a.Tenant, a.JobID, a.Attempt)
 		if rng.IntN(40) == 0 {
 			a.ID = "acme/forged/1"
 		}
-		for range 1 + rng.IntN(3) {
-			d := contracts.DeviceRef{Index: rng.IntN(5)}
+		// Distinct GPUs mostly; one in five repeats the previous GPU
+		// (a device twice, or a second MIG instance of it).
+		idx := rng.IntN(5)
+		for j := range 1 + rng.IntN(3) {
+			if j > 0 && rng.IntN(8) > 0 {
+				idx = (idx + 1) % 5
+			}
+			d := contracts.DeviceRef{Index: idx}
 			d.UUID = fmt.Sprintf("GPU-%s-%d", node, d.Index)
 			if inv := m.inv[node]; len(inv) > 0 {
 				d.Model = inv[0].Model
+			}
+			switch k := rng.IntN(10); {
+			case k < 3:
+				// Half the time on a GPU in MIG mode, if the node has one.
+				var migGPUs []int
+				for _, g := range m.inv[node] {
+					if g.MIGEnabled {
+						migGPUs = append(migGPUs, g.Index)
+					}
+				}
+				if len(migGPUs) > 0 && rng.IntN(2) == 0 {
+					d.Index = migGPUs[rng.IntN(len(migGPUs))]
+					d.UUID = fmt.Sprintf("GPU-%s-%d", node, d.Index)
+				}
+				d.MIG = migRef(node, d.Index)
+			case k < 6:
+				d.Share = &contracts.GPUShare{MemoryMiB: shareMiB[rng.IntN(len(shareMiB))], ComputePercent: sharePct[rng.IntN(len(sharePct))]}
 			}
 			switch rng.IntN(25) {
 			case 0:
@@ -171,12 +450,34 @@ func runModel(seed uint64, steps int) error {
 			case 2:
 				d.Index = (d.Index + 1) % 5
 			}
+			if d.MIG != nil {
+				switch rng.IntN(30) {
+				case 0:
+					d.MIG.Profile = "2g.20gb"
+				case 1:
+					d.MIG.Start += 2
+				case 2:
+					d.MIG.UUID = ""
+				case 3:
+					d.Share = &contracts.GPUShare{MemoryMiB: 1024, ComputePercent: 10}
+				}
+			}
 			a.Devices = append(a.Devices, d)
 		}
 		return a
 	}
 
+	// Every node starts known, and most start ready; later steps change
+	// both.
+	for _, node := range nodes {
+		inventory(node)
+		m.ready[node] = rng.IntN(4) > 0
+		l.SetReady(node, m.ready[node])
+	}
 	for step := range steps {
+		if done != nil && done() {
+			break
+		}
 		op := rng.IntN(100)
 		var what string
 		switch {
@@ -194,9 +495,15 @@ func runModel(seed uint64, steps int) error {
 			a := randomItem()
 			reason, dup := m.verify(a)
 			v := l.Verify(a)
-			what = fmt.Sprintf("verify %s on %s %v", a.ID, a.NodeID, a.Devices)
+			what = fmt.Sprintf("verify %s on %s %s", a.ID, a.NodeID, refs(a.Devices))
 			if v.Reason != reason || v.Duplicate != dup {
 				return fmt.Errorf("step %d %s: ledger says %+v, model says reason %q duplicate %v", step, what, v, reason, dup)
+			}
+			if seen != nil {
+				seen[verdictName(v, a)]++
+				if k := kinds(a); v.OK() && k != "" {
+					seen["ok "+k]++
+				}
 			}
 			if v.OK() {
 				seq++
@@ -246,34 +553,193 @@ func runModel(seed uint64, steps int) error {
 			return fmt.Errorf("step %d (%s): %w", step, what, err)
 		}
 	}
-	return nil
+	return checkRebuild(l, m, nodes, log, randomItem)
 }
 
-// checkAgainstModel checks G1 in the ledger's own view and that it holds
-// exactly the model's live allocations.
+func verdictName(v Verdict, a contracts.Allocation) string {
+	switch {
+	case v.Duplicate:
+		return "duplicate"
+	case v.Refused():
+		return string(v.Reason)
+	default:
+		return "ok"
+	}
+}
+
+// kinds says what an item asks of its GPUs beyond whole ones: "mig",
+// "share", "mixed" (several kinds), "" for whole GPUs only.
+func kinds(a contracts.Allocation) string {
+	var mig, share, whole bool
+	for _, d := range a.Devices {
+		switch {
+		case d.MIG != nil:
+			mig = true
+		case d.Share != nil:
+			share = true
+		default:
+			whole = true
+		}
+	}
+	switch {
+	case mig && (share || whole) || share && whole:
+		return "mixed"
+	case mig:
+		return "mig"
+	case share:
+		return "share"
+	}
+	return ""
+}
+
+// refs prints devices for a failure message.
+func refs(ds []contracts.DeviceRef) string {
+	var b strings.Builder
+	for _, d := range ds {
+		b.WriteString(" " + d.UUID)
+		if d.MIG != nil {
+			fmt.Fprintf(&b, "/%s(%s@%d:%d)", d.MIG.UUID, d.MIG.Profile, d.MIG.Start, d.MIG.Size)
+		}
+		if d.Share != nil {
+			fmt.Fprintf(&b, "[%dMiB,%d%%]", d.Share.MemoryMiB, d.Share.ComputePercent)
+		}
+	}
+	return b.String()
+}
+
+// checkAgainstModel checks G1 in the ledger's own view (no GPU or MIG
+// instance held twice, no whole GPU mixed with a share or a MIG instance,
+// no MIG instance mixed with a share, shares within the card), that
+// Holder and Shared say the same, and that it holds exactly the model's
+// live allocations.
 func checkAgainstModel(l *Ledger, m *model, nodes []string) error {
 	want := m.live()
 	count := 0
 	for _, node := range nodes {
-		holder := map[string]string{}
+		whole := map[string]string{} // GPU UUID -> holder
+		inst := map[string]string{}  // MIG UUID -> holder
+		migOn := map[string]string{} // GPU UUID -> a holder of one of its instances
+		shared := map[string][]string{}
+		sum := map[string]contracts.GPUShare{}
 		for _, a := range l.Live(node) {
 			count++
 			if _, ok := want[a.ID]; !ok {
 				return fmt.Errorf("ledger has %s live, model does not", a.ID)
 			}
 			for _, d := range a.Devices {
-				if other, taken := holder[d.UUID]; taken {
-					return fmt.Errorf("G1: %s/%s held by %s and %s", node, d.UUID, other, a.ID)
+				switch {
+				case d.MIG != nil:
+					if other, taken := inst[d.MIG.UUID]; taken {
+						return fmt.Errorf("G1: MIG instance %s/%s held by %s and %s", node, d.MIG.UUID, other, a.ID)
+					}
+					inst[d.MIG.UUID], migOn[d.UUID] = a.ID, a.ID
+				case d.Share != nil:
+					shared[d.UUID] = append(shared[d.UUID], a.ID)
+					s := sum[d.UUID]
+					s.MemoryMiB += d.Share.MemoryMiB
+					s.ComputePercent += d.Share.ComputePercent
+					sum[d.UUID] = s
+				default:
+					if other, taken := whole[d.UUID]; taken {
+						return fmt.Errorf("G1: %s/%s held by %s and %s", node, d.UUID, other, a.ID)
+					}
+					whole[d.UUID] = a.ID
 				}
-				holder[d.UUID] = a.ID
-				if h := l.Holder(node, d.UUID); h != a.ID {
-					return fmt.Errorf("Holder(%s, %s) = %q, want %q", node, d.UUID, h, a.ID)
+			}
+		}
+		for gpu, id := range whole {
+			if other, ok := migOn[gpu]; ok {
+				return fmt.Errorf("G1: %s/%s held whole by %s while %s holds a MIG instance of it", node, gpu, id, other)
+			}
+			if len(shared[gpu]) > 0 {
+				return fmt.Errorf("G1: %s/%s held whole by %s while %v share it", node, gpu, id, shared[gpu])
+			}
+		}
+		for gpu, id := range migOn {
+			if len(shared[gpu]) > 0 {
+				return fmt.Errorf("G1: %s/%s has a MIG instance held by %s while %v share it", node, gpu, id, shared[gpu])
+			}
+		}
+		for gpu, s := range sum {
+			if s.MemoryMiB > gpuMiB || s.ComputePercent > 100 {
+				return fmt.Errorf("G1: shares of %s/%s sum to %d MiB and %d%%, past the card", node, gpu, s.MemoryMiB, s.ComputePercent)
+			}
+			used, holders := l.Shared(node, gpu)
+			slices.Sort(holders)
+			if used != s || !slices.Equal(holders, shared[gpu]) {
+				return fmt.Errorf("Shared(%s, %s) = %+v %v, want %+v %v", node, gpu, used, holders, s, shared[gpu])
+			}
+		}
+		// Every device the ledger knows of: held exactly as the live
+		// allocations say, free otherwise.
+		for _, g := range m.inv[node] {
+			if h := l.Holder(node, g.UUID); h != whole[g.UUID] {
+				return fmt.Errorf("Holder(%s, %s) = %q, want %q", node, g.UUID, h, whole[g.UUID])
+			}
+			if used, _ := l.Shared(node, g.UUID); used != sum[g.UUID] {
+				return fmt.Errorf("Shared(%s, %s) = %+v, want %+v", node, g.UUID, used, sum[g.UUID])
+			}
+			for _, mi := range g.MIGInstances {
+				if h := l.Holder(node, mi.UUID); h != inst[mi.UUID] {
+					return fmt.Errorf("Holder(%s, %s) = %q, want %q", node, mi.UUID, h, inst[mi.UUID])
 				}
+			}
+		}
+		for uuid, id := range inst {
+			if h := l.Holder(node, uuid); h != id {
+				return fmt.Errorf("Holder(%s, %s) = %q, want %q", node, uuid, h, id)
 			}
 		}
 	}
 	if count != len(want) {
 		return fmt.Errorf("ledger has %d live allocations, model %d", count, len(want))
+	}
+	return nil
+}
+
+// checkRebuild rebuilds a ledger from the log (entries first, then the
+// latest inventories and readiness, as after a crash where the streams are
+// read in any order) and checks that it holds what l holds and answers
+// Verify as l does.
+func checkRebuild(l *Ledger, m *model, nodes []string, log []stored, randomItem func() contracts.Allocation) error {
+	r := New()
+	for _, s := range log {
+		if err := r.Apply(s.e, s.seq); err != nil {
+			return fmt.Errorf("rebuild: apply %s %s: %w", s.e.Kind, s.e.Allocation.ID, err)
+		}
+	}
+	for node, inv := range m.inv {
+		_ = r.SetInventory(contracts.NodeInventory{NodeID: node, GPUs: inv})
+	}
+	for node, ready := range m.ready {
+		r.SetReady(node, ready)
+	}
+	snapshot := func(x *Ledger) map[string]any {
+		out := map[string]any{}
+		for _, node := range nodes {
+			out[node+" seq"] = x.LastSeq(node)
+			out[node+" live"] = x.Live(node)
+			for _, s := range log {
+				for _, d := range s.e.Allocation.Devices {
+					out[node+" holder "+d.UUID] = x.Holder(node, d.UUID)
+					used, holders := x.Shared(node, d.UUID)
+					out[node+" shared "+d.UUID] = fmt.Sprint(used, holders)
+					if d.MIG != nil {
+						out[node+" holder "+d.MIG.UUID] = x.Holder(node, d.MIG.UUID)
+					}
+				}
+			}
+		}
+		return out
+	}
+	if diff := cmp.Diff(snapshot(l), snapshot(r)); diff != "" {
+		return fmt.Errorf("rebuilt ledger differs (-live +rebuilt):\n%s", diff)
+	}
+	for range 20 {
+		a := randomItem()
+		if v, w := l.Verify(a), r.Verify(a); v.Reason != w.Reason || v.Duplicate != w.Duplicate {
+			return fmt.Errorf("Verify(%s on %s%s): ledger %+v, rebuilt %+v", a.ID, a.NodeID, refs(a.Devices), v, w)
+		}
 	}
 	return nil
 }

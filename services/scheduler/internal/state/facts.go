@@ -128,7 +128,9 @@ func (c *cluster) snapshot(now time.Time) placement.Snapshot {
 		}
 		pn := placement.Node{ID: id, Pool: n.inv.Pool, GPUs: make([]placement.GPU, 0, len(n.inv.GPUs))}
 		for _, g := range n.inv.GPUs {
-			if !g.Healthy {
+			// A GPU in MIG mode is only its MIG instances: the ledger
+			// refuses it whole (mig_enabled), and MIG requests come later.
+			if !g.Healthy || g.MIGEnabled {
 				continue
 			}
 			free := c.committed[g.UUID] == "" && c.assumed[g.UUID] == "" && !n.suspectGPUs[g.UUID]

@@ -272,6 +272,30 @@ func TestAssumedDevicesStayHeldUntilAnswered(t *testing.T) {
 	}
 }
 
+// TestUnhealthyAndMIGGPUsAreNotPlacedWhole: a GPU the agent reports
+// unhealthy, or one in MIG mode (its capacity is its instances), is never
+// planned as a whole GPU; the others of the node still are.
+func TestUnhealthyAndMIGGPUsAreNotPlacedWhole(t *testing.T) {
+	h := newHarness(t)
+	inv := contracts.NodeInventory{SchemaVersion: 1, NodeID: "n1", Pool: "p", Incarnation: "i1", Time: h.now}
+	for i := range 4 {
+		inv.GPUs = append(inv.GPUs, contracts.GPUInfo{Index: i, UUID: fmt.Sprintf("n1-gpu%d", i), Model: h100,
+			MemoryMiB: 81920, Healthy: i != 1, MIGEnabled: i == 2})
+	}
+	h.fact(func(s *Store) []Publish { s.ApplyInventory(inv); return nil })
+	h.submit("acme", job("two", 2, h100))
+	h.submit("acme", job("three", 3, h100))
+	res := h.cycle()
+	if res.Placed != 1 {
+		t.Fatalf("placed %d, want only the 2-GPU job", res.Placed)
+	}
+	for _, d := range h.item("acme", "two").Devices {
+		if d.Index == 1 || d.Index == 2 {
+			t.Fatalf("two placed on GPU %d (unhealthy or in MIG mode): %+v", d.Index, h.item("acme", "two").Devices)
+		}
+	}
+}
+
 func TestRefusal(t *testing.T) {
 	h := newHarness(t)
 	h.inventory("n1", "p", h100, 81920, 2)
