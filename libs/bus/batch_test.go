@@ -106,6 +106,89 @@ func TestConsumeBatchSettlesEachMessage(t *testing.T) {
 	}
 }
 
+// TestConsumeBatchPipelinedOverlapsAndSettlesEachMessage: batches are
+// started while earlier ones are still being waited for, never more than
+// inFlight at once; each message is settled by its own error only after
+// its batch's wait returned (a failed one comes again, a poison one is
+// dead-lettered), and every message is handled once.
+func TestConsumeBatchPipelinedOverlapsAndSettlesEachMessage(t *testing.T) {
+	b := connect(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const n, inFlight = 300, 2
+	for i := range n {
+		id := fmt.Sprintf("j%03d", i)
+		switch i {
+		case 10:
+			id = "poison"
+		case 120:
+			id = "flaky"
+		}
+		if _, err := b.Publish(ctx, contracts.SubjectCancel("acme"), id, contracts.CancelRequest{JobID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	handled := map[string]int{}
+	started, maxStarted, flaky := 0, 0, 0
+	go func() {
+		_ = b.ConsumeBatchPipelined(ctx, bus.ConsumerSpec{Stream: contracts.StreamJobs, Durable: "pipelined",
+			FilterSubjects: []string{contracts.SubjectCancelAll}, Batch: 20, Backoff: []time.Duration{20 * time.Millisecond}},
+			inFlight, func(_ context.Context, msgs []*bus.Msg) func() []error {
+				mu.Lock()
+				started++
+				maxStarted = max(maxStarted, started)
+				mu.Unlock()
+				return func() []error {
+					time.Sleep(5 * time.Millisecond) // the store's round trip
+					mu.Lock()
+					defer mu.Unlock()
+					started--
+					errs := make([]error, len(msgs))
+					for i, m := range msgs {
+						var c contracts.CancelRequest
+						if err := m.Decode(&c); err != nil {
+							errs[i] = bus.Permanent(err)
+							continue
+						}
+						switch {
+						case c.JobID == "poison":
+							errs[i] = bus.Permanent(errors.New("never valid"))
+							continue
+						case c.JobID == "flaky" && flaky == 0:
+							flaky++
+							errs[i] = errors.New("transient")
+							continue
+						}
+						handled[c.JobID]++
+					}
+					return errs
+				}
+			})
+	}()
+	eventually(t, 30*time.Second, func() bool { // ~0.4 s; room for a loaded CI box
+		mu.Lock()
+		defer mu.Unlock()
+		return len(handled) == n-1
+	}, "every message but the poison one handled")
+	mu.Lock()
+	defer mu.Unlock()
+	for id, k := range handled {
+		if k != 1 {
+			t.Errorf("%s handled %d times", id, k)
+		}
+	}
+	if maxStarted != inFlight {
+		t.Errorf("at most %d batches were in flight at once, want %d", maxStarted, inFlight)
+	}
+	if flaky != 1 {
+		t.Errorf("the flaky message failed %d times, want once", flaky)
+	}
+	if dl := deadLetterCount(t, b); dl != 1 {
+		t.Errorf("%d dead letters, want the poison one", dl)
+	}
+}
+
 // TestRetryAfterDelaysRedelivery: a handler that knows its dependency is
 // down asks for a longer delay than the consumer's backoff.
 func TestRetryAfterDelaysRedelivery(t *testing.T) {

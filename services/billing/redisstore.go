@@ -237,129 +237,160 @@ func escapeGlob(s string) string {
 
 // applyScript applies one batch. Billing's Go side does all it can, so
 // that Redis, which runs scripts one at a time, does only what must be
-// atomic: Go computes every key and sums the batch per key; the script
-// checks that no record was applied before (SMISMEMBER on each day's
-// applied set), marks them all (one SADD per set) and adds the sums. When
-// some record was applied before (a redelivery), the script writes nothing
-// and names those records; Go sums again without them and calls once
-// more. A call counts all its records or none.
+// atomic: Go computes every key and sums the batch per key, so each
+// distinct total costs one EXISTS and one HSET (a new hash) or four
+// HINCRBY (an existing one) whatever the number of its records; the
+// script checks that no record was applied before (one SMISMEMBER per
+// day's applied set), marks them all (one SADD per set) and adds the
+// sums. When some record was applied before (a redelivery, or another
+// batch in flight that shares it), the script writes nothing and names
+// those records; Go sums again without them and calls once more. A call
+// counts all its records or none.
 //
 // KEYS[1] is the generation key. ARGV[1] the generation, ARGV[2] the number
-// of records R, ARGV[3] the number of applied sets S, ARGV[4] the number
-// of totals K; then 4 values per record: its ID, GPU-ms, cost, on-demand
-// cost; then per set: its key, the number M of its records and their
-// numbers (1-based); then per total: its key and either "=" and the
-// number of its only record, or "+" and the four sums (records, GPU-ms,
-// cost, on-demand cost). It returns R, or {"dup", r...}: the records
-// applied before.
+// of applied sets S, ARGV[3] the number of totals K; then per set: its
+// key, the number M of its records and their IDs; then per total: its key
+// and the four sums (records, GPU-ms, cost, on-demand cost). It returns
+// the number of records, or {"dup", id...}: the records applied before.
+// The sums go from ARGV to HSET and HINCRBY as strings: Lua never makes
+// them doubles.
 var applyScript = redis.NewScript(`
 local gen = redis.call('GET', KEYS[1])
 if gen ~= ARGV[1] then
   return redis.error_reply('GPGEN store generation is ' .. tostring(gen) .. ', not ' .. ARGV[1])
 end
-local nrec, nsets, nkeys = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local base = 5
-local i = base + nrec * 4
-local sets, dups = {}, {'dup'}
-for s = 1, nsets do
-  local key, m = ARGV[i], tonumber(ARGV[i + 1])
-  local ids, recs = {}, {}
-  for j = 1, m do
-    local r = tonumber(ARGV[i + 1 + j])
-    recs[j] = r
-    ids[j] = ARGV[base + (r - 1) * 4]
-  end
-  local present = redis.call('SMISMEMBER', key, unpack(ids))
+local nsets, nkeys = tonumber(ARGV[2]), tonumber(ARGV[3])
+local i, nrec, dups = 4, 0, {'dup'}
+for _ = 1, nsets do
+  local m = tonumber(ARGV[i + 1])
+  local present = redis.call('SMISMEMBER', ARGV[i], unpack(ARGV, i + 2, i + 1 + m))
   for j = 1, m do
     if present[j] == 1 then
-      dups[#dups + 1] = recs[j]
+      dups[#dups + 1] = ARGV[i + 1 + j]
     end
   end
-  sets[s] = {key, ids}
+  nrec = nrec + m
   i = i + 2 + m
 end
 if #dups > 1 then
   return dups
 end
-for s = 1, nsets do
-  redis.call('SADD', sets[s][1], unpack(sets[s][2]))
+i = 4
+for _ = 1, nsets do
+  local m = tonumber(ARGV[i + 1])
+  redis.call('SADD', ARGV[i], unpack(ARGV, i + 2, i + 1 + m))
+  i = i + 2 + m
 end
 for _ = 1, nkeys do
   local key = ARGV[i]
-  if ARGV[i + 1] == '=' then
-    local ri = base + (tonumber(ARGV[i + 2]) - 1) * 4
-    redis.call('HINCRBY', key, 'n', 1)
-    redis.call('HINCRBY', key, 'gms', ARGV[ri + 1])
-    redis.call('HINCRBY', key, 'cost', ARGV[ri + 2])
-    redis.call('HINCRBY', key, 'od', ARGV[ri + 3])
-    i = i + 3
+  if redis.call('EXISTS', key) == 0 then
+    redis.call('HSET', key, 'n', ARGV[i + 1], 'gms', ARGV[i + 2], 'cost', ARGV[i + 3], 'od', ARGV[i + 4])
   else
-    redis.call('HINCRBY', key, 'n', ARGV[i + 2])
-    redis.call('HINCRBY', key, 'gms', ARGV[i + 3])
-    redis.call('HINCRBY', key, 'cost', ARGV[i + 4])
-    redis.call('HINCRBY', key, 'od', ARGV[i + 5])
-    i = i + 6
+    redis.call('HINCRBY', key, 'n', ARGV[i + 1])
+    redis.call('HINCRBY', key, 'gms', ARGV[i + 2])
+    redis.call('HINCRBY', key, 'cost', ARGV[i + 3])
+    redis.call('HINCRBY', key, 'od', ARGV[i + 4])
   end
+  i = i + 5
 end
 return nrec
 `)
 
 // maxScriptRecords bounds one script call; larger batches are split into
-// several calls sent in one pipeline. Lua holds numbers as doubles, exact
-// up to 2^53 micro-units: Go does the sums, the script only passes them on.
-const maxScriptRecords = 1000
+// even parts sent in one pipeline. The script unpacks a set's IDs onto
+// Lua's stack, which holds fewer than 8000.
+const maxScriptRecords = 2048
 
-// total is one hash a batch adds to: its sums, and its records.
-type total struct {
-	key     string
-	sum     Totals
-	members []int
+// totalID names a total without building its key: the kind and up to two
+// names (tenant, day, month, pool, job), so that summing a batch by key
+// allocates nothing per record.
+type totalID struct {
+	kind byte // 't' tenant, 'd' tenant×day, 'm' tenant×month, 'p' pool×day, 'j' job
+	a, b string
+}
+
+// key is the total's Redis key, as totalKeys names it.
+func (id totalID) key(prefix string) string {
+	switch id.kind {
+	case 't':
+		return prefix + "tenant:" + id.a
+	case 'd':
+		return prefix + "tenant:" + id.a + ":day:" + id.b
+	case 'm':
+		return prefix + "tenant:" + id.a + ":month:" + id.b
+	case 'p':
+		return prefix + "pool:" + id.a + ":day:" + id.b
+	default:
+		return prefix + "job:" + id.a + ":" + id.b
+	}
+}
+
+// periods names the days and months of a batch's records, formatting each
+// once (a batch's records nearly all start on the same day).
+type periods struct {
+	unixDay    int64
+	day, month string
+}
+
+func (p *periods) of(t time.Time) (day, month string) {
+	sec := t.Unix()
+	d := sec / 86400
+	if sec < 0 && sec%86400 != 0 {
+		d--
+	}
+	if p.day == "" || d != p.unixDay {
+		p.unixDay, p.day, p.month = d, dayKey(t), monthKey(t)
+	}
+	return p.day, p.month
 }
 
 // applyArgs is the script's ARGV for recs (distinct IDs).
 func (s *RedisStore) applyArgs(gen string, recs []contracts.UsageRecord) []any {
-	var order []*total
-	totals := map[string]*total{}
-	var setOrder []string
-	sets := map[string][]int{}
-	args := make([]any, 4, 4+9*len(recs))
-	args[0], args[1] = gen, strconv.Itoa(len(recs))
-	for r, rec := range recs {
-		args = append(args, rec.ID, strconv.FormatInt(rec.GPUMillis, 10),
-			strconv.FormatInt(rec.CostMicros, 10), strconv.FormatInt(rec.OnDemandCostMicros, 10))
-		set := s.prefix + "applied:" + dayKey(rec.Start)
-		if _, ok := sets[set]; !ok {
-			setOrder = append(setOrder, set)
+	// Most records of a batch are in one day and one job each: size for
+	// that.
+	type set struct {
+		key string
+		ids []any
+	}
+	var sets []*set
+	setOf := map[string]*set{}
+	totals := make([]Totals, 0, len(recs)+64)
+	ids := make([]totalID, 0, len(recs)+64)
+	index := make(map[totalID]int, len(recs)+64)
+	var per periods
+	for _, rec := range recs {
+		day, month := per.of(rec.Start)
+		st := setOf[day]
+		if st == nil {
+			st = &set{key: s.prefix + "applied:" + day, ids: make([]any, 0, len(recs))}
+			setOf[day] = st
+			sets = append(sets, st)
 		}
-		sets[set] = append(sets[set], r+1)
-		for _, k := range totalKeys(rec) {
-			t := totals[k]
-			if t == nil {
-				t = &total{key: s.prefix + k}
-				totals[k] = t
-				order = append(order, t)
+		st.ids = append(st.ids, rec.ID)
+		for _, id := range [...]totalID{{'t', rec.Tenant, ""}, {'d', rec.Tenant, day}, {'m', rec.Tenant, month},
+			{'p', rec.Pool, day}, {'j', rec.Tenant, rec.JobID}} {
+			k, ok := index[id]
+			if !ok {
+				k = len(totals)
+				index[id] = k
+				ids = append(ids, id)
+				totals = append(totals, Totals{})
 			}
-			t.sum.Records++
-			t.sum.GPUMillis += rec.GPUMillis
-			t.sum.CostMicros += rec.CostMicros
-			t.sum.OnDemandMicros += rec.OnDemandCostMicros
-			t.members = append(t.members, r+1)
+			t := &totals[k]
+			t.Records++
+			t.GPUMillis += rec.GPUMillis
+			t.CostMicros += rec.CostMicros
+			t.OnDemandMicros += rec.OnDemandCostMicros
 		}
 	}
-	args[2], args[3] = strconv.Itoa(len(setOrder)), strconv.Itoa(len(order))
-	for _, set := range setOrder {
-		args = append(args, set, strconv.Itoa(len(sets[set])))
-		for _, r := range sets[set] {
-			args = append(args, strconv.Itoa(r))
-		}
+	args := make([]any, 0, 3+2*len(sets)+len(recs)+5*len(totals))
+	args = append(args, gen, len(sets), len(totals))
+	for _, st := range sets {
+		args = append(args, st.key, len(st.ids))
+		args = append(args, st.ids...)
 	}
-	for _, t := range order {
-		if len(t.members) == 1 {
-			args = append(args, t.key, "=", strconv.Itoa(t.members[0]))
-			continue
-		}
-		args = append(args, t.key, "+", strconv.FormatInt(t.sum.Records, 10), strconv.FormatInt(t.sum.GPUMillis, 10),
-			strconv.FormatInt(t.sum.CostMicros, 10), strconv.FormatInt(t.sum.OnDemandMicros, 10))
+	for k, t := range totals {
+		args = append(args, ids[k].key(s.prefix), t.Records, t.GPUMillis, t.CostMicros, t.OnDemandMicros)
 	}
 	return args
 }
@@ -382,7 +413,11 @@ func (s *RedisStore) Apply(ctx context.Context, recs []contracts.UsageRecord) (i
 		}
 	}
 	var parts [][]contracts.UsageRecord
-	for chunk := range chunks(distinct, maxScriptRecords) {
+	size := (len(distinct) + maxScriptRecords - 1) / maxScriptRecords // parts
+	if size > 0 {
+		size = (len(distinct) + size - 1) / size // records per part, even
+	}
+	for chunk := range chunks(distinct, size) {
 		parts = append(parts, chunk)
 	}
 	applied := 0
@@ -444,17 +479,17 @@ func (s *RedisStore) Apply(ctx context.Context, recs []contracts.UsageRecord) (i
 }
 
 // withoutDuplicates is part without the records the script answered were
-// applied before ({"dup", r...}, 1-based).
+// applied before ({"dup", id...}).
 func withoutDuplicates(part []contracts.UsageRecord, answer []any) []contracts.UsageRecord {
-	dup := map[int]bool{}
+	dup := make(map[string]bool, len(answer))
 	for _, v := range answer[1:] {
-		if r, ok := v.(int64); ok {
-			dup[int(r)-1] = true
+		if id, ok := v.(string); ok {
+			dup[id] = true
 		}
 	}
-	out := make([]contracts.UsageRecord, 0, len(part)-len(dup))
-	for i, r := range part {
-		if !dup[i] {
+	out := make([]contracts.UsageRecord, 0, len(part))
+	for _, r := range part {
+		if !dup[r.ID] {
 			out = append(out, r)
 		}
 	}

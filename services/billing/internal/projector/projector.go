@@ -6,7 +6,10 @@
 // A store that keeps its content (Redis) resumes where its consumer acked;
 // a new or emptied one (the in-memory store at every start, a flushed or
 // restarted Redis) opens a new generation, whose new consumer replays
-// USAGE from its first record. While the store is unavailable (its
+// USAGE from its first record. Up to Config.InFlight batches (default 2) apply
+// at once (bus.ConsumeBatchPipelined): the next batch is taken and decoded
+// while the store works on the ones before, and each is acked only when
+// its Apply succeeded. While the store is unavailable (its
 // circuit breaker open) every record is handed back with a delay
 // (NakWithDelay) and comes again: metering is late, never lost.
 package projector
@@ -17,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -49,6 +53,10 @@ type Config struct {
 	RetryDelay time.Duration
 	// Batch bounds a batch; default 1024.
 	Batch int
+	// InFlight is how many batches may be applying at once: the next
+	// batch is taken and decoded while the store works on the ones before
+	// (Redis on its own core). Default 2; 1 applies one batch at a time.
+	InFlight int
 	// MaxDeliver bounds the deliveries of one record before it is
 	// dead-lettered; default 100,000 (at RetryDelay, days of outage).
 	MaxDeliver int
@@ -70,6 +78,9 @@ func New(cfg Config) *Projector {
 	}
 	if cfg.Batch <= 0 {
 		cfg.Batch = 1024
+	}
+	if cfg.InFlight <= 0 {
+		cfg.InFlight = 2
 	}
 	if cfg.MaxDeliver <= 0 {
 		cfg.MaxDeliver = 100_000
@@ -118,15 +129,18 @@ func (p *Projector) generation(ctx context.Context, gen string) error {
 		p.caughtUp.Store(true)
 	}
 	p.cfg.Log.Info("feeding the billing store", "generation", gen, "consumer", durable)
-	err := p.cfg.Bus.ConsumeBatch(gctx, bus.ConsumerSpec{Stream: contracts.StreamUsage, Durable: durable,
-		FilterSubjects: []string{contracts.SubjectUsageAll}, Batch: p.cfg.Batch, MaxAckPending: 4 * p.cfg.Batch,
-		MaxDeliver: p.cfg.MaxDeliver, InactiveThreshold: time.Hour},
-		func(ctx context.Context, msgs []*bus.Msg) []error {
-			errs := p.HandleBatch(ctx, msgs)
-			if slices.ContainsFunc(errs, func(err error) bool { return errors.Is(err, p.cfg.Changed) }) {
-				changed(p.cfg.Changed)
+	err := p.cfg.Bus.ConsumeBatchPipelined(gctx, bus.ConsumerSpec{Stream: contracts.StreamUsage, Durable: durable,
+		FilterSubjects: []string{contracts.SubjectUsageAll}, Batch: p.cfg.Batch, MaxAckPending: (p.cfg.InFlight + 2) * p.cfg.Batch,
+		MaxDeliver: p.cfg.MaxDeliver, InactiveThreshold: time.Hour}, p.cfg.InFlight,
+		func(ctx context.Context, msgs []*bus.Msg) func() []error {
+			wait := p.StartBatch(ctx, msgs)
+			return func() []error {
+				errs := wait()
+				if slices.ContainsFunc(errs, func(err error) bool { return errors.Is(err, p.cfg.Changed) }) {
+					changed(p.cfg.Changed)
+				}
+				return errs
 			}
-			return errs
 		})
 	if err != nil {
 		return fmt.Errorf("usage feed: %w", err)
@@ -151,90 +165,86 @@ func (p *Projector) pending(ctx context.Context) (uint64, error) {
 	return info.State.Msgs, nil
 }
 
-// subBatch is how many records go to the store in one call. A batch is
-// cut into sub-batches so that decoding one overlaps with the store
-// applying the one before (Redis works on its own core meanwhile).
-const subBatch = 512
-
-// HandleBatch applies one batch of USAGE messages (a bus.BatchHandler;
-// exported for the benchmark). Each message is settled by the outcome of
-// its own sub-batch.
+// HandleBatch applies one batch of USAGE messages (a bus.BatchHandler):
+// StartBatch and its wait.
 func (p *Projector) HandleBatch(ctx context.Context, msgs []*bus.Msg) []error {
+	return p.StartBatch(ctx, msgs)()
+}
+
+// StartBatch decodes one batch of USAGE messages and starts applying its
+// records to the store in one call (a bus.PipelinedBatchHandler; exported
+// for the benchmark). wait returns each message's outcome: nil when its
+// record was applied (or had been before), Permanent for a message that is
+// not a usage record, a retry for every record of a failed call. Batches
+// applying at once may share records (a redelivery while the first
+// delivery is still applying): the store's Apply is atomic per record, so
+// each is counted once whichever comes first.
+func (p *Projector) StartBatch(ctx context.Context, msgs []*bus.Msg) (wait func() []error) {
 	errs := make([]error, len(msgs))
 	tenants := map[string]struct{}{}
-	type flight struct {
-		lo, hi int
-		n      int
-		err    error
-		done   chan struct{}
-	}
-	var flights []*flight
-	for lo := 0; lo < len(msgs); lo += subBatch {
-		hi := min(lo+subBatch, len(msgs))
-		recs := make([]contracts.UsageRecord, 0, hi-lo)
-		for i := lo; i < hi; i++ {
-			m := msgs[i]
-			rec, err := decode(m.Data)
-			switch {
-			case err != nil:
-				errs[i] = bus.Permanent(err)
-				continue
-			case rec.ID == "" || m.Subject != contracts.SubjectUsage(rec.Tenant):
-				errs[i] = bus.Permanent(fmt.Errorf("usage record %q of tenant %q on %s", rec.ID, rec.Tenant, m.Subject))
-				continue
-			}
-			recs = append(recs, rec)
-			tenants[rec.Tenant] = struct{}{}
-		}
-		f := &flight{lo: lo, hi: hi, done: make(chan struct{})}
-		flights = append(flights, f)
-		go func() {
-			defer close(f.done)
-			f.n, f.err = p.cfg.Store.Apply(ctx, recs)
-		}()
-		if len(flights) > 1 { // at most two in flight
-			<-flights[len(flights)-2].done
-		}
-	}
-	applied, failed := 0, false
-	for _, f := range flights {
-		<-f.done
-		applied += f.n
-		if f.err == nil {
+	recs := make([]contracts.UsageRecord, 0, len(msgs))
+	for i, m := range msgs {
+		rec, err := decode(m.Data)
+		switch {
+		case err != nil:
+			errs[i] = bus.Permanent(err)
+			continue
+		case rec.ID == "" || m.Subject != contracts.SubjectUsage(rec.Tenant):
+			errs[i] = bus.Permanent(fmt.Errorf("usage record %q of tenant %q on %s", rec.ID, rec.Tenant, m.Subject))
 			continue
 		}
-		failed = true
-		var retry error
-		switch {
-		case errors.Is(f.err, p.cfg.Unavailable):
-			retry = bus.RetryAfter(f.err, p.cfg.RetryDelay)
-		case errors.Is(f.err, p.cfg.Changed):
-			retry = f.err
-		default:
-			retry = bus.RetryAfter(f.err, p.cfg.RetryDelay/5)
-		}
-		p.cfg.Log.Info("usage records not applied; they come again", "records", f.hi-f.lo, "err", f.err)
-		for i := f.lo; i < f.hi; i++ {
-			if errs[i] == nil {
-				errs[i] = retry
+		recs = append(recs, rec)
+		tenants[rec.Tenant] = struct{}{}
+	}
+	var applied int
+	var err error
+	done := make(chan struct{})
+	if len(recs) == 0 {
+		close(done)
+	} else {
+		go func() {
+			defer close(done)
+			applied, err = p.cfg.Store.Apply(ctx, recs)
+		}()
+		// On one core (GOMAXPROCS=1) the caller would go on decoding the
+		// next batch before Apply has even sent this one: let it send
+		// first, so that the store works while we decode.
+		runtime.Gosched()
+	}
+	return func() []error {
+		<-done
+		p.applied.Add(int64(applied))
+		if err != nil {
+			var retry error
+			switch {
+			case errors.Is(err, p.cfg.Unavailable):
+				retry = bus.RetryAfter(err, p.cfg.RetryDelay)
+			case errors.Is(err, p.cfg.Changed):
+				retry = err
+			default:
+				retry = bus.RetryAfter(err, p.cfg.RetryDelay/5)
 			}
+			p.cfg.Log.Info("usage records not applied; they come again", "records", len(recs), "err", err)
+			for i := range errs {
+				if errs[i] == nil {
+					errs[i] = retry
+				}
+			}
+		} else if len(msgs) > 0 && msgs[len(msgs)-1].NumPending == 0 {
+			p.caughtUp.Store(true)
 		}
-	}
-	p.applied.Add(int64(applied))
-	if last := msgs[len(msgs)-1]; !failed && last.NumPending == 0 {
-		p.caughtUp.Store(true)
-	}
-	if p.cfg.Applied != nil && applied > 0 {
-		list := make([]string, 0, len(tenants))
-		for t := range tenants {
-			list = append(list, t)
+		if p.cfg.Applied != nil && applied > 0 {
+			list := make([]string, 0, len(tenants))
+			for t := range tenants {
+				list = append(list, t)
+			}
+			p.cfg.Applied(list)
 		}
-		p.cfg.Applied(list)
+		if slices.ContainsFunc(errs, func(err error) bool { return err != nil }) {
+			return errs
+		}
+		return nil
 	}
-	if failed || slices.ContainsFunc(errs, func(err error) bool { return err != nil }) {
-		return errs
-	}
-	return nil
 }
 
 // storeFields are what a store keeps of a usage record.
