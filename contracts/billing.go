@@ -57,6 +57,9 @@ func KeyValues(o StreamOptions) []jetstream.KeyValueConfig {
 		kv(BucketPriceBook, "price book (versions with effective dates) and billing's metering watermark", 64),
 		kv(BucketBudgets, "budget per tenant", 16),
 		kv(BucketBudgetStatus, "budget status per tenant, published by billing", 1),
+		// Leases are written by compare-and-set only; one value per key is
+		// all a reader needs (the epoch lives in the value).
+		kv(BucketLeases, "leader leases with fencing epochs", 1),
 	}
 }
 

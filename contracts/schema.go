@@ -32,6 +32,7 @@ var schemaTypes = map[string]any{
 	"price-book.json":     PriceBook{},
 	"budget.json":         Budget{},
 	"budget-status.json":  BudgetStatus{},
+	"lease.json":          Lease{},
 	"log-chunk.json":      LogChunk{},
 }
 

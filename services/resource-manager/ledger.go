@@ -170,6 +170,14 @@ func (s *server) catchUpStored(ctx context.Context, seq uint64, node string) err
 // committed, a refusal otherwise (commit_conflict when the compare-and-set
 // kept failing). An error is transient: the plan is to be redelivered.
 func (s *server) commit(ctx context.Context, a contracts.Allocation) (ledger.Verdict, error) {
+	return s.commitFenced(ctx, a, 0)
+}
+
+// commitFenced is commit for an item of a plan made at epoch: unless it is
+// already committed (Duplicate), it is refused with stale_epoch when a newer
+// epoch of its scheduler is known, checked under the node lock right before
+// each compare-and-set.
+func (s *server) commitFenced(ctx context.Context, a contracts.Allocation, epoch uint64) (ledger.Verdict, error) {
 	s.mu.Lock()
 	v := s.led.Verify(a)
 	s.mu.Unlock()
@@ -184,6 +192,11 @@ func (s *server) commit(ctx context.Context, a contracts.Allocation) (ledger.Ver
 	e := contracts.LedgerEntry{SchemaVersion: contracts.SchemaVersion, Kind: contracts.LedgerCommitted, Allocation: a}
 	v, _, err := s.write(ctx, e, func() (ledger.Verdict, bool) {
 		v := s.led.Verify(a)
+		if v.OK() {
+			if fv, ok := s.fenceCheck(a.Scheduler, epoch); !ok {
+				return fv, false
+			}
+		}
 		return v, v.OK()
 	})
 	if errors.Is(err, errGaveUp) {

@@ -35,6 +35,13 @@ func (s *server) onPlanMsg(ctx context.Context, m *bus.Msg) error {
 			p.Items[i].Scheduler = p.Scheduler
 		}
 	}
+	if p.Epoch > 0 {
+		// A plan may arrive before its leader's lease does: its epoch
+		// alone fences out the deposed leader's later plans.
+		s.mu.Lock()
+		s.observeEpoch(p.Scheduler, p.Epoch)
+		s.mu.Unlock()
+	}
 	var committed, duplicate, refused, settled atomic.Int64
 	// settle answers one item: committed, or refused in a stream.
 	settle := func(ctx context.Context, i int) error {
@@ -46,7 +53,7 @@ func (s *server) onPlanMsg(ctx context.Context, m *bus.Msg) error {
 			settled.Add(1)
 			return nil
 		}
-		v, err := s.commit(ctx, item)
+		v, err := s.commitFenced(ctx, item, p.Epoch)
 		if err != nil {
 			log.Warn("plan item not settled; plan will be redelivered", "alloc_id", item.ID, "err", err)
 			return err

@@ -72,6 +72,8 @@ type server struct {
 	// refused holds the RefusalIDs in ALLOCATIONS: a plan item refused once
 	// stays refused when the plan is redelivered.
 	refused map[string]bool
+	// epochs is the highest fencing epoch seen per scheduler (leases.go).
+	epochs map[string]uint64
 }
 
 func newServer(cfg Config, b *bus.Bus, log *slog.Logger) *server {
@@ -82,6 +84,7 @@ func newServer(cfg Config, b *bus.Bus, log *slog.Logger) *server {
 		started:   map[string]time.Time{},
 		nodeLocks: map[string]*sync.Mutex{},
 		refused:   map[string]bool{},
+		epochs:    map[string]uint64{},
 	}
 }
 
@@ -150,16 +153,21 @@ func (s *server) run(ctx context.Context) error {
 	})
 	// 3. Run facts from the start: an ended run whose release a previous
 	// life did not write is released now, before any plan is handled.
+	leasesKnown := make(chan struct{})
+	var leasesOnce sync.Once
+	g.Go(func() error { return s.watchLeases(gctx, func() { leasesOnce.Do(func() { close(leasesKnown) }) }) })
 	runsCaughtUp := make(chan struct{})
 	g.Go(func() error {
 		return s.bus.Follow(gctx, bus.FollowSpec{Stream: contracts.StreamRuns,
 			FilterSubjects: []string{contracts.SubjectRunsAll}}, s.onRunMsg, func() { close(runsCaughtUp) })
 	})
 	g.Go(func() error {
-		select {
-		case <-runsCaughtUp:
-		case <-gctx.Done():
-			return nil
+		for _, c := range []chan struct{}{runsCaughtUp, leasesKnown} {
+			select {
+			case <-c:
+			case <-gctx.Done():
+				return nil
+			}
 		}
 		s.lifeMu.Lock()
 		s.tracker.Grace(s.cfg.Now())

@@ -36,6 +36,10 @@ type Config struct {
 	// its plan. The PLANS stream refuses messages over 128 KiB. Default
 	// 96 KiB.
 	MaxPlanBytes int
+	// LeaseTTL is how long a leader's lease lasts unrenewed (renewed every
+	// third of it). Replicas sharing Name elect one leader; a standby takes
+	// over at most LeaseTTL after a leader dies. Default 3 s.
+	LeaseTTL time.Duration
 }
 
 // DefaultConfig returns the defaults, with the bus settings from the
@@ -50,6 +54,7 @@ func DefaultConfig() Config {
 		IntakeWorkers:  16,
 		ResyncInterval: time.Second,
 		MaxPlanBytes:   96 * 1024,
+		LeaseTTL:       3 * time.Second,
 	}
 }
 
@@ -62,6 +67,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Publishers, "publishers", c.Publishers, "job events published concurrently (per-job order is kept)")
 	fs.DurationVar(&c.ResyncInterval, "resync-interval", c.ResyncInterval, "a cycle at least this often, even with no new fact")
 	fs.IntVar(&c.IntakeWorkers, "intake-workers", c.IntakeWorkers, "job requests handled in parallel (per-job order is kept)")
+	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "leader lease duration; a standby takes over at most this long after the leader dies")
 	fs.IntVar(&c.MaxPlanBytes, "max-plan-bytes", c.MaxPlanBytes, "largest plan message; larger cycles split their plan")
 }
 
@@ -92,6 +98,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxPlanBytes < 4*1024 || c.MaxPlanBytes > maxPlanLimit {
 		errs = append(errs, fmt.Errorf("max plan bytes is %d; want 4096 to %d", c.MaxPlanBytes, maxPlanLimit))
+	}
+	if c.LeaseTTL < 30*time.Millisecond || c.LeaseTTL > time.Minute {
+		errs = append(errs, fmt.Errorf("lease ttl is %s; want 30ms to 1m", c.LeaseTTL))
 	}
 	return errors.Join(errs...)
 }

@@ -34,6 +34,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/lease"
 	"github.com/gpuplane/gpuplane/libs/service"
 	"github.com/gpuplane/gpuplane/services/scheduler/internal/state"
 )
@@ -59,15 +60,41 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return fmt.Errorf("scheduler: %w", err)
 	}
 	defer rt.Close()
-	err = newScheduler(cfg, rt.Bus, rt.Log).run(ctx)
+	kv, err := rt.Bus.KeyValue(ctx, contracts.BucketLeases)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("scheduler: %w", err)
+	}
+	holder := cfg.Name + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	elector, err := lease.New(lease.Config{KV: kv, Key: contracts.LeaseKeyScheduler(cfg.Name),
+		Holder: holder, TTL: cfg.LeaseTTL, Log: rt.Log})
+	if err != nil {
+		return fmt.Errorf("scheduler: %w", err)
+	}
+	// Only the leader runs: a standby waits for the lease, then rebuilds
+	// from the streams like a restart would. Each term is a fresh
+	// scheduler, so nothing of a deposed term's state can leak into the
+	// next one.
+	err = elector.Run(ctx, func(ctx context.Context, term lease.Term) error {
+		return newScheduler(cfg, rt.Bus, rt.Log.With("epoch", term.Epoch), term).run(ctx)
+	})
 	if ctx.Err() != nil {
 		return nil
 	}
 	return err
 }
 
+// fence is the leadership term a scheduler acts under.
+type fence interface {
+	Valid() bool
+}
+
 type scheduler struct {
 	cfg    Config
+	term   fence
+	epoch  uint64
 	bus    *bus.Bus
 	log    *slog.Logger
 	wake   chan struct{}
@@ -79,9 +106,9 @@ type scheduler struct {
 	st *state.Store
 }
 
-func newScheduler(cfg Config, b *bus.Bus, log *slog.Logger) *scheduler {
+func newScheduler(cfg Config, b *bus.Bus, log *slog.Logger, term lease.Term) *scheduler {
 	boot := strconv.FormatInt(time.Now().UnixNano(), 36)
-	s := &scheduler{cfg: cfg, bus: b, log: log, wake: make(chan struct{}, 1)}
+	s := &scheduler{cfg: cfg, term: term, epoch: term.Epoch, bus: b, log: log, wake: make(chan struct{}, 1)}
 	s.out = newOutbox(b, cfg.Publishers, log)
 	s.demand = newDemandPublisher(b, cfg.DemandInterval, cfg.Name, boot, log)
 	s.budget = newBudgetGate(b, log)
@@ -304,13 +331,23 @@ func requestKey(m *bus.Msg) string {
 // handleRequest handles one message of the durable consumer. It returns
 // nil (ack) only once what the request owes is published.
 func (s *scheduler) handleRequest(ctx context.Context, m *bus.Msg) error {
+	var err error
 	switch {
 	case strings.HasPrefix(m.Subject, "gp.jobs.submit."):
-		return s.submit(ctx, m)
+		err = s.submit(ctx, m)
 	case strings.HasPrefix(m.Subject, "gp.jobs.cancel."):
-		return s.cancel(ctx, m)
+		err = s.cancel(ctx, m)
+	default:
+		return bus.Permanent(fmt.Errorf("unexpected subject %s", m.Subject))
 	}
-	return bus.Permanent(fmt.Errorf("unexpected subject %s", m.Subject))
+	if err == nil && !s.term.Valid() {
+		// The lease ran out while this request was handled: the next
+		// leader may have rebuilt without what we just published, so
+		// leave the request to it. It publishes the same event IDs
+		// again, which JetStream drops as duplicates.
+		return fmt.Errorf("leadership lost while handling %s", m.Subject)
+	}
+	return err
 }
 
 func (s *scheduler) submit(ctx context.Context, m *bus.Msg) error {
@@ -405,6 +442,14 @@ func (s *scheduler) cycles(ctx context.Context) error {
 		s.out.enqueue(res.Publish, false)
 		s.mu.Unlock()
 		for _, p := range res.Plans {
+			if !s.term.Valid() {
+				// Our lease ran out: a plan now could race the next
+				// leader's. The resource manager would refuse its epoch
+				// anyway; this term's scheduler is being torn down.
+				s.log.Warn("leadership lost; plans of this cycle not published", "plans", len(res.Plans))
+				return nil
+			}
+			p.Epoch = s.epoch
 			if _, err := s.bus.Publish(ctx, contracts.SubjectPlan(s.cfg.Name), p.ID, p); err != nil {
 				if ctx.Err() != nil {
 					return nil

@@ -1,0 +1,220 @@
+package lease_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/lease"
+	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
+)
+
+func bucket(t *testing.T) jetstream.KeyValue {
+	t.Helper()
+	srv := natstest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "test"})
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() { _ = b.Close(context.Background()) })
+	kv, err := b.KeyValue(ctx, contracts.BucketLeases)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kv
+}
+
+// clock is a fake clock shared by contenders: expiry without sleeping.
+type clock struct{ ns atomic.Int64 }
+
+func (c *clock) now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *clock) advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+// race runs TryAcquire on every elector at once and returns the winners.
+func race(t *testing.T, es []*lease.Elector) map[int]lease.Term {
+	t.Helper()
+	var mu sync.Mutex
+	won := map[int]lease.Term{}
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i, e := range es {
+		wg.Go(func() {
+			<-start
+			term, ok, err := e.TryAcquire(context.Background())
+			if err != nil {
+				t.Errorf("contender %d: %v", i, err)
+			}
+			if ok {
+				mu.Lock()
+				won[i] = term
+				mu.Unlock()
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	return won
+}
+
+func stored(t *testing.T, kv jetstream.KeyValue, key string) contracts.Lease {
+	t.Helper()
+	e, err := kv.Get(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var l contracts.Lease
+	if err := json.Unmarshal(e.Value(), &l); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func TestAcquireRenewTakeoverOneWinner(t *testing.T) {
+	kv := bucket(t)
+	clk := &clock{}
+	clk.ns.Store(time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	const ttl = time.Second
+	var es []*lease.Elector
+	for i := range 10 {
+		e, err := lease.New(lease.Config{KV: kv, Key: "scheduler.s", Holder: fmt.Sprintf("r%d", i), TTL: ttl, Now: clk.now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		es = append(es, e)
+	}
+	ctx := context.Background()
+
+	// A free key: exactly one Create wins, at epoch 1.
+	won := race(t, es)
+	if len(won) != 1 {
+		t.Fatalf("%d contenders won a free lease; want exactly 1: %v", len(won), won)
+	}
+	var first int
+	var term1 lease.Term
+	for i, tm := range won {
+		first, term1 = i, tm
+	}
+	if term1.Epoch != 1 || !term1.Valid() {
+		t.Fatalf("first term = epoch %d valid %v; want epoch 1, valid", term1.Epoch, term1.Valid())
+	}
+
+	// Renewed before expiry: nobody takes it, even past the first TTL.
+	clk.advance(ttl / 2)
+	if err := es[first].Renew(ctx, term1); err != nil {
+		t.Fatalf("renew: %v", err)
+	}
+	clk.advance(ttl / 2)
+	if won := race(t, es); len(won) != 0 {
+		t.Fatalf("a renewed lease was taken over by %v", won)
+	}
+	if l := stored(t, kv, "scheduler.s"); l.Holder != fmt.Sprintf("r%d", first) || l.Epoch != 1 {
+		t.Fatalf("stored lease = %+v; want holder r%d epoch 1", l, first)
+	}
+
+	// Not renewed: past its expiry, exactly one standby takes over with
+	// the next epoch, and the old holder can neither act nor renew.
+	clk.advance(ttl)
+	if term1.Valid() {
+		t.Fatal("an expired term still reports valid")
+	}
+	won = race(t, es)
+	if len(won) != 1 {
+		t.Fatalf("%d contenders took over an expired lease; want exactly 1: %v", len(won), won)
+	}
+	for i, tm := range won {
+		if tm.Epoch != 2 {
+			t.Errorf("takeover epoch = %d; want 2", tm.Epoch)
+		}
+		if l := stored(t, kv, "scheduler.s"); l.Holder != fmt.Sprintf("r%d", i) || l.Epoch != 2 {
+			t.Errorf("stored lease = %+v; want holder r%d epoch 2", l, i)
+		}
+	}
+	if err := es[first].Renew(ctx, term1); !errors.Is(err, lease.ErrLost) {
+		t.Errorf("deposed holder's renew = %v; want ErrLost", err)
+	}
+}
+
+func TestRenewAfterTakeoverIsLost(t *testing.T) {
+	// The old holder still believes it holds the lease (its own clock
+	// says so) but the key moved on: the revision check refuses it.
+	kv := bucket(t)
+	clk := &clock{}
+	fast := &clock{} // the new contender's clock runs ahead
+	fast.advance(time.Hour)
+	a, _ := lease.New(lease.Config{KV: kv, Key: "k", Holder: "a", TTL: time.Second, Now: clk.now})
+	b, _ := lease.New(lease.Config{KV: kv, Key: "k", Holder: "b", TTL: time.Second, Now: fast.now})
+	ctx := context.Background()
+	ta, ok, err := a.TryAcquire(ctx)
+	if !ok || err != nil {
+		t.Fatalf("a: ok=%v err=%v", ok, err)
+	}
+	tb, ok, err := b.TryAcquire(ctx)
+	if !ok || err != nil || tb.Epoch != 2 {
+		t.Fatalf("b: ok=%v err=%v epoch=%d", ok, err, tb.Epoch)
+	}
+	if err := a.Renew(ctx, ta); !errors.Is(err, lease.ErrLost) {
+		t.Fatalf("renew after takeover = %v; want ErrLost", err)
+	}
+	if ta.Valid() {
+		t.Error("a term whose renewal was refused still reports valid")
+	}
+}
+
+func TestRunHandsOverOnStop(t *testing.T) {
+	kv := bucket(t)
+	type lead struct {
+		who   string
+		epoch uint64
+	}
+	leads := make(chan lead, 8)
+	var leading atomic.Int32
+	run := func(ctx context.Context, who string) error {
+		e, err := lease.New(lease.Config{KV: kv, Key: "k", Holder: who, TTL: 300 * time.Millisecond})
+		if err != nil {
+			return err
+		}
+		return e.Run(ctx, func(ctx context.Context, tm lease.Term) error {
+			if n := leading.Add(1); n != 1 {
+				t.Errorf("%d leaders at once", n)
+			}
+			defer leading.Add(-1)
+			leads <- lead{who, tm.Epoch}
+			<-ctx.Done()
+			return nil
+		})
+	}
+	ctxA, stopA := context.WithCancel(context.Background())
+	ctxB, stopB := context.WithCancel(context.Background())
+	defer stopB()
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = run(ctxA, "a") })
+	first := <-leads
+	wg.Go(func() { _ = run(ctxB, "b") })
+	if first.who == "a" {
+		stopA()
+	} else {
+		stopB()
+	}
+	select {
+	case second := <-leads:
+		if second.who == first.who || second.epoch != first.epoch+1 {
+			t.Errorf("after %+v stopped, %+v leads; want the other one at epoch %d", first, second, first.epoch+1)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no takeover after the leader stopped")
+	}
+	stopA()
+	stopB()
+	wg.Wait()
+}
