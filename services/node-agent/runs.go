@@ -216,6 +216,9 @@ func (a *agent) onCommitted(ctx context.Context, alloc contracts.Allocation, red
 	a.active[id] = run
 	a.mu.Unlock()
 
+	// A simulated run's clock starts inside Launch: its start is taken
+	// before, so the reported run never looks shorter than its duration.
+	launchedAt := a.cfg.Now()
 	proc, err := a.runner.Launch(ctx, runner.Launch{AllocationID: id, Tenant: alloc.Tenant, JobID: alloc.JobID,
 		Attempt: alloc.Attempt, Spec: alloc.Run, Devices: devices, StopGrace: a.cfg.StopGrace})
 	if err != nil {
@@ -241,6 +244,9 @@ func (a *agent) onCommitted(ctx context.Context, alloc contracts.Allocation, red
 	}
 	startedAt := a.cfg.Now()
 	info := proc.Info()
+	if info.PID == 0 { // simulated
+		startedAt = launchedAt
+	}
 	if info.LogPath != "" {
 		if err := logship.Reset(info.LogPath); err != nil {
 			log.Warn("the log of a fresh run may be shipped from a stale offset", "err", err)
