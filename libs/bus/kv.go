@@ -2,7 +2,10 @@ package bus
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -28,4 +31,55 @@ func (b *Bus) KeyValue(ctx context.Context, bucket string) (jetstream.KeyValue, 
 		return kv, nil
 	}
 	return nil, fmt.Errorf("bus: %q is not a platform KV bucket", bucket)
+}
+
+// WatchKV follows every key of the platform bucket until ctx ends: apply
+// gets each put or delete, in order, from one goroutine; ready is called
+// once, after the values present at start were applied, so a service can
+// hold back work that must not run blind. A broken watch is resumed with
+// a backoff (it replays the current values, which apply must accept
+// again). It returns nil when ctx ends.
+func (b *Bus) WatchKV(ctx context.Context, bucket string, apply func(jetstream.KeyValueEntry), ready func()) error {
+	kv, err := b.KeyValue(ctx, bucket)
+	if err != nil {
+		return err
+	}
+	var once sync.Once
+	delay := 100 * time.Millisecond
+	for {
+		err := watchKVOnce(ctx, kv, apply, func() { once.Do(ready) })
+		if ctx.Err() != nil {
+			return nil
+		}
+		b.log.Warn("kv watch interrupted; resuming", "bucket", bucket, "err", err, "after", delay)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 5*time.Second)
+	}
+}
+
+func watchKVOnce(ctx context.Context, kv jetstream.KeyValue, apply func(jetstream.KeyValueEntry), ready func()) error {
+	w, err := kv.WatchAll(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = w.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e, ok := <-w.Updates():
+			if !ok {
+				return errors.New("watch closed")
+			}
+			if e == nil { // the initial values are all in
+				ready()
+				continue
+			}
+			apply(e)
+		}
+	}
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -50,56 +49,21 @@ func (s *server) fenceCheck(scheduler string, epoch uint64) (ledger.Verdict, boo
 // called once the values present at start are applied, so no plan is
 // judged before the current epochs are known.
 func (s *server) watchLeases(ctx context.Context, ready func()) error {
-	kv, err := s.bus.KeyValue(ctx, contracts.BucketLeases)
-	if err != nil {
-		return fmt.Errorf("lease bucket: %w", err)
-	}
-	delay := 100 * time.Millisecond
-	for {
-		err := s.watchLeasesOnce(ctx, kv, ready)
-		if ctx.Err() != nil {
-			return nil
-		}
-		s.log.Warn("lease watch interrupted; resuming", "err", err)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(delay):
-		}
-		delay = min(2*delay, 5*time.Second)
-	}
+	return s.bus.WatchKV(ctx, contracts.BucketLeases, s.applyLease, ready)
 }
 
-func (s *server) watchLeasesOnce(ctx context.Context, kv jetstream.KeyValue, ready func()) error {
-	w, err := kv.WatchAll(ctx)
-	if err != nil {
-		return err
+// applyLease raises the epoch of the scheduler a lease names.
+func (s *server) applyLease(e jetstream.KeyValueEntry) {
+	name, isSched := strings.CutPrefix(e.Key(), "scheduler.")
+	if !isSched || e.Operation() != jetstream.KeyValuePut {
+		return
 	}
-	defer func() { _ = w.Stop() }()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case e, ok := <-w.Updates():
-			if !ok {
-				return fmt.Errorf("watch closed")
-			}
-			if e == nil { // the initial values are all in
-				ready()
-				continue
-			}
-			name, isSched := strings.CutPrefix(e.Key(), "scheduler.")
-			if !isSched || e.Operation() != jetstream.KeyValuePut {
-				continue
-			}
-			var l contracts.Lease
-			if err := json.Unmarshal(e.Value(), &l); err != nil {
-				s.log.Error("unreadable lease skipped", "key", e.Key(), "err", err)
-				continue
-			}
-			s.mu.Lock()
-			s.observeEpoch(name, l.Epoch)
-			s.mu.Unlock()
-		}
+	var l contracts.Lease
+	if err := json.Unmarshal(e.Value(), &l); err != nil {
+		s.log.Error("unreadable lease skipped", "key", e.Key(), "err", err)
+		return
 	}
+	s.mu.Lock()
+	s.observeEpoch(name, l.Epoch)
+	s.mu.Unlock()
 }

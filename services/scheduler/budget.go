@@ -3,7 +3,6 @@ package scheduler
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -45,46 +44,10 @@ func (g *budgetGate) Admit(tenant string, req contracts.JobRequest) error {
 // run follows the statuses until ctx ends; synced is called once the
 // statuses present at start are read, so that intake never starts blind.
 func (g *budgetGate) run(ctx context.Context, synced func()) error {
-	kv, err := g.bus.KeyValue(ctx, contracts.BucketBudgetStatus)
-	if err != nil {
+	if err := g.bus.WatchKV(ctx, contracts.BucketBudgetStatus, g.apply, synced); err != nil {
 		return fmt.Errorf("budget statuses: %w", err)
 	}
-	var once sync.Once
-	for ctx.Err() == nil {
-		err := g.watch(ctx, kv, func() { once.Do(synced) })
-		if ctx.Err() != nil {
-			return nil
-		}
-		g.log.Warn("watching budget statuses interrupted; again", "err", err)
-		select {
-		case <-ctx.Done():
-		case <-time.After(time.Second):
-		}
-	}
 	return nil
-}
-
-func (g *budgetGate) watch(ctx context.Context, kv jetstream.KeyValue, synced func()) error {
-	w, err := kv.WatchAll(ctx)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = w.Stop() }()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case e, ok := <-w.Updates():
-			if !ok {
-				return errors.New("watch closed")
-			}
-			if e == nil {
-				synced()
-				continue
-			}
-			g.apply(e)
-		}
-	}
 }
 
 func (g *budgetGate) apply(e jetstream.KeyValueEntry) {
