@@ -60,6 +60,9 @@ func KeyValues(o StreamOptions) []jetstream.KeyValueConfig {
 		// Leases are written by compare-and-set only; one value per key is
 		// all a reader needs (the epoch lives in the value).
 		kv(BucketLeases, "leader leases with fencing epochs", 1),
+		kv(BucketQuotas, "quota and fair-share weight per tenant", 16),
+		kv(BucketPools, "placement policy per pool", 16),
+		kv(BucketNodeAdmin, "cordon and drain per node", 16),
 	}
 }
 

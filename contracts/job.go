@@ -63,7 +63,7 @@ func KnownGPUModel(m string) bool { return slices.Contains(GPUModels, m) }
 
 // Limits on a request; beyond them a request is rejected as out_of_range.
 const (
-	MaxGPUsPerJob   = 64
+	MaxGPUsPerJob   = 1024
 	MaxGPUMemoryMiB = 1 << 20 // 1 TiB: larger than any card
 	MaxJobDuration  = 30 * 24 * time.Hour
 	MaxNameLength   = 256
@@ -95,10 +95,25 @@ type JobRequest struct {
 	Resources     Resources         `json:"resources"`
 	Run           RunSpec           `json:"run"`
 	Labels        map[string]string `json:"labels,omitempty"`
+	// NodeSelector restricts placement to nodes carrying every label.
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+	// Tolerations let the job onto tainted nodes.
+	Tolerations []Toleration `json:"tolerations,omitempty"`
+	// DependsOn names jobs of the same tenant that must succeed first; the
+	// job is cancelled (dependency_failed) when one fails or is cancelled.
+	DependsOn []string `json:"dependsOn,omitempty"`
+	// PlacementTimeout fails the job (placement_timeout) when it is not
+	// placed in full this long after it was queued; 0 waits forever.
+	PlacementTimeout Duration `json:"placementTimeout,omitempty" jsonschema:"type=string"`
+	// ExpectedRunTime is how long the job expects to run. Backfill uses it
+	// (a simulated run's duration or a command's time limit when unset);
+	// a job with none is never backfilled ahead of a reservation.
+	ExpectedRunTime Duration `json:"expectedRunTime,omitempty" jsonschema:"type=string"`
 }
 
-// Resources is what one job asks for. In this version all GPUs of a job are
-// whole cards on one machine.
+// Resources is what one job asks for: whole GPUs (on one machine, or
+// split evenly over GPU.Nodes machines as a gang), one MIG instance, or a
+// share of one GPU; and CPU and host memory per machine.
 type Resources struct {
 	GPU       GPURequest `json:"gpu"`
 	CPUMilli  int64      `json:"cpuMilli,omitempty"`
@@ -106,11 +121,26 @@ type Resources struct {
 }
 
 // GPURequest asks for Count whole GPUs of Model (or any model) with at least
-// MemoryMiB of framebuffer each.
+// MemoryMiB of framebuffer each; or, with MIGProfile, one MIG instance of
+// that profile; or, with Share, a fraction of one GPU.
 type GPURequest struct {
-	Count     int    `json:"count" jsonschema:"minimum=1,maximum=64"`
+	Count     int    `json:"count" jsonschema:"minimum=1,maximum=1024"`
 	Model     string `json:"model,omitempty" jsonschema:"description=a GPU model identifier or 'any'"`
 	MemoryMiB int64  `json:"memoryMiB,omitempty" jsonschema:"description=minimum framebuffer per GPU"`
+	// Models lists the allowed models, instead of one Model.
+	Models []string `json:"models,omitempty"`
+	// MIGProfile asks for one existing MIG instance of this profile
+	// ("1g.10gb"); Count must be 1.
+	MIGProfile string `json:"migProfile,omitempty"`
+	// Share asks for a fraction of one GPU (framebuffer and SM percent,
+	// enforced with MPS); Count must be 1.
+	Share *GPUShare `json:"share,omitempty"`
+	// Nodes spreads Count whole GPUs evenly over this many machines,
+	// placed all or nothing (a gang). 0 or 1: one machine.
+	Nodes int `json:"nodes,omitempty" jsonschema:"minimum=0,maximum=128"`
+	// Topology constrains a multi-GPU job: nvlink (each machine's GPUs in
+	// one NVLink domain) or zone (all machines in one zone).
+	Topology Topology `json:"topology,omitempty" jsonschema:"enum=,enum=nvlink,enum=zone"`
 }
 
 // RunSpec says what to run: a simulated run of Duration, or a real Command
@@ -321,6 +351,7 @@ func (r *JobRequest) Validate(subjectTenant string) error {
 	if run.ExitCode < 0 || run.ExitCode > 255 {
 		add("run.exitCode", ReasonOutOfRange, "exit code %d; want 0 to 255", run.ExitCode)
 	}
+	r.validateScheduling(add)
 	if len(r.Labels) > MaxLabels {
 		add("labels", ReasonOutOfRange, "%d labels, limit is %d", len(r.Labels), MaxLabels)
 	}

@@ -74,7 +74,11 @@ type NodeInventory struct {
 	MachineType   string            `json:"machineType"`
 	PriceClass    string            `json:"priceClass,omitempty"` // on-demand, spot, reserved
 	Labels        map[string]string `json:"labels,omitempty"`
-	Backend       string            `json:"backend"` // sim or nvml
+	// Purpose is what the machine is for (training, inference, ...).
+	Purpose string `json:"purpose,omitempty"`
+	// Taints keep jobs that do not tolerate them off the node.
+	Taints  []Taint `json:"taints,omitempty"`
+	Backend string  `json:"backend"` // sim or nvml
 	// DriverVersion and CUDAVersion are the NVIDIA driver's ("550.54.15")
 	// and the CUDA version it supports ("12.4").
 	DriverVersion string `json:"driverVersion,omitempty"`
