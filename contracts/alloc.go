@@ -46,12 +46,36 @@ type Allocation struct {
 	Run       RunSpec     `json:"run"`
 	PlanID    string      `json:"planId,omitempty"`
 	Scheduler string      `json:"scheduler,omitempty"`
+	// Gang is set on each part of a job that spans several machines: one
+	// allocation per machine, ID AllocationPartID, placed all or nothing
+	// (the scheduler releases the committed parts when one is refused).
+	Gang *GangPart `json:"gang,omitempty"`
+	// CPUMilli and MemoryMiB are the host CPU and memory the allocation
+	// holds on its node (the request's, per machine).
+	CPUMilli  int64 `json:"cpuMilli,omitempty"`
+	MemoryMiB int64 `json:"memoryMiB,omitempty"`
+}
+
+// GangPart says which part of a multi-machine job an allocation is. The
+// agent passes it to the run (GPUPLANE_GANG_RANK, GPUPLANE_GANG_SIZE,
+// GPUPLANE_GANG_NODES) so the job's processes can find each other.
+type GangPart struct {
+	Rank int `json:"rank"`
+	Size int `json:"size"`
+	// Nodes are the node IDs of every part, by rank.
+	Nodes []string `json:"nodes"`
 }
 
 // AllocationID is the stable ID of a job attempt's allocation. It is the key
 // every consumer of the ledger is idempotent on.
 func AllocationID(tenant, jobID string, attempt int) string {
 	return tenant + "/" + jobID + "/" + strconv.Itoa(attempt)
+}
+
+// AllocationPartID is the ID of part rank of a multi-machine job's
+// attempt; a single-machine job's allocation is AllocationID.
+func AllocationPartID(tenant, jobID string, attempt, rank int) string {
+	return AllocationID(tenant, jobID, attempt) + "#" + strconv.Itoa(rank)
 }
 
 // Plan is a scheduler's proposal, published on SubjectPlan(scheduler). The
