@@ -104,6 +104,9 @@ const (
 	// RefusedShareExceedsGPU: the share, added to the shares already held,
 	// would pass the GPU's memory or 100% of its compute.
 	RefusedShareExceedsGPU Reason = "share_exceeds_gpu"
+	// RefusedHostCapacity: the allocation's host CPU or memory, added to
+	// what the node's live allocations hold, passes the node's inventory.
+	RefusedHostCapacity Reason = "host_capacity"
 )
 
 // Release, stop and failure reasons.

@@ -43,6 +43,9 @@ type Config struct {
 	PlanBatch int
 	// Now is the clock liveness and entry times read; default time.Now.
 	Now func() time.Time
+	// Failpoint arms a crash drill (failpoint.go); DefaultConfig reads it
+	// from GPUPLANE_FAILPOINT. "" (the default) arms none.
+	Failpoint Failpoint
 }
 
 // DefaultConfig returns the defaults, with the bus settings from the
@@ -57,6 +60,7 @@ func DefaultConfig() Config {
 		CommitParallelism: 32,
 		PlanBatch:         32,
 		Now:               time.Now,
+		Failpoint:         failpointFromEnv(),
 	}
 }
 
@@ -99,6 +103,9 @@ func (c Config) Validate() error {
 	}
 	if c.PlanBatch < 1 {
 		errs = append(errs, fmt.Errorf("plan batch is %d; want >= 1", c.PlanBatch))
+	}
+	if err := c.Failpoint.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

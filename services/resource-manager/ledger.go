@@ -119,6 +119,9 @@ func (s *server) write(ctx context.Context, e contracts.LedgerEntry, check func(
 			return v, false, fmt.Errorf("%w: %s on node %s after %d attempts", errGaveUp, id, node, s.cfg.CommitAttempts)
 		}
 		e.Time = s.cfg.Now()
+		if e.Kind == contracts.LedgerCommitted {
+			s.failpoint(FailAfterVerify)
+		}
 		ack, err := s.bus.Publish(ctx, subject, id, e, bus.ExpectLastSubjectSeq(last), bus.CESubject(e.Allocation.ID))
 		switch {
 		case errors.Is(err, bus.ErrWrongLastSequence):
@@ -139,6 +142,9 @@ func (s *server) write(ctx context.Context, e contracts.LedgerEntry, check func(
 				return v, false, err
 			}
 		default:
+			if e.Kind == contracts.LedgerCommitted {
+				s.failpoint(FailAfterCommit)
+			}
 			s.apply(log, e, ack.Sequence)
 			log.Debug("ledger entry written", "stream_seq", ack.Sequence)
 			return v, true, nil

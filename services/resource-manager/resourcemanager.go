@@ -156,13 +156,16 @@ func (s *server) run(ctx context.Context) error {
 	leasesKnown := make(chan struct{})
 	var leasesOnce sync.Once
 	g.Go(func() error { return s.watchLeases(gctx, func() { leasesOnce.Do(func() { close(leasesKnown) }) }) })
+	adminKnown := make(chan struct{})
+	var adminOnce sync.Once
+	g.Go(func() error { return s.watchNodeAdmin(gctx, func() { adminOnce.Do(func() { close(adminKnown) }) }) })
 	runsCaughtUp := make(chan struct{})
 	g.Go(func() error {
 		return s.bus.Follow(gctx, bus.FollowSpec{Stream: contracts.StreamRuns,
 			FilterSubjects: []string{contracts.SubjectRunsAll}}, s.onRunMsg, func() { close(runsCaughtUp) })
 	})
 	g.Go(func() error {
-		for _, c := range []chan struct{}{runsCaughtUp, leasesKnown} {
+		for _, c := range []chan struct{}{runsCaughtUp, leasesKnown, adminKnown} {
 			select {
 			case <-c:
 			case <-gctx.Done():

@@ -345,6 +345,37 @@ func TestConfigValidateReportsEverything(t *testing.T) {
 	}
 }
 
+// TestFailpointFromEnvironment: GPUPLANE_FAILPOINT arms one of the
+// resource manager's failpoints; another service's value arms nothing; an
+// "rm-" value that names none is a configuration error, not a drill that
+// silently tests nothing.
+func TestFailpointFromEnvironment(t *testing.T) {
+	tests := map[string]struct {
+		env     string
+		want    resourcemanager.Failpoint
+		invalid bool
+	}{
+		"unset":                  {env: ""},
+		"after verify":           {env: "rm-after-verify", want: resourcemanager.FailAfterVerify},
+		"after commit":           {env: "rm-after-commit", want: resourcemanager.FailAfterCommit},
+		"another service's":      {env: "scheduler-after-plan"},
+		"a misspelt one of ours": {env: "rm-after-verfy", want: "rm-after-verfy", invalid: true},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			t.Setenv(resourcemanager.EnvFailpoint, tc.env)
+			c := resourcemanager.DefaultConfig()
+			if c.Failpoint != tc.want {
+				t.Errorf("Failpoint = %q, want %q", c.Failpoint, tc.want)
+			}
+			err := c.Validate()
+			if (err != nil) != tc.invalid || tc.invalid && !strings.Contains(err.Error(), "failpoint") {
+				t.Errorf("Validate() = %v, want invalid %v", err, tc.invalid)
+			}
+		})
+	}
+}
+
 func unwrapAll(err error) []error {
 	if j, ok := err.(interface{ Unwrap() []error }); ok {
 		return j.Unwrap()

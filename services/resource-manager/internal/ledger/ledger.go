@@ -13,8 +13,15 @@
 // Apply is idempotent: an entry at or below a node's last applied sequence
 // changes nothing, a committed allocation ID already present is a no-op and
 // a release of an allocation that is not live is a no-op. Verify is O(devices
-// of the item × claims on their GPUs, at most 100 shares each); nothing
-// here is O(total allocations).
+// of the item × claims on their GPUs, at most 100 shares each, plus the
+// live parts of the item's job); nothing here is O(total allocations).
+//
+// Besides devices, the ledger accounts each node's host CPU and memory
+// (Allocation.CPUMilli and MemoryMiB against the inventory's), and keeps
+// the administrators' cordon and drain (SetAdmin): a cordoned node takes no
+// new allocation. A multi-machine job holds one allocation per machine
+// (contracts.AllocationPartID, Allocation.Gang), each verified and
+// committed on its own node like any other.
 package ledger
 
 import (
@@ -77,6 +84,14 @@ type node struct {
 	migInvalid map[string]error
 	// ready: registered and not lost (the liveness side's verdict).
 	ready bool
+	// admin is the administrators' hold on the node (cordon, drain);
+	// the zero value is none.
+	admin contracts.NodeAdmin
+	// cpuCap and memCap are the host's CPU (milli) and memory (MiB) the
+	// latest inventory declares; 0 means unknown (not checked).
+	cpuCap, memCap int64
+	// cpuUsed and memUsed are what the live allocations hold of them.
+	cpuUsed, memUsed int64
 	// whole: GPU UUID -> allocations holding the GPU whole.
 	whole map[string][]string
 	// mig: MIG instance UUID -> allocations holding the instance.
@@ -133,14 +148,15 @@ type record struct {
 type Ledger struct {
 	nodes  map[string]*node
 	allocs map[string]*record
-	// liveJobs maps tenant/job to the job's live allocation ID: a job
-	// holds at most one live allocation (J1).
-	liveJobs map[string]string
+	// liveJobs maps tenant/job to the job's live allocation IDs, in
+	// commit order: a job holds one live allocation (J1), or the parts of
+	// one multi-machine attempt, one per machine.
+	liveJobs map[string][]string
 }
 
 // New returns an empty ledger.
 func New() *Ledger {
-	return &Ledger{nodes: map[string]*node{}, allocs: map[string]*record{}, liveJobs: map[string]string{}}
+	return &Ledger{nodes: map[string]*node{}, allocs: map[string]*record{}, liveJobs: map[string][]string{}}
 }
 
 func (l *Ledger) node(id string) *node {
@@ -167,6 +183,7 @@ func (l *Ledger) node(id string) *node {
 func (l *Ledger) SetInventory(inv contracts.NodeInventory) error {
 	n := l.node(inv.NodeID)
 	n.hasInventory = true
+	n.cpuCap, n.memCap = max(inv.CPUMilli, 0), max(inv.MemoryMiB, 0)
 	n.devices = make(map[string]contracts.GPUInfo, len(inv.GPUs))
 	n.migInvalid = map[string]error{}
 	seen := map[string]string{} // MIG UUID -> GPU UUID, across the node
@@ -220,6 +237,21 @@ func checkMIG(g contracts.GPUInfo, seen map[string]string) error {
 // SetReady records whether a node may receive new allocations (registered
 // and not lost).
 func (l *Ledger) SetReady(nodeID string, ready bool) { l.node(nodeID).ready = ready }
+
+// SetAdmin records the administrators' hold on a node (the latest value of
+// its key in contracts.BucketNodeAdmin; the zero NodeAdmin when the key is
+// deleted). A node cordoned or draining takes no new allocation; what it
+// holds stays held until released.
+func (l *Ledger) SetAdmin(nodeID string, a contracts.NodeAdmin) { l.node(nodeID).admin = a }
+
+// HostUsed returns the host CPU (milli) and memory (MiB) the live
+// allocations of a node hold.
+func (l *Ledger) HostUsed(nodeID string) (cpuMilli, memoryMiB int64) {
+	if n, ok := l.nodes[nodeID]; ok {
+		return n.cpuUsed, n.memUsed
+	}
+	return 0, 0
+}
 
 // LastSeq is the stream sequence of the last entry applied for nodeID, 0
 // when none: the expected last subject sequence of the next commit there.
@@ -323,7 +355,8 @@ func (l *Ledger) Nodes() []string {
 //     job_already_allocated; also job_already_allocated when another
 //     attempt of the job is live.
 //  3. unknown_node: no inventory for the node; node_not_ready: not
-//     registered, or lost.
+//     registered, or lost; node_cordoned: an administrator cordoned or
+//     is draining it.
 //  4. per device, in item order: unknown_device: a UUID the inventory does
 //     not list, or listed at another index; gpu_model_mismatch: the model
 //     differs; device_unhealthy; mig_inventory_invalid: the GPU's reported
@@ -337,6 +370,14 @@ func (l *Ledger) Nodes() []string {
 //     of which a share or a MIG instance is held, mig_instance_taken,
 //     share_exceeds_gpu: the shares held plus this one pass the GPU's
 //     memory or 100% of its compute.
+//  6. host_capacity: the item's CPU or memory passes what the inventory
+//     declares less what the live allocations hold (a request of 0, or an
+//     inventory that declares 0, is not checked).
+//
+// A part of a multi-machine job (Gang set) is checked like any other item
+// on its own node; the parts of one attempt may be live together (J1 holds
+// per attempt), and all-or-nothing is the scheduler's: it releases the
+// parts that were committed when one is refused.
 func (l *Ledger) Verify(a contracts.Allocation) Verdict {
 	if v := validate(a); v.Refused() {
 		return v
@@ -347,8 +388,10 @@ func (l *Ledger) Verify(a contracts.Allocation) Verdict {
 		}
 		return refuse(contracts.RefusedAlreadyPlaced, "allocation %s is already committed on node %s", a.ID, r.alloc.NodeID)
 	}
-	if other, ok := l.liveJobs[jobKey(a)]; ok {
-		return refuse(contracts.RefusedAlreadyPlaced, "job %s/%s already holds live allocation %s", a.Tenant, a.JobID, other)
+	for _, other := range l.liveJobs[jobKey(a)] {
+		if o := l.allocs[other].alloc; !sameGang(o, a) {
+			return refuse(contracts.RefusedAlreadyPlaced, "job %s/%s already holds live allocation %s", a.Tenant, a.JobID, other)
+		}
 	}
 	n, ok := l.nodes[a.NodeID]
 	if !ok || !n.hasInventory {
@@ -356,6 +399,9 @@ func (l *Ledger) Verify(a contracts.Allocation) Verdict {
 	}
 	if !n.ready {
 		return refuse(contracts.RefusedNodeNotReady, "node %s is not registered or is lost", a.NodeID)
+	}
+	if v := n.checkAdmin(); v.Refused() {
+		return v
 	}
 	for _, d := range a.Devices {
 		g, ok := n.devices[d.UUID]
@@ -381,7 +427,55 @@ func (l *Ledger) Verify(a contracts.Allocation) Verdict {
 			return v
 		}
 	}
+	return n.checkHost(a)
+}
+
+// sameGang reports whether o and a are parts of one attempt of a
+// multi-machine job, as the same plan describes it: both gang parts of the
+// same attempt, over the same machines.
+func sameGang(o, a contracts.Allocation) bool {
+	return o.Gang != nil && a.Gang != nil && o.Attempt == a.Attempt &&
+		o.Gang.Size == a.Gang.Size && slices.Equal(o.Gang.Nodes, a.Gang.Nodes)
+}
+
+// checkAdmin refuses new work on a node an administrator cordoned or is
+// draining, saying who asked and why when the record does.
+func (n *node) checkAdmin() Verdict {
+	ad := n.admin
+	if !ad.Cordoned && !ad.Drain {
+		return Verdict{}
+	}
+	what := "cordoned"
+	if ad.Drain {
+		what = "being drained"
+	}
+	why := ad.Reason
+	if why == "" {
+		why = "no reason given"
+	}
+	return refuse(contracts.RefusedNodeCordoned, "node %s is %s by an administrator: %s", n.id, what, why)
+}
+
+// checkHost checks the item's host CPU and memory against what the node's
+// inventory declares less what its live allocations hold. Subtract, never
+// add: the used sums may pass the capacity after an inventory shrank.
+func (n *node) checkHost(a contracts.Allocation) Verdict {
+	if a.CPUMilli > 0 && n.cpuCap > 0 && a.CPUMilli > n.cpuCap-n.cpuUsed {
+		return refuse(contracts.RefusedHostCapacity, "node %s has %d of %d milli-CPUs held; %d more do not fit",
+			n.id, n.cpuUsed, n.cpuCap, a.CPUMilli)
+	}
+	if a.MemoryMiB > 0 && n.memCap > 0 && a.MemoryMiB > n.memCap-n.memUsed {
+		return refuse(contracts.RefusedHostCapacity, "node %s has %d of %d MiB of host memory held; %d MiB more do not fit",
+			n.id, n.memUsed, n.memCap, a.MemoryMiB)
+	}
 	return Verdict{}
+}
+
+// hostHeld is what an allocation counts against its node's host: its CPU
+// and memory, bounded to what a valid plan may ask (entries in the log
+// were verified, but the sums must never overflow whatever it holds).
+func hostHeld(a contracts.Allocation) (cpuMilli, memoryMiB int64) {
+	return min(max(a.CPUMilli, 0), contracts.MaxCPUMilli), min(max(a.MemoryMiB, 0), contracts.MaxHostMemoryMiB)
 }
 
 // checkMode checks that the inventory's GPU g can give what d asks of it.
@@ -474,8 +568,12 @@ func validate(a contracts.Allocation) Verdict {
 	if a.Attempt < 1 {
 		errs = append(errs, fmt.Sprintf("attempt %d < 1", a.Attempt))
 	}
-	if want := contracts.AllocationID(a.Tenant, a.JobID, a.Attempt); a.ID != want {
-		errs = append(errs, fmt.Sprintf("id %q is not %q", a.ID, want))
+	errs = append(errs, validateGang(a)...)
+	if a.CPUMilli < 0 || a.CPUMilli > contracts.MaxCPUMilli {
+		errs = append(errs, fmt.Sprintf("cpu %d milli-CPUs, want 0..%d", a.CPUMilli, contracts.MaxCPUMilli))
+	}
+	if a.MemoryMiB < 0 || a.MemoryMiB > contracts.MaxHostMemoryMiB {
+		errs = append(errs, fmt.Sprintf("host memory %d MiB, want 0..%d", a.MemoryMiB, contracts.MaxHostMemoryMiB))
 	}
 	if len(a.Devices) == 0 {
 		errs = append(errs, "no devices")
@@ -508,6 +606,44 @@ func validate(a contracts.Allocation) Verdict {
 		return refuse(contracts.RefusedInvalidPlan, "%s", strings.Join(errs, "; "))
 	}
 	return Verdict{}
+}
+
+// validateGang checks the allocation's ID and, for a part of a
+// multi-machine job, the part: a rank within the size, one distinct valid
+// node per rank, this part's node at its rank, and the ID
+// AllocationPartID of that rank.
+func validateGang(a contracts.Allocation) []string {
+	g := a.Gang
+	if g == nil {
+		if want := contracts.AllocationID(a.Tenant, a.JobID, a.Attempt); a.ID != want {
+			return []string{fmt.Sprintf("id %q is not %q", a.ID, want)}
+		}
+		return nil
+	}
+	var errs []string
+	if want := contracts.AllocationPartID(a.Tenant, a.JobID, a.Attempt, g.Rank); a.ID != want {
+		errs = append(errs, fmt.Sprintf("id %q of a gang part is not %q", a.ID, want))
+	}
+	switch {
+	case g.Size < 1 || g.Size > contracts.MaxNodesPerJob:
+		errs = append(errs, fmt.Sprintf("gang size %d, want 1..%d", g.Size, contracts.MaxNodesPerJob))
+	case g.Rank < 0 || g.Rank >= g.Size:
+		errs = append(errs, fmt.Sprintf("gang rank %d, want 0..%d", g.Rank, g.Size-1))
+	case len(g.Nodes) != g.Size:
+		errs = append(errs, fmt.Sprintf("gang of %d parts names %d nodes", g.Size, len(g.Nodes)))
+	case g.Nodes[g.Rank] != a.NodeID:
+		errs = append(errs, fmt.Sprintf("gang rank %d is node %q, not %q", g.Rank, g.Nodes[g.Rank], a.NodeID))
+	default:
+		seen := make(map[string]bool, len(g.Nodes))
+		for _, node := range g.Nodes {
+			if err := contracts.ValidateID(node); err != nil || seen[node] {
+				errs = append(errs, fmt.Sprintf("gang node %q is invalid or named twice (one part per machine)", node))
+				break
+			}
+			seen[node] = true
+		}
+	}
+	return errs
 }
 
 // validateRef checks a MIG or share ref on its own.
@@ -601,7 +737,10 @@ func (l *Ledger) commit(n *node, a contracts.Allocation) error {
 	}
 	l.allocs[a.ID] = &record{alloc: a}
 	n.live[a.ID] = struct{}{}
-	l.liveJobs[jobKey(a)] = a.ID
+	l.liveJobs[jobKey(a)] = append(l.liveJobs[jobKey(a)], a.ID)
+	cpu, mem := hostHeld(a)
+	n.cpuUsed += cpu
+	n.memUsed += mem
 	var conflicts []string
 	for _, d := range a.Devices {
 		if c := n.conflict(d); c != "" {
@@ -630,9 +769,15 @@ func (l *Ledger) release(a contracts.Allocation) {
 	held := r.alloc
 	n := l.node(held.NodeID)
 	delete(n.live, held.ID)
-	if l.liveJobs[jobKey(held)] == held.ID {
-		delete(l.liveJobs, jobKey(held))
+	k := jobKey(held)
+	if rest := slices.DeleteFunc(l.liveJobs[k], func(id string) bool { return id == held.ID }); len(rest) > 0 {
+		l.liveJobs[k] = rest
+	} else {
+		delete(l.liveJobs, k)
 	}
+	cpu, mem := hostHeld(held)
+	n.cpuUsed -= cpu
+	n.memUsed -= mem
 	for _, d := range held.Devices {
 		n.unclaim(held.ID, d)
 	}

@@ -442,3 +442,222 @@ func TestApplyReportsMIGAndShareConflicts(t *testing.T) {
 		})
 	}
 }
+
+// hostLedger: n1 ready with 4 H100s, 16 CPUs and 64 GiB of host memory,
+// of which acme/held holds GPU 0, 12 CPUs and 48 GiB; n2 ready with 4
+// H100s and a host of unknown size (an inventory that declares 0).
+func hostLedger(t *testing.T) *Ledger {
+	t.Helper()
+	l := New()
+	for _, inv := range []contracts.NodeInventory{
+		{NodeID: "n1", GPUs: gpus("n1", 4, "H100-80GB"), CPUMilli: 16000, MemoryMiB: 65536},
+		{NodeID: "n2", GPUs: gpus("n2", 4, "H100-80GB")},
+	} {
+		if err := l.SetInventory(inv); err != nil {
+			t.Fatal(err)
+		}
+		l.SetReady(inv.NodeID, true)
+	}
+	held := alloc("acme", "held", 1, "n1", dev("n1", 0, "H100-80GB"))
+	held.CPUMilli, held.MemoryMiB = 12000, 49152
+	if err := l.Apply(committed(held), 1); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func TestVerifyHostCapacity(t *testing.T) {
+	item := func(node string, cpu, mem int64) contracts.Allocation {
+		a := alloc("acme", "j", 1, node, dev(node, 1, "H100-80GB"))
+		a.CPUMilli, a.MemoryMiB = cpu, mem
+		return a
+	}
+	tests := map[string]struct {
+		item contracts.Allocation
+		want contracts.Reason
+	}{
+		"nothing asked":          {item: item("n1", 0, 0)},
+		"exactly what is left":   {item: item("n1", 4000, 16384)},
+		"one milli-CPU too many": {item: item("n1", 4001, 0), want: contracts.RefusedHostCapacity},
+		"one MiB too many":       {item: item("n1", 0, 16385), want: contracts.RefusedHostCapacity},
+		"unknown host takes any": {item: item("n2", contracts.MaxCPUMilli, contracts.MaxHostMemoryMiB)},
+		"negative cpu":           {item: item("n1", -1, 0), want: contracts.RefusedInvalidPlan},
+		"more than any machine":  {item: item("n2", 0, contracts.MaxHostMemoryMiB+1), want: contracts.RefusedInvalidPlan},
+		"device checks come first": {item: func() contracts.Allocation {
+			a := item("n1", 99000, 0)
+			a.Devices[0] = dev("n1", 0, "H100-80GB")
+			return a
+		}(), want: contracts.RefusedDeviceTaken},
+		"overflow does not wrap":    {item: item("n1", contracts.MaxCPUMilli, contracts.MaxHostMemoryMiB), want: contracts.RefusedHostCapacity},
+		"cordon comes before hosts": {item: item("n3", 99000, 0), want: contracts.RefusedNodeCordoned},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			l := hostLedger(t)
+			if err := l.SetInventory(contracts.NodeInventory{NodeID: "n3", GPUs: gpus("n3", 2, "H100-80GB"), CPUMilli: 1000}); err != nil {
+				t.Fatal(err)
+			}
+			l.SetReady("n3", true)
+			l.SetAdmin("n3", contracts.NodeAdmin{NodeID: "n3", Cordoned: true})
+			v := l.Verify(tc.item)
+			if v.Reason != tc.want || v.Duplicate {
+				t.Fatalf("Verify = %+v, want reason %q", v, tc.want)
+			}
+			if v.Refused() && v.Message == "" {
+				t.Errorf("refusal %q without a message", v.Reason)
+			}
+		})
+	}
+}
+
+// TestHostCapacityFollowsCommitsAndReleases: what a release gives back is
+// what its commit took, and a shrunken inventory refuses until enough is
+// released.
+func TestHostCapacityFollowsCommitsAndReleases(t *testing.T) {
+	l := hostLedger(t)
+	a := alloc("acme", "a", 1, "n1", dev("n1", 1, "H100-80GB"))
+	a.CPUMilli, a.MemoryMiB = 4000, 16384
+	if v := l.Verify(a); !v.OK() {
+		t.Fatalf("Verify(a) = %+v", v)
+	}
+	if err := l.Apply(committed(a), 2); err != nil {
+		t.Fatal(err)
+	}
+	if cpu, mem := l.HostUsed("n1"); cpu != 16000 || mem != 65536 {
+		t.Fatalf("HostUsed = %d, %d; want the whole host", cpu, mem)
+	}
+	b := alloc("acme", "b", 1, "n1", dev("n1", 2, "H100-80GB"))
+	b.CPUMilli = 1
+	if v := l.Verify(b); v.Reason != contracts.RefusedHostCapacity || !strings.Contains(v.Message, "16000 of 16000 milli-CPUs") {
+		t.Fatalf("Verify(b) on a full host = %+v", v)
+	}
+	// The machine comes back smaller: what is held stays held.
+	if err := l.SetInventory(contracts.NodeInventory{NodeID: "n1", GPUs: gpus("n1", 4, "H100-80GB"), CPUMilli: 8000, MemoryMiB: 65536}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Apply(released(a), 3); err != nil {
+		t.Fatal(err)
+	}
+	if v := l.Verify(b); v.Reason != contracts.RefusedHostCapacity {
+		t.Fatalf("Verify(b) with 12000 of 8000 held = %+v", v)
+	}
+	b.CPUMilli = 0
+	if v := l.Verify(b); !v.OK() {
+		t.Fatalf("Verify(b) asking no CPU = %+v", v)
+	}
+	if err := l.Apply(released(alloc("acme", "held", 1, "n1", dev("n1", 0, "H100-80GB"))), 4); err != nil {
+		t.Fatal(err)
+	}
+	if cpu, mem := l.HostUsed("n1"); cpu != 0 || mem != 0 {
+		t.Fatalf("HostUsed after every release = %d, %d", cpu, mem)
+	}
+}
+
+func TestVerifyCordon(t *testing.T) {
+	tests := map[string]struct {
+		admin   contracts.NodeAdmin
+		item    contracts.Allocation
+		want    contracts.Reason
+		dup     bool
+		message string
+	}{
+		"cordoned, with a reason": {admin: contracts.NodeAdmin{Cordoned: true, Reason: "replacing a fan"},
+			item: alloc("acme", "j", 1, "n1", dev("n1", 1, "H100-80GB")), want: contracts.RefusedNodeCordoned,
+			message: "node n1 is cordoned by an administrator: replacing a fan"},
+		"draining": {admin: contracts.NodeAdmin{Cordoned: true, Drain: true, Reason: "kernel upgrade"},
+			item: alloc("acme", "j", 1, "n1", dev("n1", 1, "H100-80GB")), want: contracts.RefusedNodeCordoned,
+			message: "node n1 is being drained by an administrator: kernel upgrade"},
+		"drain alone cordons": {admin: contracts.NodeAdmin{Drain: true},
+			item: alloc("acme", "j", 1, "n1", dev("n1", 1, "H100-80GB")), want: contracts.RefusedNodeCordoned,
+			message: "no reason given"},
+		"uncordoned":               {admin: contracts.NodeAdmin{Reason: "back"}, item: alloc("acme", "j", 1, "n1", dev("n1", 1, "H100-80GB"))},
+		"a redelivered commit":     {admin: contracts.NodeAdmin{Cordoned: true}, item: alloc("acme", "held", 1, "n1", dev("n1", 0, "H100-80GB")), dup: true},
+		"not ready beats cordoned": {admin: contracts.NodeAdmin{Cordoned: true}, item: alloc("acme", "j", 1, "n2", dev("n2", 1, "H100-80GB")), want: contracts.RefusedNodeNotReady},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			l := fixture(t)
+			l.SetAdmin("n1", tc.admin)
+			l.SetAdmin("n2", tc.admin)
+			v := l.Verify(tc.item)
+			if v.Reason != tc.want || v.Duplicate != tc.dup {
+				t.Fatalf("Verify = %+v, want reason %q duplicate %v", v, tc.want, tc.dup)
+			}
+			if !strings.Contains(v.Message, tc.message) {
+				t.Errorf("message %q does not say %q", v.Message, tc.message)
+			}
+		})
+	}
+}
+
+// part is rank of a gang of job over nodes, one GPU on its node.
+func part(job string, attempt, rank int, nodes ...string) contracts.Allocation {
+	node := nodes[rank]
+	a := alloc("acme", job, attempt, node, dev(node, 1, "H100-80GB"))
+	a.ID = contracts.AllocationPartID("acme", job, attempt, rank)
+	a.Gang = &contracts.GangPart{Rank: rank, Size: len(nodes), Nodes: nodes}
+	return a
+}
+
+func TestVerifyGangParts(t *testing.T) {
+	l := New()
+	for _, n := range []string{"n1", "n2", "n3"} {
+		if err := l.SetInventory(contracts.NodeInventory{NodeID: n, GPUs: gpus(n, 4, "H100-80GB")}); err != nil {
+			t.Fatal(err)
+		}
+		l.SetReady(n, true)
+	}
+	// Rank 0 of acme/g attempt 1 over n1, n2 is live; so is a plain
+	// allocation of acme/solo.
+	if err := l.Apply(committed(part("g", 1, 0, "n1", "n2")), 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Apply(committed(alloc("acme", "solo", 1, "n3", dev("n3", 0, "H100-80GB"))), 2); err != nil {
+		t.Fatal(err)
+	}
+	with := func(a contracts.Allocation, f func(*contracts.Allocation)) contracts.Allocation {
+		a.Gang = &contracts.GangPart{Rank: a.Gang.Rank, Size: a.Gang.Size, Nodes: slices.Clone(a.Gang.Nodes)}
+		f(&a)
+		return a
+	}
+	tests := map[string]struct {
+		item contracts.Allocation
+		want contracts.Reason
+		dup  bool
+	}{
+		"the sibling part":         {item: part("g", 1, 1, "n1", "n2")},
+		"rank 0 again":             {item: part("g", 1, 0, "n1", "n2"), dup: true},
+		"another attempt's part":   {item: part("g", 2, 1, "n1", "n2"), want: contracts.RefusedAlreadyPlaced},
+		"another gang of the job":  {item: part("g", 1, 1, "n3", "n2"), want: contracts.RefusedAlreadyPlaced},
+		"a plain allocation of it": {item: alloc("acme", "g", 1, "n2", dev("n2", 1, "H100-80GB")), want: contracts.RefusedAlreadyPlaced},
+		"a gang of a placed job":   {item: part("solo", 1, 0, "n1", "n2"), want: contracts.RefusedAlreadyPlaced},
+		"a new gang":               {item: part("g2", 1, 2, "n1", "n2", "n3")},
+		"plain id on a part":       {item: with(part("g2", 1, 0, "n1", "n2"), func(a *contracts.Allocation) { a.ID = contracts.AllocationID("acme", "g2", 1) }), want: contracts.RefusedInvalidPlan},
+		"part id without gang":     {item: with(part("g2", 1, 0, "n1", "n2"), func(a *contracts.Allocation) { a.Gang = nil }), want: contracts.RefusedInvalidPlan},
+		"rank past the size":       {item: with(part("g2", 1, 1, "n1", "n2"), func(a *contracts.Allocation) { a.Gang.Size = 1 }), want: contracts.RefusedInvalidPlan},
+		"nodes short of the size":  {item: with(part("g2", 1, 1, "n1", "n2"), func(a *contracts.Allocation) { a.Gang.Size = 3 }), want: contracts.RefusedInvalidPlan},
+		"rank on another node":     {item: with(part("g2", 1, 1, "n1", "n2"), func(a *contracts.Allocation) { a.Gang.Nodes[1] = "n3" }), want: contracts.RefusedInvalidPlan},
+		"one machine twice":        {item: with(part("g2", 1, 1, "n1", "n2"), func(a *contracts.Allocation) { a.Gang.Nodes[0] = "n2" }), want: contracts.RefusedInvalidPlan},
+		"an invalid gang node":     {item: with(part("g2", 1, 1, "n1", "n2"), func(a *contracts.Allocation) { a.Gang.Nodes[0] = "n.1" }), want: contracts.RefusedInvalidPlan},
+		"a part's device is taken": {item: part("g2", 1, 0, "n1", "n2"), want: contracts.RefusedDeviceTaken},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			v := l.Verify(tc.item)
+			if v.Reason != tc.want || v.Duplicate != tc.dup {
+				t.Fatalf("Verify(%s) = %+v, want reason %q duplicate %v", tc.item.ID, v, tc.want, tc.dup)
+			}
+		})
+	}
+	// Both parts live, then released one by one: the job holds nothing
+	// after, and its next attempt fits.
+	p1 := part("g", 1, 1, "n1", "n2")
+	for i, e := range []contracts.LedgerEntry{committed(p1), released(part("g", 1, 0, "n1", "n2")), released(p1)} {
+		if err := l.Apply(e, uint64(3+i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v := l.Verify(part("g", 2, 0, "n1", "n2")); !v.OK() {
+		t.Fatalf("next attempt after both parts released: %+v", v)
+	}
+}

@@ -19,7 +19,9 @@ import (
 // history at every question. It shares no code with the ledger.
 type model struct {
 	inv     map[string][]contracts.GPUInfo
+	host    map[string]contracts.NodeInventory // only CPUMilli and MemoryMiB
 	ready   map[string]bool
+	admin   map[string]contracts.NodeAdmin
 	history []contracts.LedgerEntry // entries in the order the log holds them
 }
 
@@ -54,7 +56,8 @@ func (m *model) everCommitted(id string) (contracts.Allocation, bool) {
 
 // verify answers like Ledger.Verify, by brute force.
 func (m *model) verify(a contracts.Allocation) (contracts.Reason, bool) {
-	if len(a.Devices) == 0 || a.Attempt < 1 || a.ID != contracts.AllocationID(a.Tenant, a.JobID, a.Attempt) ||
+	if len(a.Devices) == 0 || a.Attempt < 1 || !validPart(a) ||
+		a.CPUMilli < 0 || a.CPUMilli > contracts.MaxCPUMilli || a.MemoryMiB < 0 || a.MemoryMiB > contracts.MaxHostMemoryMiB ||
 		contracts.ValidateTenant(a.Tenant) != nil || contracts.ValidateID(a.JobID) != nil || contracts.ValidateID(a.NodeID) != nil {
 		return contracts.RefusedInvalidPlan, false
 	}
@@ -85,7 +88,11 @@ func (m *model) verify(a contracts.Allocation) (contracts.Reason, bool) {
 	}
 	live := m.live()
 	for _, o := range live {
-		if o.Tenant == a.Tenant && o.JobID == a.JobID {
+		// Parts of one attempt of one gang (same machines) may be live
+		// together; anything else of the job may not.
+		siblings := o.Gang != nil && a.Gang != nil && o.Attempt == a.Attempt &&
+			o.Gang.Size == a.Gang.Size && slices.Equal(o.Gang.Nodes, a.Gang.Nodes)
+		if o.Tenant == a.Tenant && o.JobID == a.JobID && !siblings {
 			return contracts.RefusedAlreadyPlaced, false
 		}
 	}
@@ -95,6 +102,9 @@ func (m *model) verify(a contracts.Allocation) (contracts.Reason, bool) {
 	}
 	if !m.ready[a.NodeID] {
 		return contracts.RefusedNodeNotReady, false
+	}
+	if ad := m.admin[a.NodeID]; ad.Cordoned || ad.Drain {
+		return contracts.RefusedNodeCordoned, false
 	}
 	for _, d := range a.Devices {
 		i := slices.IndexFunc(inv, func(g contracts.GPUInfo) bool { return g.UUID == d.UUID })
@@ -162,7 +172,39 @@ func (m *model) verify(a contracts.Allocation) (contracts.Reason, bool) {
 			return contracts.RefusedGPUShared, false
 		}
 	}
+	var cpu, mem int64
+	for _, o := range live {
+		if o.NodeID == a.NodeID {
+			cpu += o.CPUMilli
+			mem += o.MemoryMiB
+		}
+	}
+	h := m.host[a.NodeID]
+	if a.CPUMilli > 0 && h.CPUMilli > 0 && cpu+a.CPUMilli > h.CPUMilli ||
+		a.MemoryMiB > 0 && h.MemoryMiB > 0 && mem+a.MemoryMiB > h.MemoryMiB {
+		return contracts.RefusedHostCapacity, false
+	}
 	return "", false
+}
+
+// validPart reports whether a's ID is its attempt's, or, for a gang part,
+// the part's of a well-formed gang that puts this rank on a.NodeID.
+func validPart(a contracts.Allocation) bool {
+	g := a.Gang
+	if g == nil {
+		return a.ID == contracts.AllocationID(a.Tenant, a.JobID, a.Attempt)
+	}
+	if a.ID != contracts.AllocationPartID(a.Tenant, a.JobID, a.Attempt, g.Rank) ||
+		g.Size < 1 || g.Size > contracts.MaxNodesPerJob || g.Rank < 0 || g.Rank >= g.Size ||
+		len(g.Nodes) != g.Size || g.Nodes[g.Rank] != a.NodeID {
+		return false
+	}
+	for i, n := range g.Nodes {
+		if contracts.ValidateID(n) != nil || slices.Contains(g.Nodes[:i], n) {
+			return false
+		}
+	}
+	return true
 }
 
 // sameClaim reports whether d and e ask for the same thing of a GPU.
@@ -267,13 +309,15 @@ func TestLedgerAgainstModel(t *testing.T) {
 			t.Fatalf("seed %d: %v", seed, err)
 		}
 	}
+	t.Logf("verdicts over %d seeds: %v", seeds, seen)
 	// The generator must reach every rule, or agreeing proves little.
 	for _, want := range []string{"ok", "duplicate", string(contracts.RefusedInvalidPlan), string(contracts.RefusedAlreadyPlaced),
 		string(contracts.RefusedUnknownNode), string(contracts.RefusedNodeNotReady), string(contracts.RefusedUnknownDevice),
 		string(contracts.RefusedModelMismatch), string(contracts.RefusedDeviceUnhealthy), string(contracts.RefusedDeviceTaken),
 		string(contracts.RefusedMIGInventoryInvalid), string(contracts.RefusedMIGEnabled), string(contracts.RefusedMIGDisabled),
 		string(contracts.RefusedMIGInstanceUnknown), string(contracts.RefusedMIGInstanceTaken), string(contracts.RefusedGPUShared),
-		string(contracts.RefusedShareExceedsGPU), "ok mig", "ok share", "ok mixed"} {
+		string(contracts.RefusedShareExceedsGPU), string(contracts.RefusedNodeCordoned), string(contracts.RefusedHostCapacity),
+		"ok mig", "ok share", "ok mixed", "ok host", "ok gang", "ok gang sibling"} {
 		if seen[want] == 0 && seeds >= 200 {
 			t.Errorf("no verify over %d seeds ended %q; seen %v", seeds, want, seen)
 		}
@@ -309,12 +353,16 @@ type stored struct {
 // runModel runs steps random operations; done, when not nil, ends the run
 // early (the fuzz input ran out). seen, when not nil, counts the verdicts
 // by reason ("ok" and "duplicate" for the others, "ok mig", "ok share" and
-// "ok mixed" for commits with MIG instances, shares, or several kinds).
+// "ok mixed" for commits with MIG instances, shares, or several kinds, "ok
+// host" for commits asking CPU or memory of a node that declares them, "ok
+// gang" for gang parts, "ok gang sibling" for those committed while another
+// part of their gang is live).
 func runModel(rng chooser, steps int, done func() bool, seen map[string]int) error {
 	nodes := []string{"n0", "n1", "n2"}
 	models := []string{"H100-80GB", "A100-80GB"}
 	l := New()
-	m := &model{inv: map[string][]contracts.GPUInfo{}, ready: map[string]bool{}}
+	m := &model{inv: map[string][]contracts.GPUInfo{}, host: map[string]contracts.NodeInventory{},
+		ready: map[string]bool{}, admin: map[string]contracts.NodeAdmin{}}
 	var seq uint64
 	var log []stored
 
@@ -376,12 +424,16 @@ func runModel(rng chooser, steps int, done func() bool, seen map[string]int) err
 			}
 		}
 		m.inv[node] = g
+		// Host sizes small enough for a few items to fill; 0 is unknown.
+		host := contracts.NodeInventory{CPUMilli: []int64{0, 8000, 16000}[rng.IntN(3)], MemoryMiB: []int64{0, 65536, 131072}[rng.IntN(3)]}
+		m.host[node] = host
 		clone := make([]contracts.GPUInfo, len(g))
 		for i, gi := range g {
 			gi.MIGInstances = slices.Clone(gi.MIGInstances)
 			clone[i] = gi
 		}
-		_ = l.SetInventory(contracts.NodeInventory{NodeID: node, GPUs: clone}) // the model judges broken reports itself
+		// The model judges broken reports itself.
+		_ = l.SetInventory(contracts.NodeInventory{NodeID: node, GPUs: clone, CPUMilli: host.CPUMilli, MemoryMiB: host.MemoryMiB})
 	}
 	// migRef names one MIG instance of GPU idx: one it lists, else one of
 	// another GPU of the node, else one that does not exist.
@@ -402,14 +454,51 @@ func runModel(rng chooser, steps int, done func() bool, seen map[string]int) err
 	// Shares mostly valid, some past the card, a few malformed.
 	shareMiB := []int64{8192, 20480, 40960, 8192, 20480, 40960, 60000, gpuMiB, 8192, 20480, 40960, 8192, 20480, 40960, 60000, gpuMiB, 90000, 0}
 	sharePct := []int{10, 25, 50, 1, 33, 51, 75, 100, 10, 25, 50, 34, 25, 50, 75, 100, 101, 0}
+	cpus := []int64{0, 0, 1000, 4000, 6000, 0, 2000, 8000, 4000, -1, contracts.MaxCPUMilli + 1}
+	mems := []int64{0, 0, 16384, 32768, 65536, 0, 8192, 49152, 16384, -1, contracts.MaxHostMemoryMiB + 1}
 	randomItem := func() contracts.Allocation {
 		node := nodes[rng.IntN(len(nodes))]
 		if rng.IntN(20) == 0 {
 			node = "n9"
 		}
-		job := fmt.Sprintf("j%d", rng.IntN(16))
-		a := contracts.Allocation{Tenant: "acme", JobID: job, Attempt: 1 + rng.IntN(2), NodeID: node}
+		jobN := rng.IntN(16)
+		job := fmt.Sprintf("j%d", jobN)
+		// Jobs j12..j15 span machines: a part per node, the part's rank
+		// and size from the job, the nodes in one order (now and then
+		// another, which a live sibling's makes a different gang).
+		var gang *contracts.GangPart
+		if jobN >= 12 && rng.IntN(10) > 0 {
+			size := 2 + jobN%2
+			gang = &contracts.GangPart{Size: size, Rank: rng.IntN(size), Nodes: slices.Clone(nodes[:size])}
+			if rng.IntN(8) == 0 {
+				slices.Reverse(gang.Nodes)
+			}
+			node = gang.Nodes[gang.Rank]
+			switch rng.IntN(30) {
+			case 0:
+				gang.Rank = size
+			case 1:
+				gang.Nodes[(gang.Rank+1)%size] = node // a machine twice
+			case 2:
+				node = nodes[(slices.Index(nodes, node)+1)%len(nodes)] // not the rank's node
+			}
+		}
+		attempt := 1 + rng.IntN(2)
+		if gang != nil && rng.IntN(8) > 0 {
+			attempt = 1 // parts of one attempt, so that siblings meet
+		}
+		a := contracts.Allocation{Tenant: "acme", JobID: job, Attempt: attempt, NodeID: node, Gang: gang,
+			CPUMilli: cpus[rng.IntN(len(cpus)-2)], MemoryMiB: mems[rng.IntN(len(mems)-2)]}
+		if rng.IntN(30) == 0 {
+			a.CPUMilli = cpus[len(cpus)-2+rng.IntN(2)] // negative or past any machine
+		}
+		if rng.IntN(30) == 0 {
+			a.MemoryMiB = mems[len(mems)-2+rng.IntN(2)]
+		}
 		a.ID = contracts.AllocationID(a.Tenant, a.JobID, a.Attempt)
+		if gang != nil && rng.IntN(20) > 0 && gang.Rank < gang.Size {
+			a.ID = contracts.AllocationPartID(a.Tenant, a.JobID, a.Attempt, gang.Rank)
+		}
 		if rng.IntN(40) == 0 {
 			a.ID = "acme/forged/1"
 		}
@@ -474,6 +563,44 @@ func runModel(rng chooser, steps int, done func() bool, seen map[string]int) err
 		m.ready[node] = rng.IntN(4) > 0
 		l.SetReady(node, m.ready[node])
 	}
+	// try verifies a in the ledger and the model, and commits it when
+	// both say it fits, as the resource manager does.
+	try := func(a contracts.Allocation) error {
+		reason, dup := m.verify(a)
+		v := l.Verify(a)
+		if v.Reason != reason || v.Duplicate != dup {
+			return fmt.Errorf("ledger says %+v, model says reason %q duplicate %v", v, reason, dup)
+		}
+		if seen != nil {
+			seen[verdictName(v, a)]++
+			if k := kinds(a); v.OK() && k != "" {
+				seen["ok "+k]++
+			}
+			if h := m.host[a.NodeID]; v.OK() && (a.CPUMilli > 0 && h.CPUMilli > 0 || a.MemoryMiB > 0 && h.MemoryMiB > 0) {
+				seen["ok host"]++
+			}
+			if v.OK() && a.Gang != nil {
+				seen["ok gang"]++
+				for _, o := range m.live() {
+					if o.JobID == a.JobID && o.ID != a.ID {
+						seen["ok gang sibling"]++
+						break
+					}
+				}
+			}
+		}
+		if !v.OK() {
+			return nil
+		}
+		seq++
+		e := committed(a)
+		m.history = append(m.history, e)
+		log = append(log, stored{e, seq})
+		if err := l.Apply(e, seq); err != nil {
+			return fmt.Errorf("apply: %w", err)
+		}
+		return nil
+	}
 	for step := range steps {
 		if done != nil && done() {
 			break
@@ -485,33 +612,58 @@ func runModel(rng chooser, steps int, done func() bool, seen map[string]int) err
 			node := nodes[rng.IntN(len(nodes))]
 			inventory(node)
 			what = "inventory " + node
-		case op < 12:
+		case op < 10:
 			node := nodes[rng.IntN(len(nodes))]
 			r := rng.IntN(3) > 0
 			m.ready[node] = r
 			l.SetReady(node, r)
 			what = fmt.Sprintf("ready %s %v", node, r)
-		case op < 70:
+		case op < 14:
+			// An administrator cordons, drains or frees a node (frees
+			// twice as often, so cordons do not pile up).
+			node := nodes[rng.IntN(len(nodes))]
+			var ad contracts.NodeAdmin
+			switch rng.IntN(6) {
+			case 0:
+				ad = contracts.NodeAdmin{NodeID: node, Cordoned: true, Reason: "maintenance"}
+			case 1:
+				ad = contracts.NodeAdmin{NodeID: node, Cordoned: true, Drain: true}
+			}
+			m.admin[node] = ad
+			l.SetAdmin(node, ad)
+			what = fmt.Sprintf("admin %s %+v", node, ad)
+		case op < 66:
 			a := randomItem()
-			reason, dup := m.verify(a)
-			v := l.Verify(a)
 			what = fmt.Sprintf("verify %s on %s %s", a.ID, a.NodeID, refs(a.Devices))
-			if v.Reason != reason || v.Duplicate != dup {
-				return fmt.Errorf("step %d %s: ledger says %+v, model says reason %q duplicate %v", step, what, v, reason, dup)
+			if err := try(a); err != nil {
+				return fmt.Errorf("step %d %s: %w", step, what, err)
 			}
-			if seen != nil {
-				seen[verdictName(v, a)]++
-				if k := kinds(a); v.OK() && k != "" {
-					seen["ok "+k]++
+		case op < 70:
+			// A scheduler's gang: one part per machine, each a GPU (or a
+			// MIG instance) its node's inventory lists, verified and
+			// committed in rank order; any part may be refused.
+			jobN := 12 + rng.IntN(4)
+			size := 2 + jobN%2
+			g := slices.Clone(nodes[:size])
+			attempt := 1 + rng.IntN(3)
+			what = fmt.Sprintf("gang j%d/%d of %d", jobN, attempt, size)
+			for rank := range size {
+				a := contracts.Allocation{Tenant: "acme", JobID: fmt.Sprintf("j%d", jobN), Attempt: attempt, NodeID: g[rank],
+					Gang: &contracts.GangPart{Rank: rank, Size: size, Nodes: g}, CPUMilli: cpus[rng.IntN(len(cpus)-2)]}
+				if rng.IntN(10) == 0 {
+					a.Attempt = 1 + rng.IntN(3) // a part of another attempt
 				}
-			}
-			if v.OK() {
-				seq++
-				e := committed(a)
-				m.history = append(m.history, e)
-				log = append(log, stored{e, seq})
-				if err := l.Apply(e, seq); err != nil {
-					return fmt.Errorf("step %d %s: apply: %w", step, what, err)
+				a.ID = contracts.AllocationPartID(a.Tenant, a.JobID, a.Attempt, rank)
+				inv := m.inv[a.NodeID]
+				gi := inv[rng.IntN(len(inv))]
+				d := contracts.DeviceRef{Index: gi.Index, UUID: gi.UUID, Model: gi.Model}
+				if gi.MIGEnabled && len(gi.MIGInstances) > 0 {
+					mi := gi.MIGInstances[rng.IntN(len(gi.MIGInstances))]
+					d.MIG = &mi
+				}
+				a.Devices = []contracts.DeviceRef{d}
+				if err := try(a); err != nil {
+					return fmt.Errorf("step %d %s: part %s on %s %s: %w", step, what, a.ID, a.NodeID, refs(a.Devices), err)
 				}
 			}
 		case op < 88:
@@ -616,6 +768,16 @@ func checkAgainstModel(l *Ledger, m *model, nodes []string) error {
 	want := m.live()
 	count := 0
 	for _, node := range nodes {
+		var cpu, mem int64
+		for _, a := range want {
+			if a.NodeID == node {
+				cpu += a.CPUMilli
+				mem += a.MemoryMiB
+			}
+		}
+		if c, mm := l.HostUsed(node); c != cpu || mm != mem {
+			return fmt.Errorf("HostUsed(%s) = %d milli-CPU, %d MiB; want %d, %d", node, c, mm, cpu, mem)
+		}
 		whole := map[string]string{} // GPU UUID -> holder
 		inst := map[string]string{}  // MIG UUID -> holder
 		migOn := map[string]string{} // GPU UUID -> a holder of one of its instances
@@ -709,16 +871,21 @@ func checkRebuild(l *Ledger, m *model, nodes []string, log []stored, randomItem 
 		}
 	}
 	for node, inv := range m.inv {
-		_ = r.SetInventory(contracts.NodeInventory{NodeID: node, GPUs: inv})
+		_ = r.SetInventory(contracts.NodeInventory{NodeID: node, GPUs: inv, CPUMilli: m.host[node].CPUMilli, MemoryMiB: m.host[node].MemoryMiB})
 	}
 	for node, ready := range m.ready {
 		r.SetReady(node, ready)
+	}
+	for node, ad := range m.admin {
+		r.SetAdmin(node, ad)
 	}
 	snapshot := func(x *Ledger) map[string]any {
 		out := map[string]any{}
 		for _, node := range nodes {
 			out[node+" seq"] = x.LastSeq(node)
 			out[node+" live"] = x.Live(node)
+			cpu, mem := x.HostUsed(node)
+			out[node+" host"] = [2]int64{cpu, mem}
 			for _, s := range log {
 				for _, d := range s.e.Allocation.Devices {
 					out[node+" holder "+d.UUID] = x.Holder(node, d.UUID)
