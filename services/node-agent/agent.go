@@ -264,6 +264,8 @@ func (a *agent) publishInventory(ctx context.Context, version int) error {
 		MachineType:   a.cfg.MachineType,
 		PriceClass:    a.cfg.PriceClass,
 		Labels:        a.cfg.Labels,
+		Purpose:       a.cfg.Purpose,
+		Taints:        a.cfg.Taints,
 		Backend:       a.backend.Kind(),
 		DriverVersion: a.machine.DriverVersion,
 		CUDAVersion:   a.machine.CUDAVersion,

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
@@ -248,11 +249,19 @@ func TestAgentsReportInventoryHeartbeatsAndTelemetry(t *testing.T) {
 		inv[n] = record[contracts.NodeInventory](t, b, contracts.StreamNodes, contracts.SubjectInventory(n))
 		hbs[n] = record[contracts.Heartbeat](t, b, contracts.StreamHeartbeats, contracts.SubjectHeartbeat(n))
 		tel[n] = record[contracts.Telemetry](t, b, contracts.StreamTelemetry, contracts.SubjectTelemetry(n))
-		startAgent(t, b, testConfig(t, n))
+		cfg := testConfig(t, n)
+		cfg.Purpose = "training"
+		cfg.Taints = []contracts.Taint{{Key: "gpuplane.io/spot", Value: "true", Effect: contracts.TaintNoSchedule},
+			{Key: "team", Effect: contracts.TaintPreferNoSchedule}}
+		startAgent(t, b, cfg)
 	}
 	for _, n := range nodes {
 		eventually(t, "inventory of "+n, func() bool { return len(inv[n].all()) == 1 })
 		got := inv[n].all()[0]
+		if d := cmp.Diff([]contracts.Taint{{Key: "gpuplane.io/spot", Value: "true", Effect: contracts.TaintNoSchedule},
+			{Key: "team", Effect: contracts.TaintPreferNoSchedule}}, got.Taints); d != "" || got.Purpose != "training" {
+			t.Errorf("inventory of %s: purpose %q, taints (-want +got):\n%s", n, got.Purpose, d)
+		}
 		if got.NodeID != n || got.Pool != "test" || got.Zone != "zone-a" || got.PriceClass != "spot" ||
 			got.Labels["tier"] != "test" || got.Backend != "sim" || got.Incarnation == "" ||
 			got.CPUMilli != 8*24000 || got.MemoryMiB != 8*256*1024 || len(got.GPUs) != 8 {
@@ -381,6 +390,33 @@ func TestCommandSeesExactlyItsDevices(t *testing.T) {
 	}
 	if want := sim.UUID(node, 2) + "," + sim.UUID(node, 5) + "\n"; string(out) != want {
 		t.Fatalf("run log %q, want exactly the allocated UUIDs %q", out, want)
+	}
+}
+
+// TestGangPartGetsItsRankAndPeers: a part of a job spanning machines
+// learns which part it is and where the others run.
+func TestGangPartGetsItsRankAndPeers(t *testing.T) {
+	b := connect(t)
+	const node = "h100-02"
+	cfg := testConfig(t, node)
+	runs := record[contracts.RunEvent](t, b, contracts.StreamRuns, contracts.SubjectRuns(node))
+	startAgent(t, b, cfg)
+
+	a := allocation(node, "train", contracts.RunSpec{Command: []string{"sh", "-c",
+		`echo "$GPUPLANE_GANG_RANK|$GPUPLANE_GANG_SIZE|$GPUPLANE_GANG_NODES|$GPUPLANE_ALLOCATION_ID"`},
+		Env: map[string]string{"GPUPLANE_GANG_RANK": "0"}}, 0, 1)
+	a.ID = contracts.AllocationPartID("acme", "train", 1, 1)
+	a.Gang = &contracts.GangPart{Rank: 1, Size: 3, Nodes: []string{"h100-01", node, "h100-03"}}
+	ledger(t, b, contracts.LedgerCommitted, a, "")
+	if e := waitEnded(t, runs, a.ID); e.Result.Outcome != contracts.OutcomeSucceeded {
+		t.Fatalf("result %+v", e.Result)
+	}
+	out, err := os.ReadFile(runner.LogPath(cfg.LogDir, a.ID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "1|3|h100-01,h100-02,h100-03|acme/train/1#1\n"; string(out) != want {
+		t.Fatalf("run log %q, want %q", out, want)
 	}
 }
 

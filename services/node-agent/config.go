@@ -54,6 +54,13 @@ type Config struct {
 	MachineType string // "" derives one from the GPUs, e.g. "sim-h100-80gb-x8"
 	PriceClass  string // on-demand, spot, reserved or ""
 	Labels      map[string]string
+	// Purpose is what the machine is for ("training", "inference", ...);
+	// a node selector or a pool policy may use it. "" means unset.
+	Purpose string
+	// Taints keep jobs that do not tolerate them off the node (NoSchedule)
+	// or off it while another node fits (PreferNoSchedule): spot capacity,
+	// machines dedicated to a team, hardware under test.
+	Taints []contracts.Taint
 
 	// GPUModel (a contracts.GPUModels identifier), GPUCount and NVLink
 	// shape the simulated backend; ignored when Backend is set.
@@ -165,7 +172,27 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Zone, "zone", c.Zone, "availability zone")
 	fs.StringVar(&c.MachineType, "machine-type", c.MachineType, "machine type; empty derives one from the GPUs")
 	fs.StringVar(&c.PriceClass, "price-class", c.PriceClass, "price class: on-demand, spot or reserved")
-	fs.Var((*labelsFlag)(&c.Labels), "labels", "node labels, k=v[,k=v...]")
+	fs.Var((*labelsFlag)(&c.Labels), "labels", "node labels, k=v[,k=v...] (replaces the labels set before it)")
+	fs.Func("label", "a node label k=v, added to the others (repeatable)", func(v string) error {
+		k, val, ok := strings.Cut(v, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("label %q: want key=value", v)
+		}
+		if c.Labels == nil {
+			c.Labels = map[string]string{}
+		}
+		c.Labels[k] = val
+		return nil
+	})
+	fs.StringVar(&c.Purpose, "purpose", c.Purpose, "what the machine is for, e.g. training or inference")
+	fs.Func("taint", "a node taint key[=value]:NoSchedule|PreferNoSchedule (repeatable)", func(v string) error {
+		t, err := ParseTaint(v)
+		if err != nil {
+			return err
+		}
+		c.Taints = append(c.Taints, t)
+		return nil
+	})
 	fs.StringVar(&c.BackendKind, "backend", c.BackendKind, "GPU backend: sim (simulated GPUs) or nvml (this machine's NVIDIA GPUs, needs the driver) (env GPUPLANE_NODE_BACKEND)")
 	fs.StringVar(&c.GPUModel, "gpu-model", c.GPUModel, "simulated GPU model, one of "+strings.Join(contracts.GPUModels, ", "))
 	fs.IntVar(&c.GPUCount, "gpu-count", c.GPUCount, "simulated GPU count")
@@ -206,10 +233,21 @@ func (c Config) Validate() error {
 	if c.PriceClass != "" && !slices.Contains(PriceClasses, c.PriceClass) {
 		errs = append(errs, fmt.Errorf("price class %q; want one of %v", c.PriceClass, PriceClasses))
 	}
-	for k := range c.Labels {
+	for k, v := range c.Labels {
 		if k == "" || strings.ContainsAny(k, "=,") {
 			errs = append(errs, fmt.Errorf("label name %q is empty or contains '=' or ','", k))
 		}
+		if len(k)+len(v) > contracts.MaxLabelBytes {
+			errs = append(errs, fmt.Errorf("label %q is longer than %d bytes with its value", k, contracts.MaxLabelBytes))
+		}
+	}
+	if c.Purpose != "" {
+		if err := contracts.ValidateID(c.Purpose); err != nil {
+			errs = append(errs, fmt.Errorf("purpose: %w", err))
+		}
+	}
+	if err := ValidateTaints(c.Taints); err != nil {
+		errs = append(errs, err)
 	}
 	if c.BackendKind != "" && c.BackendKind != BackendSim && c.BackendKind != BackendNVML {
 		errs = append(errs, fmt.Errorf("backend %q; want %s or %s", c.BackendKind, BackendSim, BackendNVML))
@@ -279,8 +317,67 @@ func (c Config) withDefaults() Config {
 		c.MachineType = "sim-" + strings.ToLower(c.GPUModel) + "-x" + fmt.Sprint(c.GPUCount)
 	}
 	c.Labels = maps.Clone(c.Labels)
+	c.Taints = slices.Clone(c.Taints)
 	c.MIGLayout = slices.Clone(c.MIGLayout)
 	return c
+}
+
+// ParseTaint reads a taint written as kubectl writes them,
+// key[=value]:Effect, e.g. "gpuplane.io/spot=true:NoSchedule".
+func ParseTaint(s string) (contracts.Taint, error) {
+	kv, effect, ok := strings.Cut(s, ":")
+	if !ok {
+		return contracts.Taint{}, fmt.Errorf("taint %q: want key[=value]:%s or key[=value]:%s", s, contracts.TaintNoSchedule, contracts.TaintPreferNoSchedule)
+	}
+	k, v, _ := strings.Cut(kv, "=")
+	t := contracts.Taint{Key: k, Value: v, Effect: contracts.TaintEffect(effect)}
+	if err := validateTaint(t); err != nil {
+		return contracts.Taint{}, err
+	}
+	return t, nil
+}
+
+// FormatTaint writes t as ParseTaint reads it.
+func FormatTaint(t contracts.Taint) string {
+	if t.Value == "" {
+		return t.Key + ":" + string(t.Effect)
+	}
+	return t.Key + "=" + t.Value + ":" + string(t.Effect)
+}
+
+// ValidateTaints reports every invalid taint, and any key given twice with
+// one effect (which of the two values holds would be a guess).
+func ValidateTaints(ts []contracts.Taint) error {
+	var errs []error
+	seen := map[string]bool{}
+	for _, t := range ts {
+		if err := validateTaint(t); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		k := t.Key + ":" + string(t.Effect)
+		if seen[k] {
+			errs = append(errs, fmt.Errorf("taint %s: key %q with effect %s given twice", FormatTaint(t), t.Key, t.Effect))
+		}
+		seen[k] = true
+	}
+	return errors.Join(errs...)
+}
+
+// validateTaint checks one taint: a key and a value that ParseTaint can
+// read back, within a label's size, and an effect the scheduler knows.
+func validateTaint(t contracts.Taint) error {
+	switch {
+	case t.Key == "" || strings.ContainsAny(t.Key, "=:, \t\n"):
+		return fmt.Errorf("taint %s: key %q is empty or contains '=', ':', ',' or blanks", FormatTaint(t), t.Key)
+	case strings.ContainsAny(t.Value, "=:, \t\n"):
+		return fmt.Errorf("taint %s: value %q contains '=', ':', ',' or blanks", FormatTaint(t), t.Value)
+	case len(t.Key)+len(t.Value) > contracts.MaxLabelBytes:
+		return fmt.Errorf("taint %s: longer than %d bytes", FormatTaint(t), contracts.MaxLabelBytes)
+	case t.Effect != contracts.TaintNoSchedule && t.Effect != contracts.TaintPreferNoSchedule:
+		return fmt.Errorf("taint %s: effect %q; want %s or %s", FormatTaint(t), t.Effect, contracts.TaintNoSchedule, contracts.TaintPreferNoSchedule)
+	}
+	return nil
 }
 
 // labelsFlag parses k=v[,k=v...] into a map.

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/gpuplane/gpuplane/contracts"
 )
 
 func TestDefaultConfigIsValid(t *testing.T) {
@@ -75,6 +77,67 @@ func TestFlags(t *testing.T) {
 	}
 	if err := fs.Parse([]string{"-labels", "novalue"}); err == nil {
 		t.Fatal("a label without '=' was accepted")
+	}
+}
+
+func TestPlacementFlags(t *testing.T) {
+	c := DefaultConfig()
+	c.NodeID = "l4-07"
+	fs := flag.NewFlagSet("node-agent", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	c.RegisterFlags(fs)
+	err := fs.Parse([]string{"-zone", "eu-west-1b", "-purpose", "inference", "-labels", "tier=inference",
+		"-label", "rack=r12", "-label", "gpu.vendor=nvidia", "-taint", "gpuplane.io/spot=true:NoSchedule",
+		"-taint", "team-ml:PreferNoSchedule", "-price-class", "spot"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	got := []any{c.Zone, c.Purpose, c.Labels, c.Taints, c.PriceClass}
+	want := []any{"eu-west-1b", "inference", map[string]string{"tier": "inference", "rack": "r12", "gpu.vendor": "nvidia"},
+		[]contracts.Taint{{Key: "gpuplane.io/spot", Value: "true", Effect: contracts.TaintNoSchedule},
+			{Key: "team-ml", Effect: contracts.TaintPreferNoSchedule}}, "spot"}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Fatalf("flags (-want +got):\n%s", d)
+	}
+	for _, bad := range [][]string{{"-label", "novalue"}, {"-label", "=v"}, {"-taint", "spot=true"},
+		{"-taint", "spot=true:NoExecute"}, {"-taint", ":NoSchedule"}, {"-taint", "a=b=c:NoSchedule"}} {
+		if err := fs.Parse(bad); err == nil {
+			t.Errorf("%v accepted", bad)
+		}
+	}
+}
+
+func TestTaintRoundTrip(t *testing.T) {
+	for _, s := range []string{"k:NoSchedule", "k=v:PreferNoSchedule", "gpuplane.io/dedicated=team-a:NoSchedule"} {
+		tn, err := ParseTaint(s)
+		if err != nil {
+			t.Fatalf("ParseTaint(%q): %v", s, err)
+		}
+		if got := FormatTaint(tn); got != s {
+			t.Errorf("FormatTaint(ParseTaint(%q)) = %q", s, got)
+		}
+	}
+}
+
+func TestValidatePlacementSettings(t *testing.T) {
+	c := DefaultConfig()
+	c.NodeID = "n1"
+	c.Purpose = "batch inference"
+	c.Labels = map[string]string{"k": strings.Repeat("v", contracts.MaxLabelBytes)}
+	c.Taints = []contracts.Taint{{Key: "spot", Effect: contracts.TaintNoSchedule}, {Key: "spot", Value: "yes", Effect: contracts.TaintNoSchedule},
+		{Key: "x", Effect: "NoExecute"}, {Effect: contracts.TaintNoSchedule}}
+	err := c.Validate()
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	for _, want := range []string{"purpose", `label "k" is longer`, `key "spot" with effect NoSchedule given twice`,
+		`effect "NoExecute"`, `key "" is empty`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not say %q:\n%v", want, err)
+		}
 	}
 }
 

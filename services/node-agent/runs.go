@@ -220,7 +220,7 @@ func (a *agent) onCommitted(ctx context.Context, alloc contracts.Allocation, red
 	// before, so the reported run never looks shorter than its duration.
 	launchedAt := a.cfg.Now()
 	proc, err := a.runner.Launch(ctx, runner.Launch{AllocationID: id, Tenant: alloc.Tenant, JobID: alloc.JobID,
-		Attempt: alloc.Attempt, Spec: alloc.Run, Devices: devices, StopGrace: a.cfg.StopGrace})
+		Attempt: alloc.Attempt, Spec: alloc.Run, Devices: devices, StopGrace: a.cfg.StopGrace, Gang: alloc.Gang})
 	if err != nil {
 		a.mu.Lock()
 		delete(a.active, id)

@@ -1,5 +1,6 @@
 // Package fleet describes a simulated fleet of machines in YAML (machine
-// types, pools, counts, zones, price classes, labels) and runs one node
+// types, pools, counts, zones, price classes, purposes, labels, taints)
+// and runs one node
 // agent per machine, all sharing one bus connection and one durable
 // consumer per stream (feed.go). BenchmarkFleet measures what a fleet of
 // thousands of 8-GPU machines costs the process and the NATS server.
@@ -59,7 +60,11 @@ type Pool struct {
 	Count       int               `yaml:"count"`
 	Zone        string            `yaml:"zone,omitempty"`
 	PriceClass  string            `yaml:"priceClass,omitempty"` // on-demand, spot or reserved
+	Purpose     string            `yaml:"purpose,omitempty"`    // training, inference, ...
 	Labels      map[string]string `yaml:"labels,omitempty"`
+	// Taints are written as the agent's -taint flag takes them,
+	// key[=value]:NoSchedule or key[=value]:PreferNoSchedule.
+	Taints []string `yaml:"taints,omitempty"`
 }
 
 // Machine is one machine of a fleet.
@@ -69,7 +74,9 @@ type Machine struct {
 	Zone        string
 	MachineType string
 	PriceClass  string
+	Purpose     string
 	Labels      map[string]string
+	Taints      []contracts.Taint
 	// The machine type's shape.
 	GPUModel  string
 	GPUCount  int
@@ -83,8 +90,10 @@ type Machine struct {
 }
 
 // Default is the fleet of `make run` (deploy/fleet/default.yaml): two
-// 8×H100 and two 8×A100 NVLink machines for training, four 4×L4 spot
-// machines for inference.
+// 8×H100 NVLink machines for training in zone-a, two 8×A100 in zone-b,
+// four 4×L4 spot machines for inference in zone-b, tainted so that work
+// that fits elsewhere stays off spot capacity (PreferNoSchedule: a job that
+// only fits an L4 still lands there without a toleration).
 func Default() Fleet {
 	return Fleet{
 		MachineTypes: map[string]MachineType{
@@ -94,11 +103,12 @@ func Default() Fleet {
 		},
 		Pools: []Pool{
 			{Name: "h100", MachineType: "hgx-h100-8", Count: 2, Zone: "zone-a", PriceClass: "on-demand",
-				Labels: map[string]string{"tier": "training"}},
-			{Name: "a100", MachineType: "hgx-a100-8", Count: 2, Zone: "zone-a", PriceClass: "on-demand",
-				Labels: map[string]string{"tier": "training"}},
+				Purpose: "training", Labels: map[string]string{"tier": "training"}},
+			{Name: "a100", MachineType: "hgx-a100-8", Count: 2, Zone: "zone-b", PriceClass: "on-demand",
+				Purpose: "training", Labels: map[string]string{"tier": "training"}},
 			{Name: "l4", MachineType: "pcie-l4-4", Count: 4, Zone: "zone-b", PriceClass: "spot",
-				Labels: map[string]string{"tier": "inference"}},
+				Purpose: "inference", Labels: map[string]string{"tier": "inference"},
+				Taints: []string{"gpuplane.io/spot=true:PreferNoSchedule"}},
 		},
 	}
 }
@@ -190,6 +200,23 @@ func (f Fleet) Validate() error {
 				add("%s: empty label name", where)
 			}
 		}
+		if p.Purpose != "" {
+			if err := contracts.ValidateID(p.Purpose); err != nil {
+				add("%s: purpose: %w", where, err)
+			}
+		}
+		var taints []contracts.Taint
+		for _, ts := range p.Taints {
+			t, err := nodeagent.ParseTaint(ts)
+			if err != nil {
+				add("%s: %w", where, err)
+				continue
+			}
+			taints = append(taints, t)
+		}
+		if err := nodeagent.ValidateTaints(taints); err != nil {
+			add("%s: %w", where, err)
+		}
 	}
 	if len(errs) == 0 {
 		// Node IDs are derived, but a long pool name can still make them
@@ -209,6 +236,12 @@ func (f Fleet) Machines() []Machine {
 	var out []Machine
 	for _, p := range f.Pools {
 		t := f.MachineTypes[p.MachineType]
+		var taints []contracts.Taint
+		for _, ts := range p.Taints {
+			if tn, err := nodeagent.ParseTaint(ts); err == nil { // Validate reports the others
+				taints = append(taints, tn)
+			}
+		}
 		width := max(2, len(strconv.Itoa(p.Count)))
 		for i := 1; i <= p.Count; i++ {
 			out = append(out, Machine{
@@ -217,7 +250,9 @@ func (f Fleet) Machines() []Machine {
 				Zone:        p.Zone,
 				MachineType: p.MachineType,
 				PriceClass:  p.PriceClass,
+				Purpose:     p.Purpose,
 				Labels:      maps.Clone(p.Labels),
+				Taints:      slices.Clone(taints),
 				GPUModel:    t.GPUModel,
 				GPUCount:    t.GPUCount,
 				NVLink:      t.NVLink,
@@ -235,9 +270,11 @@ func (f Fleet) Machines() []Machine {
 
 // Configs is the agent configuration of every machine: the template's
 // shared settings (intervals, stop grace, clock, runner) with the
-// machine's own identity and shape. Labels merge, the pool's winning; a
-// template LogDir gets one subdirectory per machine; a template Backend is
-// dropped, since every machine simulates its own GPUs.
+// machine's own identity and shape. Labels merge, the pool's winning; so
+// do taints (one per key and effect); a pool's purpose replaces the
+// template's when set; a template LogDir gets one subdirectory per
+// machine; a template Backend is dropped, since every machine simulates
+// its own GPUs.
 func (f Fleet) Configs(template nodeagent.Config) []nodeagent.Config {
 	machines := f.Machines()
 	cfgs := make([]nodeagent.Config, 0, len(machines))
@@ -254,12 +291,28 @@ func (f Fleet) Configs(template nodeagent.Config) []nodeagent.Config {
 			c.Labels = map[string]string{}
 		}
 		maps.Copy(c.Labels, m.Labels)
+		if m.Purpose != "" {
+			c.Purpose = m.Purpose
+		}
+		c.Taints = mergeTaints(template.Taints, m.Taints)
 		if template.LogDir != "" {
 			c.LogDir = filepath.Join(template.LogDir, m.NodeID)
 		}
 		cfgs = append(cfgs, c)
 	}
 	return cfgs
+}
+
+// mergeTaints is base with over added, a taint of over replacing base's
+// of the same key and effect; nil when both are empty.
+func mergeTaints(base, over []contracts.Taint) []contracts.Taint {
+	var out []contracts.Taint
+	for _, t := range base {
+		if !slices.ContainsFunc(over, func(o contracts.Taint) bool { return o.Key == t.Key && o.Effect == t.Effect }) {
+			out = append(out, t)
+		}
+	}
+	return append(out, over...)
 }
 
 // Run validates f and runs one agent per machine on b, configured by

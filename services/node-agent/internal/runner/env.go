@@ -18,6 +18,13 @@ const (
 	EnvAttempt       = "GPUPLANE_ATTEMPT"
 	EnvCheckpointDir = "GPUPLANE_CHECKPOINT_DIR"
 	EnvRestoreFrom   = "GPUPLANE_RESTORE_FROM"
+	// EnvGangRank, EnvGangSize and EnvGangNodes tell each part of a job
+	// spanning several machines which part it is and where the others run,
+	// so its processes can find each other (torchrun's node rank, world
+	// size and rendezvous host). Set only for gang parts.
+	EnvGangRank  = "GPUPLANE_GANG_RANK"
+	EnvGangSize  = "GPUPLANE_GANG_SIZE"
+	EnvGangNodes = "GPUPLANE_GANG_NODES"
 
 	EnvCUDAVisible   = "CUDA_VISIBLE_DEVICES"
 	EnvNVIDIAVisible = "NVIDIA_VISIBLE_DEVICES"
@@ -39,7 +46,11 @@ const (
 //     is its position in CUDA_VISIBLE_DEVICES (the CUDA device ordinal the
 //     run sees);
 //   - GPUPLANE_ALLOCATION_ID, _TENANT, _JOB_ID, _ATTEMPT, _CHECKPOINT_DIR
-//     and, when a checkpoint exists, _RESTORE_FROM.
+//     and, when a checkpoint exists, _RESTORE_FROM;
+//   - for a part of a job spanning several machines: GPUPLANE_GANG_RANK
+//     (0-based), GPUPLANE_GANG_SIZE and GPUPLANE_GANG_NODES (every part's
+//     node ID, comma-separated, by rank; rank 0's is where the job's
+//     processes meet).
 func Env(l Launch) []string {
 	env := map[string]string{"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 	for _, k := range []string{"PATH", "HOME", "TMPDIR"} {
@@ -50,7 +61,7 @@ func Env(l Launch) []string {
 	for k, v := range l.Spec.Env {
 		env[k] = v
 	}
-	for _, k := range []string{EnvMPSThreads, EnvMPSMemLimit, EnvRestoreFrom, EnvCheckpointDir} {
+	for _, k := range []string{EnvMPSThreads, EnvMPSMemLimit, EnvRestoreFrom, EnvCheckpointDir, EnvGangRank, EnvGangSize, EnvGangNodes} {
 		delete(env, k) // set below only when the agent means them
 	}
 	visible := make([]string, len(l.Devices))
@@ -81,6 +92,11 @@ func Env(l Launch) []string {
 	}
 	if l.RestoreFrom != "" {
 		env[EnvRestoreFrom] = l.RestoreFrom
+	}
+	if g := l.Gang; g != nil {
+		env[EnvGangRank] = strconv.Itoa(g.Rank)
+		env[EnvGangSize] = strconv.Itoa(g.Size)
+		env[EnvGangNodes] = strings.Join(g.Nodes, ",")
 	}
 	out := make([]string, 0, len(env))
 	for k, v := range env {

@@ -53,6 +53,9 @@ type Launch struct {
 	// none). Local.Launch sets both.
 	CheckpointDir string `json:"checkpointDir,omitempty"`
 	RestoreFrom   string `json:"restoreFrom,omitempty"`
+	// Gang is set when the run is one part of a job spanning several
+	// machines (GPUPLANE_GANG_RANK, _SIZE, _NODES).
+	Gang *contracts.GangPart `json:"gang,omitempty"`
 }
 
 // Exit is how a run ended.

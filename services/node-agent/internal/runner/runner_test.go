@@ -122,6 +122,19 @@ func TestEnv(t *testing.T) {
 			map[string]string{EnvCUDAVisible: "GPU-a", EnvNVIDIAVisible: "GPU-a", EnvMPSThreads: "", EnvMPSMemLimit: "",
 				EnvRestoreFrom: "", EnvJobID: "j", "GREETING": "hi"},
 		},
+		"a gang part": {
+			Launch{Devices: gpus("GPU-a"), Gang: &contracts.GangPart{Rank: 2, Size: 3, Nodes: []string{"n1", "n2", "n3"}}},
+			map[string]string{EnvGangRank: "2", EnvGangSize: "3", EnvGangNodes: "n1,n2,n3"},
+		},
+		"no gang, and the run's own env cannot fake one": {
+			Launch{Devices: gpus("GPU-a"), Spec: contracts.RunSpec{Env: map[string]string{EnvGangRank: "0", EnvGangSize: "2", EnvGangNodes: "x,y"}}},
+			map[string]string{EnvGangRank: "", EnvGangSize: "", EnvGangNodes: ""},
+		},
+		"the agent's gang wins over the run's env": {
+			Launch{Devices: gpus("GPU-a"), Gang: &contracts.GangPart{Rank: 1, Size: 2, Nodes: []string{"a", "b"}},
+				Spec: contracts.RunSpec{Env: map[string]string{EnvGangRank: "0", EnvGangNodes: "x,y"}}},
+			map[string]string{EnvGangRank: "1", EnvGangSize: "2", EnvGangNodes: "a,b"},
+		},
 		"checkpoint and restore": {
 			Launch{Devices: gpus("GPU-a"), CheckpointDir: "/ck/acme/j", RestoreFrom: "/ck/acme/j/ckpt-3"},
 			map[string]string{EnvCheckpointDir: "/ck/acme/j", EnvRestoreFrom: "/ck/acme/j/ckpt-3"},
