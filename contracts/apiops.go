@@ -67,6 +67,9 @@ type NodeStatus struct {
 	// manager has decided anything about the node.
 	Lifecycle   NodeLifecycleKind `json:"lifecycle,omitempty"`
 	LifecycleAt time.Time         `json:"lifecycleAt,omitzero"`
+	// Admin is an administrator's cordon or drain of the node (KV
+	// BucketNodeAdmin); nil when the node takes new work.
+	Admin *NodeAdmin `json:"admin,omitempty"`
 }
 
 // NodeList is every node the gateway knows, ordered by ID.

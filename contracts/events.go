@@ -57,7 +57,10 @@ var transitions = map[JobState]map[JobEventType]JobState{
 		EventRejected: StateRejected,
 	},
 	StateQueued: {
-		EventPending:   StateQueued,
+		EventPending: StateQueued,
+		// A gang whose parts were committed only in part is retried as a
+		// new attempt without ever having been scheduled.
+		EventRequeued:  StateQueued,
 		EventScheduled: StateScheduled,
 		EventCancelled: StateCancelled,
 		EventFailed:    StateFailed,
@@ -117,6 +120,9 @@ type JobEvent struct {
 	SubmitSeq uint64 `json:"submitSeq,omitempty"`
 	// Placement is where the job runs (scheduled, running).
 	Placement *Placement `json:"placement,omitempty"`
+	// Placements is every part of a multi-machine job, by rank
+	// (scheduled, running).
+	Placements []Placement `json:"placements,omitempty"`
 	// ExitCode of the run (succeeded, failed).
 	ExitCode *int `json:"exitCode,omitempty"`
 	// StartedAt and EndedAt are the run's times as the agent saw them

@@ -198,7 +198,7 @@ var errBadDuration = errors.New("invalid duration")
 func DecodeJobRequest(data []byte, subjectTenant string) (JobRequest, error) {
 	var req JobRequest
 	if err := decodeStrict(data, &req); err != nil {
-		return req, err
+		return req, durationFieldError(data, err)
 	}
 	if err := req.Validate(subjectTenant); err != nil {
 		return req, err
@@ -213,6 +213,37 @@ func DecodeJobRequest(data []byte, subjectTenant string) (JobRequest, error) {
 			Message: fmt.Sprintf("the normalized request is %d bytes, limit is %d", buf.Len(), MaxMessageBytes)}})
 	}
 	return req, nil
+}
+
+// durationPaths are the JSON paths of a job request's Duration fields.
+var durationPaths = [][]string{{"run", "duration"}, {"placementTimeout"}, {"expectedRunTime"}}
+
+// durationFieldError names the duration a decoder rejected: encoding/json
+// reports an Unmarshaler's error without its field (decodeFieldError
+// assumes run.duration), so the request is read again to find the first
+// duration that does not parse.
+func durationFieldError(data []byte, err error) error {
+	ve, ok := err.(*ValidationError)
+	if !ok || len(ve.Fields) != 1 || ve.Fields[0].Reason != ReasonInvalidDuration {
+		return err
+	}
+	for _, path := range durationPaths {
+		raw := json.RawMessage(data)
+		for _, key := range path {
+			var obj map[string]json.RawMessage
+			if json.Unmarshal(raw, &obj) != nil {
+				raw = nil
+				break
+			}
+			raw = obj[key]
+		}
+		var d Duration
+		if raw != nil && d.UnmarshalJSON(raw) != nil {
+			ve.Fields[0].Field = strings.Join(path, ".")
+			return ve
+		}
+	}
+	return err
 }
 
 // decodeStrict decodes one JSON object into v, refusing unknown fields and

@@ -142,8 +142,9 @@ const (
 const QuotaAllPools = "*"
 
 // TenantQuota is a tenant's share of the cluster, stored in BucketQuotas.
-// Usage is counted in GPUs: a whole GPU is 1, a MIG instance its memory
-// slices over the GPU's, a share its compute percent over 100.
+// Usage is counted in GPUs as GPURequest.MilliGPUs counts it: a whole GPU
+// is 1, a MIG instance its compute slices over 7, a share its compute
+// percent over 100.
 type TenantQuota struct {
 	SchemaVersion int    `json:"schemaVersion,omitempty"`
 	Tenant        string `json:"tenant"`
@@ -370,7 +371,7 @@ func (r *JobRequest) validateScheduling(add func(field string, reason Reason, fo
 	}
 	switch {
 	case g.Nodes < 0 || g.Nodes > MaxNodesPerJob:
-		add("resources.gpu.nodes", ReasonOutOfRange, "nodes is %d; want 1 to %d", g.Nodes, MaxNodesPerJob)
+		add("resources.gpu.nodes", ReasonOutOfRange, "nodes is %d; want 0 to %d machines (0 or 1: one machine)", g.Nodes, MaxNodesPerJob)
 	case g.Nodes > 1 && (g.MIGProfile != "" || g.Share != nil):
 		add("resources.gpu.nodes", ReasonInvalidValue, "a MIG instance or a share runs on one machine")
 	case g.Nodes > 1 && g.Count%g.Nodes != 0:

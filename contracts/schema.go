@@ -34,6 +34,9 @@ var schemaTypes = map[string]any{
 	"budget-status.json":  BudgetStatus{},
 	"lease.json":          Lease{},
 	"log-chunk.json":      LogChunk{},
+	"tenant-quota.json":   TenantQuota{},
+	"pool-config.json":    PoolConfig{},
+	"node-admin.json":     NodeAdmin{},
 }
 
 // Schemas returns the JSON Schema document of every message, by file name.

@@ -26,22 +26,23 @@ import (
 // authentication exists (a later issue) the gateway does not tell admins
 // from tenants, like the fault endpoint.
 
-// billingKV opens the billing buckets on first use, so that the gateway
-// starts, and serves jobs, whatever state the buckets are in.
-type billingKV struct {
+// kvBuckets opens the administrators' KV buckets (billing and
+// scheduling) on first use, so that the gateway starts, and serves jobs,
+// whatever state the buckets are in.
+type kvBuckets struct {
 	bus *bus.Bus
 
 	mu      sync.Mutex
 	buckets map[string]jetstream.KeyValue
 }
 
-func newBillingKV(b *bus.Bus) *billingKV {
-	return &billingKV{bus: b, buckets: map[string]jetstream.KeyValue{}}
+func newKVBuckets(b *bus.Bus) *kvBuckets {
+	return &kvBuckets{bus: b, buckets: map[string]jetstream.KeyValue{}}
 }
 
-func (k *billingKV) get(ctx context.Context, bucket string) (jetstream.KeyValue, error) {
+func (k *kvBuckets) get(ctx context.Context, bucket string) (jetstream.KeyValue, error) {
 	if k == nil {
-		return nil, errors.New("billing buckets are not configured")
+		return nil, errors.New("KV buckets are not configured")
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -60,7 +61,7 @@ func (k *billingKV) get(ctx context.Context, bucket string) (jetstream.KeyValue,
 
 // kv answers 503 and returns nil when bucket cannot be opened.
 func (s *server) kv(w http.ResponseWriter, r *http.Request, bucket string) jetstream.KeyValue {
-	kv, err := s.billing.get(r.Context(), bucket)
+	kv, err := s.buckets.get(r.Context(), bucket)
 	if err != nil {
 		writeError(w, http.StatusServiceUnavailable, contracts.ReasonUnavailable, fmt.Sprintf("KV bucket %s: %v", bucket, err), nil)
 		return nil
@@ -150,7 +151,7 @@ func (s *server) putPriceBook(w http.ResponseWriter, r *http.Request) {
 	}
 	book, err := contracts.DecodePriceBook(data)
 	if err != nil {
-		writeValidationError(w, err)
+		writeInvalid(w, "invalid price book", err)
 		return
 	}
 	kv := s.kv(w, r, contracts.BucketPriceBook)
@@ -170,7 +171,7 @@ func (s *server) putPriceBook(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := book.ValidateChange(doc.Book, cutoff(s.now(), doc.MeteredUntil)); err != nil {
-		writeValidationError(w, err)
+		writeInvalid(w, "invalid price book", err)
 		return
 	}
 	book.SchemaVersion = contracts.SchemaVersion
@@ -262,7 +263,7 @@ func (s *server) putBudget(w http.ResponseWriter, r *http.Request) {
 	}
 	b, err := contracts.DecodeBudget(data, tenant)
 	if err != nil {
-		writeValidationError(w, err)
+		writeInvalid(w, "invalid budget", err)
 		return
 	}
 	kv := s.kv(w, r, contracts.BucketBudgets)

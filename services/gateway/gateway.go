@@ -3,12 +3,15 @@
 // them, and cancel requests, on the bus; it answers reads from a read model
 // folded from JOB_EVENTS and USAGE, and a node model folded from NODES; it
 // relays job events as server-sent events and run output from LOGS; it
-// publishes checkpoint and (admin) fault commands for node agents; and it
-// serves a small web console.
+// publishes checkpoint and (admin) fault commands for node agents; it
+// keeps the administrators' KV documents (price book, budgets, tenant
+// quotas, pool settings, node cordons and drains) with compare-and-set;
+// and it serves a small web console.
 //
 //	client ──POST/DELETE──▶ gateway ──publish──▶ gp.jobs.submit|cancel.<tenant>  (JOBS)
 //	client ──POST─────────▶ gateway ──publish──▶ gp.cmd.node.<node>  (NODE_COMMANDS)
 //	client ◀──GET/SSE────── gateway ◀──ordered reads── JOB_EVENTS, USAGE, NODES, LOGS
+//	admin  ──GET/PUT/POST─▶ gateway ◀──CAS / watch──▶ KV gp-quotas, gp-pools, gp-node-admin, gp-pricebook, gp-budgets
 //
 // The gateway never decides a job's fate: a 202 means the request is on the
 // bus; what became of it arrives as JobEvents from the scheduler.
@@ -59,8 +62,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	in := &ingester{bus: rt.Bus, model: newMemoryModel(), nodes: newNodeModel(), log: log}
 	streams, endStreams := context.WithCancel(context.Background())
 	defer endStreams()
-	s := &server{cfg: cfg, bus: rt.Bus, model: in.model, nodes: in.nodes, ready: in.ready, log: log, now: time.Now, streams: streams}
-	s.billing = newBillingKV(rt.Bus)
+	s := &server{cfg: cfg, bus: rt.Bus, model: in.model, nodes: in.nodes, ready: in.ready, adminReady: in.adminReady.Load,
+		log: log, now: time.Now, streams: streams}
+	s.buckets = newKVBuckets(rt.Bus)
 	srv := &http.Server{
 		Handler:           s.handler(),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -74,6 +78,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	g.Go(func() error { return in.followJobEvents(gctx) })
 	g.Go(func() error { return in.followUsage(gctx) })
 	g.Go(func() error { return in.followNodes(gctx) })
+	g.Go(func() error { return in.followNodeAdmin(gctx) })
 	g.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("%s: serve: %w", Name, err)

@@ -292,7 +292,7 @@ func TestSubmitRejectsMalformedRequests(t *testing.T) {
 		"tenant with space":   {"ac%20me", ok("a"), 400, contracts.ReasonInvalidTenant, "tenant"},
 		"unknown gpu model":   {"acme", `{"id":"a","resources":{"gpu":{"count":1,"model":"RTX-9090"}},"run":{"duration":"1s"}}`, 400, contracts.ReasonUnknownGPUModel, "resources.gpu.model"},
 		"zero gpus":           {"acme", `{"id":"a","resources":{"gpu":{"count":0}},"run":{"duration":"1s"}}`, 400, contracts.ReasonOutOfRange, "resources.gpu.count"},
-		"1000 gpus":           {"acme", `{"id":"a","resources":{"gpu":{"count":1000}},"run":{"duration":"1s"}}`, 400, contracts.ReasonOutOfRange, "resources.gpu.count"},
+		"2000 gpus":           {"acme", `{"id":"a","resources":{"gpu":{"count":2000}},"run":{"duration":"1s"}}`, 400, contracts.ReasonOutOfRange, "resources.gpu.count"},
 		"negative memory":     {"acme", `{"id":"a","resources":{"gpu":{"count":1,"memoryMiB":-1}},"run":{"duration":"1s"}}`, 400, contracts.ReasonOutOfRange, "resources.gpu.memoryMiB"},
 		"bad duration":        {"acme", `{"id":"a","resources":{"gpu":{"count":1}},"run":{"duration":"soon"}}`, 400, contracts.ReasonInvalidDuration, "run.duration"},
 		"negative duration":   {"acme", `{"id":"a","resources":{"gpu":{"count":1}},"run":{"duration":"-5s"}}`, 400, contracts.ReasonInvalidDuration, "run.duration"},

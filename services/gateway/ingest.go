@@ -22,6 +22,9 @@ type ingester struct {
 	// jobsReady, usageReady and nodesReady are set once the messages
 	// present at start have been folded: from then on the models answer.
 	jobsReady, usageReady, nodesReady atomic.Bool
+	// adminReady is set once the node holds present at start are folded;
+	// only the node endpoints wait for it.
+	adminReady atomic.Bool
 }
 
 // ready reports whether every stream has been caught up with.

@@ -61,7 +61,7 @@ func (s *server) listNodes(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if !s.modelReady(w) {
+	if !s.nodeModelReady(w) {
 		return
 	}
 	writeJSON(w, http.StatusOK, contracts.NodeList{Nodes: s.nodes.list(pool)})
@@ -69,7 +69,7 @@ func (s *server) listNodes(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) getNode(w http.ResponseWriter, r *http.Request) {
 	id, ok := nodeID(w, r)
-	if !ok || !s.modelReady(w) {
+	if !ok || !s.nodeModelReady(w) {
 		return
 	}
 	if st, ok := s.knownNode(w, id); ok {

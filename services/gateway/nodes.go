@@ -3,8 +3,11 @@ package gateway
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"slices"
 	"sync"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
@@ -17,6 +20,16 @@ import (
 type nodeModel struct {
 	mu    sync.RWMutex
 	nodes map[string]*nodeEntry
+	// holds are the administrators' cordons and drains (BucketNodeAdmin),
+	// by node ID, folded from a KV watch; a node may be held before its
+	// agent ever published an inventory.
+	holds map[string]nodeHold
+}
+
+// nodeHold is a node's hold at a KV revision; admin nil: released.
+type nodeHold struct {
+	admin *contracts.NodeAdmin
+	rev   uint64
 }
 
 type nodeEntry struct {
@@ -24,7 +37,31 @@ type nodeEntry struct {
 	invSeq, lifeSeq uint64
 }
 
-func newNodeModel() *nodeModel { return &nodeModel{nodes: map[string]*nodeEntry{}} }
+func newNodeModel() *nodeModel {
+	return &nodeModel{nodes: map[string]*nodeEntry{}, holds: map[string]nodeHold{}}
+}
+
+// applyHold records the node's hold (nil: released) as of KV revision rev,
+// unless a later revision was applied: the gateway's own writes and the
+// watch both apply, in either order.
+func (m *nodeModel) applyHold(node string, admin *contracts.NodeAdmin, rev uint64) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if h, ok := m.holds[node]; ok && rev <= h.rev {
+		return false
+	}
+	m.holds[node] = nodeHold{admin: admin, rev: rev}
+	return true
+}
+
+// withHold returns st with its node's hold; m.mu is held.
+func (m *nodeModel) withHold(st contracts.NodeStatus) contracts.NodeStatus {
+	if a := m.holds[st.NodeID].admin; a != nil {
+		c := *a
+		st.Admin = &c
+	}
+	return st
+}
 
 // applyInventory replaces the node's inventory with inv, read at stream
 // sequence seq, unless a later one was applied; it reports whether it did.
@@ -71,7 +108,7 @@ func (m *nodeModel) node(id string) (contracts.NodeStatus, bool) {
 	if !ok || e.invSeq == 0 {
 		return contracts.NodeStatus{}, false
 	}
-	return e.status, true
+	return m.withHold(e.status), true
 }
 
 // list returns the nodes with an inventory, of one pool ("" for all),
@@ -81,7 +118,7 @@ func (m *nodeModel) list(pool string) []contracts.NodeStatus {
 	out := make([]contracts.NodeStatus, 0, len(m.nodes))
 	for _, e := range m.nodes {
 		if e.invSeq > 0 && (pool == "" || e.status.Pool == pool) {
-			out = append(out, e.status)
+			out = append(out, m.withHold(e.status))
 		}
 	}
 	m.mu.RUnlock()
@@ -103,6 +140,37 @@ func (in *ingester) followNodes(ctx context.Context) error {
 		in.nodesReady.Store(true)
 		in.log.Info("nodes caught up", "stream", contracts.StreamNodes)
 	})
+}
+
+// followNodeAdmin folds the node holds of BucketNodeAdmin into the node
+// model until ctx ends. A watch that cannot start is logged and leaves
+// the node endpoints answering 503: the jobs API does not depend on it.
+func (in *ingester) followNodeAdmin(ctx context.Context) error {
+	err := in.bus.WatchKV(ctx, contracts.BucketNodeAdmin, in.applyNodeAdmin, func() {
+		in.adminReady.Store(true)
+		in.log.Info("node holds caught up", "bucket", contracts.BucketNodeAdmin)
+	})
+	if err != nil && ctx.Err() == nil {
+		in.log.Error("node holds unavailable: node endpoints answer 503", "bucket", contracts.BucketNodeAdmin, "err", err)
+	}
+	return nil
+}
+
+// applyNodeAdmin applies one KV entry; a value that does not decode, or
+// names another node, is logged and skipped.
+func (in *ingester) applyNodeAdmin(e jetstream.KeyValueEntry) {
+	node := e.Key()
+	if e.Operation() != jetstream.KeyValuePut {
+		in.nodes.applyHold(node, nil, e.Revision())
+		return
+	}
+	var a contracts.NodeAdmin
+	if err := json.Unmarshal(e.Value(), &a); err != nil || a.NodeID != node {
+		in.log.Warn("skipping a node hold that does not decode or names another node", "node_id", node,
+			"revision", e.Revision(), "err", err)
+		return
+	}
+	in.nodes.applyHold(node, &a, e.Revision())
 }
 
 // applyNode never fails: a message it cannot use is logged and skipped.

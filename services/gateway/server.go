@@ -35,8 +35,12 @@ type server struct {
 	model readModel
 	// nodes is the fleet as the NODES stream tells it (nodes.go).
 	nodes *nodeModel
-	// billing opens the price book and budget buckets (billing.go).
-	billing *billingKV
+	// buckets opens the KV buckets of the billing and scheduling
+	// administration endpoints (billing.go, schedadmin.go).
+	buckets *kvBuckets
+	// adminReady reports whether the node model has caught up with the
+	// node holds of BucketNodeAdmin.
+	adminReady func() bool
 	// ready reports whether the read model has caught up with its streams.
 	ready func() bool
 	log   *slog.Logger
@@ -79,9 +83,19 @@ func (s *server) handler() http.Handler {
 	route("/v1/tenants/{tenant}/usage", map[string]http.HandlerFunc{http.MethodGet: s.usage})
 	route("/v1/tenants/{tenant}/jobs/{id}/logs", map[string]http.HandlerFunc{http.MethodGet: s.jobLogs})
 	route("/v1/tenants/{tenant}/jobs/{id}/checkpoint", map[string]http.HandlerFunc{http.MethodPost: s.checkpointJob})
+	route("/v1/tenants/{tenant}/jobs/{id}/describe", map[string]http.HandlerFunc{http.MethodGet: s.describeJob})
 	route("/v1/nodes", map[string]http.HandlerFunc{http.MethodGet: s.listNodes})
 	route("/v1/nodes/{node}", map[string]http.HandlerFunc{http.MethodGet: s.getNode})
 	route("/v1/nodes/{node}/faults", map[string]http.HandlerFunc{http.MethodPost: s.injectFault})
+	route("/v1/nodes/{node}/cordon", map[string]http.HandlerFunc{http.MethodPost: s.cordonNode})
+	route("/v1/nodes/{node}/drain", map[string]http.HandlerFunc{http.MethodPost: s.drainNode})
+	route("/v1/nodes/{node}/uncordon", map[string]http.HandlerFunc{http.MethodPost: s.uncordonNode})
+	route("/v1/quotas", map[string]http.HandlerFunc{http.MethodGet: s.listQuotas})
+	route("/v1/quotas/{tenant}", map[string]http.HandlerFunc{http.MethodGet: s.getQuota, http.MethodPut: s.putQuota,
+		http.MethodDelete: s.deleteQuota})
+	route("/v1/pools", map[string]http.HandlerFunc{http.MethodGet: s.listPools})
+	route("/v1/pools/{pool}", map[string]http.HandlerFunc{http.MethodGet: s.getPool, http.MethodPut: s.putPool,
+		http.MethodDelete: s.deletePool})
 	route("/v1/pricebook", map[string]http.HandlerFunc{http.MethodGet: s.getPriceBook, http.MethodPut: s.putPriceBook})
 	route("/v1/tenants/{tenant}/budget", map[string]http.HandlerFunc{http.MethodGet: s.getBudget, http.MethodPut: s.putBudget,
 		http.MethodDelete: s.deleteBudget})
@@ -373,8 +387,8 @@ func (s *server) usage(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, sum)
 }
 
-// healthz is 200 only when the bus is connected and the read model has
-// caught up with JOB_EVENTS and USAGE.
+// healthz is 200 only when the bus is connected and the read models have
+// caught up with JOB_EVENTS, USAGE, NODES and the node holds.
 func (s *server) healthz(w http.ResponseWriter, r *http.Request) {
 	var problems []string
 	if !s.bus.Conn().IsConnected() {
@@ -382,6 +396,9 @@ func (s *server) healthz(w http.ResponseWriter, r *http.Request) {
 	}
 	if !s.ready() {
 		problems = append(problems, "read model catching up")
+	}
+	if s.adminReady != nil && !s.adminReady() {
+		problems = append(problems, "node holds catching up")
 	}
 	if len(problems) > 0 {
 		writeError(w, http.StatusServiceUnavailable, contracts.ReasonUnavailable, strings.Join(problems, "; "), nil)
@@ -395,12 +412,19 @@ func (s *server) internalError(w http.ResponseWriter, what string, err error) {
 	writeError(w, http.StatusInternalServerError, contracts.ReasonInternal, what+": "+err.Error(), nil)
 }
 
-// writeValidationError answers a decode or validation failure: 400 with
-// the summary reason and every field error (413 for too_large).
+// writeValidationError answers a job request's decode or validation
+// failure (writeInvalid).
 func writeValidationError(w http.ResponseWriter, err error) {
+	writeInvalid(w, "invalid job request", err)
+}
+
+// writeInvalid answers a decode or validation failure of a document
+// (what: "invalid budget"): 400 with the summary reason and every field
+// error (413 for too_large).
+func writeInvalid(w http.ResponseWriter, what string, err error) {
 	ve, ok := errors.AsType[*contracts.ValidationError](err)
 	if !ok {
-		writeError(w, http.StatusBadRequest, contracts.ReasonInvalidRequest, err.Error(), nil)
+		writeError(w, http.StatusBadRequest, contracts.ReasonInvalidRequest, what+": "+err.Error(), nil)
 		return
 	}
 	status := http.StatusBadRequest
@@ -415,7 +439,7 @@ func writeValidationError(w http.ResponseWriter, err error) {
 			msgs = append(msgs, f.Message)
 		}
 	}
-	writeError(w, status, ve.Reason, "invalid job request: "+strings.Join(msgs, "; "), ve.Fields)
+	writeError(w, status, ve.Reason, what+": "+strings.Join(msgs, "; "), ve.Fields)
 }
 
 func writeError(w http.ResponseWriter, status int, reason contracts.Reason, msg string, fields []contracts.FieldError) {

@@ -1,6 +1,7 @@
 // Package gpuctl is gpuplane's command-line client: submit, inspect,
-// cancel and watch jobs, read their output, ask them to checkpoint, list
-// nodes and inject faults through the gateway's REST API, or submit,
+// describe, cancel and watch jobs, read their output, ask them to
+// checkpoint, list, cordon and drain nodes, inject faults, and edit
+// quotas, pools, prices and budgets through the gateway's REST API, or submit,
 // cancel and watch straight on the bus (--via bus). The binary is
 // cmd/gpuctl; Run is the whole program, so tests drive it without exiting.
 package gpuctl
@@ -34,8 +35,13 @@ Usage:
   gpuctl [common flags] <command> [flags] [args]
 
 Commands:
-  submit [flags] [-- command args...]   submit a job from flags, or from -f job.yaml|job.json
+  submit [flags] [-- command args...]   submit a job from flags, or from -f job.yaml|job.json: whole GPUs
+                                         (--gpus, --model, --models, --nodes N --topology nvlink|zone), a MIG
+                                         instance (--mig 1g.10gb), a GPU share (--share 4096:25); --cpu,
+                                         --memory, --selector k=v, --toleration k=v:Effect|k:Exists,
+                                         --depends-on a,b, --expected 2h, --placement-timeout 30m
   get ID                                 show one job
+  describe ID                            everything about one job: why it is pending, where it runs, its events
   list [--state S] [--limit N]           list the tenant's jobs, newest first
   cancel ID [--reason TEXT]              ask to cancel a job
   watch ID                               print the job's events until it ends (exit 0 only if it succeeded)
@@ -49,6 +55,12 @@ Commands:
   nodes [NODE] [--pool P]                list the nodes, or show one: GPUs, MIG, health, topology
   fault inject NODE --kind K [flags]     inject a fault into a simulated node (admin): xid, ecc_dbe,
                                          overheat, machine_death, agent_pause or clear
+  cordon|drain|uncordon NODE [--reason R]
+                                         stop new work on a node; drain also moves its jobs off (admin)
+  quota get | list | set [--pool P] [--guarantee G] [--max M|none] [--weight W] [--strict-fifo] | delete
+                                         the tenant's GPU quota per pool and fair-share weight (set, delete: admin)
+  pool get [POOL] | set POOL --policy binpack|spread|topology|fragaware | delete POOL
+                                         the pools and their placement policy (set, delete: admin)
 
 Common flags (before or after the command):
   --tenant T     tenant (env GPUPLANE_TENANT, default "default")
@@ -140,6 +152,12 @@ var commands = []command{
 	{"checkpoint", "ID", (*app).checkpointCmd},
 	{"nodes", "[NODE]", (*app).nodesCmd},
 	{"fault", "inject NODE", (*app).faultCmd},
+	{"describe", "ID", (*app).describeCmd},
+	{"quota", "get|list|set|delete", (*app).quotaCmd},
+	{"pool", "get [POOL]|set POOL|delete POOL", (*app).poolCmd},
+	{"cordon", "NODE", holdCmd("cordon")},
+	{"drain", "NODE", holdCmd("drain")},
+	{"uncordon", "NODE", holdCmd("uncordon")},
 }
 
 // Run runs gpuctl with args (without the program name) and returns the

@@ -50,11 +50,11 @@ func (a *app) nodesCmd(fs *flag.FlagSet) func(context.Context, []string, []strin
 			return a.printJSON(list)
 		}
 		tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NODE\tPOOL\tMACHINE\tBACKEND\tSTATE\tGPUS\tHEALTHY\tMIG\tDRIVER\tCUDA\tTOPOLOGY\tZONE")
+		fmt.Fprintln(tw, "NODE\tPOOL\tMACHINE\tBACKEND\tSTATE\tSCHEDULING\tGPUS\tHEALTHY\tMIG\tDRIVER\tCUDA\tTOPOLOGY\tZONE\tTAINTS")
 		for _, n := range list.Nodes {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.NodeID, dash(n.Pool), dash(n.MachineType), dash(n.Backend),
-				dash(string(n.Lifecycle)), dash(gpuSummary(n.GPUs)), healthSummary(n.GPUs), dash(migSummary(n.GPUs)),
-				dash(n.DriverVersion), dash(n.CUDAVersion), topologySummary(len(n.GPUs), n.Topology), dash(n.Zone))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.NodeID, dash(n.Pool), dash(n.MachineType), dash(n.Backend),
+				dash(string(n.Lifecycle)), scheduling(n.Admin), dash(gpuSummary(n.GPUs)), healthSummary(n.GPUs), dash(migSummary(n.GPUs)),
+				dash(n.DriverVersion), dash(n.CUDAVersion), topologySummary(len(n.GPUs), n.Topology), dash(n.Zone), dash(taints(n.Taints)))
 		}
 		_ = tw.Flush()
 		if len(list.Nodes) == 0 {
@@ -86,9 +86,14 @@ func showNode(w io.Writer, n contracts.NodeStatus) {
 		}
 		row("Labels", strings.Join(labels, ","))
 	}
+	row("Purpose", n.Purpose)
+	row("Taints", taints(n.Taints))
 	row("Backend", n.Backend)
 	if n.Lifecycle != "" {
 		row("State", string(n.Lifecycle)+" since "+formatTime(&n.LifecycleAt))
+	}
+	if a := n.Admin; a != nil {
+		row("Scheduling", scheduling(a)+" since "+formatTime(&a.Time)+because(a.Reason))
 	}
 	row("Driver", n.DriverVersion)
 	row("CUDA", n.CUDAVersion)
@@ -168,6 +173,17 @@ func topologyMatrix(w io.Writer, gpus []contracts.GPUInfo, links []contracts.GPU
 		fmt.Fprintln(tw, strings.Join(row, "\t"))
 	}
 	_ = tw.Flush()
+}
+
+// scheduling is a node's hold: "schedulable", "cordoned" or "draining".
+func scheduling(a *contracts.NodeAdmin) string {
+	switch {
+	case a == nil || !a.Cordoned && !a.Drain:
+		return "schedulable"
+	case a.Drain:
+		return "draining"
+	}
+	return "cordoned"
 }
 
 // gpuSummary is "8 × H100-80GB", or "4 × A100-80GB, 4 × L4" for a mix.

@@ -191,9 +191,10 @@ func TestNodes(t *testing.T) {
 	h.eventually("two nodes listed", func() bool { _, out, _ = h.run("nodes"); return strings.Count(out, "\n") == 3 })
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	for i, want := range [][]string{
-		{"NODE", "POOL", "MACHINE", "BACKEND", "STATE", "GPUS", "HEALTHY", "MIG", "DRIVER", "CUDA", "TOPOLOGY", "ZONE"},
-		{"h100-01", "h100", "h100-sxm-8", "sim", "-", "8 × H100-80GB", "7/8", "2 instances on 1 GPU", "550.54.15", "12.4", "NVLink all-to-all, 18 links", "zone-a"},
-		{"l4-01", "l4", "l4-pcie-4", "nvml", "-", "4 × L4", "4/4", "-", "-", "-", "PCIe pairs", "-"},
+		{"NODE", "POOL", "MACHINE", "BACKEND", "STATE", "SCHEDULING", "GPUS", "HEALTHY", "MIG", "DRIVER", "CUDA", "TOPOLOGY", "ZONE", "TAINTS"},
+		{"h100-01", "h100", "h100-sxm-8", "sim", "-", "schedulable", "8 × H100-80GB", "7/8", "2 instances on 1 GPU", "550.54.15", "12.4",
+			"NVLink all-to-all, 18 links", "zone-a", "-"},
+		{"l4-01", "l4", "l4-pcie-4", "nvml", "-", "schedulable", "4 × L4", "4/4", "-", "-", "-", "PCIe pairs", "-", "-"},
 	} {
 		if got := strings.Split(strings.TrimSpace(regexpSpaces(lines[i])), "  "); !cmp.Equal(got, want) {
 			t.Errorf("line %d: %q, want %q", i, got, want)

@@ -214,16 +214,38 @@ func (a *app) usageCSV(sum contracts.UsageSummary) int {
 	return ExitOK
 }
 
-// requested is what a request asks for: "2 × H100-80GB (≥ 40000 MiB)".
+// requested is what a request asks for: "2 × H100-80GB (≥ 40000 MiB)",
+// "16 × H100-80GB over 2 machines (8 each), NVLink", "MIG 1g.10gb on
+// H100-80GB", "share of 1 × L4: 4096 MiB, 25% compute".
 func requested(r *contracts.JobRequest) string {
 	g := r.Resources.GPU
 	model := g.Model
 	if model == "" {
 		model = contracts.GPUModelAny
 	}
-	s := fmt.Sprintf("%d × %s", g.Count, model)
+	if len(g.Models) > 0 {
+		model = strings.Join(g.Models, "|")
+	}
+	var s string
+	switch g.Kind() {
+	case contracts.GPUKindMIG:
+		s = "MIG " + g.MIGProfile + " on " + model
+	case contracts.GPUKindShare:
+		s = fmt.Sprintf("share of 1 × %s: %d MiB, %d%% compute", model, g.Share.MemoryMiB, g.Share.ComputePercent)
+	default:
+		s = fmt.Sprintf("%d × %s", g.Count, model)
+	}
 	if g.MemoryMiB > 0 {
 		s += fmt.Sprintf(" (≥ %d MiB)", g.MemoryMiB)
+	}
+	if m := g.Machines(); m > 1 {
+		s += fmt.Sprintf(" over %d machines (%d each)", m, g.Count/m)
+	}
+	switch g.Topology {
+	case contracts.TopologyNVLink:
+		s += ", NVLink"
+	case contracts.TopologyZone:
+		s += ", one zone"
 	}
 	return s
 }
@@ -243,7 +265,8 @@ func runSpec(r contracts.RunSpec) string {
 	return s
 }
 
-// devices is a placement's GPUs: "2 × H100-80GB [0,1]".
+// devices is a placement's GPUs: "2 × H100-80GB [0,1]", "MIG 3g.40gb
+// of H100-80GB [7]", "share of L4 [2]".
 func devices(p *contracts.Placement) string {
 	if len(p.Devices) == 0 {
 		return ""
@@ -252,7 +275,14 @@ func devices(p *contracts.Placement) string {
 	for i, d := range p.Devices {
 		idx[i] = strconv.Itoa(d.Index)
 	}
-	return fmt.Sprintf("%d × %s [%s]", len(p.Devices), p.Devices[0].Model, strings.Join(idx, ","))
+	d := p.Devices[0]
+	switch {
+	case d.MIG != nil:
+		return fmt.Sprintf("MIG %s of %s [%s]", d.MIG.Profile, d.Model, strings.Join(idx, ","))
+	case d.Share != nil:
+		return fmt.Sprintf("share of %s [%s]", d.Model, strings.Join(idx, ","))
+	}
+	return fmt.Sprintf("%d × %s [%s]", len(p.Devices), d.Model, strings.Join(idx, ","))
 }
 
 func formatTime(t *time.Time) string {

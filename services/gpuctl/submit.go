@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -26,27 +27,69 @@ import (
 const busTimeout = 15 * time.Second
 
 // requestFlags are the flags that build a job request; -f excludes them.
-var requestFlags = []string{"name", "gpus", "model", "gpu-memory", "priority", "pool", "duration", "exit-code", "checkpoint"}
+var requestFlags = []string{"name", "gpus", "model", "models", "gpu-memory", "mig", "share", "nodes", "topology", "cpu", "memory",
+	"priority", "pool", "selector", "toleration", "depends-on", "expected", "placement-timeout", "duration", "exit-code", "checkpoint"}
+
+// submitFlags are the flags that build a job request.
+type submitFlags struct {
+	name, model, priority, pool, duration    string
+	mig, share, topology, cpu, memory        string
+	expected, placementTimeout               string
+	gpus, nodes, exitCode                    int
+	gpuMemory                                int64
+	checkpoint                               bool
+	models, dependsOn, selector, tolerations listFlag
+}
+
+// listFlag is a flag that may be repeated, each value also split at
+// commas: --models L4,T4 --models A100-80GB.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+
+func (l *listFlag) Set(v string) error {
+	for _, e := range strings.Split(v, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			*l = append(*l, e)
+		}
+	}
+	return nil
+}
+
+func (f *submitFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.name, "name", "", "job name")
+	fs.IntVar(&f.gpus, "gpus", 1, "number of whole GPUs (in all, over --nodes machines)")
+	fs.StringVar(&f.model, "model", contracts.GPUModelAny, fmt.Sprintf("GPU model: %s or one of %s", contracts.GPUModelAny, strings.Join(contracts.GPUModels, ", ")))
+	fs.Var(&f.models, "models", "allowed GPU models instead of one --model, comma-separated (H100-80GB,A100-80GB)")
+	fs.Int64Var(&f.gpuMemory, "gpu-memory", 0, "minimum memory per GPU in MiB")
+	fs.StringVar(&f.mig, "mig", "", "one MIG instance of this profile (1g.10gb, 3g.40gb, ...) instead of whole GPUs")
+	fs.StringVar(&f.share, "share", "", "a share of one GPU, MEMORY:PERCENT: framebuffer (MiB, or 4Gi) and compute percent (4096:25)")
+	fs.IntVar(&f.nodes, "nodes", 0, "spread --gpus evenly over this many machines, placed all or nothing")
+	fs.StringVar(&f.topology, "topology", "", "nvlink (each machine's GPUs in one NVLink domain) or zone (all machines in one zone)")
+	fs.StringVar(&f.cpu, "cpu", "", "CPU per machine: cores (4, 0.5) or millicores (500m)")
+	fs.StringVar(&f.memory, "memory", "", "host memory per machine: MiB (65536) or with a unit (64Gi, 512Mi, 1Ti)")
+	fs.StringVar(&f.priority, "priority", "", "critical, high, normal (default) or best-effort")
+	fs.StringVar(&f.pool, "pool", "", "restrict placement to one node pool")
+	fs.Var(&f.selector, "selector", "only nodes with this label, KEY=VALUE (repeatable, or comma-separated)")
+	fs.Var(&f.tolerations, "toleration", "tolerate a taint: KEY=VALUE[:EFFECT] or KEY:Exists[:EFFECT] (:Exists alone: every taint; repeatable)")
+	fs.Var(&f.dependsOn, "depends-on", "job IDs of the tenant that must succeed first, comma-separated")
+	fs.StringVar(&f.expected, "expected", "", "how long the job expects to run (e.g. 2h): lets backfill place it early")
+	fs.StringVar(&f.placementTimeout, "placement-timeout", "", "fail the job if it is not placed within this time (e.g. 30m)")
+	fs.StringVar(&f.duration, "duration", "30s", "a simulated run's length; with a command after --, a time limit (only when given)")
+	fs.IntVar(&f.exitCode, "exit-code", 0, "exit code the simulated run ends with")
+	fs.BoolVar(&f.checkpoint, "checkpoint", false, "the job implements the checkpoint protocol (SIGUSR1, GPUPLANE_CHECKPOINT_DIR; see FLOWS.md)")
+}
 
 func (a *app) submitCmd(fs *flag.FlagSet) func(context.Context, []string, []string) int {
 	var (
-		file, id, name, model, priority, pool, duration string
-		gpus, exitCode                                  int
-		gpuMemory                                       int64
-		watch, checkpoint                               bool
+		file, id string
+		watch    bool
+		f        submitFlags
 	)
 	fs.StringVar(&file, "f", "", "read the JobRequest from a YAML or JSON file (- for stdin)")
 	fs.StringVar(&id, "id", "", "job ID (default: a new time-ordered ID); also the submit's Nats-Msg-Id")
-	fs.StringVar(&name, "name", "", "job name")
-	fs.IntVar(&gpus, "gpus", 1, "number of whole GPUs, 1 to 64")
-	fs.StringVar(&model, "model", contracts.GPUModelAny, fmt.Sprintf("GPU model: %s or one of %s", contracts.GPUModelAny, strings.Join(contracts.GPUModels, ", ")))
-	fs.Int64Var(&gpuMemory, "gpu-memory", 0, "minimum memory per GPU in MiB")
-	fs.StringVar(&priority, "priority", "", "critical, high, normal (default) or best-effort")
-	fs.StringVar(&pool, "pool", "", "restrict placement to one node pool")
-	fs.StringVar(&duration, "duration", "30s", "a simulated run's length; with a command after --, a time limit (only when given)")
-	fs.IntVar(&exitCode, "exit-code", 0, "exit code the simulated run ends with")
-	fs.BoolVar(&checkpoint, "checkpoint", false, "the job implements the checkpoint protocol (SIGUSR1, GPUPLANE_CHECKPOINT_DIR; see FLOWS.md)")
 	fs.BoolVar(&watch, "watch", false, "then watch the job until it ends (exit code as for watch)")
+	f.register(fs)
 	return func(ctx context.Context, pos, trailing []string) int {
 		if len(pos) > 0 {
 			return a.usageErr("submit", "unexpected arguments %q (a command goes after --)", pos)
@@ -70,8 +113,8 @@ func (a *app) submitCmd(fs *flag.FlagSet) func(context.Context, []string, []stri
 			if doc, err = readRequestFile(file); err != nil {
 				return a.fail("submit", err)
 			}
-		} else {
-			doc = flagsRequest(name, gpus, model, gpuMemory, priority, pool, duration, set["duration"], exitCode, checkpoint, trailing)
+		} else if doc, err = f.request(set["duration"], trailing); err != nil {
+			return a.usageErr("submit", "%v", err)
 		}
 		if doc, err = withID(doc, id); err != nil {
 			return a.fail("submit", err)
@@ -103,37 +146,181 @@ func (a *app) submitCmd(fs *flag.FlagSet) func(context.Context, []string, []stri
 	}
 }
 
-// flagsRequest builds the request document from the submit flags. It is
-// JSON, so that it goes through exactly the decoding a posted body does.
-func flagsRequest(name string, gpus int, model string, gpuMemory int64, priority, pool, duration string, durationSet bool, exitCode int, checkpoint bool, command []string) []byte {
-	gpu := map[string]any{"count": gpus}
-	if model != "" {
-		gpu["model"] = model
+// request builds the request document from the flags. It is JSON, so
+// that it goes through exactly the decoding a posted body does: the
+// values are checked there (a bad duration or MIG profile is reported on
+// its field); only what cannot be written as JSON at all (a --share
+// without its colon) is refused here.
+func (f *submitFlags) request(durationSet bool, command []string) ([]byte, error) {
+	var errs []error
+	gpu := map[string]any{"count": f.gpus}
+	if f.model != "" {
+		gpu["model"] = f.model
 	}
-	if gpuMemory != 0 {
-		gpu["memoryMiB"] = gpuMemory
+	if len(f.models) > 0 {
+		gpu["models"] = []string(f.models)
+	}
+	if f.gpuMemory != 0 {
+		gpu["memoryMiB"] = f.gpuMemory
+	}
+	if f.mig != "" {
+		gpu["migProfile"] = f.mig
+	}
+	if f.share != "" {
+		mem, pct, err := parseShare(f.share)
+		errs = append(errs, err)
+		gpu["share"] = map[string]any{"memoryMiB": mem, "computePercent": pct}
+	}
+	if f.nodes != 0 {
+		gpu["nodes"] = f.nodes
+	}
+	if f.topology != "" {
+		gpu["topology"] = f.topology
+	}
+	resources := map[string]any{"gpu": gpu}
+	if f.cpu != "" {
+		milli, err := parseCPU(f.cpu)
+		errs = append(errs, err)
+		resources["cpuMilli"] = milli
+	}
+	if f.memory != "" {
+		mib, err := parseMiB(f.memory)
+		errs = append(errs, err)
+		resources["memoryMiB"] = mib
 	}
 	run := map[string]any{}
 	if len(command) > 0 {
 		run["command"] = command
 	}
 	if len(command) == 0 || durationSet {
-		run["duration"] = duration
+		run["duration"] = f.duration
 	}
-	if checkpoint {
+	if f.checkpoint {
 		run["checkpoint"] = true
 	}
-	if exitCode != 0 {
-		run["exitCode"] = exitCode
+	if f.exitCode != 0 {
+		run["exitCode"] = f.exitCode
 	}
-	doc := map[string]any{"resources": map[string]any{"gpu": gpu}, "run": run}
-	for k, v := range map[string]string{"name": name, "priority": priority, "pool": pool} {
+	doc := map[string]any{"resources": resources, "run": run}
+	for k, v := range map[string]string{"name": f.name, "priority": f.priority, "pool": f.pool,
+		"expectedRunTime": f.expected, "placementTimeout": f.placementTimeout} {
 		if v != "" {
 			doc[k] = v
 		}
 	}
-	data, _ := json.Marshal(doc) // maps of strings, numbers and slices always encode
-	return data
+	if len(f.selector) > 0 {
+		sel := map[string]string{}
+		for _, kv := range f.selector {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok || k == "" {
+				errs = append(errs, fmt.Errorf("--selector %q: want KEY=VALUE", kv))
+				continue
+			}
+			sel[k] = v
+		}
+		doc["nodeSelector"] = sel
+	}
+	if len(f.tolerations) > 0 {
+		tols := make([]contracts.Toleration, 0, len(f.tolerations))
+		for _, t := range f.tolerations {
+			tol, err := parseToleration(t)
+			errs = append(errs, err)
+			tols = append(tols, tol)
+		}
+		doc["tolerations"] = tols
+	}
+	if len(f.dependsOn) > 0 {
+		doc["dependsOn"] = []string(f.dependsOn)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return json.Marshal(doc)
+}
+
+// parseShare reads --share MEMORY:PERCENT.
+func parseShare(s string) (int64, int, error) {
+	m, p, ok := strings.Cut(s, ":")
+	if !ok {
+		return 0, 0, fmt.Errorf("--share %q: want MEMORY:PERCENT, e.g. 4096:25 or 4Gi:25", s)
+	}
+	mem, err := parseMiB(m)
+	if err != nil {
+		return 0, 0, fmt.Errorf("--share %q: %w", s, err)
+	}
+	pct, err := strconv.Atoi(strings.TrimSuffix(p, "%"))
+	if err != nil {
+		return 0, 0, fmt.Errorf("--share %q: compute percent %q is not a whole number", s, p)
+	}
+	return mem, pct, nil
+}
+
+// parseCPU reads cores ("4", "0.5") or millicores ("500m").
+func parseCPU(s string) (int64, error) {
+	if m, ok := strings.CutSuffix(s, "m"); ok {
+		n, err := strconv.ParseInt(m, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("--cpu %q: want cores (4, 0.5) or millicores (500m)", s)
+		}
+		return n, nil
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || f != f || f > 1e9 || f < -1e9 {
+		return 0, fmt.Errorf("--cpu %q: want cores (4, 0.5) or millicores (500m)", s)
+	}
+	return int64(f*1000 + 0.5*sign(f)), nil
+}
+
+func sign(f float64) float64 {
+	if f < 0 {
+		return -1
+	}
+	return 1
+}
+
+// memUnits are the binary units memory flags take, in MiB.
+var memUnits = []struct {
+	suffix string
+	mib    int64
+}{{"Ti", 1 << 20}, {"Gi", 1 << 10}, {"Mi", 1}}
+
+// parseMiB reads MiB ("65536") or a binary unit ("64Gi", "512Mi", "1Ti").
+func parseMiB(s string) (int64, error) {
+	mult, num := int64(1), s
+	for _, u := range memUnits {
+		if n, ok := strings.CutSuffix(s, u.suffix); ok {
+			mult, num = u.mib, n
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n > (1<<62)/mult || n < -(1<<62)/mult {
+		return 0, fmt.Errorf("memory %q: want MiB (65536) or a whole number with Mi, Gi or Ti (64Gi)", s)
+	}
+	return n * mult, nil
+}
+
+// parseToleration reads KEY=VALUE[:EFFECT] (operator Equal) or
+// KEY:Exists[:EFFECT] (operator Exists; an empty KEY tolerates every
+// taint). The effect's value is checked with the rest of the request.
+func parseToleration(s string) (contracts.Toleration, error) {
+	bad := fmt.Errorf("--toleration %q: want KEY=VALUE[:EFFECT] or KEY:Exists[:EFFECT]", s)
+	if k, v, ok := strings.Cut(s, "="); ok {
+		if k == "" || strings.Contains(k, ":") {
+			return contracts.Toleration{}, bad
+		}
+		value, effect, _ := strings.Cut(v, ":")
+		return contracts.Toleration{Key: k, Operator: contracts.TolerationEqual, Value: value, Effect: contracts.TaintEffect(effect)}, nil
+	}
+	parts := strings.Split(s, ":")
+	if len(parts) < 2 || len(parts) > 3 || parts[1] != string(contracts.TolerationExists) {
+		return contracts.Toleration{}, bad
+	}
+	t := contracts.Toleration{Key: parts[0], Operator: contracts.TolerationExists}
+	if len(parts) == 3 {
+		t.Effect = contracts.TaintEffect(parts[2])
+	}
+	return t, nil
 }
 
 // readRequestFile reads a JobRequest document: JSON as is (a .json file),

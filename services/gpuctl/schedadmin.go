@@ -1,0 +1,310 @@
+package gpuctl
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"maps"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/gpuplane/gpuplane/contracts"
+)
+
+// The scheduling administration commands: quota, pool, cordon, drain and
+// uncordon. Edits go through the gateway, which keeps them in KV; the
+// scheduler applies them at its next cycle.
+
+// quotaCmd is "quota get", "quota list", "quota set" and "quota delete"
+// for --tenant. set edits the stored quota: it reads it, changes what the
+// flags name, and writes it back only if nobody changed it meanwhile.
+func (a *app) quotaCmd(fs *flag.FlagSet) func(context.Context, []string, []string) int {
+	var file, pool, maxGPUs string
+	var guarantee, weight float64
+	var strictFIFO bool
+	fs.StringVar(&file, "f", "", "set: replace the whole quota with this YAML or JSON file (- for stdin)")
+	fs.StringVar(&pool, "pool", contracts.QuotaAllPools, `set: the pool --guarantee and --max apply to ("*": every pool without its own entry)`)
+	fs.Float64Var(&guarantee, "guarantee", 0, "set: GPUs the tenant always gets in --pool, reclaimed by preemption from borrowers")
+	fs.StringVar(&maxGPUs, "max", "", `set: most GPUs the tenant may hold in --pool, borrowing included ("none": no bound)`)
+	fs.Float64Var(&weight, "weight", 0, "set: fair-share weight (0: default 1)")
+	fs.BoolVar(&strictFIFO, "strict-fifo", false, "set: a job that cannot be placed holds back the tenant's later jobs of its class")
+	return func(ctx context.Context, pos, trailing []string) int {
+		if len(pos) != 1 || len(trailing) > 0 || !slices.Contains([]string{"get", "list", "set", "delete"}, pos[0]) {
+			return a.usageErr("quota", `want "quota get", "quota list", "quota set [--pool P] [--guarantee G] [--max M] [--weight W] [--strict-fifo]" or "quota delete"`)
+		}
+		c := newClient(a.gateway)
+		if pos[0] == "list" {
+			var list contracts.QuotaList
+			if err := c.call(ctx, http.MethodGet, "/v1/quotas", nil, nil, &list); err != nil {
+				return a.fail("quota list", err)
+			}
+			if a.output == "json" {
+				return a.printJSON(list)
+			}
+			a.printQuotas(list.Quotas)
+			return ExitOK
+		}
+		if err := contracts.ValidateTenant(a.tenant); err != nil {
+			return a.usageErr("quota", "%v", err)
+		}
+		path := "/v1/quotas/" + url.PathEscape(a.tenant)
+		var doc contracts.QuotaDoc
+		var err error
+		switch pos[0] {
+		case "get":
+			err = c.call(ctx, http.MethodGet, path, nil, nil, &doc)
+		case "delete":
+			err = c.call(ctx, http.MethodDelete, path, nil, nil, &doc)
+		case "set":
+			set := map[string]bool{}
+			fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+			edits := []string{"pool", "guarantee", "max", "weight", "strict-fifo"}
+			var data []byte
+			var rev *uint64
+			switch {
+			case file != "":
+				if slices.ContainsFunc(edits, func(e string) bool { return set[e] }) {
+					return a.usageErr("quota set", "-f replaces the whole quota: put --pool, --guarantee, --max, --weight and --strict-fifo in the file")
+				}
+				if data, err = readRequestFile(file); err != nil {
+					return a.fail("quota set", err)
+				}
+			case !slices.ContainsFunc(edits, func(e string) bool { return set[e] }):
+				return a.usageErr("quota set", "nothing to set: give --guarantee, --max, --weight, --strict-fifo or -f FILE")
+			case set["pool"] && !set["guarantee"] && !set["max"]:
+				return a.usageErr("quota set", "--pool names where --guarantee or --max apply: give one of them")
+			default:
+				var cur contracts.QuotaDoc
+				if err := c.call(ctx, http.MethodGet, path, nil, nil, &cur); err != nil {
+					return a.fail("quota set", err)
+				}
+				q := contracts.TenantQuota{}
+				if cur.Quota != nil {
+					q = *cur.Quota
+				}
+				if set["weight"] {
+					q.Weight = weight
+				}
+				if set["strict-fifo"] {
+					q.StrictFIFO = strictFIFO
+				}
+				if set["guarantee"] || set["max"] {
+					pq := q.Pools[pool]
+					if set["guarantee"] {
+						pq.Guarantee = guarantee
+					}
+					if set["max"] {
+						if maxGPUs == "none" {
+							pq.Max = nil
+						} else {
+							m, err := strconv.ParseFloat(maxGPUs, 64)
+							if err != nil {
+								return a.usageErr("quota set", `--max %q: want a number of GPUs or "none"`, maxGPUs)
+							}
+							pq.Max = &m
+						}
+					}
+					q.Pools = maps.Clone(q.Pools)
+					if q.Pools == nil {
+						q.Pools = map[string]contracts.PoolQuota{}
+					}
+					q.Pools[pool] = pq
+				}
+				data, _ = json.Marshal(q)
+				rev = &cur.Revision
+			}
+			if _, verr := contracts.DecodeTenantQuota(data, a.tenant); verr != nil {
+				return a.fail("quota set", checkedError(verr, "invalid quota"))
+			}
+			var q url.Values
+			if rev != nil {
+				q = url.Values{"revision": {strconv.FormatUint(*rev, 10)}}
+			}
+			err = c.call(ctx, http.MethodPut, path, q, data, &doc)
+		}
+		if err != nil {
+			return a.fail("quota "+pos[0], err)
+		}
+		if a.output == "json" {
+			return a.printJSON(doc)
+		}
+		a.printQuotas([]contracts.QuotaDoc{doc})
+		return ExitOK
+	}
+}
+
+// printQuotas prints one row per tenant and pool.
+func (a *app) printQuotas(docs []contracts.QuotaDoc) {
+	if len(docs) == 1 && docs[0].Quota == nil {
+		fmt.Fprintf(a.stdout, "tenant %s has no quota: no bound in any pool, weight 1\n", docs[0].Tenant)
+		return
+	}
+	if len(docs) == 0 {
+		fmt.Fprintln(a.stdout, "no quotas")
+		return
+	}
+	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TENANT\tWEIGHT\tQUEUE\tPOOL\tGUARANTEE\tMAX\tREVISION\tUPDATED")
+	for _, d := range docs {
+		q := d.Quota
+		if q == nil {
+			continue
+		}
+		queue := "fair"
+		if q.StrictFIFO {
+			queue = "strict-fifo"
+		}
+		head := fmt.Sprintf("%s\t%s\t%s\t", d.Tenant, gpus(q.EffectiveWeight()), queue)
+		tail := fmt.Sprintf("\t%d\t%s", d.Revision, formatTime(&q.UpdatedAt))
+		if len(q.Pools) == 0 {
+			fmt.Fprintf(tw, "%s-\t-\t-%s\n", head, tail)
+			continue
+		}
+		for i, p := range slices.Sorted(maps.Keys(q.Pools)) {
+			if i > 0 {
+				head, tail = "\t\t\t", "\t\t"
+			}
+			pq := q.Pools[p]
+			maxGPUs := "-"
+			if pq.Max != nil {
+				maxGPUs = gpus(*pq.Max)
+			}
+			fmt.Fprintf(tw, "%s%s\t%s\t%s%s\n", head, p, gpus(pq.Guarantee), maxGPUs, tail)
+		}
+	}
+	_ = tw.Flush()
+}
+
+// gpus shows a number of GPUs without trailing zeros: 8, 0.5.
+func gpus(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
+
+// poolCmd is "pool get [POOL]", "pool set POOL --policy P" and
+// "pool delete POOL" (back to the scheduler's default).
+func (a *app) poolCmd(fs *flag.FlagSet) func(context.Context, []string, []string) int {
+	var policy string
+	names := make([]string, len(contracts.PlacementPolicies))
+	for i, p := range contracts.PlacementPolicies {
+		names[i] = string(p)
+	}
+	fs.StringVar(&policy, "policy", "", "set: placement policy: "+strings.Join(names, ", "))
+	return func(ctx context.Context, pos, trailing []string) int {
+		usage := `want "pool get [POOL]", "pool set POOL --policy P" or "pool delete POOL"`
+		if len(pos) < 1 || len(pos) > 2 || len(trailing) > 0 || !slices.Contains([]string{"get", "list", "set", "delete"}, pos[0]) {
+			return a.usageErr("pool", "%s", usage)
+		}
+		c := newClient(a.gateway)
+		if len(pos) == 1 {
+			if pos[0] != "get" && pos[0] != "list" {
+				return a.usageErr("pool", "%s", usage)
+			}
+			var list contracts.PoolList
+			if err := c.call(ctx, http.MethodGet, "/v1/pools", nil, nil, &list); err != nil {
+				return a.fail("pool get", err)
+			}
+			if a.output == "json" {
+				return a.printJSON(list)
+			}
+			a.printPools(list.Pools)
+			return ExitOK
+		}
+		pool := pos[1]
+		if err := contracts.ValidatePool(pool); err != nil {
+			return a.usageErr("pool", "%v", err)
+		}
+		path := "/v1/pools/" + url.PathEscape(pool)
+		var doc contracts.PoolDoc
+		var err error
+		switch pos[0] {
+		case "get", "list":
+			err = c.call(ctx, http.MethodGet, path, nil, nil, &doc)
+		case "delete":
+			err = c.call(ctx, http.MethodDelete, path, nil, nil, &doc)
+		case "set":
+			if policy == "" {
+				return a.usageErr("pool set", "--policy is required: one of %s", strings.Join(names, ", "))
+			}
+			data, _ := json.Marshal(contracts.PoolConfig{Policy: contracts.PlacementPolicy(policy)})
+			if _, verr := contracts.DecodePoolConfig(data, pool); verr != nil {
+				return a.fail("pool set", checkedError(verr, "invalid pool config"))
+			}
+			err = c.call(ctx, http.MethodPut, path, nil, data, &doc)
+		}
+		if err != nil {
+			return a.fail("pool "+pos[0], err)
+		}
+		if a.output == "json" {
+			return a.printJSON(doc)
+		}
+		a.printPools([]contracts.PoolDoc{doc})
+		return ExitOK
+	}
+}
+
+func (a *app) printPools(pools []contracts.PoolDoc) {
+	if len(pools) == 0 {
+		fmt.Fprintln(a.stdout, "no pools")
+		return
+	}
+	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "POOL\tPOLICY\tNODES\tREVISION\tUPDATED")
+	for _, p := range pools {
+		policy, rev, updated := "default", "-", "-"
+		if p.Config != nil {
+			policy, rev, updated = string(p.Config.Policy), strconv.FormatUint(p.Revision, 10), formatTime(&p.Config.UpdatedAt)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", p.Pool, policy, p.Nodes, rev, updated)
+	}
+	_ = tw.Flush()
+}
+
+// holdCmd is cordon, drain or uncordon NODE [--reason R].
+func holdCmd(verb string) func(*app, *flag.FlagSet) func(context.Context, []string, []string) int {
+	return func(a *app, fs *flag.FlagSet) func(context.Context, []string, []string) int {
+		var reason string
+		fs.StringVar(&reason, "reason", "", "why, recorded with the node's hold")
+		return func(ctx context.Context, pos, trailing []string) int {
+			if len(pos) != 1 || len(trailing) > 0 {
+				return a.usageErr(verb, "want exactly one node ID, got %d arguments", len(pos)+len(trailing))
+			}
+			node := pos[0]
+			if err := contracts.ValidateID(node); err != nil {
+				return a.usageErr(verb, "node: %v", err)
+			}
+			var body []byte
+			if reason != "" {
+				body, _ = json.Marshal(contracts.NodeAdminRequest{Reason: reason})
+				if _, err := contracts.DecodeNodeAdminRequest(body); err != nil {
+					return a.fail(verb, checkedError(err, "invalid "+verb))
+				}
+			}
+			var st contracts.NodeStatus
+			if err := newClient(a.gateway).call(ctx, http.MethodPost, "/v1/nodes/"+url.PathEscape(node)+"/"+verb, nil, body, &st); err != nil {
+				return a.fail(verb, err)
+			}
+			if a.output == "json" {
+				return a.printJSON(st)
+			}
+			switch {
+			case st.Admin == nil:
+				fmt.Fprintf(a.stdout, "node %s uncordoned: it takes new work\n", node)
+			case st.Admin.Drain:
+				fmt.Fprintf(a.stdout, "node %s draining: no new work, its jobs are moved off%s\n", node, because(st.Admin.Reason))
+			default:
+				fmt.Fprintf(a.stdout, "node %s cordoned: no new work, its jobs go on%s\n", node, because(st.Admin.Reason))
+			}
+			return ExitOK
+		}
+	}
+}
+
+func because(reason string) string {
+	if reason == "" {
+		return ""
+	}
+	return " (" + reason + ")"
+}
