@@ -60,11 +60,13 @@ type JobStatus struct {
 	Errors    []FieldError `json:"errors,omitempty"`
 	Request   *JobRequest  `json:"request,omitempty"`
 	Placement *Placement   `json:"placement,omitempty"`
-	ExitCode  *int         `json:"exitCode,omitempty"`
-	CreatedAt time.Time    `json:"createdAt"`
-	UpdatedAt time.Time    `json:"updatedAt"`
-	StartedAt *time.Time   `json:"startedAt,omitempty"`
-	EndedAt   *time.Time   `json:"endedAt,omitempty"`
+	// Placements lists every machine of a multi-machine job, by rank.
+	Placements []Placement `json:"placements,omitempty"`
+	ExitCode   *int        `json:"exitCode,omitempty"`
+	CreatedAt  time.Time   `json:"createdAt"`
+	UpdatedAt  time.Time   `json:"updatedAt"`
+	StartedAt  *time.Time  `json:"startedAt,omitempty"`
+	EndedAt    *time.Time  `json:"endedAt,omitempty"`
 	// LastSeq is the JOB_EVENTS sequence of the last event applied.
 	LastSeq uint64 `json:"lastSeq"`
 }
@@ -97,10 +99,13 @@ func (s *JobStatus) Apply(ev JobEvent, seq uint64) error {
 		s.Errors = ev.Errors
 	}
 	if ev.Type == EventRequeued {
-		s.Placement, s.StartedAt, s.EndedAt, s.ExitCode = nil, nil, nil, nil
+		s.Placement, s.Placements, s.StartedAt, s.EndedAt, s.ExitCode = nil, nil, nil, nil, nil
 	}
 	if ev.Placement != nil {
 		s.Placement = ev.Placement
+	}
+	if ev.Placements != nil {
+		s.Placements = ev.Placements
 	}
 	if ev.ExitCode != nil {
 		s.ExitCode = ev.ExitCode
