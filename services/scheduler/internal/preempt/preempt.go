@@ -1,0 +1,666 @@
+// Package preempt chooses which running jobs to evict so that a job that
+// does not fit can be placed: a higher-priority job, or a tenant reclaiming
+// its guarantee from tenants borrowing beyond theirs. It is pure: a snapshot,
+// the running jobs and the time go in, a victim set and the preemptor's
+// parts come out; the scheduler stops the victims and requeues them.
+//
+// A victim set is compared lexicographically: fewest GPUs evicted (in
+// milli-GPUs, every part of a gang counted), fewest jobs, lowest
+// highest-victim priority, least progress lost, most checkpointable; then
+// node order (node ID ascending), so equal choices go to the first node.
+//
+// The pipeline, per request:
+//
+//	running ──► units (a job, or every part of a gang) ──► eligible?
+//	nodes ──► cheap filters (pool, cordon, selector, taints, Exclude, quota)
+//	  ──► per node: candidates = eligible units that free something the
+//	      request can use (a card or MIG slot it could take, or host CPU or
+//	      memory the node lacks); items = those cards or slots
+//	  ──► estimate: could evicting every candidate make room (a count of
+//	      items, no FitNode)? a lower bound on the GPUs to evict
+//	  ──► nodes by lower bound, until it exceeds the best found:
+//	        whole GPUs or MIG: cheapest union of holders of enough items
+//	        otherwise: candidates every fitting set needs, then best-first
+//	        over the other subsets in cost order
+//	        (greedy-then-reprieve when a node has too many candidates)
+//	      each answer checked with placement.FitNode on the node as it
+//	      would be with the victims' devices and host resources given back
+//	  ──► the cheapest node; for a multi-machine job the cheapest node again
+//	      and again (a gang victim frees its other nodes too), then every
+//	      victim the job can spare reprieved
+//	  ──► verify: FitNode on each node with exactly the victims removed
+package preempt
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/services/scheduler/internal/placement"
+)
+
+// Running is one allocation that preemption may stop.
+type Running struct {
+	AllocationID, Tenant, JobID string
+	NodeID                      string
+	// Devices is what it holds on NodeID (MIG and share refs included).
+	Devices             []contracts.DeviceRef
+	CPUMilli, MemoryMiB int64
+	Priority            contracts.Priority
+	// Borrowing: its tenant holds more than its guarantee in this pool.
+	Borrowing bool
+	// StartedAt is zero when the job has not started (nothing to lose, and
+	// no minimum runtime to respect).
+	StartedAt time.Time
+	// LastCheckpoint is zero when there is none; progress lost on eviction
+	// is now - max(StartedAt, LastCheckpoint).
+	LastCheckpoint time.Time
+	Checkpointable bool
+	// Gang is non-empty for the parts of one multi-machine job: evicting
+	// one part evicts every part with the same key.
+	Gang string
+}
+
+// Preemptor is the job that does not fit.
+type Preemptor struct {
+	Request  placement.Request
+	Priority contracts.Priority
+	// Reclaim: the tenant is under its guarantee in the pool, so it may
+	// evict other tenants' borrowers of its own priority or lower.
+	Reclaim bool
+}
+
+// Options are the facts of the cycle.
+type Options struct {
+	Now time.Time
+	// MinRuntime protects a started job from eviction until it has run
+	// this long; a job not started yet is never protected.
+	MinRuntime time.Duration
+}
+
+// Choice is the outcome of Choose.
+type Choice struct {
+	// Victims is the minimal set, every part of a gang included, in the
+	// order they were given.
+	Victims []Running
+	// Parts is where the preemptor goes once the victims are gone, one per
+	// machine in node order, verified by placement.FitNode.
+	Parts []placement.Part
+	// Reason is for logs and events: "evicts 2 jobs (3 GPUs) of
+	// best-effort on n7".
+	Reason string
+}
+
+// Limits of the exact search on one node. A node with more candidates, or
+// whose cheapest fitting subset lies deeper than maxVisits subsets in cost
+// order, falls back to greedy-then-reprieve, which gives a set no victim of
+// which can be spared, though not always the cheapest one.
+const (
+	maxExactCandidates = 64 // subsets are uint64 masks
+	maxVisits          = 1 << 14
+)
+
+// Choose picks the victims whose eviction lets p be placed, and where p then
+// goes. It returns false when no set of eligible victims would make room:
+// it never evicts for a preemptor that would still not fit. Should p fit
+// without evicting anything, the choice has no victims. snap and running
+// are not modified.
+func Choose(snap placement.Snapshot, running []Running, p Preemptor, opt Options) (Choice, bool) {
+	c, ok := newChooser(snap, running, p, opt)
+	if !ok {
+		return Choice{}, false
+	}
+	var (
+		best     selection
+		bestOK   bool
+		perZone  = [][]int{c.candidates()}
+		machines = p.Request.Machines()
+	)
+	if machines > 1 && p.Request.GPU.Topology == contracts.TopologyZone {
+		perZone = c.byZone(perZone[0])
+	}
+	for _, ords := range perZone {
+		sel, ok := c.choose(ords, machines)
+		if ok && (!bestOK || sel.less(best)) {
+			best, bestOK = sel, true
+		}
+	}
+	if !bestOK {
+		return Choice{}, false
+	}
+	return c.finish(best)
+}
+
+// unit is what is evicted at once: one allocation, or every part of a gang.
+type unit struct {
+	parts    []int // indices into running
+	eligible bool
+	cost     cost
+}
+
+// cost orders victim sets; for one unit, jobs is 1.
+type cost struct {
+	milli  int64         // milli-GPUs evicted
+	jobs   int           // jobs evicted (a gang is one)
+	rank   int           // highest victim priority rank; noRank for none
+	lost   time.Duration // progress lost, summed over jobs
+	noCkpt int           // jobs that cannot checkpoint
+}
+
+const noRank = -1 << 30
+
+func (a cost) add(b cost) cost {
+	return cost{milli: a.milli + b.milli, jobs: a.jobs + b.jobs, rank: max(a.rank, b.rank),
+		lost: a.lost + b.lost, noCkpt: a.noCkpt + b.noCkpt}
+}
+
+// compare is the minimality order.
+func (a cost) compare(b cost) int {
+	return cmp.Or(cmp.Compare(a.milli, b.milli), cmp.Compare(a.jobs, b.jobs), cmp.Compare(a.rank, b.rank),
+		cmp.Compare(a.lost, b.lost), cmp.Compare(a.noCkpt, b.noCkpt))
+}
+
+// compareAdditive leaves out the rank, which is a max and not a sum: the
+// best-first enumeration needs an order that adding a unit never lowers.
+func (a cost) compareAdditive(b cost) int {
+	return cmp.Or(cmp.Compare(a.milli, b.milli), cmp.Compare(a.jobs, b.jobs),
+		cmp.Compare(a.lost, b.lost), cmp.Compare(a.noCkpt, b.noCkpt))
+}
+
+// compareLevel compares only the GPUs and jobs, the first two keys.
+func (a cost) compareLevel(b cost) int {
+	return cmp.Or(cmp.Compare(a.milli, b.milli), cmp.Compare(a.jobs, b.jobs))
+}
+
+// chooser holds what one Choose call derives from its inputs.
+type chooser struct {
+	nodes   []*placement.Node // node ID ascending
+	ordOf   map[string]int
+	running []Running
+	units   []unit
+	unitOf  []int   // running index -> unit
+	nodeOf  []int   // running index -> node ord, -1 when not in the snapshot
+	onNode  [][]int // node ord -> running indices of eligible units there
+	req     placement.Request
+	kind    contracts.GPUKind
+	perGPUs int // whole GPUs per machine
+	opt     Options
+	pri     contracts.Priority
+	reclaim bool
+}
+
+func newChooser(snap placement.Snapshot, running []Running, p Preemptor, opt Options) (*chooser, bool) {
+	r := p.Request
+	machines := r.Machines()
+	g := r.GPU
+	// What placement would refuse anyway is refused before any work.
+	if g.Count < 1 || g.Count%machines != 0 || machines > len(snap.Nodes) {
+		return nil, false
+	}
+	c := &chooser{
+		ordOf:   make(map[string]int, len(snap.Nodes)),
+		running: running,
+		unitOf:  make([]int, len(running)),
+		kind:    g.Kind(),
+		perGPUs: g.Count / machines,
+		opt:     opt,
+		pri:     p.Priority,
+		reclaim: p.Reclaim,
+	}
+	if c.kind == contracts.GPUKindShare && (g.Share.ComputePercent < 1 || g.Share.ComputePercent > 100 || g.Share.MemoryMiB < 1) {
+		return nil, false
+	}
+	// FitNode sees one machine's part: the per-machine count on one node.
+	// NVLink is a per-machine constraint and stays; zone is handled here.
+	r.GPU.Count = c.perGPUs
+	r.GPU.Nodes = 1
+	if r.GPU.Topology == contracts.TopologyZone {
+		r.GPU.Topology = contracts.TopologyAny
+	}
+	if allow := r.AllowPool; allow != nil {
+		// The caller's AllowPool is asked once per pool at most, however
+		// many what-ifs FitNode runs.
+		seen := map[string]bool{}
+		r.AllowPool = func(pool string) bool {
+			ok, done := seen[pool]
+			if !done {
+				ok = allow(pool)
+				seen[pool] = ok
+			}
+			return ok
+		}
+	}
+	c.req = r
+
+	c.nodes = make([]*placement.Node, len(snap.Nodes))
+	for i := range snap.Nodes {
+		c.nodes[i] = &snap.Nodes[i]
+	}
+	slices.SortStableFunc(c.nodes, func(a, b *placement.Node) int { return cmp.Compare(a.ID, b.ID) })
+	for i, n := range c.nodes {
+		if _, dup := c.ordOf[n.ID]; !dup {
+			c.ordOf[n.ID] = i
+		}
+	}
+	c.onNode = make([][]int, len(c.nodes))
+	c.buildUnits()
+	return c, true
+}
+
+// buildUnits groups running into units and prices each one. Parts and
+// per-node lists share flat backing arrays: a cycle has tens of thousands
+// of allocations, and Choose runs for every job that must preempt.
+func (c *chooser) buildUnits() {
+	var gangs map[string]int
+	counts := make([]int, 0, len(c.running))
+	c.units = make([]unit, 0, len(c.running))
+	c.nodeOf = make([]int, len(c.running))
+	lastNode, lastOrd := "", -1
+	for i := range c.running {
+		v := &c.running[i]
+		u := len(counts)
+		if v.Gang != "" {
+			if gu, ok := gangs[v.Gang]; ok {
+				u = gu
+			} else {
+				if gangs == nil {
+					gangs = map[string]int{}
+				}
+				gangs[v.Gang] = u
+			}
+		}
+		if u == len(counts) {
+			counts = append(counts, 0)
+			c.units = append(c.units, unit{eligible: true, cost: cost{jobs: 1, rank: noRank}})
+		}
+		counts[u]++
+		c.unitOf[i] = u
+		un := &c.units[u]
+		un.eligible = un.eligible && c.eligible(v)
+		un.cost.rank = max(un.cost.rank, v.Priority.Rank())
+		for _, d := range v.Devices {
+			un.cost.milli += deviceMilli(d)
+		}
+		un.cost.lost = max(un.cost.lost, c.lost(v))
+		if !v.Checkpointable {
+			un.cost.noCkpt = 1
+		}
+		// Allocations usually come grouped by node: one lookup per run.
+		if i == 0 || v.NodeID != lastNode {
+			lastNode, lastOrd = v.NodeID, -1
+			if o, ok := c.ordOf[v.NodeID]; ok {
+				lastOrd = o
+			}
+		}
+		c.nodeOf[i] = lastOrd
+	}
+	flat := make([]int, len(c.running))
+	off := 0
+	for u := range c.units {
+		c.units[u].parts = flat[off : off : off+counts[u]]
+		off += counts[u]
+	}
+	perNode := make([]int, len(c.nodes))
+	for i := range c.running {
+		u := c.unitOf[i]
+		c.units[u].parts = append(c.units[u].parts, i)
+		if o := c.nodeOf[i]; o >= 0 && c.units[u].eligible {
+			perNode[o]++
+		}
+	}
+	onNode := make([]int, 0, len(c.running))
+	for o, n := range perNode {
+		c.onNode[o] = onNode[len(onNode) : len(onNode) : len(onNode)+n]
+		onNode = onNode[:len(onNode)+n]
+	}
+	// By unit, so a node's list has each unit's parts together.
+	for _, un := range c.units {
+		if !un.eligible {
+			continue
+		}
+		for _, i := range un.parts {
+			if o := c.nodeOf[i]; o >= 0 {
+				c.onNode[o] = append(c.onNode[o], i)
+			}
+		}
+	}
+}
+
+// eligible says whether v may be evicted for the preemptor: a lower class,
+// or another tenant's borrower when the preemptor reclaims its guarantee;
+// never a started job younger than MinRuntime.
+func (c *chooser) eligible(v *Running) bool {
+	if !v.StartedAt.IsZero() && c.opt.Now.Sub(v.StartedAt) < c.opt.MinRuntime {
+		return false
+	}
+	vr, pr := v.Priority.Rank(), c.pri.Rank()
+	if vr < pr {
+		return true
+	}
+	return c.reclaim && v.Borrowing && v.Tenant != c.req.Tenant && vr <= pr
+}
+
+// lost is the progress v loses when stopped now.
+func (c *chooser) lost(v *Running) time.Duration {
+	if v.StartedAt.IsZero() {
+		return 0
+	}
+	from := v.StartedAt
+	if v.LastCheckpoint.After(from) {
+		from = v.LastCheckpoint
+	}
+	return max(0, c.opt.Now.Sub(from))
+}
+
+// deviceMilli counts a device as quotas do: a whole GPU 1000, a share its
+// compute percent, a MIG instance its compute slices over 7.
+func deviceMilli(d contracts.DeviceRef) int64 {
+	switch {
+	case d.MIG != nil:
+		return contracts.GPURequest{Count: 1, MIGProfile: d.MIG.Profile}.MilliGPUs()
+	case d.Share != nil:
+		return int64(d.Share.ComputePercent) * 10
+	}
+	return 1000
+}
+
+// candidates is the node ords that pass the checks FitNode would fail
+// whatever is evicted. FitNode checks them again; these only save work.
+func (c *chooser) candidates() []int {
+	r := c.req
+	var ords []int
+	for o, n := range c.nodes {
+		if n.Cordoned || r.Exclude[n.ID] || (r.Pool != "" && n.Pool != r.Pool) ||
+			!contracts.Selected(r.Selector, n.Labels) ||
+			!contracts.Tolerated(r.Tolerations, n.Taints, contracts.TaintNoSchedule) ||
+			(r.AllowPool != nil && !r.AllowPool(n.Pool)) {
+			continue
+		}
+		ords = append(ords, o)
+	}
+	return ords
+}
+
+// byZone splits ords by zone, zones in the order of their first node.
+func (c *chooser) byZone(ords []int) [][]int {
+	idx := map[string]int{}
+	var out [][]int
+	for _, o := range ords {
+		z := c.nodes[o].Zone
+		i, ok := idx[z]
+		if !ok {
+			i = len(out)
+			idx[z] = i
+			out = append(out, nil)
+		}
+		out[i] = append(out[i], o)
+	}
+	return out
+}
+
+// selection is the nodes chosen for a preemptor and the units evicted.
+type selection struct {
+	ords  []int // ascending
+	units []int // ascending
+	cost  cost
+}
+
+func (a selection) less(b selection) bool {
+	if d := a.cost.compare(b.cost); d != 0 {
+		return d < 0
+	}
+	return slices.Compare(a.ords, b.ords) < 0
+}
+
+// nodeResult is the cheapest victim set found for one node.
+type nodeResult struct {
+	ord   int
+	units []int
+	cost  cost
+}
+
+func (a nodeResult) less(b nodeResult) bool {
+	return cmp.Or(a.cost.compare(b.cost), cmp.Compare(a.ord, b.ord)) < 0
+}
+
+// choose picks k nodes among ords, cheapest first. After each pick the
+// victims it evicts are gone for the remaining picks: a gang victim's other
+// parts free their nodes too, so those nodes are priced again.
+func (c *chooser) choose(ords []int, k int) (selection, bool) {
+	if len(ords) < k {
+		return selection{}, false
+	}
+	s := &nodeSearch{c: c, evicted: make([]bool, len(c.units))}
+	var (
+		h        = minHeap[resultEntry]{less: func(a, b resultEntry) bool { return a.res.less(b.res) }}
+		version  = make([]int, len(c.nodes))
+		chosen   = make([]bool, len(c.nodes))
+		inSet    = make([]bool, len(c.nodes))
+		kbest    []nodeResult // the k cheapest seen, ascending: a bound
+		zeroCost []int        // nodes that fit as they are
+	)
+	for _, o := range ords {
+		inSet[o] = true
+	}
+	// Nodes are priced cheapest lower bound first, so the bound tightens
+	// early and most nodes are dismissed on their lower bound alone. A node
+	// dearer than the k-th cheapest cannot be picked: costs only fall as
+	// victims are evicted, and a node whose cost falls is priced again.
+	type estimate struct {
+		lb  int64
+		ord int
+	}
+	var est []estimate
+	for _, o := range ords {
+		if lb, ok := s.estimate(o); ok {
+			est = append(est, estimate{lb, o})
+		}
+	}
+	slices.SortFunc(est, func(a, b estimate) int { return cmp.Or(cmp.Compare(a.lb, b.lb), cmp.Compare(a.ord, b.ord)) })
+	for _, e := range est {
+		var bound *nodeResult
+		if len(kbest) == k {
+			bound = &kbest[k-1]
+			if e.lb > bound.cost.milli {
+				break
+			}
+		}
+		res, ok := s.best(e.ord, bound)
+		if !ok {
+			continue
+		}
+		if len(res.units) == 0 {
+			zeroCost = append(zeroCost, e.ord)
+		}
+		h.Push(resultEntry{res: res})
+		i, _ := slices.BinarySearchFunc(kbest, res, func(a, b nodeResult) int {
+			if a.less(b) {
+				return -1
+			}
+			return 1
+		})
+		if i < k {
+			kbest = slices.Insert(kbest, i, res)
+			kbest = kbest[:min(len(kbest), k)]
+		}
+	}
+	slices.Sort(zeroCost)
+	sel := selection{cost: cost{rank: noRank}}
+	for len(sel.ords) < k {
+		if h.Len() == 0 {
+			return selection{}, false
+		}
+		e := h.Pop()
+		o := e.res.ord
+		if chosen[o] || e.version != version[o] {
+			continue
+		}
+		chosen[o] = true
+		sel.ords = append(sel.ords, o)
+		var touched []int
+		for _, u := range e.res.units {
+			if s.evicted[u] {
+				continue
+			}
+			s.evicted[u] = true
+			sel.units = append(sel.units, u)
+			sel.cost = sel.cost.add(c.units[u].cost)
+			for _, i := range c.units[u].parts {
+				if to := c.nodeOf[i]; to >= 0 && to != o && inSet[to] && !chosen[to] {
+					touched = append(touched, to)
+				}
+			}
+		}
+		slices.Sort(touched)
+		for _, to := range slices.Compact(touched) {
+			version[to]++
+			if res, ok := s.best(to, nil); ok {
+				h.Push(resultEntry{res: res, version: version[to]})
+			}
+		}
+	}
+	if k > 1 {
+		sel = c.reprieve(sel, s.evicted, zeroCost, inSet, k)
+	}
+	slices.Sort(sel.ords)
+	slices.Sort(sel.units)
+	return sel, true
+}
+
+// reprieve takes back, dearest first, every victim of a multi-machine
+// selection that k machines can do without. Picking the cheapest node
+// each time can evict a job on one node and then a gang whose eviction
+// frees that node's place elsewhere too; reprieve undoes the first. The
+// machines are then the first k in node order that fit.
+func (c *chooser) reprieve(sel selection, evicted []bool, zeroCost []int, inSet []bool, k int) selection {
+	fitting := func() []int {
+		cand := slices.Clone(zeroCost)
+		for _, u := range sel.units {
+			if !evicted[u] {
+				continue
+			}
+			for _, i := range c.units[u].parts {
+				if o := c.nodeOf[i]; o >= 0 && inSet[o] {
+					cand = append(cand, o)
+				}
+			}
+		}
+		slices.Sort(cand)
+		cand = slices.Compact(cand)
+		return slices.DeleteFunc(cand, func(o int) bool { return !c.fitsAfter(o, evicted) })
+	}
+	order := slices.Clone(sel.units)
+	slices.SortFunc(order, func(a, b int) int { return cmp.Or(c.units[b].cost.compare(c.units[a].cost), cmp.Compare(b, a)) })
+	for _, u := range order {
+		evicted[u] = false
+		if len(fitting()) < k {
+			evicted[u] = true
+		}
+	}
+	out := selection{ords: fitting()[:k], cost: cost{rank: noRank}}
+	for _, u := range sel.units {
+		if evicted[u] {
+			out.units = append(out.units, u)
+			out.cost = out.cost.add(c.units[u].cost)
+		}
+	}
+	return out
+}
+
+// fitsAfter reports whether the request fits node o once the evicted
+// units are gone.
+func (c *chooser) fitsAfter(o int, evicted []bool) bool {
+	var parts []int
+	for _, i := range c.onNode[o] {
+		if evicted[c.unitOf[i]] {
+			parts = append(parts, i)
+		}
+	}
+	n := c.nodes[o]
+	if len(parts) > 0 {
+		freed := freeParts(n, c.running, parts)
+		n = &freed
+	}
+	_, ok := placement.FitNode(n, c.req)
+	return ok
+}
+
+type resultEntry struct {
+	res     nodeResult
+	version int
+}
+
+// finish verifies the selection with exactly its victims removed and
+// builds the choice.
+func (c *chooser) finish(sel selection) (Choice, bool) {
+	var victims []int
+	for _, u := range sel.units {
+		victims = append(victims, c.units[u].parts...)
+	}
+	slices.Sort(victims)
+	byNode := map[int][]int{}
+	for _, i := range victims {
+		if o := c.nodeOf[i]; o >= 0 {
+			byNode[o] = append(byNode[o], i)
+		}
+	}
+	ch := Choice{Victims: make([]Running, 0, len(victims))}
+	for _, i := range victims {
+		ch.Victims = append(ch.Victims, c.running[i])
+	}
+	for _, o := range sel.ords {
+		n := c.nodes[o]
+		freed := freeParts(n, c.running, byNode[o])
+		devs, ok := placement.FitNode(&freed, c.req)
+		if !ok {
+			// The search only ever frees more than it checked; reaching here
+			// means FitNode disagrees with itself. Evict nothing.
+			return Choice{}, false
+		}
+		ch.Parts = append(ch.Parts, placement.Part{NodeID: n.ID, Pool: n.Pool, Zone: n.Zone, Devices: devs})
+	}
+	ch.Reason = c.reason(sel, victims)
+	return ch, true
+}
+
+func (c *chooser) reason(sel selection, victims []int) string {
+	ids := make([]string, 0, len(sel.ords))
+	for _, o := range sel.ords {
+		ids = append(ids, c.nodes[o].ID)
+	}
+	on := strings.Join(ids, ", ")
+	if len(ids) > 4 {
+		on = fmt.Sprintf("%s and %d more", strings.Join(ids[:4], ", "), len(ids)-4)
+	}
+	if len(sel.units) == 0 {
+		return "fits without eviction on " + on
+	}
+	var classes []contracts.Priority
+	reclaimed := false
+	for _, i := range victims {
+		v := c.running[i]
+		if p := cmp.Or(v.Priority, contracts.PriorityNormal); !slices.Contains(classes, p) {
+			classes = append(classes, p)
+		}
+		reclaimed = reclaimed || v.Priority.Rank() >= c.pri.Rank()
+	}
+	slices.SortFunc(classes, func(a, b contracts.Priority) int { return cmp.Compare(a.Rank(), b.Rank()) })
+	names := make([]string, len(classes))
+	for i, p := range classes {
+		names[i] = string(p)
+	}
+	jobs := "jobs"
+	if sel.cost.jobs == 1 {
+		jobs = "job"
+	}
+	gpus := strconv.FormatFloat(float64(sel.cost.milli)/1000, 'f', -1, 64)
+	s := fmt.Sprintf("evicts %d %s (%s GPUs) of %s on %s", sel.cost.jobs, jobs, gpus, strings.Join(names, ", "), on)
+	if reclaimed {
+		s += "; reclaiming guarantee from borrowing tenants"
+	}
+	return s
+}
