@@ -14,10 +14,14 @@ import (
 
 // Compute returns one PoolDemand per pool among pools, the pools of snap,
 // and the pools waiting requests name. used is how many GPUs of each pool
-// the cycle just placed (still free in snap). A waiting request without a
-// pool counts against every pool that has GPUs of its model. Its shape is
-// listed as Waiting in a pool when one of the pool's machines could hold it
-// (or when the pool has no machine yet, so nothing says it could not).
+// the cycle just placed (still free in snap). A GPU counts as free when it
+// is whole: not held, not in MIG mode, no share of it held. A waiting
+// request without a pool counts against every pool that has GPUs of an
+// allowed model. Its shape (the allowed model the pool has, and the GPUs of
+// one machine; a MIG instance or a share counts as one GPU) is listed as
+// Waiting in a pool when one of the pool's machines could hold it (or when
+// the pool has no machine yet, so nothing says it could not); a gang of n
+// machines counts n times in the shape's Count, since it needs n machines.
 func Compute(snap placement.Snapshot, used map[string]int, waiting []placement.Request, pools []string, now time.Time) map[string]contracts.PoolDemand {
 	type kind struct {
 		model  string
@@ -48,7 +52,7 @@ func Compute(snap placement.Snapshot, used map[string]int, waiting []placement.R
 		onNode := map[gpuKind]int{}
 		for _, g := range n.GPUs {
 			v.d.TotalGPUs++
-			if g.Free {
+			if !g.Held && !g.MIG && g.ShareMemMiB == 0 && g.SharePercent == 0 {
 				v.d.FreeGPUs++
 			}
 			onNode[gpuKind{g.Model, g.MemoryMiB}]++
@@ -68,23 +72,33 @@ func Compute(snap placement.Snapshot, used map[string]int, waiting []placement.R
 		}
 	}
 	matches := func(k kind, r placement.Request) bool {
-		return (r.Model == "" || r.Model == contracts.GPUModelAny || r.Model == k.model) && k.memMiB >= r.MemoryMiB
+		allowed := r.GPU.AllowedModels()
+		return (allowed == nil || slices.Contains(allowed, k.model)) && k.memMiB >= r.GPU.MemoryMiB
 	}
 	for _, r := range waiting {
-		model := r.Model
-		if model == "" {
-			model = contracts.GPUModelAny
+		perMachine, machines := 1, r.Machines()
+		gpus := 1 // a MIG instance or a share needs one GPU
+		if r.GPU.Kind() == contracts.GPUKindWhole {
+			perMachine, gpus = max(1, r.GPU.Count/machines), r.GPU.Count
 		}
-		shape := contracts.Shape{Model: model, GPUs: r.Count}
 		count := func(v *poolView) {
 			v.d.PendingJobs++
-			v.d.PendingGPUs += r.Count
+			v.d.PendingGPUs += gpus
+			model := contracts.GPUModelAny
+			if allowed := r.GPU.AllowedModels(); len(allowed) == 1 {
+				model = allowed[0]
+			}
 			holds := v.d.Nodes == 0
 			for _, k := range v.kinds {
-				holds = holds || (matches(k, r) && k.most >= r.Count)
+				if matches(k, r) && k.most >= perMachine {
+					if !holds && len(r.GPU.AllowedModels()) > 1 {
+						model = k.model // the allowed model this pool has
+					}
+					holds = true
+				}
 			}
 			if holds {
-				v.shapes[shape]++
+				v.shapes[contracts.Shape{Model: model, GPUs: perMachine}] += machines
 			}
 		}
 		if r.Pool != "" {
@@ -97,12 +111,14 @@ func Compute(snap placement.Snapshot, used map[string]int, waiting []placement.R
 			}
 		}
 	}
-	out := make(map[string]contracts.PoolDemand, len(views))
-	for pool, v := range views {
+	for _, v := range views {
 		for s, c := range v.shapes {
 			s.Count = c
 			v.d.Waiting = append(v.d.Waiting, s)
 		}
+	}
+	out := make(map[string]contracts.PoolDemand, len(views))
+	for pool, v := range views {
 		slices.SortFunc(v.d.Waiting, func(a, b contracts.Shape) int {
 			return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.GPUs, b.GPUs))
 		})

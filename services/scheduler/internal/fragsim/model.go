@@ -143,6 +143,22 @@ func newNodeState(s NodeSpec) NodeState {
 	return n
 }
 
+// NewNodeState is a node with the given free capacity: gpuLeft holds each
+// device's free milli-GPU (at most MaxGPUsPerNode devices, each clamped to
+// 0..MilliGPU). The scheduler's placement builds one per equivalence class
+// of nodes to score it with FragAware.
+func NewNodeState(model uint8, cpuLeft, memLeft int64, gpuLeft []int64) NodeState {
+	n := NodeState{Model: model, GPUs: min(len(gpuLeft), MaxGPUsPerNode), CPUCap: cpuLeft, MemCap: memLeft,
+		CPULeft: cpuLeft, MemLeft: memLeft}
+	for g := range n.GPUs {
+		n.GPULeft[g] = max(0, min(gpuLeft[g], MilliGPU))
+		if n.GPULeft[g] == MilliGPU {
+			n.wholeFree++
+		}
+	}
+	return n
+}
+
 // GPULeftTotal is the node's free milli-GPU over all devices.
 func (n *NodeState) GPULeftTotal() int64 {
 	var t int64

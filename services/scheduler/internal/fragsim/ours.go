@@ -104,6 +104,14 @@ func (*FragAware) Name() string { return "FragAware" }
 
 // Score implements Policy.
 func (p *FragAware) Score(n *NodeState, r Request) Choice {
+	return p.ScoreDevices(n, r, ^uint64(0))
+}
+
+// ScoreDevices is Score with a GPU-sharing request restricted to the
+// devices whose bit is set in devices (bit g for device g): the scheduler
+// also needs framebuffer on the device, which the model does not track.
+// Choice.GPU is -1 when no allowed device has room.
+func (p *FragAware) ScoreDevices(n *NodeState, r Request, devices uint64) Choice {
 	if !r.Shares() {
 		return Choice{Score: p.nodeTerm(n, r, -1), GPU: -1}
 	}
@@ -112,7 +120,7 @@ func (p *FragAware) Score(n *NodeState, r Request) Choice {
 	best, bestKey := -1, int64(0)
 	for g := range n.GPUs {
 		room := n.GPULeft[g]
-		if room < r.GPUMilli {
+		if room < r.GPUMilli || devices&(1<<g) == 0 {
 			continue
 		}
 		var before int64 // an idle device: a whole-GPU task fills it
@@ -126,6 +134,9 @@ func (p *FragAware) Score(n *NodeState, r Request) Choice {
 		if best < 0 || key > bestKey {
 			best, bestKey = g, key
 		}
+	}
+	if best < 0 {
+		return Choice{GPU: -1}
 	}
 	// Lexicographic: |key| < 10^7, the node term within ±4,999 quanta.
 	return Choice{Score: float64(bestKey)*1e4 + p.nodeTerm(n, r, best), GPU: best}

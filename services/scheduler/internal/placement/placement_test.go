@@ -1,10 +1,8 @@
 package placement
 
 import (
-	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -12,395 +10,455 @@ import (
 	"github.com/gpuplane/gpuplane/contracts"
 )
 
-// node builds a node with n GPUs of model (memory from the model name's
-// catalogue figure is irrelevant here: tests give it explicitly). busy lists
-// indices that are not free.
-func node(id, pool, model string, mem int64, n int, busy ...int) Node {
-	nd := Node{ID: id, Pool: pool}
-	for i := range n {
-		nd.GPUs = append(nd.GPUs, GPU{Index: i, UUID: fmt.Sprintf("%s-gpu%d", id, i), Model: model, MemoryMiB: mem,
-			Free: !slices.Contains(busy, i)})
+// run places reqs in order on a fresh placer and renders each decision.
+func run(snap Snapshot, opt Options, reqs ...Request) []string {
+	p := NewPlacer(snap, opt)
+	out := make([]string, len(reqs))
+	for i, r := range reqs {
+		out[i] = placed(p.Place(r))
 	}
-	return nd
+	return out
 }
 
-// placed summarises a decision as "node:idx,idx" or "pending:<code>".
-func placed(d Decision) string {
-	if !d.Placed() {
-		return "pending:" + string(d.Pending.Code)
-	}
-	idx := make([]string, len(d.Devices))
-	for i, g := range d.Devices {
-		idx[i] = fmt.Sprint(g.Index)
-	}
-	return d.NodeID + ":" + strings.Join(idx, ",")
+func withGPU(r Request, f func(*contracts.GPURequest)) Request {
+	f(&r.GPU)
+	return r
 }
 
-const (
-	h100 = "H100-80GB"
-	a100 = "A100-40GB"
-	a180 = "A100-80GB"
-)
+func models(r Request, m ...string) Request {
+	r.GPU.Models = m
+	return r
+}
 
-func TestPlaceFirstFit(t *testing.T) {
+func usePolicy(p contracts.PlacementPolicy) Options {
+	return Options{Policy: func(string) contracts.PlacementPolicy { return p }}
+}
+
+func TestPlaceWholeGPUs(t *testing.T) {
+	mixed := Node{ID: "mix", Pool: "p", CPUMilliFree: 1000, MemoryMiBFree: 1000,
+		GPUs: append(gpus("mix", a100, 81920, 2, "", 0), gpus("mix", h100, 81920, 2, "", 0)...)}
+	for i := range mixed.GPUs {
+		mixed.GPUs[i].Index = i
+	}
+	twoDomains := mk("nv", "p", 8, 0)
+	for i := range twoDomains.GPUs {
+		twoDomains.GPUs[i].NVLinkDomain = []string{"A", "B"}[i/4]
+	}
+	twoDomains.GPUs[4].Held, twoDomains.GPUs[5].Held = true, true // B has 2 free, A has 4
+	small := mk("s1", "p", 8, 0)
+	for i := range small.GPUs {
+		small.GPUs[i].MemoryMiB = 40960
+	}
+	shared := mk("sh", "p", 4, 0)
+	shared.GPUs[0].SharePercent, shared.GPUs[0].ShareMemMiB = 10, 1024
+	shared.GPUs[1].MIG = true
+	shared.GPUs[2].ShareMemMiB = 1 // framebuffer held by a share: not whole
+	a := mk("a1", "p", 8, 0)
+	for i := range a.GPUs {
+		a.GPUs[i].Model = a100
+	}
+	pcie := mk("pc", "p", 8, 0)
+	for i := range pcie.GPUs {
+		pcie.GPUs[i].NVLinkDomain = ""
+	}
 	tests := map[string]struct {
 		nodes []Node
 		reqs  []Request
 		want  []string
 	}{
-		"first node by ID with enough free GPUs, lowest indices": {
-			nodes: []Node{node("n2", "p", h100, 81920, 8), node("n1", "p", h100, 81920, 8, 0, 2)},
-			reqs:  []Request{{Count: 2, Model: h100}},
-			want:  []string{"n1:1,3"},
-		},
-		"count must fit on one machine": {
-			nodes: []Node{node("n1", "p", h100, 81920, 4, 0), node("n2", "p", h100, 81920, 4)},
-			reqs:  []Request{{Count: 4, Model: h100}},
-			want:  []string{"n2:0,1,2,3"},
-		},
-		"model filter": {
-			nodes: []Node{node("n1", "p", a100, 40960, 8), node("n2", "p", h100, 81920, 8)},
-			reqs:  []Request{{Count: 1, Model: h100}, {Count: 1, Model: a100}},
-			want:  []string{"n2:0", "n1:0"},
-		},
-		"any model takes the first node whatever its model": {
-			nodes: []Node{node("n2", "p", a100, 40960, 8), node("n1", "p", h100, 81920, 8)},
-			reqs:  []Request{{Count: 1, Model: contracts.GPUModelAny}, {Count: 1}},
-			want:  []string{"n1:0", "n1:1"},
-		},
-		"memory filter skips smaller cards": {
-			nodes: []Node{node("n1", "p", a100, 40960, 8), node("n2", "p", a180, 81920, 8)},
-			reqs:  []Request{{Count: 2, MemoryMiB: 80000}},
-			want:  []string{"n2:0,1"},
-		},
-		"pool filter": {
-			nodes: []Node{node("n1", "east", h100, 81920, 8), node("n2", "west", h100, 81920, 8)},
-			reqs:  []Request{{Count: 1, Model: h100, Pool: "west"}, {Count: 1, Model: h100}},
-			want:  []string{"n2:0", "n1:0"},
-		},
-		"no device is given twice in one cycle": {
-			nodes: []Node{node("n1", "p", h100, 81920, 4)},
-			reqs:  []Request{{Count: 3, Model: h100}, {Count: 1, Model: h100}, {Count: 1, Model: h100}},
-			want:  []string{"n1:0,1,2", "n1:3", "pending:" + string(contracts.PendingQueuedBehind)},
-		},
-		"assumed or committed devices are not free": {
-			nodes: []Node{node("n1", "p", h100, 81920, 4, 0, 1, 2, 3), node("n2", "p", h100, 81920, 4, 1)},
-			reqs:  []Request{{Count: 2, Model: h100}, {Count: 2, Model: h100}},
-			want:  []string{"n2:0,2", "pending:" + string(contracts.PendingQueuedBehind)},
-		},
-		"a job that does not fit does not block smaller ones behind it": {
-			nodes: []Node{node("n1", "p", h100, 81920, 8, 0, 1)},
-			reqs:  []Request{{Count: 8, Model: h100}, {Count: 2, Model: h100}, {Count: 8, Model: h100}, {Count: 4, Model: h100}},
-			want: []string{"pending:" + string(contracts.PendingInsufficientGPUs), "n1:2,3",
-				"pending:" + string(contracts.PendingInsufficientGPUs), "n1:4,5,6,7"},
-		},
-		"mixed node: all devices of a job share a model": {
-			nodes: []Node{{ID: "n1", Pool: "p", GPUs: []GPU{
-				{Index: 0, UUID: "u0", Model: h100, MemoryMiB: 81920, Free: true},
-				{Index: 1, UUID: "u1", Model: a100, MemoryMiB: 40960, Free: true},
-				{Index: 2, UUID: "u2", Model: h100, MemoryMiB: 81920, Free: true},
-			}}},
-			reqs: []Request{{Count: 2}, {Count: 2}, {Count: 1}},
-			want: []string{"n1:0,2", "pending:" + string(contracts.PendingQueuedBehind), "n1:1"},
-		},
+		"lowest free indices": {[]Node{mk("n1", "p", 8, 3)}, []Request{whole(2), whole(3), whole(1)},
+			[]string{"n1[3 4]", "n1[5 6 7]", "queued_behind_higher_priority"}},
+		"shares and MIG make a card not whole": {[]Node{shared}, []Request{whole(1), whole(1)},
+			[]string{"sh[3]", "queued_behind_higher_priority"}},
+		"model": {[]Node{a, mk("h1", "p", 8, 0)}, []Request{withGPU(whole(1), func(g *contracts.GPURequest) { g.Model = h100 })},
+			[]string{"h1[0]"}},
+		"models list": {[]Node{mk("h1", "p", 8, 0), a}, []Request{models(whole(1), "L4", a100)}, []string{"a1[0]"}},
+		"framebuffer": {[]Node{small, mk("s2", "p", 8, 0)}, []Request{withGPU(whole(2), func(g *contracts.GPURequest) { g.MemoryMiB = 81920 })},
+			[]string{"s2[0 1]"}},
+		"one model per machine": {[]Node{mixed}, []Request{whole(3), whole(2), whole(2)},
+			[]string{"no_machine", "mix[0 1]", "mix[2 3]"}},
+		"nvlink takes the tightest domain": {[]Node{twoDomains},
+			[]Request{withGPU(whole(2), func(g *contracts.GPURequest) { g.Topology = contracts.TopologyNVLink }), whole(2)},
+			[]string{"nv[6 7]", "nv[0 1]"}},
+		"nvlink never spans domains": {[]Node{twoDomains}, []Request{withGPU(whole(5), func(g *contracts.GPURequest) { g.Topology = contracts.TopologyNVLink })},
+			[]string{"unsatisfiable"}},
+		"nvlink needs a domain": {[]Node{pcie}, []Request{withGPU(whole(1), func(g *contracts.GPURequest) { g.Topology = contracts.TopologyNVLink })},
+			[]string{"unsatisfiable"}},
+		"pool": {[]Node{mk("n1", "a", 8, 0), mk("n2", "b", 8, 0)}, []Request{{GPU: contracts.GPURequest{Count: 1}, Pool: "b"}},
+			[]string{"n2[0]"}},
+		"host cpu and memory per machine": {[]Node{mk("n1", "p", 8, 0), mk("n2", "p", 8, 0)},
+			[]Request{{GPU: contracts.GPURequest{Count: 1}, CPUMilli: 40000}, {GPU: contracts.GPURequest{Count: 1}, CPUMilli: 40000},
+				{GPU: contracts.GPURequest{Count: 1}, MemoryMiB: 600 << 10}},
+			[]string{"n1[0]", "n2[0]", "no_schedulable_node"}},
 	}
-	for name, tc := range tests {
+	for name, tt := range tests {
 		t.Run(name, func(t *testing.T) {
-			var got []string
-			for _, d := range Place(Snapshot{Nodes: tc.nodes}, tc.reqs) {
-				got = append(got, placed(d))
+			got := run(Snapshot{Nodes: tt.nodes}, usePolicy(contracts.PolicyBinpack), tt.reqs...)
+			for i := range got {
+				if got[i] == "unsatisfiable" && tt.want[i] == "no_machine" {
+					got[i] = "no_machine"
+				}
 			}
-			if diff := cmp.Diff(tc.want, got); diff != "" {
+			if diff := cmp.Diff(tt.want, got); diff != "" {
 				t.Errorf("decisions (-want +got):\n%s", diff)
 			}
 		})
 	}
 }
 
-func TestPlaceDoesNotModifySnapshot(t *testing.T) {
-	snap := Snapshot{Nodes: []Node{node("n2", "p", h100, 81920, 2), node("n1", "p", h100, 81920, 2)}}
-	before := fmt.Sprint(snap)
-	Place(snap, []Request{{Count: 2}, {Count: 2}})
-	if after := fmt.Sprint(snap); after != before {
-		t.Fatalf("snapshot changed:\nbefore %s\nafter  %s", before, after)
-	}
-}
-
-func TestPendingReasons(t *testing.T) {
-	cluster := []Node{
-		node("h100-01", "h100", h100, 81920, 8, 0, 1),
-		node("h100-02", "h100", h100, 81920, 8, 0, 1, 2, 3),
-		node("a100-01", "a100", a100, 40960, 4),
-	}
+func TestPlaceMIG(t *testing.T) {
+	layouts := []string{"3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"}
+	starts := []int{0, 4, 6, 7}
+	n := Node{ID: "m1", Pool: "p", CPUMilliFree: 64000, MemoryMiBFree: 1 << 20, GPUs: []GPU{
+		migGPU("m1", 0, layouts, starts),
+		migGPU("m1", 1, layouts, starts, 0, 1), // fewer free instances: tighter
+		{Index: 2, UUID: "m1-g2", Model: a100, MemoryMiB: 81920},
+	}}
+	heldCard := Node{ID: "m2", Pool: "p", CPUMilliFree: 64000, MemoryMiBFree: 1 << 20, GPUs: []GPU{migGPU("m2", 0, layouts, starts)}}
+	heldCard.GPUs[0].Held = true
 	tests := map[string]struct {
 		nodes []Node
-		// before are placed first, to use up capacity in the same cycle.
-		before []Request
-		req    Request
-		want   Pending
+		reqs  []Request
+		want  []string
 	}{
-		"no nodes at all": {
-			req: Request{Count: 1, Model: h100, Tenant: "acme"},
-			want: Pending{contracts.PendingNoNodes,
-				"needs 1×H100-80GB on one machine; no nodes are registered"},
-		},
-		"no nodes in the pool": {
-			nodes: cluster,
-			req:   Request{Count: 1, Model: h100, Pool: "l4"},
-			want: Pending{contracts.PendingNoNodes,
-				"needs 1×H100-80GB on one machine in pool l4; no nodes in pool l4"},
-		},
-		"no node has the model": {
-			nodes: cluster,
-			req:   Request{Count: 1, Model: "L4"},
-			want:  Pending{contracts.PendingNoMatchingModel, "needs 1×L4 on one machine; no node has L4 GPUs"},
-		},
-		"no node of the pool has the model": {
-			nodes: cluster,
-			req:   Request{Count: 1, Model: h100, Pool: "a100"},
-			want: Pending{contracts.PendingNoMatchingModel,
-				"needs 1×H100-80GB on one machine in pool a100; no node in pool a100 has H100-80GB GPUs"},
-		},
-		"no card has the memory": {
-			nodes: cluster,
-			req:   Request{Count: 1, Model: a100, MemoryMiB: 50000},
-			want: Pending{contracts.PendingNoMatchingModel,
-				"needs 1×A100-40GB with ≥50000 MiB each on one machine; no node has A100-40GB GPUs"},
-		},
-		"larger than any machine": {
-			nodes: cluster,
-			req:   Request{Count: 16, Model: h100, Tenant: "acme", Ahead: 0},
-			want: Pending{contracts.PendingInsufficientGPUs,
-				"needs 16×H100-80GB on one machine; the largest machine has 8 (h100-01); 0 jobs ahead in queue acme"},
-		},
-		"largest free block": {
-			nodes: cluster,
-			req:   Request{Count: 8, Model: h100, Tenant: "acme", Ahead: 3},
-			want: Pending{contracts.PendingInsufficientGPUs,
-				"needs 8×H100-80GB on one machine; largest free block is 6 GPUs on h100-01; 3 jobs ahead in queue acme"},
-		},
-		"largest free block across models for any": {
-			nodes: cluster,
-			req:   Request{Count: 7, Model: contracts.GPUModelAny, Tenant: "beta", Ahead: 1},
-			want: Pending{contracts.PendingInsufficientGPUs,
-				"needs 7×any on one machine; largest free block is 6 GPUs on h100-01; 1 job ahead in queue beta"},
-		},
-		"nothing free": {
-			nodes: []Node{node("n1", "p", h100, 81920, 2, 0, 1)},
-			req:   Request{Count: 1, Model: h100, Tenant: "acme", Ahead: 1},
-			want: Pending{contracts.PendingInsufficientGPUs,
-				"needs 1×H100-80GB on one machine; no H100-80GB GPU is free; 1 job ahead in queue acme"},
-		},
-		"capacity taken by jobs placed ahead this cycle": {
-			nodes:  []Node{node("n1", "p", h100, 81920, 4)},
-			before: []Request{{Count: 2, Model: h100}, {Count: 1, Model: h100}},
-			req:    Request{Count: 2, Model: h100, Tenant: "acme", Ahead: 2},
-			want: Pending{contracts.PendingQueuedBehind,
-				"needs 2×H100-80GB on one machine; the free GPUs went to 2 jobs placed ahead of it this cycle; 2 jobs ahead in queue acme"},
-		},
+		"tightest card, lowest start": {[]Node{n}, []Request{mig("1g.10gb"), mig("1g.10gb"), mig("1g.10gb")},
+			[]string{"m1[1:1g.10gb@6]", "m1[1:1g.10gb@7]", "m1[0:1g.10gb@6]"}},
+		"held instances skipped": {[]Node{n}, []Request{mig("3g.40gb"), mig("3g.40gb")},
+			[]string{"m1[0:3g.40gb@0]", "queued_behind_higher_priority"}},
+		"no such profile": {[]Node{n}, []Request{mig("7g.80gb")}, []string{"no_matching_gpu_model"}},
+		"instance framebuffer": {[]Node{n}, []Request{withGPU(mig("2g.20gb"), func(g *contracts.GPURequest) { g.MemoryMiB = 20000 })},
+			[]string{"unsatisfiable"}},
+		"model": {[]Node{n}, []Request{withGPU(mig("1g.10gb"), func(g *contracts.GPURequest) { g.Model = h100 })},
+			[]string{"no_matching_gpu_model"}},
+		"a held MIG card offers nothing": {[]Node{heldCard}, []Request{mig("1g.10gb")}, []string{"insufficient_free_gpus"}},
 	}
-	for name, tc := range tests {
+	for name, tt := range tests {
 		t.Run(name, func(t *testing.T) {
-			p := NewPlacer(Snapshot{Nodes: tc.nodes})
-			for _, r := range tc.before {
-				if d := p.Place(r); !d.Placed() {
-					t.Fatalf("setup request %+v did not fit: %+v", r, d.Pending)
+			for _, pol := range contracts.PlacementPolicies {
+				if diff := cmp.Diff(tt.want, run(Snapshot{Nodes: tt.nodes}, usePolicy(pol), tt.reqs...)); diff != "" {
+					t.Errorf("%s: decisions (-want +got):\n%s", pol, diff)
 				}
-			}
-			d := p.Place(tc.req)
-			if d.Placed() {
-				t.Fatalf("request placed on %s, want pending", d.NodeID)
-			}
-			if diff := cmp.Diff(tc.want, d.Pending); diff != "" {
-				t.Errorf("pending (-want +got):\n%s", diff)
 			}
 		})
 	}
 }
 
-// referencePlace is the obviously-correct first-fit: scan nodes in ID order,
-// and on each node the GPU kinds in (model, memory) order, for enough free
-// matching devices. The indexed placer must decide exactly the same.
-func referencePlace(snap Snapshot, reqs []Request) []string {
-	nodes := slices.Clone(snap.Nodes)
-	slices.SortFunc(nodes, func(a, b Node) int { return strings.Compare(a.ID, b.ID) })
-	used := map[string]bool{}
-	out := make([]string, len(reqs))
-	for i, r := range reqs {
-		out[i] = "pending"
-	search:
-		for _, n := range nodes {
-			if r.Pool != "" && n.Pool != r.Pool {
-				continue
-			}
-			byKind := map[[2]string][]GPU{}
-			var kinds [][2]string
-			gpus := slices.Clone(n.GPUs)
-			slices.SortFunc(gpus, func(a, b GPU) int { return a.Index - b.Index })
-			for _, g := range gpus {
-				if !g.Free || used[g.UUID] || g.MemoryMiB < r.MemoryMiB ||
-					(r.Model != "" && r.Model != contracts.GPUModelAny && g.Model != r.Model) {
-					continue
-				}
-				k := [2]string{g.Model, fmt.Sprintf("%012d", g.MemoryMiB)}
-				if _, ok := byKind[k]; !ok {
-					kinds = append(kinds, k)
-				}
-				byKind[k] = append(byKind[k], g)
-			}
-			slices.SortFunc(kinds, func(a, b [2]string) int { return strings.Compare(a[0]+a[1], b[0]+b[1]) })
-			for _, k := range kinds {
-				if free := byKind[k]; len(free) >= r.Count {
-					d := Decision{NodeID: n.ID, Devices: free[:r.Count]}
-					for _, g := range d.Devices {
-						used[g.UUID] = true
-					}
-					out[i] = placed(d)
-					break search
-				}
-			}
-		}
+func TestPlaceShare(t *testing.T) {
+	n := mk("n1", "p", 4, 0)
+	n.GPUs[1].SharePercent, n.GPUs[1].ShareMemMiB = 50, 40960
+	n.GPUs[2].SharePercent, n.GPUs[2].ShareMemMiB = 80, 20480
+	n.GPUs[3].Held = true
+	tests := map[string]struct {
+		reqs []Request
+		want []string
+	}{
+		"tightest card":                  {[]Request{share(10240, 20), share(10240, 25)}, []string{"n1[2:20%]", "n1[1:25%]"}},
+		"compute bound":                  {[]Request{share(1024, 60), share(1024, 41)}, []string{"n1[0:60%]", "n1[1:41%]"}},
+		"framebuffer bound":              {[]Request{share(61440, 10), share(40960, 10)}, []string{"n1[2:10%]", "n1[1:10%]"}},
+		"whole card left for whole jobs": {[]Request{share(1024, 10), whole(1)}, []string{"n1[2:10%]", "n1[0]"}},
+		"too big for any card":           {[]Request{share(90000, 10)}, []string{"unsatisfiable"}},
 	}
-	return out
-}
-
-// randomCluster builds n nodes with varied pools, models, sizes and
-// occupancy from a seeded generator.
-func randomCluster(rng *rand.Rand, n int) Snapshot {
-	models := []struct {
-		name string
-		mem  int64
-	}{{h100, 81920}, {a100, 40960}, {a180, 81920}, {"L4", 23034}}
-	pools := []string{"east", "west", "lab"}
-	var snap Snapshot
-	// IDs are a permutation, so the snapshot is not already in node order.
-	for i, id := range rng.Perm(n) {
-		m := models[rng.IntN(len(models))]
-		nd := Node{ID: fmt.Sprintf("n%04d", id), Pool: pools[rng.IntN(len(pools))]}
-		size := []int{1, 2, 4, 8}[rng.IntN(4)]
-		for g := range size {
-			model := m
-			if rng.IntN(20) == 0 { // a few mixed machines
-				model = models[rng.IntN(len(models))]
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			got := run(Snapshot{Nodes: []Node{n}}, usePolicy(contracts.PolicyBinpack), tt.reqs...)
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("decisions (-want +got):\n%s", diff)
 			}
-			nd.GPUs = append(nd.GPUs, GPU{Index: g, UUID: fmt.Sprintf("%s-%d-%d", nd.ID, i, g), Model: model.name,
-				MemoryMiB: model.mem, Free: rng.IntN(3) != 0})
-		}
-		snap.Nodes = append(snap.Nodes, nd)
-	}
-	return snap
-}
-
-func randomRequests(rng *rand.Rand, n int) []Request {
-	models := []string{"", contracts.GPUModelAny, h100, a100, a180, "L4", "T4"}
-	pools := []string{"", "", "east", "west", "lab", "none"}
-	reqs := make([]Request, n)
-	for i := range reqs {
-		reqs[i] = Request{
-			Count:     []int{1, 1, 1, 2, 2, 4, 8, 16}[rng.IntN(8)],
-			Model:     models[rng.IntN(len(models))],
-			MemoryMiB: []int64{0, 0, 0, 40000, 80000}[rng.IntN(5)],
-			Pool:      pools[rng.IntN(len(pools))],
-		}
-	}
-	return reqs
-}
-
-func TestPlaceMatchesReferenceFirstFit(t *testing.T) {
-	for seed := range uint64(200) {
-		rng := rand.New(rand.NewPCG(seed, 7))
-		snap := randomCluster(rng, 1+rng.IntN(40))
-		reqs := randomRequests(rng, 1+rng.IntN(60))
-		want := referencePlace(snap, reqs)
-		var got []string
-		used := map[string]bool{}
-		for _, d := range Place(snap, reqs) {
-			if d.Placed() {
-				for _, g := range d.Devices {
-					if used[g.UUID] {
-						t.Fatalf("seed %d: device %s given twice", seed, g.UUID)
-					}
-					used[g.UUID] = true
-				}
-				got = append(got, placed(d))
-			} else {
-				got = append(got, "pending")
-				if d.Pending.Code == "" || d.Pending.Message == "" {
-					t.Fatalf("seed %d: pending decision without a reason: %+v", seed, d.Pending)
-				}
-			}
-		}
-		if diff := cmp.Diff(want, got); diff != "" {
-			t.Fatalf("seed %d: indexed placer differs from reference first-fit (-want +got):\n%s", seed, diff)
-		}
+		})
 	}
 }
 
-// benchCluster is 1,000 nodes × 8 H100 in two pools, all free.
-func benchCluster() Snapshot {
-	var snap Snapshot
-	for i := range 1000 {
-		pool := "east"
-		if i%2 == 1 {
-			pool = "west"
-		}
-		snap.Nodes = append(snap.Nodes, node(fmt.Sprintf("h100-%04d", i), pool, h100, 81920, 8))
+func TestPolicies(t *testing.T) {
+	// full has 2 free, half 4, idle 8; dom 6 in two NVLink domains (4 and 2).
+	dom := mk("dom", "p", 8, 0)
+	for i := range dom.GPUs {
+		dom.GPUs[i].NVLinkDomain = []string{"dA", "dB"}[i/4]
 	}
-	return snap
-}
-
-// benchQueue is a few thousand queued jobs of mixed shapes: more than the
-// cluster holds, so the later ones exercise the pending path.
-func benchQueue() []Request {
-	rng := rand.New(rand.NewPCG(1, 2))
-	reqs := make([]Request, 3000)
-	for i := range reqs {
-		reqs[i] = Request{Count: []int{1, 1, 2, 4, 8}[rng.IntN(5)], Model: h100, Tenant: "acme", Ahead: i}
-		if i%10 == 0 {
-			reqs[i].Pool = "west"
-		}
+	dom.GPUs[4].Held, dom.GPUs[5].Held = true, true
+	nodes := []Node{mk("idle", "p", 8, 0), mk("full", "p", 8, 6), mk("half", "p", 8, 4), dom}
+	// spanned has 4 free across two domains: fullest, but not one domain.
+	spanned := mk("spanned", "p", 8, 0)
+	for i := range spanned.GPUs {
+		spanned.GPUs[i].NVLinkDomain = []string{"sA", "sB"}[i/4]
+		spanned.GPUs[i].Held = i == 0 || i == 1 || i == 4 || i == 5
 	}
-	return reqs
-}
-
-// BenchmarkPlaceCycle measures one scheduling cycle of the indexed placer:
-// 1,000 nodes × 8 GPUs, 3,000 queued jobs.
-func BenchmarkPlaceCycle(b *testing.B) {
-	snap, reqs := benchCluster(), benchQueue()
-	benchCycle(b, func() []Decision { return Place(snap, reqs) })
-}
-
-// BenchmarkPlaceCycleReference is the baseline: the same cycle with the
-// linear-scan reference first-fit.
-func BenchmarkPlaceCycleReference(b *testing.B) {
-	snap, reqs := benchCluster(), benchQueue()
-	benchCycle(b, func() []Decision {
-		out := referencePlace(snap, reqs)
-		ds := make([]Decision, len(out))
-		for i, s := range out {
-			if s != "pending" {
-				ds[i].NodeID = s
+	tight := mk("tight", "p", 8, 2)
+	tests := map[string]struct {
+		pol   contracts.PlacementPolicy
+		nodes []Node
+		reqs  []Request
+		want  []string
+	}{
+		"binpack: the fullest": {contracts.PolicyBinpack, nodes, []Request{whole(2), whole(2), whole(8)},
+			[]string{"full[6 7]", "half[4 5]", "idle[0 1 2 3 4 5 6 7]"}},
+		"spread: the emptiest": {contracts.PolicySpread, nodes, []Request{whole(2), whole(2)}, []string{"idle[0 1]", "dom[0 1]"}},
+		"topology: one NVLink domain before packing": {contracts.PolicyTopology, []Node{spanned, tight}, []Request{whole(4)},
+			[]string{"tight[2 3 4 5]"}},
+		"binpack ignores domains": {contracts.PolicyBinpack, []Node{spanned, tight}, []Request{whole(4)},
+			[]string{"spanned[2 3 6 7]"}},
+		"topology: the tightest domain, then packing": {contracts.PolicyTopology, nodes, []Request{whole(2), whole(4), whole(1)},
+			[]string{"full[6 7]", "half[4 5 6 7]", "dom[0]"}},
+		"fragaware keeps whole machines whole": {contracts.PolicyFragAware, nodes, []Request{whole(2), whole(8), whole(4)},
+			[]string{"full[6 7]", "idle[0 1 2 3 4 5 6 7]", "half[4 5 6 7]"}},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			if diff := cmp.Diff(tt.want, run(Snapshot{Nodes: tt.nodes}, usePolicy(tt.pol), tt.reqs...)); diff != "" {
+				t.Errorf("decisions (-want +got):\n%s", diff)
+			}
+		})
+	}
+	t.Run("ties go to the first node", func(t *testing.T) {
+		for _, pol := range contracts.PlacementPolicies {
+			got := run(Snapshot{Nodes: []Node{mk("n3", "p", 8, 2), mk("n1", "p", 8, 2), mk("n2", "p", 8, 2)}}, usePolicy(pol), whole(1))
+			if got[0] != "n1[2]" {
+				t.Errorf("%s: %v, want n1[2]", pol, got)
 			}
 		}
-		return ds
+	})
+	t.Run("policy per pool", func(t *testing.T) {
+		opt := Options{Policy: func(pool string) contracts.PlacementPolicy {
+			return map[string]contracts.PlacementPolicy{"a": contracts.PolicyBinpack, "b": contracts.PolicySpread}[pool]
+		}}
+		snap := Snapshot{Nodes: []Node{mk("a1", "a", 8, 0), mk("a2", "a", 8, 6), mk("b1", "b", 8, 6), mk("b2", "b", 8, 0)}}
+		got := run(snap, opt, Request{GPU: contracts.GPURequest{Count: 1}, Pool: "a"}, Request{GPU: contracts.GPURequest{Count: 1}, Pool: "b"})
+		if diff := cmp.Diff([]string{"a2[6]", "b2[0]"}, got); diff != "" {
+			t.Errorf("decisions (-want +got):\n%s", diff)
+		}
 	})
 }
 
-func benchCycle(b *testing.B, cycle func() []Decision) {
-	placedJobs := 0
-	for b.Loop() {
-		placedJobs = 0
-		for _, d := range cycle() {
-			if d.Placed() {
-				placedJobs++
+func TestFilters(t *testing.T) {
+	noSched := mk("t1", "p", 8, 6)
+	noSched.Taints = []contracts.Taint{{Key: "dedicated", Value: "ml", Effect: contracts.TaintNoSchedule}}
+	prefer := mk("t2", "p", 8, 6) // fullest: binpack would pick it first
+	prefer.Taints = []contracts.Taint{{Key: "spot", Value: "true", Effect: contracts.TaintPreferNoSchedule}}
+	cordoned := mk("c1", "p", 8, 6)
+	cordoned.Cordoned = true
+	labelled := mk("l1", "p", 8, 0)
+	labelled.Labels = map[string]string{"rack": "r7"}
+	plain := mk("n1", "p", 8, 0)
+	tolerate := func(key string) []contracts.Toleration {
+		return []contracts.Toleration{{Key: key, Operator: contracts.TolerationExists}}
+	}
+	tests := map[string]struct {
+		nodes []Node
+		reqs  []Request
+		want  []string
+	}{
+		"NoSchedule keeps untolerating jobs off": {[]Node{noSched, plain}, []Request{whole(2), {GPU: contracts.GPURequest{Count: 2}, Tolerations: tolerate("dedicated")}},
+			[]string{"n1[0 1]", "t1[6 7]"}},
+		"NoSchedule alone": {[]Node{noSched}, []Request{whole(1)}, []string{"no_schedulable_node"}},
+		"PreferNoSchedule is a last resort": {[]Node{prefer, plain}, []Request{whole(6), whole(2), whole(2), {GPU: contracts.GPURequest{Count: 1}, Tolerations: tolerate("spot")}},
+			[]string{"n1[0 1 2 3 4 5]", "n1[6 7]", "t2[6 7]", "queued_behind_higher_priority"}},
+		"cordoned never": {[]Node{cordoned}, []Request{whole(1)}, []string{"no_schedulable_node"}},
+		"selector": {[]Node{plain, labelled}, []Request{{GPU: contracts.GPURequest{Count: 1}, Selector: map[string]string{"rack": "r7"}},
+			{GPU: contracts.GPURequest{Count: 1}, Selector: map[string]string{"rack": "r8"}}},
+			[]string{"l1[0]", "no_schedulable_node"}},
+		"exclude": {[]Node{plain, labelled}, []Request{{GPU: contracts.GPURequest{Count: 1}, Exclude: map[string]bool{"l1": true}},
+			{GPU: contracts.GPURequest{Count: 1}, Exclude: map[string]bool{"l1": true, "n1": true}}},
+			[]string{"n1[0]", "reserved_for_job_ahead"}},
+		"quota headroom": {[]Node{mk("a1", "a", 8, 6), mk("b1", "b", 8, 0)},
+			[]Request{{GPU: contracts.GPURequest{Count: 1}, AllowPool: func(p string) bool { return p != "a" }},
+				{GPU: contracts.GPURequest{Count: 1}, AllowPool: func(string) bool { return false }}},
+			[]string{"b1[0]", "quota_exceeded"}},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			if diff := cmp.Diff(tt.want, run(Snapshot{Nodes: tt.nodes}, usePolicy(contracts.PolicyBinpack), tt.reqs...)); diff != "" {
+				t.Errorf("decisions (-want +got):\n%s", diff)
 			}
+		})
+	}
+	t.Run("AllowPool is asked once per pool", func(t *testing.T) {
+		var nodes []Node
+		for _, id := range []string{"a1", "a2", "b1", "b2"} {
+			nodes = append(nodes, mk(id, id[:1], 8, 8))
 		}
+		calls := map[string]int{}
+		p := NewPlacer(Snapshot{Nodes: nodes}, Options{})
+		p.Place(Request{GPU: contracts.GPURequest{Count: 1}, AllowPool: func(pool string) bool { calls[pool]++; return true }})
+		if diff := cmp.Diff(map[string]int{"a": 1, "b": 1}, calls); diff != "" {
+			t.Errorf("calls (-want +got):\n%s", diff)
+		}
+	})
+}
+
+func gang(count, nodes int, topo contracts.Topology) Request {
+	return Request{GPU: contracts.GPURequest{Count: count, Nodes: nodes, Topology: topo}}
+}
+
+func TestGangs(t *testing.T) {
+	zoned := func(id, zone string, busy int) Node { n := mk(id, "p", 8, busy); n.Zone = zone; return n }
+	a := mk("a1", "p", 8, 0)
+	for i := range a.GPUs {
+		a.GPUs[i].Model = a100
 	}
-	if placedJobs == 0 {
-		b.Fatal("no job was placed")
+	tests := map[string]struct {
+		nodes []Node
+		reqs  []Request
+		want  []string
+	}{
+		"split evenly over machines": {[]Node{mk("n1", "p", 8, 0), mk("n2", "p", 8, 0), mk("n3", "p", 8, 4)},
+			[]Request{gang(8, 2, ""), gang(8, 2, "")},
+			[]string{"n1[0 1 2 3] n3[4 5 6 7]", "n1[4 5 6 7] n2[0 1 2 3]"}},
+		"all or nothing": {[]Node{mk("n1", "p", 8, 0), mk("n2", "p", 8, 0), mk("n3", "p", 8, 0), mk("n4", "p", 8, 1)},
+			[]Request{gang(32, 4, ""), whole(8), whole(8), whole(8)},
+			[]string{"insufficient_free_gpus", "n1[0 1 2 3 4 5 6 7]", "n2[0 1 2 3 4 5 6 7]", "n3[0 1 2 3 4 5 6 7]"}},
+		"one zone": {[]Node{zoned("n1", "z1", 0), zoned("n2", "z2", 0), zoned("n3", "z2", 0)},
+			[]Request{gang(16, 2, contracts.TopologyZone)}, []string{"n2[0 1 2 3 4 5 6 7] n3[0 1 2 3 4 5 6 7]"}},
+		"no zone has enough machines": {[]Node{zoned("n1", "z1", 0), zoned("n2", "z2", 0), zoned("n3", "z2", 4)},
+			[]Request{gang(16, 2, contracts.TopologyZone), gang(24, 3, contracts.TopologyZone)},
+			[]string{"insufficient_free_gpus", "unsatisfiable"}},
+		"one model for the whole gang": {[]Node{mk("h1", "p", 8, 0), a, mk("h2", "p", 8, 4)},
+			[]Request{models(gang(16, 2, ""), a100, h100), models(gang(8, 2, ""), a100, h100)},
+			[]string{"insufficient_free_gpus", "h1[0 1 2 3] h2[4 5 6 7]"}},
+		"never one machine twice": {[]Node{mk("n1", "p", 16, 0)}, []Request{gang(2, 2, "")}, []string{"unsatisfiable"}},
 	}
-	perCycle := b.Elapsed().Seconds() / float64(b.N)
-	b.ReportMetric(float64(placedJobs)/perCycle, "placements/s")
-	b.ReportMetric(3000/perCycle, "jobs/s")
-	b.ReportMetric(float64(placedJobs), "placed/cycle")
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			if diff := cmp.Diff(tt.want, run(Snapshot{Nodes: tt.nodes}, usePolicy(contracts.PolicyBinpack), tt.reqs...)); diff != "" {
+				t.Errorf("decisions (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestPendingMessages(t *testing.T) {
+	h03 := mk("h100-03", "h100", 8, 2)
+	h01 := mk("h100-01", "h100", 8, 8)
+	cordoned := mk("c1", "h100", 8, 0)
+	cordoned.Cordoned = true
+	tainted := mk("t1", "h100", 8, 0)
+	tainted.Taints = []contracts.Taint{{Key: "dedicated", Value: "ml", Effect: contracts.TaintNoSchedule}}
+	migNode := Node{ID: "m1", Pool: "mig", CPUMilliFree: 1000, MemoryMiBFree: 1000,
+		GPUs: []GPU{migGPU("m1", 0, []string{"1g.10gb", "1g.10gb"}, []int{0, 1}, 0, 1)}}
+	shareNode := mk("s1", "s", 2, 0)
+	shareNode.GPUs[0].SharePercent, shareNode.GPUs[0].ShareMemMiB = 80, 10240
+	shareNode.GPUs[1].Held = true
+	research := func(r Request) Request {
+		r.Tenant, r.Ahead, r.Extra = "research", 2, "quota research/h100 at 16 of 16"
+		return r
+	}
+	h100x := func(n int) Request {
+		return Request{GPU: contracts.GPURequest{Count: n, Model: h100}}
+	}
+	nvl := func(r Request) Request { r.GPU.Topology = contracts.TopologyNVLink; return r }
+	tests := map[string]struct {
+		nodes []Node
+		req   Request
+		want  Pending
+	}{
+		"no nodes": {nil, whole(1), Pending{contracts.PendingNoNodes, "needs 1×GPU on one machine; no nodes are registered"}},
+		"no such pool": {[]Node{h01}, Request{GPU: contracts.GPURequest{Count: 1}, Pool: "x"},
+			Pending{contracts.PendingNoNodes, "needs 1×GPU on one machine in pool x; no nodes in pool x"}},
+		"no such model": {[]Node{h01}, Request{GPU: contracts.GPURequest{Count: 1, Model: "L4"}},
+			Pending{contracts.PendingNoMatchingModel, "needs 1×L4 on one machine; no node has L4 GPUs out of MIG mode"}},
+		"never fits": {[]Node{h01, h03}, h100x(16),
+			Pending{contracts.ReasonUnsatisfiable, "needs 16×H100-80GB on one machine; no machine could ever hold it: the largest machine has 8 (h100-01)"}},
+		"largest free block": {[]Node{h01, h03}, research(nvl(h100x(8))),
+			Pending{contracts.PendingInsufficientGPUs, "needs 8×H100-80GB in one NVLink domain; largest free block in one NVLink domain is 6 on h100-03; 2 jobs ahead in queue research; quota research/h100 at 16 of 16"}},
+		"nothing free": {[]Node{h01}, h100x(1),
+			Pending{contracts.PendingInsufficientGPUs, "needs 1×H100-80GB on one machine; no matching GPU is free on a usable machine"}},
+		"unusable machines": {[]Node{h01, cordoned, tainted}, h100x(8),
+			Pending{contracts.PendingInsufficientGPUs, "needs 8×H100-80GB on one machine; no matching GPU is free on a usable machine; not usable: 1 cordoned, 1 tainted NoSchedule (not tolerated)"}},
+		"no usable machine": {[]Node{cordoned, tainted}, h100x(8),
+			Pending{contracts.PendingNoSchedulableNode, "needs 8×H100-80GB on one machine; none of the 2 machines that could hold it are usable: 1 cordoned, 1 tainted NoSchedule (not tolerated)"}},
+		"host capacity": {[]Node{h03}, Request{GPU: contracts.GPURequest{Count: 2}, CPUMilli: 96000, MemoryMiB: 1024},
+			Pending{contracts.PendingNoSchedulableNode, "needs 2×GPU on one machine; its GPUs are free on 1 machine but none has 96000 milli-CPU and 1024 MiB host memory free (most: 64000 milli-CPU and 524288 MiB on h100-03)"}},
+		"reserved": {[]Node{h03}, Request{GPU: contracts.GPURequest{Count: 2}, Exclude: map[string]bool{"h100-03": true}},
+			Pending{contracts.PendingReservedForOther, "needs 2×GPU on one machine; none of the 1 machine that could hold it is usable: 1 reserved for jobs ahead"}},
+		"quota": {[]Node{h03}, Request{GPU: contracts.GPURequest{Count: 2}, AllowPool: func(string) bool { return false }},
+			Pending{contracts.PendingQuotaExceeded, "needs 2×GPU on one machine; none of the 1 machine that could hold it is usable: 1 in a pool without quota headroom"}},
+		"MIG instances held": {[]Node{migNode}, mig("1g.10gb"),
+			Pending{contracts.PendingInsufficientGPUs, "needs a 1g.10gb MIG instance; 0 of the 2 1g.10gb instances on usable machines are free"}},
+		"share room": {[]Node{shareNode}, share(10240, 30),
+			Pending{contracts.PendingInsufficientGPUs, "needs 30% and 10240 MiB of one GPU; the most room on one card is 20% and 71680 MiB on s1"}},
+		"gang machines": {[]Node{h01, h03}, Request{GPU: contracts.GPURequest{Count: 24, Nodes: 3}},
+			Pending{contracts.ReasonUnsatisfiable, "needs 8×GPU on each of 3 machines; no job can ever get 3 such machines: 2 machines could hold its part"}},
+		"gang free": {[]Node{h01, h03}, Request{GPU: contracts.GPURequest{Count: 12, Nodes: 2}},
+			Pending{contracts.PendingInsufficientGPUs, "needs 6×GPU on each of 2 machines; 1 machine has 6 free"}},
+		"invalid": {[]Node{h03}, whole(0), Pending{contracts.ReasonUnsatisfiable, "invalid request: gpu count 0; want 1 to 1024"}},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			d := NewPlacer(Snapshot{Nodes: tt.nodes}, Options{}).Place(tt.req)
+			if diff := cmp.Diff(tt.want, d.Pending); diff != "" {
+				t.Errorf("pending (-want +got):\n%s", diff)
+			}
+			if d.Pending.Unsatisfiable() != (tt.want.Code == contracts.ReasonUnsatisfiable) {
+				t.Error("Unsatisfiable disagrees with the code")
+			}
+		})
+	}
+	t.Run("queued behind jobs placed this cycle", func(t *testing.T) {
+		p := NewPlacer(Snapshot{Nodes: []Node{h03}}, Options{})
+		p.Place(whole(4))
+		d := p.Place(whole(4))
+		want := Pending{contracts.PendingQueuedBehind, "needs 4×GPU on one machine; the free capacity went to 1 job placed ahead of it this cycle; largest free block is now 2 on h100-03"}
+		if diff := cmp.Diff(want, d.Pending); diff != "" {
+			t.Errorf("pending (-want +got):\n%s", diff)
+		}
+	})
+}
+
+func TestDeterministicAndPure(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	snap := randomCluster(rng, 40)
+	reqs := make([]Request, 200)
+	for i := range reqs {
+		reqs[i] = randomRequest(rng, nil)
+		reqs[i].AllowPool = nil
+	}
+	before := newMirror(snap).snapshot()
+	first := run(snap, Options{}, reqs...)
+	if diff := cmp.Diff(before, newMirror(snap).snapshot()); diff != "" {
+		t.Fatalf("NewPlacer or Place modified the snapshot:\n%s", diff)
+	}
+	shuffled := Snapshot{Nodes: slices.Clone(snap.Nodes)}
+	rng.Shuffle(len(shuffled.Nodes), func(i, j int) { shuffled.Nodes[i], shuffled.Nodes[j] = shuffled.Nodes[j], shuffled.Nodes[i] })
+	if diff := cmp.Diff(first, run(shuffled, Options{}, reqs...)); diff != "" {
+		t.Errorf("decisions depend on the snapshot's node order (-first +shuffled):\n%s", diff)
+	}
+}
+
+func TestFitNode(t *testing.T) {
+	n := mk("n1", "p", 4, 1)
+	n.GPUs[3].SharePercent, n.GPUs[3].ShareMemMiB = 50, 1024
+	n.Labels = map[string]string{"rack": "r1"}
+	tests := map[string]struct {
+		node Node
+		req  Request
+		want string // devices, or "" for no fit
+	}{
+		"whole":            {n, whole(2), "1 2"},
+		"too many":         {n, whole(3), ""},
+		"share, tightest":  {n, share(1024, 40), "3"},
+		"cpu":              {n, Request{GPU: contracts.GPURequest{Count: 1}, CPUMilli: 64001}, ""},
+		"selector":         {n, Request{GPU: contracts.GPURequest{Count: 1}, Selector: map[string]string{"rack": "r2"}}, ""},
+		"pool":             {n, Request{GPU: contracts.GPURequest{Count: 1}, Pool: "q"}, ""},
+		"excluded":         {n, Request{GPU: contracts.GPURequest{Count: 1}, Exclude: map[string]bool{"n1": true}}, ""},
+		"quota":            {n, Request{GPU: contracts.GPURequest{Count: 1}, AllowPool: func(string) bool { return false }}, ""},
+		"gang part":        {n, Request{GPU: contracts.GPURequest{Count: 4, Nodes: 2}}, "1 2"},
+		"invalid":          {n, Request{GPU: contracts.GPURequest{Count: 3, Nodes: 2}}, ""},
+		"no MIG instances": {n, mig("1g.10gb"), ""},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			devs, ok := FitNode(&tt.node, tt.req)
+			got := ""
+			for i, d := range devs {
+				if i > 0 {
+					got += " "
+				}
+				got += string(rune('0' + d.Index))
+			}
+			if ok != (tt.want != "") || got != tt.want {
+				t.Errorf("FitNode = %q, %v; want %q", got, ok, tt.want)
+			}
+		})
+	}
+	if _, ok := FitNode(nil, whole(1)); ok {
+		t.Error("FitNode(nil) fits")
+	}
 }
