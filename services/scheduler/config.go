@@ -40,21 +40,35 @@ type Config struct {
 	// third of it). Replicas sharing Name elect one leader; a standby takes
 	// over at most LeaseTTL after a leader dies. Default 3 s.
 	LeaseTTL time.Duration
+	// Policy is the placement policy of pools without a PoolConfig in
+	// the gp-pools bucket.
+	Policy contracts.PlacementPolicy
+	// PreemptGrace is a preempted or drained job's time to checkpoint
+	// and exit before it is killed.
+	PreemptGrace time.Duration
+	// MinRuntime protects a started job from preemption for this long.
+	MinRuntime time.Duration
+	// MaxReservations bounds the backfill reservations of one cycle.
+	MaxReservations int
 }
 
 // DefaultConfig returns the defaults, with the bus settings from the
 // environment (service.DefaultBusConfig).
 func DefaultConfig() Config {
 	return Config{
-		Bus:            service.DefaultBusConfig(),
-		Name:           "scheduler",
-		CycleInterval:  5 * time.Millisecond,
-		DemandInterval: time.Second,
-		Publishers:     16,
-		IntakeWorkers:  16,
-		ResyncInterval: time.Second,
-		MaxPlanBytes:   96 * 1024,
-		LeaseTTL:       3 * time.Second,
+		Bus:             service.DefaultBusConfig(),
+		Name:            "scheduler",
+		CycleInterval:   5 * time.Millisecond,
+		DemandInterval:  time.Second,
+		Publishers:      16,
+		IntakeWorkers:   16,
+		ResyncInterval:  time.Second,
+		MaxPlanBytes:    96 * 1024,
+		LeaseTTL:        3 * time.Second,
+		Policy:          contracts.PolicyFragAware,
+		PreemptGrace:    30 * time.Second,
+		MinRuntime:      time.Minute,
+		MaxReservations: 4,
 	}
 }
 
@@ -68,6 +82,14 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ResyncInterval, "resync-interval", c.ResyncInterval, "a cycle at least this often, even with no new fact")
 	fs.IntVar(&c.IntakeWorkers, "intake-workers", c.IntakeWorkers, "job requests handled in parallel (per-job order is kept)")
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "leader lease duration; a standby takes over at most this long after the leader dies")
+	fs.Func("policy", "placement policy of pools without a gp-pools entry: binpack, spread, topology or fragaware (default "+string(c.Policy)+")",
+		func(v string) error {
+			c.Policy = contracts.PlacementPolicy(v)
+			return nil
+		})
+	fs.DurationVar(&c.PreemptGrace, "preempt-grace", c.PreemptGrace, "a preempted or drained job's time to checkpoint and exit before it is killed")
+	fs.DurationVar(&c.MinRuntime, "min-runtime", c.MinRuntime, "a started job is not preempted before it ran this long")
+	fs.IntVar(&c.MaxReservations, "max-reservations", c.MaxReservations, "backfill reservations per cycle (0: no backfill protection)")
 	fs.IntVar(&c.MaxPlanBytes, "max-plan-bytes", c.MaxPlanBytes, "largest plan message; larger cycles split their plan")
 }
 
@@ -98,6 +120,12 @@ func (c Config) Validate() error {
 	}
 	if c.MaxPlanBytes < 4*1024 || c.MaxPlanBytes > maxPlanLimit {
 		errs = append(errs, fmt.Errorf("max plan bytes is %d; want 4096 to %d", c.MaxPlanBytes, maxPlanLimit))
+	}
+	if !c.Policy.Valid() {
+		errs = append(errs, fmt.Errorf("policy is %q; want one of %v", c.Policy, contracts.PlacementPolicies))
+	}
+	if c.PreemptGrace < 0 || c.MinRuntime < 0 || c.MaxReservations < 0 {
+		errs = append(errs, fmt.Errorf("preempt grace, min runtime and max reservations must not be negative"))
 	}
 	if c.LeaseTTL < 30*time.Millisecond || c.LeaseTTL > time.Minute {
 		errs = append(errs, fmt.Errorf("lease ttl is %s; want 30ms to 1m", c.LeaseTTL))

@@ -30,6 +30,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/gpuplane/gpuplane/contracts"
@@ -112,8 +113,13 @@ func newScheduler(cfg Config, b *bus.Bus, log *slog.Logger, term lease.Term) *sc
 	s.out = newOutbox(b, cfg.Publishers, log)
 	s.demand = newDemandPublisher(b, cfg.DemandInterval, cfg.Name, boot, log)
 	s.budget = newBudgetGate(b, log)
+	reservations := cfg.MaxReservations
+	if reservations == 0 {
+		reservations = -1 // the store's zero means its default
+	}
 	s.st = state.New(state.Config{Scheduler: cfg.Name, Boot: boot, MaxPlanBytes: cfg.MaxPlanBytes, Log: log,
-		Wake: s.markDirty, Admit: s.budget.Admit})
+		Wake: s.markDirty, Admit: s.budget.Admit, Policy: cfg.Policy, PreemptGrace: cfg.PreemptGrace,
+		MinRuntime: cfg.MinRuntime, MaxReservations: reservations})
 	return s
 }
 
@@ -213,11 +219,27 @@ func (s *scheduler) rebuild(ctx context.Context, g *errgroup.Group) error {
 		{bus.FollowSpec{Stream: contracts.StreamAllocations}, s.applyAllocation},
 		{bus.FollowSpec{Stream: contracts.StreamRuns}, s.applyRun},
 	}
-	caught := make(chan struct{}, len(follows))
+	caught := make(chan struct{}, len(follows)+len(adminBuckets))
 	for _, f := range follows {
 		g.Go(func() error { return s.follow(ctx, f.spec, f.apply, func() { caught <- struct{}{} }) })
 	}
-	for range follows {
+	// Quotas, pool policies and cordons are known before the first cycle:
+	// a cycle run blind could admit past a quota or place on a cordoned
+	// node.
+	for _, bucket := range adminBuckets {
+		if _, err := s.bus.KeyValue(ctx, bucket); err != nil {
+			return fmt.Errorf("bucket %s: %w", bucket, err)
+		}
+		g.Go(func() error {
+			var once sync.Once
+			return s.bus.WatchKV(ctx, bucket, func(e jetstream.KeyValueEntry) {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				s.applyAdmin(bucket, e)
+			}, func() { once.Do(func() { caught <- struct{}{} }) })
+		})
+	}
+	for range len(follows) + len(adminBuckets) {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -259,6 +281,66 @@ func (s *scheduler) follow(ctx context.Context, spec bus.FollowSpec, apply func(
 		case <-time.After(delay):
 		}
 		delay = min(2*delay, 5*time.Second)
+	}
+}
+
+// adminBuckets are the administrators' KV buckets the scheduler follows.
+var adminBuckets = []string{contracts.BucketQuotas, contracts.BucketPools, contracts.BucketNodeAdmin}
+
+// applyAdmin applies one entry of an administrators' bucket. A value that
+// does not decode or validate is logged and ignored (the gateway refuses
+// such writes; only a hand-edited bucket holds one), keeping the last good
+// setting rather than dropping a tenant's quota.
+func (s *scheduler) applyAdmin(bucket string, e jetstream.KeyValueEntry) {
+	key := e.Key()
+	deleted := e.Operation() != jetstream.KeyValuePut
+	bad := func(err error) {
+		s.log.Warn("ignoring an invalid administrator setting", "bucket", bucket, "key", key, "err", err)
+	}
+	switch bucket {
+	case contracts.BucketQuotas:
+		if deleted {
+			s.st.ApplyQuota(key, nil)
+			return
+		}
+		var q contracts.TenantQuota
+		if err := json.Unmarshal(e.Value(), &q); err != nil {
+			bad(err)
+			return
+		}
+		if err := q.Validate(key); err != nil {
+			bad(err)
+			return
+		}
+		s.st.ApplyQuota(key, &q)
+	case contracts.BucketPools:
+		if deleted {
+			s.st.ApplyPoolConfig(key, nil)
+			return
+		}
+		var c contracts.PoolConfig
+		if err := json.Unmarshal(e.Value(), &c); err != nil {
+			bad(err)
+			return
+		}
+		if err := c.Validate(key); err != nil {
+			bad(err)
+			return
+		}
+		s.st.ApplyPoolConfig(key, &c)
+	case contracts.BucketNodeAdmin:
+		if deleted {
+			s.st.ApplyNodeAdmin(key, nil)
+			return
+		}
+		var a contracts.NodeAdmin
+		if err := json.Unmarshal(e.Value(), &a); err != nil {
+			// Fail closed, as the resource manager does: a hold nobody
+			// can read keeps the node cordoned until it is fixed.
+			bad(err)
+			a = contracts.NodeAdmin{NodeID: key, Cordoned: true, Reason: "unreadable hold record"}
+		}
+		s.st.ApplyNodeAdmin(key, &a)
 	}
 }
 

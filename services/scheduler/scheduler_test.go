@@ -66,7 +66,7 @@ func TestInvalidRequestsAreRejected(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.start()
-	big := request("too-big", 65, h100)
+	big := request("too-big", contracts.MaxGPUsPerJob+1, h100)
 	tests := []struct {
 		name    string
 		subject string
@@ -319,7 +319,7 @@ func TestPendingReasonAndDemand(t *testing.T) {
 	e.submit("acme", request("big", 8, h100))
 	p := e.waitEvent("acme", "big", contracts.EventPending)
 	if p.Reason != contracts.PendingInsufficientGPUs || !strings.Contains(p.Message, "needs 8×H100-80GB on one machine") ||
-		!strings.Contains(p.Message, "largest free block is 2 GPUs on h100-01") {
+		!strings.Contains(p.Message, "largest free block is 2 on h100-01") {
 		t.Fatalf("pending %+v", p)
 	}
 	eventually(t, "demand for pool east with the waiting shape", func() bool {
@@ -334,8 +334,12 @@ func TestPendingReasonAndDemand(t *testing.T) {
 		return false
 	})
 	// More cycles with the same reason publish no new pending event.
+	// Short enough to end before big's reservation starts (when small
+	// ends): backfill lets them use the free GPUs.
 	for i := range 3 {
-		e.submit("acme", request(fmt.Sprintf("tiny-%d", i), 1, h100))
+		tiny := request(fmt.Sprintf("tiny-%d", i), 1, h100)
+		tiny.Run.Duration = contracts.Duration(time.Second)
+		e.submit("acme", tiny)
 	}
 	e.barrier("acme")
 	eventually(t, "the tiny jobs placed", func() bool {
@@ -402,7 +406,7 @@ func TestRestartLosesNothing(t *testing.T) {
 		"run":     {"queued/1": 1, "scheduled/1": 1, "running/1": 1},
 		"flight":  {"queued/1": 1, "scheduled/1": 1, "cancelled/1": 1},
 		"refused": {"queued/1": 1, "scheduled/1": 1},
-		"big":     {"queued/1": 1, "pending/1/" + string(contracts.PendingInsufficientGPUs): 1},
+		"big":     {"queued/1": 1, "pending/1/" + string(contracts.ReasonUnsatisfiable): 1}, // larger than any machine
 		"later":   {"queued/1": 1, "scheduled/1": 1},
 	}
 	for job, w := range want {

@@ -3,9 +3,14 @@ package state
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
+	"strings"
+	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/services/scheduler/internal/backfill"
 	"github.com/gpuplane/gpuplane/services/scheduler/internal/demand"
+	"github.com/gpuplane/gpuplane/services/scheduler/internal/fairshare"
 	"github.com/gpuplane/gpuplane/services/scheduler/internal/placement"
 )
 
@@ -22,29 +27,36 @@ type CycleResult struct {
 	Placed, Waiting int
 }
 
-// Cycle offers every queued job, in queue order, to a first-fit placer over
-// the current snapshot (ledger and plans in flight both hold devices). Jobs
-// that fit become plan items and are held in flight until the ledger or a
-// refusal answers; the others get a pending reason. It is level-triggered:
+// Cycle offers every queued job to the placer over the current snapshot
+// (ledger and plans in flight both hold devices), in fair-share order:
+// priority classes first, then the tenant with the lowest weighted
+// dominant share, FIFO within a tenant. Per job it checks dependencies,
+// the placement timeout, the tenant's quota and the backfill reservations
+// of larger jobs ahead. Jobs that fit become plan items (all machines of a
+// gang in one plan) held in flight until the ledger or a refusal answers;
+// jobs that do not fit get a precise pending reason, may preempt, and the
+// first ones blocked by capacity get a reservation. It is level-triggered:
 // calling it twice with no new fact in between places nothing new and
 // publishes nothing new.
 func (s *Store) Cycle() CycleResult {
-	snap := s.cluster.snapshot(s.cfg.Now())
-	p := placement.NewPlacer(snap)
+	now := s.cfg.Now()
+	snap := s.cluster.snapshot(now)
+	s.drain(now)
+	p := placement.NewPlacer(snap, placement.Options{Policy: s.policyFor, Workload: s.workload.requests()})
+	book := s.book(snap)
 	type hit struct {
 		j *Job
 		d placement.Decision
 	}
-	type miss struct {
-		j *Job
-		p placement.Pending
-		r placement.Request
-	}
 	var (
-		hits   []hit
-		misses []miss
-		ahead  = map[string]int{}
-		served = map[contracts.Priority]string{}
+		hits       []hit
+		misses     []miss
+		preemptors []miss
+		ahead      = map[string]int{}
+		resv       backfill.Book
+		reserved   int
+		running    []backfill.Running
+		runningOK  bool
 	)
 	// The watermark: a job that arrived after a request still being
 	// accepted waits for it (a cycle or two, milliseconds), or it could
@@ -53,62 +65,220 @@ func (s *Store) Cycle() CycleResult {
 	for seq := range s.accepting {
 		watermark = min(watermark, seq)
 	}
+	items := make([]fairshare.Item, 0, s.queue.Len())
 	for it := range s.queue.Order() {
 		j := it.Value
 		if j.seq > watermark {
 			continue
 		}
-		g := j.Request.Resources.GPU
-		r := placement.Request{Tenant: j.Tenant, Ahead: ahead[j.Tenant], Count: g.Count, Model: g.Model,
-			MemoryMiB: g.MemoryMiB, Pool: j.Request.Pool}
-		ahead[j.Tenant]++
-		if d := p.Place(r); d.Placed() {
-			hits = append(hits, hit{j, d})
-			served[it.Priority] = j.Tenant
-		} else {
-			misses = append(misses, miss{j, d.Pending, r})
+		items = append(items, fairshare.Item{Key: j.key, Tenant: j.Tenant, Priority: j.Request.Priority, Seq: j.seq,
+			Usage: usageOf(j.Request)})
+	}
+	round := book.NewRound(items)
+	blocked := func(it fairshare.Item) {
+		for _, held := range round.Blocked(it) {
+			if hj := s.jobs[held.Key]; hj != nil && hj.State == contracts.StateQueued {
+				s.setPending(hj, placement.Pending{Code: contracts.PendingStrictFIFO, Message: fairshare.StrictFIFOMessage(it)})
+			}
 		}
 	}
-	for prio, tenant := range served {
-		s.queue.StartAfter(prio, tenant)
+	for it, ok := round.Next(); ok; it, ok = round.Next() {
+		j := s.jobs[it.Key]
+		if j == nil || j.State != contracts.StateQueued || j.Request == nil || len(j.parts) > 0 {
+			continue
+		}
+		if t := j.Request.PlacementTimeout.D(); t > 0 && !j.queuedAt.IsZero() && now.Sub(j.queuedAt) > t {
+			s.timeOut(j, t)
+			continue
+		}
+		switch v, why := s.dependencies(j); v {
+		case depFailed:
+			s.failDependent(j, why)
+			continue
+		case depWaiting:
+			s.setPending(j, why)
+			blocked(it)
+			continue
+		}
+		if s.preempting(j) {
+			s.setPending(j, placement.Pending{Code: contracts.PendingPreempting,
+				Message: "waiting for " + strings.Join(j.victims, ", ") + " to stop and release their devices"})
+			blocked(it)
+			continue
+		}
+		r := s.request(j, ahead[j.Tenant])
+		ahead[j.Tenant]++
+		var quota []string
+		need := it.Usage.MilliGPU
+		r.AllowPool = func(pool string) bool {
+			v := book.Admit(j.Tenant, pool, need)
+			if !v.OK {
+				quota = append(quota, v.Message)
+			}
+			return v.OK
+		}
+		if reserved > 0 {
+			r.Exclude = resv.Exclude(now, expectedRunTime(j.Request))
+		}
+		d := p.Place(r)
+		if d.Placed() {
+			hits = append(hits, hit{j, d})
+			s.servedSeq++
+			s.served[j.Tenant] = s.servedSeq
+			// Each machine's share counts in its own pool: a gang may span
+			// pools when it names none.
+			per := it
+			k := int64(len(d.Parts))
+			per.Usage = fairshare.Usage{MilliGPU: it.Usage.MilliGPU / k, CPUMilli: it.Usage.CPUMilli / k,
+				MemoryMiB: it.Usage.MemoryMiB / k}
+			for _, part := range d.Parts {
+				round.Placed(per, part.Pool)
+			}
+			continue
+		}
+		blocked(it)
+		pend := d.Pending
+		if len(quota) > 0 && (pend.Code == contracts.PendingNoNodes || pend.Code == contracts.PendingNoSchedulableNode ||
+			pend.Code == contracts.PendingInsufficientGPUs || pend.Code == contracts.PendingQuotaExceeded) {
+			slices.Sort(quota)
+			quota = slices.Compact(quota)
+			pend = placement.Pending{Code: contracts.PendingQuotaExceeded, Message: pend.Message + "; " + strings.Join(quota, "; ")}
+		}
+		if pend.Code == contracts.PendingInsufficientGPUs || pend.Code == contracts.PendingNoSchedulableNode {
+			if s.mayPreempt(j, book, r) {
+				preemptors = append(preemptors, miss{j, r})
+			}
+			if reserved < s.cfg.MaxReservations {
+				if !runningOK {
+					running, runningOK = s.running(now), true
+				}
+				if res, ok := backfill.Reserve(snap, running, r, now); ok {
+					res.Key = j.key
+					resv.Add(res)
+					reserved++
+					pend.Message += "; " + res.Message
+				}
+			}
+		}
+		s.setPending(j, pend)
+		misses = append(misses, miss{j, r})
 	}
 
-	now := s.cfg.Now().UTC()
 	res := CycleResult{Placed: len(hits), Waiting: len(misses)}
+	nowUTC := now.UTC()
 	used := map[string]int{}
 	size := 0
 	for _, h := range hits {
-		j, d := h.j, h.d
-		refs := make([]contracts.DeviceRef, len(d.Devices))
-		for i, g := range d.Devices {
-			refs[i] = contracts.DeviceRef{Index: g.Index, UUID: g.UUID, Model: g.Model}
+		items := s.items(h.j, h.d)
+		n := 0
+		for _, item := range items {
+			n += itemSize(*item)
 		}
-		item := contracts.Allocation{ID: contracts.AllocationID(j.Tenant, j.ID, j.Attempt), Tenant: j.Tenant,
-			JobID: j.ID, Attempt: j.Attempt, NodeID: d.NodeID, Pool: d.Pool, Devices: refs,
-			Priority: j.Request.Priority, Run: j.Request.Run, Scheduler: s.cfg.Scheduler}
-		n := itemSize(item)
 		if len(res.Plans) == 0 || size+n > s.cfg.MaxPlanBytes {
 			s.planSeq++
 			res.Plans = append(res.Plans, contracts.Plan{SchemaVersion: contracts.SchemaVersion,
 				ID:        fmt.Sprintf("%s-%s-%d", s.cfg.Scheduler, s.cfg.Boot, s.planSeq),
-				Scheduler: s.cfg.Scheduler, Time: now})
+				Scheduler: s.cfg.Scheduler, Time: nowUTC})
 			size = 256
 		}
 		plan := &res.Plans[len(res.Plans)-1]
-		item.PlanID = plan.ID
-		plan.Items = append(plan.Items, item)
+		for _, item := range items {
+			item.PlanID = plan.ID
+			plan.Items = append(plan.Items, *item)
+			used[item.Pool] += len(item.Devices)
+		}
 		size += n
-		used[d.Pool] += len(refs)
-		s.fly(j, &item)
+		s.fly(h.j, items)
+	}
+	if len(preemptors) > 0 {
+		s.preempt(now, preemptors, book)
 	}
 	waiting := make([]placement.Request, len(misses))
 	for i, m := range misses {
-		s.setPending(m.j, m.p)
 		waiting[i] = m.r
 	}
 	res.Publish = s.take()
-	res.Demand = demand.Compute(snap, used, waiting, s.cluster.pools(), now)
+	res.Demand = demand.Compute(snap, used, waiting, s.cluster.pools(), nowUTC)
 	return res
+}
+
+// items turns a decision into plan items: one allocation, or one per
+// machine of a gang (AllocationPartID, with its rank and the gang's nodes).
+func (s *Store) items(j *Job, d placement.Decision) []*contracts.Allocation {
+	out := make([]*contracts.Allocation, len(d.Parts))
+	var gang []string
+	if len(d.Parts) > 1 {
+		gang = make([]string, len(d.Parts))
+		for i, p := range d.Parts {
+			gang[i] = p.NodeID
+		}
+	}
+	for i, p := range d.Parts {
+		a := &contracts.Allocation{ID: contracts.AllocationID(j.Tenant, j.ID, j.Attempt), Tenant: j.Tenant,
+			JobID: j.ID, Attempt: j.Attempt, NodeID: p.NodeID, Pool: p.Pool, Devices: p.Devices,
+			Priority: j.Request.Priority, Run: j.Request.Run, Scheduler: s.cfg.Scheduler,
+			CPUMilli: j.Request.Resources.CPUMilli, MemoryMiB: j.Request.Resources.MemoryMiB}
+		if gang != nil {
+			a.ID = contracts.AllocationPartID(j.Tenant, j.ID, j.Attempt, i)
+			a.Gang = &contracts.GangPart{Rank: i, Size: len(gang), Nodes: gang}
+		}
+		out[i] = a
+	}
+	return out
+}
+
+// request is the placement request of a queued job.
+func (s *Store) request(j *Job, ahead int) placement.Request {
+	req := j.Request
+	return placement.Request{Tenant: j.Tenant, Ahead: ahead, GPU: req.Resources.GPU,
+		CPUMilli: req.Resources.CPUMilli, MemoryMiB: req.Resources.MemoryMiB, Pool: req.Pool,
+		Selector: req.NodeSelector, Tolerations: req.Tolerations}
+}
+
+// timeOut fails a job not placed within its placement timeout.
+func (s *Store) timeOut(j *Job, t time.Duration) {
+	msg := fmt.Sprintf("not placed within its placement timeout of %s", t)
+	if j.Pending.Message != "" {
+		msg += "; last reason: " + j.Pending.Message
+	}
+	if s.emit(j, contracts.EventFailed, 0, func(ev *contracts.JobEvent) {
+		ev.Reason, ev.Message = contracts.ReasonPlacementTimeout, msg
+	}) {
+		s.finish(j)
+	}
+}
+
+// expectedRunTime is how long a job says it runs: expectedRunTime, else
+// its run's duration (a simulated run's length or a command's limit); 0
+// when unknown.
+func expectedRunTime(r *contracts.JobRequest) time.Duration {
+	if r.ExpectedRunTime > 0 {
+		return r.ExpectedRunTime.D()
+	}
+	return r.Run.Duration.D()
+}
+
+// usageOf is what a request takes once placed, all machines together.
+func usageOf(r *contracts.JobRequest) fairshare.Usage {
+	m := int64(r.Resources.GPU.Machines())
+	return fairshare.Usage{MilliGPU: r.Resources.GPU.MilliGPUs(), CPUMilli: r.Resources.CPUMilli * m,
+		MemoryMiB: r.Resources.MemoryMiB * m}
+}
+
+// milliOf is what an allocation holds, in thousandths of a GPU.
+func milliOf(a *contracts.Allocation) int64 {
+	var n int64
+	for _, d := range a.Devices {
+		switch {
+		case d.MIG != nil:
+			n += contracts.GPURequest{Count: 1, MIGProfile: d.MIG.Profile}.MilliGPUs()
+		case d.Share != nil:
+			n += int64(d.Share.ComputePercent) * 10
+		default:
+			n += 1000
+		}
+	}
+	return n
 }
 
 // itemSize estimates an item's encoded size. A plain simulated run is
@@ -135,11 +305,17 @@ func itemSize(a contracts.Allocation) int {
 // cancelled, when a cancel waited on the plan).
 func (s *Store) PlanFailed(planID string) []Publish {
 	for id, j := range s.flying {
-		if j.inFlight.PlanID != planID {
+		p := j.part(id)
+		if p == nil || p.alloc.PlanID != planID {
 			continue
 		}
 		s.cluster.forget(id, planID)
-		s.land(j)
+		s.land(p)
+		p.refused = true
+		if j.count(func(p *part) bool { return p.inFlight || p.committed }) > 0 {
+			continue // a gang's other parts decide (advance)
+		}
+		j.parts = nil
 		if j.cancel {
 			s.cancelQueued(j)
 		} else {

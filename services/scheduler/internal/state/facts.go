@@ -1,6 +1,7 @@
 package state
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"time"
@@ -9,23 +10,24 @@ import (
 	"github.com/gpuplane/gpuplane/services/scheduler/internal/placement"
 )
 
-// cluster is the scheduler's view of nodes and devices. A device is held
-// when the ledger has it committed or a plan in flight assumed it; it is
-// released only by a ledger release, a refusal, or a failed plan publish,
-// never by a timer.
+// cluster is the scheduler's view of nodes and devices. A device (a whole
+// GPU, a MIG instance, or a share of a GPU) is held when the ledger has it
+// committed or a plan in flight assumed it; it is released only by a ledger
+// release, a refusal, or a failed plan publish, never by a timer.
 type cluster struct {
-	nodes map[string]*nodeState
-	ids   []string // sorted node IDs with an inventory
-	// committed and assumed map a GPU UUID to the allocation holding it.
-	committed map[string]string
-	assumed   map[string]string
-	allocs    map[string]contracts.Allocation // committed, not yet released
-	plans     map[string]*contracts.Allocation
+	nodes  map[string]*nodeState
+	ids    []string                        // sorted node IDs with an inventory
+	allocs map[string]contracts.Allocation // committed, not yet released
+	plans  map[string]*contracts.Allocation
 }
 
 type nodeState struct {
 	inv  *contracts.NodeInventory
 	lost bool
+	// admin is the administrator's cordon or drain, nil when none.
+	admin *contracts.NodeAdmin
+	// held are the allocations (committed or assumed) on the node, by ID.
+	held map[string]*contracts.Allocation
 	// suspect nodes and devices were refused by the resource manager for a
 	// reason that a newer fact about the node clears (not ready, unknown
 	// device). They sit out cycles until that fact, or until suspectUntil:
@@ -42,15 +44,18 @@ type nodeState struct {
 // newer fact about it clears it first.
 const suspectBackoff = time.Second
 
+// unlimited stands for host capacity a node does not report.
+const unlimited = int64(1) << 50
+
 func newCluster() *cluster {
-	return &cluster{nodes: map[string]*nodeState{}, committed: map[string]string{}, assumed: map[string]string{},
-		allocs: map[string]contracts.Allocation{}, plans: map[string]*contracts.Allocation{}}
+	return &cluster{nodes: map[string]*nodeState{}, allocs: map[string]contracts.Allocation{},
+		plans: map[string]*contracts.Allocation{}}
 }
 
 func (c *cluster) node(id string) *nodeState {
 	n := c.nodes[id]
 	if n == nil {
-		n = &nodeState{}
+		n = &nodeState{held: map[string]*contracts.Allocation{}}
 		c.nodes[id] = n
 	}
 	return n
@@ -65,12 +70,11 @@ func (n *nodeState) clear() bool {
 }
 
 func (c *cluster) assume(a *contracts.Allocation) {
-	c.plans[a.ID] = a
-	for _, d := range a.Devices {
-		if c.assumed[d.UUID] == "" {
-			c.assumed[d.UUID] = a.ID
-		}
+	if _, committed := c.allocs[a.ID]; committed {
+		return
 	}
+	c.plans[a.ID] = a
+	c.node(a.NodeID).held[a.ID] = a
 }
 
 // forget drops the assumption of allocation id made by plan planID (any
@@ -81,10 +85,9 @@ func (c *cluster) forget(id, planID string) bool {
 		return false
 	}
 	delete(c.plans, id)
-	for _, d := range a.Devices {
-		if c.assumed[d.UUID] == id {
-			delete(c.assumed, d.UUID)
-		}
+	n := c.node(a.NodeID)
+	if n.held[id] == a {
+		delete(n.held, id)
 	}
 	return true
 }
@@ -94,10 +97,9 @@ func (c *cluster) forget(id, planID string) bool {
 func (c *cluster) commit(a contracts.Allocation) bool {
 	c.forget(a.ID, "")
 	c.allocs[a.ID] = a
-	for _, d := range a.Devices {
-		c.committed[d.UUID] = a.ID
-	}
-	return c.node(a.NodeID).clear()
+	n := c.node(a.NodeID)
+	n.held[a.ID] = &a
+	return n.clear()
 }
 
 func (c *cluster) release(a contracts.Allocation) {
@@ -106,16 +108,14 @@ func (c *cluster) release(a contracts.Allocation) {
 		a = held
 	}
 	delete(c.allocs, a.ID)
-	for _, d := range a.Devices {
-		if c.committed[d.UUID] == a.ID {
-			delete(c.committed, d.UUID)
-		}
-	}
-	c.node(a.NodeID).clear()
+	n := c.node(a.NodeID)
+	delete(n.held, a.ID)
+	n.clear()
 }
 
 // snapshot is what a cycle may place on: ready, non-suspect nodes with an
-// inventory, their healthy GPUs, free unless held.
+// inventory, their healthy GPUs with what is held of each (whole, MIG
+// instances, shares), and host capacity left.
 func (c *cluster) snapshot(now time.Time) placement.Snapshot {
 	snap := placement.Snapshot{Nodes: make([]placement.Node, 0, len(c.ids))}
 	for _, id := range c.ids {
@@ -126,16 +126,56 @@ func (c *cluster) snapshot(now time.Time) placement.Snapshot {
 		if n.lost || n.suspect {
 			continue
 		}
-		pn := placement.Node{ID: id, Pool: n.inv.Pool, GPUs: make([]placement.GPU, 0, len(n.inv.GPUs))}
-		for _, g := range n.inv.GPUs {
-			// A GPU in MIG mode is only its MIG instances: the ledger
-			// refuses it whole (mig_enabled), and MIG requests come later.
-			if !g.Healthy || g.MIGEnabled {
+		inv := n.inv
+		pn := placement.Node{ID: id, Pool: inv.Pool, Zone: inv.Zone, Labels: inv.Labels, Taints: inv.Taints,
+			Cordoned:     n.admin != nil && (n.admin.Cordoned || n.admin.Drain),
+			CPUMilliFree: inv.CPUMilli, MemoryMiBFree: inv.MemoryMiB,
+			GPUs: make([]placement.GPU, 0, len(inv.GPUs))}
+		for _, g := range inv.GPUs {
+			if !g.Healthy {
 				continue
 			}
-			free := c.committed[g.UUID] == "" && c.assumed[g.UUID] == "" && !n.suspectGPUs[g.UUID]
-			pn.GPUs = append(pn.GPUs, placement.GPU{Index: g.Index, UUID: g.UUID, Model: g.Model,
-				MemoryMiB: g.MemoryMiB, Free: free})
+			pg := placement.GPU{Index: g.Index, UUID: g.UUID, Model: g.Model, MemoryMiB: g.MemoryMiB,
+				NVLinkDomain: g.NVLinkDomain, MIG: g.MIGEnabled, Held: n.suspectGPUs[g.UUID]}
+			if g.MIGEnabled {
+				pg.Instances = make([]placement.MIGSlot, len(g.MIGInstances))
+				for i, mi := range g.MIGInstances {
+					pg.Instances[i] = placement.MIGSlot{Instance: mi}
+				}
+			}
+			pn.GPUs = append(pn.GPUs, pg)
+		}
+		// An inventory without host figures does not limit CPU or memory
+		// (the resource manager does not check them either).
+		if inv.CPUMilli <= 0 {
+			pn.CPUMilliFree = unlimited
+		}
+		if inv.MemoryMiB <= 0 {
+			pn.MemoryMiBFree = unlimited
+		}
+		for _, a := range n.held {
+			pn.CPUMilliFree -= a.CPUMilli
+			pn.MemoryMiBFree -= a.MemoryMiB
+			for _, d := range a.Devices {
+				i := slices.IndexFunc(pn.GPUs, func(g placement.GPU) bool { return g.UUID == d.UUID })
+				if i < 0 {
+					continue
+				}
+				g := &pn.GPUs[i]
+				switch {
+				case d.MIG != nil:
+					for k := range g.Instances {
+						if g.Instances[k].Instance.UUID == d.MIG.UUID {
+							g.Instances[k].Held = true
+						}
+					}
+				case d.Share != nil:
+					g.ShareMemMiB += d.Share.MemoryMiB
+					g.SharePercent += d.Share.ComputePercent
+				default:
+					g.Held = true
+				}
+			}
 		}
 		snap.Nodes = append(snap.Nodes, pn)
 	}
@@ -197,37 +237,58 @@ func (s *Store) ApplyLedger(e contracts.LedgerEntry) []Publish {
 		if j == nil || a.Attempt != j.Attempt {
 			break
 		}
-		if j.State == contracts.StateCancelled && s.live {
-			// An allocation for a job already cancelled (it could only
-			// come from a plan whose outcome a restart hid): stop it.
-			s.stop(j, a)
-			break
-		}
 		if j.State.Terminal() {
+			if j.State == contracts.StateCancelled && s.live {
+				// An allocation for a job already cancelled (it could only
+				// come from a plan whose outcome a restart hid): stop it.
+				s.stop(j, &part{alloc: a, committed: true}, contracts.ReasonCancelled)
+			}
 			break
 		}
-		if j.inFlight != nil && j.inFlight.ID == a.ID {
-			s.land(j)
+		p := j.part(a.ID)
+		if p == nil {
+			// Committed from a plan this store does not remember (it was
+			// lost with a restart before PLANS had it): adopt it.
+			size := 1
+			if a.Gang != nil {
+				size = max(1, a.Gang.Size)
+			}
+			if len(j.parts) != size {
+				s.landAll(j)
+				j.parts = make([]*part, size)
+				for i := range j.parts {
+					j.parts[i] = &part{refused: true} // unknown: treated as not placed
+				}
+			}
+			rank := 0
+			if a.Gang != nil && a.Gang.Rank < size {
+				rank = a.Gang.Rank
+			}
+			p = &part{}
+			j.parts[rank] = p
 		}
-		if j.committed == nil {
-			j.committed = &a
-		}
+		s.land(p)
+		p.alloc, p.committed, p.refused = a, true, false
 		s.queue.Remove(j.key)
 		s.advance(j)
 	case contracts.LedgerReleased:
 		s.cluster.release(a)
 		s.cfg.Wake()
-		if j == nil || a.Attempt != j.Attempt || j.State.Terminal() || j.committed == nil {
+		if j == nil || a.Attempt != j.Attempt || j.State.Terminal() {
 			break
 		}
-		j.released = &e
+		p := j.part(a.ID)
+		if p == nil || !p.committed {
+			break
+		}
+		p.released = &e
 		// A release for a run that ended carries its result. One for a
 		// lost node carries the resource manager's account of the loss
 		// (outcome failed, reason node_lost): that is not the job's end,
-		// the job is requeued (advance -> lost).
-		if e.Run != nil && j.ended == nil && awaitsRunFact(e.Reason) {
+		// the job is requeued.
+		if e.Run != nil && p.ended == nil && awaitsRunFact(e.Reason) {
 			r := *e.Run
-			j.ended = &r
+			p.ended = &r
 		}
 		s.advance(j)
 	}
@@ -235,11 +296,17 @@ func (s *Store) ApplyLedger(e contracts.LedgerEntry) []Publish {
 }
 
 // ApplyRefusal forgets what a refused plan item assumed; its job goes back
-// to the queue (or, when a cancel waited on the plan, is cancelled).
+// to the queue (or, when a cancel waited on the plan, is cancelled). A gang
+// with parts already committed releases them first (advance).
 func (s *Store) ApplyRefusal(r contracts.Refusal) []Publish {
 	c := s.cluster
 	if c.forget(r.AllocationID, r.PlanID) {
 		s.cfg.Wake()
+	}
+	j := s.flying[r.AllocationID]
+	var p *part
+	if j != nil {
+		p = j.part(r.AllocationID)
 	}
 	n := c.node(r.NodeID)
 	switch r.Reason {
@@ -254,23 +321,35 @@ func (s *Store) ApplyRefusal(r contracts.Refusal) []Publish {
 	case contracts.RefusedUnknownDevice, contracts.RefusedModelMismatch:
 		// The refusal does not say which device; hold the ones the item
 		// named until the node's next fact (or the backoff).
-		if j := s.flying[r.AllocationID]; j != nil && j.inFlight.PlanID == r.PlanID {
+		if p != nil && p.alloc.PlanID == r.PlanID {
 			n.suspectUntil = s.cfg.Now().Add(suspectBackoff)
 			if n.suspectGPUs == nil {
 				n.suspectGPUs = map[string]bool{}
 			}
-			for _, d := range j.inFlight.Devices {
+			for _, d := range p.alloc.Devices {
 				n.suspectGPUs[d.UUID] = true
 			}
 		}
 	}
-	j := s.flying[r.AllocationID]
-	if j == nil || j.inFlight.PlanID != r.PlanID {
+	if p == nil || !p.inFlight || p.alloc.PlanID != r.PlanID {
 		return s.take() // stale: a newer plan or the ledger already answered
 	}
-	s.land(j)
+	s.land(p)
+	p.refused = true
+	if j.State != contracts.StateQueued || j.count(func(p *part) bool { return p.inFlight }) > 0 {
+		return s.take() // the other parts' answers decide
+	}
+	if j.count(func(p *part) bool { return p.committed }) > 0 {
+		if j.evict == "" {
+			j.evict = contracts.ReasonGangIncomplete
+			j.evictMsg = fmt.Sprintf("part on %s was refused (%s: %s); the committed parts are released and the gang retried",
+				r.NodeID, r.Reason, r.Message)
+		}
+		s.advance(j)
+		return s.take()
+	}
+	j.parts = nil
 	switch {
-	case j.State != contracts.StateQueued:
 	case j.cancel:
 		s.cancelQueued(j)
 	default:
@@ -288,29 +367,49 @@ func (s *Store) ApplyRun(r contracts.RunEvent) []Publish {
 	if j == nil || r.Attempt != j.Attempt || j.State.Terminal() {
 		return nil
 	}
+	p := j.part(r.AllocationID)
+	if p == nil {
+		if len(j.parts) != 0 || r.AllocationID != contracts.AllocationID(r.Tenant, r.JobID, r.Attempt) {
+			return nil
+		}
+		// The run fact came before the commit it follows (RUNS and
+		// ALLOCATIONS are separate streams): keep it for that commit.
+		p = &part{alloc: contracts.Allocation{ID: r.AllocationID, NodeID: r.NodeID}, refused: true}
+		j.parts = []*part{p}
+	}
 	switch r.Kind {
 	case contracts.RunStarted:
-		if j.started == nil {
+		if p.started == nil {
 			t := r.Time
-			j.started = &t
+			p.started = &t
 		}
+	case contracts.RunCheckpointed:
+		t := r.Time
+		p.checkpointed = &t
+		return nil
 	case contracts.RunEnded:
 		if r.Result != nil && r.Result.Reason == contracts.ReasonNodeLost {
 			// The agent stopped the run because its allocation was
 			// released as node_lost: the release requeues the job.
 			break
 		}
-		if j.ended == nil {
+		if p.ended == nil {
 			res := contracts.RunResult{Outcome: contracts.OutcomeFailed, ExitCode: -1, EndedAt: r.Time,
 				Reason: contracts.ReasonLaunchFailed, Message: "the agent reported an end without a result"}
 			if r.Result != nil {
 				res = *r.Result
 			}
-			j.ended = &res
+			p.ended = &res
 		}
 	}
 	s.advance(j)
 	return s.take()
+}
+
+// movedBy are the stop reasons that move a job rather than end it: a run
+// that ended for one of them is requeued as the next attempt.
+func movedBy(r contracts.Reason) bool {
+	return r == contracts.ReasonPreempted || r == contracts.ReasonDrained || r == contracts.ReasonGangIncomplete
 }
 
 // advance moves j as far as its recorded facts allow, publishing one event
@@ -322,45 +421,176 @@ func (s *Store) advance(j *Job) {
 	for range 4 { // at most scheduled, running, then an end: the loop is bounded
 		switch j.State {
 		case contracts.StateQueued:
-			switch {
-			case j.committed != nil:
-				a := j.committed
-				s.queue.Remove(j.key)
-				s.land(j)
-				j.Pending = placement.Pending{}
-				p := &contracts.Placement{AllocationID: a.ID, NodeID: a.NodeID, Pool: a.Pool, Devices: a.Devices}
-				if !s.emit(j, contracts.EventScheduled, 0, func(ev *contracts.JobEvent) { ev.Placement = p }) {
-					return
-				}
-				continue
-			case j.cancel && j.inFlight == nil:
-				s.cancelQueued(j)
+			if !s.advanceQueued(j) {
+				return
 			}
-			return
 		case contracts.StateScheduled, contracts.StateRunning:
-			if j.cancel && !j.stopSent && j.ended == nil && j.released == nil && j.committed != nil {
-				s.stop(j, *j.committed)
+			if !s.advanceHeld(j) {
+				return
 			}
-			if j.State == contracts.StateScheduled && (j.started != nil || (j.ended != nil && ranFor(j.ended))) {
-				start := startOf(j)
-				if !s.emit(j, contracts.EventRunning, 0, func(ev *contracts.JobEvent) {
-					ev.Placement, ev.StartedAt = placementOf(j), &start
-				}) {
-					return
-				}
-				continue
-			}
-			switch {
-			case j.ended != nil:
-				s.end(j)
-			case j.released != nil && !awaitsRunFact(j.released.Reason):
-				s.lost(j)
-			}
-			return
 		default:
 			return
 		}
 	}
+}
+
+// advanceQueued handles a queued job's plan outcome; it reports whether
+// the job moved on (and advance should look again).
+func (s *Store) advanceQueued(j *Job) bool {
+	n := len(j.parts)
+	committed := j.count(func(p *part) bool { return p.committed })
+	switch {
+	case n > 0 && committed == n && j.evict == "":
+		s.queue.Remove(j.key)
+		s.landAll(j)
+		j.Pending = placement.Pending{}
+		pl := placementsOf(j)
+		return s.emit(j, contracts.EventScheduled, 0, func(ev *contracts.JobEvent) {
+			ev.Placement = &pl[0]
+			if len(pl) > 1 {
+				ev.Placements = pl
+			}
+		})
+	case j.count(func(p *part) bool { return p.inFlight }) > 0:
+		return false
+	case committed > 0:
+		// A gang committed in part: release what was committed (stop its
+		// runs; the releases follow), then retry the whole gang as the
+		// next attempt, so no part keeps machines the others never got.
+		reason := cmpReason(j.evict, contracts.ReasonGangIncomplete)
+		if j.cancel {
+			reason = contracts.ReasonCancelled
+		}
+		for _, p := range j.parts {
+			if p.live() {
+				s.stop(j, p, reason)
+			}
+		}
+		if j.count(func(p *part) bool { return p.committed && p.released == nil }) > 0 {
+			return false // wait for every release
+		}
+		if j.cancel {
+			s.cancelQueued(j)
+			return false
+		}
+		s.requeue(j, reason, j.evictMsg)
+		return false
+	case j.cancel && n == 0:
+		s.cancelQueued(j)
+	}
+	return false
+}
+
+// advanceHeld handles a scheduled or running job's run facts.
+func (s *Store) advanceHeld(j *Job) bool {
+	stopFor := contracts.Reason("")
+	switch {
+	case j.cancel:
+		stopFor = contracts.ReasonCancelled
+	case j.evict != "":
+		stopFor = j.evict
+	case len(j.parts) > 1 && j.count(func(p *part) bool { return p.done() }) > 0:
+		// One machine of a gang is gone: the others cannot go on alone.
+		stopFor = contracts.ReasonGangIncomplete
+	}
+	if stopFor != "" {
+		for _, p := range j.parts {
+			if p.live() && p.stopSent == "" {
+				s.stop(j, p, stopFor)
+			}
+		}
+	}
+	if j.State == contracts.StateScheduled && j.count(func(p *part) bool {
+		return p.started != nil || (p.ended != nil && ranFor(p.ended))
+	}) > 0 {
+		start := startOf(j)
+		pl := placementsOf(j)
+		return s.emit(j, contracts.EventRunning, 0, func(ev *contracts.JobEvent) {
+			ev.Placement, ev.StartedAt = &pl[0], &start
+			if len(pl) > 1 {
+				ev.Placements = pl
+			}
+		})
+	}
+	if j.count(func(p *part) bool { return p.done() }) < len(j.parts) {
+		return false
+	}
+	s.conclude(j)
+	return false
+}
+
+// conclude decides the outcome of an attempt whose parts are all done.
+func (s *Store) conclude(j *Job) {
+	var failed, lost, moved *part
+	for _, p := range j.parts {
+		switch {
+		case p.ended == nil:
+			lost = cmpPart(lost, p)
+		case movedBy(p.ended.Reason) && p.ended.Outcome != contracts.OutcomeSucceeded:
+			moved = cmpPart(moved, p)
+		case p.ended.Outcome != contracts.OutcomeSucceeded:
+			failed = cmpPart(failed, p)
+		}
+	}
+	switch {
+	case j.cancel:
+		var r *contracts.RunResult
+		for _, p := range j.parts {
+			if p.ended != nil && (r == nil || p.ended.Outcome == contracts.OutcomeFailed) {
+				r = p.ended
+			}
+		}
+		if r != nil {
+			res := *r
+			if movedBy(res.Reason) {
+				res.Outcome, res.Reason = contracts.OutcomeCancelled, contracts.ReasonCancelled
+			}
+			s.end(j, res)
+			return
+		}
+		rel := lost.released
+		if s.emit(j, contracts.EventCancelled, 0, func(ev *contracts.JobEvent) {
+			ev.Reason = contracts.ReasonCancelled
+			ev.Message = fmt.Sprintf("cancelled; its allocation on %s was released (%s)", rel.Allocation.NodeID, rel.Reason)
+		}) {
+			s.finish(j)
+		}
+	case failed != nil && failed.ended.Reason != contracts.ReasonGangIncomplete:
+		s.end(j, *failed.ended)
+	case lost != nil:
+		rel := lost.released
+		reason := cmpReason(rel.Reason, contracts.ReasonNodeLost)
+		s.requeue(j, reason, fmt.Sprintf("allocation %s on %s was released (%s) before the run ended",
+			rel.Allocation.ID, rel.Allocation.NodeID, reason))
+	case moved != nil || j.evict != "":
+		reason := j.evict
+		if moved != nil && reason == "" {
+			reason = moved.ended.Reason
+		}
+		msg := j.evictMsg
+		if msg == "" && moved != nil {
+			msg = cmp.Or(moved.ended.Message, "stopped on "+moved.alloc.NodeID+" ("+string(reason)+")")
+		}
+		s.requeue(j, reason, msg)
+	case failed != nil:
+		s.end(j, *failed.ended)
+	default:
+		// Every part succeeded: the job's result is the last to end.
+		last := j.parts[0].ended
+		for _, p := range j.parts[1:] {
+			if p.ended.EndedAt.After(last.EndedAt) {
+				last = p.ended
+			}
+		}
+		s.end(j, *last)
+	}
+}
+
+func cmpPart(cur, p *part) *part {
+	if cur == nil {
+		return p
+	}
+	return cur
 }
 
 // awaitsRunFact reports whether a release without a run result is only the
@@ -368,7 +598,7 @@ func (s *Store) advance(j *Job) {
 // job's outcome, so nothing is done until it arrives. Other releases (node
 // lost, agent restarted) took the allocation away from a live run.
 func awaitsRunFact(r contracts.Reason) bool {
-	return r == contracts.ReasonRunEnded || r == contracts.ReasonCancelled
+	return r == contracts.ReasonRunEnded || r == contracts.ReasonCancelled || movedBy(r)
 }
 
 // ranFor reports whether an end fact implies the run started.
@@ -376,28 +606,40 @@ func ranFor(r *contracts.RunResult) bool {
 	return !r.StartedAt.IsZero() || r.Outcome == contracts.OutcomeSucceeded
 }
 
+// startOf is when the job's first part started.
 func startOf(j *Job) time.Time {
-	switch {
-	case j.started != nil:
-		return *j.started
-	case j.ended != nil && !j.ended.StartedAt.IsZero():
-		return j.ended.StartedAt
-	case j.ended != nil:
-		return j.ended.EndedAt
+	var first time.Time
+	for _, p := range j.parts {
+		var t time.Time
+		switch {
+		case p.started != nil:
+			t = *p.started
+		case p.ended != nil && !p.ended.StartedAt.IsZero():
+			t = p.ended.StartedAt
+		case p.ended != nil:
+			t = p.ended.EndedAt
+		default:
+			continue
+		}
+		if first.IsZero() || t.Before(first) {
+			first = t
+		}
 	}
-	return time.Time{}
+	return first
 }
 
-func placementOf(j *Job) *contracts.Placement {
-	if a := j.committed; a != nil {
-		return &contracts.Placement{AllocationID: a.ID, NodeID: a.NodeID, Pool: a.Pool, Devices: a.Devices}
+// placementsOf lists where the current attempt's parts are, by rank.
+func placementsOf(j *Job) []contracts.Placement {
+	out := make([]contracts.Placement, 0, len(j.parts))
+	for _, p := range j.parts {
+		a := p.alloc
+		out = append(out, contracts.Placement{AllocationID: a.ID, NodeID: a.NodeID, Pool: a.Pool, Devices: a.Devices})
 	}
-	return nil
+	return out
 }
 
-// end publishes the terminal event the run's result calls for.
-func (s *Store) end(j *Job) {
-	r := *j.ended
+// end publishes the terminal event a run result calls for.
+func (s *Store) end(j *Job, r contracts.RunResult) {
 	typ, reason := contracts.EventFailed, r.Reason
 	switch r.Outcome {
 	case contracts.OutcomeSucceeded:
@@ -431,30 +673,19 @@ func cmpReason(r, def contracts.Reason) contracts.Reason {
 	return r
 }
 
-// lost handles an allocation released before its run ended (node lost):
-// the job goes back to the queue as a new attempt, unless the user already
-// asked to cancel it.
-func (s *Store) lost(j *Job) {
-	rel := j.released
-	if j.cancel {
-		if s.emit(j, contracts.EventCancelled, 0, func(ev *contracts.JobEvent) {
-			ev.Reason = contracts.ReasonCancelled
-			ev.Message = fmt.Sprintf("cancelled; its allocation on %s was released (%s)", rel.Allocation.NodeID, rel.Reason)
-		}) {
-			s.finish(j)
-		}
-		return
-	}
+// requeue puts j back in the queue as its next attempt: its allocation was
+// released before its run ended (node lost), or the scheduler moved it
+// (preempted, drained, a gang committed in part).
+func (s *Store) requeue(j *Job, reason contracts.Reason, msg string) {
 	next := j.Attempt + 1
-	if _, err := contracts.Transition(j.State, contracts.EventRequeued); err != nil {
+	to, err := contracts.Transition(j.State, contracts.EventRequeued)
+	if err != nil {
 		s.log.Error("refusing to requeue", "tenant", j.Tenant, "job_id", j.ID, "err", err)
 		return
 	}
-	to := contracts.StateQueued
 	ev := contracts.JobEvent{SchemaVersion: contracts.SchemaVersion, Type: contracts.EventRequeued, Tenant: j.Tenant,
-		JobID: j.ID, Attempt: next, State: to, Time: s.cfg.Now().UTC(), Reason: cmpReason(rel.Reason, contracts.ReasonNodeLost),
-		Message: fmt.Sprintf("allocation %s on %s was released (%s) before the run ended; requeued as attempt %d",
-			rel.Allocation.ID, rel.Allocation.NodeID, cmpReason(rel.Reason, contracts.ReasonNodeLost), next)}
+		JobID: j.ID, Attempt: next, State: to, Time: s.cfg.Now().UTC(), Reason: reason,
+		Message: fmt.Sprintf("%s; requeued as attempt %d", msg, next)}
 	s.out = append(s.out, Publish{Subject: contracts.SubjectJobEvents(j.Tenant, j.ID), Key: j.key, Msg: ev,
 		ID: contracts.JobEventID(j.Tenant, j.ID, contracts.EventRequeued, next, 0)})
 	j.State = to
@@ -477,12 +708,26 @@ func (s *Store) cancelQueued(j *Job) {
 	}
 }
 
-// stop asks the agent of a's node to stop (or never start) a's run.
-func (s *Store) stop(j *Job, a contracts.Allocation) {
-	j.stopSent = true
+// stop asks the agent of p's node to stop (or never start) p's run, for
+// reason. A checkpointable job being moved is asked to checkpoint first;
+// the stop's grace period is its time to do so.
+func (s *Store) stop(j *Job, p *part, reason contracts.Reason) {
+	p.stopSent = reason
+	a := p.alloc
+	now := s.cfg.Now().UTC()
+	var grace contracts.Duration
+	if movedBy(reason) {
+		grace = contracts.Duration(s.cfg.PreemptGrace)
+		if j.Request != nil && j.Request.Run.Checkpoint && p.started != nil {
+			cmd := contracts.NodeCommand{SchemaVersion: contracts.SchemaVersion, Kind: contracts.CommandCheckpointRun,
+				AllocationID: a.ID, Tenant: a.Tenant, JobID: a.JobID, Attempt: a.Attempt, Reason: reason, Time: now}
+			s.out = append(s.out, Publish{Subject: contracts.SubjectNodeCommands(a.NodeID), Key: j.key, Msg: cmd,
+				ID: contracts.CheckpointCommandID(a.ID, 1000)})
+		}
+	}
 	cmd := contracts.NodeCommand{SchemaVersion: contracts.SchemaVersion, Kind: contracts.CommandStopRun,
-		AllocationID: a.ID, Tenant: a.Tenant, JobID: a.JobID, Attempt: a.Attempt, Reason: contracts.ReasonCancelled,
-		Time: s.cfg.Now().UTC()}
+		AllocationID: a.ID, Tenant: a.Tenant, JobID: a.JobID, Attempt: a.Attempt, Reason: reason,
+		GracePeriod: grace, Time: now}
 	s.out = append(s.out, Publish{Subject: contracts.SubjectNodeCommands(a.NodeID), Key: j.key, Msg: cmd,
 		ID: contracts.NodeCommandID(contracts.CommandStopRun, a.ID)})
 }

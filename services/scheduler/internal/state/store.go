@@ -58,6 +58,16 @@ type Config struct {
 	// (a *contracts.ValidationError) rejects the request with its reason.
 	// Billing's budget policy comes in here (budget.go of the scheduler).
 	Admit func(tenant string, req contracts.JobRequest) error
+	// PreemptGrace is the time a preempted or drained job gets between
+	// its stop (after a checkpoint request, when it can checkpoint) and
+	// being killed.
+	PreemptGrace time.Duration
+	// MinRuntime protects a started job from preemption for this long.
+	MinRuntime time.Duration
+	// Policy is the placement policy of pools without a PoolConfig.
+	Policy contracts.PlacementPolicy
+	// MaxReservations bounds the backfill reservations one cycle makes.
+	MaxReservations int
 }
 
 // Publish is one message to publish. Messages with the same Key (one job)
@@ -82,20 +92,27 @@ type Job struct {
 	seq       uint64
 	rejection *rejection
 
+	// queuedAt is when the job was queued: its placement timeout counts
+	// from there.
+	queuedAt time.Time
+
 	// cancel is set once a cancel request was accepted.
 	cancel       bool
 	cancelReason string
-	stopSent     bool
 
-	// inFlight is the plan item proposed for the current attempt, until the
-	// ledger commits it or a refusal comes back.
-	inFlight *contracts.Allocation
+	// evict is why the scheduler is moving the current attempt off its
+	// machines (preempted, node_drained, gang_incomplete), with a message;
+	// the end of its runs then requeues the job as the next attempt.
+	evict    contracts.Reason
+	evictMsg string
+	// victims are the jobs this one preempted, while they stop: it waits
+	// for their devices rather than choosing more victims.
+	victims []string
 
-	// Facts about the current attempt.
-	committed *contracts.Allocation
-	started   *time.Time
-	ended     *contracts.RunResult
-	released  *contracts.LedgerEntry
+	// parts are the current attempt's allocations by rank: one for a job
+	// on one machine, one per machine for a gang. Nil while queued with
+	// no plan in flight.
+	parts []*part
 
 	// Pending is the job's current reason for waiting; pubPending the code
 	// of the last pending event published for this attempt, pendingSeq how
@@ -107,6 +124,49 @@ type Job struct {
 	// waiting for capacity flips between "no free GPUs" and "the free ones
 	// went to jobs ahead" whenever a GPU frees, so events are spaced.
 	pubPendingAt time.Time
+}
+
+// part is one allocation of a job's attempt and the facts about it.
+type part struct {
+	alloc     contracts.Allocation
+	inFlight  bool // proposed in a plan, not answered yet
+	committed bool
+	refused   bool
+	started   *time.Time
+	ended     *contracts.RunResult
+	released  *contracts.LedgerEntry
+	stopSent  contracts.Reason // the reason of the stop sent, "" when none
+	// checkpointed is when the run last reported a complete checkpoint.
+	checkpointed *time.Time
+}
+
+// done reports whether the part no longer runs: its run ended, or its
+// allocation was released without a run fact to wait for (node lost).
+func (p *part) done() bool {
+	return p.ended != nil || (p.released != nil && !awaitsRunFact(p.released.Reason))
+}
+
+// live reports whether the part holds or may start a run.
+func (p *part) live() bool { return p.committed && !p.done() }
+
+// part returns the part of the current attempt with allocation ID id.
+func (j *Job) part(id string) *part {
+	for _, p := range j.parts {
+		if p.alloc.ID == id {
+			return p
+		}
+	}
+	return nil
+}
+
+func (j *Job) count(pred func(*part) bool) int {
+	n := 0
+	for _, p := range j.parts {
+		if pred(p) {
+			n++
+		}
+	}
+	return n
 }
 
 // PendingEventInterval is the least time between two pending events of one
@@ -134,6 +194,14 @@ type Store struct {
 	cluster   *cluster
 	planSeq   uint64
 	out       []Publish
+	// Administrators' settings, from the KV buckets.
+	quotas   map[string]contracts.TenantQuota
+	pools    map[string]contracts.PoolConfig
+	workload workload
+	// served stamps, per tenant, the last cycle placement it got (on
+	// servedSeq): fair share breaks ties in favour of the longest waiting.
+	served    map[string]uint64
+	servedSeq uint64
 }
 
 // New returns an empty store.
@@ -150,6 +218,15 @@ func New(cfg Config) *Store {
 	if cfg.MaxPlanBytes <= 0 {
 		cfg.MaxPlanBytes = 96 * 1024
 	}
+	if cfg.PreemptGrace <= 0 {
+		cfg.PreemptGrace = 30 * time.Second
+	}
+	if !cfg.Policy.Valid() {
+		cfg.Policy = contracts.PolicyFragAware
+	}
+	if cfg.MaxReservations == 0 {
+		cfg.MaxReservations = 4
+	}
 	return &Store{
 		cfg:       cfg,
 		log:       cfg.Log,
@@ -159,6 +236,9 @@ func New(cfg Config) *Store {
 		seenIDs:   map[string]struct{}{},
 		accepting: map[uint64]int{},
 		cluster:   newCluster(),
+		quotas:    map[string]contracts.TenantQuota{},
+		pools:     map[string]contracts.PoolConfig{},
+		served:    map[string]uint64{},
 	}
 }
 
@@ -221,7 +301,8 @@ func (s *Store) ReplayJobEvent(ev contracts.JobEvent, seq uint64, msgID string) 
 		if order == 0 {
 			order = seq // written before queued events carried it
 		}
-		j.Request, j.hash, j.Attempt, j.seq = &req, hashRequest(req), max(ev.Attempt, 1), order
+		j.Request, j.hash, j.Attempt, j.seq, j.queuedAt = &req, hashRequest(req), max(ev.Attempt, 1), order, ev.Time
+		s.workload.add(req.Resources.GPU)
 		s.enqueue(j)
 	case contracts.EventRejected:
 		j.rejection = &rejection{reason: ev.Reason, errors: ev.Errors}
@@ -277,19 +358,28 @@ func (s *Store) ReplayCancel(subject string, data []byte, streamSeq uint64) {
 // devices stay held until the ledger or a refusal answers (the ALLOCATIONS
 // stream, followed next, says which already did).
 func (s *Store) ReplayPlan(p contracts.Plan) {
+	byJob := map[*Job][]*contracts.Allocation{}
+	var order []*Job
 	for _, item := range p.Items {
 		j := s.jobs[Key(item.Tenant, item.JobID)]
 		if j == nil || j.State != contracts.StateQueued || item.Attempt != j.Attempt {
 			continue
 		}
-		if j.inFlight != nil {
-			// A later plan for the same attempt supersedes: the earlier
-			// one was refused before the job was placed again.
-			s.cluster.forget(j.inFlight.ID, j.inFlight.PlanID)
-		}
 		item := item
 		item.PlanID = cmp.Or(item.PlanID, p.ID)
-		s.fly(j, &item)
+		if _, ok := byJob[j]; !ok {
+			order = append(order, j)
+		}
+		byJob[j] = append(byJob[j], &item)
+	}
+	for _, j := range order {
+		// A later plan for the same attempt supersedes: the earlier one
+		// was refused before the job was placed again.
+		for _, old := range j.parts {
+			s.cluster.forget(old.alloc.ID, old.alloc.PlanID)
+		}
+		s.landAll(j)
+		s.fly(j, byJob[j])
 	}
 }
 
@@ -370,6 +460,9 @@ func (s *Store) Submit(subject string, data []byte, streamSeq uint64) Submission
 		}
 		return s.duplicate(j, streamSeq)
 	}
+	if err := s.checkDependencies(tenant, norm); err != nil {
+		return s.reject(tenant, req.ID, streamSeq, err)
+	}
 	if s.cfg.Admit != nil {
 		if err := s.cfg.Admit(tenant, norm); err != nil {
 			return s.reject(tenant, req.ID, streamSeq, err)
@@ -397,9 +490,10 @@ func (s *Store) Submit(subject string, data []byte, streamSeq uint64) Submission
 		// queued events may be stored out of arrival order.
 		commit: func(uint64) {
 			j := &Job{Tenant: tenant, ID: req.ID, key: key, State: contracts.StateQueued, Attempt: 1,
-				Request: &norm, hash: h, seq: streamSeq}
+				Request: &norm, hash: h, seq: streamSeq, queuedAt: now}
 			s.jobs[key] = j
 			s.enqueue(j)
+			s.workload.add(norm.Resources.GPU)
 			s.cfg.Wake()
 		},
 	}
@@ -488,7 +582,9 @@ func (s *Store) Cancel(subject string, data []byte) ([]Publish, error) {
 	j.cancel, j.cancelReason = true, c.Reason
 	// A redelivered cancel of a running job sends the same stop again
 	// (same message ID), so the caller can wait on it.
-	j.stopSent = false
+	for _, p := range j.parts {
+		p.stopSent = ""
+	}
 	s.advance(j)
 	return s.take(), nil
 }
@@ -505,7 +601,7 @@ func hashRequest(r contracts.JobRequest) [sha256.Size]byte {
 }
 
 func (s *Store) enqueue(j *Job) {
-	if j.Request == nil || j.inFlight != nil {
+	if j.Request == nil || len(j.parts) > 0 {
 		return
 	}
 	s.queue.Push(queue.Item[*Job]{Key: j.key, Tenant: j.Tenant, Priority: j.Request.Priority, Seq: j.seq, Value: j})
@@ -550,28 +646,38 @@ func (s *Store) setPending(j *Job, p placement.Pending) {
 	})
 }
 
-func (s *Store) fly(j *Job, item *contracts.Allocation) {
-	j.inFlight = item
-	s.flying[item.ID] = j
+// fly records the parts of a plan for j's current attempt as in flight.
+func (s *Store) fly(j *Job, items []*contracts.Allocation) {
+	j.parts = make([]*part, len(items))
+	for i, item := range items {
+		j.parts[i] = &part{alloc: *item, inFlight: true}
+		s.flying[item.ID] = j
+		s.cluster.assume(&j.parts[i].alloc)
+	}
 	s.queue.Remove(j.key)
-	s.cluster.assume(item)
 	// Concatenation, not Sprintf: a burst cycle sets thousands of these.
 	j.Pending = placement.Pending{Code: contracts.PendingPlanInFlight,
-		Message: "proposed on " + item.NodeID + " in plan " + item.PlanID + "; waiting for the resource manager to commit"}
+		Message: "proposed on " + items[0].NodeID + " in plan " + items[0].PlanID + "; waiting for the resource manager to commit"}
 }
 
-func (s *Store) land(j *Job) {
-	if j.inFlight != nil {
-		delete(s.flying, j.inFlight.ID)
-		j.inFlight = nil
+// land marks p answered.
+func (s *Store) land(p *part) {
+	if p.inFlight {
+		delete(s.flying, p.alloc.ID)
+		p.inFlight = false
+	}
+}
+
+func (s *Store) landAll(j *Job) {
+	for _, p := range j.parts {
+		s.land(p)
 	}
 }
 
 func (s *Store) resetAttempt(j *Job, attempt int) {
-	s.land(j)
+	s.landAll(j)
 	j.Attempt = attempt
-	j.committed, j.started, j.ended, j.released = nil, nil, nil, nil
-	j.stopSent = false
+	j.parts, j.evict, j.evictMsg, j.victims = nil, "", "", nil
 	j.pubPending, j.pendingSeq, j.Pending, j.pubPendingAt = "", 0, placement.Pending{}, time.Time{}
 }
 
@@ -579,7 +685,9 @@ func (s *Store) resetAttempt(j *Job, attempt int) {
 // resubmit of the same ID is still recognised.
 func (s *Store) finish(j *Job) {
 	s.queue.Remove(j.key)
-	s.land(j)
-	j.Request, j.committed, j.started, j.ended, j.released = nil, nil, nil, nil, nil
+	s.landAll(j)
+	j.Request, j.parts, j.victims = nil, nil, nil
 	j.Pending = placement.Pending{}
+	// Jobs that depend on this one may now run, or must be cancelled.
+	s.cfg.Wake()
 }

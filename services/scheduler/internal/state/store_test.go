@@ -56,7 +56,7 @@ func TestSubmit(t *testing.T) {
 				contracts.ReasonUnknownGPUModel, contracts.ReasonMissingField},
 		},
 		"single kind of problem keeps its reason": {
-			body:    job("big", 65, h100),
+			body:    job("big", contracts.MaxGPUsPerJob+1, h100),
 			outcome: "rejected", id: "job/acme/big/rejected/0", reason: contracts.ReasonOutOfRange,
 			fields: []contracts.Reason{contracts.ReasonOutOfRange},
 		},
@@ -387,12 +387,12 @@ func TestPendingEventsAreSpaced(t *testing.T) {
 	if diff := cmp.Diff(want, h.types("acme", "big")); diff != "" {
 		t.Fatalf("inside the interval (-want +got):\n%s", diff)
 	}
-	if j, _ := h.st.Job("acme", "big"); j.Pending.Code != contracts.PendingInsufficientGPUs {
-		t.Errorf("current reason %q, want %q even while its event waits", j.Pending.Code, contracts.PendingInsufficientGPUs)
+	if j, _ := h.st.Job("acme", "big"); j.Pending.Code != contracts.ReasonUnsatisfiable {
+		t.Errorf("current reason %q, want %q even while its event waits", j.Pending.Code, contracts.ReasonUnsatisfiable)
 	}
 	h.now = h.now.Add(PendingEventInterval)
 	h.cycle()
-	want = append(want, "pending:"+string(contracts.PendingInsufficientGPUs))
+	want = append(want, "pending:"+string(contracts.ReasonUnsatisfiable))
 	if diff := cmp.Diff(want, h.types("acme", "big")); diff != "" {
 		t.Fatalf("after the interval (-want +got):\n%s", diff)
 	}
@@ -433,7 +433,7 @@ func TestCancel(t *testing.T) {
 					h.t.Fatal(err)
 				}
 			},
-			want: []string{"queued", "pending:" + string(contracts.PendingInsufficientGPUs), "cancelled"},
+			want: []string{"queued", "pending:" + string(contracts.ReasonUnsatisfiable), "cancelled"},
 		},
 		"plan in flight then refused is cancelled": {
 			run: func(h *harness) {
@@ -644,7 +644,9 @@ func TestPendingEventOnlyWhenTheReasonChanges(t *testing.T) {
 	h.inventory("n2", "p", h100, 81920, 8)
 	h.inventory("n1", "p", h100, 81920, 4)
 	h.cycle()
-	want := []string{"queued", "pending:" + string(contracts.PendingNoNodes), "pending:" + string(contracts.PendingInsufficientGPUs)}
+	// Too small for any machine is unsatisfiable (until a bigger machine
+	// joins), not merely short of free GPUs.
+	want := []string{"queued", "pending:" + string(contracts.PendingNoNodes), "pending:" + string(contracts.ReasonUnsatisfiable)}
 	if diff := cmp.Diff(want, h.types("acme", "big")[:3]); diff != "" {
 		t.Fatalf("events (-want +got):\n%s", diff)
 	}

@@ -1,0 +1,292 @@
+package state
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/services/scheduler/internal/backfill"
+	"github.com/gpuplane/gpuplane/services/scheduler/internal/fairshare"
+	"github.com/gpuplane/gpuplane/services/scheduler/internal/placement"
+	"github.com/gpuplane/gpuplane/services/scheduler/internal/preempt"
+)
+
+// ---- administrators' settings (KV buckets) ----
+
+// ApplyQuota records tenant's quota; nil removes it. It applies from the
+// next cycle.
+func (s *Store) ApplyQuota(tenant string, q *contracts.TenantQuota) {
+	if q == nil {
+		delete(s.quotas, tenant)
+	} else {
+		s.quotas[tenant] = *q
+	}
+	s.cfg.Wake()
+}
+
+// ApplyPoolConfig records a pool's configuration; nil removes it.
+func (s *Store) ApplyPoolConfig(pool string, c *contracts.PoolConfig) {
+	if c == nil {
+		delete(s.pools, pool)
+	} else {
+		s.pools[pool] = *c
+	}
+	s.cfg.Wake()
+}
+
+// ApplyNodeAdmin records an administrator's cordon or drain of a node; nil
+// lifts it.
+func (s *Store) ApplyNodeAdmin(node string, a *contracts.NodeAdmin) {
+	s.cluster.node(node).admin = a
+	s.cfg.Wake()
+}
+
+// policyFor is the placement policy of pool.
+func (s *Store) policyFor(pool string) contracts.PlacementPolicy {
+	if c, ok := s.pools[pool]; ok && c.Policy.Valid() {
+		return c.Policy
+	}
+	return s.cfg.Policy
+}
+
+// workload keeps the most recent requests: the mix the fragmentation-aware
+// policy keeps room for.
+type workload struct {
+	reqs []contracts.GPURequest
+	next int
+}
+
+const workloadSize = 512
+
+func (w *workload) add(r contracts.GPURequest) {
+	if len(w.reqs) < workloadSize {
+		w.reqs = append(w.reqs, r)
+		return
+	}
+	w.reqs[w.next] = r
+	w.next = (w.next + 1) % workloadSize
+}
+
+func (w *workload) requests() []contracts.GPURequest { return w.reqs }
+
+// book is the cycle's quota and fair-share ledger: cluster capacity, and
+// what every tenant holds (committed and in flight) per pool.
+func (s *Store) book(snap placement.Snapshot) *fairshare.Book {
+	var capacity fairshare.Usage
+	for _, n := range snap.Nodes {
+		capacity.MilliGPU += int64(len(n.GPUs)) * 1000
+		if inv := s.cluster.nodes[n.ID].inv; inv != nil {
+			capacity.CPUMilli += inv.CPUMilli
+			capacity.MemoryMiB += inv.MemoryMiB
+		}
+	}
+	b := fairshare.NewBook(capacity, s.quotas)
+	for tenant, stamp := range s.served {
+		b.Served(tenant, stamp)
+	}
+	hold := func(a *contracts.Allocation) {
+		b.Hold(a.Tenant, a.Pool, fairshare.Usage{MilliGPU: milliOf(a), CPUMilli: a.CPUMilli, MemoryMiB: a.MemoryMiB})
+	}
+	for _, a := range s.cluster.allocs {
+		hold(&a)
+	}
+	for _, a := range s.cluster.plans {
+		hold(a)
+	}
+	return b
+}
+
+// drain moves every job off the nodes an administrator drains.
+func (s *Store) drain(now time.Time) {
+	for _, id := range s.cluster.ids {
+		n := s.cluster.nodes[id]
+		if n.admin == nil || !n.admin.Drain {
+			continue
+		}
+		for _, a := range n.held {
+			j := s.jobs[Key(a.Tenant, a.JobID)]
+			if j == nil || j.Attempt != a.Attempt || j.State.Terminal() || j.evict != "" {
+				continue
+			}
+			if p := j.part(a.ID); p == nil || !p.committed {
+				continue
+			}
+			j.evict = contracts.ReasonDrained
+			j.evictMsg = fmt.Sprintf("node %s is drained by an administrator", id)
+			if n.admin.Reason != "" {
+				j.evictMsg += " (" + n.admin.Reason + ")"
+			}
+			s.advance(j)
+		}
+	}
+}
+
+// preempting reports whether j waits for victims it chose to stop.
+func (s *Store) preempting(j *Job) bool {
+	if len(j.victims) == 0 {
+		return false
+	}
+	j.victims = slices.DeleteFunc(j.victims, func(key string) bool {
+		v := s.jobs[key]
+		return v == nil || v.State.Terminal() || v.count(func(p *part) bool { return p.committed && p.released == nil }) == 0
+	})
+	return len(j.victims) > 0
+}
+
+// mayPreempt reports whether j may evict others: a class above
+// best-effort (lower classes are its victims), or a tenant under its
+// guarantee reclaiming what others borrowed.
+func (s *Store) mayPreempt(j *Job, b *fairshare.Book, r placement.Request) bool {
+	if j.Request.Priority.Rank() > contracts.PriorityBestEffort.Rank() {
+		return true
+	}
+	return len(s.reclaimPools(j, b, r)) > 0
+}
+
+// reclaimPools are the pools where j's tenant, placing j, would still be
+// within its guarantee: there it may evict other tenants' borrowed work.
+func (s *Store) reclaimPools(j *Job, b *fairshare.Book, r placement.Request) []string {
+	q, ok := s.quotas[j.Tenant]
+	if !ok {
+		return nil
+	}
+	var pools []string
+	if r.Pool != "" {
+		pools = []string{r.Pool}
+	} else if _, all := q.Pools[contracts.QuotaAllPools]; all {
+		pools = s.cluster.pools()
+	} else {
+		for p := range q.Pools {
+			pools = append(pools, p)
+		}
+		slices.Sort(pools)
+	}
+	need := r.GPU.MilliGPUs()
+	return slices.DeleteFunc(pools, func(p string) bool { return !b.UnderGuarantee(j.Tenant, p, need) })
+}
+
+// maxPreemptorsPerCycle bounds the victim searches of one cycle; the next
+// cycle serves the rest.
+const maxPreemptorsPerCycle = 4
+
+// preempt chooses victims for jobs that could not be placed, on the
+// cluster as it is after this cycle's placements, and stops them. The
+// preemptor keeps its place in the queue and takes the devices when the
+// victims' releases come in (it is served before them: a higher class, or
+// the tenant under its guarantee ranks first in fair share).
+func (s *Store) preempt(now time.Time, preemptors []miss, b *fairshare.Book) {
+	snap := s.cluster.snapshot(now)
+	running := s.victimsOf(b)
+	tried := 0
+	for _, m := range preemptors {
+		if tried == maxPreemptorsPerCycle {
+			break
+		}
+		tried++
+		j := m.j
+		// A tenant under its guarantee reclaims in those pools first;
+		// then priority alone may evict lower classes anywhere.
+		var choice preempt.Choice
+		ok := false
+		for _, pool := range append(s.reclaimPools(j, b, m.r), "") {
+			pr := preempt.Preemptor{Request: m.r, Priority: j.Request.Priority, Reclaim: pool != ""}
+			pr.Request.Exclude = nil // reservations yield to preemption by rank
+			if pool != "" {
+				pr.Request.Pool = pool
+			}
+			if choice, ok = preempt.Choose(snap, running, pr, preempt.Options{Now: now, MinRuntime: s.cfg.MinRuntime}); ok {
+				break
+			}
+		}
+		if !ok || len(choice.Victims) == 0 {
+			continue
+		}
+		var keys []string
+		for _, v := range choice.Victims {
+			key := Key(v.Tenant, v.JobID)
+			if !slices.Contains(keys, key) {
+				keys = append(keys, key)
+			}
+		}
+		for _, key := range keys {
+			vj := s.jobs[key]
+			vj.evict = contracts.ReasonPreempted
+			vj.evictMsg = fmt.Sprintf("preempted by %s/%s (priority %s)", j.Tenant, j.ID, j.Request.Priority)
+			s.advance(vj)
+		}
+		running = slices.DeleteFunc(running, func(r preempt.Running) bool {
+			return slices.Contains(keys, Key(r.Tenant, r.JobID))
+		})
+		j.victims = keys
+		s.setPending(j, placement.Pending{Code: contracts.PendingPreempting,
+			Message: choice.Reason + "; waiting for " + strings.Join(keys, ", ") + " to stop"})
+		s.log.Info("preempting", "tenant", j.Tenant, "job_id", j.ID, "victims", keys, "why", choice.Reason)
+	}
+}
+
+// miss is a job a cycle could not place, with its request.
+type miss struct {
+	j *Job
+	r placement.Request
+}
+
+// victimsOf lists the committed allocations that preemption may consider.
+func (s *Store) victimsOf(b *fairshare.Book) []preempt.Running {
+	out := make([]preempt.Running, 0, len(s.cluster.allocs))
+	for _, a := range s.cluster.allocs {
+		j := s.jobs[Key(a.Tenant, a.JobID)]
+		if j == nil || j.Request == nil || j.Attempt != a.Attempt || j.State.Terminal() || j.evict != "" || j.cancel {
+			continue
+		}
+		p := j.part(a.ID)
+		if p == nil || !p.committed || p.done() {
+			continue
+		}
+		r := preempt.Running{AllocationID: a.ID, Tenant: a.Tenant, JobID: a.JobID, NodeID: a.NodeID,
+			Devices: a.Devices, CPUMilli: a.CPUMilli, MemoryMiB: a.MemoryMiB, Priority: j.Request.Priority,
+			Borrowing: b.Borrowing(a.Tenant, a.Pool), Checkpointable: j.Request.Run.Checkpoint}
+		if p.started != nil {
+			r.StartedAt = *p.started
+		}
+		if p.checkpointed != nil {
+			r.LastCheckpoint = *p.checkpointed
+		}
+		if len(j.parts) > 1 {
+			r.Gang = j.key
+		}
+		out = append(out, r)
+	}
+	// Map order is random; the choice must not be.
+	slices.SortFunc(out, func(a, b preempt.Running) int { return strings.Compare(a.AllocationID, b.AllocationID) })
+	return out
+}
+
+// running lists what holds devices now and when it is expected to let
+// go, for backfill reservations.
+func (s *Store) running(now time.Time) []backfill.Running {
+	out := make([]backfill.Running, 0, len(s.cluster.allocs)+len(s.cluster.plans))
+	add := func(a *contracts.Allocation) {
+		r := backfill.Running{NodeID: a.NodeID, Devices: a.Devices, CPUMilli: a.CPUMilli, MemoryMiB: a.MemoryMiB}
+		j := s.jobs[Key(a.Tenant, a.JobID)]
+		if j != nil && j.Request != nil {
+			if d := expectedRunTime(j.Request); d > 0 {
+				start := now
+				if p := j.part(a.ID); p != nil && p.started != nil {
+					start = *p.started
+				}
+				r.End = start.Add(d)
+			}
+		}
+		out = append(out, r)
+	}
+	for _, a := range s.cluster.allocs {
+		add(&a)
+	}
+	for _, a := range s.cluster.plans {
+		add(a)
+	}
+	slices.SortFunc(out, func(a, b backfill.Running) int { return strings.Compare(a.NodeID, b.NodeID) })
+	return out
+}

@@ -1,0 +1,80 @@
+package state
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/services/scheduler/internal/placement"
+)
+
+// Dependencies (dependsOn) form a DAG by construction: a job may only
+// depend on jobs its tenant submitted before it, so no request can close a
+// cycle (a job naming itself is refused by validation). A request naming a
+// job the scheduler does not know, or one that was rejected, is rejected.
+
+// checkDependencies refuses a request whose dependsOn names a job the
+// tenant has not submitted (or that was rejected).
+func (s *Store) checkDependencies(tenant string, req contracts.JobRequest) error {
+	var errs []contracts.FieldError
+	for _, d := range req.DependsOn {
+		j := s.jobs[Key(tenant, d)]
+		if j == nil || j.State == contracts.StateRejected {
+			errs = append(errs, contracts.FieldError{Field: "dependsOn", Reason: contracts.ReasonUnknownDependency,
+				Message: fmt.Sprintf("job %q of tenant %s is unknown: a job may depend only on jobs submitted before it (which also rules out cycles)", d, tenant)})
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return &contracts.ValidationError{Reason: contracts.ReasonUnknownDependency, Fields: errs}
+}
+
+// depVerdict says whether j may be placed now: ready, waiting (with the
+// pending reason), or doomed (a dependency failed: j is cancelled).
+type depVerdict int
+
+const (
+	depReady depVerdict = iota
+	depWaiting
+	depFailed
+)
+
+// dependencies checks j's dependsOn against the jobs' current states.
+func (s *Store) dependencies(j *Job) (depVerdict, placement.Pending) {
+	if len(j.Request.DependsOn) == 0 {
+		return depReady, placement.Pending{}
+	}
+	var waiting []string
+	for _, d := range j.Request.DependsOn {
+		dep := s.jobs[Key(j.Tenant, d)]
+		switch {
+		case dep == nil:
+			// Submit refuses unknown dependencies; only a stream edited by
+			// hand could get here.
+			return depFailed, placement.Pending{Code: contracts.ReasonDependencyFailed,
+				Message: fmt.Sprintf("dependency %s is unknown", d)}
+		case dep.State == contracts.StateSucceeded:
+		case dep.State == contracts.StateFailed, dep.State == contracts.StateCancelled, dep.State == contracts.StateRejected:
+			return depFailed, placement.Pending{Code: contracts.ReasonDependencyFailed,
+				Message: fmt.Sprintf("dependency %s ended %s; this job cannot run", d, dep.State)}
+		default:
+			waiting = append(waiting, d+" ("+string(dep.State)+")")
+		}
+	}
+	if len(waiting) == 0 {
+		return depReady, placement.Pending{}
+	}
+	return depWaiting, placement.Pending{Code: contracts.PendingDependencies,
+		Message: "waiting for " + strings.Join(waiting, ", ") + " to succeed"}
+}
+
+// failDependent cancels a queued job whose dependency failed.
+func (s *Store) failDependent(j *Job, why placement.Pending) {
+	if s.emit(j, contracts.EventCancelled, 0, func(ev *contracts.JobEvent) {
+		ev.Reason, ev.Message = contracts.ReasonDependencyFailed, why.Message
+	}) {
+		s.finish(j)
+		s.cfg.Wake()
+	}
+}
