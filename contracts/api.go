@@ -14,7 +14,7 @@ import (
 //	GET    /v1/tenants/{tenant}/jobs/{id}/events  -> text/event-stream of JobEvent, history first
 //	GET    /v1/tenants/{tenant}/events            -> text/event-stream of the tenant's JobEvents
 //	GET    /v1/tenants/{tenant}/usage             -> 200 UsageSummary
-//	GET    /v1/tenants/{tenant}/jobs/{id}/logs    -> 200 text/plain run output (?attempt=N|all, ?follow=true)
+//	GET    /v1/tenants/{tenant}/jobs/{id}/logs    -> 200 text/plain run output (?attempt=N|all, ?rank=N, ?follow=true)
 //	POST   /v1/tenants/{tenant}/jobs/{id}/checkpoint -> 202 CheckpointResponse (409 not_running)
 //	GET    /v1/nodes                              -> 200 NodeList (?pool=)
 //	GET    /v1/nodes/{node}                       -> 200 NodeStatus

@@ -30,10 +30,14 @@ type logQuery struct {
 	attempt int  // the attempt to show; 0 with all
 	all     bool // every attempt, in order
 	follow  bool
+	// rank is the machine of a multi-machine job whose output to show
+	// (GangPart.Rank); 0, the only one, for a single-machine job.
+	rank int
 }
 
-// parseLogQuery reads ?attempt=N|all and ?follow=; it answers 400 and
-// returns false on a bad value.
+// parseLogQuery reads ?attempt=N|all, ?rank=N and ?follow=; it answers
+// 400 and returns false on a bad value. Whether the job has a machine of
+// that rank is checked against its request later (jobLogs).
 func parseLogQuery(w http.ResponseWriter, r *http.Request) (logQuery, bool) {
 	var q logQuery
 	var fields []contracts.FieldError
@@ -48,6 +52,15 @@ func parseLogQuery(w http.ResponseWriter, r *http.Request) (logQuery, bool) {
 				Message: fmt.Sprintf("attempt %q; want a number from 1, latest or all", v)})
 		}
 		q.attempt = n
+	}
+	if v := r.URL.Query().Get("rank"); v != "" {
+		// A gang has at most MaxNodesPerJob machines, ranked from 0.
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n >= contracts.MaxNodesPerJob {
+			fields = append(fields, contracts.FieldError{Field: "rank", Reason: contracts.ReasonInvalidValue,
+				Message: fmt.Sprintf("rank %q; want a machine's rank, a number from 0 to %d", v, contracts.MaxNodesPerJob-1)})
+		}
+		q.rank = n
 	}
 	if v := r.URL.Query().Get("follow"); v != "" {
 		b, err := strconv.ParseBool(v)
@@ -67,7 +80,12 @@ func parseLogQuery(w http.ResponseWriter, r *http.Request) (logQuery, bool) {
 // jobLogs answers the output of a job's runs as text/plain, read from the
 // LOGS stream (subject SubjectLogs(tenant, job)): by default of its latest
 // attempt, with ?attempt=N of another, with ?attempt=all of every attempt
-// one after the other. Chunks are de-duplicated by (attempt, offset) and
+// one after the other. A job that spans several machines (a gang) has one
+// output per machine, each shipped under its part's allocation ID
+// (contracts.AllocationPartID): ?rank=N picks the machine, 0 by default;
+// a single-machine job has only rank 0. Everything below then applies to
+// that machine's output alone, its own EOF and exit code included.
+// Chunks are de-duplicated by (attempt, offset) and
 // written in offset order (runLog). With ?follow=true the answer goes on
 // as output is written and ends at the EOF chunk of the attempt (of the
 // latest attempt with all), when the attempt is over and no EOF came
@@ -100,6 +118,16 @@ func (s *server) jobLogs(w http.ResponseWriter, r *http.Request) {
 			[]contracts.FieldError{{Field: "attempt", Reason: contracts.ReasonOutOfRange, Message: msg}})
 		return
 	}
+	machines := jobMachines(st)
+	if q.rank >= machines {
+		msg := fmt.Sprintf("job %s runs on one machine; want rank 0", id)
+		if machines > 1 {
+			msg = fmt.Sprintf("job %s runs on %d machines; want rank 0 to %d", id, machines, machines-1)
+		}
+		writeError(w, http.StatusBadRequest, contracts.ReasonOutOfRange, msg,
+			[]contracts.FieldError{{Field: "rank", Reason: contracts.ReasonOutOfRange, Message: msg}})
+		return
+	}
 
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
@@ -119,7 +147,8 @@ func (s *server) jobLogs(w http.ResponseWriter, r *http.Request) {
 	h.Set(contracts.HeaderLogAttempt, shown)
 
 	body := &lazyBody{w: w}
-	ls := &logStream{w: body, tenant: tenant, job: id, all: q.all, cur: max(q.attempt, 1), runs: map[int]*runLog{}}
+	ls := &logStream{w: body, tenant: tenant, job: id, gang: machines > 1, rank: q.rank, all: q.all, cur: max(q.attempt, 1),
+		runs: map[int]*runLog{}}
 	spec := bus.FollowSpec{Stream: contracts.StreamLogs, FilterSubjects: []string{contracts.SubjectLogs(tenant, id)}}
 	if q.follow {
 		body.start() // the client learns at once that the stream is open
@@ -148,6 +177,18 @@ func (s *server) jobLogs(w http.ResponseWriter, r *http.Request) {
 	if gaps := h.Get(contracts.TrailerLogGaps); gaps != "" {
 		s.log.Warn("run output has gaps", "tenant", tenant, "job_id", id, "gaps", gaps)
 	}
+}
+
+// jobMachines is the number of machines each attempt of the job runs on:
+// its request's, or, should the request be unknown, the placements of its
+// current attempt. Every attempt of a job has the same shape, so one
+// number serves ?attempt=all too.
+func jobMachines(st contracts.JobStatus) int {
+	n := max(1, len(st.Placements))
+	if st.Request != nil {
+		n = max(n, st.Request.Resources.GPU.Machines())
+	}
+	return n
 }
 
 // followLogs relays the job's chunks, history first, until the stream is
@@ -267,9 +308,13 @@ func minTime(a, b time.Time) time.Time {
 type logStream struct {
 	w           io.Writer
 	tenant, job string
-	all         bool
-	cur         int
-	runs        map[int]*runLog
+	// gang says the job runs on several machines: its chunks carry part
+	// IDs, and only those of rank are shown.
+	gang bool
+	rank int
+	all  bool
+	cur  int
+	runs map[int]*runLog
 	// seen is the highest attempt a chunk was taken of.
 	seen int
 	// finished are the attempts written to their end, in order.
@@ -288,10 +333,13 @@ func (ls *logStream) offer(m *bus.Msg, over func(int) bool, s *server) error {
 		s.log.Warn("skipping an undecodable log chunk", "subject", m.Subject, "stream_seq", m.StreamSeq, "err", err)
 		return nil
 	}
-	if c.Tenant != ls.tenant || c.JobID != ls.job || c.Attempt < 1 || c.Offset < 0 ||
-		(c.AllocationID != "" && c.AllocationID != contracts.AllocationID(ls.tenant, ls.job, c.Attempt)) {
-		s.log.Warn("skipping a log chunk that names another run", "subject", m.Subject, "stream_seq", m.StreamSeq,
-			"tenant", c.Tenant, "job_id", c.JobID, "attempt", c.Attempt, "allocation_id", c.AllocationID)
+	if c.Tenant != ls.tenant || c.JobID != ls.job || c.Attempt < 1 || c.Offset < 0 || !ls.shown(c.AllocationID, c.Attempt) {
+		// Another machine of the gang is expected (another request shows
+		// it); anything else is not.
+		if c.Tenant != ls.tenant || c.JobID != ls.job || !ls.otherPart(c.AllocationID, c.Attempt) {
+			s.log.Warn("skipping a log chunk that names another run", "subject", m.Subject, "stream_seq", m.StreamSeq,
+				"tenant", c.Tenant, "job_id", c.JobID, "attempt", c.Attempt, "allocation_id", c.AllocationID)
+		}
 		return nil
 	}
 	if c.Attempt < ls.cur || !ls.all && c.Attempt != ls.cur {
@@ -307,6 +355,22 @@ func (ls *logStream) offer(m *bus.Msg, over func(int) bool, s *server) error {
 		}
 	}
 	return ls.drain()
+}
+
+// shown reports whether a chunk of attempt shipped under allocation id is
+// of the run this stream shows. An empty ID (an agent older than the field)
+// can only be a single-machine job's: it does not say which part it is.
+func (ls *logStream) shown(id string, attempt int) bool {
+	if ls.gang {
+		return id == contracts.AllocationPartID(ls.tenant, ls.job, attempt, ls.rank)
+	}
+	return id == "" || id == contracts.AllocationID(ls.tenant, ls.job, attempt)
+}
+
+// otherPart reports whether id is a part of attempt of the gang other than
+// the one shown: expected, and no reason to warn.
+func (ls *logStream) otherPart(id string, attempt int) bool {
+	return ls.gang && strings.HasPrefix(id, contracts.AllocationID(ls.tenant, ls.job, attempt)+"#") && !ls.shown(id, attempt)
 }
 
 // held is the output of later attempts waiting for the current one.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -55,7 +56,18 @@ func (h *harness) openLogs(path string) *http.Response {
 // the duplicate window).
 func (h *harness) publishChunk(job string, attempt int, off int64, data string, eof bool, exit int, msgID ...string) {
 	h.t.Helper()
-	alloc := contracts.AllocationID("acme", job, attempt)
+	h.publishRunChunk(contracts.AllocationID("acme", job, attempt), job, attempt, off, data, eof, exit, msgID...)
+}
+
+// publishPartChunk publishes a chunk of the output of machine rank of a
+// gang's attempt: its own allocation ID and byte offsets.
+func (h *harness) publishPartChunk(job string, attempt, rank int, off int64, data string, eof bool, exit int) {
+	h.t.Helper()
+	h.publishRunChunk(contracts.AllocationPartID("acme", job, attempt, rank), job, attempt, off, data, eof, exit)
+}
+
+func (h *harness) publishRunChunk(alloc, job string, attempt int, off int64, data string, eof bool, exit int, msgID ...string) {
+	h.t.Helper()
 	c := contracts.LogChunk{SchemaVersion: contracts.SchemaVersion, AllocationID: alloc, Tenant: "acme", JobID: job,
 		Attempt: attempt, NodeID: "node-1", Offset: off, Data: data, EOF: eof, ExitCode: exit, Time: time.Now()}
 	id := contracts.LogChunkID(alloc, off, eof)
@@ -342,4 +354,123 @@ func TestLogsFollowEndsWhenClientLeaves(t *testing.T) {
 	}
 	cancel()
 	h.eventually("the follow's subscription gone", func() bool { return h.gatewaySubs() == idle })
+}
+
+// scheduleGang publishes the events that put attempt of acme/job on two
+// machines, one placement per rank, and waits until it runs.
+func (h *harness) scheduleGang(job string, attempt int, at time.Time) {
+	h.t.Helper()
+	var parts []contracts.Placement
+	for rank := range 2 {
+		parts = append(parts, contracts.Placement{AllocationID: contracts.AllocationPartID("acme", job, attempt, rank),
+			NodeID: "node-" + strconv.Itoa(rank+1), Pool: "h100"})
+	}
+	h.publishEvent(contracts.JobEvent{Type: contracts.EventScheduled, Tenant: "acme", JobID: job, Attempt: attempt, Time: at,
+		Placement: &parts[0], Placements: parts})
+	h.publishEvent(contracts.JobEvent{Type: contracts.EventRunning, Tenant: "acme", JobID: job, Attempt: attempt, Time: at, StartedAt: &at})
+	h.waitState(job, contracts.StateRunning, attempt)
+}
+
+// logCase is what one logs request should answer.
+type logCase struct {
+	body, attempt, complete, exit string
+}
+
+func (h *harness) checkLogs(job string, cases map[string]logCase) {
+	h.t.Helper()
+	for query, want := range cases {
+		got := h.getLogs(logsPath(job, query))
+		if got.status != http.StatusOK || got.body != want.body || got.header.Get(contracts.HeaderLogAttempt) != want.attempt ||
+			got.trailer.Get(contracts.TrailerLogComplete) != want.complete || got.trailer.Get(contracts.TrailerExitCode) != want.exit {
+			h.t.Errorf("?%s: %d %q attempt %q trailer %v; want %q attempt %s complete %s exit %q", query, got.status, got.body,
+				got.header.Get(contracts.HeaderLogAttempt), got.trailer, want.body, want.attempt, want.complete, want.exit)
+		}
+	}
+}
+
+// TestLogsGangRanks: a job on two machines has one output per machine,
+// each with its own offsets and EOF; ?rank=N shows one, rank 0 by
+// default, in replay and follow, attempt by attempt.
+func TestLogsGangRanks(t *testing.T) {
+	h := startGateway(t, nil, nil)
+	now := time.Now()
+	q := queued("acme", "g", now)
+	q.Request.Resources.GPU.Nodes = 2
+	h.publishEvent(q)
+	h.scheduleGang("g", 1, now)
+	// The machines write at the same offsets, interleaved on the subject.
+	h.publishPartChunk("g", 1, 1, 0, "r1 a\n", false, 0)
+	h.publishPartChunk("g", 1, 0, 0, "r0 a\n", false, 0)
+	h.publishPartChunk("g", 1, 0, 5, "", true, 0)
+	h.publishChunk("g", 1, 0, "no part named\n", false, 0) // a plain allocation ID is no part of a gang
+	h.checkLogs("g", map[string]logCase{
+		"":       {"r0 a\n", "1", "true", "0"},
+		"rank=0": {"r0 a\n", "1", "true", "0"},
+		"rank=1": {"r1 a\n", "1", "false", ""},
+	})
+
+	// Following rank 1: its own EOF ends the answer, not rank 0's.
+	res := h.openLogs(logsPath("g", "rank=1&follow=true"))
+	defer res.Body.Close()
+	rd := bufio.NewReader(res.Body)
+	if got := readUntil(t, rd, "\n"); got != "r1 a\n" {
+		t.Fatalf("rank 1 so far %q", got)
+	}
+	// Rank 0's EOF again (a republish): not rank 1's end.
+	h.publishRunChunk(contracts.AllocationPartID("acme", "g", 1, 0), "g", 1, 5, "", true, 0, "repeat-rank-0-eof")
+	h.publishPartChunk("g", 1, 1, 5, "r1 b\n", false, 0)
+	if got := readUntil(t, rd, "\n"); got != "r1 b\n" {
+		t.Fatalf("rank 1 next %q", got)
+	}
+	h.publishPartChunk("g", 1, 1, 10, "", true, 7)
+	if rest, err := io.ReadAll(rd); err != nil || len(rest) != 0 {
+		t.Fatalf("rest %q, %v; want the end", rest, err)
+	}
+	if res.Trailer.Get(contracts.TrailerLogComplete) != "true" || res.Trailer.Get(contracts.TrailerExitCode) != "7" {
+		t.Fatalf("rank 1 trailer %v, want complete with exit code 7", res.Trailer)
+	}
+
+	// Attempt 2, on two machines again: attempts are chosen per rank.
+	h.publishEvent(contracts.JobEvent{Type: contracts.EventRequeued, Tenant: "acme", JobID: "g", Attempt: 2, Time: now, Reason: contracts.ReasonNodeLost})
+	h.scheduleGang("g", 2, now)
+	h.publishPartChunk("g", 2, 1, 0, "r1 again\n", false, 0)
+	h.publishPartChunk("g", 2, 1, 9, "", true, 0)
+	h.publishPartChunk("g", 2, 0, 0, "r0 again\n", false, 0)
+	h.checkLogs("g", map[string]logCase{
+		"":                             {"r0 again\n", "2", "false", ""},
+		"attempt=all":                  {"r0 a\nr0 again\n", "all", "false", ""},
+		"rank=1":                       {"r1 again\n", "2", "true", "0"},
+		"rank=1&attempt=1":             {"r1 a\nr1 b\n", "1", "true", "7"},
+		"rank=1&attempt=all":           {"r1 a\nr1 b\nr1 again\n", "all", "true", "0"},
+		"rank=1&attempt=1&follow=true": {"r1 a\nr1 b\n", "1", "true", "7"},
+	})
+}
+
+// TestLogsBadRank: a rank that is no number, or names no machine of the
+// job, is refused with the field it is about.
+func TestLogsBadRank(t *testing.T) {
+	h := startGateway(t, nil, nil)
+	h.runJob("single", time.Now())
+	q := queued("acme", "g", time.Now())
+	q.Request.Resources.GPU.Nodes = 2
+	h.publishEvent(q)
+	h.waitState("g", contracts.StateQueued, 1)
+	h.checkLogs("single", map[string]logCase{"rank=0": {"", "1", "false", ""}})
+	for query, want := range map[string]struct {
+		job    string
+		reason contracts.Reason
+	}{
+		"rank=-1":  {"g", contracts.ReasonInvalidValue},
+		"rank=one": {"g", contracts.ReasonInvalidValue},
+		"rank=128": {"g", contracts.ReasonInvalidValue},
+		"rank=2":   {"g", contracts.ReasonOutOfRange},
+		"rank=1":   {"single", contracts.ReasonOutOfRange},
+	} {
+		var apiErr contracts.APIError
+		status, body := h.do(http.MethodGet, logsPath(want.job, query), "", &apiErr)
+		if status != http.StatusBadRequest || apiErr.Error.Reason != want.reason || len(apiErr.Error.Fields) != 1 ||
+			apiErr.Error.Fields[0].Field != "rank" {
+			t.Errorf("%s ?%s: %d %s, want 400 %s on the field rank", want.job, query, status, body, want.reason)
+		}
+	}
 }

@@ -45,7 +45,9 @@ Commands:
   list [--state S] [--limit N]           list the tenant's jobs, newest first
   cancel ID [--reason TEXT]              ask to cancel a job
   watch ID                               print the job's events until it ends (exit 0 only if it succeeded)
-  logs ID [-f] [--attempt N|all]         print the job's output (latest attempt); -f follows it to the end
+  logs ID [-f] [--attempt N|all] [--rank N]
+                                         print the job's output (latest attempt; of machine N of a
+                                         multi-machine job, default 0); -f follows it to the end
   checkpoint ID                          ask the job's running process to write a checkpoint
   usage                                  show the tenant's metered GPU usage and its cost (-o csv too)
   invoice [--period YYYY-MM]             the tenant's invoice: on-demand, spot, reserved, spot savings (-o csv too)
