@@ -100,6 +100,11 @@ type Request struct {
 	// Exclude names nodes the job must not use (capacity reserved by
 	// backfill for jobs ahead); nil excludes none.
 	Exclude map[string]bool
+	// ExcludeKey names Exclude's contents when the caller reuses one set
+	// for many requests (the reservations a job must avoid): requests with
+	// the same key share pending explanations within a cycle. Empty: not
+	// shared.
+	ExcludeKey string
 	// Extra is appended to the pending message (queue and quota facts the
 	// caller knows): "quota research/h100 at 16 of 16".
 	Extra string

@@ -29,7 +29,7 @@ func (p *Placer) why(r *Request) Pending {
 // (selector, reservations): a long queue of one shape behind a full
 // cluster is explained once per placement, not once per job.
 func (p *Placer) explainMemo(r *Request) Pending {
-	if len(r.Selector) > 0 || len(r.Exclude) > 0 {
+	if len(r.Selector) > 0 || (len(r.Exclude) > 0 && r.ExcludeKey == "") {
 		return p.explain(r)
 	}
 	s := p.shapeFor(r, -1)
@@ -37,6 +37,10 @@ func (p *Placer) explainMemo(r *Request) Pending {
 	for _, v := range []int64{int64(r.GPU.Count), int64(r.GPU.Nodes), r.CPUMilli, r.MemoryMiB} {
 		b = append(b, '|')
 		b = strconv.AppendInt(b, v, 10)
+	}
+	if len(r.Exclude) > 0 {
+		b = append(b, '|')
+		b = append(b, r.ExcludeKey...)
 	}
 	b = append(b, '|')
 	for pool := range p.pools.list {

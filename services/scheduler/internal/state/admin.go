@@ -123,14 +123,17 @@ func (s *Store) drain(now time.Time) {
 	}
 }
 
-// preempting reports whether j waits for victims it chose to stop.
+// preempting reports whether j waits for victims it chose to stop: until
+// the ledger releases each victim allocation. A victim's job is requeued
+// on its run's end, before the release frees its devices, so the victim
+// job's own state cannot tell (its next attempt has no parts yet).
 func (s *Store) preempting(j *Job) bool {
 	if len(j.victims) == 0 {
 		return false
 	}
-	j.victims = slices.DeleteFunc(j.victims, func(key string) bool {
-		v := s.jobs[key]
-		return v == nil || v.State.Terminal() || v.count(func(p *part) bool { return p.committed && p.released == nil }) == 0
+	j.victims = slices.DeleteFunc(j.victims, func(id string) bool {
+		_, held := s.cluster.allocs[id]
+		return !held
 	})
 	return len(j.victims) > 0
 }
@@ -203,8 +206,9 @@ func (s *Store) preempt(now time.Time, preemptors []miss, b *fairshare.Book) {
 		if !ok || len(choice.Victims) == 0 {
 			continue
 		}
-		var keys []string
+		var keys, allocs []string
 		for _, v := range choice.Victims {
+			allocs = append(allocs, v.AllocationID)
 			key := Key(v.Tenant, v.JobID)
 			if !slices.Contains(keys, key) {
 				keys = append(keys, key)
@@ -219,7 +223,7 @@ func (s *Store) preempt(now time.Time, preemptors []miss, b *fairshare.Book) {
 		running = slices.DeleteFunc(running, func(r preempt.Running) bool {
 			return slices.Contains(keys, Key(r.Tenant, r.JobID))
 		})
-		j.victims = keys
+		j.victims = allocs
 		s.setPending(j, placement.Pending{Code: contracts.PendingPreempting,
 			Message: choice.Reason + "; waiting for " + strings.Join(keys, ", ") + " to stop"})
 		s.log.Info("preempting", "tenant", j.Tenant, "job_id", j.ID, "victims", keys, "why", choice.Reason)

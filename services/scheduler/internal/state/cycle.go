@@ -55,8 +55,11 @@ func (s *Store) Cycle() CycleResult {
 		ahead      = map[string]int{}
 		resv       backfill.Book
 		reserved   int
-		running    []backfill.Running
-		runningOK  bool
+		// excludes caches, per set of reservations a job must avoid, the
+		// set's nodes: jobs sharing one share their pending explanations.
+		excludes  = map[string]map[string]bool{}
+		running   []backfill.Running
+		runningOK bool
 	)
 	// The watermark: a job that arrived after a request still being
 	// accepted waits for it (a cycle or two, milliseconds), or it could
@@ -73,6 +76,22 @@ func (s *Store) Cycle() CycleResult {
 		}
 		items = append(items, fairshare.Item{Key: j.key, Tenant: j.Tenant, Priority: j.Request.Priority, Seq: j.seq,
 			Usage: usageOf(j.Request)})
+	}
+	excluded := func(now time.Time, expected time.Duration) (map[string]bool, string) {
+		var key strings.Builder
+		for _, res := range resv.Reservations() {
+			if expected <= 0 || res.Start.Before(now.Add(expected)) {
+				key.WriteString(res.Key)
+				key.WriteByte(',')
+			}
+		}
+		k := key.String()
+		if m, ok := excludes[k]; ok {
+			return m, k
+		}
+		m := resv.Exclude(now, expected)
+		excludes[k] = m
+		return m, k
 	}
 	round := book.NewRound(items)
 	blocked := func(it fairshare.Item) {
@@ -118,7 +137,7 @@ func (s *Store) Cycle() CycleResult {
 			return v.OK
 		}
 		if reserved > 0 {
-			r.Exclude = resv.Exclude(now, expectedRunTime(j.Request))
+			r.Exclude, r.ExcludeKey = excluded(now, expectedRunTime(j.Request))
 		}
 		d := p.Place(r)
 		if d.Placed() {
@@ -155,6 +174,7 @@ func (s *Store) Cycle() CycleResult {
 				if res, ok := backfill.Reserve(snap, running, r, now); ok {
 					res.Key = j.key
 					resv.Add(res)
+					clear(excludes)
 					reserved++
 					pend.Message += "; " + res.Message
 				}

@@ -15,10 +15,17 @@ import (
 
 // checkDependencies refuses a request whose dependsOn names a job the
 // tenant has not submitted (or that was rejected).
-func (s *Store) checkDependencies(tenant string, req contracts.JobRequest) error {
+func (s *Store) checkDependencies(tenant string, req contracts.JobRequest, streamSeq uint64) error {
 	var errs []contracts.FieldError
 	for _, d := range req.DependsOn {
 		j := s.jobs[Key(tenant, d)]
+		if j == nil {
+			// Requests are answered in parallel: one submitted before
+			// this one may still be storing its queued event.
+			if seq, ok := s.acceptingJobs[Key(tenant, d)]; ok && seq < streamSeq {
+				continue
+			}
+		}
 		if j == nil || j.State == contracts.StateRejected {
 			errs = append(errs, contracts.FieldError{Field: "dependsOn", Reason: contracts.ReasonUnknownDependency,
 				Message: fmt.Sprintf("job %q of tenant %s is unknown: a job may depend only on jobs submitted before it (which also rules out cycles)", d, tenant)})
@@ -50,10 +57,11 @@ func (s *Store) dependencies(j *Job) (depVerdict, placement.Pending) {
 		dep := s.jobs[Key(j.Tenant, d)]
 		switch {
 		case dep == nil:
-			// Submit refuses unknown dependencies; only a stream edited by
-			// hand could get here.
-			return depFailed, placement.Pending{Code: contracts.ReasonDependencyFailed,
-				Message: fmt.Sprintf("dependency %s is unknown", d)}
+			// Submit accepted it while the dependency's request was being
+			// answered; that answer failed to publish and the request
+			// comes again (or a stream was edited by hand). Waiting is
+			// safe; cancelling would be wrong once it is queued.
+			waiting = append(waiting, d+" (not recorded yet)")
 		case dep.State == contracts.StateSucceeded:
 		case dep.State == contracts.StateFailed, dep.State == contracts.StateCancelled, dep.State == contracts.StateRejected:
 			return depFailed, placement.Pending{Code: contracts.ReasonDependencyFailed,

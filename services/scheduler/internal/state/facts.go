@@ -225,22 +225,38 @@ func (s *Store) ApplyNodeEvent(ev contracts.NodeEvent) {
 
 // ApplyLedger records a ledger entry and advances its job.
 func (s *Store) ApplyLedger(e contracts.LedgerEntry) []Publish {
-	a := e.Allocation
-	j := s.jobs[Key(a.Tenant, a.JobID)]
 	switch e.Kind {
 	case contracts.LedgerCommitted:
 		// A commit moves devices from assumed to committed: nothing new is
 		// free, so no cycle is needed unless it cleared a suspect node.
-		if s.cluster.commit(a) {
+		if s.cluster.commit(e.Allocation) {
 			s.cfg.Wake()
 		}
+	case contracts.LedgerReleased:
+		s.cluster.release(e.Allocation)
+		s.cfg.Wake()
+	}
+	s.ledgerFact(e)
+	return s.take()
+}
+
+// ledgerFact applies a ledger entry to its job (the cluster has it).
+func (s *Store) ledgerFact(e contracts.LedgerEntry) {
+	a := e.Allocation
+	j := s.jobs[Key(a.Tenant, a.JobID)]
+	if s.ahead(j, a.Attempt, func() { s.ledgerFact(e) }) {
+		return
+	}
+	switch e.Kind {
+	case contracts.LedgerCommitted:
 		if j == nil || a.Attempt != j.Attempt {
 			break
 		}
 		if j.State.Terminal() {
-			if j.State == contracts.StateCancelled && s.live {
-				// An allocation for a job already cancelled (it could only
-				// come from a plan whose outcome a restart hid): stop it.
+			if s.live {
+				// An allocation for a job already ended (it could only come
+				// from a plan whose outcome a restart or a failed publish
+				// hid, the job being cancelled or timed out since): stop it.
 				s.stop(j, &part{alloc: a, committed: true}, contracts.ReasonCancelled)
 			}
 			break
@@ -257,7 +273,13 @@ func (s *Store) ApplyLedger(e contracts.LedgerEntry) []Publish {
 				s.landAll(j)
 				j.parts = make([]*part, size)
 				for i := range j.parts {
-					j.parts[i] = &part{refused: true} // unknown: treated as not placed
+					// Unknown: treated as not placed. Its ID lets a run fact
+					// read before its commit find it.
+					id := contracts.AllocationID(a.Tenant, a.JobID, a.Attempt)
+					if size > 1 {
+						id = contracts.AllocationPartID(a.Tenant, a.JobID, a.Attempt, i)
+					}
+					j.parts[i] = &part{alloc: contracts.Allocation{ID: id}, refused: true}
 				}
 			}
 			rank := 0
@@ -272,8 +294,6 @@ func (s *Store) ApplyLedger(e contracts.LedgerEntry) []Publish {
 		s.queue.Remove(j.key)
 		s.advance(j)
 	case contracts.LedgerReleased:
-		s.cluster.release(a)
-		s.cfg.Wake()
 		if j == nil || a.Attempt != j.Attempt || j.State.Terminal() {
 			break
 		}
@@ -292,7 +312,22 @@ func (s *Store) ApplyLedger(e contracts.LedgerEntry) []Publish {
 		}
 		s.advance(j)
 	}
-	return s.take()
+}
+
+// ahead keeps apply for later when it is a fact about an attempt of j
+// after its current one, and reports whether it did. Requeued events go
+// out through the outbox while the next cycle's plan is published at once:
+// after a crash in between, JOB_EVENTS ends at the old attempt while the
+// ledger and the runs already know the new one. The rebuilt store decides
+// the same requeue (same event ID) and then applies these facts, rather
+// than dropping them and placing that attempt a second time (the resource
+// manager would never commit it again: the job would wait forever).
+func (s *Store) ahead(j *Job, attempt int, apply func()) bool {
+	if j == nil || j.State.Terminal() || attempt <= j.Attempt {
+		return false
+	}
+	j.later = append(j.later, apply)
+	return true
 }
 
 // ApplyRefusal forgets what a refused plan item assumed; its job goes back
@@ -350,7 +385,7 @@ func (s *Store) ApplyRefusal(r contracts.Refusal) []Publish {
 	}
 	j.parts = nil
 	switch {
-	case j.cancel:
+	case j.cancel && s.live: // while rebuilding, GoLive cancels it (advance)
 		s.cancelQueued(j)
 	default:
 		s.enqueue(j)
@@ -363,19 +398,40 @@ func (s *Store) ApplyRefusal(r contracts.Refusal) []Publish {
 
 // ApplyRun records a run fact and advances its job.
 func (s *Store) ApplyRun(r contracts.RunEvent) []Publish {
+	s.runFact(r)
+	return s.take()
+}
+
+func (s *Store) runFact(r contracts.RunEvent) {
 	j := s.jobs[Key(r.Tenant, r.JobID)]
+	if s.ahead(j, r.Attempt, func() { s.runFact(r) }) {
+		return
+	}
 	if j == nil || r.Attempt != j.Attempt || j.State.Terminal() {
-		return nil
+		return
 	}
 	p := j.part(r.AllocationID)
 	if p == nil {
-		if len(j.parts) != 0 || r.AllocationID != contracts.AllocationID(r.Tenant, r.JobID, r.Attempt) {
-			return nil
-		}
 		// The run fact came before the commit it follows (RUNS and
-		// ALLOCATIONS are separate streams): keep it for that commit.
-		p = &part{alloc: contracts.Allocation{ID: r.AllocationID, NodeID: r.NodeID}, refused: true}
-		j.parts = []*part{p}
+		// ALLOCATIONS are separate streams): keep it for that commit, in
+		// a part of its own (a gang's parts by rank).
+		if len(j.parts) != 0 || j.Request == nil {
+			return
+		}
+		n := j.Request.Resources.GPU.Machines()
+		j.parts = make([]*part, max(n, 1))
+		for i := range j.parts {
+			id := contracts.AllocationID(r.Tenant, r.JobID, r.Attempt)
+			if n > 1 {
+				id = contracts.AllocationPartID(r.Tenant, r.JobID, r.Attempt, i)
+			}
+			j.parts[i] = &part{alloc: contracts.Allocation{ID: id}, refused: true}
+		}
+		if p = j.part(r.AllocationID); p == nil {
+			j.parts = nil
+			return
+		}
+		p.alloc.NodeID = r.NodeID
 	}
 	switch r.Kind {
 	case contracts.RunStarted:
@@ -386,7 +442,7 @@ func (s *Store) ApplyRun(r contracts.RunEvent) []Publish {
 	case contracts.RunCheckpointed:
 		t := r.Time
 		p.checkpointed = &t
-		return nil
+		return
 	case contracts.RunEnded:
 		if r.Result != nil && r.Result.Reason == contracts.ReasonNodeLost {
 			// The agent stopped the run because its allocation was
@@ -403,7 +459,6 @@ func (s *Store) ApplyRun(r contracts.RunEvent) []Publish {
 		}
 	}
 	s.advance(j)
-	return s.take()
 }
 
 // movedBy are the stop reasons that move a job rather than end it: a run
@@ -462,7 +517,7 @@ func (s *Store) advanceQueued(j *Job) bool {
 			reason = contracts.ReasonCancelled
 		}
 		for _, p := range j.parts {
-			if p.live() {
+			if p.live() && p.stopSent == "" { // once: every fact until the releases comes here
 				s.stop(j, p, reason)
 			}
 		}
@@ -473,7 +528,7 @@ func (s *Store) advanceQueued(j *Job) bool {
 			s.cancelQueued(j)
 			return false
 		}
-		s.requeue(j, reason, j.evictMsg)
+		s.requeue(j, reason, cmp.Or(j.evictMsg, "a part of the gang was refused; the committed parts were released"))
 		return false
 	case j.cancel && n == 0:
 		s.cancelQueued(j)
@@ -483,14 +538,23 @@ func (s *Store) advanceQueued(j *Job) bool {
 
 // advanceHeld handles a scheduled or running job's run facts.
 func (s *Store) advanceHeld(j *Job) bool {
+	if len(j.parts) == 0 || j.count(func(p *part) bool { return p.committed }) < len(j.parts) {
+		// Every part of a scheduled job was committed, but after a restart
+		// the run facts may be read before the commits they follow (or a
+		// commit not at all, from a trimmed stream): wait until every
+		// part's allocation is known again.
+		return false
+	}
 	stopFor := contracts.Reason("")
 	switch {
 	case j.cancel:
 		stopFor = contracts.ReasonCancelled
 	case j.evict != "":
 		stopFor = j.evict
-	case len(j.parts) > 1 && j.count(func(p *part) bool { return p.done() }) > 0:
-		// One machine of a gang is gone: the others cannot go on alone.
+	case len(j.parts) > 1 && j.count(func(p *part) bool { return p.done() && !succeeded(p) }) > 0:
+		// One machine of a gang failed or is gone: the others cannot go
+		// on alone. A part that succeeded is not a reason: the others
+		// finish their own work (parts rarely end at the same instant).
 		stopFor = contracts.ReasonGangIncomplete
 	}
 	if stopFor != "" {
@@ -562,7 +626,10 @@ func (s *Store) conclude(j *Job) {
 		reason := cmpReason(rel.Reason, contracts.ReasonNodeLost)
 		s.requeue(j, reason, fmt.Sprintf("allocation %s on %s was released (%s) before the run ended",
 			rel.Allocation.ID, rel.Allocation.NodeID, reason))
-	case moved != nil || j.evict != "":
+	case moved != nil:
+		// Only a part that was actually stopped moves the job: a victim
+		// (or drained job) whose run succeeded before its stop took effect
+		// did its work, and ends below like any other.
 		reason := j.evict
 		if moved != nil && reason == "" {
 			reason = moved.ended.Reason
@@ -599,6 +666,11 @@ func cmpPart(cur, p *part) *part {
 // lost, agent restarted) took the allocation away from a live run.
 func awaitsRunFact(r contracts.Reason) bool {
 	return r == contracts.ReasonRunEnded || r == contracts.ReasonCancelled || movedBy(r)
+}
+
+// succeeded reports whether the part's run ended by itself with success.
+func succeeded(p *part) bool {
+	return p.ended != nil && p.ended.Outcome == contracts.OutcomeSucceeded
 }
 
 // ranFor reports whether an end fact implies the run started.
@@ -678,6 +750,7 @@ func cmpReason(r, def contracts.Reason) contracts.Reason {
 // (preempted, drained, a gang committed in part).
 func (s *Store) requeue(j *Job, reason contracts.Reason, msg string) {
 	next := j.Attempt + 1
+	from := j.State
 	to, err := contracts.Transition(j.State, contracts.EventRequeued)
 	if err != nil {
 		s.log.Error("refusing to requeue", "tenant", j.Tenant, "job_id", j.ID, "err", err)
@@ -690,8 +763,54 @@ func (s *Store) requeue(j *Job, reason contracts.Reason, msg string) {
 		ID: contracts.JobEventID(j.Tenant, j.ID, contracts.EventRequeued, next, 0)})
 	j.State = to
 	s.resetAttempt(j, next)
+	if from != contracts.StateQueued {
+		// It was placed: its placement timeout counts from now. A gang
+		// never committed in full still waits for its first placement.
+		j.queuedAt = ev.Time
+	}
 	s.enqueue(j)
 	s.cfg.Wake()
+	// Plan items and facts of the new attempt that came before this
+	// decision (ahead).
+	s.adoptInFlight(j)
+	later := j.later
+	j.later = nil
+	for _, apply := range later {
+		apply()
+	}
+}
+
+// adoptInFlight takes over the plan items of j's (new) attempt that a
+// rebuild found unanswered (ReplayPlan): the job waits for their answers
+// rather than being placed again. Parts answered already are left to the
+// facts kept for them (a commit adopts its part; a refused one stays
+// refused).
+func (s *Store) adoptInFlight(j *Job) {
+	if j.Request == nil {
+		return
+	}
+	n := j.Request.Resources.GPU.Machines()
+	parts := make([]*part, max(n, 1))
+	found := false
+	for i := range parts {
+		id := contracts.AllocationID(j.Tenant, j.ID, j.Attempt)
+		if n > 1 {
+			id = contracts.AllocationPartID(j.Tenant, j.ID, j.Attempt, i)
+		}
+		parts[i] = &part{alloc: contracts.Allocation{ID: id}, refused: true}
+		if a := s.cluster.plans[id]; a != nil && a.Attempt == j.Attempt {
+			parts[i] = &part{alloc: *a, inFlight: true}
+			s.flying[id] = j
+			found = true
+		}
+	}
+	if !found {
+		return
+	}
+	j.parts = parts
+	s.queue.Remove(j.key)
+	j.Pending = placement.Pending{Code: contracts.PendingPlanInFlight,
+		Message: "proposed in a plan before a restart; waiting for the resource manager to commit"}
 }
 
 // cancelQueued cancels a job that holds nothing.

@@ -19,7 +19,7 @@ import (
 // commits an item only when it fits, so any overlap is the scheduler's.
 func TestRandomOperationsKeepG1AndQ1(t *testing.T) {
 	seeds := 2000
-	if testing.Short() {
+	if testing.Short() || raceEnabled {
 		seeds = 200
 	}
 	for seed := range seeds {

@@ -136,6 +136,10 @@ func TestGangSucceedsWhenEveryPartDoes(t *testing.T) {
 	if h.last("a", "g").Type != contracts.EventRunning {
 		t.Fatalf("ended with one part still running: %v", h.types("a", "g"))
 	}
+	// A part that succeeded does not stop the others: they finish.
+	if stops := h.commandsFor(parts[1].ID); len(stops) != 0 {
+		t.Fatalf("the part still running was stopped when the other succeeded: %+v", stops)
+	}
 	finish(parts[1])
 	h.expectState("a", "g", contracts.StateSucceeded)
 }

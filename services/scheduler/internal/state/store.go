@@ -105,9 +105,13 @@ type Job struct {
 	// the end of its runs then requeues the job as the next attempt.
 	evict    contracts.Reason
 	evictMsg string
-	// victims are the jobs this one preempted, while they stop: it waits
-	// for their devices rather than choosing more victims.
+	// victims are the allocations this one preempted, until the ledger
+	// releases them: it waits for their devices rather than choosing
+	// more victims.
 	victims []string
+	// later are facts about attempts after the current one, applied when
+	// the job reaches that attempt (see Store.ahead).
+	later []func()
 
 	// parts are the current attempt's allocations by rank: one for a job
 	// on one machine, one per machine for a gang. Nil while queued with
@@ -191,9 +195,12 @@ type Store struct {
 	// accepting counts, by JOBS sequence, the requests whose queued event
 	// is being published: jobs that arrived later wait for them.
 	accepting map[uint64]int
-	cluster   *cluster
-	planSeq   uint64
-	out       []Publish
+	// acceptingJobs are the same requests by job key (with their JOBS
+	// sequence): a later request may already depend on them.
+	acceptingJobs map[string]uint64
+	cluster       *cluster
+	planSeq       uint64
+	out           []Publish
 	// Administrators' settings, from the KV buckets.
 	quotas   map[string]contracts.TenantQuota
 	pools    map[string]contracts.PoolConfig
@@ -228,17 +235,18 @@ func New(cfg Config) *Store {
 		cfg.MaxReservations = 4
 	}
 	return &Store{
-		cfg:       cfg,
-		log:       cfg.Log,
-		jobs:      map[string]*Job{},
-		queue:     queue.New[*Job](),
-		flying:    map[string]*Job{},
-		seenIDs:   map[string]struct{}{},
-		accepting: map[uint64]int{},
-		cluster:   newCluster(),
-		quotas:    map[string]contracts.TenantQuota{},
-		pools:     map[string]contracts.PoolConfig{},
-		served:    map[string]uint64{},
+		cfg:           cfg,
+		log:           cfg.Log,
+		jobs:          map[string]*Job{},
+		queue:         queue.New[*Job](),
+		flying:        map[string]*Job{},
+		seenIDs:       map[string]struct{}{},
+		accepting:     map[uint64]int{},
+		acceptingJobs: map[string]uint64{},
+		cluster:       newCluster(),
+		quotas:        map[string]contracts.TenantQuota{},
+		pools:         map[string]contracts.PoolConfig{},
+		served:        map[string]uint64{},
 	}
 }
 
@@ -316,6 +324,9 @@ func (s *Store) ReplayJobEvent(ev contracts.JobEvent, seq uint64, msgID string) 
 		s.queue.Remove(key)
 	case contracts.EventRequeued:
 		s.resetAttempt(j, ev.Attempt)
+		if from != contracts.StateQueued {
+			j.queuedAt = ev.Time // placed once: a new wait (requeue)
+		}
 		s.enqueue(j)
 	case contracts.EventSucceeded, contracts.EventFailed, contracts.EventCancelled:
 		s.finish(j)
@@ -362,11 +373,20 @@ func (s *Store) ReplayPlan(p contracts.Plan) {
 	var order []*Job
 	for _, item := range p.Items {
 		j := s.jobs[Key(item.Tenant, item.JobID)]
+		item := item
+		item.PlanID = cmp.Or(item.PlanID, p.ID)
+		if j != nil && !j.State.Terminal() && item.Attempt > j.Attempt {
+			// The plan of an attempt whose requeued event was lost (see
+			// Store.ahead): its devices stay held until the ledger or a
+			// refusal answers, and the requeue takes it over. A later
+			// plan of that attempt supersedes an earlier one.
+			s.cluster.forget(item.ID, "")
+			s.cluster.assume(&item)
+			continue
+		}
 		if j == nil || j.State != contracts.StateQueued || item.Attempt != j.Attempt {
 			continue
 		}
-		item := item
-		item.PlanID = cmp.Or(item.PlanID, p.ID)
 		if _, ok := byJob[j]; !ok {
 			order = append(order, j)
 		}
@@ -460,7 +480,7 @@ func (s *Store) Submit(subject string, data []byte, streamSeq uint64) Submission
 		}
 		return s.duplicate(j, streamSeq)
 	}
-	if err := s.checkDependencies(tenant, norm); err != nil {
+	if err := s.checkDependencies(tenant, norm, streamSeq); err != nil {
 		return s.reject(tenant, req.ID, streamSeq, err)
 	}
 	if s.cfg.Admit != nil {
@@ -475,6 +495,7 @@ func (s *Store) Submit(subject string, data []byte, streamSeq uint64) Submission
 	// that arrived after it (see Cycle): requests are answered in
 	// parallel, and FIFO means arrival order on JOBS.
 	s.accepting[streamSeq]++
+	s.acceptingJobs[key] = streamSeq
 	return Submission{
 		Publish: &Publish{Subject: contracts.SubjectJobEvents(tenant, req.ID), Key: key, Msg: ev,
 			ID: contracts.JobEventID(tenant, req.ID, contracts.EventQueued, 1, 0)},
@@ -482,6 +503,9 @@ func (s *Store) Submit(subject string, data []byte, streamSeq uint64) Submission
 		accepted: func() {
 			if s.accepting[streamSeq]--; s.accepting[streamSeq] <= 0 {
 				delete(s.accepting, streamSeq)
+			}
+			if s.acceptingJobs[key] == streamSeq {
+				delete(s.acceptingJobs, key)
 			}
 			s.cfg.Wake()
 		},
@@ -686,7 +710,7 @@ func (s *Store) resetAttempt(j *Job, attempt int) {
 func (s *Store) finish(j *Job) {
 	s.queue.Remove(j.key)
 	s.landAll(j)
-	j.Request, j.parts, j.victims = nil, nil, nil
+	j.Request, j.parts, j.victims, j.later = nil, nil, nil, nil
 	j.Pending = placement.Pending{}
 	// Jobs that depend on this one may now run, or must be cancelled.
 	s.cfg.Wake()
