@@ -31,8 +31,9 @@ type stack struct {
 
 // startStack runs the whole platform in this process on an embedded NATS
 // server with random ports and a temporary store, and stops it when the
-// test ends.
-func startStack(t testing.TB, fl *fleet.Fleet) *stack {
+// test ends. Each tune, in order, adjusts the configuration first (a
+// test's scheduler flags, for instance).
+func startStack(t testing.TB, fl *fleet.Fleet, tune ...func(*gpuplane.Config)) *stack {
 	t.Helper()
 	level := slog.LevelWarn
 	if os.Getenv("GPUPLANE_E2E_DEBUG") != "" {
@@ -46,6 +47,9 @@ func startStack(t testing.TB, fl *fleet.Fleet) *stack {
 		MetricsAddr: "127.0.0.1:0",
 		Fleet:       fl,
 		AgentLogDir: t.TempDir(),
+	}
+	for _, f := range tune {
+		f(&cfg)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan gpuplane.Endpoints, 1)

@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -207,11 +208,12 @@ func (r *Report) applyJobEvent(subject string, ev contracts.JobEvent) {
 type deviceKey struct{ node, uuid string }
 
 // ledgerChecker checks G1 over the timeline and that a job never holds two
-// live allocations.
+// live allocations, the parts of one attempt of a multi-machine job
+// (Allocation.Gang) excepted: those are one allocation per machine.
 func (r *Report) ledgerChecker() func(jetstream.Msg) error {
 	holder := map[deviceKey]string{}          // device -> allocation holding it
 	live := map[string]contracts.Allocation{} // allocation ID -> allocation
-	liveByJob := map[string]string{}          // tenant/job -> allocation ID
+	liveByJob := map[string][]string{}        // tenant/job -> live allocation IDs
 	return func(m jetstream.Msg) error {
 		if strings.HasPrefix(m.Subject(), "gp.alloc.refused.") {
 			var rf contracts.Refusal
@@ -240,8 +242,11 @@ func (r *Report) ledgerChecker() func(jetstream.Msg) error {
 				r.violate("G1: allocation %s committed twice while live", a.ID)
 				return nil
 			}
-			if other, ok := liveByJob[job]; ok {
-				r.violate("J1: job %s has two live allocations %s and %s", job, other, a.ID)
+			for _, other := range liveByJob[job] {
+				o := live[other]
+				if a.Gang == nil || o.Gang == nil || o.Attempt != a.Attempt {
+					r.violate("J1: job %s has two live allocations %s and %s", job, other, a.ID)
+				}
 			}
 			for _, d := range a.Devices {
 				k := deviceKey{a.NodeID, d.UUID}
@@ -251,7 +256,7 @@ func (r *Report) ledgerChecker() func(jetstream.Msg) error {
 				holder[k] = a.ID
 			}
 			live[a.ID] = a
-			liveByJob[job] = a.ID
+			liveByJob[job] = append(liveByJob[job], a.ID)
 		case contracts.LedgerReleased:
 			held, ok := live[a.ID]
 			if !ok {
@@ -262,7 +267,11 @@ func (r *Report) ledgerChecker() func(jetstream.Msg) error {
 				delete(holder, deviceKey{held.NodeID, d.UUID})
 			}
 			delete(live, a.ID)
-			delete(liveByJob, job)
+			if rest := slices.DeleteFunc(liveByJob[job], func(id string) bool { return id == a.ID }); len(rest) > 0 {
+				liveByJob[job] = rest
+			} else {
+				delete(liveByJob, job)
+			}
 			r.Released[a.ID] = e
 		default:
 			r.violate("unknown ledger kind %q", e.Kind)

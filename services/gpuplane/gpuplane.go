@@ -51,6 +51,10 @@ type Config struct {
 	OTLPEndpoint string
 	// AgentLogDir keeps the output of runs; empty means DataDir/runs.
 	AgentLogDir string
+	// Scheduler, when set, adjusts the scheduler's configuration after
+	// its defaults (tests shorten -min-runtime and -preempt-grace; the
+	// bus settings are Run's own and set after it).
+	Scheduler func(*scheduler.Config)
 }
 
 // DefaultConfig reads GPUPLANE_DATA_DIR, GPUPLANE_NATS_PORT,
@@ -170,6 +174,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Endpoints
 	run("resource-manager", func(ctx context.Context) error { return resourcemanager.Run(ctx, rm, log) })
 
 	sc := scheduler.DefaultConfig()
+	if cfg.Scheduler != nil {
+		cfg.Scheduler(&sc)
+	}
 	sc.Bus = busCfg
 	run("scheduler", func(ctx context.Context) error { return scheduler.Run(ctx, sc, log) })
 
