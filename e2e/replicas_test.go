@@ -107,7 +107,11 @@ func TestSchedulerReplicasRaceWithoutDoubleAllocation(t *testing.T) {
 	var wg sync.WaitGroup
 	stop := make(chan struct{})
 	var chaos []string
+	// The chaos loop draws from its own generator: the submit loop below
+	// draws from rng at the same time.
+	crng := rand.New(rand.NewPCG(rng.Uint64(), 12))
 	wg.Go(func() {
+		rng := crng
 		replicas := []*child{children["scheduler"], children["scheduler-b"]}
 		for i := range chaosActions {
 			select {
