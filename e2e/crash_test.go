@@ -210,6 +210,40 @@ func startChildren(t *testing.T, bin, logDir, natsURL string, order []string, ar
 	return children
 }
 
+// connectClient connects the test's own client to the NATS server of
+// processes started with startChildren.
+func connectClient(t *testing.T, url, name string) *stack {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.Name(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &stack{nc: nc, js: js}
+}
+
+// waitStreams waits until the services have provisioned streams (they do
+// when they connect).
+func waitStreams(t *testing.T, ctx context.Context, js jetstream.JetStream, streams ...string) {
+	t.Helper()
+	waitFor(t, time.Minute, "the services to provision the streams", func() (bool, string) {
+		var missing []string
+		for _, st := range streams {
+			sctx, scancel := context.WithTimeout(ctx, 2*time.Second)
+			_, err := js.Stream(sctx, st)
+			scancel()
+			if err != nil {
+				missing = append(missing, st)
+			}
+		}
+		return len(missing) == 0, fmt.Sprintf("missing %v", missing)
+	})
+}
+
 // killPlan is one SIGKILL of a service and how long it stays down.
 type killPlan struct {
 	svc        string
@@ -243,31 +277,11 @@ func TestServicesSurviveKill9(t *testing.T) {
 		"fleet-sim": {"-fleet", fleetPath, "-log-dir", t.TempDir()},
 	})
 
-	nc, err := nats.Connect(ns.URL(), nats.Name("e2e-crash-client"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &stack{nc: nc, js: js}
+	s := connectClient(t, ns.URL(), "e2e-crash-client")
+	nc, js := s.nc, s.js
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	// The services provision the streams when they connect.
-	waitFor(t, time.Minute, "the services to provision the streams", func() (bool, string) {
-		var missing []string
-		for _, st := range []string{contracts.StreamJobs, contracts.StreamJobEvents, contracts.StreamAllocations, contracts.StreamRuns, contracts.StreamUsage} {
-			sctx, scancel := context.WithTimeout(ctx, 2*time.Second)
-			_, err := js.Stream(sctx, st)
-			scancel()
-			if err != nil {
-				missing = append(missing, st)
-			}
-		}
-		return len(missing) == 0, fmt.Sprintf("missing %v", missing)
-	})
+	waitStreams(t, ctx, js, contracts.StreamJobs, contracts.StreamJobEvents, contracts.StreamAllocations, contracts.StreamRuns, contracts.StreamUsage)
 	w := s.watchJobs(t)
 
 	// The workload: bursts of submits, several tenants, mixed shapes.

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gpuplane/gpuplane/contracts"
@@ -65,29 +64,11 @@ func TestSchedulerReplicasRaceWithoutDoubleAllocation(t *testing.T) {
 		"scheduler":   schedArgs,
 		"scheduler-b": schedArgs,
 	})
-	nc, err := nats.Connect(ns.URL(), nats.Name("e2e-replicas-client"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &stack{nc: nc, js: js}
+	s := connectClient(t, ns.URL(), "e2e-replicas-client")
+	nc, js := s.nc, s.js
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	waitFor(t, time.Minute, "the services to provision the streams", func() (bool, string) {
-		for _, st := range []string{contracts.StreamJobs, contracts.StreamJobEvents, contracts.StreamAllocations, contracts.StreamRuns} {
-			sctx, scancel := context.WithTimeout(ctx, 2*time.Second)
-			_, err := js.Stream(sctx, st)
-			scancel()
-			if err != nil {
-				return false, "missing " + st
-			}
-		}
-		return true, ""
-	})
+	waitStreams(t, ctx, js, contracts.StreamJobs, contracts.StreamJobEvents, contracts.StreamAllocations, contracts.StreamRuns)
 	w := s.watchJobs(t)
 
 	tenants := []string{"acme", "globex", "initech"}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -151,123 +152,121 @@ func (s *server) deleteDoc(ctx context.Context, w http.ResponseWriter, kv jetstr
 	return true
 }
 
-// --- quotas ---
+// --- quotas and pools ---
 
-func (s *server) getQuota(w http.ResponseWriter, r *http.Request) {
-	tenant, ok := tenant(w, r)
-	if !ok {
-		return
-	}
-	kv := s.kv(w, r, contracts.BucketQuotas)
-	if kv == nil {
-		return
-	}
-	var q contracts.TenantQuota
-	rev, err := readDoc(r.Context(), kv, tenant, &q)
-	if err != nil {
-		s.internalError(w, "quota", err)
-		return
-	}
-	doc := contracts.QuotaDoc{Tenant: tenant}
-	if rev > 0 {
-		doc.Quota, doc.Revision = &q, rev
-	}
-	writeJSON(w, http.StatusOK, doc)
+// kvDoc is one kind of administrator-edited KV document (a tenant's quota,
+// a pool's settings). Its get, list, put and delete are the same steps for
+// every kind, so that every kind checks, conflicts and fails alike; what
+// differs (the key in the path, the decoder the scheduler trusts, the
+// answer's shape) is named here. T is the stored document, D the answer
+// about one key.
+type kvDoc[T, D any] struct {
+	bucket string
+	// kind names the document in internal errors and the list's 503
+	// ("quota": "reading the quotas"); noun in logs and 400 answers
+	// ("pool config": "invalid pool config"); keyAttr is the log attribute
+	// of its key, the path's {keyAttr}.
+	kind, noun, keyAttr string
+	// of names one document in 409 and 503 answers: of+key ("the quota
+	// of tenant acme").
+	of string
+	// key reads the key from the path; it answers 400 and returns false
+	// when it is not valid.
+	key func(http.ResponseWriter, *http.Request) (string, bool)
+	// ready, when set, must hold before a get or a list is answered (the
+	// answer counts what the gateway's model knows).
+	ready func(*server, http.ResponseWriter) bool
+	// decode is the contracts decoder the scheduler's reader trusts.
+	decode func(data []byte, key string) (T, error)
+	// stamp records when an administrator wrote the document.
+	stamp func(*T, time.Time)
+	// setMsg is the log message of a put, with setAttrs after the key and
+	// revision.
+	setMsg   string
+	setAttrs func(*T) []any
+	// answer is the answer about key: doc is nil (and rev 0) when there is
+	// none. answerList is the list's answer, docs ordered by key.
+	answer     func(s *server, key string, doc *T, rev uint64) D
+	answerList func(s *server, docs []storedDoc[T]) any
 }
 
-// listQuotas answers every stored quota; one that does not decode is
-// logged and left out.
-func (s *server) listQuotas(w http.ResponseWriter, r *http.Request) {
-	kv := s.kv(w, r, contracts.BucketQuotas)
-	if kv == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), publishTimeout)
-	defer cancel()
-	entries, err := listDocs(ctx, kv)
-	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, contracts.ReasonUnavailable, fmt.Sprintf("reading the quotas: %v", err), nil)
-		return
-	}
-	list := contracts.QuotaList{Quotas: []contracts.QuotaDoc{}}
-	for _, e := range entries {
-		var q contracts.TenantQuota
-		if err := json.Unmarshal(e.Value(), &q); err != nil {
-			s.log.Warn("skipping a stored quota that does not decode", "tenant", e.Key(), "revision", e.Revision(), "err", err)
-			continue
+// storedDoc is one decoded document of a list.
+type storedDoc[T any] struct {
+	key string
+	doc *T
+	rev uint64
+}
+
+var quotaDocs = kvDoc[contracts.TenantQuota, contracts.QuotaDoc]{
+	bucket: contracts.BucketQuotas, kind: "quota", noun: "quota", keyAttr: "tenant", of: "the quota of tenant ",
+	key:    tenant,
+	decode: contracts.DecodeTenantQuota,
+	stamp:  func(q *contracts.TenantQuota, now time.Time) { q.UpdatedAt = now },
+	setMsg: "quota set",
+	setAttrs: func(q *contracts.TenantQuota) []any {
+		return []any{"weight", q.EffectiveWeight(), "strict_fifo", q.StrictFIFO, "pools", len(q.Pools)}
+	},
+	answer: func(_ *server, tenant string, q *contracts.TenantQuota, rev uint64) contracts.QuotaDoc {
+		return contracts.QuotaDoc{Tenant: tenant, Quota: q, Revision: rev}
+	},
+	answerList: func(_ *server, docs []storedDoc[contracts.TenantQuota]) any {
+		list := contracts.QuotaList{Quotas: make([]contracts.QuotaDoc, 0, len(docs))}
+		for _, d := range docs {
+			list.Quotas = append(list.Quotas, contracts.QuotaDoc{Tenant: d.key, Quota: d.doc, Revision: d.rev})
 		}
-		list.Quotas = append(list.Quotas, contracts.QuotaDoc{Tenant: e.Key(), Quota: &q, Revision: e.Revision()})
-	}
-	writeJSON(w, http.StatusOK, list)
+		return list
+	},
 }
 
-// putQuota replaces a tenant's quota (contracts.DecodeTenantQuota: 400
-// with every field error), conditionally with ?revision=N.
-func (s *server) putQuota(w http.ResponseWriter, r *http.Request) {
-	if !admin(w, r) {
-		return
-	}
-	tenant, ok := tenant(w, r)
-	if !ok {
-		return
-	}
-	want, has, ok := revisionParam(w, r)
-	if !ok {
-		return
-	}
-	data, ok := readBody(w, r, s.cfg.MaxBodyBytes)
-	if !ok {
-		return
-	}
-	q, err := contracts.DecodeTenantQuota(data, tenant)
-	if err != nil {
-		writeInvalid(w, "invalid quota", err)
-		return
-	}
-	q.UpdatedAt = s.now().UTC()
-	kv := s.kv(w, r, contracts.BucketQuotas)
-	if kv == nil {
-		return
-	}
-	body, err := json.Marshal(q)
-	if err != nil {
-		s.internalError(w, "quota", err)
-		return
-	}
-	ctx, cancel := context.WithTimeout(r.Context(), publishTimeout)
-	defer cancel()
-	rev, ok := s.writeDoc(ctx, w, kv, tenant, body, want, has, "the quota of tenant "+tenant)
-	if !ok {
-		return
-	}
-	s.log.Info("quota set", "tenant", tenant, "revision", rev, "weight", q.EffectiveWeight(), "strict_fifo", q.StrictFIFO, "pools", len(q.Pools))
-	writeJSON(w, http.StatusOK, contracts.QuotaDoc{Tenant: tenant, Quota: &q, Revision: rev})
+// poolDocs answers a pool need not have a config, nor nodes yet: a pool's
+// answer counts the nodes the gateway knows in it, and the list names
+// every configured pool and every pool of a known node.
+var poolDocs = kvDoc[contracts.PoolConfig, contracts.PoolDoc]{
+	bucket: contracts.BucketPools, kind: "pool", noun: "pool config", keyAttr: "pool", of: "the config of pool ",
+	key:    poolName,
+	ready:  (*server).modelReady,
+	decode: contracts.DecodePoolConfig,
+	stamp:  func(c *contracts.PoolConfig, now time.Time) { c.UpdatedAt = now },
+	setMsg: "pool configured",
+	setAttrs: func(c *contracts.PoolConfig) []any {
+		return []any{"policy", c.Policy}
+	},
+	answer: func(s *server, pool string, c *contracts.PoolConfig, rev uint64) contracts.PoolDoc {
+		return contracts.PoolDoc{Pool: pool, Config: c, Revision: rev, Nodes: len(s.nodes.list(pool))}
+	},
+	answerList: func(s *server, docs []storedDoc[contracts.PoolConfig]) any {
+		pools := map[string]*contracts.PoolDoc{}
+		doc := func(p string) *contracts.PoolDoc {
+			if pools[p] == nil {
+				pools[p] = &contracts.PoolDoc{Pool: p}
+			}
+			return pools[p]
+		}
+		for _, n := range s.nodes.list("") {
+			doc(n.Pool).Nodes++
+		}
+		for _, c := range docs {
+			d := doc(c.key)
+			d.Config, d.Revision = c.doc, c.rev
+		}
+		list := contracts.PoolList{Pools: make([]contracts.PoolDoc, 0, len(pools))}
+		for _, p := range slices.Sorted(maps.Keys(pools)) {
+			list.Pools = append(list.Pools, *pools[p])
+		}
+		return list
+	},
 }
 
-func (s *server) deleteQuota(w http.ResponseWriter, r *http.Request) {
-	if !admin(w, r) {
-		return
-	}
-	tenant, ok := tenant(w, r)
-	if !ok {
-		return
-	}
-	want, has, ok := revisionParam(w, r)
-	if !ok {
-		return
-	}
-	kv := s.kv(w, r, contracts.BucketQuotas)
-	if kv == nil {
-		return
-	}
-	if !s.deleteDoc(r.Context(), w, kv, tenant, want, has, "the quota of tenant "+tenant) {
-		return
-	}
-	s.log.Info("quota removed", "tenant", tenant)
-	writeJSON(w, http.StatusOK, contracts.QuotaDoc{Tenant: tenant})
-}
+func (s *server) getQuota(w http.ResponseWriter, r *http.Request)    { quotaDocs.get(s, w, r) }
+func (s *server) listQuotas(w http.ResponseWriter, r *http.Request)  { quotaDocs.list(s, w, r) }
+func (s *server) putQuota(w http.ResponseWriter, r *http.Request)    { quotaDocs.put(s, w, r) }
+func (s *server) deleteQuota(w http.ResponseWriter, r *http.Request) { quotaDocs.delete(s, w, r) }
+func (s *server) getPool(w http.ResponseWriter, r *http.Request)     { poolDocs.get(s, w, r) }
+func (s *server) listPools(w http.ResponseWriter, r *http.Request)   { poolDocs.list(s, w, r) }
+func (s *server) putPool(w http.ResponseWriter, r *http.Request)     { poolDocs.put(s, w, r) }
 
-// --- pools ---
+// deletePool returns a pool to the scheduler's defaults.
+func (s *server) deletePool(w http.ResponseWriter, r *http.Request) { poolDocs.delete(s, w, r) }
 
 // poolName answers 400 invalid_value and returns false for a bad pool in
 // the path.
@@ -281,34 +280,35 @@ func poolName(w http.ResponseWriter, r *http.Request) (string, bool) {
 	return p, true
 }
 
-func (s *server) getPool(w http.ResponseWriter, r *http.Request) {
-	pool, ok := poolName(w, r)
-	if !ok || !s.modelReady(w) {
+func (k *kvDoc[T, D]) get(s *server, w http.ResponseWriter, r *http.Request) {
+	key, ok := k.key(w, r)
+	if !ok || (k.ready != nil && !k.ready(s, w)) {
 		return
 	}
-	kv := s.kv(w, r, contracts.BucketPools)
+	kv := s.kv(w, r, k.bucket)
 	if kv == nil {
 		return
 	}
-	var c contracts.PoolConfig
-	rev, err := readDoc(r.Context(), kv, pool, &c)
+	var doc T
+	rev, err := readDoc(r.Context(), kv, key, &doc)
 	if err != nil {
-		s.internalError(w, "pool", err)
+		s.internalError(w, k.kind, err)
 		return
 	}
-	doc := contracts.PoolDoc{Pool: pool, Nodes: len(s.nodes.list(pool))}
+	var stored *T // nil: the key has no document
 	if rev > 0 {
-		doc.Config, doc.Revision = &c, rev
+		stored = &doc
 	}
-	writeJSON(w, http.StatusOK, doc)
+	writeJSON(w, http.StatusOK, k.answer(s, key, stored, rev))
 }
 
-// listPools answers every configured pool and every pool of a known node.
-func (s *server) listPools(w http.ResponseWriter, r *http.Request) {
-	if !s.modelReady(w) {
+// list answers every stored document; one that does not decode is logged
+// and left out.
+func (k *kvDoc[T, D]) list(s *server, w http.ResponseWriter, r *http.Request) {
+	if k.ready != nil && !k.ready(s, w) {
 		return
 	}
-	kv := s.kv(w, r, contracts.BucketPools)
+	kv := s.kv(w, r, k.bucket)
 	if kv == nil {
 		return
 	}
@@ -316,46 +316,39 @@ func (s *server) listPools(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	entries, err := listDocs(ctx, kv)
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, contracts.ReasonUnavailable, fmt.Sprintf("reading the pools: %v", err), nil)
+		writeError(w, http.StatusServiceUnavailable, contracts.ReasonUnavailable, fmt.Sprintf("reading the %ss: %v", k.kind, err), nil)
 		return
 	}
-	pools := map[string]*contracts.PoolDoc{}
-	doc := func(p string) *contracts.PoolDoc {
-		if pools[p] == nil {
-			pools[p] = &contracts.PoolDoc{Pool: p}
-		}
-		return pools[p]
-	}
-	for _, n := range s.nodes.list("") {
-		doc(n.Pool).Nodes++
-	}
+	docs := make([]storedDoc[T], 0, len(entries))
 	for _, e := range entries {
-		var c contracts.PoolConfig
-		if err := json.Unmarshal(e.Value(), &c); err != nil {
-			s.log.Warn("skipping a stored pool config that does not decode", "pool", e.Key(), "revision", e.Revision(), "err", err)
+		doc := new(T)
+		if err := json.Unmarshal(e.Value(), doc); err != nil {
+			s.log.Warn("skipping a stored "+k.noun+" that does not decode", k.keyAttr, e.Key(), "revision", e.Revision(), "err", err)
 			continue
 		}
-		d := doc(e.Key())
-		d.Config, d.Revision = &c, e.Revision()
+		docs = append(docs, storedDoc[T]{key: e.Key(), doc: doc, rev: e.Revision()})
 	}
-	list := contracts.PoolList{Pools: make([]contracts.PoolDoc, 0, len(pools))}
-	for _, p := range slices.Sorted(maps.Keys(pools)) {
-		list.Pools = append(list.Pools, *pools[p])
-	}
-	writeJSON(w, http.StatusOK, list)
+	writeJSON(w, http.StatusOK, k.answerList(s, docs))
 }
 
-// putPool replaces a pool's settings (contracts.DecodePoolConfig),
-// conditionally with ?revision=N. A pool need not have nodes yet.
-func (s *server) putPool(w http.ResponseWriter, r *http.Request) {
+// edit checks an edit's request: an administrator's, a valid key, and
+// ?revision=N when given (revisionParam). It answers 400 (or admin's
+// refusal) and returns false when the edit cannot go on.
+func (k *kvDoc[T, D]) edit(w http.ResponseWriter, r *http.Request) (key string, want uint64, has, ok bool) {
 	if !admin(w, r) {
-		return
+		return "", 0, false, false
 	}
-	pool, ok := poolName(w, r)
-	if !ok {
-		return
+	if key, ok = k.key(w, r); !ok {
+		return "", 0, false, false
 	}
-	want, has, ok := revisionParam(w, r)
+	want, has, ok = revisionParam(w, r)
+	return key, want, has, ok
+}
+
+// put replaces a document (k.decode: 400 with every field error),
+// conditionally with ?revision=N.
+func (k *kvDoc[T, D]) put(s *server, w http.ResponseWriter, r *http.Request) {
+	key, want, has, ok := k.edit(w, r)
 	if !ok {
 		return
 	}
@@ -363,53 +356,47 @@ func (s *server) putPool(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	c, err := contracts.DecodePoolConfig(data, pool)
+	doc, err := k.decode(data, key)
 	if err != nil {
-		writeInvalid(w, "invalid pool config", err)
+		writeInvalid(w, "invalid "+k.noun, err)
 		return
 	}
-	c.UpdatedAt = s.now().UTC()
-	kv := s.kv(w, r, contracts.BucketPools)
+	k.stamp(&doc, s.now().UTC())
+	kv := s.kv(w, r, k.bucket)
 	if kv == nil {
 		return
 	}
-	body, err := json.Marshal(c)
+	body, err := json.Marshal(doc)
 	if err != nil {
-		s.internalError(w, "pool", err)
+		s.internalError(w, k.kind, err)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), publishTimeout)
 	defer cancel()
-	rev, ok := s.writeDoc(ctx, w, kv, pool, body, want, has, "the config of pool "+pool)
+	rev, ok := s.writeDoc(ctx, w, kv, key, body, want, has, k.of+key)
 	if !ok {
 		return
 	}
-	s.log.Info("pool configured", "pool", pool, "revision", rev, "policy", c.Policy)
-	writeJSON(w, http.StatusOK, contracts.PoolDoc{Pool: pool, Config: &c, Revision: rev, Nodes: len(s.nodes.list(pool))})
+	s.log.Info(k.setMsg, append([]any{k.keyAttr, key, "revision", rev}, k.setAttrs(&doc)...)...)
+	writeJSON(w, http.StatusOK, k.answer(s, key, &doc, rev))
 }
 
-// deletePool returns a pool to the scheduler's defaults.
-func (s *server) deletePool(w http.ResponseWriter, r *http.Request) {
-	if !admin(w, r) {
-		return
-	}
-	pool, ok := poolName(w, r)
+// delete removes a document, conditionally with ?revision=N: the
+// scheduler goes back to its defaults for the key.
+func (k *kvDoc[T, D]) delete(s *server, w http.ResponseWriter, r *http.Request) {
+	key, want, has, ok := k.edit(w, r)
 	if !ok {
 		return
 	}
-	want, has, ok := revisionParam(w, r)
-	if !ok {
-		return
-	}
-	kv := s.kv(w, r, contracts.BucketPools)
+	kv := s.kv(w, r, k.bucket)
 	if kv == nil {
 		return
 	}
-	if !s.deleteDoc(r.Context(), w, kv, pool, want, has, "the config of pool "+pool) {
+	if !s.deleteDoc(r.Context(), w, kv, key, want, has, k.of+key) {
 		return
 	}
-	s.log.Info("pool config removed", "pool", pool)
-	writeJSON(w, http.StatusOK, contracts.PoolDoc{Pool: pool, Nodes: len(s.nodes.list(pool))})
+	s.log.Info(k.noun+" removed", k.keyAttr, key)
+	writeJSON(w, http.StatusOK, k.answer(s, key, nil, 0))
 }
 
 // --- node holds ---
@@ -437,38 +424,18 @@ func (s *server) drainNode(w http.ResponseWriter, r *http.Request)  { s.holdNode
 // reason kept) unless a new reason is given; cordoning a draining node
 // stops the drain (jobs already moved stay where they went).
 func (s *server) holdNode(w http.ResponseWriter, r *http.Request, drain bool) {
-	if !admin(w, r) {
-		return
-	}
-	node, ok := nodeID(w, r)
+	node, req, ok := s.holdRequest(w, r)
 	if !ok {
-		return
-	}
-	data, ok := readBody(w, r, maxAdminBody)
-	if !ok {
-		return
-	}
-	req, err := contracts.DecodeNodeAdminRequest(data)
-	if err != nil {
-		writeInvalid(w, "invalid node hold", err)
-		return
-	}
-	if !s.nodeModelReady(w) {
 		return
 	}
 	st, ok := s.knownNode(w, node)
 	if !ok {
 		return
 	}
-	kv := s.kv(w, r, contracts.BucketNodeAdmin)
-	if kv == nil {
-		return
-	}
 	ctx, cancel := context.WithTimeout(r.Context(), publishTimeout)
 	defer cancel()
-	cur, rev, err := s.readHold(ctx, kv, node)
-	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, contracts.ReasonUnavailable, fmt.Sprintf("reading the hold of node %s: %v", node, err), nil)
+	kv, cur, rev, ok := s.currentHold(ctx, w, r, node)
+	if !ok {
 		return
 	}
 	verb := "cordon"
@@ -502,34 +469,14 @@ func (s *server) holdNode(w http.ResponseWriter, r *http.Request, drain bool) {
 // on the revision read). A node without a hold is answered as it is; a
 // hold on a node the gateway does not know can still be released.
 func (s *server) uncordonNode(w http.ResponseWriter, r *http.Request) {
-	if !admin(w, r) {
-		return
-	}
-	node, ok := nodeID(w, r)
+	node, req, ok := s.holdRequest(w, r)
 	if !ok {
-		return
-	}
-	data, ok := readBody(w, r, maxAdminBody)
-	if !ok {
-		return
-	}
-	req, err := contracts.DecodeNodeAdminRequest(data)
-	if err != nil {
-		writeInvalid(w, "invalid node hold", err)
-		return
-	}
-	if !s.nodeModelReady(w) {
-		return
-	}
-	kv := s.kv(w, r, contracts.BucketNodeAdmin)
-	if kv == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), publishTimeout)
 	defer cancel()
-	cur, rev, err := s.readHold(ctx, kv, node)
-	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, contracts.ReasonUnavailable, fmt.Sprintf("reading the hold of node %s: %v", node, err), nil)
+	kv, cur, rev, ok := s.currentHold(ctx, w, r, node)
+	if !ok {
 		return
 	}
 	st, known := s.nodes.node(node)
@@ -554,6 +501,48 @@ func (s *server) uncordonNode(w http.ResponseWriter, r *http.Request) {
 	s.nodes.applyHold(node, nil, rev+1)
 	s.log.Info("node uncordoned", "node_id", node, "reason", req.Reason, "was_draining", cur != nil && cur.Drain)
 	writeJSON(w, http.StatusOK, st)
+}
+
+// holdRequest reads a cordon, drain or uncordon request: the node in the
+// path and the body, once the node model is ready to answer it. It answers
+// 400, 413 or 503 (or admin's refusal) and returns false when it cannot.
+func (s *server) holdRequest(w http.ResponseWriter, r *http.Request) (string, contracts.NodeAdminRequest, bool) {
+	if !admin(w, r) {
+		return "", contracts.NodeAdminRequest{}, false
+	}
+	node, ok := nodeID(w, r)
+	if !ok {
+		return "", contracts.NodeAdminRequest{}, false
+	}
+	data, ok := readBody(w, r, maxAdminBody)
+	if !ok {
+		return "", contracts.NodeAdminRequest{}, false
+	}
+	req, err := contracts.DecodeNodeAdminRequest(data)
+	if err != nil {
+		writeInvalid(w, "invalid node hold", err)
+		return "", contracts.NodeAdminRequest{}, false
+	}
+	if !s.nodeModelReady(w) {
+		return "", contracts.NodeAdminRequest{}, false
+	}
+	return node, req, true
+}
+
+// currentHold opens the node holds' bucket and reads node's hold and its
+// revision (readHold). It answers 503 and returns false when it cannot.
+func (s *server) currentHold(ctx context.Context, w http.ResponseWriter, r *http.Request, node string) (
+	jetstream.KeyValue, *contracts.NodeAdmin, uint64, bool) {
+	kv := s.kv(w, r, contracts.BucketNodeAdmin)
+	if kv == nil {
+		return nil, nil, 0, false
+	}
+	cur, rev, err := s.readHold(ctx, kv, node)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, contracts.ReasonUnavailable, fmt.Sprintf("reading the hold of node %s: %v", node, err), nil)
+		return nil, nil, 0, false
+	}
+	return kv, cur, rev, true
 }
 
 // readHold reads a node's hold and its revision (0: none). A stored value

@@ -43,11 +43,7 @@ func (a *app) quotaCmd(fs *flag.FlagSet) func(context.Context, []string, []strin
 			if err := c.call(ctx, http.MethodGet, "/v1/quotas", nil, nil, &list); err != nil {
 				return a.fail("quota list", err)
 			}
-			if a.output == "json" {
-				return a.printJSON(list)
-			}
-			a.printQuotas(list.Quotas)
-			return ExitOK
+			return a.show(list, func() { a.printQuotas(list.Quotas) })
 		}
 		if err := contracts.ValidateTenant(a.tenant); err != nil {
 			return a.usageErr("quota", "%v", err)
@@ -130,12 +126,17 @@ func (a *app) quotaCmd(fs *flag.FlagSet) func(context.Context, []string, []strin
 		if err != nil {
 			return a.fail("quota "+pos[0], err)
 		}
-		if a.output == "json" {
-			return a.printJSON(doc)
-		}
-		a.printQuotas([]contracts.QuotaDoc{doc})
-		return ExitOK
+		return a.show(doc, func() { a.printQuotas([]contracts.QuotaDoc{doc}) })
 	}
+}
+
+// show prints v as JSON with -o json, else as table writes it.
+func (a *app) show(v any, table func()) int {
+	if a.output == "json" {
+		return a.printJSON(v)
+	}
+	table()
+	return ExitOK
 }
 
 // printQuotas prints one row per tenant and pool.
@@ -206,11 +207,7 @@ func (a *app) poolCmd(fs *flag.FlagSet) func(context.Context, []string, []string
 			if err := c.call(ctx, http.MethodGet, "/v1/pools", nil, nil, &list); err != nil {
 				return a.fail("pool get", err)
 			}
-			if a.output == "json" {
-				return a.printJSON(list)
-			}
-			a.printPools(list.Pools)
-			return ExitOK
+			return a.show(list, func() { a.printPools(list.Pools) })
 		}
 		pool := pos[1]
 		if err := contracts.ValidatePool(pool); err != nil {
@@ -237,11 +234,7 @@ func (a *app) poolCmd(fs *flag.FlagSet) func(context.Context, []string, []string
 		if err != nil {
 			return a.fail("pool "+pos[0], err)
 		}
-		if a.output == "json" {
-			return a.printJSON(doc)
-		}
-		a.printPools([]contracts.PoolDoc{doc})
-		return ExitOK
+		return a.show(doc, func() { a.printPools([]contracts.PoolDoc{doc}) })
 	}
 }
 
