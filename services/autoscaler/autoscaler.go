@@ -1,12 +1,15 @@
 // Package autoscaler decides how big each node pool should be. It follows
 // the NODES stream (machine type and live nodes per pool) and the pending
 // demand the scheduler publishes per pool, and publishes a ScaleDecision
-// when waiting jobs would fit on more machines of the pool's type. Acting on
-// decisions (a cloud provider loop) is a later issue.
+// when waiting jobs would fit on more machines of the pool's type. With a
+// Provider configured it also acts: package actuate creates the decided
+// machines and drains, then deletes, idle ones.
 //
 //	NODES inventory+lifecycle ──> fleet ─┐
 //	OPS gp.sched.demand.* (last per pool, then new) ──> decide.Decide ──> gp.autoscale.decisions.<pool>
 //	OPS gp.autoscale.decisions.* (replayed at start) ──> last decision per pool (cooldown, no repeats)
+//	OPS gp.autoscale.decisions.* (last per pool) ─┐
+//	ALLOCATIONS gp.alloc.ledger.* ──> live allocations per node ─┴─> actuate ──> Provider; KV gp-node-admin drain holds
 //
 // It is level-triggered: every demand message and a once-a-second tick
 // re-evaluate the latest demand of each pool, so a demand held back by the
@@ -93,6 +96,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 		return nil
 	})
+	if cfg.Provider != nil {
+		g.Go(func() error {
+			if err := s.runActuation(gctx); err != nil && gctx.Err() == nil {
+				return fmt.Errorf("%s: actuation: %w", Name, err)
+			}
+			return nil
+		})
+	}
 	g.Go(func() error {
 		select {
 		case <-gctx.Done():

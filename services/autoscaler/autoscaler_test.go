@@ -18,6 +18,7 @@ import (
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 	"github.com/gpuplane/gpuplane/libs/service"
 	"github.com/gpuplane/gpuplane/services/autoscaler"
+	"github.com/gpuplane/gpuplane/services/autoscaler/internal/actuate"
 )
 
 func TestFlagsAndValidate(t *testing.T) {
@@ -46,8 +47,10 @@ func TestFlagsAndValidate(t *testing.T) {
 	bad.MaxNodes = map[string]int{"Bad.Pool": 1, "h100": -1}
 	bad.DefaultMaxNodes = -1
 	bad.Cooldown = -time.Second
+	bad.Pools = map[string]actuate.Pool{"h100": {Min: 2, Max: 1, MachineType: "a3-highgpu-8g", PriceClass: "cheap"}}
 	err := bad.Validate()
-	for _, want := range []string{"replicas", `invalid pool "Bad.Pool"`, "h100 has maximum -1", "default-max-nodes", "cooldown"} {
+	for _, want := range []string{"replicas", `invalid pool "Bad.Pool"`, "h100 has maximum -1", "default-max-nodes", "cooldown",
+		"min 2, max 1", `price class "cheap"`} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate() = %v, want it to mention %q", err, want)
 		}

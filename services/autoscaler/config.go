@@ -12,6 +12,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/service"
+	"github.com/gpuplane/gpuplane/services/autoscaler/internal/actuate"
 )
 
 // Config configures the autoscaler.
@@ -27,6 +28,14 @@ type Config struct {
 	// Now is the clock decisions are dated and cooled down with (default
 	// time.Now). Not a flag.
 	Now func() time.Time
+	// Provider, when set, makes the autoscaler act on its decisions:
+	// create machines for the pools named in Pools and scale idle ones
+	// down. Nil publishes decisions only. Not a flag.
+	Provider actuate.Provider
+	// Pools is the scaling policy of each pool the autoscaler acts on
+	// (min, max, machine type, price class, down cooldown, idle time); a
+	// pool's Max here overrides MaxNodes. Not a flag.
+	Pools map[string]actuate.Pool
 }
 
 // DefaultConfig returns the defaults, with the bus settings from the
@@ -58,6 +67,12 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("max-nodes: pool %s has maximum %d; want >= 0", pool, n))
 		}
 	}
+	for _, pool := range slices.Sorted(maps.Keys(c.Pools)) {
+		errs = append(errs, c.Pools[pool].Validate(pool))
+	}
+	if c.Provider != nil && len(c.Pools) == 0 {
+		errs = append(errs, errors.New("a provider is set but no pool has a scaling policy"))
+	}
 	if c.Cooldown < 0 {
 		errs = append(errs, fmt.Errorf("cooldown is %s; want >= 0", c.Cooldown))
 	}
@@ -66,6 +81,9 @@ func (c Config) Validate() error {
 
 // maxNodes is the cap of one pool.
 func (c Config) maxNodes(pool string) int {
+	if p, ok := c.Pools[pool]; ok {
+		return p.Max
+	}
 	if n, ok := c.MaxNodes[pool]; ok {
 		return n
 	}

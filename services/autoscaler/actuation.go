@@ -1,0 +1,178 @@
+package autoscaler
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/services/autoscaler/internal/actuate"
+)
+
+// actuateEvery is how often the actuator reconciles pools with the provider.
+const actuateEvery = time.Second
+
+// holdReasonPrefix marks the drain holds the autoscaler writes, so that it
+// lifts only its own and never an administrator's.
+const holdReasonPrefix = "autoscaler:"
+
+// runActuation follows the allocation ledger and the last scale decision
+// of each pool, and runs the actuator once the ledger is caught up (before
+// that every machine would look idle).
+func (s *scaler) runActuation(ctx context.Context) error {
+	kv, err := s.bus.KeyValue(ctx, contracts.BucketNodeAdmin)
+	if err != nil {
+		return fmt.Errorf("node admin bucket: %w", err)
+	}
+	live := &liveAllocations{byNode: map[string]map[string]contracts.Priority{}}
+	act, err := actuate.New(actuate.Config{Pools: s.cfg.Pools, Provider: s.cfg.Provider, Ledger: live,
+		Holds: kvHolds{kv: kv, now: s.cfg.Now}, Now: s.cfg.Now, Log: s.log})
+	if err != nil {
+		return err
+	}
+	errs := make(chan error, 3)
+	ledgerReady := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() {
+		defer wg.Done()
+		errs <- s.bus.Follow(ctx, bus.FollowSpec{Stream: contracts.StreamAllocations,
+			FilterSubjects: []string{contracts.SubjectLedgerAll}}, func(_ context.Context, m *bus.Msg) error {
+			var e contracts.LedgerEntry
+			if err := m.Decode(&e); err != nil {
+				s.log.Warn("skipping ledger entry", "subject", m.Subject, "stream_seq", m.StreamSeq, "err", err)
+				return nil
+			}
+			live.apply(e)
+			return nil
+		}, func() { close(ledgerReady) })
+	}()
+	go func() {
+		defer wg.Done()
+		errs <- s.bus.Follow(ctx, bus.FollowSpec{Stream: contracts.StreamOps,
+			FilterSubjects: []string{contracts.SubjectScaleAll}, LastPerSubject: true}, func(_ context.Context, m *bus.Msg) error {
+			var d contracts.ScaleDecision
+			if err := m.Decode(&d); err != nil {
+				s.log.Warn("skipping decision", "subject", m.Subject, "stream_seq", m.StreamSeq, "err", err)
+				return nil
+			}
+			d.Pool = contracts.Token(m.Subject, 3)
+			if err := act.Apply(d); err != nil {
+				s.log.Warn("decision not acted on", "subject", m.Subject, "stream_seq", m.StreamSeq, "err", err)
+			}
+			return nil
+		}, nil)
+	}()
+	go func() {
+		defer wg.Done()
+		select {
+		case <-ctx.Done():
+			errs <- nil
+			return
+		case <-ledgerReady:
+		}
+		errs <- act.Run(ctx, actuateEvery)
+	}()
+	var first error
+	for range 3 {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	wg.Wait()
+	return first
+}
+
+// liveAllocations folds the ledger into the live allocations of each node.
+// Entries are keyed by allocation ID, so applying one twice is harmless.
+type liveAllocations struct {
+	mu     sync.Mutex
+	byNode map[string]map[string]contracts.Priority // node → allocation ID → priority
+}
+
+var _ actuate.Ledger = (*liveAllocations)(nil)
+
+func (l *liveAllocations) apply(e contracts.LedgerEntry) {
+	a := e.Allocation
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch e.Kind {
+	case contracts.LedgerCommitted:
+		if l.byNode[a.NodeID] == nil {
+			l.byNode[a.NodeID] = map[string]contracts.Priority{}
+		}
+		l.byNode[a.NodeID][a.ID] = a.Priority
+	case contracts.LedgerReleased:
+		delete(l.byNode[a.NodeID], a.ID)
+	}
+}
+
+func (l *liveAllocations) Live(node string) []contracts.Priority {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []contracts.Priority
+	for _, p := range l.byNode[node] {
+		out = append(out, p)
+	}
+	return out
+}
+
+// kvHolds writes drain holds as NodeAdmin documents in BucketNodeAdmin.
+type kvHolds struct {
+	kv  jetstream.KeyValue
+	now func() time.Time
+}
+
+var _ actuate.Holds = kvHolds{}
+
+// Drain cordons and drains a node. A hold an administrator already wrote is
+// kept as it is: it is at least as strong as a drain.
+func (h kvHolds) Drain(ctx context.Context, node, reason string) error {
+	if e, err := h.kv.Get(ctx, node); err == nil {
+		var na contracts.NodeAdmin
+		if json.Unmarshal(e.Value(), &na) == nil && na.Drain {
+			return nil
+		}
+	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return fmt.Errorf("read hold of %s: %w", node, err)
+	}
+	if !strings.HasPrefix(reason, holdReasonPrefix) {
+		reason = holdReasonPrefix + " " + reason
+	}
+	b, err := json.Marshal(contracts.NodeAdmin{SchemaVersion: contracts.SchemaVersion, NodeID: node,
+		Cordoned: true, Drain: true, Reason: reason, Time: h.now()})
+	if err != nil {
+		return err
+	}
+	if _, err := h.kv.Put(ctx, node, b); err != nil {
+		return fmt.Errorf("write hold of %s: %w", node, err)
+	}
+	return nil
+}
+
+// Lift removes the node's hold if the autoscaler wrote it, with a
+// compare-and-set so a hold an administrator wrote meanwhile stays.
+func (h kvHolds) Lift(ctx context.Context, node string) error {
+	e, err := h.kv.Get(ctx, node)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("read hold of %s: %w", node, err)
+	}
+	var na contracts.NodeAdmin
+	if err := json.Unmarshal(e.Value(), &na); err != nil || !strings.HasPrefix(na.Reason, holdReasonPrefix) {
+		return nil
+	}
+	if err := h.kv.Delete(ctx, node, jetstream.LastRevision(e.Revision())); err != nil {
+		return fmt.Errorf("lift hold of %s: %w", node, err)
+	}
+	return nil
+}
