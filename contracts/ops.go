@@ -71,6 +71,30 @@ type Alert struct {
 	Time          time.Time         `json:"time"`
 }
 
+// Alert labels the monitor's rule alerts carry, so that a consumer (the
+// autoscaler, the resource manager) acts on an alert without knowing the
+// rule that raised it. AlertLabelAction is absent when the alert only
+// informs.
+const (
+	AlertLabelAction  = "action"
+	AlertLabelScope   = "scope" // gpu, node, pool or tenant: what Key names
+	AlertLabelNode    = "node"
+	AlertLabelPool    = "pool"
+	AlertLabelGPU     = "gpu_uuid"
+	AlertLabelEpisode = "episode"
+)
+
+// Actions an alert asks for in its AlertLabelAction label, while firing.
+const (
+	// AlertActionScaleUp: the pool (label pool) needs more machines.
+	AlertActionScaleUp = "scale_up"
+	// AlertActionDrainGPU: take no new work on the GPU (label gpu_uuid of
+	// node) and move its runs away.
+	AlertActionDrainGPU = "drain_gpu"
+	// AlertActionGPUUnhealthy: the GPU is faulty; cordon it, migrate its runs.
+	AlertActionGPUUnhealthy = "gpu_unhealthy"
+)
+
 // UsageRecord is one metered run segment, published by billing on
 // SubjectUsage(tenant) with Nats-Msg-Id UsageSegmentID(allocationID,
 // Segment). A run is metered in whole seconds, [floor(start), ceil(end)),

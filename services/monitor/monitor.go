@@ -1,14 +1,19 @@
 // Package monitor is gpuplane's monitoring service. It follows telemetry,
-// job events, the allocation ledger and the node inventory into a read
-// model, serves it as Prometheus metrics (dcgm-exporter names for GPUs,
-// gpuplane_ for the platform), and raises node_silent alerts on the bus when
-// a node stops sending telemetry.
+// job events, the allocation ledger, the node inventory and the scheduler's
+// demand into a read model, serves it as Prometheus metrics (dcgm-exporter
+// names for GPUs, gpuplane_ for the platform), keeps rolling windows of
+// telemetry per GPU, machine, pool and tenant, and raises alerts on the bus:
+// node_silent when a node stops sending telemetry, and those of the rules
+// file (GPU hot, memory full, XID, ECC, pool busy, trends).
 //
 //	TELEMETRY (last per node, then new) ─┐
-//	JOB_EVENTS (from the start)  ─────────┼─> readmodel ──> metrics.Collector ──> GET /metrics
-//	ALLOCATIONS ledger (from the start) ──┤
-//	NODES inventory+lifecycle ────────────┘
-//	TELEMETRY ──> silence.Detector ──(tick)──> gp.alerts.node_silent (OPS)
+//	JOB_EVENTS (from the start)  ─────────┤
+//	ALLOCATIONS ledger (from the start) ──┼─> readmodel ──> metrics.Collector ──> GET /metrics
+//	NODES inventory+lifecycle ────────────┤        ^
+//	OPS demand (last per pool) ───────────┘        │
+//	TELEMETRY ──> rules.Engine (windows) ──────────┘
+//	           └─> silence.Detector
+//	(tick) silence + rules ──> gp.alerts.<kind> (OPS), firing and resolved
 //
 // The monitor owns no log of record: every read model is rebuilt from the
 // streams at start, and alert episodes from the alerts it published.
@@ -33,6 +38,7 @@ import (
 	"github.com/gpuplane/gpuplane/libs/telemetry"
 	"github.com/gpuplane/gpuplane/services/monitor/internal/metrics"
 	"github.com/gpuplane/gpuplane/services/monitor/internal/readmodel"
+	"github.com/gpuplane/gpuplane/services/monitor/internal/rules"
 	"github.com/gpuplane/gpuplane/services/monitor/internal/silence"
 )
 
@@ -49,6 +55,11 @@ type Config struct {
 	// before a node_silent alert fires (default 3s). GPU series of a node
 	// quiet for that long are no longer exposed.
 	SilentAfter time.Duration
+	// RulesFile is a YAML or JSON rules file (see internal/rules and
+	// deploy/monitoring/rules.yaml); "" uses the built-in rules.
+	RulesFile string
+	// EvalInterval is how often the rules are evaluated (default 1s).
+	EvalInterval time.Duration
 	// OnListen, if set, is called with the bound HTTP address once the
 	// listener is open. Not a flag.
 	OnListen func(addr string)
@@ -57,7 +68,7 @@ type Config struct {
 // DefaultConfig returns the defaults, with the bus settings from the
 // environment.
 func DefaultConfig() Config {
-	return Config{Bus: service.DefaultBusConfig(), Addr: "127.0.0.1:9400", SilentAfter: 3 * time.Second}
+	return Config{Bus: service.DefaultBusConfig(), Addr: "127.0.0.1:9400", SilentAfter: 3 * time.Second, EvalInterval: time.Second}
 }
 
 // RegisterFlags adds the monitor's flags to fs, defaulting to c.
@@ -65,6 +76,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.Bus.RegisterFlags(fs)
 	fs.StringVar(&c.Addr, "addr", c.Addr, "HTTP listen address for /metrics and /healthz")
 	fs.DurationVar(&c.SilentAfter, "silent-after", c.SilentAfter, "raise node_silent when a node sends no telemetry for this long")
+	fs.StringVar(&c.RulesFile, "rules", c.RulesFile, "alert rules file (YAML or JSON); empty for the built-in rules")
+	fs.DurationVar(&c.EvalInterval, "eval-interval", c.EvalInterval, "how often alert rules are evaluated")
 }
 
 // Validate reports every problem at once.
@@ -76,7 +89,21 @@ func (c Config) Validate() error {
 	if c.SilentAfter <= 0 {
 		errs = append(errs, fmt.Errorf("silent-after is %s; want > 0", c.SilentAfter))
 	}
+	if c.EvalInterval <= 0 {
+		errs = append(errs, fmt.Errorf("eval-interval is %s; want > 0", c.EvalInterval))
+	}
+	if _, err := c.rules(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
+}
+
+// rules is the rules configuration: the file's, or the built-in one.
+func (c Config) rules() (rules.Config, error) {
+	if c.RulesFile == "" {
+		return rules.DefaultConfig(), nil
+	}
+	return rules.Load(c.RulesFile)
 }
 
 // Run runs the monitor until ctx ends; it returns nil on a clean shutdown.
@@ -95,7 +122,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer rt.Close()
-	m := &monitor{cfg: cfg, bus: rt.Bus, log: rt.Log, model: readmodel.New(), silent: silence.New(cfg.SilentAfter)}
+	rcfg, err := cfg.rules()
+	if err != nil {
+		return fmt.Errorf("%s: %w", Name, err)
+	}
+	engine, err := rules.New(rcfg)
+	if err != nil {
+		return fmt.Errorf("%s: %w", Name, err)
+	}
+	m := &monitor{cfg: cfg, bus: rt.Bus, log: rt.Log, model: readmodel.New(), silent: silence.New(cfg.SilentAfter), rules: engine}
 	if err := m.restoreAlerts(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -104,7 +139,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 
 	reg := telemetry.NewRegistry()
-	reg.MustRegister(metrics.New(m.model, cfg.SilentAfter, time.Now))
+	reg.MustRegister(metrics.New(m.model, m.rules, cfg.SilentAfter, time.Now))
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", telemetry.MetricsHandler(reg))
 	mux.HandleFunc("GET /healthz", m.healthz)
@@ -123,6 +158,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		FilterSubjects: []string{contracts.SubjectLedgerAll}}, m.onLedger)
 	m.follow(g, gctx, "nodes", bus.FollowSpec{Stream: contracts.StreamNodes,
 		FilterSubjects: []string{contracts.SubjectInventoryAll, contracts.SubjectNodeLifecycleAll}}, m.onNode)
+	m.follow(g, gctx, "demand", bus.FollowSpec{Stream: contracts.StreamOps,
+		FilterSubjects: []string{contracts.SubjectDemandAll}, LastPerSubject: true}, m.onDemand)
 	g.Go(func() error { return m.alertLoop(gctx) })
 	// Serve only once every follower is counted: /healthz reads the count.
 	g.Go(func() error {
@@ -151,6 +188,7 @@ type monitor struct {
 	log    *slog.Logger
 	model  *readmodel.Model
 	silent *silence.Detector
+	rules  *rules.Engine
 	// followers and caughtUp count the read models and those that have
 	// read what their stream held at start. followers is set before the
 	// HTTP server starts and never changes after.
@@ -198,6 +236,22 @@ func (m *monitor) onTelemetry(msg *bus.Msg) error {
 	}
 	m.model.ApplyTelemetry(nodeID, t, at)
 	m.silent.Seen(nodeID, t.Pool, t.Hostname, at)
+	host := t.Hostname
+	if host == "" {
+		host = nodeID
+	}
+	m.rules.Ingest(rules.Machine{Node: nodeID, Hostname: host, Pool: t.Pool}, at, t.GPUs, m.model.TenantOf)
+	return nil
+}
+
+func (m *monitor) onDemand(msg *bus.Msg) error {
+	var d contracts.PoolDemand
+	if err := msg.Decode(&d); err != nil {
+		return err
+	}
+	// The subject is the trusted source of the pool.
+	d.Pool = contracts.Token(msg.Subject, 3)
+	m.model.ApplyDemand(d)
 	return nil
 }
 
@@ -246,18 +300,31 @@ func (m *monitor) onNode(msg *bus.Msg) error {
 	return nil
 }
 
-// restoreAlerts replays the node_silent alerts already published so that
-// episode numbers continue and open episodes are resolved, not re-fired.
+// restoreAlerts replays the alerts already published (node_silent and the
+// rules' kinds; others, such as billing's, are skipped) so that episode
+// numbers continue and open episodes are resolved, not re-fired.
 func (m *monitor) restoreAlerts(ctx context.Context) error {
 	n := 0
 	_, err := m.bus.Replay(ctx, bus.FollowSpec{Stream: contracts.StreamOps,
-		FilterSubjects: []string{contracts.SubjectAlert(silence.Kind)}}, func(_ context.Context, msg *bus.Msg) error {
+		FilterSubjects: []string{contracts.SubjectAlertsAll}}, func(_ context.Context, msg *bus.Msg) error {
 		var a contracts.Alert
 		if err := msg.Decode(&a); err != nil {
 			m.log.Warn("skipping undecodable alert", "subject", msg.Subject, "stream_seq", msg.StreamSeq, "err", err)
 			return nil
 		}
-		if err := m.silent.Restore(a); err != nil {
+		// The subject is the trusted source of the kind.
+		a.Kind = contracts.Token(msg.Subject, 2)
+		var err error
+		if a.Kind == silence.Kind {
+			err = m.silent.Restore(a)
+		} else {
+			var ours bool
+			ours, err = m.rules.Restore(a)
+			if !ours {
+				return nil
+			}
+		}
+		if err != nil {
 			m.log.Warn("skipping alert", "subject", msg.Subject, "stream_seq", msg.StreamSeq, "err", err)
 			return nil
 		}
@@ -271,16 +338,29 @@ func (m *monitor) restoreAlerts(ctx context.Context) error {
 	return nil
 }
 
-// alertLoop checks for silent nodes a few times per SilentAfter and publishes
-// every change. It is the only publisher of alerts, so a firing always goes
-// out before its resolution.
+// alertLoop checks for silent nodes a few times per SilentAfter, evaluates
+// the rules every EvalInterval, and publishes every change. It is the only
+// publisher of alerts, so a firing always goes out before its resolution.
 func (m *monitor) alertLoop(ctx context.Context) error {
 	t := time.NewTicker(checkInterval(m.cfg.SilentAfter))
 	defer t.Stop()
+	ev := time.NewTicker(m.cfg.EvalInterval)
+	defer ev.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case now := <-ev.C:
+			for _, tr := range m.rules.Evaluate(now) {
+				if _, err := m.bus.Publish(ctx, contracts.SubjectAlert(tr.Kind), tr.ID(), tr.Alert(), bus.CESubject(tr.Key)); err != nil {
+					if ctx.Err() != nil {
+						return nil
+					}
+					return fmt.Errorf("%s: publish alert %s: %w", Name, tr.ID(), err)
+				}
+				m.log.Info("alert", "kind", tr.Kind, "state", tr.State, "key", tr.Key, "episode", tr.Episode,
+					"value", tr.Value, "action", tr.Action)
+			}
 		case now := <-t.C:
 			for _, c := range m.silent.Check(now) {
 				a := c.Alert()

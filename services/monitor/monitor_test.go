@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -25,8 +26,10 @@ func TestConfigValidateReportsEveryProblem(t *testing.T) {
 	cfg.Bus.NATSURL = ""
 	cfg.Addr = "no-port"
 	cfg.SilentAfter = 0
+	cfg.EvalInterval = 0
+	cfg.RulesFile = filepath.Join(t.TempDir(), "missing.yaml")
 	err := cfg.Validate()
-	for _, want := range []string{"nats URL", "addr", "silent-after"} {
+	for _, want := range []string{"nats URL", "addr", "silent-after", "eval-interval", "missing.yaml"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate() = %v, want it to mention %q", err, want)
 		}
@@ -75,11 +78,13 @@ func TestMetricsFromStreams(t *testing.T) {
 	} {
 		publish(t, b, contracts.SubjectLedger(e.Allocation.NodeID), fmt.Sprintf("led-%d", i), e)
 	}
+	publish(t, b, contracts.SubjectDemand("h100"), "demand-h100", contracts.PoolDemand{Pool: "h100", Time: time.Now(),
+		PendingJobs: 3, PendingGPUs: 12, FreeGPUs: 1, TotalGPUs: 2})
 	// Telemetry before the start: only the last sample of each node counts.
 	publish(t, b, contracts.SubjectTelemetry("n3"), "tel-n3-1", telemetry("n3", "host-3", "a100", gpu(0, "GPU-3a", "A100-80GB", 1)))
 	publish(t, b, contracts.SubjectTelemetry("n3"), "tel-n3-2", telemetry("n3", "host-3", "a100", contracts.GPUSample{
 		Index: 0, UUID: "GPU-3a", Model: "A100-80GB", GPUUtil: 100, MemCopyUtil: 93.5, FBUsedMiB: 80000, FBFreeMiB: 1920,
-		TempC: 71, PowerW: 398.5, SMClockMHz: 1410}))
+		TempC: 71, PowerW: 398.5, SMClockMHz: 1410, PowerLimitW: 400, ECCSBE: 2, ThrottleReasons: contracts.ThrottleSWPowerCap}))
 
 	addr := startMonitor(t, srv.URL(), time.Minute)
 	waitHealthy(t, addr)
@@ -89,15 +94,39 @@ func TestMetricsFromStreams(t *testing.T) {
 		gpu(0, "GPU-1a", "H100-80GB", 5), gpu(1, "GPU-1b", "H100-80GB", 5)))
 	publish(t, b, contracts.SubjectTelemetry("n1"), "tel-n1-2", telemetry("n1", "host-1", "h100",
 		contracts.GPUSample{Index: 0, UUID: "GPU-1a", Model: "H100-80GB", GPUUtil: 87, MemCopyUtil: 40.5,
-			FBUsedMiB: 61440, FBFreeMiB: 20480, TempC: 64, PowerW: 512.25, SMClockMHz: 1980, AllocationID: a1.ID},
+			FBUsedMiB: 61440, FBFreeMiB: 20480, TempC: 64, PowerW: 512.25, SMClockMHz: 1980, AllocationID: a1.ID,
+			PowerLimitW: 700, ECCDBE: 1, LastXID: 48},
 		contracts.GPUSample{Index: 1, UUID: "GPU-1b", Model: "H100-80GB", GPUUtil: 0, MemCopyUtil: 0,
 			FBUsedMiB: 0, FBFreeMiB: 81920, TempC: 31, PowerW: 70, SMClockMHz: 210}))
 
 	want := slices.Concat(
-		dcgmLines(`Hostname="host-1",UUID="GPU-1a",gpu="0",modelName="H100-80GB",pool="h100"`, "87", "40.5", "61440", "20480", "64", "512.25", "1980"),
-		dcgmLines(`Hostname="host-1",UUID="GPU-1b",gpu="1",modelName="H100-80GB",pool="h100"`, "0", "0", "0", "81920", "31", "70", "210"),
-		dcgmLines(`Hostname="host-3",UUID="GPU-3a",gpu="0",modelName="A100-80GB",pool="a100"`, "100", "93.5", "80000", "1920", "71", "398.5", "1410"),
+		dcgmLines(`Hostname="host-1",UUID="GPU-1a",gpu="0",modelName="H100-80GB",pool="h100"`, "87", "40.5", "61440", "20480", "64", "512.25", "1980",
+			"700", "0", "1", "0", "48"),
+		dcgmLines(`Hostname="host-1",UUID="GPU-1b",gpu="1",modelName="H100-80GB",pool="h100"`, "0", "0", "0", "81920", "31", "70", "210",
+			"0", "0", "0", "0", "0"),
+		dcgmLines(`Hostname="host-3",UUID="GPU-3a",gpu="0",modelName="A100-80GB",pool="a100"`, "100", "93.5", "80000", "1920", "71", "398.5", "1410",
+			"400", "2", "0", "4", "0"),
 		[]string{
+			// One episode each of gpu_xid and gpu_ecc_dbe: GPU-1a.
+			`gpuplane_alerts_firing{kind="gpu_ecc_dbe"} 1`,
+			`gpuplane_alerts_firing{kind="gpu_ecc_sbe_rising"} 0`,
+			`gpuplane_alerts_firing{kind="gpu_hot"} 0`,
+			`gpuplane_alerts_firing{kind="gpu_memory_high"} 0`,
+			`gpuplane_alerts_firing{kind="gpu_temp_rising"} 0`,
+			`gpuplane_alerts_firing{kind="gpu_xid"} 1`,
+			`gpuplane_alerts_firing{kind="pool_util_high"} 0`,
+			// n1: two ticks of two GPUs (5, 5, 87, 0); n3: its last sample.
+			`gpuplane_node_gpu_util_1m{Hostname="host-1",node="n1",pool="h100"} 24.25`,
+			`gpuplane_node_gpu_util_1m{Hostname="host-3",node="n3",pool="a100"} 100`,
+			`gpuplane_pool_allocation_ratio{pool="a100"} 1`,
+			`gpuplane_pool_allocation_ratio{pool="h100"} 1`,
+			`gpuplane_pool_free_gpus{pool="h100"} 1`,
+			`gpuplane_pool_gpu_util_1m{pool="a100"} 100`,
+			`gpuplane_pool_gpu_util_1m{pool="h100"} 24.25`,
+			`gpuplane_pool_pending_gpus{pool="h100"} 12`,
+			`gpuplane_pool_pending_jobs{pool="h100"} 3`,
+			// Only GPU-1a's second sample was held by an allocation (acme's).
+			`gpuplane_tenant_gpu_util_1m{tenant="acme"} 87`,
 			`gpuplane_allocated_gpus{pool="a100"} 4`,
 			`gpuplane_allocated_gpus{pool="h100"} 2`,
 			`gpuplane_gpus_total{pool="a100"} 4`,
@@ -125,7 +154,8 @@ func TestMetricsFromStreams(t *testing.T) {
 	}, func() string { return cmp.Diff(want, got) })
 
 	body := get(t, "http://"+addr+"/metrics")
-	for _, help := range []string{"# TYPE DCGM_FI_DEV_GPU_UTIL gauge", "# TYPE gpuplane_telemetry_messages_total counter"} {
+	for _, help := range []string{"# TYPE DCGM_FI_DEV_GPU_UTIL gauge", "# TYPE gpuplane_telemetry_messages_total counter",
+		"# TYPE DCGM_FI_DEV_ECC_DBE_VOL_TOTAL counter"} {
 		if !strings.Contains(body, help) {
 			t.Errorf("metrics lack %q", help)
 		}
@@ -146,7 +176,7 @@ func TestNodeSilentFiresOnceAndResolvesOnce(t *testing.T) {
 
 	var alerts []idAlert
 	eventually(t, 10*time.Second, "node_silent firing for n1", func() bool {
-		alerts = readAlerts(t, b)
+		alerts = readAlerts(t, b, "node_silent")
 		return len(alerts) >= 1
 	}, func() string { return fmt.Sprintf("%+v", alerts) })
 	first := alerts[0]
@@ -170,7 +200,7 @@ func TestNodeSilentFiresOnceAndResolvesOnce(t *testing.T) {
 
 	tick(t, b, "n1", "host-1")
 	eventually(t, 10*time.Second, "node_silent resolved for n1", func() bool {
-		alerts = readAlerts(t, b)
+		alerts = readAlerts(t, b, "node_silent")
 		return len(alerts) >= 2
 	}, func() string { return fmt.Sprintf("%+v", alerts) })
 
@@ -178,7 +208,7 @@ func TestNodeSilentFiresOnceAndResolvesOnce(t *testing.T) {
 	eventually(t, 5*time.Second, "n1's GPU series to come back", func() bool {
 		return strings.Contains(strings.Join(scrape(t, addr), "\n"), `Hostname="host-1"`)
 	}, func() string { return "" })
-	alerts = readAlerts(t, b)
+	alerts = readAlerts(t, b, "node_silent")
 	var ids []string
 	for _, a := range alerts {
 		ids = append(ids, a.id)
@@ -194,7 +224,7 @@ func TestNodeSilentFiresOnceAndResolvesOnce(t *testing.T) {
 
 // --- helpers ---
 
-func connect(t *testing.T, url string) *bus.Bus {
+func connect(t testing.TB, url string) *bus.Bus {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -215,14 +245,19 @@ func startMonitor(t *testing.T, url string, silentAfter time.Duration) string {
 	return addr
 }
 
-// startMonitorStoppable runs the monitor until stop is called or the test
-// ends, and checks that it stops cleanly within a bounded time.
 func startMonitorStoppable(t *testing.T, url string, silentAfter time.Duration) (string, func()) {
 	t.Helper()
 	cfg := monitor.DefaultConfig()
+	cfg.SilentAfter = silentAfter
+	return startMonitorWith(t, url, cfg)
+}
+
+// startMonitorWith runs the monitor until stop is called or the test
+// ends, and checks that it stops cleanly within a bounded time.
+func startMonitorWith(t testing.TB, url string, cfg monitor.Config) (string, func()) {
+	t.Helper()
 	cfg.Bus = service.BusConfig{NATSURL: url, Replicas: 1}
 	cfg.Addr = "127.0.0.1:0"
-	cfg.SilentAfter = silentAfter
 	listening := make(chan string, 1)
 	cfg.OnListen = func(addr string) { listening <- addr }
 	exited := make(chan error, 1)
@@ -242,7 +277,7 @@ func startMonitorStoppable(t *testing.T, url string, silentAfter time.Duration) 
 	return "", nil
 }
 
-func waitHealthy(t *testing.T, addr string) {
+func waitHealthy(t testing.TB, addr string) {
 	t.Helper()
 	var last string
 	eventually(t, 10*time.Second, "/healthz 200", func() bool {
@@ -258,7 +293,7 @@ func waitHealthy(t *testing.T, addr string) {
 	}, func() string { return last })
 }
 
-func get(t *testing.T, url string) string {
+func get(t testing.TB, url string) string {
 	t.Helper()
 	resp, err := http.Get(url)
 	if err != nil {
@@ -273,7 +308,7 @@ func get(t *testing.T, url string) string {
 }
 
 // scrape returns the DCGM_ and gpuplane_ sample lines of /metrics, sorted.
-func scrape(t *testing.T, addr string) []string {
+func scrape(t testing.TB, addr string) []string {
 	t.Helper()
 	var out []string
 	for line := range strings.Lines(get(t, "http://"+addr+"/metrics")) {
@@ -288,7 +323,9 @@ func scrape(t *testing.T, addr string) []string {
 
 func dcgmLines(labels string, values ...string) []string {
 	names := []string{"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE",
-		"DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_SM_CLOCK"}
+		"DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_POWER_MGMT_LIMIT",
+		"DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+		"DCGM_FI_DEV_XID_ERRORS"}
 	var out []string
 	for i, n := range names {
 		out = append(out, n+"{"+labels+"} "+values[i])
@@ -296,7 +333,7 @@ func dcgmLines(labels string, values ...string) []string {
 	return out
 }
 
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool, state func() string) {
+func eventually(t testing.TB, d time.Duration, what string, cond func() bool, state func() string) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) {
@@ -353,11 +390,11 @@ type idAlert struct {
 	contracts.Alert
 }
 
-func readAlerts(t *testing.T, b *bus.Bus) []idAlert {
+func readAlerts(t *testing.T, b *bus.Bus, kind string) []idAlert {
 	t.Helper()
 	var out []idAlert
 	_, err := b.Replay(context.Background(), bus.FollowSpec{Stream: contracts.StreamOps,
-		FilterSubjects: []string{contracts.SubjectAlert("node_silent")}}, func(_ context.Context, m *bus.Msg) error {
+		FilterSubjects: []string{contracts.SubjectAlert(kind)}}, func(_ context.Context, m *bus.Msg) error {
 		var a contracts.Alert
 		if err := m.Decode(&a); err != nil {
 			return err

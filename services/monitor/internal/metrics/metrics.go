@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/services/monitor/internal/readmodel"
+	"github.com/gpuplane/gpuplane/services/monitor/internal/rules"
 )
 
 // Source is what the collector reads: the read model.
@@ -24,27 +25,49 @@ type Source interface {
 
 var _ Source = (*readmodel.Model)(nil)
 
+// Windows is what the collector reads of the rules engine: the rolling
+// utilisation per machine, pool and tenant and the open alert episodes.
+type Windows interface {
+	Utilisation(now, freshSince time.Time, scope rules.Scope) []rules.Aggregate
+	Firing() map[string]int
+}
+
+var _ Windows = (*rules.Engine)(nil)
+
 var gpuLabels = []string{"gpu", "UUID", "modelName", "Hostname", "pool"}
 
 // dcgm lists the dcgm-exporter gauges and the sample field each reads.
+// Types follow dcgm-exporter's default counters file: ECC totals are
+// counters, the rest gauges.
 var dcgm = []struct {
 	desc  *prometheus.Desc
+	typ   prometheus.ValueType
 	value func(contracts.GPUSample) float64
 }{
-	{prometheus.NewDesc("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", gpuLabels, nil),
+	{prometheus.NewDesc("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", gpuLabels, nil), prometheus.GaugeValue,
 		func(s contracts.GPUSample) float64 { return s.GPUUtil }},
-	{prometheus.NewDesc("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", gpuLabels, nil),
+	{prometheus.NewDesc("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", gpuLabels, nil), prometheus.GaugeValue,
 		func(s contracts.GPUSample) float64 { return s.MemCopyUtil }},
-	{prometheus.NewDesc("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", gpuLabels, nil),
+	{prometheus.NewDesc("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", gpuLabels, nil), prometheus.GaugeValue,
 		func(s contracts.GPUSample) float64 { return float64(s.FBUsedMiB) }},
-	{prometheus.NewDesc("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", gpuLabels, nil),
+	{prometheus.NewDesc("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", gpuLabels, nil), prometheus.GaugeValue,
 		func(s contracts.GPUSample) float64 { return float64(s.FBFreeMiB) }},
-	{prometheus.NewDesc("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", gpuLabels, nil),
+	{prometheus.NewDesc("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", gpuLabels, nil), prometheus.GaugeValue,
 		func(s contracts.GPUSample) float64 { return s.TempC }},
-	{prometheus.NewDesc("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", gpuLabels, nil),
+	{prometheus.NewDesc("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", gpuLabels, nil), prometheus.GaugeValue,
 		func(s contracts.GPUSample) float64 { return s.PowerW }},
-	{prometheus.NewDesc("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", gpuLabels, nil),
+	{prometheus.NewDesc("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", gpuLabels, nil), prometheus.GaugeValue,
 		func(s contracts.GPUSample) float64 { return s.SMClockMHz }},
+	{prometheus.NewDesc("DCGM_FI_DEV_POWER_MGMT_LIMIT", "Power management limit (in W).", gpuLabels, nil), prometheus.GaugeValue,
+		func(s contracts.GPUSample) float64 { return s.PowerLimitW }},
+	{prometheus.NewDesc("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Total number of single-bit volatile ECC errors.", gpuLabels, nil), prometheus.CounterValue,
+		func(s contracts.GPUSample) float64 { return float64(s.ECCSBE) }},
+	{prometheus.NewDesc("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors.", gpuLabels, nil), prometheus.CounterValue,
+		func(s contracts.GPUSample) float64 { return float64(s.ECCDBE) }},
+	{prometheus.NewDesc("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "Current clock throttle reasons (bit mask).", gpuLabels, nil), prometheus.GaugeValue,
+		func(s contracts.GPUSample) float64 { return float64(s.ThrottleReasons) }},
+	{prometheus.NewDesc("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", gpuLabels, nil), prometheus.GaugeValue,
+		func(s contracts.GPUSample) float64 { return float64(s.LastXID) }},
 }
 
 var (
@@ -62,24 +85,41 @@ var (
 		"Live nodes of a pool (lost nodes excluded).", []string{"pool"}, nil)
 	telemetryDesc = prometheus.NewDesc("gpuplane_telemetry_messages_total",
 		"Telemetry messages received since the monitor started.", nil, nil)
+	pendingJobsDesc = prometheus.NewDesc("gpuplane_pool_pending_jobs",
+		"Jobs waiting for a pool, as the scheduler last published (gp.sched.demand).", []string{"pool"}, nil)
+	pendingGPUsDesc = prometheus.NewDesc("gpuplane_pool_pending_gpus",
+		"GPUs the jobs waiting for a pool ask for, as the scheduler last published.", []string{"pool"}, nil)
+	freeGPUsDesc = prometheus.NewDesc("gpuplane_pool_free_gpus",
+		"Free GPUs of a pool, as the scheduler last published.", []string{"pool"}, nil)
+	allocRatioDesc = prometheus.NewDesc("gpuplane_pool_allocation_ratio",
+		"Allocated GPUs over the GPUs of a pool's live nodes (0 to 1; absent when the pool has none).", []string{"pool"}, nil)
+	poolUtilDesc = prometheus.NewDesc("gpuplane_pool_gpu_util_1m",
+		"Mean GPU utilization (in %) of a pool's GPUs over the last minute.", []string{"pool"}, nil)
+	nodeUtilDesc = prometheus.NewDesc("gpuplane_node_gpu_util_1m",
+		"Mean GPU utilization (in %) of a machine's GPUs over the last minute.", []string{"node", "Hostname", "pool"}, nil)
+	tenantUtilDesc = prometheus.NewDesc("gpuplane_tenant_gpu_util_1m",
+		"Mean GPU utilization (in %) of the GPUs a tenant's allocations hold, over the last minute.", []string{"tenant"}, nil)
+	alertsFiringDesc = prometheus.NewDesc("gpuplane_alerts_firing",
+		"Open alert episodes of each rule.", []string{"kind"}, nil)
 )
 
 // Collector is a prometheus.Collector over a Source.
 type Collector struct {
 	src        Source
+	win        Windows
 	now        func() time.Time
 	staleAfter time.Duration
 }
 
 var _ prometheus.Collector = (*Collector)(nil)
 
-// New returns a collector reading src. GPUs of nodes silent for staleAfter
-// or longer are not exposed; now is the clock.
-func New(src Source, staleAfter time.Duration, now func() time.Time) *Collector {
+// New returns a collector reading src and, when not nil, win. GPUs of
+// nodes silent for staleAfter or longer are not exposed; now is the clock.
+func New(src Source, win Windows, staleAfter time.Duration, now func() time.Time) *Collector {
 	if now == nil {
 		now = time.Now
 	}
-	return &Collector{src: src, now: now, staleAfter: staleAfter}
+	return &Collector{src: src, win: win, now: now, staleAfter: staleAfter}
 }
 
 // Describe sends every descriptor the collector can emit.
@@ -88,18 +128,20 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d.desc
 	}
 	for _, d := range []*prometheus.Desc{jobsDesc, queueDepthDesc, allocatedDesc, tenantAllocatedDesc,
-		gpusTotalDesc, nodesDesc, telemetryDesc} {
+		gpusTotalDesc, nodesDesc, telemetryDesc, pendingJobsDesc, pendingGPUsDesc, freeGPUsDesc, allocRatioDesc,
+		poolUtilDesc, nodeUtilDesc, tenantUtilDesc, alertsFiringDesc} {
 		ch <- d
 	}
 }
 
 // Collect computes every series from one snapshot of the source.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	s := c.src.Snapshot(c.now().Add(-c.staleAfter))
+	now := c.now()
+	s := c.src.Snapshot(now.Add(-c.staleAfter))
 	for _, g := range s.GPUs {
 		labels := []string{strconv.Itoa(g.Sample.Index), g.Sample.UUID, g.Sample.Model, g.Hostname, g.Pool}
 		for _, d := range dcgm {
-			ch <- prometheus.MustNewConstMetric(d.desc, prometheus.GaugeValue, d.value(g.Sample), labels...)
+			ch <- prometheus.MustNewConstMetric(d.desc, d.typ, d.value(g.Sample), labels...)
 		}
 	}
 	queued := map[string]int{}
@@ -119,9 +161,32 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(allocatedDesc, prometheus.GaugeValue, float64(p.AllocatedGPUs), p.Pool)
 		ch <- prometheus.MustNewConstMetric(gpusTotalDesc, prometheus.GaugeValue, float64(p.GPUs), p.Pool)
 		ch <- prometheus.MustNewConstMetric(nodesDesc, prometheus.GaugeValue, float64(p.Nodes), p.Pool)
+		if p.GPUs > 0 {
+			ch <- prometheus.MustNewConstMetric(allocRatioDesc, prometheus.GaugeValue, float64(p.AllocatedGPUs)/float64(p.GPUs), p.Pool)
+		}
+	}
+	for _, d := range s.Demand {
+		ch <- prometheus.MustNewConstMetric(pendingJobsDesc, prometheus.GaugeValue, float64(d.PendingJobs), d.Pool)
+		ch <- prometheus.MustNewConstMetric(pendingGPUsDesc, prometheus.GaugeValue, float64(d.PendingGPUs), d.Pool)
+		ch <- prometheus.MustNewConstMetric(freeGPUsDesc, prometheus.GaugeValue, float64(d.FreeGPUs), d.Pool)
 	}
 	for _, a := range s.TenantAllocations {
 		ch <- prometheus.MustNewConstMetric(tenantAllocatedDesc, prometheus.GaugeValue, float64(a.GPUs), a.Pool, a.Tenant)
 	}
 	ch <- prometheus.MustNewConstMetric(telemetryDesc, prometheus.CounterValue, float64(s.TelemetryMessages))
+	if c.win == nil {
+		return
+	}
+	for _, a := range c.win.Utilisation(now, now.Add(-c.staleAfter), rules.ScopePool) {
+		ch <- prometheus.MustNewConstMetric(poolUtilDesc, prometheus.GaugeValue, a.Mean, a.Key)
+	}
+	for _, a := range c.win.Utilisation(now, now.Add(-c.staleAfter), rules.ScopeNode) {
+		ch <- prometheus.MustNewConstMetric(nodeUtilDesc, prometheus.GaugeValue, a.Mean, a.Key, a.Labels["hostname"], a.Labels["pool"])
+	}
+	for _, a := range c.win.Utilisation(now, now.Add(-c.staleAfter), rules.ScopeTenant) {
+		ch <- prometheus.MustNewConstMetric(tenantUtilDesc, prometheus.GaugeValue, a.Mean, a.Key)
+	}
+	for kind, n := range c.win.Firing() {
+		ch <- prometheus.MustNewConstMetric(alertsFiringDesc, prometheus.GaugeValue, float64(n), kind)
+	}
 }

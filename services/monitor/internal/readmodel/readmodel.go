@@ -32,6 +32,8 @@ type Model struct {
 	allocTenant map[poolTenant]int    // GPUs allocated, kept at 0 once seen
 
 	nodes map[string]node // by node ID
+
+	demand map[string]contracts.PoolDemand // by pool, the latest
 }
 
 // GPU is the latest sample of one GPU with the machine it belongs to.
@@ -67,6 +69,7 @@ func New() *Model {
 		allocs:      map[string]allocation{},
 		allocTenant: map[poolTenant]int{},
 		nodes:       map[string]node{},
+		demand:      map[string]contracts.PoolDemand{},
 	}
 }
 
@@ -145,6 +148,25 @@ func (m *Model) ApplyLedger(e contracts.LedgerEntry) {
 	}
 }
 
+// TenantOf names the tenant of a committed, unreleased allocation; "" when
+// the ledger has none by that ID.
+func (m *Model) TenantOf(allocationID string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.allocs[allocationID].tenant
+}
+
+// ApplyDemand keeps the scheduler's latest view of what waits for a pool.
+// A view older than the one held is ignored.
+func (m *Model) ApplyDemand(d contracts.PoolDemand) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if held, ok := m.demand[d.Pool]; ok && d.Time.Before(held.Time) {
+		return
+	}
+	m.demand[d.Pool] = d
+}
+
 // ApplyInventory records the latest inventory of a node. Whether the node is
 // lost is decided by lifecycle events only.
 func (m *Model) ApplyInventory(nodeID string, inv contracts.NodeInventory) {
@@ -185,6 +207,8 @@ type Snapshot struct {
 	Pools []PoolCount
 	// TenantAllocations by pool then tenant; a pair once seen stays, at 0.
 	TenantAllocations []TenantAllocation
+	// Demand is the scheduler's latest demand of every pool, by pool.
+	Demand []contracts.PoolDemand
 }
 
 // JobCount is how many jobs of a tenant are in one state.
@@ -261,6 +285,10 @@ func (m *Model) Snapshot(freshSince time.Time) Snapshot {
 	for _, p := range pools {
 		s.Pools = append(s.Pools, *p)
 	}
+	for _, d := range m.demand {
+		s.Demand = append(s.Demand, d)
+	}
+	slices.SortFunc(s.Demand, func(a, b contracts.PoolDemand) int { return cmp.Compare(a.Pool, b.Pool) })
 	slices.SortFunc(s.Pools, func(a, b PoolCount) int { return cmp.Compare(a.Pool, b.Pool) })
 	return s
 }

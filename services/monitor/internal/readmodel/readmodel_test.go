@@ -88,3 +88,31 @@ func TestSnapshotLeavesOutSilentNodes(t *testing.T) {
 		t.Errorf("snapshot = %+v, want only n2's GPU and 2 messages", s)
 	}
 }
+
+func TestDemandAndTenantOf(t *testing.T) {
+	m := New()
+	t0 := time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)
+	m.ApplyDemand(contracts.PoolDemand{Pool: "h100", Time: t0.Add(time.Second), PendingJobs: 3, PendingGPUs: 12})
+	m.ApplyDemand(contracts.PoolDemand{Pool: "h100", Time: t0, PendingJobs: 9}) // older: ignored
+	m.ApplyDemand(contracts.PoolDemand{Pool: "a100", Time: t0, PendingJobs: 1, PendingGPUs: 1})
+	var got []string
+	for _, d := range m.Snapshot(t0).Demand {
+		got = append(got, d.Pool)
+		if d.Pool == "h100" && (d.PendingJobs != 3 || d.PendingGPUs != 12) {
+			t.Errorf("h100 demand = %+v, want the newer view", d)
+		}
+	}
+	if diff := cmp.Diff([]string{"a100", "h100"}, got); diff != "" {
+		t.Errorf("demand pools (-want +got):\n%s", diff)
+	}
+
+	a := contracts.Allocation{ID: "a1", Tenant: "acme", Pool: "h100", Devices: []contracts.DeviceRef{{UUID: "G1"}}}
+	m.ApplyLedger(contracts.LedgerEntry{Kind: contracts.LedgerCommitted, Allocation: a})
+	if got := m.TenantOf("a1"); got != "acme" {
+		t.Errorf("TenantOf(a1) = %q, want acme", got)
+	}
+	m.ApplyLedger(contracts.LedgerEntry{Kind: contracts.LedgerReleased, Allocation: a})
+	if got := m.TenantOf("a1"); got != "" {
+		t.Errorf("TenantOf(released a1) = %q, want empty", got)
+	}
+}

@@ -1,0 +1,483 @@
+// Package rules evaluates the monitor's alert rules over rolling windows of
+// GPU telemetry. It is pure: samples come in with their times, Evaluate
+// takes the current time and returns the alerts that start or end, so
+// tests drive it with no clock and no bus.
+//
+//	Ingest(machine, time, GPU samples) ──> rings per (series, metric)
+//	   series: each GPU, its machine, its pool, the tenant holding it
+//	Evaluate(now) ──> []Transition (firing / resolved, one each per episode)
+//
+// Every series keeps one window.Ring per metric some rule (or the summary
+// window) reads at its scope, sized for the longest window read, so memory
+// is fixed per series and ingest allocates nothing once a series exists.
+//
+// Episodes are numbered per rule and key; Restore rebuilds the numbering
+// and the open episodes from the alerts already published, so a restarted
+// monitor neither repeats an alert nor reuses an episode number.
+package rules
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/services/monitor/internal/window"
+)
+
+// SummaryWindow is the window of the utilisation every series keeps for
+// metrics, whether or not a rule reads it.
+const SummaryWindow = time.Minute
+
+// Machine is where a telemetry message comes from.
+type Machine struct {
+	Node     string
+	Hostname string
+	Pool     string
+}
+
+// Engine holds the windows and the alert state. It is safe for concurrent
+// use: a follower ingests while a ticker evaluates and scrapes read.
+type Engine struct {
+	mu    sync.Mutex
+	res   time.Duration
+	rules []Rule
+	// ring[scope][metric] is the index of the metric's ring in a series of
+	// that scope, -1 when no rule reads it; size[scope] the rings' buckets.
+	ring   [numScopes][numMetrics]int
+	size   [numScopes][]int
+	series [numScopes]map[string]*series
+	// state[rule] by series key.
+	state []map[string]*ruleState
+	// span is the longest ring span: a series quiet for longer holds no
+	// data and, with no open episode, is forgotten.
+	span time.Duration
+}
+
+const (
+	numScopes  = 4
+	numMetrics = 9
+)
+
+func scopeIndex(s Scope) int   { return slices.Index(scopes, s) }
+func metricIndex(m Metric) int { return slices.Index(metrics, m) }
+
+type series struct {
+	labels map[string]string
+	rings  []window.Ring
+	last   int64 // unix ns of the newest sample
+	open   int   // episodes firing on this series
+}
+
+type ruleState struct {
+	pendingSince time.Time
+	firing       bool
+	episode      int
+	since        time.Time
+	// orphanSince is the first evaluation that found the restored open
+	// episode without its series: the series gets the engine's span to
+	// report before the episode resolves for lack of data.
+	orphanSince time.Time
+}
+
+// New returns an engine for cfg, which must be valid.
+func New(cfg Config) (*Engine, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	e := &Engine{res: time.Duration(cfg.Resolution), rules: slices.Clone(cfg.Rules)}
+	spans := [numScopes][numMetrics]time.Duration{}
+	for sc := range numScopes {
+		spans[sc][metricIndex(MetricGPUUtil)] = SummaryWindow
+		e.series[sc] = map[string]*series{}
+	}
+	for _, r := range e.rules {
+		sc, m := scopeIndex(r.Scope), metricIndex(r.Metric)
+		spans[sc][m] = max(spans[sc][m], time.Duration(r.Window))
+		e.state = append(e.state, map[string]*ruleState{})
+	}
+	for sc := range numScopes {
+		for m := range numMetrics {
+			e.ring[sc][m] = -1
+			if spans[sc][m] == 0 {
+				continue
+			}
+			e.ring[sc][m] = len(e.size[sc])
+			// One more bucket than the window reads: the slot of a sample
+			// stamped a bucket ahead must not be the window's oldest.
+			e.size[sc] = append(e.size[sc], window.Buckets(spans[sc][m], e.res)+2)
+			e.span = max(e.span, spans[sc][m]+2*e.res)
+		}
+	}
+	return e, nil
+}
+
+// Rules returns the rules the engine evaluates.
+func (e *Engine) Rules() []Rule { return slices.Clone(e.rules) }
+
+// values reads every metric of a sample, in metrics order.
+func values(s *contracts.GPUSample) [numMetrics]float64 {
+	var v [numMetrics]float64
+	v[0] = s.GPUUtil
+	if total := s.FBUsedMiB + s.FBFreeMiB; total > 0 {
+		v[1] = float64(s.FBUsedMiB) * 100 / float64(total)
+	}
+	v[2] = s.TempC
+	v[3] = s.PowerW
+	v[4] = float64(s.ECCSBE)
+	v[5] = float64(s.ECCDBE)
+	v[6] = float64(s.LastXID)
+	if !s.Healthy {
+		v[7] = 1
+	}
+	if s.ThrottleReasons&(contracts.ThrottleHWThermal|contracts.ThrottleSWThermal|contracts.ThrottleHWPowerBrake) != 0 {
+		v[8] = 1
+	}
+	return v
+}
+
+// Ingest adds one telemetry message: the samples of m's GPUs taken at at.
+// tenantOf, if not nil, names the tenant holding an allocation ID ("" when
+// unknown); tenant windows only see GPUs it names. Ingest allocates only
+// when it meets a series for the first time.
+func (e *Engine) Ingest(m Machine, at time.Time, gpus []contracts.GPUSample, tenantOf func(allocationID string) string) {
+	ns := at.UnixNano()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var node, pool *series
+	if m.Node != "" {
+		node = e.get(ScopeNode, m.Node, func() map[string]string {
+			return map[string]string{contracts.AlertLabelNode: m.Node, contracts.AlertLabelPool: m.Pool, "hostname": m.Hostname}
+		})
+	}
+	if m.Pool != "" {
+		pool = e.get(ScopePool, m.Pool, func() map[string]string { return map[string]string{contracts.AlertLabelPool: m.Pool} })
+	}
+	for i := range gpus {
+		s := &gpus[i]
+		v := values(s)
+		key := s.UUID
+		if key == "" {
+			key = m.Node + "/" + strconv.Itoa(s.Index)
+		}
+		g := e.get(ScopeGPU, key, func() map[string]string {
+			return map[string]string{contracts.AlertLabelNode: m.Node, contracts.AlertLabelPool: m.Pool, "hostname": m.Hostname,
+				contracts.AlertLabelGPU: s.UUID, "gpu": strconv.Itoa(s.Index), "model": s.Model}
+		})
+		e.add(ScopeGPU, g, ns, &v)
+		if node != nil {
+			e.add(ScopeNode, node, ns, &v)
+		}
+		if pool != nil {
+			e.add(ScopePool, pool, ns, &v)
+		}
+		if tenantOf != nil && s.AllocationID != "" {
+			if t := tenantOf(s.AllocationID); t != "" {
+				e.add(ScopeTenant, e.get(ScopeTenant, t, func() map[string]string { return map[string]string{"tenant": t} }), ns, &v)
+			}
+		}
+	}
+}
+
+func (e *Engine) get(sc Scope, key string, labels func() map[string]string) *series {
+	i := scopeIndex(sc)
+	s := e.series[i][key]
+	if s == nil {
+		s = &series{labels: labels()}
+		s.labels[contracts.AlertLabelScope] = string(sc)
+		for _, n := range e.size[i] {
+			s.rings = append(s.rings, window.New(e.res, n))
+		}
+		// Episodes restored before the series reported are its own.
+		for ri, r := range e.rules {
+			if st := e.state[ri][key]; r.Scope == sc && st != nil && st.firing {
+				s.open++
+			}
+		}
+		e.series[i][key] = s
+	}
+	return s
+}
+
+func (e *Engine) add(sc Scope, s *series, ns int64, v *[numMetrics]float64) {
+	idx := &e.ring[scopeIndex(sc)]
+	for m, r := range idx {
+		if r >= 0 {
+			s.rings[r].Add(ns, v[m])
+		}
+	}
+	s.last = max(s.last, ns)
+}
+
+// Transition is an alert episode starting or ending.
+type Transition struct {
+	Kind     string
+	Scope    Scope
+	Key      string
+	Episode  int
+	State    contracts.AlertState
+	Severity string
+	Action   string
+	Summary  string
+	// Value is the aggregate (for a trend rule, the projected value) at the
+	// transition; 0 when a series stopped reporting.
+	Value  float64
+	Since  time.Time // when the condition started to hold
+	At     time.Time
+	Labels map[string]string
+}
+
+// ID is the deterministic message ID of the transition's alert: one per
+// rule, key, episode and state, so a republished alert is dropped.
+func (t Transition) ID() string {
+	return "alert/" + t.Kind + "/" + t.Key + "/" + strconv.Itoa(t.Episode) + "/" + string(t.State)
+}
+
+// Alert is the contracts message for the transition.
+func (t Transition) Alert() contracts.Alert {
+	labels := make(map[string]string, len(t.Labels)+2)
+	for k, v := range t.Labels {
+		if v != "" {
+			labels[k] = v
+		}
+	}
+	labels[contracts.AlertLabelEpisode] = strconv.Itoa(t.Episode)
+	if t.Action != "" {
+		labels[contracts.AlertLabelAction] = t.Action
+	}
+	msg := fmt.Sprintf("%s %s: %s (value %.4g)", t.Scope, t.Key, t.Summary, t.Value)
+	if t.State == contracts.AlertResolved {
+		msg = fmt.Sprintf("%s %s: resolved after %s: %s", t.Scope, t.Key, t.At.Sub(t.Since).Round(time.Millisecond), t.Summary)
+	}
+	return contracts.Alert{SchemaVersion: contracts.SchemaVersion, Kind: t.Kind, Key: t.Key, State: t.State,
+		Severity: t.Severity, Labels: labels, Value: t.Value, Message: msg, Since: t.Since, Time: t.At}
+}
+
+// value is the rule's aggregate over its window and whether the rule
+// holds; ok is false when the window holds no sample.
+func (e *Engine) value(r *Rule, s *series, now int64) (v float64, holds, ok bool) {
+	ri := e.ring[scopeIndex(r.Scope)][metricIndex(r.Metric)]
+	// Fast paths: the bucket walks a rule without a trend needs.
+	if r.Trend == 0 && (r.Agg == AggLast || r.Agg == AggIncrease) {
+		if r.Agg == AggLast {
+			v, ok = s.rings[ri].Last(now, time.Duration(r.Window))
+		} else {
+			v, ok = s.rings[ri].Increase(now, time.Duration(r.Window))
+		}
+		return v, ok && compare(r.Op, v, r.Threshold), ok
+	}
+	var st window.Stats
+	if r.Trend > 0 {
+		st = s.rings[ri].StatsSlope(now, time.Duration(r.Window))
+	} else {
+		st = s.rings[ri].Stats(now, time.Duration(r.Window))
+	}
+	if st.Count == 0 {
+		return 0, false, false
+	}
+	switch r.Agg {
+	case AggAvg:
+		v = st.Mean()
+	case AggMax:
+		v = st.Max
+	case AggMin:
+		v = st.Min
+	case AggLast:
+		v = st.Last
+	case AggIncrease:
+		v = st.Last - st.First
+	}
+	if r.Trend == 0 {
+		return v, compare(r.Op, v, r.Threshold), true
+	}
+	proj := v + st.Slope*time.Duration(r.Trend).Seconds()
+	toward := st.Slope > 0
+	if r.Op == OpLT || r.Op == OpLE {
+		toward = st.Slope < 0
+	}
+	return proj, toward && !compare(r.Op, v, r.Threshold) && compare(r.Op, proj, r.Threshold), true
+}
+
+func compare(op Op, v, threshold float64) bool {
+	switch op {
+	case OpGT:
+		return v > threshold
+	case OpGE:
+		return v >= threshold
+	case OpLT:
+		return v < threshold
+	case OpLE:
+		return v <= threshold
+	}
+	return false
+}
+
+// Evaluate checks every rule against every series at now and returns the
+// episodes that start or end, sorted by kind then key: a rule that has held
+// for its For fires once; a firing rule that no longer holds, or whose
+// series has no sample left in its window, resolves once. Series with no
+// sample in any window and no open episode are forgotten.
+func (e *Engine) Evaluate(now time.Time) []Transition {
+	ns := now.UnixNano()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []Transition
+	for ri := range e.rules {
+		r := &e.rules[ri]
+		states := e.state[ri]
+		all := e.series[scopeIndex(r.Scope)]
+		for key, s := range all {
+			v, holds, _ := e.value(r, s, ns)
+			st := states[key]
+			switch {
+			case holds && st == nil:
+				st = &ruleState{}
+				states[key] = st
+				fallthrough
+			case holds && !st.firing:
+				if st.pendingSince.IsZero() {
+					st.pendingSince = now
+				}
+				if now.Sub(st.pendingSince) >= time.Duration(r.For) {
+					st.firing, st.since = true, st.pendingSince
+					st.episode++
+					s.open++
+					out = append(out, transition(r, key, st, contracts.AlertFiring, v, now, s.labels))
+				}
+			case !holds && st != nil:
+				st.pendingSince = time.Time{}
+				if st.firing {
+					st.firing = false
+					s.open--
+					out = append(out, transition(r, key, st, contracts.AlertResolved, v, now, s.labels))
+				}
+			}
+		}
+		// Episodes restored from the bus whose series never came back.
+		for key, st := range states {
+			if _, ok := all[key]; !ok && st.firing {
+				if st.orphanSince.IsZero() {
+					st.orphanSince = now
+				}
+				if now.Sub(st.orphanSince) <= e.span {
+					continue
+				}
+				st.firing, st.pendingSince = false, time.Time{}
+				out = append(out, transition(r, key, st, contracts.AlertResolved, 0, now, map[string]string{
+					contracts.AlertLabelScope: string(r.Scope)}))
+			}
+		}
+	}
+	for sc := range numScopes {
+		for key, s := range e.series[sc] {
+			if s.open == 0 && ns-s.last > int64(e.span) {
+				delete(e.series[sc], key)
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b Transition) int {
+		return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Key, b.Key), cmp.Compare(a.State, b.State))
+	})
+	return out
+}
+
+func transition(r *Rule, key string, st *ruleState, state contracts.AlertState, v float64, now time.Time, labels map[string]string) Transition {
+	return Transition{Kind: r.Kind, Scope: r.Scope, Key: key, Episode: st.episode, State: state, Severity: r.Severity,
+		Action: r.Action, Summary: r.Summary, Value: v, Since: st.since, At: now, Labels: labels}
+}
+
+// Restore applies an alert published earlier (in stream order). It reports
+// false for an alert of a kind no rule raises (another rule file, node
+// silence, budgets), which it ignores. The episode counter never goes back;
+// a firing alert reopens its episode, which resolves at the first
+// evaluation where the rule does not hold.
+func (e *Engine) Restore(a contracts.Alert) (bool, error) {
+	ri := slices.IndexFunc(e.rules, func(r Rule) bool { return r.Kind == a.Kind })
+	if ri < 0 {
+		return false, nil
+	}
+	ep, err := strconv.Atoi(a.Labels[contracts.AlertLabelEpisode])
+	if err != nil || ep < 1 {
+		return true, fmt.Errorf("alert %s/%s has no valid %s label: %q", a.Kind, a.Key, contracts.AlertLabelEpisode,
+			a.Labels[contracts.AlertLabelEpisode])
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	st := e.state[ri][a.Key]
+	if st == nil {
+		st = &ruleState{}
+		e.state[ri][a.Key] = st
+	}
+	if ep < st.episode {
+		return true, nil
+	}
+	s := e.series[scopeIndex(e.rules[ri].Scope)][a.Key]
+	if st.firing && s != nil {
+		s.open--
+	}
+	st.episode, st.since, st.pendingSince = ep, a.Since, time.Time{}
+	st.firing = a.State == contracts.AlertFiring
+	if st.firing {
+		st.pendingSince, st.orphanSince = a.Since, time.Time{}
+		if s != nil {
+			s.open++
+		}
+	}
+	return true, nil
+}
+
+// Aggregate is one series' utilisation over SummaryWindow.
+type Aggregate struct {
+	Scope  Scope
+	Key    string
+	Labels map[string]string
+	// Mean is the mean GPU utilisation (%) over the window and the series'
+	// GPUs; Samples how many GPU samples it averages.
+	Mean    float64
+	Samples int
+}
+
+// Utilisation returns the mean GPU utilisation over SummaryWindow of every
+// series of scope with a sample at or after freshSince, sorted by key: a
+// silent machine's last minute is not shown as if it were the present.
+func (e *Engine) Utilisation(now, freshSince time.Time, sc Scope) []Aggregate {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	i := scopeIndex(sc)
+	if i < 0 {
+		return nil
+	}
+	ri := e.ring[i][metricIndex(MetricGPUUtil)]
+	var out []Aggregate
+	for key, s := range e.series[i] {
+		if s.last < freshSince.UnixNano() {
+			continue
+		}
+		st := s.rings[ri].Stats(now.UnixNano(), SummaryWindow)
+		if st.Count > 0 {
+			out = append(out, Aggregate{Scope: sc, Key: key, Labels: s.labels, Mean: st.Mean(), Samples: st.Count})
+		}
+	}
+	slices.SortFunc(out, func(a, b Aggregate) int { return cmp.Compare(a.Key, b.Key) })
+	return out
+}
+
+// Firing counts the open episodes by kind, every rule's kind present.
+func (e *Engine) Firing() map[string]int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make(map[string]int, len(e.rules))
+	for ri, r := range e.rules {
+		n := 0
+		for _, st := range e.state[ri] {
+			if st.firing {
+				n++
+			}
+		}
+		out[r.Kind] = n
+	}
+	return out
+}

@@ -1,0 +1,199 @@
+// Package window keeps a rolling window of one value in a fixed ring of
+// time buckets, so that "the average over the last minute" or "how fast is
+// this rising" costs a constant amount of memory per series and no
+// allocation per sample.
+//
+// A Ring of n buckets of width res covers the last n×res of time. A sample
+// lands in the bucket of its time (bucket number = unix time / res, slot =
+// number mod n); a bucket whose number is older than the sample's is reused
+// in place. Samples older than the ring's span are dropped: telemetry that
+// arrives that late says nothing about the present.
+package window
+
+import "time"
+
+type bucket struct {
+	num   int64 // bucket number (unix ns / res); 0 means never used
+	n     uint32
+	sum   float64
+	min   float64
+	max   float64
+	first float64
+	last  float64
+}
+
+// Ring is a rolling window of one value. The zero Ring is unusable; make
+// one with New. A Ring is not safe for concurrent use.
+type Ring struct {
+	res     int64
+	buckets []bucket
+}
+
+// New returns a ring of n buckets, each res wide. n < 2 is raised to 2 and
+// res < 1ms to 1ms, so a misconfigured ring still works.
+func New(res time.Duration, n int) Ring {
+	return Ring{res: max(int64(res), int64(time.Millisecond)), buckets: make([]bucket, max(n, 2))}
+}
+
+// Buckets returns how many buckets a window of span at resolution res
+// needs: one per res, plus the bucket being filled now.
+func Buckets(span, res time.Duration) int {
+	if res <= 0 {
+		return 2
+	}
+	return int((span+res-1)/res) + 1
+}
+
+// Span is the time the ring covers.
+func (r *Ring) Span() time.Duration { return time.Duration(r.res * int64(len(r.buckets))) }
+
+// Add records v at unix time at (nanoseconds). Within a bucket, last is
+// the value added last, not the one with the latest time.
+func (r *Ring) Add(at int64, v float64) {
+	num := at / r.res
+	b := &r.buckets[num%int64(len(r.buckets))]
+	switch {
+	case b.num == num:
+		b.n++
+		b.sum += v
+		b.min = min(b.min, v)
+		b.max = max(b.max, v)
+		b.last = v
+	case b.num < num:
+		*b = bucket{num: num, n: 1, sum: v, min: v, max: v, first: v, last: v}
+	default:
+		// The slot holds a newer bucket: at is older than the ring's span.
+	}
+}
+
+// Stats sums up a window.
+type Stats struct {
+	// Count is the number of samples; every other field is 0 when it is.
+	Count int
+	Sum   float64
+	Min   float64
+	Max   float64
+	// First and Last are the first value of the oldest bucket and the
+	// last of the newest.
+	First float64
+	Last  float64
+	// Slope is the least-squares slope of the bucket means over time, in
+	// units per second; 0 with fewer than two buckets.
+	Slope float64
+}
+
+// Mean is Sum/Count, 0 when empty.
+func (s Stats) Mean() float64 {
+	if s.Count == 0 {
+		return 0
+	}
+	return s.Sum / float64(s.Count)
+}
+
+// Stats sums up the buckets within span of now (unix ns): the bucket of now
+// and the ceil(span/res) before it, at most the whole ring, so a window
+// covers at least span and at most span+res. The bucket after now's counts
+// too: a sample stamped by a clock slightly ahead is not lost. Slope is
+// left 0; StatsSlope computes it. Neither allocates.
+func (r *Ring) Stats(now int64, span time.Duration) Stats { return r.stats(now, span, false) }
+
+// StatsSlope is Stats with Slope.
+func (r *Ring) StatsSlope(now int64, span time.Duration) Stats { return r.stats(now, span, true) }
+
+func (r *Ring) stats(now int64, span time.Duration, slope bool) Stats {
+	n := int64(len(r.buckets))
+	oldest, newest := r.bounds(now, span)
+	var s Stats
+	var oldestSeen, newestSeen int64
+	// Least squares over (bucket number relative to oldest, bucket mean).
+	var nb, sx, sy, sxx, sxy float64
+	// Walk the slots from oldest's without a division per bucket. Each slot
+	// matches at most one number, so a range one longer than the ring
+	// counts no bucket twice.
+	slot := oldest % n
+	for num := oldest; num <= newest; num++ {
+		b := &r.buckets[slot]
+		if slot++; slot == n {
+			slot = 0
+		}
+		if b.num != num || b.n == 0 {
+			continue
+		}
+		if s.Count == 0 {
+			s.Min, s.Max = b.min, b.max
+			oldestSeen, newestSeen = b.num, b.num
+			s.First, s.Last = b.first, b.last
+		} else {
+			s.Min, s.Max = min(s.Min, b.min), max(s.Max, b.max)
+			if b.num < oldestSeen {
+				oldestSeen, s.First = b.num, b.first
+			}
+			if b.num > newestSeen {
+				newestSeen, s.Last = b.num, b.last
+			}
+		}
+		s.Count += int(b.n)
+		s.Sum += b.sum
+		if slope {
+			x, y := float64(b.num-oldest), b.sum/float64(b.n)
+			nb++
+			sx += x
+			sy += y
+			sxx += x * x
+			sxy += x * y
+		}
+	}
+	if d := nb*sxx - sx*sx; nb >= 2 && d != 0 {
+		perBucket := (nb*sxy - sx*sy) / d
+		s.Slope = perBucket / time.Duration(r.res).Seconds()
+	}
+	return s
+}
+
+// bounds returns the bucket numbers Stats reads.
+func (r *Ring) bounds(now int64, span time.Duration) (oldest, newest int64) {
+	k := max(min((int64(span)+r.res-1)/r.res+1, int64(len(r.buckets))), 1)
+	return now/r.res - k + 1, now/r.res + 1
+}
+
+// Last is Stats(now, span).Last, found by walking back from the newest
+// bucket: usually one or two buckets read instead of the window's.
+func (r *Ring) Last(now int64, span time.Duration) (float64, bool) {
+	oldest, newest := r.bounds(now, span)
+	n := int64(len(r.buckets))
+	for num := newest; num >= oldest; num-- {
+		if b := &r.buckets[num%n]; b.num == num && b.n > 0 {
+			return b.last, true
+		}
+	}
+	return 0, false
+}
+
+// Increase is Stats(now, span).Last − First, for counters: it reads the
+// newest and the oldest buckets holding samples and none between.
+func (r *Ring) Increase(now int64, span time.Duration) (float64, bool) {
+	last, ok := r.Last(now, span)
+	if !ok {
+		return 0, false
+	}
+	oldest, newest := r.bounds(now, span)
+	n := int64(len(r.buckets))
+	for num := oldest; num <= newest; num++ {
+		if b := &r.buckets[num%n]; b.num == num && b.n > 0 {
+			return last - b.first, true
+		}
+	}
+	return 0, false
+}
+
+// Latest is the unix ns start of the newest bucket holding a sample, 0 if
+// none.
+func (r *Ring) Latest() int64 {
+	var newest int64
+	for i := range r.buckets {
+		if r.buckets[i].n > 0 {
+			newest = max(newest, r.buckets[i].num)
+		}
+	}
+	return newest * r.res
+}

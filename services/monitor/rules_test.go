@@ -1,0 +1,126 @@
+package monitor_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
+	"github.com/gpuplane/gpuplane/services/monitor"
+)
+
+// TestRuleAlertFiresOnceAndResolvesOnce runs the monitor with a rules file
+// and a hot GPU: one firing alert with the drain action, no second firing
+// across a restart while it is still hot, one resolution once it cools.
+func TestRuleAlertFiresOnceAndResolvesOnce(t *testing.T) {
+	srv := natstest.Start(t)
+	b := connect(t, srv.URL())
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(path, []byte(`
+resolution: 100ms
+rules:
+  - kind: gpu_hot
+    scope: gpu
+    metric: temp_c
+    agg: last
+    window: 300ms
+    op: ">"
+    threshold: 85
+    severity: critical
+    action: drain_gpu
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := monitor.DefaultConfig()
+	cfg.SilentAfter = time.Minute
+	cfg.RulesFile = path
+	cfg.EvalInterval = 20 * time.Millisecond
+
+	addr, stop := startMonitorWith(t, srv.URL(), cfg)
+	waitHealthy(t, addr)
+	var temp atomic.Int64
+	temp.Store(90)
+	hotTicks(t, b, "n1", &temp)
+
+	var alerts []idAlert
+	eventually(t, 10*time.Second, "gpu_hot firing", func() bool {
+		alerts = readAlerts(t, b, "gpu_hot")
+		return len(alerts) >= 1
+	}, func() string { return fmt.Sprintf("%+v", alerts) })
+	first := alerts[0]
+	if first.id != "alert/gpu_hot/GPU-n1/1/firing" || first.Key != "GPU-n1" || first.Severity != "critical" ||
+		first.Labels[contracts.AlertLabelAction] != contracts.AlertActionDrainGPU || first.Labels[contracts.AlertLabelNode] != "n1" ||
+		first.Labels[contracts.AlertLabelPool] != "h100" || first.Value != 90 {
+		t.Fatalf("first alert = %+v", first)
+	}
+
+	// Restart while hot; a monitor that forgot the open episode would fire
+	// it again, which JetStream would hide without this.
+	natstest.ForgetMsgIDs(t, b.JetStream(), contracts.StreamOps)
+	stop()
+	addr, _ = startMonitorWith(t, srv.URL(), cfg)
+	waitHealthy(t, addr)
+	// Barrier: the restarted monitor has ingested hot samples and evaluated.
+	eventually(t, 10*time.Second, "gpu_hot open after restart", func() bool {
+		for _, l := range scrape(t, addr) {
+			if l == `gpuplane_alerts_firing{kind="gpu_hot"} 1` {
+				return true
+			}
+		}
+		return false
+	}, func() string { return fmt.Sprint(scrape(t, addr)) })
+
+	temp.Store(60)
+	eventually(t, 10*time.Second, "gpu_hot resolved", func() bool {
+		alerts = readAlerts(t, b, "gpu_hot")
+		return len(alerts) >= 2
+	}, func() string { return fmt.Sprintf("%+v", alerts) })
+	var ids []string
+	for _, a := range readAlerts(t, b, "gpu_hot") {
+		ids = append(ids, a.id)
+	}
+	if diff := cmp.Diff([]string{"alert/gpu_hot/GPU-n1/1/firing", "alert/gpu_hot/GPU-n1/1/resolved"}, ids); diff != "" {
+		t.Fatalf("alerts on the bus (-want +got):\n%s", diff)
+	}
+}
+
+// hotTicks publishes a telemetry sample of one GPU at the temperature temp
+// holds every 20 ms until the test ends.
+func hotTicks(t *testing.T, b *bus.Bus, node string, temp *atomic.Int64) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var failed error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			s := gpu(0, "GPU-"+node, "H100-80GB", 50)
+			s.TempC = float64(temp.Load())
+			_, err := b.Publish(ctx, contracts.SubjectTelemetry(node), fmt.Sprintf("hot/%s/%d", node, i),
+				telemetry(node, "host-"+node, "h100", s))
+			if err != nil && ctx.Err() == nil {
+				failed = err
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		if failed != nil {
+			t.Errorf("telemetry for %s: %v", node, failed)
+		}
+	})
+}
