@@ -37,6 +37,8 @@ bench:
 	  $(GO) test -run '^$$' -bench . -cpu 1 -benchtime 2000x ./services/scheduler/internal/placement/ && \
 	  $(GO) test -run '^$$' -bench . -benchtime 1s $$($(GO) list ./services/scheduler/... | grep -v '/internal/placement$$') ./services/resource-manager/... && \
 	  $(GO) run ./services/scheduler/cmd/tracesim -o bench-trace.out && \
+	  $(GO) test -run '^$$' -bench 'Ingest' -benchtime 2000000x -cpu 1 ./services/monitor/internal/rules/ && \
+	  $(GO) test -run '^$$' -bench 'IngestBus' -benchtime 400000x -cpu 1,2 ./services/monitor/ && \
 	  $(GO) test -run '^$$' -bench 'UsageIngest$$' -benchtime 200000x -cpu 1 ./services/billing/ && \
 	  $(GO) test -run '^$$' -bench 'UsageIngestFromStream' -benchtime 50000x -cpu 1 ./services/billing/ && \
 	  $(GO) test -run '^$$' -bench 'Fleet$$' -benchtime 1x -timeout 30m ./services/node-agent/fleet/ ; \
