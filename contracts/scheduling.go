@@ -289,6 +289,10 @@ const (
 	ReasonPreempted Reason = "preempted"
 	// ReasonDrained: the job was moved off a node an administrator drained.
 	ReasonDrained Reason = "node_drained"
+	// ReasonGPUUnhealthy: the job was moved off a GPU its node reports
+	// unhealthy (XID, double-bit ECC, lost from the bus), checkpointed
+	// first when it can, and requeued on healthy devices.
+	ReasonGPUUnhealthy Reason = "gpu_unhealthy"
 	// ReasonDependencyFailed: a job named in dependsOn failed or was
 	// cancelled, so this one is cancelled.
 	ReasonDependencyFailed Reason = "dependency_failed"

@@ -794,3 +794,44 @@ func TestQuotaAndDrainThroughGateway(t *testing.T) {
 	})
 	s.checkOracle(t)
 }
+
+// TestXIDMovesTheRunsOfThatGPU injects an XID 79 (fell off the bus) into
+// the GPU a long job runs on: the agent reports the GPU unhealthy, the
+// scheduler stops the job (gpu_unhealthy) and requeues it as attempt 2 on
+// healthy devices, where it succeeds; a job on another GPU is untouched.
+func TestXIDMovesTheRunsOfThatGPU(t *testing.T) {
+	s := startStack(t, fourGPUFleet(1), withScheduler(time.Second, time.Second))
+	h := s.watchHistory(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	one := contracts.Resources{GPU: contracts.GPURequest{Count: 1, Model: "H100-80GB"}}
+	s.submitJob(t, ctx, "acme", contracts.JobRequest{ID: "victim", Resources: one,
+		Run: contracts.RunSpec{Duration: contracts.Duration(3 * time.Second)}})
+	s.submitJob(t, ctx, "acme", contracts.JobRequest{ID: "bystander", Resources: one,
+		Run: contracts.RunSpec{Duration: contracts.Duration(5 * time.Second)}})
+	run := h.awaitState(t, time.Minute, "acme/victim", contracts.StateRunning)
+	h.awaitState(t, time.Minute, "acme/bystander", contracts.StateRunning)
+	node, gpu := run.Placement.NodeID, run.Placement.Devices[0]
+
+	f := contracts.Fault{ID: "e2e-xid", Kind: contracts.FaultXID, GPU: gpu.UUID, Code: contracts.DefaultFaultXID}
+	cmd := contracts.NodeCommand{SchemaVersion: 1, Kind: contracts.CommandInjectFault, Fault: &f, Time: time.Now().UTC()}
+	body, _ := json.Marshal(cmd)
+	if _, err := s.js.Publish(ctx, contracts.SubjectNodeCommands(node), body,
+		jetstream.WithMsgID(contracts.FaultCommandID(node, f.ID))); err != nil {
+		t.Fatal(err)
+	}
+	req := h.await(t, 30*time.Second, "acme/victim", "requeued", isType(contracts.EventRequeued, 2))
+	if req.Reason != contracts.ReasonGPUUnhealthy {
+		t.Errorf("victim requeued with %s, want %s", req.Reason, contracts.ReasonGPUUnhealthy)
+	}
+	again := h.await(t, 30*time.Second, "acme/victim", "scheduled again", isType(contracts.EventScheduled, 2))
+	if again.Placement == nil || again.Placement.Devices[0].UUID == gpu.UUID {
+		t.Errorf("attempt 2 placed on %+v, want a GPU other than the unhealthy %s", again.Placement, gpu.UUID)
+	}
+	h.awaitState(t, time.Minute, "acme/victim", contracts.StateSucceeded)
+	h.awaitState(t, time.Minute, "acme/bystander", contracts.StateSucceeded)
+	if n := h.count("acme/bystander", contracts.EventRequeued); n != 0 {
+		t.Errorf("the job on a healthy GPU was moved: %s", h.types("acme/bystander"))
+	}
+	s.checkOracle(t)
+}

@@ -98,25 +98,56 @@ func (s *Store) book(snap placement.Snapshot) *fairshare.Book {
 	return b
 }
 
-// drain moves every job off the nodes an administrator drains.
+// drain moves every job off the nodes an administrator drains, and off
+// GPUs their node's latest inventory reports unhealthy (an XID, a
+// double-bit ECC error, a card that fell off the bus): such a job is
+// checkpointed when it can, stopped, and requeued as its next attempt on
+// healthy devices, as a preemption victim is.
 func (s *Store) drain(now time.Time) {
 	for _, id := range s.cluster.ids {
 		n := s.cluster.nodes[id]
-		if n.admin == nil || !n.admin.Drain {
+		drained := n.admin != nil && n.admin.Drain
+		var sick map[string]bool
+		if n.inv != nil {
+			for _, g := range n.inv.GPUs {
+				if !g.Healthy {
+					if sick == nil {
+						sick = map[string]bool{}
+					}
+					sick[g.UUID] = true
+				}
+			}
+		}
+		if !drained && sick == nil {
 			continue
 		}
 		for _, a := range n.held {
+			bad := ""
+			for _, d := range a.Devices {
+				if sick[d.UUID] {
+					bad = d.UUID
+					break
+				}
+			}
+			if !drained && bad == "" {
+				continue
+			}
 			j := s.jobs[Key(a.Tenant, a.JobID)]
 			if j == nil || j.Attempt != a.Attempt || j.State.Terminal() || j.evict != "" {
 				continue
 			}
-			if p := j.part(a.ID); p == nil || !p.committed {
+			if p := j.part(a.ID); p == nil || !p.committed || p.done() {
 				continue
 			}
-			j.evict = contracts.ReasonDrained
-			j.evictMsg = fmt.Sprintf("node %s is drained by an administrator", id)
-			if n.admin.Reason != "" {
-				j.evictMsg += " (" + n.admin.Reason + ")"
+			if drained {
+				j.evict = contracts.ReasonDrained
+				j.evictMsg = fmt.Sprintf("node %s is drained by an administrator", id)
+				if n.admin.Reason != "" {
+					j.evictMsg += " (" + n.admin.Reason + ")"
+				}
+			} else {
+				j.evict = contracts.ReasonGPUUnhealthy
+				j.evictMsg = fmt.Sprintf("GPU %s of node %s is unhealthy; moved to healthy devices", bad, id)
 			}
 			s.advance(j)
 		}

@@ -464,7 +464,8 @@ func (s *Store) runFact(r contracts.RunEvent) {
 // movedBy are the stop reasons that move a job rather than end it: a run
 // that ended for one of them is requeued as the next attempt.
 func movedBy(r contracts.Reason) bool {
-	return r == contracts.ReasonPreempted || r == contracts.ReasonDrained || r == contracts.ReasonGangIncomplete
+	return r == contracts.ReasonPreempted || r == contracts.ReasonDrained || r == contracts.ReasonGangIncomplete ||
+		r == contracts.ReasonGPUUnhealthy
 }
 
 // advance moves j as far as its recorded facts allow, publishing one event

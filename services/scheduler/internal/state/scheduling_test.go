@@ -1,6 +1,7 @@
 package state
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -348,4 +349,38 @@ func TestDrainMovesJobsAndCordonKeepsNodesEmpty(t *testing.T) {
 	if len(h.items("a", "j", 2)) != 1 {
 		t.Fatal("not placed after uncordon")
 	}
+}
+
+func TestJobsMoveOffAnUnhealthyGPU(t *testing.T) {
+	h := newHarness(t)
+	h.inventory("n1", "p", "H100-80GB", 81920, 2)
+	h.submit("a", job("j", 1, "any"))
+	h.cycle()
+	a := h.item("a", "j")
+	h.commit(a)
+	h.started(a, h.now)
+	// The agent reports the job's GPU unhealthy (an XID): the job is
+	// stopped and requeued, and its next attempt goes to the healthy GPU.
+	inv := contracts.NodeInventory{SchemaVersion: 1, NodeID: "n1", Pool: "p", Incarnation: "i1", Time: h.now}
+	for i := range 2 {
+		inv.GPUs = append(inv.GPUs, contracts.GPUInfo{Index: i, UUID: fmt.Sprintf("n1-gpu%d", i), Model: "H100-80GB",
+			MemoryMiB: 81920, Healthy: fmt.Sprintf("n1-gpu%d", i) != a.Devices[0].UUID})
+	}
+	h.fact(func(s *Store) []Publish { s.ApplyInventory(inv); return nil })
+	h.cycle()
+	cmds := h.commandsFor(a.ID)
+	if len(cmds) != 1 || cmds[0].Kind != contracts.CommandStopRun || cmds[0].Reason != contracts.ReasonGPUUnhealthy {
+		t.Fatalf("commands for the job on the unhealthy GPU: %+v", cmds)
+	}
+	h.ended(a, contracts.RunResult{Outcome: contracts.OutcomeCancelled, Reason: contracts.ReasonGPUUnhealthy, StartedAt: h.now, EndedAt: h.now})
+	h.release(a, contracts.ReasonGPUUnhealthy, nil)
+	if ev := h.last("a", "j"); ev.Type != contracts.EventRequeued || ev.Attempt != 2 || ev.Reason != contracts.ReasonGPUUnhealthy {
+		t.Fatalf("after the stop: %+v", ev)
+	}
+	h.cycle()
+	next := h.items("a", "j", 2)
+	if len(next) != 1 || next[0].Devices[0].UUID == a.Devices[0].UUID {
+		t.Fatalf("attempt 2 planned on %+v, want the healthy GPU", next)
+	}
+	h.noDuplicates()
 }
