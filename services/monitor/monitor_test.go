@@ -357,22 +357,30 @@ func publish(t *testing.T, b *bus.Bus, subject, id string, v any) {
 // tick publishes a telemetry sample for a node every 100 ms until the test
 // ends; cleanup waits for it to stop.
 func tick(t *testing.T, b *bus.Bus, node, host string) {
+	publishEvery(t, b, node, 100*time.Millisecond, func(i int) (string, contracts.Telemetry) {
+		return fmt.Sprintf("tick/%s/%d", node, i), telemetry(node, host, "h100", gpu(0, "GPU-"+node, "H100-80GB", 50))
+	})
+}
+
+// publishEvery publishes sample(i) on node's telemetry subject every
+// interval until the test ends; cleanup waits for the loop to stop and
+// reports a publish that failed.
+func publishEvery(t *testing.T, b *bus.Bus, node string, every time.Duration, sample func(i int) (string, contracts.Telemetry)) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var failed error
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		for i := 0; ; i++ {
-			_, err := b.Publish(ctx, contracts.SubjectTelemetry(node), fmt.Sprintf("tick/%s/%d", node, i),
-				telemetry(node, host, "h100", gpu(0, "GPU-"+node, "H100-80GB", 50)))
-			if err != nil && ctx.Err() == nil {
+			id, msg := sample(i)
+			if _, err := b.Publish(ctx, contracts.SubjectTelemetry(node), id, msg); err != nil && ctx.Err() == nil {
 				failed = err
 				return
 			}
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(100 * time.Millisecond):
+			case <-time.After(every):
 			}
 		}
 	}()

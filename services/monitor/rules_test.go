@@ -1,7 +1,6 @@
 package monitor_test
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -95,32 +94,9 @@ rules:
 // hotTicks publishes a telemetry sample of one GPU at the temperature temp
 // holds every 20 ms until the test ends.
 func hotTicks(t *testing.T, b *bus.Bus, node string, temp *atomic.Int64) {
-	ctx, cancel := context.WithCancel(context.Background())
-	var failed error
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for i := 0; ; i++ {
-			s := gpu(0, "GPU-"+node, "H100-80GB", 50)
-			s.TempC = float64(temp.Load())
-			_, err := b.Publish(ctx, contracts.SubjectTelemetry(node), fmt.Sprintf("hot/%s/%d", node, i),
-				telemetry(node, "host-"+node, "h100", s))
-			if err != nil && ctx.Err() == nil {
-				failed = err
-				return
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-		if failed != nil {
-			t.Errorf("telemetry for %s: %v", node, failed)
-		}
+	publishEvery(t, b, node, 20*time.Millisecond, func(i int) (string, contracts.Telemetry) {
+		s := gpu(0, "GPU-"+node, "H100-80GB", 50)
+		s.TempC = float64(temp.Load())
+		return fmt.Sprintf("hot/%s/%d", node, i), telemetry(node, "host-"+node, "h100", s)
 	})
 }

@@ -16,13 +16,7 @@ import (
 // gangOf2 submits a two-machine gang and commits both parts.
 func gangOf2(h *harness) []contracts.Allocation {
 	h.t.Helper()
-	h.inventory("n1", "p", "A100-80GB", 81920, 2)
-	h.inventory("n2", "p", "A100-80GB", 81920, 2)
-	req := job("g", 4, "A100-80GB")
-	req.Resources.GPU.Nodes = 2
-	h.submit("a", req)
-	h.cycle()
-	parts := h.items("a", "g", 1)
+	parts := twoMachineGang(h, "A100-80GB", 2)
 	if len(parts) != 2 {
 		h.t.Fatalf("gang planned as %+v", parts)
 	}

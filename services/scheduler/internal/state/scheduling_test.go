@@ -44,22 +44,36 @@ func (h *harness) expectState(tenant, jobID string, want contracts.JobState) {
 	}
 }
 
+// succeed commits a and runs it to success.
 func succeed(h *harness, a contracts.Allocation) {
 	h.commit(a)
+	runToSuccess(h, a)
+}
+
+// runToSuccess starts a committed allocation's run, ends it succeeded and
+// releases it.
+func runToSuccess(h *harness, a contracts.Allocation) {
 	h.started(a, h.now)
 	h.ended(a, contracts.RunResult{Outcome: contracts.OutcomeSucceeded, StartedAt: h.now, EndedAt: h.now})
 	h.release(a, contracts.ReasonRunEnded, nil)
 }
 
-func TestGangIsAllOrNothing(t *testing.T) {
-	h := newHarness(t)
-	h.inventory("n1", "p", "H100-80GB", 81920, 4)
-	h.inventory("n2", "p", "H100-80GB", 81920, 4)
-	req := job("g", 8, "H100-80GB")
+// twoMachineGang has two nodes of perNode GPUs of model and submits job g
+// of tenant a over both; it returns the parts of the first cycle's plan.
+func twoMachineGang(h *harness, model string, perNode int) []contracts.Allocation {
+	h.t.Helper()
+	h.inventory("n1", "p", model, 81920, perNode)
+	h.inventory("n2", "p", model, 81920, perNode)
+	req := job("g", 2*perNode, model)
 	req.Resources.GPU.Nodes = 2
 	h.submit("a", req)
 	h.cycle()
-	parts := h.items("a", "g", 1)
+	return h.items("a", "g", 1)
+}
+
+func TestGangIsAllOrNothing(t *testing.T) {
+	h := newHarness(t)
+	parts := twoMachineGang(h, "H100-80GB", 4)
 	if len(parts) != 2 || parts[0].NodeID == parts[1].NodeID {
 		t.Fatalf("gang of 2 machines planned as %+v", parts)
 	}
@@ -119,21 +133,10 @@ func TestGangIsAllOrNothing(t *testing.T) {
 
 func TestGangSucceedsWhenEveryPartDoes(t *testing.T) {
 	h := newHarness(t)
-	h.inventory("n1", "p", "A100-80GB", 81920, 2)
-	h.inventory("n2", "p", "A100-80GB", 81920, 2)
-	req := job("g", 4, "A100-80GB")
-	req.Resources.GPU.Nodes = 2
-	h.submit("a", req)
-	h.cycle()
-	parts := h.items("a", "g", 1)
+	parts := twoMachineGang(h, "A100-80GB", 2)
 	h.commit(parts[0])
 	h.commit(parts[1])
-	finish := func(a contracts.Allocation) {
-		h.started(a, h.now)
-		h.ended(a, contracts.RunResult{Outcome: contracts.OutcomeSucceeded, StartedAt: h.now, EndedAt: h.now})
-		h.release(a, contracts.ReasonRunEnded, nil)
-	}
-	finish(parts[0])
+	runToSuccess(h, parts[0])
 	if h.last("a", "g").Type != contracts.EventRunning {
 		t.Fatalf("ended with one part still running: %v", h.types("a", "g"))
 	}
@@ -141,7 +144,7 @@ func TestGangSucceedsWhenEveryPartDoes(t *testing.T) {
 	if stops := h.commandsFor(parts[1].ID); len(stops) != 0 {
 		t.Fatalf("the part still running was stopped when the other succeeded: %+v", stops)
 	}
-	finish(parts[1])
+	runToSuccess(h, parts[1])
 	h.expectState("a", "g", contracts.StateSucceeded)
 }
 
