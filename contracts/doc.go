@@ -15,6 +15,7 @@
 //	Queued     --cancelled-->  Cancelled    the user cancelled before placement
 //	Queued     --failed-->     Failed       it can never run (e.g. a dependency failed)
 //	Scheduled  --running-->    Running      the node agent started the run
+//	Scheduled  --migrating-->  Scheduled    being moved off its devices (no state change)
 //	Scheduled  --requeued-->   Queued       the allocation was lost before start (attempt+1)
 //	Scheduled  --cancelled-->  Cancelled
 //	Scheduled  --failed-->     Failed       the run could not be launched
@@ -22,6 +23,8 @@
 //	Running    --failed-->     Failed       non-zero exit code or lost run
 //	Running    --cancelled-->  Cancelled    stopped on the user's request
 //	Running    --requeued-->   Queued       preempted, migrated or node lost (attempt+1)
+//	Running    --migrating-->  Running      being moved: checkpoint, stop, requeue follow
+//	Running    --migrated-->   Running      a moved job's next attempt runs on its new devices
 //
 // Succeeded, Failed, Cancelled and Rejected are terminal: no event leaves them.
 // Consumers that fold events into a read model apply Transition and ignore

@@ -43,11 +43,21 @@ const (
 	EventFailed    JobEventType = "failed"
 	EventCancelled JobEventType = "cancelled"
 	EventRequeued  JobEventType = "requeued"
+	// EventMigrating: the platform is moving the job off its devices for
+	// Reason (spot interruption, unhealthy or hot GPU, drain,
+	// defragmentation); Migration says how. The state does not change: the
+	// run goes on until it has checkpointed (or the checkpoint timed out),
+	// then it is stopped, released and requeued as the next attempt.
+	EventMigrating JobEventType = "migrating"
+	// EventMigrated: the next attempt of a migrating job runs on its new
+	// devices; Migration names where it came from and the checkpoint it
+	// restored (none: it restarted).
+	EventMigrated JobEventType = "migrated"
 )
 
 // JobEventTypes lists every event type, for schema generation and docs.
 var JobEventTypes = []JobEventType{EventQueued, EventRejected, EventPending, EventScheduled,
-	EventRunning, EventSucceeded, EventFailed, EventCancelled, EventRequeued}
+	EventRunning, EventSucceeded, EventFailed, EventCancelled, EventRequeued, EventMigrating, EventMigrated}
 
 // transitions is the state machine of the package comment: from state, on
 // event, to state.
@@ -66,12 +76,15 @@ var transitions = map[JobState]map[JobEventType]JobState{
 		EventFailed:    StateFailed,
 	},
 	StateScheduled: {
+		EventMigrating: StateScheduled,
 		EventRunning:   StateRunning,
 		EventRequeued:  StateQueued,
 		EventCancelled: StateCancelled,
 		EventFailed:    StateFailed,
 	},
 	StateRunning: {
+		EventMigrating: StateRunning,
+		EventMigrated:  StateRunning,
 		EventSucceeded: StateSucceeded,
 		EventFailed:    StateFailed,
 		EventCancelled: StateCancelled,
@@ -129,6 +142,38 @@ type JobEvent struct {
 	// (running: StartedAt; terminal: both).
 	StartedAt *time.Time `json:"startedAt,omitempty"`
 	EndedAt   *time.Time `json:"endedAt,omitempty"`
+	// Migration describes a move (migrating, migrated).
+	Migration *Migration `json:"migration,omitempty"`
+}
+
+// Migration is how a job is moved: on migrating, the plan (checkpoint
+// first or restart, and by when); on migrated, where from and what the new
+// attempt restored.
+type Migration struct {
+	// Reason is why: spot_interruption, gpu_unhealthy, overheating,
+	// node_drained or defragment.
+	Reason Reason `json:"reason"`
+	// FromAttempt is the attempt that was moved; From its placements.
+	FromAttempt int         `json:"fromAttempt"`
+	From        []Placement `json:"from,omitempty"`
+	// Checkpoint is true when the run is asked to checkpoint before it is
+	// stopped (it declared run.checkpoint and has started); false: it is
+	// stopped at once and its next attempt restores its last checkpoint
+	// written on its own, or restarts.
+	Checkpoint bool `json:"checkpoint"`
+	// Deadline is when the devices go away (a spot machine's reclaim);
+	// the checkpoint wait ends before it.
+	Deadline *time.Time `json:"deadline,omitempty"`
+	// TriggeredAt is when the fact that caused the move was recorded
+	// (notice, alert, inventory), for reaction times.
+	TriggeredAt *time.Time `json:"triggeredAt,omitempty"`
+	// RestoredFrom (migrated) is the checkpoint the new attempt was given
+	// in GPUPLANE_RESTORE_FROM, as the scheduler last saw it reported;
+	// empty when it restarted.
+	RestoredFrom string `json:"restoredFrom,omitempty"`
+	// Checkpointed (migrated) is true when the moved run wrote a
+	// checkpoint at the platform's request before it stopped.
+	Checkpointed bool `json:"checkpointed,omitempty"`
 }
 
 // Placement is where an allocation put a job.

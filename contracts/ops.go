@@ -82,6 +82,20 @@ const (
 	AlertLabelPool    = "pool"
 	AlertLabelGPU     = "gpu_uuid"
 	AlertLabelEpisode = "episode"
+	// AlertLabelDeadline is an RFC 3339 time the alert's subject goes
+	// away (a spot reclaim).
+	AlertLabelDeadline = "deadline"
+	// AlertLabelMachine is the provider's machine ID.
+	AlertLabelMachine = "machine"
+)
+
+// Alert kinds raised outside the monitor's rule file.
+const (
+	// AlertKindSpotInterruption: the provider gave notice it reclaims a
+	// spot machine (key: node ID; labels node, pool, machine, deadline).
+	// The autoscaler raises it and drains the node (NodeAdmin Cause
+	// spot_interruption); it resolves when the machine is gone.
+	AlertKindSpotInterruption = "spot_interruption"
 )
 
 // Actions an alert asks for in its AlertLabelAction label, while firing.
@@ -93,7 +107,46 @@ const (
 	AlertActionDrainGPU = "drain_gpu"
 	// AlertActionGPUUnhealthy: the GPU is faulty; cordon it, migrate its runs.
 	AlertActionGPUUnhealthy = "gpu_unhealthy"
+	// AlertActionDefragment: free capacity of the pool (label pool) is
+	// fragmented; consolidate small jobs when that lets a pending job
+	// start.
+	AlertActionDefragment = "defragment"
 )
+
+// MachineEventKind is what happened to a machine the autoscaler manages.
+type MachineEventKind string
+
+const (
+	MachineRequested   MachineEventKind = "requested"   // a create call was accepted (token)
+	MachineReady       MachineEventKind = "ready"       // its node agent registered
+	MachineDraining    MachineEventKind = "draining"    // held before deletion
+	MachineDeleted     MachineEventKind = "deleted"     // deleted by the autoscaler
+	MachineInterrupted MachineEventKind = "interrupted" // spot notice received
+	MachineReclaimed   MachineEventKind = "reclaimed"   // the provider took it back
+	MachineFailed      MachineEventKind = "failed"      // a call for it failed (Message says why)
+)
+
+// MachineEvent is a fact about one machine the autoscaler manages, on
+// SubjectMachines(pool) with Nats-Msg-Id MachineEventID.
+type MachineEvent struct {
+	SchemaVersion int              `json:"schemaVersion"`
+	Kind          MachineEventKind `json:"kind"`
+	Pool          string           `json:"pool"`
+	MachineID     string           `json:"machineId,omitempty"`
+	NodeID        string           `json:"nodeId,omitempty"`
+	// Token is the idempotency token of the create call (requested).
+	Token      string     `json:"token,omitempty"`
+	DecisionID string     `json:"decisionId,omitempty"`
+	Deadline   *time.Time `json:"deadline,omitempty"`
+	Message    string     `json:"message,omitempty"`
+	Time       time.Time  `json:"time"`
+}
+
+// MachineEventID is the Nats-Msg-Id of a machine event: one per kind and
+// machine (or token, before a machine ID is known).
+func MachineEventID(kind MachineEventKind, machineOrToken string) string {
+	return "machine/" + string(kind) + "/" + machineOrToken
+}
 
 // UsageRecord is one metered run segment, published by billing on
 // SubjectUsage(tenant) with Nats-Msg-Id UsageSegmentID(allocationID,

@@ -253,13 +253,49 @@ func (c PoolConfig) Validate(pool string) error {
 // BucketNodeAdmin. A cordoned node takes no new work (the resource manager
 // refuses it too); a drained node is cordoned and its jobs are moved off
 // (checkpointed first when they can), as preemption moves them.
+//
+// Holds are also written by the platform itself, with a Cause: the
+// autoscaler drains a spot machine on its interruption notice
+// (spot_interruption, with the reclaim Deadline) and an idle machine before
+// deleting it; the scheduler holds GPUs the monitor's alerts name (GPUs).
+// Uncordoning a node (deleting its key) lifts every hold on it.
 type NodeAdmin struct {
-	SchemaVersion int       `json:"schemaVersion,omitempty"`
-	NodeID        string    `json:"nodeId"`
-	Cordoned      bool      `json:"cordoned"`
-	Drain         bool      `json:"drain,omitempty"`
-	Reason        string    `json:"reason,omitempty"`
-	Time          time.Time `json:"time,omitzero"`
+	SchemaVersion int    `json:"schemaVersion,omitempty"`
+	NodeID        string `json:"nodeId"`
+	Cordoned      bool   `json:"cordoned"`
+	Drain         bool   `json:"drain,omitempty"`
+	Reason        string `json:"reason,omitempty"`
+	// Cause is the move reason of a drain the platform wrote
+	// (spot_interruption); empty for an administrator's (node_drained).
+	Cause Reason `json:"cause,omitempty"`
+	// Deadline is when the node goes away (a spot reclaim).
+	Deadline *time.Time `json:"deadline,omitempty"`
+	// GPUs holds single GPUs, by UUID, on a node that may otherwise take
+	// work.
+	GPUs map[string]GPUHold `json:"gpus,omitempty"`
+	Time time.Time          `json:"time,omitzero"`
+}
+
+// GPUHold keeps new work off one GPU (Cordoned) and, with Drain, moves its
+// runs away. Cause is the move reason (gpu_unhealthy, overheating); a hold
+// with Cause overheating is lifted when its alert resolves, one with
+// gpu_unhealthy stays until an administrator uncordons the node.
+type GPUHold struct {
+	Cordoned bool      `json:"cordoned"`
+	Drain    bool      `json:"drain,omitempty"`
+	Cause    Reason    `json:"cause,omitempty"`
+	Reason   string    `json:"reason,omitempty"`
+	Alert    string    `json:"alert,omitempty"` // the alert key that set it
+	Since    time.Time `json:"since,omitzero"`
+}
+
+// Held reports whether the hold keeps new work off GPU uuid.
+func (a *NodeAdmin) Held(uuid string) bool {
+	if a == nil {
+		return false
+	}
+	h, ok := a.GPUs[uuid]
+	return a.Cordoned || (ok && (h.Cordoned || h.Drain))
 }
 
 // Scheduling reasons: pending codes beyond placement, preemption and
@@ -293,6 +329,15 @@ const (
 	// unhealthy (XID, double-bit ECC, lost from the bus), checkpointed
 	// first when it can, and requeued on healthy devices.
 	ReasonGPUUnhealthy Reason = "gpu_unhealthy"
+	// ReasonSpotInterruption: the job was moved off a spot machine the
+	// provider gave notice it will reclaim.
+	ReasonSpotInterruption Reason = "spot_interruption"
+	// ReasonOverheating: the job was moved off a GPU running above its
+	// slowdown temperature (the monitor's drain_gpu alert).
+	ReasonOverheating Reason = "overheating"
+	// ReasonDefragment: the job was moved to consolidate small jobs, so
+	// that a pending job could start on the whole GPUs or machine freed.
+	ReasonDefragment Reason = "defragment"
 	// ReasonDependencyFailed: a job named in dependsOn failed or was
 	// cancelled, so this one is cancelled.
 	ReasonDependencyFailed Reason = "dependency_failed"

@@ -28,6 +28,7 @@ var schemaTypes = map[string]any{
 	"pool-demand.json":    PoolDemand{},
 	"scale-decision.json": ScaleDecision{},
 	"alert.json":          Alert{},
+	"machine-event.json":  MachineEvent{},
 	"usage-record.json":   UsageRecord{},
 	"price-book.json":     PriceBook{},
 	"budget.json":         Budget{},

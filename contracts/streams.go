@@ -117,7 +117,7 @@ func Streams(o StreamOptions) []jetstream.StreamConfig {
 		aging(StreamHeartbeats, "node agent heartbeats, the last few per node", time.Hour, 3, SubjectHeartbeatAll),
 		aging(StreamTelemetry, "per-machine GPU telemetry batches, 1 s", o.TelemetryMaxAge, -1, SubjectTelemetryAll),
 		aging(StreamNodeCommands, "commands for node agents", 7*24*time.Hour, -1, SubjectNodeCommandsAll),
-		aging(StreamOps, "pending demand, scale decisions and alerts", 7*24*time.Hour, -1, SubjectDemandAll, SubjectScaleAll, SubjectAlertsAll),
+		aging(StreamOps, "pending demand, scale decisions, machine events and alerts", 7*24*time.Hour, -1, SubjectDemandAll, SubjectScaleAll, SubjectMachinesAll, SubjectAlertsAll),
 		record(StreamUsage, "metered usage records, per tenant", SubjectUsageAll),
 		aging(StreamDeadLetters, "messages a consumer gave up on, for inspection", 30*24*time.Hour, -1, SubjectDeadLetterAll),
 		logs(aging(StreamLogs, "run output chunks, per tenant and job", 7*24*time.Hour, -1, SubjectLogsAll), o.LogsMaxBytes),

@@ -53,6 +53,8 @@ const (
 	SubjectDemandAll = "gp.sched.demand.*"
 	// SubjectScaleAll matches autoscaler decisions: gp.autoscale.decisions.<pool>.
 	SubjectScaleAll = "gp.autoscale.decisions.*"
+	// SubjectMachinesAll matches autoscaler machine events: gp.autoscale.machines.<pool>.
+	SubjectMachinesAll = "gp.autoscale.machines.*"
 	// SubjectAlertsAll matches alerts: gp.alerts.<kind>.
 	SubjectAlertsAll = "gp.alerts.*"
 
@@ -116,7 +118,10 @@ func SubjectDemand(pool string) string { return "gp.sched.demand." + pool }
 // SubjectScale is where the autoscaler publishes a pool's scale decision.
 func SubjectScale(pool string) string { return "gp.autoscale.decisions." + pool }
 
-// SubjectAlert is where the monitor publishes an alert of one kind.
+// SubjectMachines is where the autoscaler publishes its machine events.
+func SubjectMachines(pool string) string { return "gp.autoscale.machines." + pool }
+
+// SubjectAlert is where alerts of kind are published.
 func SubjectAlert(kind string) string { return "gp.alerts." + kind }
 
 // SubjectUsage is where billing publishes a tenant's usage records.
