@@ -67,7 +67,8 @@ type NodeStatus struct {
 	// manager has decided anything about the node.
 	Lifecycle   NodeLifecycleKind `json:"lifecycle,omitempty"`
 	LifecycleAt time.Time         `json:"lifecycleAt,omitzero"`
-	// Admin is an administrator's cordon or drain of the node (KV
+	// Admin is the node's holds, on the node and on single GPUs, by
+	// administrators or the platform (KV
 	// BucketNodeAdmin); nil when the node takes new work.
 	Admin *NodeAdmin `json:"admin,omitempty"`
 }

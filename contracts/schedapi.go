@@ -20,7 +20,10 @@ import (
 //	PUT    /v1/pools/{pool}                PoolConfig -> 200 PoolDoc
 //	POST   /v1/nodes/{node}/cordon         NodeAdminRequest (optional) -> 200 NodeStatus
 //	POST   /v1/nodes/{node}/drain          NodeAdminRequest (optional) -> 200 NodeStatus
-//	POST   /v1/nodes/{node}/uncordon       -> 200 NodeStatus
+//	POST   /v1/nodes/{node}/uncordon       -> 200 NodeStatus (lifts every hold of the node, its GPUs' too)
+//	POST   /v1/nodes/{node}/gpus/{uuid}/cordon    NodeAdminRequest (optional) -> 200 NodeStatus
+//	POST   /v1/nodes/{node}/gpus/{uuid}/drain     NodeAdminRequest (optional) -> 200 NodeStatus
+//	POST   /v1/nodes/{node}/gpus/{uuid}/uncordon  -> 200 NodeStatus (lifts that GPU's hold only; 404 unknown_device, unknown_node)
 //	GET    /v1/tenants/{tenant}/jobs/{id}/describe -> 200 JobDescription
 //
 // A PUT with ?revision=N replaces the document only if it is still at

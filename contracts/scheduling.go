@@ -353,7 +353,8 @@ const (
 	// ReasonUnknownDependency: dependsOn names a job the tenant never
 	// submitted.
 	ReasonUnknownDependency Reason = "unknown_dependency"
-	// RefusedNodeCordoned: the node is cordoned or draining.
+	// RefusedNodeCordoned: the node is cordoned or draining, or a GPU of the
+	// item is held.
 	RefusedNodeCordoned Reason = "node_cordoned"
 )
 

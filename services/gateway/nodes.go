@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"maps"
 	"slices"
 	"sync"
 
@@ -20,8 +21,9 @@ import (
 type nodeModel struct {
 	mu    sync.RWMutex
 	nodes map[string]*nodeEntry
-	// holds are the administrators' cordons and drains (BucketNodeAdmin),
-	// by node ID, folded from a KV watch; a node may be held before its
+	// holds are the node holds (BucketNodeAdmin: cordons and drains of
+	// nodes and of single GPUs, by administrators or the platform), by
+	// node ID, folded from a KV watch; a node may be held before its
 	// agent ever published an inventory.
 	holds map[string]nodeHold
 }
@@ -58,6 +60,7 @@ func (m *nodeModel) applyHold(node string, admin *contracts.NodeAdmin, rev uint6
 func (m *nodeModel) withHold(st contracts.NodeStatus) contracts.NodeStatus {
 	if a := m.holds[st.NodeID].admin; a != nil {
 		c := *a
+		c.GPUs = maps.Clone(a.GPUs)
 		st.Admin = &c
 	}
 	return st

@@ -422,7 +422,8 @@ func (s *server) drainNode(w http.ResponseWriter, r *http.Request)  { s.holdNode
 // writes the node's NodeAdmin with compare-and-set on the revision it
 // read. A hold already in that state is left as it is (its time and
 // reason kept) unless a new reason is given; cordoning a draining node
-// stops the drain (jobs already moved stay where they went).
+// stops the drain (jobs already moved stay where they went). GPU holds in
+// the document are kept (see gpuholds.go).
 func (s *server) holdNode(w http.ResponseWriter, r *http.Request, drain bool) {
 	node, req, ok := s.holdRequest(w, r)
 	if !ok {
@@ -449,6 +450,13 @@ func (s *server) holdNode(w http.ResponseWriter, r *http.Request, drain bool) {
 	}
 	hold := contracts.NodeAdmin{SchemaVersion: contracts.SchemaVersion, NodeID: node, Cordoned: true, Drain: drain,
 		Reason: req.Reason, Time: s.now().UTC()}
+	if cur != nil {
+		// The node's hold becomes the administrator's (no Cause), but
+		// what the same document says about single GPUs (the
+		// scheduler's holds of sick or hot GPUs) and when the machine
+		// goes away stay true: only uncordon lifts everything.
+		hold.GPUs, hold.Deadline = cur.GPUs, cur.Deadline
+	}
 	body, err := json.Marshal(hold)
 	if err != nil {
 		s.internalError(w, "node hold", err)

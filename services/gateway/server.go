@@ -90,6 +90,9 @@ func (s *server) handler() http.Handler {
 	route("/v1/nodes/{node}/cordon", map[string]http.HandlerFunc{http.MethodPost: s.cordonNode})
 	route("/v1/nodes/{node}/drain", map[string]http.HandlerFunc{http.MethodPost: s.drainNode})
 	route("/v1/nodes/{node}/uncordon", map[string]http.HandlerFunc{http.MethodPost: s.uncordonNode})
+	route("/v1/nodes/{node}/gpus/{uuid}/cordon", map[string]http.HandlerFunc{http.MethodPost: s.cordonGPU})
+	route("/v1/nodes/{node}/gpus/{uuid}/drain", map[string]http.HandlerFunc{http.MethodPost: s.drainGPU})
+	route("/v1/nodes/{node}/gpus/{uuid}/uncordon", map[string]http.HandlerFunc{http.MethodPost: s.uncordonGPU})
 	route("/v1/quotas", map[string]http.HandlerFunc{http.MethodGet: s.listQuotas})
 	route("/v1/quotas/{tenant}", map[string]http.HandlerFunc{http.MethodGet: s.getQuota, http.MethodPut: s.putQuota,
 		http.MethodDelete: s.deleteQuota})

@@ -57,8 +57,9 @@ Commands:
   nodes [NODE] [--pool P]                list the nodes, or show one: GPUs, MIG, health, topology
   fault inject NODE --kind K [flags]     inject a fault into a simulated node (admin): xid, ecc_dbe,
                                          overheat, machine_death, agent_pause or clear
-  cordon|drain|uncordon NODE [--reason R]
-                                         stop new work on a node; drain also moves its jobs off (admin)
+  cordon|drain|uncordon NODE [--gpu UUID] [--reason R]
+                                         stop new work on a node (or one GPU of it, --gpu); drain also
+                                         moves its jobs off; uncordon --gpu lifts that GPU's hold (admin)
   quota get | list | set [--pool P] [--guarantee G] [--max M|none] [--weight W] [--strict-fifo] | delete
                                          the tenant's GPU quota per pool and fair-share weight (set, delete: admin)
   pool get [POOL] | set POOL --policy binpack|spread|topology|fragaware | delete POOL

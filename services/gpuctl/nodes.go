@@ -94,6 +94,10 @@ func showNode(w io.Writer, n contracts.NodeStatus) {
 	}
 	if a := n.Admin; a != nil {
 		row("Scheduling", scheduling(a)+" since "+formatTime(&a.Time)+because(a.Reason))
+		if a.Deadline != nil {
+			// A spot reclaim: the machine is gone at this time.
+			row("Deadline", formatTime(a.Deadline))
+		}
 	}
 	row("Driver", n.DriverVersion)
 	row("CUDA", n.CUDAVersion)
@@ -127,6 +131,7 @@ func showNode(w io.Writer, n contracts.NodeStatus) {
 		}
 		_ = tw.Flush()
 	}
+	gpuHolds(w, n)
 	if slices.ContainsFunc(n.GPUs, func(g contracts.GPUInfo) bool { return len(g.MIGInstances) > 0 }) {
 		fmt.Fprintln(w)
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -175,15 +180,75 @@ func topologyMatrix(w io.Writer, gpus []contracts.GPUInfo, links []contracts.GPU
 	_ = tw.Flush()
 }
 
-// scheduling is a node's hold: "schedulable", "cordoned" or "draining".
+// scheduling is a node's hold: "schedulable", "cordoned" or "draining",
+// with the platform's cause ("draining (spot_interruption)") and the
+// count of GPUs held on their own ("schedulable, 1 GPU held").
 func scheduling(a *contracts.NodeAdmin) string {
+	var s string
 	switch {
 	case a == nil || !a.Cordoned && !a.Drain:
-		return "schedulable"
+		s = "schedulable"
 	case a.Drain:
-		return "draining"
+		s = "draining"
+	default:
+		s = "cordoned"
 	}
-	return "cordoned"
+	if a == nil {
+		return s
+	}
+	if a.Cause != "" && (a.Cordoned || a.Drain) {
+		s += " (" + string(a.Cause) + ")"
+	}
+	switch n := heldGPUs(a); n {
+	case 0:
+	case 1:
+		s += ", 1 GPU held"
+	default:
+		s += fmt.Sprintf(", %d GPUs held", n)
+	}
+	return s
+}
+
+// heldGPUs counts the GPUs a keeps off new work on their own.
+func heldGPUs(a *contracts.NodeAdmin) int {
+	n := 0
+	for _, h := range a.GPUs {
+		if h.Cordoned || h.Drain {
+			n++
+		}
+	}
+	return n
+}
+
+// gpuHolds prints the GPUs held on their own: what the hold does, why
+// (the platform's cause, or an administrator's) and since when.
+func gpuHolds(w io.Writer, n contracts.NodeStatus) {
+	a := n.Admin
+	if a == nil || heldGPUs(a) == 0 {
+		return
+	}
+	index := map[string]string{}
+	for _, g := range n.GPUs {
+		index[g.UUID] = strconv.Itoa(g.Index)
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "HELD GPU\tUUID\tHOLD\tCAUSE\tREASON\tSINCE")
+	for _, uuid := range slices.Sorted(maps.Keys(a.GPUs)) {
+		h := a.GPUs[uuid]
+		if !h.Cordoned && !h.Drain {
+			continue
+		}
+		hold, cause := "cordoned", string(h.Cause)
+		if h.Drain {
+			hold = "draining"
+		}
+		if cause == "" {
+			cause = "administrator"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", dash(index[uuid]), uuid, hold, cause, dash(h.Reason), dash(formatTime(&h.Since)))
+	}
+	_ = tw.Flush()
 }
 
 // gpuSummary is "8 × H100-80GB", or "4 × A100-80GB, 4 × L4" for a mix.

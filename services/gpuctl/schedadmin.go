@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"maps"
 	"net/http"
 	"net/url"
@@ -255,11 +256,14 @@ func (a *app) printPools(pools []contracts.PoolDoc) {
 	_ = tw.Flush()
 }
 
-// holdCmd is cordon, drain or uncordon NODE [--reason R].
+// holdCmd is cordon, drain or uncordon NODE [--gpu UUID] [--reason R]:
+// with --gpu, the hold is on that one GPU of the node (a merge into the
+// node's hold, which the gateway writes), and uncordon lifts only it.
 func holdCmd(verb string) func(*app, *flag.FlagSet) func(context.Context, []string, []string) int {
 	return func(a *app, fs *flag.FlagSet) func(context.Context, []string, []string) int {
-		var reason string
+		var reason, gpu string
 		fs.StringVar(&reason, "reason", "", "why, recorded with the node's hold")
+		fs.StringVar(&gpu, "gpu", "", "hold (or release) only this GPU of the node, by UUID")
 		return func(ctx context.Context, pos, trailing []string) int {
 			if len(pos) != 1 || len(trailing) > 0 {
 				return a.usageErr(verb, "want exactly one node ID, got %d arguments", len(pos)+len(trailing))
@@ -268,6 +272,13 @@ func holdCmd(verb string) func(*app, *flag.FlagSet) func(context.Context, []stri
 			if err := contracts.ValidateID(node); err != nil {
 				return a.usageErr(verb, "node: %v", err)
 			}
+			gpuSet := false
+			fs.Visit(func(f *flag.Flag) { gpuSet = gpuSet || f.Name == "gpu" })
+			if gpuSet {
+				if err := contracts.ValidateID(gpu); err != nil {
+					return a.usageErr(verb, "--gpu: invalid GPU UUID %q: want a UUID that gpuctl nodes NODE lists (GPU-...)", gpu)
+				}
+			}
 			var body []byte
 			if reason != "" {
 				body, _ = json.Marshal(contracts.NodeAdminRequest{Reason: reason})
@@ -275,12 +286,20 @@ func holdCmd(verb string) func(*app, *flag.FlagSet) func(context.Context, []stri
 					return a.fail(verb, checkedError(err, "invalid "+verb))
 				}
 			}
+			path := "/v1/nodes/" + url.PathEscape(node) + "/" + verb
+			if gpu != "" {
+				path = "/v1/nodes/" + url.PathEscape(node) + "/gpus/" + url.PathEscape(gpu) + "/" + verb
+			}
 			var st contracts.NodeStatus
-			if err := newClient(a.gateway).call(ctx, http.MethodPost, "/v1/nodes/"+url.PathEscape(node)+"/"+verb, nil, body, &st); err != nil {
+			if err := newClient(a.gateway).call(ctx, http.MethodPost, path, nil, body, &st); err != nil {
 				return a.fail(verb, err)
 			}
 			if a.output == "json" {
 				return a.printJSON(st)
+			}
+			if gpu != "" {
+				printGPUHold(a.stdout, node, gpu, st.Admin)
+				return ExitOK
 			}
 			switch {
 			case st.Admin == nil:
@@ -292,6 +311,25 @@ func holdCmd(verb string) func(*app, *flag.FlagSet) func(context.Context, []stri
 			}
 			return ExitOK
 		}
+	}
+}
+
+// printGPUHold says what one GPU's hold is now, and whether the node's
+// own hold still keeps it off work.
+func printGPUHold(w io.Writer, node, gpu string, a *contracts.NodeAdmin) {
+	var h contracts.GPUHold
+	if a != nil {
+		h = a.GPUs[gpu]
+	}
+	switch {
+	case h.Drain:
+		fmt.Fprintf(w, "GPU %s of node %s draining: no new work, its runs are moved off%s\n", gpu, node, because(h.Reason))
+	case h.Cordoned:
+		fmt.Fprintf(w, "GPU %s of node %s cordoned: no new work, its runs go on%s\n", gpu, node, because(h.Reason))
+	case a != nil && (a.Cordoned || a.Drain):
+		fmt.Fprintf(w, "GPU %s of node %s uncordoned; the node itself is still %s\n", gpu, node, scheduling(a))
+	default:
+		fmt.Fprintf(w, "GPU %s of node %s uncordoned: it takes new work\n", gpu, node)
 	}
 }
 

@@ -213,3 +213,58 @@ func TestGangPartsCommitPerNode(t *testing.T) {
 		h.eventually(p.ID+" released", func() bool { return h.has(p.ID, contracts.LedgerReleased) })
 	}
 }
+
+// share asks for a quarter of GPU gpu of node.
+func share(job string, node string, gpu int) contracts.Allocation {
+	a := item(job, 1, node, h100, gpu)
+	a.Devices[0].Share = &contracts.GPUShare{MemoryMiB: 20480, ComputePercent: 25}
+	return a
+}
+
+// TestHeldGPUsRefuseNewWork: a GPU held on its own (NodeAdmin.GPUs, as the
+// scheduler writes for a sick or hot GPU) refuses any item that includes
+// it, a share of it too, with node_cordoned naming the GPU and the cause;
+// the node's other GPUs still take work; lifting the hold at run time
+// lets the GPU take work again.
+func TestHeldGPUsRefuseNewWork(t *testing.T) {
+	h := newHarness(t)
+	kv := h.nodeAdmin()
+	held := gpuUUID("n1", 1)
+	h.hold(kv, contracts.NodeAdmin{SchemaVersion: 1, NodeID: "n1", GPUs: map[string]contracts.GPUHold{
+		held: {Cordoned: true, Cause: contracts.ReasonGPUUnhealthy, Reason: "XID 79", Alert: "gpu_unhealthy/" + held, Since: h.clock.Now()},
+	}})
+	h.start(h.config("rm-a"))
+	h.ready(h100, 4, "n1")
+
+	tests := map[string]struct {
+		item  contracts.Allocation
+		want  contracts.Reason
+		words string
+	}{
+		"whole GPU held":         {item: item("whole", 1, "n1", h100, 1), want: contracts.RefusedNodeCordoned, words: "GPU " + held + " on node n1 is cordoned for gpu_unhealthy: XID 79"},
+		"held among others":      {item: item("multi", 1, "n1", h100, 0, 1), want: contracts.RefusedNodeCordoned, words: held},
+		"share on held GPU":      {item: share("shared", "n1", 1), want: contracts.RefusedNodeCordoned, words: "gpu_unhealthy"},
+		"other GPU on same node": {item: item("other", 1, "n1", h100, 2)},
+		"share of another GPU":   {item: share("shared-ok", "n1", 3)},
+	}
+	var items []contracts.Allocation
+	for _, tc := range tests {
+		items = append(items, tc.item)
+	}
+	h.plan("p1", items...)
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			reason, msg := h.answer("p1", tc.item.ID)
+			if reason != tc.want || !strings.Contains(msg, tc.words) {
+				t.Errorf("%s: %q %q; want %q saying %q", tc.item.ID, reason, msg, tc.want, tc.words)
+			}
+		})
+	}
+
+	// The hold is lifted (the alert resolved, or an administrator lifted
+	// that GPU's hold): the GPU takes work again.
+	h.hold(kv, contracts.NodeAdmin{SchemaVersion: 1, NodeID: "n1", GPUs: map[string]contracts.GPUHold{}})
+	h.untilAnswered(t, "n1 GPU 1 lifted", func(i int) contracts.Allocation {
+		return item(fmt.Sprintf("probe-%d", i), 1, "n1", h100, 1)
+	}, "")
+}

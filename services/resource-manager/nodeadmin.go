@@ -16,7 +16,10 @@ import (
 // refuses it (node_cordoned), checked under the node lock right before each
 // compare-and-set, like every other verdict. What the node already holds is
 // untouched here: releases go on, and moving a drained node's jobs off is
-// the scheduler's (preemption's) work.
+// the scheduler's (preemption's) work. The same record may hold single GPUs
+// (NodeAdmin.GPUs: the scheduler's holds for sick or hot GPUs, or an
+// administrator's): an item with any device on a held GPU, a MIG instance
+// or a share of it included, is refused the same way, naming the GPU.
 //
 // A hold written while a commit to the node is between its check and its
 // compare-and-set does not stop that commit: a cordon means "nothing new
@@ -52,5 +55,5 @@ func (s *server) applyNodeAdmin(e jetstream.KeyValueEntry) {
 	s.mu.Lock()
 	s.led.SetAdmin(node, ad)
 	s.mu.Unlock()
-	log.Info("node admin hold applied", "cordoned", ad.Cordoned, "drain", ad.Drain, "reason", ad.Reason)
+	log.Info("node admin hold applied", "cordoned", ad.Cordoned, "drain", ad.Drain, "cause", ad.Cause, "reason", ad.Reason, "gpu_holds", len(ad.GPUs))
 }

@@ -18,8 +18,8 @@
 //
 // Besides devices, the ledger accounts each node's host CPU and memory
 // (Allocation.CPUMilli and MemoryMiB against the inventory's), and keeps
-// the administrators' cordon and drain (SetAdmin): a cordoned node takes no
-// new allocation. A multi-machine job holds one allocation per machine
+// the cordon and drain holds on nodes and single GPUs (SetAdmin): a held
+// node or GPU takes no new allocation. A multi-machine job holds one allocation per machine
 // (contracts.AllocationPartID, Allocation.Gang), each verified and
 // committed on its own node like any other.
 package ledger
@@ -84,8 +84,8 @@ type node struct {
 	migInvalid map[string]error
 	// ready: registered and not lost (the liveness side's verdict).
 	ready bool
-	// admin is the administrators' hold on the node (cordon, drain);
-	// the zero value is none.
+	// admin is the hold on the node (cordon, drain) and on single GPUs of
+	// it, by administrators or the platform; the zero value is none.
 	admin contracts.NodeAdmin
 	// cpuCap and memCap are the host's CPU (milli) and memory (MiB) the
 	// latest inventory declares; 0 means unknown (not checked).
@@ -240,8 +240,8 @@ func (l *Ledger) SetReady(nodeID string, ready bool) { l.node(nodeID).ready = re
 
 // SetAdmin records the administrators' hold on a node (the latest value of
 // its key in contracts.BucketNodeAdmin; the zero NodeAdmin when the key is
-// deleted). A node cordoned or draining takes no new allocation; what it
-// holds stays held until released.
+// deleted). A node cordoned or draining takes no new allocation, nor does
+// a GPU it holds (a.Held); what they hold stays held until released.
 func (l *Ledger) SetAdmin(nodeID string, a contracts.NodeAdmin) { l.node(nodeID).admin = a }
 
 // HostUsed returns the host CPU (milli) and memory (MiB) the live
@@ -361,7 +361,8 @@ func (l *Ledger) Nodes() []string {
 //     not list, or listed at another index; gpu_model_mismatch: the model
 //     differs; device_unhealthy; mig_inventory_invalid: the GPU's reported
 //     MIG state is inconsistent; mig_disabled: a MIG instance of a GPU not
-//     in MIG mode; mig_enabled: a whole GPU or a share of a GPU in MIG mode
+//     in MIG mode; node_cordoned: the GPU is held (NodeAdmin.GPUs; a MIG
+//     instance or a share by its parent GPU); mig_enabled: a whole GPU or a share of a GPU in MIG mode
 //     (its capacity is its instances); mig_instance_unknown: the GPU has no
 //     such instance, or not with that profile and placement.
 //  5. per device, in item order, against the live allocations:
@@ -418,6 +419,9 @@ func (l *Ledger) Verify(a contracts.Allocation) Verdict {
 			// the GPU until the agent reports it recovered.
 			return refuse(contracts.RefusedDeviceUnhealthy, "GPU %s on node %s is unhealthy", d.UUID, a.NodeID)
 		}
+		if v := n.checkGPUHold(d); v.Refused() {
+			return v
+		}
 		if v := n.checkMode(d, g); v.Refused() {
 			return v
 		}
@@ -438,8 +442,10 @@ func sameGang(o, a contracts.Allocation) bool {
 		o.Gang.Size == a.Gang.Size && slices.Equal(o.Gang.Nodes, a.Gang.Nodes)
 }
 
-// checkAdmin refuses new work on a node an administrator cordoned or is
-// draining, saying who asked and why when the record does.
+// checkAdmin refuses new work on a node that is cordoned or being
+// drained, saying who asked and why when the record does: an
+// administrator (no Cause) or the platform (Cause, e.g.
+// spot_interruption).
 func (n *node) checkAdmin() Verdict {
 	ad := n.admin
 	if !ad.Cordoned && !ad.Drain {
@@ -449,11 +455,39 @@ func (n *node) checkAdmin() Verdict {
 	if ad.Drain {
 		what = "being drained"
 	}
-	why := ad.Reason
-	if why == "" {
-		why = "no reason given"
+	by := "by an administrator"
+	if ad.Cause != "" {
+		by = "for " + string(ad.Cause)
 	}
-	return refuse(contracts.RefusedNodeCordoned, "node %s is %s by an administrator: %s", n.id, what, why)
+	return refuse(contracts.RefusedNodeCordoned, "node %s is %s %s: %s", n.id, what, by, orNoReason(ad.Reason))
+}
+
+// checkGPUHold refuses new work on a GPU held on its own (a sick or hot
+// GPU, or one an administrator held by hand) while the rest of its node
+// takes work. A MIG instance or a share is held by its parent GPU: d.UUID
+// always names the physical GPU (the instance is d.MIG.UUID), and a hold
+// is about the hardware, so every slice of it is kept off.
+func (n *node) checkGPUHold(d contracts.DeviceRef) Verdict {
+	if !n.admin.Held(d.UUID) {
+		return Verdict{}
+	}
+	h := n.admin.GPUs[d.UUID]
+	what := "cordoned"
+	if h.Drain {
+		what = "being drained"
+	}
+	by := "by an administrator"
+	if h.Cause != "" {
+		by = "for " + string(h.Cause)
+	}
+	return refuse(contracts.RefusedNodeCordoned, "GPU %s on node %s is %s %s: %s", d.UUID, n.id, what, by, orNoReason(h.Reason))
+}
+
+func orNoReason(why string) string {
+	if why == "" {
+		return "no reason given"
+	}
+	return why
 }
 
 // checkHost checks the item's host CPU and memory against what the node's

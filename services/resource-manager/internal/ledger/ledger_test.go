@@ -573,12 +573,36 @@ func TestVerifyCordon(t *testing.T) {
 		"uncordoned":               {admin: contracts.NodeAdmin{Reason: "back"}, item: alloc("acme", "j", 1, "n1", dev("n1", 1, "H100-80GB"))},
 		"a redelivered commit":     {admin: contracts.NodeAdmin{Cordoned: true}, item: alloc("acme", "held", 1, "n1", dev("n1", 0, "H100-80GB")), dup: true},
 		"not ready beats cordoned": {admin: contracts.NodeAdmin{Cordoned: true}, item: alloc("acme", "j", 1, "n2", dev("n2", 1, "H100-80GB")), want: contracts.RefusedNodeNotReady},
+		"drained by the platform": {admin: contracts.NodeAdmin{Cordoned: true, Drain: true, Cause: contracts.ReasonSpotInterruption, Reason: "reclaim at 12:00"},
+			item: alloc("acme", "j", 1, "n1", dev("n1", 1, "H100-80GB")), want: contracts.RefusedNodeCordoned,
+			message: "node n1 is being drained for spot_interruption: reclaim at 12:00"},
+		"a held GPU": {admin: gpuHeld("GPU-n1-1", contracts.GPUHold{Cordoned: true, Cause: contracts.ReasonGPUUnhealthy, Reason: "XID 79"}),
+			item: alloc("acme", "j", 1, "n1", dev("n1", 2, "H100-80GB"), dev("n1", 1, "H100-80GB")), want: contracts.RefusedNodeCordoned,
+			message: "GPU GPU-n1-1 on node n1 is cordoned for gpu_unhealthy: XID 79"},
+		"a draining GPU, held by hand": {admin: gpuHeld("GPU-n1-1", contracts.GPUHold{Drain: true}),
+			item: alloc("acme", "j", 1, "n1", dev("n1", 1, "H100-80GB")), want: contracts.RefusedNodeCordoned,
+			message: "GPU GPU-n1-1 on node n1 is being drained by an administrator: no reason given"},
+		"a share of a held GPU": {admin: gpuHeld("GPU-n1-1", contracts.GPUHold{Cordoned: true, Drain: true, Cause: contracts.ReasonOverheating}),
+			item: alloc("acme", "j", 1, "n1", shareDev("n1", 1, "H100-80GB", 20480, 25)), want: contracts.RefusedNodeCordoned,
+			message: "GPU GPU-n1-1 on node n1 is being drained for overheating"},
+		"a MIG instance of a held GPU": {admin: gpuHeld("GPU-n4-0", contracts.GPUHold{Cordoned: true, Cause: contracts.ReasonGPUUnhealthy, Reason: "double-bit ECC"}),
+			item: alloc("acme", "j", 1, "n4", migDev("n4", 0, migB)), want: contracts.RefusedNodeCordoned,
+			message: "GPU GPU-n4-0 on node n4 is cordoned for gpu_unhealthy: double-bit ECC"},
+		"a free MIG instance of the node": {admin: gpuHeld("GPU-n4-1", contracts.GPUHold{Cordoned: true}),
+			item: alloc("acme", "j", 1, "n4", migDev("n4", 0, migB))},
+		"another GPU of the node": {admin: gpuHeld("GPU-n1-1", contracts.GPUHold{Cordoned: true, Cause: contracts.ReasonGPUUnhealthy}),
+			item: alloc("acme", "j", 1, "n1", dev("n1", 2, "H100-80GB"))},
+		"a lifted GPU hold": {admin: gpuHeld("GPU-n1-1", contracts.GPUHold{Reason: "fixed"}),
+			item: alloc("acme", "j", 1, "n1", dev("n1", 1, "H100-80GB"))},
+		"an unknown device beats a hold": {admin: gpuHeld("GPU-n1-9", contracts.GPUHold{Cordoned: true}),
+			item: alloc("acme", "j", 1, "n1", dev("n1", 9, "H100-80GB")), want: contracts.RefusedUnknownDevice},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			l := fixture(t)
 			l.SetAdmin("n1", tc.admin)
 			l.SetAdmin("n2", tc.admin)
+			l.SetAdmin("n4", tc.admin)
 			v := l.Verify(tc.item)
 			if v.Reason != tc.want || v.Duplicate != tc.dup {
 				t.Fatalf("Verify = %+v, want reason %q duplicate %v", v, tc.want, tc.dup)
@@ -588,6 +612,11 @@ func TestVerifyCordon(t *testing.T) {
 			}
 		})
 	}
+}
+
+// gpuHeld is a node admin record that holds one GPU only.
+func gpuHeld(uuid string, h contracts.GPUHold) contracts.NodeAdmin {
+	return contracts.NodeAdmin{GPUs: map[string]contracts.GPUHold{uuid: h}}
 }
 
 // part is rank of a gang of job over nodes, one GPU on its node.

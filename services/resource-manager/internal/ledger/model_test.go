@@ -115,6 +115,8 @@ func (m *model) verify(a contracts.Allocation) (contracts.Reason, bool) {
 			return contracts.RefusedModelMismatch, false
 		case !inv[i].Healthy:
 			return contracts.RefusedDeviceUnhealthy, false
+		case gpuHeldIn(m.admin[a.NodeID], d.UUID):
+			return contracts.RefusedNodeCordoned, false
 		case !migConsistent(inv, i):
 			return contracts.RefusedMIGInventoryInvalid, false
 		case d.MIG == nil && inv[i].MIGEnabled:
@@ -619,15 +621,21 @@ func runModel(rng chooser, steps int, done func() bool, seen map[string]int) err
 			l.SetReady(node, r)
 			what = fmt.Sprintf("ready %s %v", node, r)
 		case op < 14:
-			// An administrator cordons, drains or frees a node (frees
-			// twice as often, so cordons do not pile up).
+			// An administrator cordons, drains or frees a node, or holds
+			// one GPU of it (frees twice as often, so holds do not pile
+			// up).
 			node := nodes[rng.IntN(len(nodes))]
 			var ad contracts.NodeAdmin
-			switch rng.IntN(6) {
+			switch rng.IntN(9) {
 			case 0:
 				ad = contracts.NodeAdmin{NodeID: node, Cordoned: true, Reason: "maintenance"}
 			case 1:
 				ad = contracts.NodeAdmin{NodeID: node, Cordoned: true, Drain: true}
+			case 2:
+				// One GPU held (a MIG instance or share of it too).
+				gpu := fmt.Sprintf("GPU-%s-%d", node, rng.IntN(4))
+				ad = contracts.NodeAdmin{NodeID: node, GPUs: map[string]contracts.GPUHold{
+					gpu: {Cordoned: rng.IntN(2) == 0, Drain: rng.IntN(2) == 0, Cause: contracts.ReasonGPUUnhealthy}}}
 			}
 			m.admin[node] = ad
 			l.SetAdmin(node, ad)
@@ -909,4 +917,11 @@ func checkRebuild(l *Ledger, m *model, nodes []string, log []stored, randomItem 
 		}
 	}
 	return nil
+}
+
+// gpuHeldIn is the model's reading of a GPU hold: the GPU's own entry
+// cordons or drains it (the node's flags are checked before devices).
+func gpuHeldIn(ad contracts.NodeAdmin, uuid string) bool {
+	h, ok := ad.GPUs[uuid]
+	return ok && (h.Cordoned || h.Drain)
 }
