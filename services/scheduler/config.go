@@ -50,25 +50,29 @@ type Config struct {
 	MinRuntime time.Duration
 	// MaxReservations bounds the backfill reservations of one cycle.
 	MaxReservations int
+	// CheckpointTimeout bounds the wait for the checkpoint a moved job is
+	// asked for before it is stopped anyway.
+	CheckpointTimeout time.Duration
 }
 
 // DefaultConfig returns the defaults, with the bus settings from the
 // environment (service.DefaultBusConfig).
 func DefaultConfig() Config {
 	return Config{
-		Bus:             service.DefaultBusConfig(),
-		Name:            "scheduler",
-		CycleInterval:   5 * time.Millisecond,
-		DemandInterval:  time.Second,
-		Publishers:      16,
-		IntakeWorkers:   16,
-		ResyncInterval:  time.Second,
-		MaxPlanBytes:    96 * 1024,
-		LeaseTTL:        3 * time.Second,
-		Policy:          contracts.PolicyFragAware,
-		PreemptGrace:    30 * time.Second,
-		MinRuntime:      time.Minute,
-		MaxReservations: 4,
+		Bus:               service.DefaultBusConfig(),
+		Name:              "scheduler",
+		CycleInterval:     5 * time.Millisecond,
+		DemandInterval:    time.Second,
+		Publishers:        16,
+		IntakeWorkers:     16,
+		ResyncInterval:    time.Second,
+		MaxPlanBytes:      96 * 1024,
+		LeaseTTL:          3 * time.Second,
+		Policy:            contracts.PolicyFragAware,
+		PreemptGrace:      30 * time.Second,
+		MinRuntime:        time.Minute,
+		MaxReservations:   4,
+		CheckpointTimeout: 30 * time.Second,
 	}
 }
 
@@ -89,6 +93,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		})
 	fs.DurationVar(&c.PreemptGrace, "preempt-grace", c.PreemptGrace, "a preempted or drained job's time to checkpoint and exit before it is killed")
 	fs.DurationVar(&c.MinRuntime, "min-runtime", c.MinRuntime, "a started job is not preempted before it ran this long")
+	fs.DurationVar(&c.CheckpointTimeout, "checkpoint-timeout", c.CheckpointTimeout, "how long a moved job's requested checkpoint is waited for before it is stopped anyway")
 	fs.IntVar(&c.MaxReservations, "max-reservations", c.MaxReservations, "backfill reservations per cycle (0: no backfill protection)")
 	fs.IntVar(&c.MaxPlanBytes, "max-plan-bytes", c.MaxPlanBytes, "largest plan message; larger cycles split their plan")
 }
@@ -124,8 +129,8 @@ func (c Config) Validate() error {
 	if !c.Policy.Valid() {
 		errs = append(errs, fmt.Errorf("policy is %q; want one of %v", c.Policy, contracts.PlacementPolicies))
 	}
-	if c.PreemptGrace < 0 || c.MinRuntime < 0 || c.MaxReservations < 0 {
-		errs = append(errs, fmt.Errorf("preempt grace, min runtime and max reservations must not be negative"))
+	if c.PreemptGrace < 0 || c.MinRuntime < 0 || c.MaxReservations < 0 || c.CheckpointTimeout < 0 {
+		errs = append(errs, fmt.Errorf("preempt grace, min runtime, max reservations and checkpoint timeout must not be negative"))
 	}
 	if c.LeaseTTL < 30*time.Millisecond || c.LeaseTTL > time.Minute {
 		errs = append(errs, fmt.Errorf("lease ttl is %s; want 30ms to 1m", c.LeaseTTL))

@@ -119,7 +119,7 @@ func newScheduler(cfg Config, b *bus.Bus, log *slog.Logger, term lease.Term) *sc
 	}
 	s.st = state.New(state.Config{Scheduler: cfg.Name, Boot: boot, MaxPlanBytes: cfg.MaxPlanBytes, Log: log,
 		Wake: s.markDirty, Admit: s.budget.Admit, Policy: cfg.Policy, PreemptGrace: cfg.PreemptGrace,
-		MinRuntime: cfg.MinRuntime, MaxReservations: reservations})
+		MinRuntime: cfg.MinRuntime, MaxReservations: reservations, CheckpointTimeout: cfg.CheckpointTimeout})
 	return s
 }
 
@@ -148,6 +148,11 @@ func (s *scheduler) run(ctx context.Context) error {
 	s.log.Info("scheduler live", "queued", queued)
 	g.Go(func() error { return s.demand.run(ctx) })
 	g.Go(func() error { return s.cycles(ctx) })
+	g.Go(func() error { return s.followDefrag(ctx) })
+	g.Go(func() error {
+		return s.bus.Consume(ctx, bus.ConsumerSpec{Stream: contracts.StreamOps, Durable: AlertsConsumer,
+			FilterSubjects: []string{contracts.SubjectAlertsAll}}, s.handleAlert)
+	})
 	// Intake waits for the budget statuses (budget.go).
 	budgetsSynced := make(chan struct{})
 	g.Go(func() error { return s.budget.run(ctx, func() { close(budgetsSynced) }) })

@@ -80,6 +80,10 @@ type Options struct {
 	// MinRuntime protects a started job from eviction until it has run
 	// this long; a job not started yet is never protected.
 	MinRuntime time.Duration
+	// Defragment chooses jobs to move rather than evict: any class is
+	// eligible (the jobs go on elsewhere), but only single-machine jobs,
+	// and the caller checks that each one fits elsewhere.
+	Defragment bool
 }
 
 // Choice is the outcome of Choose.
@@ -336,6 +340,9 @@ func (c *chooser) buildUnits() {
 func (c *chooser) eligible(v *Running) bool {
 	if !v.StartedAt.IsZero() && c.opt.Now.Sub(v.StartedAt) < c.opt.MinRuntime {
 		return false
+	}
+	if c.opt.Defragment {
+		return v.Gang == ""
 	}
 	vr, pr := v.Priority.Rank(), c.pri.Rank()
 	if vr < pr {

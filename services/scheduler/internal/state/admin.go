@@ -98,15 +98,19 @@ func (s *Store) book(snap placement.Snapshot) *fairshare.Book {
 	return b
 }
 
-// drain moves every job off the nodes an administrator drains, and off
-// GPUs their node's latest inventory reports unhealthy (an XID, a
-// double-bit ECC error, a card that fell off the bus): such a job is
-// checkpointed when it can, stopped, and requeued as its next attempt on
-// healthy devices, as a preemption victim is.
+// drain moves every job off the nodes held with a drain (an
+// administrator's, or the autoscaler's on a spot interruption notice, with
+// its cause and reclaim deadline), off single GPUs held with a drain (the
+// monitor's overheating and unhealthy-GPU alerts, through the scheduler's
+// alert consumer), and off GPUs their node's latest inventory reports
+// unhealthy (an XID, a double-bit ECC error, a card that fell off the bus).
+// Each such job migrates: checkpointed when it can, stopped, and requeued
+// as its next attempt elsewhere.
 func (s *Store) drain(now time.Time) {
 	for _, id := range s.cluster.ids {
 		n := s.cluster.nodes[id]
-		drained := n.admin != nil && n.admin.Drain
+		admin := n.admin
+		drained := admin != nil && admin.Drain
 		var sick map[string]bool
 		if n.inv != nil {
 			for _, g := range n.inv.GPUs {
@@ -118,40 +122,70 @@ func (s *Store) drain(now time.Time) {
 				}
 			}
 		}
-		if !drained && sick == nil {
+		if !drained && sick == nil && (admin == nil || len(admin.GPUs) == 0) {
 			continue
 		}
 		for _, a := range n.held {
-			bad := ""
-			for _, d := range a.Devices {
-				if sick[d.UUID] {
-					bad = d.UUID
-					break
-				}
-			}
-			if !drained && bad == "" {
-				continue
-			}
 			j := s.jobs[Key(a.Tenant, a.JobID)]
-			if j == nil || j.Attempt != a.Attempt || j.State.Terminal() || j.evict != "" {
+			if j == nil || j.Attempt != a.Attempt || j.State.Terminal() || j.evict != "" || j.cancel {
 				continue
 			}
 			if p := j.part(a.ID); p == nil || !p.committed || p.done() {
 				continue
 			}
-			if drained {
-				j.evict = contracts.ReasonDrained
-				j.evictMsg = fmt.Sprintf("node %s is drained by an administrator", id)
-				if n.admin.Reason != "" {
-					j.evictMsg += " (" + n.admin.Reason + ")"
-				}
-			} else {
-				j.evict = contracts.ReasonGPUUnhealthy
-				j.evictMsg = fmt.Sprintf("GPU %s of node %s is unhealthy; moved to healthy devices", bad, id)
+			if m, ok := s.moveFor(id, n, a, sick); ok {
+				s.evictJob(j, m)
 			}
-			s.advance(j)
 		}
 	}
+}
+
+// moveFor says whether allocation a on node id must move, and why: the
+// node's drain first (it takes every device), then an unhealthy GPU, then
+// a GPU's own hold.
+func (s *Store) moveFor(id string, n *nodeState, a *contracts.Allocation, sick map[string]bool) (move, bool) {
+	admin := n.admin
+	if admin != nil && admin.Drain {
+		m := move{reason: contracts.ReasonDrained, msg: fmt.Sprintf("node %s is drained by an administrator", id),
+			triggered: admin.Time}
+		if admin.Cause != "" {
+			m.reason = admin.Cause
+			m.msg = fmt.Sprintf("node %s is drained (%s)", id, admin.Cause)
+		}
+		if admin.Reason != "" {
+			m.msg += ": " + admin.Reason
+		}
+		if admin.Deadline != nil {
+			m.deadline = *admin.Deadline
+		}
+		return m, true
+	}
+	for _, d := range a.Devices {
+		if sick[d.UUID] {
+			m := move{reason: contracts.ReasonGPUUnhealthy,
+				msg: fmt.Sprintf("GPU %s of node %s is unhealthy; moved to healthy devices", d.UUID, id)}
+			if n.inv != nil {
+				m.triggered = n.inv.Time
+			}
+			return m, true
+		}
+	}
+	if admin == nil {
+		return move{}, false
+	}
+	for _, d := range a.Devices {
+		h, ok := admin.GPUs[d.UUID]
+		if !ok || !h.Drain {
+			continue
+		}
+		m := move{reason: cmpReason(h.Cause, contracts.ReasonDrained), triggered: h.Since,
+			msg: fmt.Sprintf("GPU %s of node %s is drained (%s)", d.UUID, id, cmpReason(h.Cause, contracts.ReasonDrained))}
+		if h.Reason != "" {
+			m.msg += ": " + h.Reason
+		}
+		return m, true
+	}
+	return move{}, false
 }
 
 // preempting reports whether j waits for victims it chose to stop: until
@@ -246,10 +280,8 @@ func (s *Store) preempt(now time.Time, preemptors []miss, b *fairshare.Book) {
 			}
 		}
 		for _, key := range keys {
-			vj := s.jobs[key]
-			vj.evict = contracts.ReasonPreempted
-			vj.evictMsg = fmt.Sprintf("preempted by %s/%s (priority %s)", j.Tenant, j.ID, j.Request.Priority)
-			s.advance(vj)
+			s.evictJob(s.jobs[key], move{reason: contracts.ReasonPreempted,
+				msg: fmt.Sprintf("preempted by %s/%s (priority %s)", j.Tenant, j.ID, j.Request.Priority)})
 		}
 		running = slices.DeleteFunc(running, func(r preempt.Running) bool {
 			return slices.Contains(keys, Key(r.Tenant, r.JobID))
@@ -281,7 +313,7 @@ func (s *Store) victimsOf(b *fairshare.Book) []preempt.Running {
 		}
 		r := preempt.Running{AllocationID: a.ID, Tenant: a.Tenant, JobID: a.JobID, NodeID: a.NodeID,
 			Devices: a.Devices, CPUMilli: a.CPUMilli, MemoryMiB: a.MemoryMiB, Priority: j.Request.Priority,
-			Borrowing: b.Borrowing(a.Tenant, a.Pool), Checkpointable: j.Request.Run.Checkpoint}
+			Borrowing: b != nil && b.Borrowing(a.Tenant, a.Pool), Checkpointable: j.Request.Run.Checkpoint}
 		if p.started != nil {
 			r.StartedAt = *p.started
 		}

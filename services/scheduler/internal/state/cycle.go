@@ -3,6 +3,7 @@ package state
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -42,6 +43,7 @@ func (s *Store) Cycle() CycleResult {
 	now := s.cfg.Now()
 	snap := s.cluster.snapshot(now)
 	s.drain(now)
+	s.checkEvicting()
 	p := placement.NewPlacer(snap, placement.Options{Policy: s.policyFor, Workload: s.workload.requests()})
 	book := s.book(snap)
 	type hit struct {
@@ -139,6 +141,13 @@ func (s *Store) Cycle() CycleResult {
 		if reserved > 0 {
 			r.Exclude, r.ExcludeKey = excluded(now, expectedRunTime(j.Request))
 		}
+		if len(j.avoid) > 0 {
+			// A job moved to consolidate capacity stays off the nodes it
+			// freed (defrag.go).
+			m := maps.Clone(j.avoid)
+			maps.Copy(m, r.Exclude)
+			r.Exclude, r.ExcludeKey = m, ""
+		}
 		d := p.Place(r)
 		if d.Placed() {
 			hits = append(hits, hit{j, d})
@@ -213,6 +222,7 @@ func (s *Store) Cycle() CycleResult {
 	if len(preemptors) > 0 {
 		s.preempt(now, preemptors, book)
 	}
+	s.defragment(now, misses)
 	waiting := make([]placement.Request, len(misses))
 	for i, m := range misses {
 		waiting[i] = m.r

@@ -132,7 +132,7 @@ func (c *cluster) snapshot(now time.Time) placement.Snapshot {
 			CPUMilliFree: inv.CPUMilli, MemoryMiBFree: inv.MemoryMiB,
 			GPUs: make([]placement.GPU, 0, len(inv.GPUs))}
 		for _, g := range inv.GPUs {
-			if !g.Healthy {
+			if !g.Healthy || gpuHeld(n.admin, g.UUID) {
 				continue
 			}
 			pg := placement.GPU{Index: g.Index, UUID: g.UUID, Model: g.Model, MemoryMiB: g.MemoryMiB,
@@ -180,6 +180,16 @@ func (c *cluster) snapshot(now time.Time) placement.Snapshot {
 		snap.Nodes = append(snap.Nodes, pn)
 	}
 	return snap
+}
+
+// gpuHeld reports whether a hold of its own keeps new work off GPU uuid
+// (a node's cordon is the node's: placement explains it per node).
+func gpuHeld(a *contracts.NodeAdmin, uuid string) bool {
+	if a == nil {
+		return false
+	}
+	h, ok := a.GPUs[uuid]
+	return ok && (h.Cordoned || h.Drain)
 }
 
 // pools lists every pool a node ever announced, ready or not.
@@ -407,6 +417,12 @@ func (s *Store) runFact(r contracts.RunEvent) {
 	if s.ahead(j, r.Attempt, func() { s.runFact(r) }) {
 		return
 	}
+	if j != nil && r.Kind == contracts.RunCheckpointed && r.Checkpoint != nil && r.Attempt <= j.Attempt {
+		// Any attempt's checkpoint is what the next one restores (the
+		// agent reads LATEST, whichever attempt wrote it); facts come in
+		// stream order, so the last one read is the latest.
+		j.lastCheckpoint = r.Checkpoint.Name
+	}
 	if j == nil || r.Attempt != j.Attempt || j.State.Terminal() {
 		return
 	}
@@ -442,7 +458,12 @@ func (s *Store) runFact(r contracts.RunEvent) {
 	case contracts.RunCheckpointed:
 		t := r.Time
 		p.checkpointed = &t
-		return
+		// A checkpoint counts as the move's when it was requested and
+		// written after the move was decided (a second of clock skew
+		// between scheduler and agent allowed).
+		if r.Checkpoint != nil && r.Checkpoint.Requested && !j.evictAt.IsZero() && !t.Before(j.evictAt.Add(-time.Second)) {
+			p.askedDone = true
+		}
 	case contracts.RunEnded:
 		if r.Result != nil && r.Result.Reason == contracts.ReasonNodeLost {
 			// The agent stopped the run because its allocation was
@@ -464,8 +485,7 @@ func (s *Store) runFact(r contracts.RunEvent) {
 // movedBy are the stop reasons that move a job rather than end it: a run
 // that ended for one of them is requeued as the next attempt.
 func movedBy(r contracts.Reason) bool {
-	return r == contracts.ReasonPreempted || r == contracts.ReasonDrained || r == contracts.ReasonGangIncomplete ||
-		r == contracts.ReasonGPUUnhealthy
+	return r == contracts.ReasonPreempted || r == contracts.ReasonGangIncomplete || migrates(r)
 }
 
 // advance moves j as far as its recorded facts allow, publishing one event
@@ -559,11 +579,7 @@ func (s *Store) advanceHeld(j *Job) bool {
 		stopFor = contracts.ReasonGangIncomplete
 	}
 	if stopFor != "" {
-		for _, p := range j.parts {
-			if p.live() && p.stopSent == "" {
-				s.stop(j, p, stopFor)
-			}
-		}
+		s.stopParts(j, stopFor)
 	}
 	if j.State == contracts.StateScheduled && j.count(func(p *part) bool {
 		return p.started != nil || (p.ended != nil && ranFor(p.ended))
@@ -576,6 +592,9 @@ func (s *Store) advanceHeld(j *Job) bool {
 				ev.Placements = pl
 			}
 		})
+	}
+	if j.State == contracts.StateRunning && j.moved != nil && j.evict == "" && !j.cancel {
+		s.migrated(j)
 	}
 	if j.count(func(p *part) bool { return p.done() }) < len(j.parts) {
 		return false
@@ -763,6 +782,7 @@ func (s *Store) requeue(j *Job, reason contracts.Reason, msg string) {
 	s.out = append(s.out, Publish{Subject: contracts.SubjectJobEvents(j.Tenant, j.ID), Key: j.key, Msg: ev,
 		ID: contracts.JobEventID(j.Tenant, j.ID, contracts.EventRequeued, next, 0)})
 	j.State = to
+	s.keepMove(j, reason)
 	s.resetAttempt(j, next)
 	if from != contracts.StateQueued {
 		// It was placed: its placement timeout counts from now. A gang
@@ -829,21 +849,20 @@ func (s *Store) cancelQueued(j *Job) {
 }
 
 // stop asks the agent of p's node to stop (or never start) p's run, for
-// reason. A checkpointable job being moved is asked to checkpoint first;
-// the stop's grace period is its time to do so.
+// reason. A job being moved gets the preemption grace period (shortened to
+// fit before a deadline) to exit cleanly; its checkpoint was asked for
+// and waited for before (stopParts).
 func (s *Store) stop(j *Job, p *part, reason contracts.Reason) {
 	p.stopSent = reason
 	a := p.alloc
 	now := s.cfg.Now().UTC()
 	var grace contracts.Duration
 	if movedBy(reason) {
-		grace = contracts.Duration(s.cfg.PreemptGrace)
-		if j.Request != nil && j.Request.Run.Checkpoint && p.started != nil {
-			cmd := contracts.NodeCommand{SchemaVersion: contracts.SchemaVersion, Kind: contracts.CommandCheckpointRun,
-				AllocationID: a.ID, Tenant: a.Tenant, JobID: a.JobID, Attempt: a.Attempt, Reason: reason, Time: now}
-			s.out = append(s.out, Publish{Subject: contracts.SubjectNodeCommands(a.NodeID), Key: j.key, Msg: cmd,
-				ID: contracts.CheckpointCommandID(a.ID, 1000)})
+		g := s.cfg.PreemptGrace
+		if !j.evictBy.IsZero() {
+			g = min(g, max(time.Second, j.evictBy.Sub(now)-deadlineMargin))
 		}
+		grace = contracts.Duration(g)
 	}
 	cmd := contracts.NodeCommand{SchemaVersion: contracts.SchemaVersion, Kind: contracts.CommandStopRun,
 		AllocationID: a.ID, Tenant: a.Tenant, JobID: a.JobID, Attempt: a.Attempt, Reason: reason,

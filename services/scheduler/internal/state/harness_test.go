@@ -175,6 +175,14 @@ func (h *harness) started(a contracts.Allocation, at time.Time) {
 	h.fact(func(s *Store) []Publish { return s.ApplyRun(r) })
 }
 
+func (h *harness) checkpointed(a contracts.Allocation, name string, requested bool) {
+	h.t.Helper()
+	r := contracts.RunEvent{SchemaVersion: 1, Kind: contracts.RunCheckpointed, AllocationID: a.ID,
+		Tenant: a.Tenant, JobID: a.JobID, Attempt: a.Attempt, NodeID: a.NodeID, Devices: a.Devices, Time: h.now,
+		Checkpoint: &contracts.Checkpoint{Name: name, Dir: "/ckpt/" + name, Requested: requested, Time: h.now}}
+	h.fact(func(s *Store) []Publish { return s.ApplyRun(r) })
+}
+
 func (h *harness) ended(a contracts.Allocation, res contracts.RunResult) {
 	h.t.Helper()
 	r := contracts.RunEvent{SchemaVersion: 1, Kind: contracts.RunEnded, AllocationID: a.ID,

@@ -73,6 +73,7 @@ func runInvariantSeed(t *testing.T, seed uint64) {
 	var live []contracts.Allocation    // committed, not released
 	seen := 0
 	jobN := 0
+	held := map[string]bool{} // GPUs under a hold: no new proposal may name one
 	for step := range 150 {
 		switch op := rng.IntN(10); {
 		case op < 3:
@@ -87,12 +88,20 @@ func runInvariantSeed(t *testing.T, seed uint64) {
 				r.Resources.GPU.Count, r.Resources.GPU.Nodes = 2, 2
 			}
 			r.Priority = contracts.Priorities[rng.IntN(len(contracts.Priorities))]
+			r.Run.Checkpoint = rng.IntN(2) == 0
 			r.Resources.CPUMilli = int64(rng.IntN(8000))
 			h.submit(tenants[rng.IntN(len(tenants))], r)
 		case op < 5:
 			h.cycle()
 			for _, p := range h.plans[seen:] {
 				pending = append(pending, p.Items...)
+				for _, a := range p.Items {
+					for _, d := range a.Devices {
+						if held[d.UUID] {
+							t.Fatalf("step %d: %s proposed on held GPU %s", step, a.ID, d.UUID)
+						}
+					}
+				}
 			}
 			seen = len(h.plans)
 			checkProposals(t, step, pending, live)
@@ -117,6 +126,10 @@ func runInvariantSeed(t *testing.T, seed uint64) {
 				h.started(a, h.now)
 				break
 			}
+			if rng.IntN(3) == 0 {
+				h.checkpointed(a, fmt.Sprintf("c%d", step), rng.IntN(2) == 0)
+				break
+			}
 			live = append(live[:i], live[i+1:]...)
 			delete(ref.byID, a.ID)
 			outcome := contracts.OutcomeSucceeded
@@ -128,6 +141,34 @@ func runInvariantSeed(t *testing.T, seed uint64) {
 			}
 			h.ended(a, contracts.RunResult{Outcome: outcome, Reason: reason, StartedAt: h.now, EndedAt: h.now})
 			h.release(a, contracts.ReasonRunEnded, nil)
+		case rng.IntN(3) == 0:
+			// The platform's holds and alerts: a spot notice drains a
+			// node, an alert holds one GPU, or a pool is fragmented.
+			node := fmt.Sprintf("n%d", rng.IntN(nodes))
+			switch rng.IntN(4) {
+			case 0:
+				deadline := h.now.Add(2 * time.Minute)
+				h.st.ApplyNodeAdmin(node, &contracts.NodeAdmin{NodeID: node, Cordoned: true, Drain: true,
+					Cause: contracts.ReasonSpotInterruption, Deadline: &deadline})
+				for g := range 5 {
+					held[fmt.Sprintf("%s-gpu%d", node, g)] = true
+				}
+			case 1:
+				uuid := fmt.Sprintf("%s-gpu%d", node, rng.IntN(2))
+				h.st.ApplyNodeAdmin(node, &contracts.NodeAdmin{NodeID: node, GPUs: map[string]contracts.GPUHold{
+					uuid: {Cordoned: true, Drain: true, Cause: contracts.ReasonOverheating}}})
+				for g := range 5 {
+					delete(held, fmt.Sprintf("%s-gpu%d", node, g))
+				}
+				held[uuid] = true
+			case 2:
+				h.st.ApplyNodeAdmin(node, nil)
+				for g := range 5 {
+					delete(held, fmt.Sprintf("%s-gpu%d", node, g))
+				}
+			default:
+				h.st.ApplyDefrag([]string{"p", "q"}[rng.IntN(2)], "frag", rng.IntN(2) == 0)
+			}
 		default:
 			h.now = h.now.Add(time.Duration(rng.IntN(90)) * time.Second)
 		}

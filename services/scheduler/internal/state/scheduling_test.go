@@ -224,6 +224,12 @@ func TestPreemptionRequeuesTheVictimWithItsNextAttempt(t *testing.T) {
 	}
 	h.now = h.now.Add(2 * time.Minute)
 	h.cycle()
+	// Checkpoint first: the stop waits for the checkpoint it asked for,
+	// or SIGTERM would cut the checkpoint short.
+	if cmds := h.commandsFor(la.ID); len(cmds) != 1 || cmds[0].Kind != contracts.CommandCheckpointRun {
+		t.Fatalf("victim commands before its checkpoint: %+v", cmds)
+	}
+	h.checkpointed(la, "ckpt-1", true)
 	cmds := h.commandsFor(la.ID)
 	if len(cmds) != 2 || cmds[0].Kind != contracts.CommandCheckpointRun || cmds[1].Kind != contracts.CommandStopRun ||
 		cmds[1].Reason != contracts.ReasonPreempted || cmds[1].GracePeriod.D() != 20*time.Second {

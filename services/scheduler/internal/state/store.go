@@ -68,6 +68,11 @@ type Config struct {
 	Policy contracts.PlacementPolicy
 	// MaxReservations bounds the backfill reservations one cycle makes.
 	MaxReservations int
+	// CheckpointTimeout bounds how long a checkpointable job being moved
+	// is waited for to report the checkpoint it was asked for before it is
+	// stopped anyway (default 30s; a deadline, such as a spot reclaim,
+	// shortens it).
+	CheckpointTimeout time.Duration
 }
 
 // Publish is one message to publish. Messages with the same Key (one job)
@@ -105,6 +110,20 @@ type Job struct {
 	// the end of its runs then requeues the job as the next attempt.
 	evict    contracts.Reason
 	evictMsg string
+	// evictBy is when the devices go away (a spot reclaim); zero when
+	// they stay. evictAt is when the move was decided: a checkpoint asked
+	// for then is waited for until CheckpointTimeout (or evictBy) passes.
+	evictBy, evictAt time.Time
+	// migration is the current attempt's move, once its migrating event
+	// was published; moved is the last move, kept until an attempt runs
+	// again and migrated is published.
+	migration, moved *contracts.Migration
+	// lastCheckpoint names the last complete checkpoint any attempt
+	// reported: what the next attempt restores (GPUPLANE_RESTORE_FROM).
+	lastCheckpoint string
+	// avoid are nodes the next attempt must not use: a job moved to
+	// consolidate capacity stays off the nodes it freed.
+	avoid map[string]bool
 	// victims are the allocations this one preempted, until the ledger
 	// releases them: it waits for their devices rather than choosing
 	// more victims.
@@ -140,8 +159,11 @@ type part struct {
 	ended     *contracts.RunResult
 	released  *contracts.LedgerEntry
 	stopSent  contracts.Reason // the reason of the stop sent, "" when none
-	// checkpointed is when the run last reported a complete checkpoint.
+	// checkpointed is when the run last reported a complete checkpoint;
+	// askedDone is set when one answered the move's checkpoint request.
 	checkpointed *time.Time
+	askedSent    bool
+	askedDone    bool
 }
 
 // done reports whether the part no longer runs: its run ended, or its
@@ -209,6 +231,12 @@ type Store struct {
 	// servedSeq): fair share breaks ties in favour of the longest waiting.
 	served    map[string]uint64
 	servedSeq uint64
+	// evicting are the jobs being moved, until their next attempt: a
+	// cycle looks at them for checkpoint waits that timed out.
+	evicting map[string]*Job
+	// defrag are the pools whose free capacity the monitor reports
+	// fragmented (a firing defragment alert), with the alert's key.
+	defrag map[string]string
 }
 
 // New returns an empty store.
@@ -234,6 +262,9 @@ func New(cfg Config) *Store {
 	if cfg.MaxReservations == 0 {
 		cfg.MaxReservations = 4
 	}
+	if cfg.CheckpointTimeout <= 0 {
+		cfg.CheckpointTimeout = 30 * time.Second
+	}
 	return &Store{
 		cfg:           cfg,
 		log:           cfg.Log,
@@ -247,6 +278,8 @@ func New(cfg Config) *Store {
 		quotas:        map[string]contracts.TenantQuota{},
 		pools:         map[string]contracts.PoolConfig{},
 		served:        map[string]uint64{},
+		evicting:      map[string]*Job{},
+		defrag:        map[string]string{},
 	}
 }
 
@@ -322,7 +355,19 @@ func (s *Store) ReplayJobEvent(ev contracts.JobEvent, seq uint64, msgID string) 
 		}
 	case contracts.EventScheduled:
 		s.queue.Remove(key)
+	case contracts.EventMigrating:
+		if ev.Attempt == j.Attempt && ev.Migration != nil {
+			m := *ev.Migration
+			j.migration, j.evict, j.evictMsg, j.evictAt = &m, m.Reason, ev.Message, ev.Time
+			if m.Deadline != nil {
+				j.evictBy = *m.Deadline
+			}
+			s.evicting[key] = j
+		}
+	case contracts.EventMigrated:
+		j.moved = nil
 	case contracts.EventRequeued:
+		s.keepMove(j, ev.Reason)
 		s.resetAttempt(j, ev.Attempt)
 		if from != contracts.StateQueued {
 			j.queuedAt = ev.Time // placed once: a new wait (requeue)
@@ -673,6 +718,7 @@ func (s *Store) setPending(j *Job, p placement.Pending) {
 // fly records the parts of a plan for j's current attempt as in flight.
 func (s *Store) fly(j *Job, items []*contracts.Allocation) {
 	j.parts = make([]*part, len(items))
+	j.avoid = nil
 	for i, item := range items {
 		j.parts[i] = &part{alloc: *item, inFlight: true}
 		s.flying[item.ID] = j
@@ -702,6 +748,8 @@ func (s *Store) resetAttempt(j *Job, attempt int) {
 	s.landAll(j)
 	j.Attempt = attempt
 	j.parts, j.evict, j.evictMsg, j.victims = nil, "", "", nil
+	j.evictBy, j.evictAt, j.migration = time.Time{}, time.Time{}, nil
+	delete(s.evicting, j.key)
 	j.pubPending, j.pendingSeq, j.Pending, j.pubPendingAt = "", 0, placement.Pending{}, time.Time{}
 }
 
@@ -711,6 +759,8 @@ func (s *Store) finish(j *Job) {
 	s.queue.Remove(j.key)
 	s.landAll(j)
 	j.Request, j.parts, j.victims, j.later = nil, nil, nil, nil
+	j.migration, j.moved, j.avoid = nil, nil, nil
+	delete(s.evicting, j.key)
 	j.Pending = placement.Pending{}
 	// Jobs that depend on this one may now run, or must be cancelled.
 	s.cfg.Wake()

@@ -1,0 +1,173 @@
+package state
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/services/scheduler/internal/placement"
+	"github.com/gpuplane/gpuplane/services/scheduler/internal/preempt"
+)
+
+// Defragmentation: while the monitor reports a pool's free capacity
+// fragmented (a firing defragment alert), a job blocked there by capacity
+// may have small jobs moved out of its way, when
+//   - moving them lets it start: preempt.Choose, in defragment mode, finds
+//     the cheapest set of single-machine jobs whose devices it needs;
+//   - every moved job fits elsewhere right now, off the freed nodes (it is
+//     migrated, not evicted to wait);
+//   - the progress lost is worth it: each move costs its GPUs × (the time
+//     since its start or last checkpoint, nothing for a job that
+//     checkpoints first, plus moveOverhead for the restart), and the sum
+//     must not exceed the blocked job's GPUs × the time it has waited;
+//   - at most maxDefragMoves jobs, for one blocked job per cycle.
+// The moved jobs keep off the freed nodes in their next attempt (avoid), so
+// the blocked job, waiting for their releases as a preemptor does, gets
+// them.
+
+const (
+	maxDefragMoves = 4
+	moveOverhead   = 30 * time.Second
+)
+
+// ApplyDefrag records whether pool's defragment alert (key) fires.
+func (s *Store) ApplyDefrag(pool, key string, firing bool) {
+	switch {
+	case firing:
+		s.defrag[pool] = key
+	case s.defrag[pool] == key:
+		delete(s.defrag, pool)
+	}
+	s.cfg.Wake()
+}
+
+// defragment tries the cycle's blocked jobs, in queue order, until one
+// gets room.
+func (s *Store) defragment(now time.Time, misses []miss) {
+	if len(s.defrag) == 0 {
+		return
+	}
+	var snap placement.Snapshot
+	var running []preempt.Running
+	for _, m := range misses {
+		j := m.j
+		if j.State != contracts.StateQueued || len(j.parts) > 0 || len(j.victims) > 0 || j.Request == nil ||
+			j.Pending.Code != contracts.PendingInsufficientGPUs {
+			continue
+		}
+		pools := slices.Sorted(maps.Keys(s.defrag))
+		if m.r.Pool != "" {
+			if _, ok := s.defrag[m.r.Pool]; !ok {
+				continue
+			}
+			pools = []string{m.r.Pool}
+		}
+		if running == nil {
+			snap = s.cluster.snapshot(now)
+			running = s.movable()
+		}
+		for _, pool := range pools {
+			r := m.r
+			r.Pool, r.Exclude, r.ExcludeKey = pool, nil, ""
+			choice, ok := preempt.Choose(snap, running, preempt.Preemptor{Request: r, Priority: j.Request.Priority},
+				preempt.Options{Now: now, MinRuntime: s.cfg.MinRuntime, Defragment: true})
+			if !ok || len(choice.Victims) == 0 || len(choice.Victims) > maxDefragMoves {
+				continue
+			}
+			freed := map[string]bool{}
+			for _, p := range choice.Parts {
+				freed[p.NodeID] = true
+			}
+			if !s.refits(snap, choice.Victims, freed) {
+				continue
+			}
+			lost, gain := moveCost(now, choice.Victims), gpuSeconds(j.Request.Resources.GPU.MilliGPUs(), now.Sub(j.queuedAt))
+			if lost > gain {
+				s.log.Debug("defragmentation not worth it", "tenant", j.Tenant, "job_id", j.ID, "lost_gpu_s", lost, "gain_gpu_s", gain)
+				continue
+			}
+			s.consolidate(j, choice, freed, pool)
+			return
+		}
+	}
+}
+
+// movable lists the single-machine jobs a consolidation may move.
+func (s *Store) movable() []preempt.Running {
+	var out []preempt.Running
+	for _, r := range s.victimsOf(nil) {
+		if r.Gang == "" {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// refits reports whether every victim can be placed again at once on the
+// cluster as it is, off the freed nodes.
+func (s *Store) refits(snap placement.Snapshot, victims []preempt.Running, freed map[string]bool) bool {
+	p := placement.NewPlacer(snap, placement.Options{Policy: s.policyFor, Workload: s.workload.requests()})
+	for _, v := range victims {
+		vj := s.jobs[Key(v.Tenant, v.JobID)]
+		if vj == nil || vj.Request == nil {
+			return false
+		}
+		r := s.request(vj, 0)
+		r.Exclude, r.ExcludeKey = freed, "defrag-freed"
+		if !p.Place(r).Placed() {
+			return false
+		}
+	}
+	return true
+}
+
+// moveCost is the progress the victims lose, with the restart overhead,
+// in GPU-seconds.
+func moveCost(now time.Time, victims []preempt.Running) float64 {
+	var total float64
+	for _, v := range victims {
+		lost := moveOverhead
+		if !v.StartedAt.IsZero() && !v.Checkpointable {
+			from := v.StartedAt
+			if v.LastCheckpoint.After(from) {
+				from = v.LastCheckpoint
+			}
+			lost += now.Sub(from)
+		}
+		var milli int64
+		for _, d := range v.Devices {
+			milli += milliOf(&contracts.Allocation{Devices: []contracts.DeviceRef{d}})
+		}
+		total += gpuSeconds(milli, lost)
+	}
+	return total
+}
+
+func gpuSeconds(milli int64, d time.Duration) float64 {
+	return float64(milli) / 1000 * d.Seconds()
+}
+
+// consolidate moves the victims and makes j wait for their devices.
+func (s *Store) consolidate(j *Job, choice preempt.Choice, freed map[string]bool, pool string) {
+	var keys, allocs []string
+	nodes := slices.Sorted(maps.Keys(freed))
+	for _, v := range choice.Victims {
+		allocs = append(allocs, v.AllocationID)
+		key := Key(v.Tenant, v.JobID)
+		if slices.Contains(keys, key) {
+			continue
+		}
+		keys = append(keys, key)
+		vj := s.jobs[key]
+		vj.avoid = maps.Clone(freed)
+		s.evictJob(vj, move{reason: contracts.ReasonDefragment, triggered: s.cfg.Now(),
+			msg: fmt.Sprintf("moved to consolidate pool %s: %s/%s needs %s", pool, j.Tenant, j.ID, strings.Join(nodes, ", "))})
+	}
+	j.victims = allocs
+	s.setPending(j, placement.Pending{Code: contracts.PendingPreempting,
+		Message: "defragmenting pool " + pool + ": moving " + strings.Join(keys, ", ") + " off " + strings.Join(nodes, ", ")})
+	s.log.Info("defragmenting", "tenant", j.Tenant, "job_id", j.ID, "moved", keys, "nodes", nodes)
+}
