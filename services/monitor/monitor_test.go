@@ -114,7 +114,17 @@ func TestMetricsFromStreams(t *testing.T) {
 			`gpuplane_alerts_firing{kind="gpu_memory_high"} 0`,
 			`gpuplane_alerts_firing{kind="gpu_temp_rising"} 0`,
 			`gpuplane_alerts_firing{kind="gpu_xid"} 1`,
+			`gpuplane_alerts_firing{kind="pool_fragmented"} 0`,
 			`gpuplane_alerts_firing{kind="pool_util_high"} 0`,
+			// Every live GPU is held: nothing free, nothing fragmented.
+			`gpuplane_pool_fragmentation_ratio{pool="a100"} 0`,
+			`gpuplane_pool_fragmentation_ratio{pool="h100"} 0`,
+			`gpuplane_pool_free_milligpus{pool="a100"} 0`,
+			`gpuplane_pool_free_milligpus{pool="h100"} 0`,
+			`gpuplane_pool_idle_free_milligpus{pool="a100"} 0`,
+			`gpuplane_pool_idle_free_milligpus{pool="h100"} 0`,
+			// acme's j1 waits, not yet explained; beta's j4 was cancelled.
+			`gpuplane_pool_queue_depth{pool="",reason="none"} 1`,
 			// n1: two ticks of two GPUs (5, 5, 87, 0); n3: its last sample.
 			`gpuplane_node_gpu_util_1m{Hostname="host-1",node="n1",pool="h100"} 24.25`,
 			`gpuplane_node_gpu_util_1m{Hostname="host-3",node="n3",pool="a100"} 100`,

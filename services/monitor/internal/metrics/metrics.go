@@ -99,6 +99,27 @@ var (
 		"Mean GPU utilization (in %) of a machine's GPUs over the last minute.", []string{"node", "Hostname", "pool"}, nil)
 	tenantUtilDesc = prometheus.NewDesc("gpuplane_tenant_gpu_util_1m",
 		"Mean GPU utilization (in %) of the GPUs a tenant's allocations hold, over the last minute.", []string{"tenant"}, nil)
+	queueDesc = prometheus.NewDesc("gpuplane_pool_queue_depth",
+		"Queued jobs by the pool they ask for (\"\" for any) and the scheduler's pending reason (none: not yet given).",
+		[]string{"pool", "reason"}, nil)
+	fragmentationDesc = prometheus.NewDesc("gpuplane_pool_fragmentation_ratio",
+		"Share of a pool's free GPU capacity (milli-GPU) that is not on fully idle healthy machines: "+
+			"1 - free_on_idle_machines/free_total, 0 when nothing is free.", []string{"pool"}, nil)
+	freeMilliDesc = prometheus.NewDesc("gpuplane_pool_free_milligpus",
+		"Free capacity of a pool's healthy GPUs on live nodes, in thousandths of a GPU, from inventory and ledger.", []string{"pool"}, nil)
+	idleMilliDesc = prometheus.NewDesc("gpuplane_pool_idle_free_milligpus",
+		"The part of gpuplane_pool_free_milligpus on fully idle healthy machines.", []string{"pool"}, nil)
+	requeuesDesc = prometheus.NewDesc("gpuplane_job_requeues_total",
+		"Jobs requeued, by the pool they ran on and reason, once per job attempt.", []string{"pool", "reason"}, nil)
+	preemptionsDesc = prometheus.NewDesc("gpuplane_preemptions_total",
+		"Jobs requeued because they were preempted, by the pool they ran on, once per job attempt.", []string{"pool"}, nil)
+	migrationsDesc = prometheus.NewDesc("gpuplane_job_migrations_total",
+		"Job moves, by pool moved from, reason and event (migrating: started; migrated: running on new devices).",
+		[]string{"pool", "reason", "event"}, nil)
+	scaleDesc = prometheus.NewDesc("gpuplane_scale_decisions_total",
+		"Autoscaler decisions by pool and direction, once per decision ID.", []string{"pool", "direction"}, nil)
+	machineEventsDesc = prometheus.NewDesc("gpuplane_machine_events_total",
+		"Autoscaler machine events by pool and kind, once per machine and kind.", []string{"pool", "kind"}, nil)
 	alertsFiringDesc = prometheus.NewDesc("gpuplane_alerts_firing",
 		"Open alert episodes of each rule.", []string{"kind"}, nil)
 )
@@ -129,7 +150,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	}
 	for _, d := range []*prometheus.Desc{jobsDesc, queueDepthDesc, allocatedDesc, tenantAllocatedDesc,
 		gpusTotalDesc, nodesDesc, telemetryDesc, pendingJobsDesc, pendingGPUsDesc, freeGPUsDesc, allocRatioDesc,
-		poolUtilDesc, nodeUtilDesc, tenantUtilDesc, alertsFiringDesc} {
+		poolUtilDesc, nodeUtilDesc, tenantUtilDesc, alertsFiringDesc, queueDesc, fragmentationDesc, freeMilliDesc,
+		idleMilliDesc, requeuesDesc, preemptionsDesc, migrationsDesc, scaleDesc, machineEventsDesc} {
 		ch <- d
 	}
 }
@@ -174,6 +196,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(tenantAllocatedDesc, prometheus.GaugeValue, float64(a.GPUs), a.Pool, a.Tenant)
 	}
 	ch <- prometheus.MustNewConstMetric(telemetryDesc, prometheus.CounterValue, float64(s.TelemetryMessages))
+	collectPlatform(ch, s)
 	if c.win == nil {
 		return
 	}
@@ -188,5 +211,39 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for kind, n := range c.win.Firing() {
 		ch <- prometheus.MustNewConstMetric(alertsFiringDesc, prometheus.GaugeValue, float64(n), kind)
+	}
+}
+
+// collectPlatform emits the queue, capacity and event counter series.
+func collectPlatform(ch chan<- prometheus.Metric, s readmodel.Snapshot) {
+	for _, q := range s.Queue {
+		ch <- prometheus.MustNewConstMetric(queueDesc, prometheus.GaugeValue, float64(q.Jobs), q.Pool, q.Reason)
+	}
+	for _, c := range s.Capacity {
+		ch <- prometheus.MustNewConstMetric(fragmentationDesc, prometheus.GaugeValue, c.Fragmentation(), c.Pool)
+		ch <- prometheus.MustNewConstMetric(freeMilliDesc, prometheus.GaugeValue, float64(c.FreeMilli), c.Pool)
+		ch <- prometheus.MustNewConstMetric(idleMilliDesc, prometheus.GaugeValue, float64(c.IdleMilli), c.Pool)
+	}
+	preempted := map[string]uint64{}
+	for _, r := range s.Counters.Requeues {
+		ch <- prometheus.MustNewConstMetric(requeuesDesc, prometheus.CounterValue, float64(r.N), r.Pool, r.Label)
+		if _, ok := preempted[r.Pool]; !ok {
+			preempted[r.Pool] = 0
+		}
+		if r.Label == string(contracts.ReasonPreempted) {
+			preempted[r.Pool] += r.N
+		}
+	}
+	for pool, n := range preempted {
+		ch <- prometheus.MustNewConstMetric(preemptionsDesc, prometheus.CounterValue, float64(n), pool)
+	}
+	for _, m := range s.Counters.Moves {
+		ch <- prometheus.MustNewConstMetric(migrationsDesc, prometheus.CounterValue, float64(m.N), m.Pool, m.Reason, string(m.Event))
+	}
+	for _, d := range s.Counters.ScaleDecisions {
+		ch <- prometheus.MustNewConstMetric(scaleDesc, prometheus.CounterValue, float64(d.N), d.Pool, d.Label)
+	}
+	for _, e := range s.Counters.MachineEvents {
+		ch <- prometheus.MustNewConstMetric(machineEventsDesc, prometheus.CounterValue, float64(e.N), e.Pool, e.Label)
 	}
 }

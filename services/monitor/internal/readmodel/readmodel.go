@@ -25,8 +25,9 @@ type Model struct {
 	gpus          map[string]GPU       // by GPU UUID (node ID + index when the UUID is empty)
 	nodeSeen      map[string]time.Time // node ID → time of its latest telemetry
 
-	jobs      map[jobKey]contracts.JobState
+	jobs      map[jobKey]*job
 	jobCounts map[string]map[contracts.JobState]int // tenant → state → jobs
+	ops       ops                                   // queue by reason, moves, scale events (platform.go)
 
 	allocs      map[string]allocation // by allocation ID, committed and not released
 	allocTenant map[poolTenant]int    // GPUs allocated, kept at 0 once seen
@@ -49,14 +50,18 @@ type jobKey struct{ tenant, job string }
 type poolTenant struct{ pool, tenant string }
 
 type allocation struct {
-	pool, tenant string
-	gpus         int
+	pool, tenant, node string
+	gpus               int
+	// milli is what it holds of each GPU, by UUID, in thousandths.
+	milli map[string]int64
 }
 
 type node struct {
 	pool string
 	gpus int
 	lost bool
+	// healthy is the health of each GPU, by UUID, from the inventory.
+	healthy map[string]bool
 }
 
 // New returns an empty model.
@@ -64,7 +69,8 @@ func New() *Model {
 	return &Model{
 		gpus:        map[string]GPU{},
 		nodeSeen:    map[string]time.Time{},
-		jobs:        map[jobKey]contracts.JobState{},
+		jobs:        map[jobKey]*job{},
+		ops:         newOps(),
 		jobCounts:   map[string]map[contracts.JobState]int{},
 		allocs:      map[string]allocation{},
 		allocTenant: map[poolTenant]int{},
@@ -105,7 +111,11 @@ func (m *Model) ApplyJobEvent(tenant, jobID string, ev contracts.JobEvent) error
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	k := jobKey{tenant, jobID}
-	from := m.jobs[k]
+	j := m.jobs[k]
+	if j == nil {
+		j = &job{}
+	}
+	from := j.state
 	to, err := contracts.Transition(from, ev.Type)
 	if err != nil {
 		return err
@@ -119,7 +129,9 @@ func (m *Model) ApplyJobEvent(tenant, jobID string, ev contracts.JobEvent) error
 		counts[from]--
 	}
 	counts[to]++
-	m.jobs[k] = to
+	m.ops.applyJobEvent(j, ev, to)
+	j.state = to
+	m.jobs[k] = j
 	return nil
 }
 
@@ -136,7 +148,7 @@ func (m *Model) ApplyLedger(e contracts.LedgerEntry) {
 		if _, ok := m.allocs[a.ID]; ok {
 			return
 		}
-		m.allocs[a.ID] = allocation{pool: a.Pool, tenant: a.Tenant, gpus: len(a.Devices)}
+		m.allocs[a.ID] = allocation{pool: a.Pool, tenant: a.Tenant, node: a.NodeID, gpus: len(a.Devices), milli: deviceMilli(a.Devices)}
 		m.allocTenant[pt] += len(a.Devices)
 	case contracts.LedgerReleased:
 		held, ok := m.allocs[a.ID]
@@ -174,6 +186,10 @@ func (m *Model) ApplyInventory(nodeID string, inv contracts.NodeInventory) {
 	defer m.mu.Unlock()
 	n := m.nodes[nodeID]
 	n.pool, n.gpus = inv.Pool, len(inv.GPUs)
+	n.healthy = make(map[string]bool, len(inv.GPUs))
+	for _, g := range inv.GPUs {
+		n.healthy[g.UUID] = g.Healthy
+	}
 	m.nodes[nodeID] = n
 }
 
@@ -209,6 +225,12 @@ type Snapshot struct {
 	TenantAllocations []TenantAllocation
 	// Demand is the scheduler's latest demand of every pool, by pool.
 	Demand []contracts.PoolDemand
+	// Capacity is the free capacity of every pool with live nodes, by pool.
+	Capacity []PoolCapacity
+	// Queue counts queued jobs by requested pool and pending reason.
+	Queue []QueueCount
+	// Counters are the platform's event counters.
+	Counters Counters
 }
 
 // JobCount is how many jobs of a tenant are in one state.
@@ -290,5 +312,8 @@ func (m *Model) Snapshot(freshSince time.Time) Snapshot {
 	}
 	slices.SortFunc(s.Demand, func(a, b contracts.PoolDemand) int { return cmp.Compare(a.Pool, b.Pool) })
 	slices.SortFunc(s.Pools, func(a, b PoolCount) int { return cmp.Compare(a.Pool, b.Pool) })
+	s.Capacity = m.capacity()
+	s.Queue = m.ops.queue()
+	s.Counters = m.ops.counters()
 	return s
 }

@@ -39,10 +39,20 @@ const (
 	MetricXID        Metric = "xid"          // last XID, 0 when none
 	MetricUnhealthy  Metric = "unhealthy"    // 1 when the agent marked the GPU unhealthy
 	MetricThrottled  Metric = "throttled"    // 1 when thermal or power-brake throttled
+	// Platform metrics of a pool, fed by IngestPool from the read model
+	// (scope pool only), not by telemetry.
+	MetricFragmentationPct Metric = "fragmentation_pct" // free capacity not on idle machines, % (see readmodel.PoolCapacity)
+	MetricPendingJobs      Metric = "pending_jobs"      // jobs waiting for the pool, as the scheduler last said
 )
 
 var metrics = []Metric{MetricGPUUtil, MetricMemUsedPct, MetricTempC, MetricPowerW, MetricECCSBE,
-	MetricECCDBE, MetricXID, MetricUnhealthy, MetricThrottled}
+	MetricECCDBE, MetricXID, MetricUnhealthy, MetricThrottled, MetricFragmentationPct, MetricPendingJobs}
+
+// numTelemetryMetrics is how many metrics, first in metrics, come from GPU
+// samples; the others are pool platform metrics.
+const numTelemetryMetrics = 9
+
+func isPlatform(m Metric) bool { return metricIndex(m) >= numTelemetryMetrics }
 
 // Agg reduces a window to one value.
 type Agg string
@@ -75,6 +85,7 @@ const (
 	ActionScaleUp      = contracts.AlertActionScaleUp
 	ActionDrainGPU     = contracts.AlertActionDrainGPU
 	ActionGPUUnhealthy = contracts.AlertActionGPUUnhealthy
+	ActionDefragment   = contracts.AlertActionDefragment
 )
 
 // Duration is a time.Duration written as "90s" or "5m" in the file.
@@ -117,6 +128,17 @@ type Rule struct {
 	// (scale_up, drain_gpu, gpu_unhealthy); "" only informs.
 	Action  string `yaml:"action,omitempty" json:"action,omitempty"`
 	Summary string `yaml:"summary,omitempty" json:"summary,omitempty"`
+	// While lists further conditions on the same series that must hold
+	// too, each on the last value of its metric in Window: defragment only
+	// while jobs wait.
+	While []Condition `yaml:"while,omitempty" json:"while,omitempty"`
+}
+
+// Condition compares the last value of Metric with Threshold by Op.
+type Condition struct {
+	Metric    Metric  `yaml:"metric" json:"metric"`
+	Op        Op      `yaml:"op" json:"op"`
+	Threshold float64 `yaml:"threshold" json:"threshold"`
 }
 
 // Config is a rules file.
@@ -133,6 +155,10 @@ func DefaultConfig() Config {
 		{Kind: "pool_util_high", Scope: ScopePool, Metric: MetricGPUUtil, Agg: AggAvg, Window: Duration(time.Minute),
 			Op: OpGT, Threshold: 90, For: Duration(5 * time.Minute), Severity: "warning", Action: ActionScaleUp,
 			Summary: "pool GPU utilisation above 90% for 5 minutes"},
+		{Kind: "pool_fragmented", Scope: ScopePool, Metric: MetricFragmentationPct, Agg: AggLast, Window: Duration(5 * time.Second),
+			Op: OpGT, Threshold: 30, For: Duration(time.Minute), Severity: "warning", Action: ActionDefragment,
+			While:   []Condition{{Metric: MetricPendingJobs, Op: OpGT, Threshold: 0}},
+			Summary: "over 30% of the pool's free GPU capacity is off idle machines while jobs wait: defragment"},
 		{Kind: "gpu_memory_high", Scope: ScopeGPU, Metric: MetricMemUsedPct, Agg: AggLast, Window: Duration(5 * time.Second),
 			Op: OpGT, Threshold: 90, For: Duration(time.Minute), Severity: "warning",
 			Summary: "GPU memory above 90% for 1 minute"},
@@ -225,6 +251,19 @@ func (c Config) Validate() error {
 		if !slices.Contains(metrics, r.Metric) {
 			bad("metric %q: want one of %v", r.Metric, metrics)
 		}
+		for _, c := range r.While {
+			if !slices.Contains(metrics, c.Metric) {
+				bad("while metric %q: want one of %v", c.Metric, metrics)
+			}
+			if !slices.Contains(ops, c.Op) {
+				bad("while op %q: want one of %v", c.Op, ops)
+			}
+		}
+		for _, m := range append([]Metric{r.Metric}, conditionMetrics(r.While)...) {
+			if slices.Contains(metrics, m) && isPlatform(m) && r.Scope != ScopePool {
+				bad("metric %q is a pool metric: want scope pool", m)
+			}
+		}
 		if !slices.Contains(aggs, r.Agg) {
 			bad("agg %q: want one of %v", r.Agg, aggs)
 		}
@@ -242,4 +281,12 @@ func (c Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+func conditionMetrics(cs []Condition) []Metric {
+	out := make([]Metric, 0, len(cs))
+	for _, c := range cs {
+		out = append(out, c.Metric)
+	}
+	return out
 }

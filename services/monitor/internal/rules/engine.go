@@ -59,7 +59,7 @@ type Engine struct {
 
 const (
 	numScopes  = 4
-	numMetrics = 9
+	numMetrics = 11
 )
 
 func scopeIndex(s Scope) int   { return slices.Index(scopes, s) }
@@ -95,8 +95,11 @@ func New(cfg Config) (*Engine, error) {
 		e.series[sc] = map[string]*series{}
 	}
 	for _, r := range e.rules {
-		sc, m := scopeIndex(r.Scope), metricIndex(r.Metric)
-		spans[sc][m] = max(spans[sc][m], time.Duration(r.Window))
+		sc := scopeIndex(r.Scope)
+		for _, metric := range append([]Metric{r.Metric}, conditionMetrics(r.While)...) {
+			m := metricIndex(metric)
+			spans[sc][m] = max(spans[sc][m], time.Duration(r.Window))
+		}
 		e.state = append(e.state, map[string]*ruleState{})
 	}
 	for sc := range numScopes {
@@ -202,12 +205,48 @@ func (e *Engine) get(sc Scope, key string, labels func() map[string]string) *ser
 	return s
 }
 
+// add puts a GPU sample's metrics in the series' rings; pool platform
+// metrics are left to IngestPool.
 func (e *Engine) add(sc Scope, s *series, ns int64, v *[numMetrics]float64) {
 	idx := &e.ring[scopeIndex(sc)]
-	for m, r := range idx {
+	for m, r := range idx[:numTelemetryMetrics] {
 		if r >= 0 {
 			s.rings[r].Add(ns, v[m])
 		}
+	}
+	s.last = max(s.last, ns)
+}
+
+// PoolValues are a pool's platform metrics at one time.
+type PoolValues struct {
+	// FragmentationPct is the share of the pool's free GPU capacity not on
+	// fully idle healthy machines, in % (readmodel.PoolCapacity).
+	FragmentationPct float64
+	// PendingJobs is how many jobs wait for the pool.
+	PendingJobs float64
+}
+
+// IngestPool adds a pool's platform metrics taken at at, for the rules
+// that read them. The monitor calls it before each evaluation, from its
+// read model.
+func (e *Engine) IngestPool(pool string, at time.Time, v PoolValues) {
+	if pool == "" {
+		return
+	}
+	ns := at.UnixNano()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	idx := &e.ring[scopeIndex(ScopePool)]
+	rf, rp := idx[metricIndex(MetricFragmentationPct)], idx[metricIndex(MetricPendingJobs)]
+	if rf < 0 && rp < 0 {
+		return // no rule reads them: keep no pool series alive for them
+	}
+	s := e.get(ScopePool, pool, func() map[string]string { return map[string]string{contracts.AlertLabelPool: pool} })
+	if rf >= 0 {
+		s.rings[rf].Add(ns, v.FragmentationPct)
+	}
+	if rp >= 0 {
+		s.rings[rp].Add(ns, v.PendingJobs)
 	}
 	s.last = max(s.last, ns)
 }
@@ -259,6 +298,19 @@ func (t Transition) Alert() contracts.Alert {
 // value is the rule's aggregate over its window and whether the rule
 // holds; ok is false when the window holds no sample.
 func (e *Engine) value(r *Rule, s *series, now int64) (v float64, holds, ok bool) {
+	v, holds, ok = e.aggregate(r, s, now)
+	for _, c := range r.While {
+		if !holds {
+			break
+		}
+		last, ok := s.rings[e.ring[scopeIndex(r.Scope)][metricIndex(c.Metric)]].Last(now, time.Duration(r.Window))
+		holds = ok && compare(c.Op, last, c.Threshold)
+	}
+	return v, holds, ok
+}
+
+// aggregate is value without the While conditions.
+func (e *Engine) aggregate(r *Rule, s *series, now int64) (v float64, holds, ok bool) {
 	ri := e.ring[scopeIndex(r.Scope)][metricIndex(r.Metric)]
 	// Fast paths: the bucket walks a rule without a trend needs.
 	if r.Trend == 0 && (r.Agg == AggLast || r.Agg == AggIncrease) {
