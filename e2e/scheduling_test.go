@@ -796,9 +796,13 @@ func TestQuotaAndDrainThroughGateway(t *testing.T) {
 }
 
 // TestXIDMovesTheRunsOfThatGPU injects an XID 79 (fell off the bus) into
-// the GPU a long job runs on: the agent reports the GPU unhealthy, the
-// scheduler stops the job (gpu_unhealthy) and requeues it as attempt 2 on
-// healthy devices, where it succeeds; a job on another GPU is untouched.
+// the GPU a long checkpointable job runs on: the agent reports the GPU
+// unhealthy, the scheduler announces the migration, asks for a checkpoint,
+// stops the job once it is written (gpu_unhealthy) and requeues it as
+// attempt 2 on healthy devices, which restores the checkpoint (migrated)
+// and succeeds. The monitor's XID alert makes the scheduler hold the GPU
+// in gp-node-admin, visible through the gateway. A job on another GPU is
+// untouched.
 func TestXIDMovesTheRunsOfThatGPU(t *testing.T) {
 	s := startStack(t, fourGPUFleet(1), withScheduler(time.Second, time.Second))
 	h := s.watchHistory(t)
@@ -806,19 +810,18 @@ func TestXIDMovesTheRunsOfThatGPU(t *testing.T) {
 	defer cancel()
 	one := contracts.Resources{GPU: contracts.GPURequest{Count: 1, Model: "H100-80GB"}}
 	s.submitJob(t, ctx, "acme", contracts.JobRequest{ID: "victim", Resources: one,
-		Run: contracts.RunSpec{Duration: contracts.Duration(3 * time.Second)}})
+		Run: contracts.RunSpec{Duration: contracts.Duration(6 * time.Second), Checkpoint: true}})
 	s.submitJob(t, ctx, "acme", contracts.JobRequest{ID: "bystander", Resources: one,
 		Run: contracts.RunSpec{Duration: contracts.Duration(5 * time.Second)}})
 	run := h.awaitState(t, time.Minute, "acme/victim", contracts.StateRunning)
 	h.awaitState(t, time.Minute, "acme/bystander", contracts.StateRunning)
 	node, gpu := run.Placement.NodeID, run.Placement.Devices[0]
+	time.Sleep(2 * time.Second) // progress worth keeping
 
-	f := contracts.Fault{ID: "e2e-xid", Kind: contracts.FaultXID, GPU: gpu.UUID, Code: contracts.DefaultFaultXID}
-	cmd := contracts.NodeCommand{SchemaVersion: 1, Kind: contracts.CommandInjectFault, Fault: &f, Time: time.Now().UTC()}
-	body, _ := json.Marshal(cmd)
-	if _, err := s.js.Publish(ctx, contracts.SubjectNodeCommands(node), body,
-		jetstream.WithMsgID(contracts.FaultCommandID(node, f.ID))); err != nil {
-		t.Fatal(err)
+	injectFault(t, ctx, s, node, contracts.Fault{ID: "e2e-xid", Kind: contracts.FaultXID, GPU: gpu.UUID, Code: contracts.DefaultFaultXID})
+	mig := h.await(t, 30*time.Second, "acme/victim", "migrating", isType(contracts.EventMigrating, 1))
+	if mig.Reason != contracts.ReasonGPUUnhealthy || mig.Migration == nil || !mig.Migration.Checkpoint {
+		t.Errorf("migrating %+v (%+v), want gpu_unhealthy with a checkpoint first", mig, mig.Migration)
 	}
 	req := h.await(t, 30*time.Second, "acme/victim", "requeued", isType(contracts.EventRequeued, 2))
 	if req.Reason != contracts.ReasonGPUUnhealthy {
@@ -828,10 +831,66 @@ func TestXIDMovesTheRunsOfThatGPU(t *testing.T) {
 	if again.Placement == nil || again.Placement.Devices[0].UUID == gpu.UUID {
 		t.Errorf("attempt 2 placed on %+v, want a GPU other than the unhealthy %s", again.Placement, gpu.UUID)
 	}
-	h.awaitState(t, time.Minute, "acme/victim", contracts.StateSucceeded)
+	moved := h.await(t, 30*time.Second, "acme/victim", "migrated", isType(contracts.EventMigrated, 2))
+	if m := moved.Migration; m == nil || m.RestoredFrom == "" || !m.Checkpointed || m.FromAttempt != 1 {
+		t.Errorf("migrated %+v (%+v), want a restored checkpoint written on request", moved, moved.Migration)
+	}
+	end := h.awaitState(t, time.Minute, "acme/victim", contracts.StateSucceeded)
+	// Restored, attempt 2 runs only what was left of the 6 s.
+	if end.StartedAt != nil && end.EndedAt != nil && end.EndedAt.Sub(*end.StartedAt) > 5500*time.Millisecond {
+		t.Errorf("attempt 2 ran %s: it did not resume from its checkpoint", end.EndedAt.Sub(*end.StartedAt))
+	}
 	h.awaitState(t, time.Minute, "acme/bystander", contracts.StateSucceeded)
 	if n := h.count("acme/bystander", contracts.EventRequeued); n != 0 {
 		t.Errorf("the job on a healthy GPU was moved: %s", h.types("acme/bystander"))
 	}
+	waitFor(t, 30*time.Second, "the unhealthy GPU held in GET /v1/nodes/"+node, func() (bool, string) {
+		var st contracts.NodeStatus
+		if code, b := s.callAPI(t, http.MethodGet, "/v1/nodes/"+node, nil, &st); code != http.StatusOK {
+			return false, fmt.Sprintf("%d %s", code, b)
+		}
+		if st.Admin == nil {
+			return false, "no hold"
+		}
+		h, ok := st.Admin.GPUs[gpu.UUID]
+		return ok && h.Cordoned && h.Cause == contracts.ReasonGPUUnhealthy, fmt.Sprintf("%+v", st.Admin)
+	})
+	s.checkOracle(t)
+}
+
+// injectFault sends a fault command to a simulated node.
+func injectFault(t testing.TB, ctx context.Context, s *stack, node string, f contracts.Fault) {
+	t.Helper()
+	cmd := contracts.NodeCommand{SchemaVersion: 1, Kind: contracts.CommandInjectFault, Fault: &f, Time: time.Now().UTC()}
+	body, _ := json.Marshal(cmd)
+	if _, err := s.js.Publish(ctx, contracts.SubjectNodeCommands(node), body,
+		jetstream.WithMsgID(contracts.FaultCommandID(node, f.ID))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestMachineDeathRequeuesItsJobs kills a machine under a running job: the
+// resource manager declares it lost after three missed heartbeats, the job
+// is requeued as attempt 2 (node_lost) and finishes on the other machine.
+func TestMachineDeathRequeuesItsJobs(t *testing.T) {
+	s := startStack(t, fourGPUFleet(2), withScheduler(time.Second, time.Second))
+	h := s.watchHistory(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	four := contracts.Resources{GPU: contracts.GPURequest{Count: 4, Model: "H100-80GB"}}
+	s.submitJob(t, ctx, "acme", contracts.JobRequest{ID: "doomed", Resources: four,
+		Run: contracts.RunSpec{Duration: contracts.Duration(20 * time.Second), Checkpoint: true}})
+	run := h.awaitState(t, time.Minute, "acme/doomed", contracts.StateRunning)
+	node := run.Placement.NodeID
+	injectFault(t, ctx, s, node, contracts.Fault{ID: "e2e-death", Kind: contracts.FaultMachineDeath})
+	req := h.await(t, 40*time.Second, "acme/doomed", "requeued", isType(contracts.EventRequeued, 2))
+	if req.Reason != contracts.ReasonNodeLost {
+		t.Errorf("requeued with %s, want node_lost", req.Reason)
+	}
+	again := h.await(t, 30*time.Second, "acme/doomed", "scheduled again", isType(contracts.EventScheduled, 2))
+	if again.Placement == nil || again.Placement.NodeID == node {
+		t.Errorf("attempt 2 placed on %+v, want the surviving machine", again.Placement)
+	}
+	h.awaitState(t, time.Minute, "acme/doomed", contracts.StateSucceeded)
 	s.checkOracle(t)
 }

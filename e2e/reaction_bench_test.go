@@ -1,0 +1,201 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/services/node-agent/fleet"
+)
+
+// reactionFleet has a fresh GPU for every trigger of a run (an XID leaves
+// its GPU held) and a fresh machine for every drain.
+const reactionFleet = `
+machineTypes:
+  hgx-h100-8: {gpuModel: H100-80GB, gpuCount: 8, nvlink: true}
+pools:
+  - {name: react, machineType: hgx-h100-8, count: 40, zone: zone-a, priceClass: spot}
+`
+
+// BenchmarkReaction measures how fast the platform reacts, with no
+// operator, on the embedded stack: from the triggering fact to the
+// scheduler's decision (the migrating event) and to the restored run (the
+// migrated event: the next attempt runs on new devices from the
+// checkpoint). Two triggers: an XID fault injected into the GPU a
+// checkpointable job runs on (agent health → inventory → scheduler), and a
+// spot interruption hold written on its machine, as the autoscaler writes
+// it on a provider's notice (KV → scheduler). The restored time includes
+// the job's checkpoint (the simulated job writes it at once), the stop, the
+// release, the new placement and the start.
+//
+//	make bench   (or: go test -run '^$' -bench Reaction -benchtime 1x ./e2e/)
+func BenchmarkReaction(b *testing.B) {
+	const moves = 25
+	fl, err := fleet.Parse([]byte(reactionFleet))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		s := startStack(b, &fl, withScheduler(0, 2*time.Second))
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+		waitNodes(b, ctx, s, len(fl.Machines()))
+		r := newReactions(b, s)
+		b.StartTimer()
+		for k := range moves {
+			r.move(b, ctx, fmt.Sprintf("x%d-%d", i, k), "xid")
+		}
+		for k := range moves {
+			r.move(b, ctx, fmt.Sprintf("s%d-%d", i, k), "spot")
+		}
+		b.StopTimer()
+		cancel()
+		for _, trig := range []string{"xid", "spot"} {
+			dec, res := r.stats(trig)
+			b.ReportMetric(ms(pct(dec, 50)), trig+"-decision-p50-ms")
+			b.ReportMetric(ms(pct(dec, 99)), trig+"-decision-p99-ms")
+			b.ReportMetric(ms(pct(res, 50)), trig+"-restored-p50-ms")
+			b.ReportMetric(ms(pct(res, 99)), trig+"-restored-p99-ms")
+			b.Logf("%s: %d moves; trigger→decision p50 %s p99 %s; trigger→restored run p50 %s p99 %s",
+				trig, len(dec), pct(dec, 50).Round(100*time.Microsecond), pct(dec, 99).Round(100*time.Microsecond),
+				pct(res, 50).Round(time.Millisecond), pct(res, 99).Round(time.Millisecond))
+		}
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func pct(ds []time.Duration, p int) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := (len(s)*p + 99) / 100
+	return s[min(max(i-1, 0), len(s)-1)]
+}
+
+// reactions watches the bench tenant's events as JetStream stores them.
+type reactions struct {
+	s       *stack
+	mu      sync.Mutex
+	seen    map[string]map[contracts.JobEventType]time.Time // job → type → first seen
+	evs     map[string]contracts.JobEvent                   // job → last running event
+	results map[string][][2]time.Duration
+	used    map[string]bool // machines drained
+}
+
+func newReactions(b *testing.B, s *stack) *reactions {
+	r := &reactions{s: s, seen: map[string]map[contracts.JobEventType]time.Time{}, evs: map[string]contracts.JobEvent{},
+		results: map[string][][2]time.Duration{}, used: map[string]bool{}}
+	sub, err := s.nc.Subscribe(contracts.SubjectTenantJobEvents("bench"), func(m *nats.Msg) {
+		now := time.Now()
+		var ev contracts.JobEvent
+		if json.Unmarshal(m.Data, &ev) != nil {
+			return
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.seen[ev.JobID] == nil {
+			r.seen[ev.JobID] = map[contracts.JobEventType]time.Time{}
+		}
+		if _, ok := r.seen[ev.JobID][ev.Type]; !ok {
+			r.seen[ev.JobID][ev.Type] = now
+		}
+		if ev.Type == contracts.EventRunning {
+			r.evs[ev.JobID] = ev
+		}
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = sub.Unsubscribe() })
+	return r
+}
+
+func (r *reactions) await(b *testing.B, ctx context.Context, id string, typ contracts.JobEventType) time.Time {
+	b.Helper()
+	for {
+		r.mu.Lock()
+		t, ok := r.seen[id][typ]
+		r.mu.Unlock()
+		if ok {
+			return t
+		}
+		select {
+		case <-ctx.Done():
+			b.Fatalf("%s: no %s event: %v", id, typ, ctx.Err())
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// move runs one checkpointable job, triggers its move and records the
+// reaction times; the job is cancelled afterwards to free its GPU.
+func (r *reactions) move(b *testing.B, ctx context.Context, id, trigger string) {
+	b.Helper()
+	req := contracts.JobRequest{ID: id, Resources: contracts.Resources{GPU: contracts.GPURequest{Count: 1, Model: "H100-80GB"}},
+		Run: contracts.RunSpec{Duration: contracts.Duration(10 * time.Minute), Checkpoint: true}}
+	body, _ := json.Marshal(req)
+	if _, err := r.s.submitBus(ctx, "bench", contracts.SubmitMsgID("bench", id), body); err != nil {
+		b.Fatal(err)
+	}
+	r.await(b, ctx, id, contracts.EventRunning)
+	r.mu.Lock()
+	run := r.evs[id]
+	r.mu.Unlock()
+	node, gpu := run.Placement.NodeID, run.Placement.Devices[0].UUID
+	var t0 time.Time
+	switch trigger {
+	case "xid":
+		f := contracts.Fault{ID: "xid-" + id, Kind: contracts.FaultXID, GPU: gpu, Code: contracts.DefaultFaultXID}
+		cmd := contracts.NodeCommand{SchemaVersion: 1, Kind: contracts.CommandInjectFault, Fault: &f, Time: time.Now().UTC()}
+		data, _ := json.Marshal(cmd)
+		t0 = time.Now()
+		if _, err := r.s.js.Publish(ctx, contracts.SubjectNodeCommands(node), data,
+			jetstream.WithMsgID(contracts.FaultCommandID(node, f.ID))); err != nil {
+			b.Fatal(err)
+		}
+	case "spot":
+		kv, err := r.s.js.KeyValue(ctx, contracts.BucketNodeAdmin)
+		if err != nil {
+			b.Fatal(err)
+		}
+		deadline := time.Now().Add(2 * time.Minute).UTC()
+		data, _ := json.Marshal(contracts.NodeAdmin{SchemaVersion: 1, NodeID: node, Cordoned: true, Drain: true,
+			Cause: contracts.ReasonSpotInterruption, Deadline: &deadline, Reason: "bench notice", Time: time.Now().UTC()})
+		t0 = time.Now()
+		if _, err := kv.Put(ctx, node, data); err != nil {
+			b.Fatal(err)
+		}
+	}
+	decided := r.await(b, ctx, id, contracts.EventMigrating)
+	restored := r.await(b, ctx, id, contracts.EventMigrated)
+	r.mu.Lock()
+	r.results[trigger] = append(r.results[trigger], [2]time.Duration{decided.Sub(t0), restored.Sub(t0)})
+	r.mu.Unlock()
+	cancelBody, _ := json.Marshal(contracts.CancelRequest{JobID: id})
+	if _, err := r.s.js.Publish(ctx, contracts.SubjectCancel("bench"), cancelBody,
+		jetstream.WithMsgID(contracts.CancelMsgID("bench", id))); err != nil {
+		b.Fatal(err)
+	}
+	r.await(b, ctx, id, contracts.EventCancelled)
+}
+
+func (r *reactions) stats(trigger string) (decision, restored []time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, x := range r.results[trigger] {
+		decision = append(decision, x[0])
+		restored = append(restored, x[1])
+	}
+	return decision, restored
+}
