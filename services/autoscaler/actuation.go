@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/sony/gobreaker/v2"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
@@ -33,9 +34,21 @@ func (s *scaler) runActuation(ctx context.Context) error {
 	}
 	live := &liveAllocations{byNode: map[string]map[string]contracts.Priority{}}
 	act, err := actuate.New(actuate.Config{Pools: s.cfg.Pools, Provider: s.cfg.Provider, Ledger: live,
-		Holds: kvHolds{kv: kv, now: s.cfg.Now}, Now: s.cfg.Now, Log: s.log})
+		Holds:         kvHolds{kv: kv, now: s.cfg.Now},
+		Interruptions: spotReaction{kv: kv, bus: s.bus, now: s.cfg.Now, log: s.log},
+		Events:        busEvents{bus: s.bus, log: s.log},
+		Nodes:         s.fleet,
+		Breaker:       gobreaker.Settings{Timeout: s.cfg.BreakerOpenFor},
+		Now:           s.cfg.Now, Log: s.log})
 	if err != nil {
 		return err
+	}
+	s.act.Store(act)
+	if w, ok := s.cfg.Provider.(watcher); ok {
+		// The provider tells of a notice or a reclaim as it happens: the
+		// pool is listed at once, so the drain starts within milliseconds.
+		cancel := w.Watch(func(string) { act.Kick() })
+		defer cancel()
 	}
 	errs := make(chan error, 3)
 	ledgerReady := make(chan struct{})
@@ -78,7 +91,11 @@ func (s *scaler) runActuation(ctx context.Context) error {
 			return
 		case <-ledgerReady:
 		}
-		errs <- act.Run(ctx, actuateEvery)
+		every := s.cfg.ActuateEvery
+		if every <= 0 {
+			every = actuateEvery
+		}
+		errs <- act.Run(ctx, every)
 	}()
 	var first error
 	for range 3 {

@@ -13,9 +13,9 @@ import (
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 	"github.com/gpuplane/gpuplane/libs/service"
 	"github.com/gpuplane/gpuplane/services/autoscaler"
+	"github.com/gpuplane/gpuplane/services/autoscaler/cloud"
 	"github.com/gpuplane/gpuplane/services/autoscaler/internal/actuate"
-	"github.com/gpuplane/gpuplane/services/autoscaler/internal/cloud"
-	"github.com/gpuplane/gpuplane/services/autoscaler/internal/simcloud"
+	"github.com/gpuplane/gpuplane/services/autoscaler/simcloud"
 )
 
 // Demand on the bus becomes a decision, the decision becomes machines at
@@ -35,7 +35,9 @@ func TestDecisionsAreActedOn(t *testing.T) {
 	cfg.Bus = service.BusConfig{NATSURL: srv.URL(), Replicas: 1}
 	cfg.Now = clk.Now
 	cfg.Provider = sim
-	cfg.Pools = map[string]actuate.Pool{"h100": {Min: 1, Max: 4, MachineType: "a3-highgpu-8g", PriceClass: cloud.OnDemand}}
+	// Min counts the provider's machines (h0 is not one): 0 here, so no
+	// refill mixes with the decision's machines.
+	cfg.Pools = map[string]actuate.Pool{"h100": {Min: 0, Max: 4, MachineType: "a3-highgpu-8g", PriceClass: cloud.OnDemand}}
 	start(t, cfg)
 
 	seq := publish(t, b, contracts.SubjectDemand("h100"), "d1", contracts.PoolDemand{SchemaVersion: 1, Pool: "h100",

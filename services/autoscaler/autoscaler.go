@@ -10,6 +10,10 @@
 //	OPS gp.autoscale.decisions.* (replayed at start) ──> last decision per pool (cooldown, no repeats)
 //	OPS gp.autoscale.decisions.* (last per pool) ─┐
 //	ALLOCATIONS gp.alloc.ledger.* ──> live allocations per node ─┴─> actuate ──> Provider; KV gp-node-admin drain holds
+//	OPS gp.alerts.* (action=scale_up, pool managed) ──> one more machine per alert episode ──> gp.autoscale.decisions.<pool>
+//	Provider.List (every second, at once on Watch) ──> notices: drain hold (cause spot_interruption),
+//	        gp.alerts.spot_interruption firing; gone: alert resolved, hold lifted; below min: refill
+//	actuate ──> gp.autoscale.machines.<pool> (requested, ready, draining, deleted, failed, interrupted, reclaimed)
 //
 // It is level-triggered: every demand message and a once-a-second tick
 // re-evaluate the latest demand of each pool, so a demand held back by the
@@ -23,6 +27,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -30,6 +35,7 @@ import (
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
 	"github.com/gpuplane/gpuplane/libs/service"
+	"github.com/gpuplane/gpuplane/services/autoscaler/internal/actuate"
 	"github.com/gpuplane/gpuplane/services/autoscaler/internal/decide"
 	"github.com/gpuplane/gpuplane/services/autoscaler/internal/fleet"
 )
@@ -60,7 +66,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	defer rt.Close()
 	s := &scaler{cfg: cfg, bus: rt.Bus, log: rt.Log, fleet: fleet.New(),
-		demand: map[string]demandAt{}, last: map[string]decide.Previous{}, why: map[string]string{}}
+		demand: map[string]demandAt{}, last: map[string]decide.Previous{}, why: map[string]string{},
+		scaleUpAlerts: map[string]scaleUpAlert{}, decided: map[string]bool{}}
 	if err := s.restoreDecisions(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -96,6 +103,23 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 		return nil
 	})
+	if len(cfg.Pools) > 0 {
+		// scale_up alerts of the pools the autoscaler manages; the whole
+		// history, so that an alert still firing after a restart counts.
+		g.Go(func() error {
+			select {
+			case <-gctx.Done():
+				return nil
+			case <-nodesReady:
+			}
+			err := s.bus.Follow(gctx, bus.FollowSpec{Stream: contracts.StreamOps,
+				FilterSubjects: []string{contracts.SubjectAlertsAll}}, s.onAlert, nil)
+			if err != nil {
+				return fmt.Errorf("%s: follow alerts: %w", Name, err)
+			}
+			return nil
+		})
+	}
 	if cfg.Provider != nil {
 		g.Go(func() error {
 			if err := s.runActuation(gctx); err != nil && gctx.Err() == nil {
@@ -138,6 +162,13 @@ type scaler struct {
 	demand map[string]demandAt        // pool → latest demand
 	last   map[string]decide.Previous // pool → last decision published
 	why    map[string]string          // pool → last reason for no decision, logged once
+	// scaleUpAlerts is the firing scale_up alert of each managed pool;
+	// decided the decision IDs published (alert decisions are keyed by
+	// episode, so an episode is acted on once, restarts included).
+	scaleUpAlerts map[string]scaleUpAlert
+	decided       map[string]bool
+
+	act atomic.Pointer[actuate.Actuator] // set once actuation runs
 }
 
 type demandAt struct {
@@ -153,6 +184,9 @@ func (s *scaler) onNode(m *bus.Msg) {
 		var inv contracts.NodeInventory
 		if err = m.Decode(&inv); err == nil {
 			s.fleet.ApplyInventory(nodeID, inv)
+			if a := s.act.Load(); a != nil {
+				a.Kick() // a machine's agent may have registered: ready
+			}
 		}
 	case "lifecycle":
 		var ev contracts.NodeEvent
@@ -188,7 +222,11 @@ func (s *scaler) onDemand(ctx context.Context, m *bus.Msg) error {
 func (s *scaler) evaluateAll(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, pool := range slices.Sorted(maps.Keys(s.demand)) {
+	pools := maps.Clone(s.demand)
+	for pool := range s.scaleUpAlerts {
+		pools[pool] = demandAt{}
+	}
+	for _, pool := range slices.Sorted(maps.Keys(pools)) {
 		if err := s.evaluate(ctx, pool); err != nil {
 			return err
 		}
@@ -199,8 +237,14 @@ func (s *scaler) evaluateAll(ctx context.Context) error {
 // evaluate decides for one pool and publishes the decision, if any. The
 // caller holds s.mu.
 func (s *scaler) evaluate(ctx context.Context, pool string) error {
-	da := s.demand[pool]
-	in := decide.Input{Demand: da.d, DemandSeq: da.seq, Max: s.cfg.maxNodes(pool), Cooldown: s.cfg.Cooldown, Now: s.cfg.Now()}
+	if err := s.evaluateAlert(ctx, pool); err != nil {
+		return err
+	}
+	da, ok := s.demand[pool]
+	if !ok {
+		return nil
+	}
+	in := decide.Input{Demand: da.d, DemandSeq: da.seq, Max: s.cfg.maxNodes(pool), Cooldown: s.cfg.cooldown(pool), Now: s.cfg.Now()}
 	if p, ok := s.fleet.Pool(pool); ok {
 		in.Machine = decide.Machine{Type: p.MachineType, GPUs: p.GPUs, Model: p.Model}
 		in.LiveNodes = p.LiveNodes
@@ -216,17 +260,11 @@ func (s *scaler) evaluate(ctx context.Context, pool string) error {
 		}
 		return nil
 	}
-	d := *out.Decision
-	if _, err := s.bus.Publish(ctx, contracts.SubjectScale(pool), d.ID, d, bus.CESubject(pool)); err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return fmt.Errorf("%s: publish decision %s: %w", Name, d.ID, err)
-	}
-	s.last[pool] = decide.Previous{ID: d.ID, Current: d.CurrentNodes, Desired: d.DesiredNodes, Time: d.Time}
-	delete(s.why, pool)
-	s.log.Info("scale decision", "pool", pool, "id", d.ID, "current", d.CurrentNodes, "desired", d.DesiredNodes, "reason", d.Reason)
-	return nil
+	return s.publishDecision(ctx, *out.Decision)
+}
+
+func decideAt(d contracts.ScaleDecision) decide.Previous {
+	return decide.Previous{ID: d.ID, Current: d.CurrentNodes, Desired: d.DesiredNodes, Time: d.Time}
 }
 
 // restoreDecisions replays the decisions already published: the last one of
@@ -239,7 +277,8 @@ func (s *scaler) restoreDecisions(ctx context.Context) error {
 			s.log.Warn("skipping decision", "subject", m.Subject, "stream_seq", m.StreamSeq, "err", err)
 			return nil
 		}
-		s.last[contracts.Token(m.Subject, 3)] = decide.Previous{ID: d.ID, Current: d.CurrentNodes, Desired: d.DesiredNodes, Time: d.Time}
+		s.last[contracts.Token(m.Subject, 3)] = decideAt(d)
+		s.decided[d.ID] = true
 		return nil
 	})
 	if err != nil {

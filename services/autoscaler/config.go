@@ -29,20 +29,43 @@ type Config struct {
 	// time.Now). Not a flag.
 	Now func() time.Time
 	// Provider, when set, makes the autoscaler act on its decisions:
-	// create machines for the pools named in Pools and scale idle ones
-	// down. Nil publishes decisions only. Not a flag.
-	Provider actuate.Provider
+	// create machines for the pools named in Pools, keep them at their
+	// minimum, react to spot interruption notices, and scale idle ones
+	// down. Nil publishes decisions only. A provider that also has
+	// Watch(func(pool string)) (cancel func()) is listed at once when it
+	// reports a change. Not a flag.
+	Provider Provider
 	// Pools is the scaling policy of each pool the autoscaler acts on
-	// (min, max, machine type, price class, down cooldown, idle time); a
-	// pool's Max here overrides MaxNodes. Not a flag.
-	Pools map[string]actuate.Pool
+	// (min, max, machine type, price class, up and down cooldowns, idle
+	// time); a pool's Max here overrides MaxNodes, its UpCooldown
+	// Cooldown. Only these pools act on scale_up alerts. Not a flag.
+	Pools map[string]Pool
+	// BreakerOpenFor is how long the provider's circuit breaker stays
+	// open after it trips (5 failed calls in a row) before one call may
+	// probe the provider again (default 1m).
+	BreakerOpenFor time.Duration
+	// ActuateEvery is how often the pools are reconciled with the
+	// provider when nothing kicks them (default 1s). Not a flag.
+	ActuateEvery time.Duration
+}
+
+// Pool is the scaling policy of one pool (see actuate.Pool).
+type Pool = actuate.Pool
+
+// Provider creates, deletes and lists a cloud's machines (package cloud
+// is its vocabulary; package simcloud simulates one).
+type Provider = actuate.Provider
+
+// watcher is a provider that pushes changes (simcloud.Provider.Watch).
+type watcher interface {
+	Watch(fn func(pool string)) (cancel func())
 }
 
 // DefaultConfig returns the defaults, with the bus settings from the
 // environment.
 func DefaultConfig() Config {
 	return Config{Bus: service.DefaultBusConfig(), MaxNodes: map[string]int{}, DefaultMaxNodes: 8,
-		Cooldown: 30 * time.Second, Now: time.Now}
+		Cooldown: 30 * time.Second, Now: time.Now, BreakerOpenFor: time.Minute, ActuateEvery: time.Second}
 }
 
 // RegisterFlags adds the autoscaler's flags to fs, defaulting to c.
@@ -51,6 +74,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var((*poolLimits)(&c.MaxNodes), "max-nodes", "per-pool node maximum, as pool=n[,pool=n...]")
 	fs.IntVar(&c.DefaultMaxNodes, "default-max-nodes", c.DefaultMaxNodes, "node maximum of pools not named in -max-nodes")
 	fs.DurationVar(&c.Cooldown, "cooldown", c.Cooldown, "least time between two scale decisions for one pool")
+	fs.DurationVar(&c.BreakerOpenFor, "breaker-open-for", c.BreakerOpenFor, "how long a tripped provider circuit breaker refuses calls before probing again")
 }
 
 // Validate reports every problem at once.
@@ -73,10 +97,21 @@ func (c Config) Validate() error {
 	if c.Provider != nil && len(c.Pools) == 0 {
 		errs = append(errs, errors.New("a provider is set but no pool has a scaling policy"))
 	}
+	if c.BreakerOpenFor < 0 || c.ActuateEvery < 0 {
+		errs = append(errs, fmt.Errorf("breaker-open-for %s, actuate every %s; want >= 0", c.BreakerOpenFor, c.ActuateEvery))
+	}
 	if c.Cooldown < 0 {
 		errs = append(errs, fmt.Errorf("cooldown is %s; want >= 0", c.Cooldown))
 	}
 	return errors.Join(errs...)
+}
+
+// cooldown is the least time between two scale-up decisions for pool.
+func (c Config) cooldown(pool string) time.Duration {
+	if p, ok := c.Pools[pool]; ok && p.UpCooldown > 0 {
+		return p.UpCooldown
+	}
+	return c.Cooldown
 }
 
 // maxNodes is the cap of one pool.

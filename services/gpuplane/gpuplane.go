@@ -15,13 +15,17 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
+	"time"
 
 	"golang.org/x/sync/errgroup"
 
 	"github.com/gpuplane/gpuplane/libs/natsserver"
 	"github.com/gpuplane/gpuplane/libs/service"
 	"github.com/gpuplane/gpuplane/services/autoscaler"
+	"github.com/gpuplane/gpuplane/services/autoscaler/cloud"
+	"github.com/gpuplane/gpuplane/services/autoscaler/simcloud"
 	"github.com/gpuplane/gpuplane/services/billing"
 	"github.com/gpuplane/gpuplane/services/gateway"
 	"github.com/gpuplane/gpuplane/services/monitor"
@@ -51,10 +55,45 @@ type Config struct {
 	OTLPEndpoint string
 	// AgentLogDir keeps the output of runs; empty means DataDir/runs.
 	AgentLogDir string
+	// Autoscale lists the pools the autoscaler runs on a simulated cloud
+	// provider (package simcloud): their machines are created, booted
+	// after ProvisionDelay (a node agent starts), interrupted (spot) and
+	// reclaimed (the agent dies with its runs) at run time. Each pool's
+	// MachineType must be one of the fleet's machine types; a fleet pool
+	// of the same name, if any, lends its zone, labels and taints. Empty:
+	// no autoscaled pools (flag -autoscale "").
+	Autoscale []AutoscalePool
+	// SpotNotice is how long before the reclaim a spot machine is given
+	// notice (default 2m, the clouds' figure; tests shorten it).
+	SpotNotice time.Duration
+	// Autoscaler, when set, adjusts the autoscaler's configuration after
+	// its defaults and the pools of Autoscale (tests shorten cooldowns).
+	Autoscaler func(*autoscaler.Config)
 	// Scheduler, when set, adjusts the scheduler's configuration after
 	// its defaults (tests shorten -min-runtime and -preempt-grace; the
 	// bus settings are Run's own and set after it).
 	Scheduler func(*scheduler.Config)
+}
+
+// AutoscalePool is one pool the autoscaler manages on the simulated
+// provider.
+type AutoscalePool struct {
+	Name        string
+	MachineType string // a machine type of the fleet
+	PriceClass  string // on-demand or spot
+	Min, Max    int
+	// ProvisionDelay is how long a created machine takes to boot.
+	ProvisionDelay time.Duration
+	// UpCooldown (0: the autoscaler's -cooldown), DownCooldown and IdleFor
+	// as in autoscaler.Pool.
+	UpCooldown, DownCooldown, IdleFor time.Duration
+}
+
+// DefaultAutoscale is the autoscaled pool of `make run`: L4 spot machines
+// of the default fleet's type, at least one, at most three.
+func DefaultAutoscale() []AutoscalePool {
+	return []AutoscalePool{{Name: "l4-spot", MachineType: "pcie-l4-4", PriceClass: cloud.Spot, Min: 1, Max: 3,
+		ProvisionDelay: 15 * time.Second, DownCooldown: 2 * time.Minute, IdleFor: 5 * time.Minute}}
 }
 
 // DefaultConfig reads GPUPLANE_DATA_DIR, GPUPLANE_NATS_PORT,
@@ -68,6 +107,8 @@ func DefaultConfig() Config {
 		MetricsAddr:  envOr("GPUPLANE_METRICS_ADDR", "127.0.0.1:9400"),
 		FleetFile:    os.Getenv("GPUPLANE_FLEET"),
 		OTLPEndpoint: os.Getenv("GPUPLANE_OTLP_ENDPOINT"),
+		Autoscale:    DefaultAutoscale(),
+		SpotNotice:   simcloud.NoticeAhead,
 	}
 	if p, err := strconv.Atoi(os.Getenv("GPUPLANE_NATS_PORT")); err == nil {
 		c.NATSPort = p
@@ -84,6 +125,53 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.FleetFile, "fleet", c.FleetFile, "simulated fleet YAML; empty for the default fleet (env GPUPLANE_FLEET)")
 	fs.StringVar(&c.OTLPEndpoint, "otlp", c.OTLPEndpoint, "OTLP/HTTP endpoint host:port for traces (env GPUPLANE_OTLP_ENDPOINT)")
 	fs.StringVar(&c.AgentLogDir, "run-logs", c.AgentLogDir, "directory for the output of runs; empty for a temporary one")
+	fs.Var((*autoscalePools)(&c.Autoscale), "autoscale",
+		"autoscaled pools on the simulated cloud, as name:machineType:priceClass:min:max[:provisionDelay][,...]; empty for none")
+	fs.DurationVar(&c.SpotNotice, "spot-notice", c.SpotNotice, "how long before its reclaim a simulated spot machine is given notice")
+}
+
+// autoscalePools is the flag.Value of -autoscale; setting it replaces the
+// list. Cooldowns and idle time take DefaultAutoscale's.
+type autoscalePools []AutoscalePool
+
+func (p *autoscalePools) String() string {
+	if p == nil {
+		return ""
+	}
+	var parts []string
+	for _, a := range *p {
+		parts = append(parts, fmt.Sprintf("%s:%s:%s:%d:%d:%s", a.Name, a.MachineType, a.PriceClass, a.Min, a.Max, a.ProvisionDelay))
+	}
+	return strings.Join(parts, ",")
+}
+
+func (p *autoscalePools) Set(s string) error {
+	var out []AutoscalePool
+	def := DefaultAutoscale()[0]
+	for part := range strings.SplitSeq(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		f := strings.Split(part, ":")
+		if len(f) != 5 && len(f) != 6 {
+			return fmt.Errorf("%q: want name:machineType:priceClass:min:max[:provisionDelay]", part)
+		}
+		a := AutoscalePool{Name: f[0], MachineType: f[1], PriceClass: f[2], ProvisionDelay: def.ProvisionDelay,
+			DownCooldown: def.DownCooldown, IdleFor: def.IdleFor}
+		var err1, err2, err3 error
+		a.Min, err1 = strconv.Atoi(f[3])
+		a.Max, err2 = strconv.Atoi(f[4])
+		if len(f) == 6 {
+			a.ProvisionDelay, err3 = time.ParseDuration(f[5])
+		}
+		if err := errors.Join(err1, err2, err3); err != nil {
+			return fmt.Errorf("%q: %w", part, err)
+		}
+		out = append(out, a)
+	}
+	*p = out
+	return nil
 }
 
 // Validate reports every problem at once.
@@ -97,7 +185,28 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%s address %q: %w", name, addr, err))
 		}
 	}
+	seen := map[string]bool{}
+	for _, a := range c.Autoscale {
+		if seen[a.Name] {
+			errs = append(errs, fmt.Errorf("autoscale: pool %s named twice", a.Name))
+		}
+		seen[a.Name] = true
+		if err := a.policy().Validate(a.Name); err != nil {
+			errs = append(errs, fmt.Errorf("autoscale: %w", err))
+		}
+		if a.ProvisionDelay < 0 {
+			errs = append(errs, fmt.Errorf("autoscale: pool %s: provision delay %s; want >= 0", a.Name, a.ProvisionDelay))
+		}
+	}
+	if c.SpotNotice < 0 {
+		errs = append(errs, fmt.Errorf("spot notice %s; want >= 0", c.SpotNotice))
+	}
 	return errors.Join(errs...)
+}
+
+func (a AutoscalePool) policy() autoscaler.Pool {
+	return autoscaler.Pool{Min: a.Min, Max: a.Max, MachineType: a.MachineType, PriceClass: a.PriceClass,
+		UpCooldown: a.UpCooldown, DownCooldown: a.DownCooldown, IdleFor: a.IdleFor}
 }
 
 // Endpoints are where a running all-in-one can be reached.
@@ -108,6 +217,16 @@ type Endpoints struct {
 	GatewayURL string
 	MetricsURL string
 	Fleet      fleet.Fleet
+	// Autoscale is the autoscaled pools (Config.Autoscale).
+	Autoscale []AutoscalePool
+	// Cloud is the simulated provider of the autoscaled pools, nil when
+	// there are none. Tests drive faults through it: Interrupt(machineID)
+	// gives a spot notice (reclaimed SpotNotice later), SetFailing(true,
+	// nil) takes the provider down until SetFailing(false, nil),
+	// LoseReplies(n) makes the next n creates act but answer with an
+	// error, Machines() lists every machine (node ID = machine ID), Calls()
+	// counts calls.
+	Cloud *simcloud.Provider
 }
 
 // Run starts the embedded server, every service and the fleet, calls ready
@@ -144,7 +263,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Endpoints
 	defer srv.Shutdown()
 
 	busCfg := service.BusConfig{NATSURL: srv.URL(), Replicas: 1, OTLPEndpoint: cfg.OTLPEndpoint}
-	ep := Endpoints{NATSURL: srv.URL(), DataDir: root, RunLogDir: cfg.AgentLogDir, Fleet: fl}
+	ep := Endpoints{NATSURL: srv.URL(), DataDir: root, RunLogDir: cfg.AgentLogDir, Fleet: fl, Autoscale: cfg.Autoscale}
+	var machines *simMachines
+	if len(cfg.Autoscale) > 0 {
+		if machines, err = newSimMachines(cfg, fl, log); err != nil {
+			return err
+		}
+		ep.Cloud = machines.cloud
+	}
 
 	var mu sync.Mutex
 	pending := 2
@@ -185,6 +311,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Endpoints
 	run("billing", func(ctx context.Context) error { return billing.Run(ctx, bl, log) })
 
 	as := autoscaler.DefaultConfig()
+	if machines != nil {
+		as.Provider = machines.cloud
+		as.Pools = map[string]autoscaler.Pool{}
+		for _, a := range cfg.Autoscale {
+			as.Pools[a.Name] = a.policy()
+		}
+	}
+	if cfg.Autoscaler != nil {
+		cfg.Autoscaler(&as)
+	}
 	as.Bus = busCfg
 	run("autoscaler", func(ctx context.Context) error { return autoscaler.Run(ctx, as, log) })
 
@@ -203,6 +339,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Endpoints
 	run("fleet", func(ctx context.Context) error {
 		return runFleet(ctx, fl, busCfg, cfg.AgentLogDir, filepath.Join(root, "checkpoints"), log)
 	})
+	if machines != nil {
+		run("simulated-cloud", func(ctx context.Context) error {
+			return machines.run(ctx, busCfg, cfg.AgentLogDir, filepath.Join(root, "checkpoints"))
+		})
+	}
 
 	return g.Wait()
 }

@@ -41,6 +41,8 @@ import (
 const benchServerEnv = "GPUPLANE_FLEET_BENCH_SERVER_DIR"
 
 func TestMain(m *testing.M) {
+	// A run with a command is supervised by a copy of this binary.
+	nodeagent.MaybeRunShim()
 	if dir := os.Getenv(benchServerEnv); dir != "" {
 		os.Exit(serveNATS(dir))
 	}

@@ -279,28 +279,33 @@ func (f Fleet) Configs(template nodeagent.Config) []nodeagent.Config {
 	machines := f.Machines()
 	cfgs := make([]nodeagent.Config, 0, len(machines))
 	for _, m := range machines {
-		c := template
-		c.NodeID, c.Hostname = m.NodeID, m.NodeID
-		c.Pool, c.Zone, c.MachineType, c.PriceClass = m.Pool, m.Zone, m.MachineType, m.PriceClass
-		c.GPUModel, c.GPUCount, c.NVLink = m.GPUModel, m.GPUCount, m.NVLink
-		c.CPUMilli, c.MemoryMiB = m.CPUMilli, m.MemoryMiB
-		c.NVLinkBridges, c.MIGEnabled, c.MIGLayout = m.NVLinkBridges, m.MIGEnabled, slices.Clone(m.MIGLayout)
-		c.Backend = nil
-		c.Labels = maps.Clone(template.Labels)
-		if c.Labels == nil && len(m.Labels) > 0 {
-			c.Labels = map[string]string{}
-		}
-		maps.Copy(c.Labels, m.Labels)
-		if m.Purpose != "" {
-			c.Purpose = m.Purpose
-		}
-		c.Taints = mergeTaints(template.Taints, m.Taints)
-		if template.LogDir != "" {
-			c.LogDir = filepath.Join(template.LogDir, m.NodeID)
-		}
-		cfgs = append(cfgs, c)
+		cfgs = append(cfgs, machineConfig(template, m))
 	}
 	return cfgs
+}
+
+// machineConfig is the agent configuration of one machine (see Configs).
+func machineConfig(template nodeagent.Config, m Machine) nodeagent.Config {
+	c := template
+	c.NodeID, c.Hostname = m.NodeID, m.NodeID
+	c.Pool, c.Zone, c.MachineType, c.PriceClass = m.Pool, m.Zone, m.MachineType, m.PriceClass
+	c.GPUModel, c.GPUCount, c.NVLink = m.GPUModel, m.GPUCount, m.NVLink
+	c.CPUMilli, c.MemoryMiB = m.CPUMilli, m.MemoryMiB
+	c.NVLinkBridges, c.MIGEnabled, c.MIGLayout = m.NVLinkBridges, m.MIGEnabled, slices.Clone(m.MIGLayout)
+	c.Backend = nil
+	c.Labels = maps.Clone(template.Labels)
+	if c.Labels == nil && len(m.Labels) > 0 {
+		c.Labels = map[string]string{}
+	}
+	maps.Copy(c.Labels, m.Labels)
+	if m.Purpose != "" {
+		c.Purpose = m.Purpose
+	}
+	c.Taints = mergeTaints(template.Taints, m.Taints)
+	if template.LogDir != "" {
+		c.LogDir = filepath.Join(template.LogDir, m.NodeID)
+	}
+	return c
 }
 
 // mergeTaints is base with over added, a taint of over replacing base's

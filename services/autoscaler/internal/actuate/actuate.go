@@ -17,6 +17,15 @@
 // live allocation, then deletes them. A pool never goes below Min, and a
 // machine that gains work above best effort while draining is given back
 // (hold lifted) instead of deleted.
+//
+// Every Step also reads what the provider says of each machine, so the
+// reaction works the same for a real provider as for the simulated one:
+// a machine listed with an Interruption time is handed to Interruptions
+// once (drain hold, alert), a machine that leaves the list without the
+// actuator deleting it was reclaimed (Interruptions.Gone lifts the hold),
+// and a pool with fewer machines not under notice than Min is refilled,
+// before the reclaim when Max leaves room. Kick makes the next Step run at
+// once, for a provider that pushes changes.
 package actuate
 
 import (
@@ -34,7 +43,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/gpuplane/gpuplane/contracts"
-	"github.com/gpuplane/gpuplane/services/autoscaler/internal/cloud"
+	"github.com/gpuplane/gpuplane/services/autoscaler/cloud"
 )
 
 // Provider creates and deletes machines. Create must be idempotent on
@@ -58,12 +67,37 @@ type Holds interface {
 	Lift(ctx context.Context, nodeID string) error
 }
 
+// Interruptions reacts to a provider taking machines back. Both calls
+// must be idempotent; an error makes the next Step call again.
+type Interruptions interface {
+	// Noticed: m is listed with an interruption notice (m.Interruption).
+	Noticed(ctx context.Context, m cloud.Machine) error
+	// Gone: m, last listed as given, left the provider's list without the
+	// actuator deleting it (reclaimed).
+	Gone(ctx context.Context, m cloud.Machine) error
+}
+
+// Events receives the machine events of the actuator (requested, ready,
+// draining, deleted, failed, interrupted, reclaimed). Publishing is the
+// sink's business: a lost event must not stop actuation.
+type Events interface {
+	MachineEvent(ctx context.Context, e contracts.MachineEvent)
+}
+
+// Nodes says whether a node agent registered under nodeID and is live.
+type Nodes interface {
+	Registered(nodeID string) bool
+}
+
 // Pool is the scaling policy of one pool.
 type Pool struct {
 	Min, Max    int
 	MachineType string
 	// PriceClass is cloud.OnDemand or cloud.Spot.
 	PriceClass string
+	// UpCooldown is the least time between two scale-up decisions for
+	// the pool; 0 takes the autoscaler's Cooldown.
+	UpCooldown time.Duration
 	// DownCooldown is the least time between two scale-downs, and between
 	// a scale-up and the next scale-down.
 	DownCooldown time.Duration
@@ -86,8 +120,8 @@ func (p Pool) Validate(name string) error {
 	if p.PriceClass != cloud.OnDemand && p.PriceClass != cloud.Spot {
 		errs = append(errs, fmt.Errorf("pool %s: price class %q; want %s or %s", name, p.PriceClass, cloud.OnDemand, cloud.Spot))
 	}
-	if p.DownCooldown < 0 || p.IdleFor < 0 {
-		errs = append(errs, fmt.Errorf("pool %s: negative down cooldown or idle time", name))
+	if p.DownCooldown < 0 || p.IdleFor < 0 || p.UpCooldown < 0 {
+		errs = append(errs, fmt.Errorf("pool %s: negative cooldown or idle time", name))
 	}
 	return errors.Join(errs...)
 }
@@ -98,8 +132,13 @@ type Config struct {
 	Provider Provider
 	Ledger   Ledger
 	Holds    Holds
-	Now      func() time.Time
-	Log      *slog.Logger
+	// Interruptions, Events and Nodes are optional: nil skips the
+	// reaction to notices, the machine events and the ready events.
+	Interruptions Interruptions
+	Events        Events
+	Nodes         Nodes
+	Now           func() time.Time
+	Log           *slog.Logger
 	// BackoffBase and BackoffMax bound the wait after a failed call on a
 	// pool: base, 2×base, ... up to max (defaults 1s and 2m).
 	BackoffBase, BackoffMax time.Duration
@@ -117,6 +156,7 @@ type Actuator struct {
 
 	mu    sync.Mutex
 	pools map[string]*poolState
+	kick  chan struct{}
 }
 
 type poolState struct {
@@ -129,10 +169,20 @@ type poolState struct {
 	idleSince map[string]time.Time // machine ID → first seen idle
 	draining  map[string]string    // machine ID → node ID, drain hold written
 	lastScale time.Time
+	// known is the pool's machines as last listed; noticed and ready
+	// those whose notice was handled and whose ready event went out;
+	// deleted those the actuator deleted (so their leaving the list is
+	// no reclaim).
+	known   map[string]cloud.Machine
+	noticed map[string]bool
+	ready   map[string]bool
+	deleted map[string]bool
+	refills int
 }
 
 type scaleUp struct {
 	decision string
+	reason   string
 	tokens   []string
 	done     map[string]bool
 }
@@ -174,9 +224,11 @@ func New(cfg Config) (*Actuator, error) {
 			return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 		}
 	}
-	a := &Actuator{cfg: cfg, breaker: gobreaker.NewCircuitBreaker[any](st), pools: map[string]*poolState{}}
+	a := &Actuator{cfg: cfg, breaker: gobreaker.NewCircuitBreaker[any](st), pools: map[string]*poolState{},
+		kick: make(chan struct{}, 1)}
 	for name := range cfg.Pools {
-		a.pools[name] = &poolState{idleSince: map[string]time.Time{}, draining: map[string]string{}}
+		a.pools[name] = &poolState{idleSince: map[string]time.Time{}, draining: map[string]string{},
+			known: map[string]cloud.Machine{}, noticed: map[string]bool{}, ready: map[string]bool{}, deleted: map[string]bool{}}
 	}
 	return a, nil
 }
@@ -206,7 +258,7 @@ func (a *Actuator) Apply(d contracts.ScaleDecision) error {
 	if n <= 0 {
 		return nil
 	}
-	up := &scaleUp{decision: d.ID, done: map[string]bool{}}
+	up := &scaleUp{decision: d.ID, reason: d.Reason, done: map[string]bool{}}
 	for k := range n {
 		up.tokens = append(up.tokens, Token(d.ID, k))
 	}
@@ -245,11 +297,102 @@ func (a *Actuator) stepPool(ctx context.Context, name string, ps *poolState) {
 		a.failed(name, ps, "list", err)
 		return
 	}
-	machines, _ := v.([]cloud.Machine)
+	var machines []cloud.Machine
+	for _, m := range v.([]cloud.Machine) {
+		if m.State != cloud.Deleted { // a provider may list them; they are gone
+			machines = append(machines, m)
+		}
+	}
+	a.observe(ctx, name, ps, machines)
 	if a.scaleUp(ctx, name, ps, pol, machines) {
 		return
 	}
 	a.scaleDown(ctx, name, ps, pol, machines, now)
+}
+
+// event sends a machine event of pool, if there is a sink.
+func (a *Actuator) event(ctx context.Context, pool string, e contracts.MachineEvent) {
+	if a.cfg.Events == nil {
+		return
+	}
+	e.SchemaVersion, e.Pool, e.Time = contracts.SchemaVersion, pool, a.cfg.Now()
+	a.cfg.Events.MachineEvent(ctx, e)
+}
+
+// observe compares the list with the previous one: notices are handed to
+// Interruptions once, machines whose agent registered are announced
+// ready, and machines gone without the actuator deleting them were
+// reclaimed.
+func (a *Actuator) observe(ctx context.Context, name string, ps *poolState, machines []cloud.Machine) {
+	listed := map[string]bool{}
+	for _, m := range machines {
+		listed[m.ID] = true
+		if !m.Interruption.IsZero() && !ps.noticed[m.ID] {
+			if err := a.noticed(ctx, name, m); err != nil {
+				a.cfg.Log.Warn("interruption notice not handled; next step tries again", "pool", name, "machine", m.ID, "node_id", m.NodeID, "err", err)
+			} else {
+				ps.noticed[m.ID] = true
+			}
+		}
+		if !ps.ready[m.ID] && m.State == cloud.Running && a.cfg.Nodes != nil && a.cfg.Nodes.Registered(m.NodeID) {
+			ps.ready[m.ID] = true
+			a.event(ctx, name, contracts.MachineEvent{Kind: contracts.MachineReady, MachineID: m.ID, NodeID: m.NodeID, Token: m.Token})
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(ps.known)) {
+		if listed[id] {
+			continue
+		}
+		m := ps.known[id]
+		if !ps.deleted[id] {
+			if a.cfg.Interruptions != nil {
+				if err := a.cfg.Interruptions.Gone(ctx, m); err != nil {
+					a.cfg.Log.Warn("reclaimed machine not cleaned up; next step tries again", "pool", name, "machine", id, "node_id", m.NodeID, "err", err)
+					continue
+				}
+			}
+			e := contracts.MachineEvent{Kind: contracts.MachineReclaimed, MachineID: id, NodeID: m.NodeID, Token: m.Token,
+				Message: "the provider took the machine back"}
+			if !m.Interruption.IsZero() {
+				at := m.Interruption
+				e.Deadline = &at
+			}
+			a.event(ctx, name, e)
+			a.cfg.Log.Info("machine reclaimed", "pool", name, "machine", id, "node_id", m.NodeID)
+		}
+		delete(ps.known, id)
+		delete(ps.noticed, id)
+		delete(ps.ready, id)
+		delete(ps.deleted, id)
+	}
+	for _, m := range machines {
+		ps.known[m.ID] = m
+	}
+}
+
+func (a *Actuator) noticed(ctx context.Context, name string, m cloud.Machine) error {
+	if a.cfg.Interruptions != nil {
+		if err := a.cfg.Interruptions.Noticed(ctx, m); err != nil {
+			return err
+		}
+	}
+	at := m.Interruption
+	a.event(ctx, name, contracts.MachineEvent{Kind: contracts.MachineInterrupted, MachineID: m.ID, NodeID: m.NodeID, Token: m.Token,
+		Deadline: &at, Message: "spot interruption notice: reclaimed at " + at.UTC().Format(time.RFC3339)})
+	a.cfg.Log.Warn("spot interruption notice", "pool", name, "machine", m.ID, "node_id", m.NodeID, "deadline", at)
+	return nil
+}
+
+// alive counts the machines not under an interruption notice: those that
+// will still be there.
+func alive(machines []cloud.Machine) int {
+	n := 0
+	for _, m := range machines {
+		if m.Interruption.IsZero() {
+			n++
+		}
+	}
+	return n
 }
 
 // failed backs a pool off after a failed call: BackoffBase doubled per
@@ -270,6 +413,22 @@ func (a *Actuator) succeeded(ps *poolState) { ps.failures, ps.retryAt = 0, time.
 // provider does not list yet. It reports whether a scale-up is still in
 // progress (scale-down waits for it).
 func (a *Actuator) scaleUp(ctx context.Context, name string, ps *poolState, pol Pool, machines []cloud.Machine) bool {
+	if ps.up == nil {
+		// Keep the pool at Min: a machine reclaimed, or noticed and about
+		// to be, is replaced. The tokens live in ps.up until every one is
+		// done, so retries after failures or lost replies reuse them; after
+		// a restart the list already shows what they created.
+		if n := min(pol.Min-alive(machines), pol.Max-len(machines)); n > 0 {
+			ps.refills++
+			up := &scaleUp{decision: fmt.Sprintf("min/%s/%d-%d", name, a.cfg.Now().UnixMilli(), ps.refills), done: map[string]bool{},
+				reason: fmt.Sprintf("pool %s has %d machines not under notice; its minimum is %d", name, alive(machines), pol.Min)}
+			for k := range n {
+				up.tokens = append(up.tokens, Token(up.decision, k))
+			}
+			ps.up = up
+			a.cfg.Log.Info("refilling pool to its minimum", "pool", name, "decision", up.decision, "machines", n, "reason", up.reason)
+		}
+	}
 	up := ps.up
 	if up == nil {
 		a.succeeded(ps)
@@ -295,12 +454,22 @@ func (a *Actuator) scaleUp(ctx context.Context, name string, ps *poolState, pol 
 		req := cloud.CreateRequest{Token: tok, Pool: name, MachineType: pol.MachineType, PriceClass: pol.PriceClass}
 		v, err := a.call(func() (any, error) { return a.cfg.Provider.Create(ctx, req) })
 		if err != nil {
+			a.event(ctx, name, contracts.MachineEvent{Kind: contracts.MachineFailed, Token: tok, DecisionID: up.decision,
+				Message: "create: " + err.Error()})
 			a.failed(name, ps, "create", err)
 			return true
 		}
 		m, _ := v.(cloud.Machine)
 		up.done[tok] = true
+		if m.State == cloud.Deleted {
+			// The token already named a machine, now gone: the next step
+			// sees the pool as it is and asks again with a new token.
+			a.cfg.Log.Info("token names a machine already gone", "pool", name, "token", tok, "machine", m.ID)
+			continue
+		}
 		live++
+		a.event(ctx, name, contracts.MachineEvent{Kind: contracts.MachineRequested, MachineID: m.ID, NodeID: m.NodeID, Token: tok,
+			DecisionID: up.decision, Message: up.reason})
 		a.cfg.Log.Info("machine created", "pool", name, "decision", up.decision, "machine", m.ID, "node_id", m.NodeID)
 	}
 	a.succeeded(ps)
@@ -347,12 +516,17 @@ func (a *Actuator) scaleDown(ctx context.Context, name string, ps *poolState, po
 		default:
 			_, err := a.call(func() (any, error) { return nil, a.cfg.Provider.Delete(ctx, id) })
 			if err != nil && !errors.Is(err, cloud.ErrNotFound) {
+				a.event(ctx, name, contracts.MachineEvent{Kind: contracts.MachineFailed, MachineID: id, NodeID: node,
+					Message: "delete: " + err.Error()})
 				a.failed(name, ps, "delete", err)
 				return
 			}
 			delete(ps.draining, id)
 			delete(ps.idleSince, id)
 			deleted[id] = true
+			ps.deleted[id] = true
+			a.event(ctx, name, contracts.MachineEvent{Kind: contracts.MachineDeleted, MachineID: id, NodeID: node,
+				Message: "idle, drained and deleted"})
 			ps.lastScale = now
 			if err := a.cfg.Holds.Lift(ctx, node); err != nil {
 				// The node is gone; a stale hold only keeps it cordoned
@@ -368,7 +542,7 @@ func (a *Actuator) scaleDown(ctx context.Context, name string, ps *poolState, po
 		if _, ok := ps.draining[m.ID]; ok || deleted[m.ID] {
 			continue
 		}
-		if m.State != cloud.Running || len(a.cfg.Ledger.Live(m.NodeID)) > 0 {
+		if m.State != cloud.Running || !m.Interruption.IsZero() || len(a.cfg.Ledger.Live(m.NodeID)) > 0 {
 			delete(ps.idleSince, m.ID)
 			continue
 		}
@@ -381,7 +555,8 @@ func (a *Actuator) scaleDown(ctx context.Context, name string, ps *poolState, po
 			candidates = append(candidates, m)
 		}
 	}
-	if len(ps.draining) > 0 || len(candidates) == 0 || len(machines)-len(deleted) <= pol.Min {
+	// Machines under notice do not count: they are going anyway.
+	if len(ps.draining) > 0 || len(candidates) == 0 || alive(machines)-len(deleted) <= pol.Min {
 		return
 	}
 	if !ps.lastScale.IsZero() && now.Before(ps.lastScale.Add(pol.DownCooldown)) {
@@ -402,10 +577,20 @@ func (a *Actuator) scaleDown(ctx context.Context, name string, ps *poolState, po
 	}
 	ps.draining[m.ID] = m.NodeID
 	ps.lastScale = now
+	a.event(ctx, name, contracts.MachineEvent{Kind: contracts.MachineDraining, MachineID: m.ID, NodeID: m.NodeID, Message: reason})
 	a.cfg.Log.Info("draining idle machine", "pool", name, "machine", m.ID, "node_id", m.NodeID)
 }
 
-// Run steps every interval until ctx ends.
+// Kick makes Run step at once (a provider pushed a change, a node agent
+// registered). It never blocks; kicks while a step is due merge.
+func (a *Actuator) Kick() {
+	select {
+	case a.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Run steps every interval, and on Kick, until ctx ends.
 func (a *Actuator) Run(ctx context.Context, every time.Duration) error {
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -417,6 +602,7 @@ func (a *Actuator) Run(ctx context.Context, every time.Duration) error {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		case <-a.kick:
 		}
 	}
 }

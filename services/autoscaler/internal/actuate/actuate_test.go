@@ -14,9 +14,9 @@ import (
 	"github.com/sony/gobreaker/v2"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/services/autoscaler/cloud"
 	"github.com/gpuplane/gpuplane/services/autoscaler/internal/actuate"
-	"github.com/gpuplane/gpuplane/services/autoscaler/internal/cloud"
-	"github.com/gpuplane/gpuplane/services/autoscaler/internal/simcloud"
+	"github.com/gpuplane/gpuplane/services/autoscaler/simcloud"
 )
 
 var t0 = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)

@@ -56,6 +56,15 @@ func (f *Fleet) ApplyNodeEvent(nodeID string, ev contracts.NodeEvent) {
 	f.nodes[nodeID] = n
 }
 
+// Registered reports whether nodeID's agent registered (an inventory was
+// seen) and the node is not lost.
+func (f *Fleet) Registered(nodeID string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n, ok := f.nodes[nodeID]
+	return ok && n.machineType != "" && !n.lost
+}
+
 // Pool describes one pool.
 type Pool struct {
 	// MachineType is the type most of the pool's nodes have (lost ones

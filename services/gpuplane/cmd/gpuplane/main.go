@@ -42,14 +42,22 @@ func printBanner(ep gpuplane.Endpoints) {
 		names = append(names, fmt.Sprintf("%s (%d GPUs)", p, n))
 	}
 	sort.Strings(names)
+	var scaled []string
+	for _, a := range ep.Autoscale {
+		scaled = append(scaled, fmt.Sprintf("%s (%s %s, %d-%d machines)", a.Name, a.MachineType, a.PriceClass, a.Min, a.Max))
+	}
+	if len(scaled) == 0 {
+		scaled = []string{"none (-autoscale)"}
+	}
 	fmt.Printf(`
 gpuplane is up
   NATS      %s   (data in %s)
   gateway   %s   (web console at /, REST API under /v1)
   metrics   %s
   fleet     %d simulated machines, %d GPUs: %s
+  autoscale %s
 Try:  gpuctl submit --tenant acme --gpus 2 --model H100-80GB --duration 20s
 Press Ctrl-C to stop.
 
-`, ep.NATSURL, ep.DataDir, ep.GatewayURL, ep.MetricsURL, machines, gpus, strings.Join(names, ", "))
+`, ep.NATSURL, ep.DataDir, ep.GatewayURL, ep.MetricsURL, machines, gpus, strings.Join(names, ", "), strings.Join(scaled, ", "))
 }

@@ -22,11 +22,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gpuplane/gpuplane/services/autoscaler/internal/cloud"
+	"github.com/gpuplane/gpuplane/services/autoscaler/cloud"
 )
 
 // NoticeAhead is how long before reclaiming a spot machine its
-// interruption notice is given.
+// interruption notice is given, unless Config.NoticeAhead says otherwise.
 const NoticeAhead = 2 * time.Minute
 
 // ErrUnavailable is the injected failure of a provider that is down.
@@ -50,6 +50,12 @@ type Config struct {
 	Now func() time.Time
 	// ProvisionDelay is how long a created machine provisions.
 	ProvisionDelay time.Duration
+	// PoolProvisionDelay overrides ProvisionDelay for the pools it names.
+	PoolProvisionDelay map[string]time.Duration
+	// NoticeAhead is how long before its reclaim a spot machine is given
+	// notice (default the clouds' two minutes, NoticeAhead); tests and
+	// demonstrations shorten it.
+	NoticeAhead time.Duration
 	// Capacity caps live (not deleted) machines per machine type; a type
 	// not named has no cap.
 	Capacity map[string]int
@@ -69,6 +75,8 @@ type Provider struct {
 	failing  error                     // every call fails with it while set
 	loseNext int                       // creates applied whose reply is lost
 	calls    map[string]int            // method → calls received
+	watchers map[int]func(pool string)
+	watchSeq int
 }
 
 // New returns an empty provider.
@@ -76,10 +84,66 @@ func New(cfg Config) (*Provider, error) {
 	if cfg.Now == nil {
 		return nil, errors.New("simcloud: Config.Now is required")
 	}
+	var errs []error
 	if cfg.ProvisionDelay < 0 {
-		return nil, fmt.Errorf("simcloud: provision delay %s; want >= 0", cfg.ProvisionDelay)
+		errs = append(errs, fmt.Errorf("simcloud: provision delay %s; want >= 0", cfg.ProvisionDelay))
 	}
-	return &Provider{cfg: cfg, machines: map[string]*cloud.Machine{}, byToken: map[string]string{}, calls: map[string]int{}}, nil
+	for _, pool := range slices.Sorted(maps.Keys(cfg.PoolProvisionDelay)) {
+		if d := cfg.PoolProvisionDelay[pool]; d < 0 {
+			errs = append(errs, fmt.Errorf("simcloud: pool %s: provision delay %s; want >= 0", pool, d))
+		}
+	}
+	if cfg.NoticeAhead < 0 {
+		errs = append(errs, fmt.Errorf("simcloud: notice ahead %s; want >= 0", cfg.NoticeAhead))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	if cfg.NoticeAhead == 0 {
+		cfg.NoticeAhead = NoticeAhead
+	}
+	return &Provider{cfg: cfg, machines: map[string]*cloud.Machine{}, byToken: map[string]string{}, calls: map[string]int{},
+		watchers: map[int]func(string){}}, nil
+}
+
+// provisionDelay is how long a machine of pool provisions.
+func (p *Provider) provisionDelay(pool string) time.Duration {
+	if d, ok := p.cfg.PoolProvisionDelay[pool]; ok {
+		return d
+	}
+	return p.cfg.ProvisionDelay
+}
+
+// Watch calls fn with a pool's name whenever one of its machines changes
+// on the provider's side (booted, noticed, reclaimed, deleted), after
+// Hooks, until the returned cancel is called. It is how a provider with an
+// event feed lets the autoscaler list a pool at once instead of at its
+// next tick; fn must not block.
+func (p *Provider) Watch(fn func(pool string)) (cancel func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.watchSeq++
+	id := p.watchSeq
+	p.watchers[id] = fn
+	return func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		delete(p.watchers, id)
+	}
+}
+
+// changed tells the watchers that pool changed. The caller does not hold
+// p.mu.
+func (p *Provider) changed(pool string) {
+	p.mu.Lock()
+	fns := make([]func(string), 0, len(p.watchers))
+	for _, id := range slices.Sorted(maps.Keys(p.watchers)) {
+		fns = append(fns, p.watchers[id])
+	}
+	p.mu.Unlock()
+	for _, fn := range fns {
+		fn(pool)
+	}
 }
 
 // Create creates a machine, or returns the machine already created with
@@ -159,6 +223,9 @@ func (p *Provider) Delete(ctx context.Context, id string) error {
 	if wasUp && !already && p.cfg.Hooks.Down != nil {
 		p.cfg.Hooks.Down(gone)
 	}
+	if !already {
+		p.changed(gone.Pool)
+	}
 	return nil
 }
 
@@ -225,7 +292,7 @@ func (p *Provider) Machines() []cloud.Machine {
 }
 
 // Interrupt gives a spot machine its interruption notice: it is reclaimed
-// NoticeAhead from now (by the Advance that reaches that time).
+// Config.NoticeAhead from now (by the Advance that reaches that time).
 func (p *Provider) Interrupt(id string) error {
 	p.mu.Lock()
 	m, ok := p.machines[id]
@@ -240,12 +307,13 @@ func (p *Provider) Interrupt(id string) error {
 		p.mu.Unlock()
 		return nil
 	}
-	m.Interruption = p.cfg.Now().Add(NoticeAhead)
+	m.Interruption = p.cfg.Now().Add(p.cfg.NoticeAhead)
 	noticed := *m
 	p.mu.Unlock()
 	if p.cfg.Hooks.Notice != nil {
 		p.cfg.Hooks.Notice(noticed)
 	}
+	p.changed(noticed.Pool)
 	return nil
 }
 
@@ -253,9 +321,10 @@ func (p *Provider) Interrupt(id string) error {
 // up, interrupted machines are reclaimed. It returns how many it applied.
 func (p *Provider) Advance() int {
 	type event struct {
-		at time.Time
-		m  cloud.Machine
-		up bool
+		at    time.Time
+		m     cloud.Machine
+		up    bool
+		wasUp bool // a reclaimed machine had booted (an agent to stop)
 	}
 	now := p.cfg.Now()
 	var events []event
@@ -266,12 +335,10 @@ func (p *Provider) Advance() int {
 		case !m.Interruption.IsZero() && !now.Before(m.Interruption):
 			wasUp := m.State == cloud.Running
 			m.State = cloud.Deleted
-			if wasUp {
-				events = append(events, event{at: m.Interruption, m: *m})
-			}
-		case m.State == cloud.Provisioning && !now.Before(m.Created.Add(p.cfg.ProvisionDelay)):
+			events = append(events, event{at: m.Interruption, m: *m, wasUp: wasUp})
+		case m.State == cloud.Provisioning && !now.Before(m.Created.Add(p.provisionDelay(m.Pool))):
 			m.State = cloud.Running
-			events = append(events, event{at: m.Created.Add(p.cfg.ProvisionDelay), m: *m, up: true})
+			events = append(events, event{at: m.Created.Add(p.provisionDelay(m.Pool)), m: *m, up: true})
 		}
 	}
 	p.mu.Unlock()
@@ -281,9 +348,16 @@ func (p *Provider) Advance() int {
 	for _, e := range events {
 		if e.up && p.cfg.Hooks.Up != nil {
 			p.cfg.Hooks.Up(e.m)
-		} else if !e.up && p.cfg.Hooks.Down != nil {
+		} else if !e.up && e.wasUp && p.cfg.Hooks.Down != nil {
 			p.cfg.Hooks.Down(e.m)
 		}
+	}
+	pools := map[string]bool{}
+	for _, e := range events {
+		pools[e.m.Pool] = true
+	}
+	for _, pool := range slices.Sorted(maps.Keys(pools)) {
+		p.changed(pool)
 	}
 	return len(events)
 }

@@ -8,8 +8,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/gpuplane/gpuplane/services/autoscaler/internal/cloud"
-	"github.com/gpuplane/gpuplane/services/autoscaler/internal/simcloud"
+	"github.com/gpuplane/gpuplane/services/autoscaler/cloud"
+	"github.com/gpuplane/gpuplane/services/autoscaler/simcloud"
 )
 
 type clock struct{ now time.Time }

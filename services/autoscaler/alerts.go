@@ -1,0 +1,108 @@
+package autoscaler
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+)
+
+// scaleUpAlert is a firing alert asking a pool for more machines.
+type scaleUpAlert struct {
+	decisionID string // one per alert episode
+	kind, key  string
+	episode    string
+	message    string
+}
+
+// alertDecisionID is the ID of the decision a scale_up alert episode
+// causes. It names the episode, not the sizes, so the machine it creates
+// (token "<ID>#0") is the same however often the alert is seen again.
+func alertDecisionID(pool string, a contracts.Alert) string {
+	return "scale/" + pool + "/alert/" + a.Kind + "/" + a.Key + "/" + a.Labels[contracts.AlertLabelEpisode]
+}
+
+// onAlert keeps the firing scale_up alert of each pool the autoscaler
+// manages and decides at once. Other alerts, and pools it does not
+// manage, are ignored.
+func (s *scaler) onAlert(ctx context.Context, m *bus.Msg) error {
+	var a contracts.Alert
+	if err := m.Decode(&a); err != nil {
+		s.log.Warn("skipping alert", "subject", m.Subject, "stream_seq", m.StreamSeq, "err", err)
+		return nil
+	}
+	pool := a.Labels[contracts.AlertLabelPool]
+	if a.Labels[contracts.AlertLabelAction] != contracts.AlertActionScaleUp {
+		return nil
+	}
+	if _, ok := s.cfg.Pools[pool]; !ok {
+		s.log.Debug("scale_up alert for a pool without a scaling policy", "pool", pool, "kind", a.Kind)
+		return nil
+	}
+	id := alertDecisionID(pool, a)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch a.State {
+	case contracts.AlertFiring:
+		s.scaleUpAlerts[pool] = scaleUpAlert{decisionID: id, kind: a.Kind, key: a.Key,
+			episode: a.Labels[contracts.AlertLabelEpisode], message: a.Message}
+	case contracts.AlertResolved:
+		if s.scaleUpAlerts[pool].decisionID == id {
+			delete(s.scaleUpAlerts, pool)
+		}
+		return nil
+	default:
+		return nil
+	}
+	return s.evaluate(ctx, pool)
+}
+
+// evaluateAlert asks for one more machine for pool's firing scale_up
+// alert, once per episode, when the pool's cooldown has passed and it is
+// below its maximum; until then the alert waits (the tick evaluates it
+// again). The caller holds s.mu.
+func (s *scaler) evaluateAlert(ctx context.Context, pool string) error {
+	al, ok := s.scaleUpAlerts[pool]
+	if !ok || s.decided[al.decisionID] {
+		return nil
+	}
+	now := s.cfg.Now()
+	current := 0
+	if p, ok := s.fleet.Pool(pool); ok {
+		current = p.LiveNodes
+	}
+	why := ""
+	if l, ok := s.last[pool]; ok && now.Before(l.Time.Add(s.cfg.cooldown(pool))) {
+		why = fmt.Sprintf("alert %s waits for the cooldown after %s (until %s)", al.kind, l.ID, l.Time.Add(s.cfg.cooldown(pool)).Format("15:04:05"))
+	} else if mx := s.cfg.maxNodes(pool); current >= mx {
+		why = fmt.Sprintf("alert %s: pool %s has %d nodes, at or above its maximum of %d", al.kind, pool, current, mx)
+	}
+	if why != "" {
+		if s.why[pool] != why {
+			s.why[pool] = why
+			s.log.Info("no scale decision", "pool", pool, "why", why)
+		}
+		return nil
+	}
+	d := contracts.ScaleDecision{SchemaVersion: contracts.SchemaVersion, ID: al.decisionID, Pool: pool, Direction: contracts.ScaleUp,
+		CurrentNodes: current, DesiredNodes: current + 1, Time: now,
+		Reason: fmt.Sprintf("alert %s (episode %s) asks for one more machine: %s", al.kind, al.episode, al.message)}
+	return s.publishDecision(ctx, d)
+}
+
+// publishDecision publishes d under its ID and records it as the pool's
+// last decision. The caller holds s.mu.
+func (s *scaler) publishDecision(ctx context.Context, d contracts.ScaleDecision) error {
+	if _, err := s.bus.Publish(ctx, contracts.SubjectScale(d.Pool), d.ID, d, bus.CESubject(d.Pool)); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("%s: publish decision %s: %w", Name, d.ID, err)
+	}
+	s.last[d.Pool] = decideAt(d)
+	s.decided[d.ID] = true
+	delete(s.why, d.Pool)
+	s.log.Info("scale decision", "pool", d.Pool, "id", d.ID, "current", d.CurrentNodes, "desired", d.DesiredNodes, "reason", d.Reason)
+	return nil
+}
