@@ -67,6 +67,10 @@ type JobStatus struct {
 	UpdatedAt  time.Time   `json:"updatedAt"`
 	StartedAt  *time.Time  `json:"startedAt,omitempty"`
 	EndedAt    *time.Time  `json:"endedAt,omitempty"`
+	// Migration is the job's latest move (migrating: under way;
+	// migrated: done); Migrations counts the moves completed.
+	Migration  *Migration `json:"migration,omitempty"`
+	Migrations int        `json:"migrations,omitempty"`
 	// LastSeq is the JOB_EVENTS sequence of the last event applied.
 	LastSeq uint64 `json:"lastSeq"`
 }
@@ -115,6 +119,12 @@ func (s *JobStatus) Apply(ev JobEvent, seq uint64) error {
 	}
 	if ev.EndedAt != nil {
 		s.EndedAt = ev.EndedAt
+	}
+	if ev.Migration != nil {
+		s.Migration = ev.Migration
+	}
+	if ev.Type == EventMigrated {
+		s.Migrations++
 	}
 	return nil
 }

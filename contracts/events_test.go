@@ -78,3 +78,37 @@ func TestJobStatusApplyIsIdempotent(t *testing.T) {
 		t.Fatalf("status = %+v", s)
 	}
 }
+
+// A move keeps the job running for readers: migrating and migrated change
+// no state, the status keeps the latest move and counts the completed ones,
+// and a redelivered migrated is not counted twice.
+func TestJobStatusFollowsAMigration(t *testing.T) {
+	var st JobStatus
+	evs := []JobEvent{
+		{Type: EventQueued, Attempt: 1},
+		{Type: EventScheduled, Attempt: 1},
+		{Type: EventRunning, Attempt: 1},
+		{Type: EventMigrating, Attempt: 1, Reason: ReasonSpotInterruption, Migration: &Migration{Reason: ReasonSpotInterruption, FromAttempt: 1, Checkpoint: true}},
+		{Type: EventRequeued, Attempt: 2, Reason: ReasonSpotInterruption},
+		{Type: EventScheduled, Attempt: 2},
+		{Type: EventRunning, Attempt: 2},
+		{Type: EventMigrated, Attempt: 2, Reason: ReasonSpotInterruption, Migration: &Migration{Reason: ReasonSpotInterruption, FromAttempt: 1, RestoredFrom: "ckpt-3"}},
+	}
+	for i, ev := range evs {
+		if err := st.Apply(ev, uint64(i+1)); err != nil {
+			t.Fatalf("event %d (%s): %v", i, ev.Type, err)
+		}
+		if ev.Type == EventMigrating && st.State != StateRunning {
+			t.Fatalf("migrating moved the job to %s", st.State)
+		}
+	}
+	if err := st.Apply(evs[len(evs)-1], uint64(len(evs))); err == nil {
+		t.Fatal("a redelivered migrated event was applied")
+	}
+	if st.State != StateRunning || st.Attempt != 2 || st.Migrations != 1 || st.Migration == nil || st.Migration.RestoredFrom != "ckpt-3" {
+		t.Fatalf("status %+v", st)
+	}
+	if _, err := Transition(StateQueued, EventMigrated); err == nil {
+		t.Fatal("migrated accepted for a queued job")
+	}
+}

@@ -62,6 +62,9 @@ func (a *app) getCmd(*flag.FlagSet) func(context.Context, []string, []string) in
 		if st.ExitCode != nil {
 			row("Exit code", strconv.Itoa(*st.ExitCode))
 		}
+		if m := st.Migration; m != nil {
+			row("Migration", migration(m, st.Migrations))
+		}
 		row("Created", formatTime(&st.CreatedAt))
 		row("Updated", formatTime(&st.UpdatedAt))
 		row("Started", formatTime(st.StartedAt))
@@ -297,4 +300,24 @@ func dash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// migration says how the job last moved: "1 done; last: spot_interruption
+// from attempt 1 on n7, restored ckpt-3".
+func migration(m *contracts.Migration, done int) string {
+	var from []string
+	for _, p := range m.From {
+		from = append(from, p.NodeID)
+	}
+	out := fmt.Sprintf("%d done; last: %s from attempt %d", done, m.Reason, m.FromAttempt)
+	if len(from) > 0 {
+		out += " on " + strings.Join(from, ", ")
+	}
+	switch {
+	case m.RestoredFrom != "":
+		out += ", restored " + m.RestoredFrom
+	case m.Deadline != nil:
+		out += ", under way (machine goes at " + formatTime(m.Deadline) + ")"
+	}
+	return out
 }
