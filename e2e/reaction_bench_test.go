@@ -22,7 +22,7 @@ const reactionFleet = `
 machineTypes:
   hgx-h100-8: {gpuModel: H100-80GB, gpuCount: 8, nvlink: true}
 pools:
-  - {name: react, machineType: hgx-h100-8, count: 40, zone: zone-a, priceClass: spot}
+  - {name: react, machineType: hgx-h100-8, count: 60, zone: zone-a, priceClass: spot}
 `
 
 // BenchmarkReaction measures how fast the platform reacts, with no
@@ -30,9 +30,12 @@ pools:
 // scheduler's decision (the migrating event) and to the restored run (the
 // migrated event: the next attempt runs on new devices from the
 // checkpoint). Two triggers: an XID fault injected into the GPU a
-// checkpointable job runs on (agent health → inventory → scheduler), and a
-// spot interruption hold written on its machine, as the autoscaler writes
-// it on a provider's notice (KV → scheduler). The restored time includes
+// checkpointable job runs on (agent health → inventory → scheduler), an
+// overheating fault (from the first telemetry sample above 85 °C: monitor
+// rule gpu_hot → drain_gpu alert → scheduler's GPU hold in KV →
+// scheduler), and a spot interruption
+// hold written on its machine, as the autoscaler writes it on a provider's
+// notice (KV → scheduler). The restored time includes
 // the job's checkpoint (the simulated job writes it at once), the stop, the
 // release, the new placement and the start.
 //
@@ -54,11 +57,14 @@ func BenchmarkReaction(b *testing.B) {
 			r.move(b, ctx, fmt.Sprintf("x%d-%d", i, k), "xid")
 		}
 		for k := range moves {
+			r.move(b, ctx, fmt.Sprintf("h%d-%d", i, k), "overheat")
+		}
+		for k := range moves {
 			r.move(b, ctx, fmt.Sprintf("s%d-%d", i, k), "spot")
 		}
 		b.StopTimer()
 		cancel()
-		for _, trig := range []string{"xid", "spot"} {
+		for _, trig := range []string{"xid", "overheat", "spot"} {
 			dec, res := r.stats(trig)
 			b.ReportMetric(ms(pct(dec, 50)), trig+"-decision-p50-ms")
 			b.ReportMetric(ms(pct(dec, 99)), trig+"-decision-p99-ms")
@@ -155,14 +161,29 @@ func (r *reactions) move(b *testing.B, ctx context.Context, id, trigger string) 
 	node, gpu := run.Placement.NodeID, run.Placement.Devices[0].UUID
 	var t0 time.Time
 	switch trigger {
-	case "xid":
+	case "xid", "overheat":
 		f := contracts.Fault{ID: "xid-" + id, Kind: contracts.FaultXID, GPU: gpu, Code: contracts.DefaultFaultXID}
+		var hot chan time.Time
+		if trigger == "overheat" {
+			f = contracts.Fault{ID: "hot-" + id, Kind: contracts.FaultOverheat, GPU: gpu}
+			hot = r.firstHotSample(b, node, gpu)
+		}
 		cmd := contracts.NodeCommand{SchemaVersion: 1, Kind: contracts.CommandInjectFault, Fault: &f, Time: time.Now().UTC()}
 		data, _ := json.Marshal(cmd)
 		t0 = time.Now()
 		if _, err := r.s.js.Publish(ctx, contracts.SubjectNodeCommands(node), data,
 			jetstream.WithMsgID(contracts.FaultCommandID(node, f.ID))); err != nil {
 			b.Fatal(err)
+		}
+		if hot != nil {
+			// The triggering event of an overheat is the first telemetry
+			// sample above the rule's 85 °C: the fault heats the die at
+			// once, the agent samples every second.
+			select {
+			case t0 = <-hot:
+			case <-ctx.Done():
+				b.Fatalf("%s: no hot sample", id)
+			}
 		}
 	case "spot":
 		kv, err := r.s.js.KeyValue(ctx, contracts.BucketNodeAdmin)
@@ -188,6 +209,33 @@ func (r *reactions) move(b *testing.B, ctx context.Context, id, trigger string) 
 		b.Fatal(err)
 	}
 	r.await(b, ctx, id, contracts.EventCancelled)
+}
+
+// firstHotSample reports when the first telemetry sample of gpu above
+// 85 °C reaches the bus.
+func (r *reactions) firstHotSample(b *testing.B, node, gpu string) chan time.Time {
+	out := make(chan time.Time, 1)
+	var once sync.Once
+	var sub *nats.Subscription
+	sub, err := r.s.nc.Subscribe(contracts.SubjectTelemetry(node), func(m *nats.Msg) {
+		now := time.Now()
+		var tm contracts.Telemetry
+		if json.Unmarshal(m.Data, &tm) != nil {
+			return
+		}
+		for _, g := range tm.GPUs {
+			if g.UUID == gpu && g.TempC > 85 {
+				once.Do(func() {
+					out <- now
+					go func() { _ = sub.Unsubscribe() }()
+				})
+			}
+		}
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return out
 }
 
 func (r *reactions) stats(trigger string) (decision, restored []time.Duration) {

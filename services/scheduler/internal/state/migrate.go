@@ -138,10 +138,12 @@ func (s *Store) stopParts(j *Job, reason contracts.Reason) {
 	}
 }
 
-// keepMove remembers, as j is requeued for reason, the move its attempt
-// was in, so that the next attempt to run announces it (migrated).
-func (s *Store) keepMove(j *Job, reason contracts.Reason) {
-	if j.migration == nil || j.migration.Reason != reason {
+// keepMove remembers, as j is requeued, the move its attempt was in, so
+// that the next attempt to run announces it (migrated). The requeue's own
+// reason may differ (the spot machine was reclaimed before the stop
+// landed: node_lost): the job still moved for the migration's reason.
+func (s *Store) keepMove(j *Job, _ contracts.Reason) {
+	if j.migration == nil {
 		return
 	}
 	m := *j.migration

@@ -232,3 +232,26 @@ func TestHeldGPUTakesNoNewWork(t *testing.T) {
 		t.Fatal("a job was placed on the held GPU")
 	}
 }
+
+// A spot machine reclaimed before the moved job's stop landed: the job is
+// requeued as node_lost, and its next attempt still announces the move.
+func TestMigrationCutShortByTheReclaim(t *testing.T) {
+	h := newHarness(t)
+	a := placeRunning(h, "j", true)
+	deadline := h.now.Add(2 * time.Minute)
+	h.st.ApplyNodeAdmin("n1", &contracts.NodeAdmin{NodeID: "n1", Cordoned: true, Drain: true,
+		Cause: contracts.ReasonSpotInterruption, Deadline: &deadline})
+	h.cycle()
+	h.nodeEvent("n1", contracts.NodeLost)
+	h.release(a, contracts.ReasonNodeLost, nil)
+	if ev := h.last("a", "j"); ev.Type != contracts.EventRequeued || ev.Reason != contracts.ReasonNodeLost {
+		t.Fatalf("after the reclaim: %+v", ev)
+	}
+	h.cycle()
+	next := h.items("a", "j", 2)
+	h.commit(next[0])
+	h.started(next[0], h.now)
+	if ev := h.last("a", "j"); ev.Type != contracts.EventMigrated || ev.Reason != contracts.ReasonSpotInterruption || ev.Migration.Checkpointed {
+		t.Fatalf("%+v %+v", ev, ev.Migration)
+	}
+}
