@@ -33,13 +33,18 @@ func (s *scaler) runActuation(ctx context.Context) error {
 		return fmt.Errorf("node admin bucket: %w", err)
 	}
 	live := &liveAllocations{byNode: map[string]map[string]contracts.Priority{}}
+	spot := spotReaction{kv: kv, bus: s.bus, now: s.cfg.Now, log: s.log}
+	events := busEvents{bus: s.bus, log: s.log}
 	act, err := actuate.New(actuate.Config{Pools: s.cfg.Pools, Provider: s.cfg.Provider, Ledger: live,
 		Holds:         kvHolds{kv: kv, now: s.cfg.Now},
-		Interruptions: spotReaction{kv: kv, bus: s.bus, now: s.cfg.Now, log: s.log},
-		Events:        busEvents{bus: s.bus, log: s.log},
+		Interruptions: spot,
+		Events:        events,
 		Nodes:         s.fleet,
-		Breaker:       gobreaker.Settings{Timeout: s.cfg.BreakerOpenFor},
-		Now:           s.cfg.Now, Log: s.log})
+		Sweeper: &sweeper{kv: kv, bus: s.bus, spot: spot, events: events, pools: s.cfg.Pools, nodes: s.fleet,
+			now: s.cfg.Now, log: s.log},
+		LostGrace: s.cfg.NodeLostGrace,
+		Breaker:   gobreaker.Settings{Timeout: s.cfg.BreakerOpenFor},
+		Now:       s.cfg.Now, Log: s.log})
 	if err != nil {
 		return err
 	}

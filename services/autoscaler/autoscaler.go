@@ -13,6 +13,9 @@
 //	OPS gp.alerts.* (action=scale_up, pool managed) ──> one more machine per alert episode ──> gp.autoscale.decisions.<pool>
 //	Provider.List (every second, at once on Watch) ──> notices: drain hold (cause spot_interruption),
 //	        gp.alerts.spot_interruption firing; gone: alert resolved, hold lifted; below min: refill
+//	NODES lifecycle lost (no returned/registered since) > NodeLostGrace, machine still running ──> Provider.Delete, refill
+//	every step that listed all pools: holds in gp-node-admin (autoscaler's or spot cause) of managed pools' nodes no
+//	        longer listed ──> released, alert resolved, reclaimed (same IDs as the live path: gone while down)
 //	actuate ──> gp.autoscale.machines.<pool> (requested, ready, draining, deleted, failed, interrupted, reclaimed)
 //
 // It is level-triggered: every demand message and a once-a-second tick

@@ -44,6 +44,11 @@ type Config struct {
 	// open after it trips (5 failed calls in a row) before one call may
 	// probe the provider again (default 1m).
 	BreakerOpenFor time.Duration
+	// NodeLostGrace is how long a machine the provider lists as running
+	// may have its node agent lost (the resource manager's `lost` event,
+	// with no `returned` or `registered` since) before it is deleted as
+	// dead and replaced (default 2m).
+	NodeLostGrace time.Duration
 	// ActuateEvery is how often the pools are reconciled with the
 	// provider when nothing kicks them (default 1s). Not a flag.
 	ActuateEvery time.Duration
@@ -65,7 +70,8 @@ type watcher interface {
 // environment.
 func DefaultConfig() Config {
 	return Config{Bus: service.DefaultBusConfig(), MaxNodes: map[string]int{}, DefaultMaxNodes: 8,
-		Cooldown: 30 * time.Second, Now: time.Now, BreakerOpenFor: time.Minute, ActuateEvery: time.Second}
+		Cooldown: 30 * time.Second, Now: time.Now, BreakerOpenFor: time.Minute, ActuateEvery: time.Second,
+		NodeLostGrace: actuate.DefaultLostGrace}
 }
 
 // RegisterFlags adds the autoscaler's flags to fs, defaulting to c.
@@ -74,6 +80,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var((*poolLimits)(&c.MaxNodes), "max-nodes", "per-pool node maximum, as pool=n[,pool=n...]")
 	fs.IntVar(&c.DefaultMaxNodes, "default-max-nodes", c.DefaultMaxNodes, "node maximum of pools not named in -max-nodes")
 	fs.DurationVar(&c.Cooldown, "cooldown", c.Cooldown, "least time between two scale decisions for one pool")
+	fs.DurationVar(&c.NodeLostGrace, "node-lost-grace", c.NodeLostGrace, "how long a running machine's node agent may be lost before the machine is deleted as dead and replaced")
 	fs.DurationVar(&c.BreakerOpenFor, "breaker-open-for", c.BreakerOpenFor, "how long a tripped provider circuit breaker refuses calls before probing again")
 }
 
@@ -99,6 +106,9 @@ func (c Config) Validate() error {
 	}
 	if c.BreakerOpenFor < 0 || c.ActuateEvery < 0 {
 		errs = append(errs, fmt.Errorf("breaker-open-for %s, actuate every %s; want >= 0", c.BreakerOpenFor, c.ActuateEvery))
+	}
+	if c.NodeLostGrace < 0 {
+		errs = append(errs, fmt.Errorf("node-lost-grace is %s; want >= 0 (0 takes the default)", c.NodeLostGrace))
 	}
 	if c.Cooldown < 0 {
 		errs = append(errs, fmt.Errorf("cooldown is %s; want >= 0", c.Cooldown))

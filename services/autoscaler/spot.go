@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -55,7 +56,7 @@ func (r spotReaction) Noticed(ctx context.Context, m cloud.Machine) error {
 }
 
 func (r spotReaction) Gone(ctx context.Context, m cloud.Machine) error {
-	if err := (kvHolds{kv: r.kv, now: r.now}).Lift(ctx, m.NodeID); err != nil {
+	if err := r.release(ctx, m.NodeID); err != nil {
 		return err
 	}
 	if m.Interruption.IsZero() {
@@ -126,6 +127,50 @@ func (r spotReaction) hold(ctx context.Context, node string, deadline time.Time)
 		last = err // someone wrote in between: read again
 	}
 	return fmt.Errorf("write spot hold of %s: %d attempts lost to concurrent writers: %w", node, casAttempts, last)
+}
+
+// release undoes the spot hold of a node whose machine is gone: a hold the
+// autoscaler wrote is deleted; an administrator's hold that was given the
+// spot cause keeps everything its administrator set (cordon, drain, reason,
+// GPU holds) and loses only the cause and deadline, which no longer hold.
+// Both are compare-and-set, so a concurrent writer's change is read again,
+// never overwritten.
+func (r spotReaction) release(ctx context.Context, node string) error {
+	var last error
+	for range casAttempts {
+		e, err := r.kv.Get(ctx, node)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read hold of %s: %w", node, err)
+		}
+		var na contracts.NodeAdmin
+		if err := json.Unmarshal(e.Value(), &na); err != nil {
+			return nil // not a document the autoscaler wrote
+		}
+		switch {
+		case strings.HasPrefix(na.Reason, holdReasonPrefix):
+			err = r.kv.Delete(ctx, node, jetstream.LastRevision(e.Revision()))
+		case na.Cause == contracts.ReasonSpotInterruption:
+			na.Cause, na.Deadline = "", nil
+			b, merr := json.Marshal(na)
+			if merr != nil {
+				return merr
+			}
+			_, err = r.kv.Update(ctx, node, b, e.Revision())
+		default:
+			return nil
+		}
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		last = err
+	}
+	return fmt.Errorf("release spot hold of %s: %d attempts lost to concurrent writers: %w", node, casAttempts, last)
 }
 
 // busEvents publishes machine events on SubjectMachines(pool) with

@@ -123,8 +123,9 @@ func TestSpotNoticeDrainsAndReclaimRefills(t *testing.T) {
 			t.Errorf("after the reclaim: %s %s; want resolved", a.id, a.State)
 		}
 	}
-	if na, ok := hold("spot-2"); !ok || na.Reason != "maintenance window" {
-		t.Errorf("administrator's hold of spot-2 after the reclaim: %+v (present %v); want it kept", na, ok)
+	eventually(t, "the spot cause taken off the administrator's hold", func() bool { na, _ := hold("spot-2"); return na.Cause == "" })
+	if na, ok := hold("spot-2"); !ok || na.Reason != "maintenance window" || !na.Cordoned || na.Deadline != nil {
+		t.Errorf("administrator's hold of spot-2 after the reclaim: %+v (present %v); want it kept, without cause and deadline", na, ok)
 	}
 	eventually(t, "pool refilled to its minimum", func() bool {
 		live := 0

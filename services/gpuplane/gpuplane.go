@@ -60,8 +60,9 @@ type Config struct {
 	// after ProvisionDelay (a node agent starts), interrupted (spot) and
 	// reclaimed (the agent dies with its runs) at run time. Each pool's
 	// MachineType must be one of the fleet's machine types; a fleet pool
-	// of the same name, if any, lends its zone, labels and taints. Empty:
-	// no autoscaled pools (flag -autoscale "").
+	// of the same name (count 0 makes it a template only), else the first
+	// of the same machine type and price class, lends its zone, purpose,
+	// labels and taints. Empty: no autoscaled pools (flag -autoscale "").
 	Autoscale []AutoscalePool
 	// SpotNotice is how long before the reclaim a spot machine is given
 	// notice (default 2m, the clouds' figure; tests shorten it).

@@ -30,8 +30,11 @@ const advanceEvery = 250 * time.Millisecond
 type simMachines struct {
 	cloud *simcloud.Provider
 	fleet fleet.Fleet
-	log   *slog.Logger
-	live  atomic.Pointer[liveAgents] // set while run runs
+	// like is, per autoscaled pool, the fleet pool whose zone, purpose,
+	// labels and taints its machines take (see settingsOf).
+	like map[string]string
+	log  *slog.Logger
+	live atomic.Pointer[liveAgents] // set while run runs
 }
 
 type liveAgents struct {
@@ -48,7 +51,7 @@ func newSimMachines(cfg Config, fl fleet.Fleet, log *slog.Logger) (*simMachines,
 		}
 		delays[a.Name] = a.ProvisionDelay
 	}
-	s := &simMachines{fleet: fl, log: log}
+	s := &simMachines{fleet: fl, log: log, like: settingsOf(fl, cfg.Autoscale)}
 	var err error
 	s.cloud, err = simcloud.New(simcloud.Config{Now: time.Now, PoolProvisionDelay: delays, NoticeAhead: cfg.SpotNotice,
 		Hooks: simcloud.Hooks{Up: s.up, Down: s.down}})
@@ -64,13 +67,53 @@ func (s *simMachines) up(m cloud.Machine) {
 		s.log.Warn("simulated machine booted with no agent runner", "machine", m.ID)
 		return
 	}
-	fm, err := s.fleet.NewMachine(m.NodeID, m.Pool, m.MachineType, m.PriceClass)
+	fm, err := s.machine(m)
 	if err == nil {
 		err = live.dyn.Start(live.ctx, fm)
 	}
 	if err != nil {
 		s.log.Error("simulated machine's agent not started", "machine", m.ID, "node_id", m.NodeID, "err", err)
 	}
+}
+
+// machine is what the fleet makes of a machine the cloud booted: the
+// machine type's shape, the settings of the pool's fleet template and the
+// cloud's price class.
+func (s *simMachines) machine(m cloud.Machine) (fleet.Machine, error) {
+	like := s.like[m.Pool]
+	if like == "" {
+		like = m.Pool
+	}
+	fm, err := s.fleet.NewMachine(m.NodeID, like, m.MachineType, m.PriceClass)
+	if err != nil {
+		return fleet.Machine{}, err
+	}
+	fm.Pool = m.Pool
+	return fm, nil
+}
+
+// settingsOf picks, for each autoscaled pool, the fleet pool its machines
+// take their zone, purpose, labels and taints from, so that an autoscaled
+// spot machine is tainted and placed like the fleet's spot machines:
+//   - the fleet pool of the same name, if any (a pool with count 0 is such a
+//     template and boots no machine of its own);
+//   - else the first fleet pool of the same machine type and price class
+//     (the default l4-spot takes l4's zone-b and spot taint);
+//   - else none: the machines get the type's shape and the price class only.
+func settingsOf(fl fleet.Fleet, pools []AutoscalePool) map[string]string {
+	like := map[string]string{}
+	for _, a := range pools {
+		for _, p := range fl.Pools {
+			if p.Name == a.Name {
+				like[a.Name] = p.Name
+				break
+			}
+			if like[a.Name] == "" && p.MachineType == a.MachineType && p.PriceClass == a.PriceClass {
+				like[a.Name] = p.Name
+			}
+		}
+	}
+	return like
 }
 
 func (s *simMachines) down(m cloud.Machine) {

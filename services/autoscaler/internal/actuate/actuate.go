@@ -24,8 +24,12 @@
 // once (drain hold, alert), a machine that leaves the list without the
 // actuator deleting it was reclaimed (Interruptions.Gone lifts the hold),
 // and a pool with fewer machines not under notice than Min is refilled,
-// before the reclaim when Max leaves room. Kick makes the next Step run at
-// once, for a provider that pushes changes.
+// before the reclaim when Max leaves room. A running machine whose node
+// agent the resource manager declared lost more than LostGrace ago is dead:
+// it is deleted (and so replaced). After a Step that listed every pool, the
+// Sweeper lifts what machines gone unwatched (during a restart) left
+// behind. Kick makes the next Step run at once, for a provider that pushes
+// changes.
 package actuate
 
 import (
@@ -84,9 +88,23 @@ type Events interface {
 	MachineEvent(ctx context.Context, e contracts.MachineEvent)
 }
 
-// Nodes says whether a node agent registered under nodeID and is live.
+// Nodes says what the resource manager says of a machine's node agent.
 type Nodes interface {
+	// Registered: an agent registered under nodeID and is live.
 	Registered(nodeID string) bool
+	// LostSince: the node's agent was declared lost at the time returned
+	// and has not come back (returned, registered) since.
+	LostSince(nodeID string) (time.Time, bool)
+}
+
+// Sweeper cleans up after machines that left the provider while no actuator
+// was watching (a reclaim or a deletion during a restart): the live path,
+// Interruptions.Gone, only sees machines it listed before. Sweep gets, for
+// every pool, the node IDs the provider lists now; it is called only after
+// a Step listed every pool, so a node missing from live[pool] is gone. It
+// must be idempotent: it runs on every such Step.
+type Sweeper interface {
+	Sweep(ctx context.Context, live map[string][]string) error
 }
 
 // Pool is the scaling policy of one pool.
@@ -137,8 +155,15 @@ type Config struct {
 	Interruptions Interruptions
 	Events        Events
 	Nodes         Nodes
-	Now           func() time.Time
-	Log           *slog.Logger
+	// Sweeper is optional: nil leaves holds of machines gone before the
+	// first Step in place.
+	Sweeper Sweeper
+	// LostGrace is how long a running machine's node agent may stay lost
+	// before the machine is declared dead, deleted and replaced (default
+	// DefaultLostGrace). It needs Nodes.
+	LostGrace time.Duration
+	Now       func() time.Time
+	Log       *slog.Logger
 	// BackoffBase and BackoffMax bound the wait after a failed call on a
 	// pool: base, 2×base, ... up to max (defaults 1s and 2m).
 	BackoffBase, BackoffMax time.Duration
@@ -147,6 +172,10 @@ type Config struct {
 	// failures; refusals such as quota are successes).
 	Breaker gobreaker.Settings
 }
+
+// DefaultLostGrace is Config.LostGrace's default: long enough for an agent
+// restart or a short network partition, short against a job's wait.
+const DefaultLostGrace = 2 * time.Minute
 
 // Actuator acts on decisions. Its methods are safe for concurrent use;
 // Step calls are serialized.
@@ -204,6 +233,9 @@ func New(cfg Config) (*Actuator, error) {
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
+	}
+	if cfg.LostGrace <= 0 {
+		cfg.LostGrace = DefaultLostGrace
 	}
 	if cfg.BackoffBase <= 0 {
 		cfg.BackoffBase = time.Second
@@ -277,25 +309,41 @@ func (a *Actuator) call(fn func() (any, error)) (any, error) {
 func (a *Actuator) Step(ctx context.Context) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	live := map[string][]string{}
 	for _, name := range slices.Sorted(maps.Keys(a.pools)) {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		a.stepPool(ctx, name, a.pools[name])
+		if machines, ok := a.stepPool(ctx, name, a.pools[name]); ok {
+			nodes := []string{}
+			for _, m := range machines {
+				nodes = append(nodes, m.NodeID)
+			}
+			live[name] = nodes
+		}
+	}
+	// Only a complete picture may say a node is gone: a pool backed off or
+	// failing to list would make all its nodes look gone.
+	if a.cfg.Sweeper != nil && len(live) == len(a.pools) {
+		if err := a.cfg.Sweeper.Sweep(ctx, live); err != nil && ctx.Err() == nil {
+			a.cfg.Log.Warn("sweep of holds left by gone machines failed; next step tries again", "err", err)
+		}
 	}
 	return nil
 }
 
-func (a *Actuator) stepPool(ctx context.Context, name string, ps *poolState) {
+// stepPool reconciles one pool and returns the machines the provider
+// listed; false when it was not listed (backed off, or the call failed).
+func (a *Actuator) stepPool(ctx context.Context, name string, ps *poolState) ([]cloud.Machine, bool) {
 	now := a.cfg.Now()
 	if now.Before(ps.retryAt) {
-		return
+		return nil, false
 	}
 	pol := a.cfg.Pools[name]
 	v, err := a.call(func() (any, error) { return a.cfg.Provider.List(ctx, name) })
 	if err != nil {
 		a.failed(name, ps, "list", err)
-		return
+		return nil, false
 	}
 	var machines []cloud.Machine
 	for _, m := range v.([]cloud.Machine) {
@@ -304,10 +352,61 @@ func (a *Actuator) stepPool(ctx context.Context, name string, ps *poolState) {
 		}
 	}
 	a.observe(ctx, name, ps, machines)
+	machines, ok := a.deleteDead(ctx, name, ps, machines, now)
+	if !ok {
+		return machines, true
+	}
 	if a.scaleUp(ctx, name, ps, pol, machines) {
-		return
+		return machines, true
 	}
 	a.scaleDown(ctx, name, ps, pol, machines, now)
+	return machines, true
+}
+
+// deleteDead deletes the running machines whose node agent has been lost
+// for longer than LostGrace: the provider still bills them, but they run
+// nothing. Refill-to-min replaces them. A machine under notice is left to its reclaim
+// (its alert resolves then); one whose agent came back is never touched,
+// as Nodes.LostSince then says false. It returns the machines less those it
+// deleted, so that this Step already refills the pool, and false when a
+// delete failed (the pool is backed off).
+func (a *Actuator) deleteDead(ctx context.Context, name string, ps *poolState, machines []cloud.Machine, now time.Time) ([]cloud.Machine, bool) {
+	if a.cfg.Nodes == nil {
+		return machines, true
+	}
+	kept := machines[:0:0]
+	for i, m := range machines {
+		if ps.deleted[m.ID] {
+			continue
+		}
+		kept = append(kept, m)
+		if m.State != cloud.Running || !m.Interruption.IsZero() {
+			continue
+		}
+		since, lost := a.cfg.Nodes.LostSince(m.NodeID)
+		if !lost || now.Sub(since) < a.cfg.LostGrace {
+			continue
+		}
+		_, err := a.call(func() (any, error) { return nil, a.cfg.Provider.Delete(ctx, m.ID) })
+		if err != nil && !errors.Is(err, cloud.ErrNotFound) {
+			a.event(ctx, name, contracts.MachineEvent{Kind: contracts.MachineFailed, MachineID: m.ID, NodeID: m.NodeID,
+				Message: "delete dead machine: " + err.Error()})
+			a.failed(name, ps, "delete", err)
+			return append(kept, machines[i+1:]...), false
+		}
+		kept = kept[:len(kept)-1]
+		ps.deleted[m.ID] = true
+		delete(ps.draining, m.ID)
+		delete(ps.idleSince, m.ID)
+		msg := fmt.Sprintf("dead: the provider lists it running but its node agent has been lost since %s (more than %s)",
+			since.UTC().Format(time.RFC3339), a.cfg.LostGrace)
+		a.event(ctx, name, contracts.MachineEvent{Kind: contracts.MachineDeleted, MachineID: m.ID, NodeID: m.NodeID, Token: m.Token, Message: msg})
+		if err := a.cfg.Holds.Lift(ctx, m.NodeID); err != nil {
+			a.cfg.Log.Warn("lift hold of dead machine", "pool", name, "node_id", m.NodeID, "err", err)
+		}
+		a.cfg.Log.Warn("dead machine deleted", "pool", name, "machine", m.ID, "node_id", m.NodeID, "lost_since", since)
+	}
+	return kept, true
 }
 
 // event sends a machine event of pool, if there is a sink.

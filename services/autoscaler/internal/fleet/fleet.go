@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
 )
@@ -25,6 +26,7 @@ type node struct {
 	gpus        int
 	model       string
 	lost        bool
+	lostSince   time.Time // when the resource manager declared it lost
 }
 
 // New returns an empty fleet.
@@ -39,7 +41,8 @@ func (f *Fleet) ApplyInventory(nodeID string, inv contracts.NodeInventory) {
 	f.nodes[nodeID] = n
 }
 
-// ApplyNodeEvent marks a node lost, or live again.
+// ApplyNodeEvent marks a node lost, or live again. A node lost twice
+// without coming back keeps the first time: it has been gone since then.
 func (f *Fleet) ApplyNodeEvent(nodeID string, ev contracts.NodeEvent) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -49,11 +52,35 @@ func (f *Fleet) ApplyNodeEvent(nodeID string, ev contracts.NodeEvent) {
 	}
 	switch ev.Kind {
 	case contracts.NodeLost:
+		if !n.lost {
+			n.lostSince = ev.Time
+		}
 		n.lost = true
 	case contracts.NodeRegistered, contracts.NodeReturned:
-		n.lost = false
+		n.lost, n.lostSince = false, time.Time{}
 	}
 	f.nodes[nodeID] = n
+}
+
+// LostSince reports when nodeID was declared lost (the resource manager's
+// event time, so a restart replaying the stream measures from the same
+// instant), and false when it is not lost now.
+func (f *Fleet) LostSince(nodeID string) (time.Time, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n, ok := f.nodes[nodeID]
+	if !ok || !n.lost {
+		return time.Time{}, false
+	}
+	return n.lostSince, true
+}
+
+// PoolOf returns the pool nodeID said it belongs to; false when unknown.
+func (f *Fleet) PoolOf(nodeID string) (string, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n, ok := f.nodes[nodeID]
+	return n.pool, ok && n.pool != ""
 }
 
 // Registered reports whether nodeID's agent registered (an inventory was

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -45,5 +46,31 @@ func TestMachineTypeTieGoesToNameOrder(t *testing.T) {
 	f.ApplyInventory("n2", inv("p", "type-a", 4, "L4"))
 	if got, _ := f.Pool("p"); got.MachineType != "type-a" || got.GPUs != 4 {
 		t.Errorf("Pool(p) = %+v, want type-a with 4 GPUs", got)
+	}
+}
+
+// LostSince keeps the first loss of an episode (a redelivery or a second
+// lost does not restart the grace) and forgets it when the node comes back.
+func TestLostSince(t *testing.T) {
+	t0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	f := New()
+	f.ApplyInventory("n1", inv("l4", "g2", 1, "L4"))
+	if _, lost := f.LostSince("n1"); lost {
+		t.Fatal("n1 lost before any lost event")
+	}
+	f.ApplyNodeEvent("n1", contracts.NodeEvent{Kind: contracts.NodeLost, Time: t0})
+	f.ApplyNodeEvent("n1", contracts.NodeEvent{Kind: contracts.NodeLost, Time: t0.Add(time.Minute)})
+	if since, lost := f.LostSince("n1"); !lost || !since.Equal(t0) {
+		t.Errorf("LostSince(n1) = %v, %v; want %v, true", since, lost, t0)
+	}
+	for _, back := range []contracts.NodeLifecycleKind{contracts.NodeReturned, contracts.NodeRegistered} {
+		f.ApplyNodeEvent("n1", contracts.NodeEvent{Kind: contracts.NodeLost, Time: t0})
+		f.ApplyNodeEvent("n1", contracts.NodeEvent{Kind: back, Time: t0.Add(time.Second)})
+		if _, lost := f.LostSince("n1"); lost {
+			t.Errorf("n1 still lost after %s", back)
+		}
+	}
+	if pool, ok := f.PoolOf("n1"); !ok || pool != "l4" {
+		t.Errorf("PoolOf(n1) = %q, %v; want l4", pool, ok)
 	}
 }
