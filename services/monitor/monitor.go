@@ -1,20 +1,23 @@
 // Package monitor is gpuplane's monitoring service. It follows telemetry,
-// job events, the allocation ledger, the node inventory and the scheduler's
-// demand into a read model, serves it as Prometheus metrics (dcgm-exporter
+// job events, the allocation ledger, the node inventory, heartbeats, node
+// holds and the scheduler's demand into a read model, serves it as Prometheus metrics (dcgm-exporter
 // names for GPUs, gpuplane_ for the platform), keeps rolling windows of
 // telemetry per GPU, machine, pool and tenant, and raises alerts on the bus:
 // node_silent when a node stops sending telemetry, and those of the rules
-// file (GPU hot, memory full, XID, ECC, pool busy, trends).
+// file (node lost, GPU hot, memory full, XID, ECC, pool busy, trends).
 //
 //	TELEMETRY (last per node, then new) ─┐
 //	JOB_EVENTS (from the start)  ─────────┤
 //	ALLOCATIONS ledger (from the start) ──┼─> readmodel ──> metrics.Collector ──> GET /metrics
 //	NODES inventory+lifecycle ────────────┤        ^
 //	OPS demand (last per pool) ───────────┤        │
-//	OPS scale decisions, machine events ──┘        │
+//	OPS scale decisions, machine events ──┤        │
+//	HEARTBEATS (last per node, then new) ─┤        │
+//	KV gp-node-admin (holds) ─────────────┘        │
 //	TELEMETRY ──> rules.Engine (windows) ──────────┘
 //	           └─> silence.Detector
 //	(tick) readmodel pool pressure ──> rules (fragmentation, pending jobs)
+//	(tick) readmodel heartbeat ages ──> rules (node_lost), once caught up
 //	(tick) silence + rules ──> gp.alerts.<kind> (OPS), firing and resolved
 //
 // The monitor owns no log of record: every read model is rebuilt from the
@@ -23,6 +26,7 @@ package monitor
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -32,6 +36,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/gpuplane/gpuplane/contracts"
@@ -165,6 +170,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		FilterSubjects: []string{contracts.SubjectDemandAll}, LastPerSubject: true}, m.onDemand)
 	m.follow(g, gctx, "scale events", bus.FollowSpec{Stream: contracts.StreamOps,
 		FilterSubjects: []string{contracts.SubjectScaleAll, contracts.SubjectMachinesAll}}, m.onScale)
+	// Only the latest heartbeat of a node says anything about it now.
+	m.follow(g, gctx, "heartbeats", bus.FollowSpec{Stream: contracts.StreamHeartbeats,
+		FilterSubjects: []string{contracts.SubjectHeartbeatAll}, LastPerSubject: true}, m.onHeartbeat)
+	m.watchNodeAdmin(g, gctx)
 	g.Go(func() error { return m.alertLoop(gctx) })
 	// Serve only once every follower is counted: /healthz reads the count.
 	g.Go(func() error {
@@ -285,8 +294,79 @@ func (m *monitor) onScale(msg *bus.Msg) error {
 		}
 		e.Pool = pool
 		m.model.ApplyMachineEvent(e)
+		// A machine the autoscaler deleted or the provider took back left
+		// on purpose: its silence is not a lost node. Stamped with the
+		// stream's time, the clock heartbeats are stamped with.
+		if (e.Kind == contracts.MachineDeleted || e.Kind == contracts.MachineReclaimed) && e.NodeID != "" {
+			m.model.ApplyNodeLeft(e.NodeID, msgTime(msg))
+		}
 	}
 	return nil
+}
+
+// onHeartbeat records that a node's agent is alive, at the stream's time
+// (the same for every reader, so a replayed heartbeat never looks fresher
+// than it is). The body is decoded only to refuse what is not a heartbeat.
+func (m *monitor) onHeartbeat(msg *bus.Msg) error {
+	var hb contracts.Heartbeat
+	if err := msg.Decode(&hb); err != nil {
+		return err
+	}
+	// The subject is the trusted source of the node.
+	nodeID := contracts.Token(msg.Subject, 2)
+	if nodeID == "" {
+		return fmt.Errorf("no node in subject %q", msg.Subject)
+	}
+	m.model.ApplyHeartbeat(nodeID, msgTime(msg))
+	return nil
+}
+
+// msgTime is the stream's timestamp of msg, now when it has none.
+func msgTime(msg *bus.Msg) time.Time {
+	if msg.Timestamp.IsZero() {
+		return time.Now()
+	}
+	return msg.Timestamp
+}
+
+// watchNodeAdmin follows the node holds (BucketNodeAdmin) into the read
+// model: held GPUs are not free capacity. It counts as a follower, caught
+// up once the holds present at start are applied.
+func (m *monitor) watchNodeAdmin(g *errgroup.Group, ctx context.Context) {
+	m.followers++
+	g.Go(func() error {
+		err := m.bus.WatchKV(ctx, contracts.BucketNodeAdmin, m.onNodeAdmin, func() {
+			m.caughtUp.Add(1)
+			m.log.Debug("read model caught up", "what", "node holds")
+		})
+		if err != nil {
+			return fmt.Errorf("%s: watch %s: %w", Name, contracts.BucketNodeAdmin, err)
+		}
+		return nil
+	})
+}
+
+// onNodeAdmin applies one key of BucketNodeAdmin; a delete or purge lifts
+// the node's holds. The key names the node, whatever the value says. An
+// unreadable value is kept as a cordon, as the resource manager keeps it:
+// the node takes no work, so its capacity is not free.
+func (m *monitor) onNodeAdmin(e jetstream.KeyValueEntry) {
+	node := e.Key()
+	if err := contracts.ValidateID(node); err != nil {
+		m.log.Warn("node admin key is not a node ID; ignored", "node_id", node, "err", err)
+		return
+	}
+	if e.Operation() != jetstream.KeyValuePut {
+		m.model.ApplyNodeAdmin(node, nil)
+		return
+	}
+	var a contracts.NodeAdmin
+	if err := json.Unmarshal(e.Value(), &a); err != nil {
+		m.log.Warn("unreadable node admin record: counted as cordoned", "node_id", node, "kv_revision", e.Revision(), "err", err)
+		a = contracts.NodeAdmin{Cordoned: true}
+	}
+	a.NodeID = node
+	m.model.ApplyNodeAdmin(node, &a)
 }
 
 func (m *monitor) onJobEvent(msg *bus.Msg) error {
@@ -390,6 +470,14 @@ func (m *monitor) alertLoop(ctx context.Context) error {
 			for _, p := range m.model.Pressure() {
 				m.rules.IngestPool(p.Pool, now, rules.PoolValues{FragmentationPct: p.Fragmentation * 100,
 					PendingJobs: float64(p.PendingJobs)})
+			}
+			// Heartbeat ages only once every read model caught up: a
+			// replayed last heartbeat of a machine deleted long ago must
+			// not count before its departure has been read.
+			if int(m.caughtUp.Load()) >= m.followers {
+				for _, h := range m.model.Heartbeats() {
+					m.rules.IngestNode(h.Node, h.Pool, now, rules.NodeValues{HeartbeatAge: h.Age(now)})
+				}
 			}
 			for _, tr := range m.rules.Evaluate(now) {
 				if _, err := m.bus.Publish(ctx, contracts.SubjectAlert(tr.Kind), tr.ID(), tr.Alert(), bus.CESubject(tr.Key)); err != nil {

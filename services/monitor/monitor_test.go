@@ -114,6 +114,7 @@ func TestMetricsFromStreams(t *testing.T) {
 			`gpuplane_alerts_firing{kind="gpu_memory_high"} 0`,
 			`gpuplane_alerts_firing{kind="gpu_temp_rising"} 0`,
 			`gpuplane_alerts_firing{kind="gpu_xid"} 1`,
+			`gpuplane_alerts_firing{kind="node_lost"} 0`,
 			`gpuplane_alerts_firing{kind="pool_fragmented"} 0`,
 			`gpuplane_alerts_firing{kind="pool_util_high"} 0`,
 			// Every live GPU is held: nothing free, nothing fragmented.

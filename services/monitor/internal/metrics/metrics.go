@@ -120,6 +120,9 @@ var (
 		"Autoscaler decisions by pool and direction, once per decision ID.", []string{"pool", "direction"}, nil)
 	machineEventsDesc = prometheus.NewDesc("gpuplane_machine_events_total",
 		"Autoscaler machine events by pool and kind, once per machine and kind.", []string{"pool", "kind"}, nil)
+	heartbeatAgeDesc = prometheus.NewDesc("gpuplane_node_heartbeat_age_seconds",
+		"Seconds since a node's agent last sent a heartbeat (every 2 s by default; 3 missed make the node lost), "+
+			"for nodes heard from and not since deleted or reclaimed.", []string{"node", "pool"}, nil)
 	alertsFiringDesc = prometheus.NewDesc("gpuplane_alerts_firing",
 		"Open alert episodes of each rule.", []string{"kind"}, nil)
 )
@@ -151,7 +154,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{jobsDesc, queueDepthDesc, allocatedDesc, tenantAllocatedDesc,
 		gpusTotalDesc, nodesDesc, telemetryDesc, pendingJobsDesc, pendingGPUsDesc, freeGPUsDesc, allocRatioDesc,
 		poolUtilDesc, nodeUtilDesc, tenantUtilDesc, alertsFiringDesc, queueDesc, fragmentationDesc, freeMilliDesc,
-		idleMilliDesc, requeuesDesc, preemptionsDesc, migrationsDesc, scaleDesc, machineEventsDesc} {
+		idleMilliDesc, requeuesDesc, preemptionsDesc, migrationsDesc, scaleDesc, machineEventsDesc, heartbeatAgeDesc} {
 		ch <- d
 	}
 }
@@ -197,6 +200,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(telemetryDesc, prometheus.CounterValue, float64(s.TelemetryMessages))
 	collectPlatform(ch, s)
+	for _, h := range s.Heartbeats {
+		ch <- prometheus.MustNewConstMetric(heartbeatAgeDesc, prometheus.GaugeValue, h.Age(now).Seconds(), h.Node, h.Pool)
+	}
 	if c.win == nil {
 		return
 	}

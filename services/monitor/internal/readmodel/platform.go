@@ -245,11 +245,13 @@ func (o *ops) counters() Counters {
 // of a GPU, and how much of it lies on fully idle machines.
 type PoolCapacity struct {
 	Pool string
-	// FreeMilli is the free share of every healthy GPU of live nodes:
-	// 1000 per GPU less what committed allocations hold of it.
+	// FreeMilli is the free share of every healthy, unheld GPU of live
+	// nodes: 1000 per GPU less what committed allocations hold of it. A
+	// GPU of a cordoned or drained node, or one held alone
+	// (contracts.NodeAdmin.Held), is not free: it takes no new work.
 	FreeMilli int64
 	// IdleMilli is the part of FreeMilli on idle machines: live, every GPU
-	// healthy, and no allocation at all.
+	// healthy and unheld, and no allocation at all.
 	IdleMilli int64
 }
 
@@ -292,8 +294,12 @@ func (m *Model) capacity() []PoolCapacity {
 		}
 		var free int64
 		idle := len(used[id]) == 0
+		admin, held := m.admin[id]
 		for uuid, ok := range n.healthy {
-			if !ok {
+			// A GPU an operator or the platform holds (cordon, drain, a
+			// GPU hold) takes no new work, like a sick one: its free share
+			// is not capacity, and its machine is not idle.
+			if !ok || (held && admin.Held(uuid)) {
 				idle = false
 				continue
 			}

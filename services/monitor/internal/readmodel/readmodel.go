@@ -33,6 +33,9 @@ type Model struct {
 	allocTenant map[poolTenant]int    // GPUs allocated, kept at 0 once seen
 
 	nodes map[string]node // by node ID
+	// admin is every node's hold (BucketNodeAdmin), by node ID.
+	admin map[string]contracts.NodeAdmin
+	beats map[string]*beat // heartbeats by node ID (liveness.go)
 
 	demand map[string]contracts.PoolDemand // by pool, the latest
 }
@@ -75,6 +78,8 @@ func New() *Model {
 		allocs:      map[string]allocation{},
 		allocTenant: map[poolTenant]int{},
 		nodes:       map[string]node{},
+		admin:       map[string]contracts.NodeAdmin{},
+		beats:       map[string]*beat{},
 		demand:      map[string]contracts.PoolDemand{},
 	}
 }
@@ -211,6 +216,19 @@ func (m *Model) ApplyNodeEvent(nodeID string, ev contracts.NodeEvent) {
 	m.nodes[nodeID] = n
 }
 
+// ApplyNodeAdmin records a node's hold as the BucketNodeAdmin key now says;
+// nil (the key deleted) lifts every hold on the node. The latest value
+// replaces the earlier one, so a replayed watch is harmless.
+func (m *Model) ApplyNodeAdmin(nodeID string, a *contracts.NodeAdmin) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if a == nil {
+		delete(m.admin, nodeID)
+		return
+	}
+	m.admin[nodeID] = *a
+}
+
 // Snapshot is a consistent copy of the model, sorted for stable output.
 type Snapshot struct {
 	TelemetryMessages uint64
@@ -231,6 +249,9 @@ type Snapshot struct {
 	Queue []QueueCount
 	// Counters are the platform's event counters.
 	Counters Counters
+	// Heartbeats are the latest heartbeats of the nodes expected to be
+	// alive, by node.
+	Heartbeats []NodeHeartbeat
 }
 
 // JobCount is how many jobs of a tenant are in one state.
@@ -315,5 +336,6 @@ func (m *Model) Snapshot(freshSince time.Time) Snapshot {
 	s.Capacity = m.capacity()
 	s.Queue = m.ops.queue()
 	s.Counters = m.ops.counters()
+	s.Heartbeats = m.heartbeats()
 	return s
 }

@@ -43,16 +43,27 @@ const (
 	// (scope pool only), not by telemetry.
 	MetricFragmentationPct Metric = "fragmentation_pct" // free capacity not on idle machines, % (see readmodel.PoolCapacity)
 	MetricPendingJobs      Metric = "pending_jobs"      // jobs waiting for the pool, as the scheduler last said
+	// MetricHeartbeatAge is a node metric fed by IngestNode (scope node
+	// only): seconds since the node's agent last sent a heartbeat, sampled
+	// at each evaluation while the node is expected to be alive.
+	MetricHeartbeatAge Metric = "heartbeat_age_s"
 )
 
 var metrics = []Metric{MetricGPUUtil, MetricMemUsedPct, MetricTempC, MetricPowerW, MetricECCSBE,
-	MetricECCDBE, MetricXID, MetricUnhealthy, MetricThrottled, MetricFragmentationPct, MetricPendingJobs}
+	MetricECCDBE, MetricXID, MetricUnhealthy, MetricThrottled, MetricFragmentationPct, MetricPendingJobs,
+	MetricHeartbeatAge}
 
 // numTelemetryMetrics is how many metrics, first in metrics, come from GPU
-// samples; the others are pool platform metrics.
+// samples; the others are platform metrics, each of one scope.
 const numTelemetryMetrics = 9
 
-func isPlatform(m Metric) bool { return metricIndex(m) >= numTelemetryMetrics }
+// platformScope is the only scope a platform metric may be read at: the
+// monitor samples it for series of that scope alone.
+var platformScope = map[Metric]Scope{
+	MetricFragmentationPct: ScopePool,
+	MetricPendingJobs:      ScopePool,
+	MetricHeartbeatAge:     ScopeNode,
+}
 
 // Agg reduces a window to one value.
 type Agg string
@@ -159,6 +170,12 @@ func DefaultConfig() Config {
 			Op: OpGT, Threshold: 30, For: Duration(time.Minute), Severity: "warning", Action: ActionDefragment,
 			While:   []Condition{{Metric: MetricPendingJobs, Op: OpGT, Threshold: 0}},
 			Summary: "over 30% of the pool's free GPU capacity is off idle machines while jobs wait: defragment"},
+		// Three missed 2 s heartbeats, as the resource manager declares a
+		// node lost (contracts/FLOWS.md, "Nodes"). A machine the autoscaler
+		// deleted or the provider reclaimed is not expected to beat.
+		{Kind: "node_lost", Scope: ScopeNode, Metric: MetricHeartbeatAge, Agg: AggLast, Window: Duration(5 * time.Second),
+			Op: OpGE, Threshold: 6, Severity: "critical",
+			Summary: "machine lost: no heartbeat for 3 intervals (6 s)"},
 		{Kind: "gpu_memory_high", Scope: ScopeGPU, Metric: MetricMemUsedPct, Agg: AggLast, Window: Duration(5 * time.Second),
 			Op: OpGT, Threshold: 90, For: Duration(time.Minute), Severity: "warning",
 			Summary: "GPU memory above 90% for 1 minute"},
@@ -260,8 +277,8 @@ func (c Config) Validate() error {
 			}
 		}
 		for _, m := range append([]Metric{r.Metric}, conditionMetrics(r.While)...) {
-			if slices.Contains(metrics, m) && isPlatform(m) && r.Scope != ScopePool {
-				bad("metric %q is a pool metric: want scope pool", m)
+			if sc, ok := platformScope[m]; ok && r.Scope != sc {
+				bad("metric %q is a %s metric: want scope %s", m, sc, sc)
 			}
 		}
 		if !slices.Contains(aggs, r.Agg) {

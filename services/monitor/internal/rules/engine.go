@@ -1,10 +1,12 @@
 // Package rules evaluates the monitor's alert rules over rolling windows of
-// GPU telemetry. It is pure: samples come in with their times, Evaluate
-// takes the current time and returns the alerts that start or end, so
-// tests drive it with no clock and no bus.
+// GPU telemetry and of the platform metrics the monitor samples (pool
+// fragmentation and demand, node heartbeat age). It is pure: samples come
+// in with their times, Evaluate takes the current time and returns the
+// alerts that start or end, so tests drive it with no clock and no bus.
 //
 //	Ingest(machine, time, GPU samples) ──> rings per (series, metric)
 //	   series: each GPU, its machine, its pool, the tenant holding it
+//	IngestPool(pool, time, values), IngestNode(node, time, values) ──> the same rings
 //	Evaluate(now) ──> []Transition (firing / resolved, one each per episode)
 //
 // Every series keeps one window.Ring per metric some rule (or the summary
@@ -19,6 +21,7 @@ package rules
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -59,7 +62,7 @@ type Engine struct {
 
 const (
 	numScopes  = 4
-	numMetrics = 11
+	numMetrics = 12
 )
 
 func scopeIndex(s Scope) int   { return slices.Index(scopes, s) }
@@ -248,6 +251,43 @@ func (e *Engine) IngestPool(pool string, at time.Time, v PoolValues) {
 	if rp >= 0 {
 		s.rings[rp].Add(ns, v.PendingJobs)
 	}
+	s.last = max(s.last, ns)
+}
+
+// NodeValues are a node's platform metrics at one time.
+type NodeValues struct {
+	// HeartbeatAge is how long ago the node's agent last sent a heartbeat.
+	HeartbeatAge time.Duration
+}
+
+// IngestNode adds a node's platform metrics taken at at, for the rules
+// that read them. The monitor calls it before each evaluation for every
+// node it expects to hear from; a node it stops calling it for (one that
+// left cleanly) has no sample left once the window passes, so a firing
+// rule resolves and a pending one never fires. pool, when not empty,
+// fills a pool label the series lacks (a node first met here, before its
+// inventory was read).
+func (e *Engine) IngestNode(node, pool string, at time.Time, v NodeValues) {
+	if node == "" {
+		return
+	}
+	ns := at.UnixNano()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	r := e.ring[scopeIndex(ScopeNode)][metricIndex(MetricHeartbeatAge)]
+	if r < 0 {
+		return // no rule reads it: keep no node series alive for it
+	}
+	s := e.get(ScopeNode, node, func() map[string]string {
+		return map[string]string{contracts.AlertLabelNode: node, contracts.AlertLabelPool: pool}
+	})
+	if pool != "" && s.labels[contracts.AlertLabelPool] == "" {
+		// Copy, not update: transitions already returned share the map.
+		labels := maps.Clone(s.labels)
+		labels[contracts.AlertLabelPool] = pool
+		s.labels = labels
+	}
+	s.rings[r].Add(ns, v.HeartbeatAge.Seconds())
 	s.last = max(s.last, ns)
 }
 

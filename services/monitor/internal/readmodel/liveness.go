@@ -1,0 +1,84 @@
+package readmodel
+
+import (
+	"cmp"
+	"slices"
+	"time"
+)
+
+// beat is what the model keeps of one node's heartbeats: the stream time of
+// the latest, and of the last clean departure.
+type beat struct {
+	last time.Time
+	// left is when the node last left cleanly (its machine deleted or
+	// reclaimed); heartbeats stamped at or before it are history, not
+	// news, whatever order the streams are read in.
+	left time.Time
+}
+
+// ApplyHeartbeat records a heartbeat of a node's agent stamped at at by the
+// stream. Out-of-order times never move the latest backwards, so a replay
+// or a redelivery is harmless.
+func (m *Model) ApplyHeartbeat(nodeID string, at time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b := m.beats[nodeID]
+	if b == nil {
+		b = &beat{}
+		m.beats[nodeID] = b
+	}
+	if at.After(b.last) {
+		b.last = at
+	}
+}
+
+// ApplyNodeLeft records that a node left cleanly at at (stream time): it is
+// no longer expected to send heartbeats, until one stamped later arrives
+// (the same node ID back on a new machine).
+func (m *Model) ApplyNodeLeft(nodeID string, at time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b := m.beats[nodeID]
+	if b == nil {
+		b = &beat{}
+		m.beats[nodeID] = b
+	}
+	if at.After(b.left) {
+		b.left = at
+	}
+}
+
+// NodeHeartbeat is the latest heartbeat of a node expected to be alive.
+type NodeHeartbeat struct {
+	Node string
+	// Pool is the node's pool from its inventory or lifecycle events, ""
+	// before either was read.
+	Pool string
+	Last time.Time
+}
+
+// Age is how long before now the heartbeat was sent, never negative (the
+// stream's clock and now may differ by a little).
+func (h NodeHeartbeat) Age(now time.Time) time.Duration { return max(now.Sub(h.Last), 0) }
+
+// heartbeats lists, by node, every node heard from since it last left
+// cleanly. The caller holds m.mu.
+func (m *Model) heartbeats() []NodeHeartbeat {
+	out := make([]NodeHeartbeat, 0, len(m.beats))
+	for id, b := range m.beats {
+		if b.last.IsZero() || !b.last.After(b.left) {
+			continue
+		}
+		out = append(out, NodeHeartbeat{Node: id, Pool: m.nodes[id].pool, Last: b.last})
+	}
+	slices.SortFunc(out, func(a, b NodeHeartbeat) int { return cmp.Compare(a.Node, b.Node) })
+	return out
+}
+
+// Heartbeats returns the latest heartbeat of every node heard from since it
+// last left cleanly, by node: the nodes the node_lost rule watches.
+func (m *Model) Heartbeats() []NodeHeartbeat {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.heartbeats()
+}
