@@ -453,7 +453,8 @@ func (m *monitor) restoreAlerts(ctx context.Context) error {
 }
 
 // alertLoop checks for silent nodes a few times per SilentAfter, evaluates
-// the rules every EvalInterval, and publishes every change. It is the only
+// the rules every EvalInterval and whenever a sample meets an instant rule,
+// and publishes every change. It is the only
 // publisher of alerts, so a firing always goes out before its resolution.
 func (m *monitor) alertLoop(ctx context.Context) error {
 	t := time.NewTicker(checkInterval(m.cfg.SilentAfter))
@@ -465,29 +466,14 @@ func (m *monitor) alertLoop(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case now := <-ev.C:
-			// Pool rules (fragmentation while jobs wait) read the read
-			// model, not telemetry: sample it for them at each evaluation.
-			for _, p := range m.model.Pressure() {
-				m.rules.IngestPool(p.Pool, now, rules.PoolValues{FragmentationPct: p.Fragmentation * 100,
-					PendingJobs: float64(p.PendingJobs)})
+			if err := m.evaluate(ctx, now); err != nil {
+				return err
 			}
-			// Heartbeat ages only once every read model caught up: a
-			// replayed last heartbeat of a machine deleted long ago must
-			// not count before its departure has been read.
-			if int(m.caughtUp.Load()) >= m.followers {
-				for _, h := range m.model.Heartbeats() {
-					m.rules.IngestNode(h.Node, h.Pool, now, rules.NodeValues{HeartbeatAge: h.Age(now)})
-				}
-			}
-			for _, tr := range m.rules.Evaluate(now) {
-				if _, err := m.bus.Publish(ctx, contracts.SubjectAlert(tr.Kind), tr.ID(), tr.Alert(), bus.CESubject(tr.Key)); err != nil {
-					if ctx.Err() != nil {
-						return nil
-					}
-					return fmt.Errorf("%s: publish alert %s: %w", Name, tr.ID(), err)
-				}
-				m.log.Info("alert", "kind", tr.Kind, "state", tr.State, "key", tr.Key, "episode", tr.Episode,
-					"value", tr.Value, "action", tr.Action)
+		case <-m.rules.Urgent():
+			// A sample met an instant rule (a hot GPU, an XID): evaluate
+			// now rather than at the next tick.
+			if err := m.evaluate(ctx, time.Now()); err != nil {
+				return err
 			}
 		case now := <-t.C:
 			for _, c := range m.silent.Check(now) {
@@ -503,6 +489,36 @@ func (m *monitor) alertLoop(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// evaluate samples the read model for the platform rules, evaluates every
+// rule at now and publishes each transition.
+func (m *monitor) evaluate(ctx context.Context, now time.Time) error {
+	// Pool rules (fragmentation while jobs wait) read the read model, not
+	// telemetry: sample it for them at each evaluation.
+	for _, p := range m.model.Pressure() {
+		m.rules.IngestPool(p.Pool, now, rules.PoolValues{FragmentationPct: p.Fragmentation * 100,
+			PendingJobs: float64(p.PendingJobs)})
+	}
+	// Heartbeat ages only once every read model caught up: a replayed last
+	// heartbeat of a machine deleted long ago must not count before its
+	// departure has been read.
+	if int(m.caughtUp.Load()) >= m.followers {
+		for _, h := range m.model.Heartbeats() {
+			m.rules.IngestNode(h.Node, h.Pool, now, rules.NodeValues{HeartbeatAge: h.Age(now)})
+		}
+	}
+	for _, tr := range m.rules.Evaluate(now) {
+		if _, err := m.bus.Publish(ctx, contracts.SubjectAlert(tr.Kind), tr.ID(), tr.Alert(), bus.CESubject(tr.Key)); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("%s: publish alert %s: %w", Name, tr.ID(), err)
+		}
+		m.log.Info("alert", "kind", tr.Kind, "state", tr.State, "key", tr.Key, "episode", tr.Episode,
+			"value", tr.Value, "action", tr.Action)
+	}
+	return nil
 }
 
 func checkInterval(silentAfter time.Duration) time.Duration {

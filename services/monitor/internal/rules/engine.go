@@ -58,6 +58,14 @@ type Engine struct {
 	// span is the longest ring span: a series quiet for longer holds no
 	// data and, with no open episode, is forgotten.
 	span time.Duration
+	// instant are the GPU rules that fire on one sample (the last value,
+	// no hold time, no trend, no extra condition): a hot GPU, an XID, a
+	// double-bit ECC error. A sample that newly meets one signals urgent,
+	// so the monitor evaluates at once instead of at its next tick: these
+	// alerts move jobs, and a second's wait is a second of a job on a
+	// failing GPU.
+	instant []int
+	urgent  chan struct{}
 }
 
 const (
@@ -91,7 +99,13 @@ func New(cfg Config) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	e := &Engine{res: time.Duration(cfg.Resolution), rules: slices.Clone(cfg.Rules)}
+	e := &Engine{res: time.Duration(cfg.Resolution), rules: slices.Clone(cfg.Rules), urgent: make(chan struct{}, 1)}
+	for i, r := range e.rules {
+		if r.Scope == ScopeGPU && r.For == 0 && r.Trend == 0 && r.Agg == AggLast && len(r.While) == 0 &&
+			metricIndex(r.Metric) < numTelemetryMetrics {
+			e.instant = append(e.instant, i)
+		}
+	}
 	spans := [numScopes][numMetrics]time.Duration{}
 	for sc := range numScopes {
 		spans[sc][metricIndex(MetricGPUUtil)] = SummaryWindow
@@ -119,6 +133,28 @@ func New(cfg Config) (*Engine, error) {
 		}
 	}
 	return e, nil
+}
+
+// Urgent signals that a sample newly met an instant rule: evaluate now.
+func (e *Engine) Urgent() <-chan struct{} { return e.urgent }
+
+// checkInstant signals urgent when sample values v of GPU series key meet
+// an instant rule not firing for it. Called under e.mu.
+func (e *Engine) checkInstant(key string, v *[numMetrics]float64) {
+	for _, ri := range e.instant {
+		r := &e.rules[ri]
+		if !compare(r.Op, v[metricIndex(r.Metric)], r.Threshold) {
+			continue
+		}
+		if st := e.state[ri][key]; st != nil && st.firing {
+			continue
+		}
+		select {
+		case e.urgent <- struct{}{}:
+		default:
+		}
+		return
+	}
 }
 
 // Rules returns the rules the engine evaluates.
@@ -174,6 +210,9 @@ func (e *Engine) Ingest(m Machine, at time.Time, gpus []contracts.GPUSample, ten
 				contracts.AlertLabelGPU: s.UUID, "gpu": strconv.Itoa(s.Index), "model": s.Model}
 		})
 		e.add(ScopeGPU, g, ns, &v)
+		if len(e.instant) > 0 {
+			e.checkInstant(key, &v)
+		}
 		if node != nil {
 			e.add(ScopeNode, node, ns, &v)
 		}
