@@ -72,6 +72,9 @@ func (s *scaler) evaluateAlert(ctx context.Context, pool string) error {
 	if p, ok := s.fleet.Pool(pool); ok {
 		current = p.LiveNodes
 	}
+	// Machines already asked for count against the maximum.
+	booting, _ := s.booting(pool, contracts.PoolDemand{})
+	current += booting
 	why := ""
 	if l, ok := s.last[pool]; ok && now.Before(l.Time.Add(s.cfg.cooldown(pool))) {
 		why = fmt.Sprintf("alert %s waits for the cooldown after %s (until %s)", al.kind, l.ID, l.Time.Add(s.cfg.cooldown(pool)).Format("15:04:05"))
@@ -102,6 +105,16 @@ func (s *scaler) publishDecision(ctx context.Context, d contracts.ScaleDecision)
 	}
 	s.last[d.Pool] = decideAt(d)
 	s.decided[d.ID] = true
+	// The actuator takes the decision now, not when it comes back from
+	// the bus: until then its machines would not count as booting, and a
+	// demand evaluated meanwhile would ask for them again. Apply is
+	// idempotent on the ID, so the copy from the bus is a no-op.
+	if _, managed := s.cfg.Pools[d.Pool]; managed && s.act.Load() != nil {
+		act := s.act.Load()
+		if err := act.Apply(d); err != nil {
+			s.log.Warn("decision not acted on", "pool", d.Pool, "id", d.ID, "err", err)
+		}
+	}
 	delete(s.why, d.Pool)
 	s.log.Info("scale decision", "pool", d.Pool, "id", d.ID, "current", d.CurrentNodes, "desired", d.DesiredNodes, "reason", d.Reason)
 	return nil

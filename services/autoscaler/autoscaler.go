@@ -255,6 +255,16 @@ func (s *scaler) evaluate(ctx context.Context, pool string) error {
 	if l, ok := s.last[pool]; ok {
 		in.Last = &l
 	}
+	if booting, ok := s.booting(pool, da.d); ok {
+		in.Booting = booting
+	} else {
+		why := fmt.Sprintf("pool %s: waiting for the provider's list to know which machines are booting", pool)
+		if s.why[pool] != why {
+			s.why[pool] = why
+			s.log.Info("no scale decision", "pool", pool, "why", why)
+		}
+		return nil
+	}
 	out := decide.Decide(in)
 	if out.Decision == nil {
 		if s.why[pool] != out.Why {
@@ -264,6 +274,34 @@ func (s *scaler) evaluate(ctx context.Context, pool string) error {
 		return nil
 	}
 	return s.publishDecision(ctx, *out.Decision)
+}
+
+// booting is how many machines the actuator asked for in pool that demand
+// does not count; false while the actuator has not listed the pool yet
+// (so a restart does not ask again for machines booting before it). A
+// machine whose node registered after demand was computed counts as
+// booting: the demand's waiting shapes were sized without it. Without a
+// demand time (or node count), the fleet's registration is taken as is.
+func (s *scaler) booting(pool string, demand contracts.PoolDemand) (int, bool) {
+	act := s.act.Load()
+	if act == nil {
+		if s.cfg.Provider != nil {
+			if _, managed := s.cfg.Pools[pool]; managed {
+				return 0, false
+			}
+		}
+		return 0, true
+	}
+	return act.Booting(pool, func(nodeID string) bool {
+		at, ok := s.fleet.RegisteredAt(nodeID)
+		if !ok {
+			return false
+		}
+		if demand.Nodes <= 0 || demand.Time.IsZero() || at.IsZero() {
+			return true
+		}
+		return at.Before(demand.Time)
+	})
 }
 
 func decideAt(d contracts.ScaleDecision) decide.Previous {

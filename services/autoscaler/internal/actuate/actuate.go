@@ -186,6 +186,28 @@ type Actuator struct {
 	mu    sync.Mutex
 	pools map[string]*poolState
 	kick  chan struct{}
+
+	// viewMu guards views, the booting machines of each pool as of the
+	// last change, so that Booting never waits for a Step's provider
+	// calls.
+	viewMu sync.Mutex
+	views  map[string]bootView
+}
+
+// bootView is what a pool has asked for that may not have registered yet.
+type bootView struct {
+	listed bool
+	// inflight counts the tokens of scale-ups not yet created (or whose
+	// create failed and is not seen in the list yet).
+	inflight int
+	// machines are the listed or just created machines, provisioning or
+	// running, not under notice and not deleted by the actuator.
+	machines []bootMachine
+}
+
+type bootMachine struct {
+	nodeID  string
+	running bool
 }
 
 type poolState struct {
@@ -207,14 +229,34 @@ type poolState struct {
 	ready   map[string]bool
 	deleted map[string]bool
 	refills int
+	// created is what this Step's creates returned, until the next list
+	// (which began after them) says what the provider has: a machine is
+	// booting from its create on, not from its first listing.
+	created map[string]cloud.Machine
+	listed  bool
+	// applied is the IDs of the last decisions applied, so that one
+	// applied twice (handed over directly, then read back from the bus)
+	// asks for its machines once.
+	applied []string
 }
 
+// appliedKept is how many decision IDs a pool remembers: a decision comes
+// back at most once, soon after it was applied.
+const appliedKept = 32
+
+// scaleUp is the machines still to create, with the decision that asked
+// for each. Tokens of an earlier decision stay when a newer one comes: the
+// newer one counted them as booting, so it asks only for more.
 type scaleUp struct {
 	decision string
 	reason   string
 	tokens   []string
+	origin   map[string]origin // token → decision that asked for it
 	done     map[string]bool
+	failed   map[string]bool // tokens whose create failed in this process
 }
+
+type origin struct{ decision, reason string }
 
 // New validates cfg and returns an Actuator.
 func New(cfg Config) (*Actuator, error) {
@@ -257,10 +299,11 @@ func New(cfg Config) (*Actuator, error) {
 		}
 	}
 	a := &Actuator{cfg: cfg, breaker: gobreaker.NewCircuitBreaker[any](st), pools: map[string]*poolState{},
-		kick: make(chan struct{}, 1)}
+		kick: make(chan struct{}, 1), views: map[string]bootView{}}
 	for name := range cfg.Pools {
 		a.pools[name] = &poolState{idleSince: map[string]time.Time{}, draining: map[string]string{},
-			known: map[string]cloud.Machine{}, noticed: map[string]bool{}, ready: map[string]bool{}, deleted: map[string]bool{}}
+			known: map[string]cloud.Machine{}, noticed: map[string]bool{}, ready: map[string]bool{}, deleted: map[string]bool{},
+			created: map[string]cloud.Machine{}}
 	}
 	return a, nil
 }
@@ -271,8 +314,9 @@ func Token(decisionID string, k int) string { return decisionID + "#" + strconv.
 
 // Apply records a scale-up decision. A decision for a pool not configured
 // is ignored with an error; a decision already applied is a no-op; a newer
-// one replaces the scale-up in progress (machines it already created stay,
-// and count against the new target through the provider's list).
+// one adds its machines to the scale-up in progress: a decision counts the
+// machines already asked for (Booting) in its current size, so the tokens
+// still to create stay and the new ones come on top.
 func (a *Actuator) Apply(d contracts.ScaleDecision) error {
 	if d.Direction != contracts.ScaleUp {
 		return fmt.Errorf("actuate: decision %s: direction %q not acted on (scale-down is the actuator's own)", d.ID, d.Direction)
@@ -283,19 +327,110 @@ func (a *Actuator) Apply(d contracts.ScaleDecision) error {
 	if !ok {
 		return fmt.Errorf("actuate: decision %s: pool %q has no scaling policy", d.ID, d.Pool)
 	}
-	if ps.up != nil && ps.up.decision == d.ID {
+	if slices.Contains(ps.applied, d.ID) {
 		return nil
+	}
+	ps.applied = append(ps.applied, d.ID)
+	if len(ps.applied) > appliedKept {
+		ps.applied = slices.Delete(ps.applied, 0, len(ps.applied)-appliedKept)
 	}
 	n := d.DesiredNodes - d.CurrentNodes
 	if n <= 0 {
 		return nil
 	}
-	up := &scaleUp{decision: d.ID, reason: d.Reason, done: map[string]bool{}}
-	for k := range n {
-		up.tokens = append(up.tokens, Token(d.ID, k))
+	up := newScaleUp(d.ID, d.Reason, n)
+	if old := ps.up; old != nil {
+		up = old.then(up)
 	}
 	ps.up = up
+	a.publishView(d.Pool, ps)
 	return nil
+}
+
+func newScaleUp(decision, reason string, n int) *scaleUp {
+	up := &scaleUp{decision: decision, reason: reason, origin: map[string]origin{}, done: map[string]bool{}, failed: map[string]bool{}}
+	for k := range n {
+		tok := Token(decision, k)
+		up.tokens = append(up.tokens, tok)
+		up.origin[tok] = origin{decision, reason}
+	}
+	return up
+}
+
+// then returns next with the tokens of up still to create in front.
+func (up *scaleUp) then(next *scaleUp) *scaleUp {
+	var toks []string
+	for _, tok := range up.tokens {
+		if !up.done[tok] {
+			toks = append(toks, tok)
+			next.origin[tok] = up.origin[tok]
+			next.failed[tok] = up.failed[tok]
+		}
+	}
+	next.tokens = append(toks, next.tokens...)
+	return next
+}
+
+// pending counts the tokens not created yet.
+func (up *scaleUp) pending() int {
+	if up == nil {
+		return 0
+	}
+	n := 0
+	for _, tok := range up.tokens {
+		if !up.done[tok] {
+			n++
+		}
+	}
+	return n
+}
+
+// Booting returns how many machines of pool the actuator asked for that
+// counted does not report: creates not done yet, machines provisioning,
+// and running machines whose node counted says false (the caller's notion
+// of "already in the demand": registered before it was computed). false
+// until the pool was listed once (after a restart, the machines booting
+// are not known before).  A pool without a policy has none.
+func (a *Actuator) Booting(pool string, counted func(nodeID string) bool) (int, bool) {
+	if _, ok := a.cfg.Pools[pool]; !ok {
+		return 0, true
+	}
+	a.viewMu.Lock()
+	v := a.views[pool]
+	a.viewMu.Unlock()
+	if !v.listed {
+		return 0, false
+	}
+	n := v.inflight
+	for _, m := range v.machines {
+		if !m.running || !counted(m.nodeID) {
+			n++
+		}
+	}
+	return n, true
+}
+
+// publishView records what pool has asked for, for Booting. The caller
+// holds a.mu.
+func (a *Actuator) publishView(pool string, ps *poolState) {
+	v := bootView{listed: ps.listed, inflight: ps.up.pending()}
+	seen := map[string]bool{}
+	add := func(m cloud.Machine) {
+		if seen[m.ID] || ps.deleted[m.ID] || !m.Interruption.IsZero() || m.State == cloud.Deleted {
+			return
+		}
+		seen[m.ID] = true
+		v.machines = append(v.machines, bootMachine{nodeID: m.NodeID, running: m.State == cloud.Running})
+	}
+	for _, id := range slices.Sorted(maps.Keys(ps.created)) {
+		add(ps.created[id])
+	}
+	for _, id := range slices.Sorted(maps.Keys(ps.known)) {
+		add(ps.known[id])
+	}
+	a.viewMu.Lock()
+	a.views[pool] = v
+	a.viewMu.Unlock()
 }
 
 // call runs one provider call through the breaker.
@@ -351,7 +486,13 @@ func (a *Actuator) stepPool(ctx context.Context, name string, ps *poolState) ([]
 			machines = append(machines, m)
 		}
 	}
+	// The list began after every create of earlier Steps returned: it is
+	// the truth about them now.
+	clear(ps.created)
+	ps.listed = true
+	a.found(ctx, name, ps, machines)
 	a.observe(ctx, name, ps, machines)
+	defer a.publishView(name, ps)
 	machines, ok := a.deleteDead(ctx, name, ps, machines, now)
 	if !ok {
 		return machines, true
@@ -361,6 +502,35 @@ func (a *Actuator) stepPool(ctx context.Context, name string, ps *poolState) ([]
 	}
 	a.scaleDown(ctx, name, ps, pol, machines, now)
 	return machines, true
+}
+
+// found marks done the tokens of the scale-up in progress that name a
+// listed machine. A create whose reply was lost (the provider applied it,
+// the call failed) is announced requested here, before its ready event,
+// with the ID the reply would have given (MachineEventID of the machine),
+// so both paths make one event. A machine already registered whose create
+// did not fail in this process (a decision replayed after a restart) was
+// announced before and is not again.
+func (a *Actuator) found(ctx context.Context, name string, ps *poolState, machines []cloud.Machine) {
+	up := ps.up
+	if up == nil {
+		return
+	}
+	for _, m := range machines {
+		if !slices.Contains(up.tokens, m.Token) || up.done[m.Token] {
+			continue
+		}
+		up.done[m.Token] = true
+		registered := m.State == cloud.Running && a.cfg.Nodes != nil && a.cfg.Nodes.Registered(m.NodeID)
+		if !up.failed[m.Token] && registered {
+			continue
+		}
+		o := up.origin[m.Token]
+		a.event(ctx, name, contracts.MachineEvent{Kind: contracts.MachineRequested, MachineID: m.ID, NodeID: m.NodeID, Token: m.Token,
+			DecisionID: o.decision, Message: o.reason})
+		a.cfg.Log.Info("machine found by its token: its create was applied", "pool", name, "decision", o.decision,
+			"machine", m.ID, "node_id", m.NodeID)
+	}
 }
 
 // deleteDead deletes the running machines whose node agent has been lost
@@ -519,10 +689,13 @@ func (a *Actuator) scaleUp(ctx context.Context, name string, ps *poolState, pol 
 		// a restart the list already shows what they created.
 		if n := min(pol.Min-alive(machines), pol.Max-len(machines)); n > 0 {
 			ps.refills++
-			up := &scaleUp{decision: fmt.Sprintf("min/%s/%d-%d", name, a.cfg.Now().UnixMilli(), ps.refills), done: map[string]bool{},
+			up := &scaleUp{decision: fmt.Sprintf("min/%s/%d-%d", name, a.cfg.Now().UnixMilli(), ps.refills),
+				origin: map[string]origin{}, done: map[string]bool{}, failed: map[string]bool{},
 				reason: fmt.Sprintf("pool %s has %d machines not under notice; its minimum is %d", name, alive(machines), pol.Min)}
 			for k := range n {
-				up.tokens = append(up.tokens, Token(up.decision, k))
+				tok := Token(up.decision, k)
+				up.tokens = append(up.tokens, tok)
+				up.origin[tok] = origin{up.decision, up.reason}
 			}
 			ps.up = up
 			a.cfg.Log.Info("refilling pool to its minimum", "pool", name, "decision", up.decision, "machines", n, "reason", up.reason)
@@ -533,33 +706,30 @@ func (a *Actuator) scaleUp(ctx context.Context, name string, ps *poolState, pol 
 		a.succeeded(ps)
 		return false
 	}
-	byToken := map[string]bool{}
-	for _, m := range machines {
-		byToken[m.Token] = true
-	}
 	live := len(machines)
 	for _, tok := range up.tokens {
+		// found already marked done the tokens the list shows.
 		if up.done[tok] {
 			continue
 		}
-		if byToken[tok] {
-			up.done[tok] = true
-			continue
-		}
+		o := up.origin[tok]
 		if live >= pol.Max {
-			a.cfg.Log.Info("scale-up capped at the pool maximum", "pool", name, "decision", up.decision, "max", pol.Max)
+			a.cfg.Log.Info("scale-up capped at the pool maximum", "pool", name, "decision", o.decision, "max", pol.Max)
 			break
 		}
 		req := cloud.CreateRequest{Token: tok, Pool: name, MachineType: pol.MachineType, PriceClass: pol.PriceClass}
 		v, err := a.call(func() (any, error) { return a.cfg.Provider.Create(ctx, req) })
 		if err != nil {
-			a.event(ctx, name, contracts.MachineEvent{Kind: contracts.MachineFailed, Token: tok, DecisionID: up.decision,
+			up.failed[tok] = true
+			a.event(ctx, name, contracts.MachineEvent{Kind: contracts.MachineFailed, Token: tok, DecisionID: o.decision,
 				Message: "create: " + err.Error()})
 			a.failed(name, ps, "create", err)
 			return true
 		}
 		m, _ := v.(cloud.Machine)
 		up.done[tok] = true
+		ps.created[m.ID] = m
+		a.publishView(name, ps)
 		if m.State == cloud.Deleted {
 			// The token already named a machine, now gone: the next step
 			// sees the pool as it is and asks again with a new token.
@@ -568,8 +738,8 @@ func (a *Actuator) scaleUp(ctx context.Context, name string, ps *poolState, pol 
 		}
 		live++
 		a.event(ctx, name, contracts.MachineEvent{Kind: contracts.MachineRequested, MachineID: m.ID, NodeID: m.NodeID, Token: tok,
-			DecisionID: up.decision, Message: up.reason})
-		a.cfg.Log.Info("machine created", "pool", name, "decision", up.decision, "machine", m.ID, "node_id", m.NodeID)
+			DecisionID: o.decision, Message: o.reason})
+		a.cfg.Log.Info("machine created", "pool", name, "decision", o.decision, "machine", m.ID, "node_id", m.NodeID)
 	}
 	a.succeeded(ps)
 	ps.up = nil

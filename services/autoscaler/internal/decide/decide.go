@@ -46,6 +46,14 @@ type Input struct {
 	// LiveNodes is the inventory's count of live nodes, used only when the
 	// demand does not carry its own node count.
 	LiveNodes int
+	// Booting is how many machines the autoscaler already asked for that
+	// the demand does not count: provisioning at the provider, booted but
+	// not registered, or being created. They will be empty machines of the
+	// pool's type, so waiting shapes are packed onto them before any new
+	// machine is added, and they count in the current size. Leaving them
+	// out asks again for the same shapes when a cooldown ends before they
+	// boot.
+	Booting int
 	// Max is the most nodes the pool may have.
 	Max int
 	// Cooldown is the least time between two decisions for the pool.
@@ -64,9 +72,11 @@ type Outcome struct {
 
 // Decide computes the decision for one pool.
 //
-// The current size is the demand's own node count: the fleet its waiting
-// shapes were computed against. Sizing against a fresher inventory while the
-// demand is stale would ask again for machines that already arrived.
+// The current size is the demand's own node count (the fleet its waiting
+// shapes were computed against) plus the booting machines. Sizing against a
+// fresher inventory while the demand is stale would ask again for machines
+// that already arrived; the caller counts a machine registered after the
+// demand was computed as booting for the same reason.
 func Decide(in Input) Outcome {
 	pool := in.Demand.Pool
 	var helped, unhelped []contracts.Shape
@@ -100,17 +110,27 @@ func Decide(in Input) Outcome {
 		return Outcome{Why: "more machines would not help: " + strings.Join(notHelped, "; ")}
 	}
 
-	current := in.Demand.Nodes
-	if current <= 0 {
-		current = in.LiveNodes
+	registered := in.Demand.Nodes
+	if registered <= 0 {
+		registered = in.LiveNodes
 	}
+	booting := max(in.Booting, 0)
+	current := registered + booting
 	headroom := in.Max - current
-	if headroom <= 0 {
-		return Outcome{Why: fmt.Sprintf("pool %s has %d nodes, at or above its maximum of %d", pool, current, in.Max)}
-	}
 	// Pack past the headroom so the reason can say what the demand really
 	// needs, but bounded: a huge Count costs at most that many machines.
-	need, complete := pack(helped, in.Machine.GPUs, headroom+packSlack)
+	need, complete := pack(helped, in.Machine.GPUs, booting, max(headroom, 0)+packSlack)
+	if need == 0 {
+		return Outcome{Why: fmt.Sprintf("pool %s: %s waiting (%s) fit on the %s already booting",
+			pool, plural(count(helped), "job"), shapes(helped), plural(booting, in.Machine.Type+" machine"))}
+	}
+	if headroom <= 0 {
+		nodes := plural(current, "node")
+		if booting > 0 {
+			nodes += fmt.Sprintf(" (%d booting)", booting)
+		}
+		return Outcome{Why: fmt.Sprintf("pool %s has %s, at or above its maximum of %d", pool, nodes, in.Max)}
+	}
 	desired := current + min(need, headroom)
 
 	if l := in.Last; l != nil {
@@ -122,18 +142,17 @@ func Decide(in Input) Outcome {
 		}
 	}
 
-	jobs := 0
-	for _, s := range helped {
-		jobs += s.Count
-	}
 	var reason strings.Builder
-	fmt.Fprintf(&reason, "%s waiting (%s) ", plural(jobs, "job"), shapes(helped))
+	fmt.Fprintf(&reason, "%s waiting (%s) ", plural(count(helped), "job"), shapes(helped))
 	if complete {
 		fmt.Fprintf(&reason, "need %s", plural(need, "more "+in.Machine.Type+" machine"))
 	} else {
 		fmt.Fprintf(&reason, "need more than %s", plural(need, "more "+in.Machine.Type+" machine"))
 	}
 	fmt.Fprintf(&reason, " of %s", plural(in.Machine.GPUs, "GPU"))
+	if booting > 0 {
+		fmt.Fprintf(&reason, " beyond the %s booting", plural(booting, "machine"))
+	}
 	if need > headroom {
 		fmt.Fprintf(&reason, "; capped at the pool maximum of %d nodes", in.Max)
 	}
@@ -162,19 +181,23 @@ func ID(pool string, demandSeq uint64, dir contracts.ScaleDirection, desired int
 	return "scale/" + pool + "/" + strconv.FormatUint(demandSeq, 10) + "/" + string(dir) + "-" + strconv.Itoa(desired)
 }
 
-// pack bin-packs the shapes first-fit decreasing onto empty machines of
-// capacity GPUs and returns how many machines it used. It stops at limit
-// machines, returning limit and false when the shapes need more, so that a
-// huge Count costs at most limit×capacity steps.
-func pack(shapes []contracts.Shape, capacity, limit int) (machines int, complete bool) {
+// pack bin-packs the shapes first-fit decreasing onto booting machines of
+// capacity GPUs, then onto new empty ones, and returns how many new
+// machines it used. It stops at limit new machines, returning limit and
+// false when the shapes need more, so that a huge Count costs at most
+// (booting+limit)×capacity steps.
+func pack(shapes []contracts.Shape, capacity, booting, limit int) (machines int, complete bool) {
 	sorted := slices.Clone(shapes)
 	slices.SortStableFunc(sorted, func(a, b contracts.Shape) int { return cmp.Compare(b.GPUs, a.GPUs) })
-	var free []int // free GPUs per opened machine
+	free := make([]int, booting) // free GPUs per machine: the booting ones first
+	for i := range free {
+		free[i] = capacity
+	}
 	for _, s := range sorted {
 		for range s.Count {
 			i := slices.IndexFunc(free, func(f int) bool { return f >= s.GPUs })
 			if i < 0 {
-				if len(free) == limit {
+				if len(free)-booting == limit {
 					return limit, false
 				}
 				free = append(free, capacity)
@@ -183,7 +206,15 @@ func pack(shapes []contracts.Shape, capacity, limit int) (machines int, complete
 			free[i] -= s.GPUs
 		}
 	}
-	return len(free), true
+	return len(free) - booting, true
+}
+
+func count(ss []contracts.Shape) int {
+	n := 0
+	for _, s := range ss {
+		n += s.Count
+	}
+	return n
 }
 
 func shapes(ss []contracts.Shape) string {

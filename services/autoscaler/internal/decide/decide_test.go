@@ -134,25 +134,83 @@ func TestDecideHoldsWhenScalingIsWrong(t *testing.T) {
 	}
 }
 
+// Machines already asked for (booting) take waiting shapes before new ones
+// are sized: a cooldown ending before they register must not ask for the
+// same shapes again.
+func TestDecideCountsBootingMachines(t *testing.T) {
+	h100x4 := Machine{Type: "hgx-h100-4", GPUs: 4, Model: "H100-80GB"}
+	tests := map[string]struct {
+		in   Input
+		want *contracts.ScaleDecision
+		why  string
+	}{
+		"2 booting absorb 2 waiting 4-GPU shapes: no new machine": {
+			in:  Input{Demand: demand(1, shape(2, 4)), Machine: h100x4, Booting: 2, Max: 10},
+			why: "pool h100: 2 jobs waiting (2×4 GPUs H100-80GB) fit on the 2 hgx-h100-4 machines already booting",
+		},
+		"2 booting, 3 waiting 4-GPU shapes: 1 more": {
+			in: Input{Demand: demand(1, shape(3, 4)), Machine: h100x4, Booting: 2, Max: 10},
+			want: up(3, 4, "3 jobs waiting (3×4 GPUs H100-80GB) need 1 more hgx-h100-4 machine of 4 GPUs "+
+				"beyond the 2 machines booting"),
+		},
+		"small shapes share a booting machine": {
+			in:  Input{Demand: demand(1, shape(4, 2)), Machine: h100x, Booting: 1, Max: 10},
+			why: "pool h100: 4 jobs waiting (4×2 GPUs H100-80GB) fit on the 1 a3-highgpu-8g machine already booting",
+		},
+		"booting count against the maximum": {
+			in: Input{Demand: demand(1, shape(5, 4)), Machine: h100x4, Booting: 2, Max: 4},
+			want: up(3, 4, "5 jobs waiting (5×4 GPUs H100-80GB) need 3 more hgx-h100-4 machines of 4 GPUs "+
+				"beyond the 2 machines booting; capped at the pool maximum of 4 nodes"),
+		},
+		"at the maximum with booting machines": {
+			in:  Input{Demand: demand(2, shape(3, 4)), Machine: h100x4, Booting: 2, Max: 4},
+			why: "pool h100 has 4 nodes (2 booting), at or above its maximum of 4",
+		},
+		"the decision that made them is not repeated": {
+			in: Input{Demand: demand(1, shape(3, 4)), Machine: h100x4, Booting: 2, Max: 10, Cooldown: time.Second,
+				Last: &Previous{ID: "scale/h100/41/up-4", Current: 3, Desired: 4, Time: now.Add(-time.Hour)}},
+			why: "already decided: 3 to 4 nodes (scale/h100/41/up-4)",
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			tc.in.Now, tc.in.DemandSeq = now, 42
+			got := Decide(tc.in)
+			want := Outcome{Decision: tc.want, Why: tc.why}
+			if tc.want != nil {
+				want.Why = tc.want.Reason
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("outcome (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
 func TestPack(t *testing.T) {
 	tests := map[string]struct {
 		shapes   []contracts.Shape
 		capacity int
+		booting  int
 		limit    int
 		want     int
 		complete bool
 	}{
-		"nothing":                  {nil, 8, 10, 0, true},
-		"exact fit":                {[]contracts.Shape{shape(2, 4)}, 8, 10, 1, true},
-		"odd sizes leave holes":    {[]contracts.Shape{shape(3, 5)}, 8, 10, 3, true},
-		"decreasing fills holes":   {[]contracts.Shape{shape(3, 3), shape(3, 5)}, 8, 10, 3, true},
-		"stops at the limit":       {[]contracts.Shape{shape(5, 8)}, 8, 3, 3, false},
-		"exactly at the limit":     {[]contracts.Shape{shape(3, 8)}, 8, 3, 3, true},
-		"one-GPU jobs share hosts": {[]contracts.Shape{shape(17, 1)}, 8, 10, 3, true},
+		"nothing":                         {nil, 8, 0, 10, 0, true},
+		"exact fit":                       {[]contracts.Shape{shape(2, 4)}, 8, 0, 10, 1, true},
+		"odd sizes leave holes":           {[]contracts.Shape{shape(3, 5)}, 8, 0, 10, 3, true},
+		"decreasing fills holes":          {[]contracts.Shape{shape(3, 3), shape(3, 5)}, 8, 0, 10, 3, true},
+		"stops at the limit":              {[]contracts.Shape{shape(5, 8)}, 8, 0, 3, 3, false},
+		"exactly at the limit":            {[]contracts.Shape{shape(3, 8)}, 8, 0, 3, 3, true},
+		"one-GPU jobs share hosts":        {[]contracts.Shape{shape(17, 1)}, 8, 0, 10, 3, true},
+		"booting machines fill first":     {[]contracts.Shape{shape(3, 4)}, 8, 1, 10, 1, true},
+		"the limit counts new ones only":  {[]contracts.Shape{shape(5, 8)}, 8, 2, 3, 3, true},
+		"holes on booting ones are used":  {[]contracts.Shape{shape(2, 5), shape(2, 3)}, 8, 2, 10, 0, true},
+		"booting absorb all, none needed": {[]contracts.Shape{shape(2, 4)}, 4, 2, 10, 0, true},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			got, complete := pack(tc.shapes, tc.capacity, tc.limit)
+			got, complete := pack(tc.shapes, tc.capacity, tc.booting, tc.limit)
 			if got != tc.want || complete != tc.complete {
 				t.Errorf("pack = %d, %v; want %d, %v", got, complete, tc.want, tc.complete)
 			}

@@ -27,6 +27,9 @@ type node struct {
 	model       string
 	lost        bool
 	lostSince   time.Time // when the resource manager declared it lost
+	// firstSeen is the time of the node's first inventory (the agent's
+	// clock): the scheduler cannot have counted the node before it.
+	firstSeen time.Time
 }
 
 // New returns an empty fleet.
@@ -37,6 +40,9 @@ func (f *Fleet) ApplyInventory(nodeID string, inv contracts.NodeInventory) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	n := f.nodes[nodeID]
+	if n.machineType == "" {
+		n.firstSeen = inv.Time
+	}
 	n.pool, n.machineType, n.gpus, n.model = inv.Pool, inv.MachineType, len(inv.GPUs), majorityModel(inv.GPUs)
 	f.nodes[nodeID] = n
 }
@@ -90,6 +96,18 @@ func (f *Fleet) Registered(nodeID string) bool {
 	defer f.mu.Unlock()
 	n, ok := f.nodes[nodeID]
 	return ok && n.machineType != "" && !n.lost
+}
+
+// RegisteredAt is Registered with the time of the node's first inventory
+// (zero when the inventory carried none).
+func (f *Fleet) RegisteredAt(nodeID string) (time.Time, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n, ok := f.nodes[nodeID]
+	if !ok || n.machineType == "" || n.lost {
+		return time.Time{}, false
+	}
+	return n.firstSeen, true
 }
 
 // Pool describes one pool.
