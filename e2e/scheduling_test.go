@@ -733,9 +733,15 @@ func TestQuotaAndDrainThroughGateway(t *testing.T) {
 		if ev.Reason != contracts.ReasonDrained {
 			t.Errorf("%s requeued with %s, want %s", key, ev.Reason, contracts.ReasonDrained)
 		}
-		ev = h.awaitState(t, 30*time.Second, key, contracts.StateRunning)
-		if ev.Attempt != 2 || ev.Placement == nil || ev.Placement.NodeID != other {
-			t.Errorf("%s runs as attempt %d on %+v, want attempt 2 on %s", key, ev.Attempt, ev.Placement, other)
+		ev = h.await(t, 30*time.Second, key, "running again", isType(contracts.EventRunning, 2))
+		if ev.Placement == nil || ev.Placement.NodeID != other {
+			t.Errorf("%s runs as attempt 2 on %+v, want %s", key, ev.Placement, other)
+		}
+		// A drain migrates: announced before, and after on the new node.
+		ev = h.await(t, 30*time.Second, key, "migrated", isType(contracts.EventMigrated, 2))
+		if ev.Reason != contracts.ReasonDrained || ev.Migration == nil || len(ev.Migration.From) != 1 ||
+			ev.Migration.From[0].NodeID != drained || h.count(key, contracts.EventMigrating) != 1 {
+			t.Errorf("%s: migrated %+v (%+v); events %s", key, ev, ev.Migration, h.types(key))
 		}
 	}
 	for _, id := range stayed {
@@ -892,5 +898,68 @@ func TestMachineDeathRequeuesItsJobs(t *testing.T) {
 		t.Errorf("attempt 2 placed on %+v, want the surviving machine", again.Placement)
 	}
 	h.awaitState(t, time.Minute, "acme/doomed", contracts.StateSucceeded)
+	s.checkOracle(t)
+}
+
+// checkpoints lists the checkpoints the runs of a job reported, in order.
+func (s *stack) checkpoints(t testing.TB, tenant, job string) []string {
+	t.Helper()
+	var out []string
+	for _, m := range s.streamMsgs(t, contracts.StreamRuns) {
+		var r contracts.RunEvent
+		if json.Unmarshal(m.Data(), &r) == nil && r.Kind == contracts.RunCheckpointed && r.Tenant == tenant &&
+			r.JobID == job && r.Checkpoint != nil {
+			out = append(out, r.Checkpoint.Name)
+		}
+	}
+	return out
+}
+
+// TestMachineDeathMidMigrationKeepsTheJob drains a machine (a migration
+// that asks the job for a checkpoint) and kills it at once, so the
+// migration dies half way: the checkpoint may or may not have been
+// written. The job is not lost: it is requeued, resumes on the other
+// machine from its last complete checkpoint (one it reported), announces
+// the move, and succeeds, running less than its full length again.
+func TestMachineDeathMidMigrationKeepsTheJob(t *testing.T) {
+	s := startStack(t, fourGPUFleet(2), withScheduler(time.Second, time.Second))
+	h := s.watchHistory(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const length = 12 * time.Second
+	s.submitJob(t, ctx, "acme", contracts.JobRequest{ID: "resilient",
+		Resources: contracts.Resources{GPU: contracts.GPURequest{Count: 4, Model: "H100-80GB"}},
+		Run:       contracts.RunSpec{Duration: contracts.Duration(length), Checkpoint: true}})
+	run := h.awaitState(t, time.Minute, "acme/resilient", contracts.StateRunning)
+	node := run.Placement.NodeID
+	time.Sleep(2 * time.Second) // progress worth keeping
+	// A checkpoint the user asked for: the fallback if the migration's own
+	// is never written.
+	if code, b := s.callAPI(t, http.MethodPost, "/v1/tenants/acme/jobs/resilient/checkpoint", nil, nil); code != http.StatusAccepted {
+		t.Fatalf("checkpoint: %d %s", code, b)
+	}
+	waitFor(t, 20*time.Second, "the requested checkpoint reported", func() (bool, string) {
+		c := s.checkpoints(t, "acme", "resilient")
+		return len(c) > 0, fmt.Sprint(c)
+	})
+	if code, b := s.callAPI(t, http.MethodPost, "/v1/nodes/"+node+"/drain", contracts.NodeAdminRequest{Reason: "e2e"}, nil); code != http.StatusOK {
+		t.Fatalf("drain: %d %s", code, b)
+	}
+	injectFault(t, ctx, s, node, contracts.Fault{ID: "e2e-death-mid-move", Kind: contracts.FaultMachineDeath})
+
+	moved := h.await(t, 60*time.Second, "acme/resilient", "migrated", isType(contracts.EventMigrated, 2))
+	reported := s.checkpoints(t, "acme", "resilient")
+	if moved.Migration == nil || moved.Migration.RestoredFrom == "" || !slices.Contains(reported, moved.Migration.RestoredFrom) {
+		t.Fatalf("migrated %+v (%+v); checkpoints reported %v", moved, moved.Migration, reported)
+	}
+	again := h.await(t, 30*time.Second, "acme/resilient", "running again", isType(contracts.EventRunning, 2))
+	if again.Placement == nil || again.Placement.NodeID == node {
+		t.Fatalf("attempt 2 on %+v, want the other machine", again.Placement)
+	}
+	end := h.awaitState(t, time.Minute, "acme/resilient", contracts.StateSucceeded)
+	if end.Attempt != 2 || end.StartedAt == nil || end.EndedAt == nil || end.EndedAt.Sub(*end.StartedAt) > length-time.Second {
+		t.Errorf("ended %+v: attempt 2 should resume, not rerun all %s", end, length)
+	}
+	t.Logf("events: %s; restored %s of %v", h.types("acme/resilient"), moved.Migration.RestoredFrom, reported)
 	s.checkOracle(t)
 }
