@@ -368,11 +368,17 @@ func runFleet(ctx context.Context, fl fleet.Fleet, busCfg service.BusConfig, log
 		return err
 	}
 	defer rt.Close()
+	return fleet.Run(ctx, fl, rt.Bus, agentConfig(busCfg, logDir, checkpointDir), log)
+}
+
+// agentConfig is the configuration of every simulated agent, static or
+// autoscaled: one log root and one checkpoint root for all.
+func agentConfig(busCfg service.BusConfig, logDir, checkpointDir string) nodeagent.Config {
 	agent := nodeagent.DefaultConfig()
 	agent.Bus = busCfg
 	agent.LogDir = logDir
 	agent.CheckpointDir = checkpointDir
-	return fleet.Run(ctx, fl, rt.Bus, agent, log)
+	return agent
 }
 
 func envOr(k, d string) string {

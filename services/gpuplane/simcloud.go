@@ -12,7 +12,6 @@ import (
 	"github.com/gpuplane/gpuplane/libs/service"
 	"github.com/gpuplane/gpuplane/services/autoscaler/cloud"
 	"github.com/gpuplane/gpuplane/services/autoscaler/simcloud"
-	nodeagent "github.com/gpuplane/gpuplane/services/node-agent"
 	"github.com/gpuplane/gpuplane/services/node-agent/fleet"
 )
 
@@ -130,11 +129,7 @@ func (s *simMachines) run(ctx context.Context, busCfg service.BusConfig, logDir,
 		return err
 	}
 	defer rt.Close()
-	agent := nodeagent.DefaultConfig()
-	agent.Bus = busCfg
-	agent.LogDir = logDir
-	agent.CheckpointDir = checkpointDir
-	dyn := fleet.NewDynamic(rt.Bus, agent, s.log)
+	dyn := fleet.NewDynamic(rt.Bus, agentConfig(busCfg, logDir, checkpointDir), s.log)
 	s.live.Store(&liveAgents{ctx: ctx, dyn: dyn})
 	defer dyn.Wait() // the agents end with ctx
 	t := time.NewTicker(advanceEvery)

@@ -16,17 +16,24 @@ type beat struct {
 	left time.Time
 }
 
+// beat returns the node's record, created on first sight. Called under
+// m.mu.
+func (m *Model) beat(nodeID string) *beat {
+	b := m.beats[nodeID]
+	if b == nil {
+		b = &beat{}
+		m.beats[nodeID] = b
+	}
+	return b
+}
+
 // ApplyHeartbeat records a heartbeat of a node's agent stamped at at by the
 // stream. Out-of-order times never move the latest backwards, so a replay
 // or a redelivery is harmless.
 func (m *Model) ApplyHeartbeat(nodeID string, at time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	b := m.beats[nodeID]
-	if b == nil {
-		b = &beat{}
-		m.beats[nodeID] = b
-	}
+	b := m.beat(nodeID)
 	if at.After(b.last) {
 		b.last = at
 	}
@@ -38,11 +45,7 @@ func (m *Model) ApplyHeartbeat(nodeID string, at time.Time) {
 func (m *Model) ApplyNodeLeft(nodeID string, at time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	b := m.beats[nodeID]
-	if b == nil {
-		b = &beat{}
-		m.beats[nodeID] = b
-	}
+	b := m.beat(nodeID)
 	if at.After(b.left) {
 		b.left = at
 	}

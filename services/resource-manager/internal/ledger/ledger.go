@@ -451,14 +451,7 @@ func (n *node) checkAdmin() Verdict {
 	if !ad.Cordoned && !ad.Drain {
 		return Verdict{}
 	}
-	what := "cordoned"
-	if ad.Drain {
-		what = "being drained"
-	}
-	by := "by an administrator"
-	if ad.Cause != "" {
-		by = "for " + string(ad.Cause)
-	}
+	what, by := holdWords(ad.Drain, ad.Cause)
 	return refuse(contracts.RefusedNodeCordoned, "node %s is %s %s: %s", n.id, what, by, orNoReason(ad.Reason))
 }
 
@@ -472,15 +465,21 @@ func (n *node) checkGPUHold(d contracts.DeviceRef) Verdict {
 		return Verdict{}
 	}
 	h := n.admin.GPUs[d.UUID]
-	what := "cordoned"
-	if h.Drain {
+	what, by := holdWords(h.Drain, h.Cause)
+	return refuse(contracts.RefusedNodeCordoned, "GPU %s on node %s is %s %s: %s", d.UUID, n.id, what, by, orNoReason(h.Reason))
+}
+
+// holdWords say what a hold does and who put it there: an administrator
+// (no cause) or the platform (a cause such as spot_interruption).
+func holdWords(drain bool, cause contracts.Reason) (what, by string) {
+	what, by = "cordoned", "by an administrator"
+	if drain {
 		what = "being drained"
 	}
-	by := "by an administrator"
-	if h.Cause != "" {
-		by = "for " + string(h.Cause)
+	if cause != "" {
+		by = "for " + string(cause)
 	}
-	return refuse(contracts.RefusedNodeCordoned, "GPU %s on node %s is %s %s: %s", d.UUID, n.id, what, by, orNoReason(h.Reason))
+	return what, by
 }
 
 func orNoReason(why string) string {
