@@ -49,7 +49,9 @@ func BenchmarkReaction(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
 		s := startStack(b, &fl, withScheduler(0, 2*time.Second))
-		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+		// Generous: every move is waited for in turn, and a shared machine
+		// can stall the file-backed stream for seconds at a time.
+		ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 		waitNodes(b, ctx, s, len(fl.Machines()))
 		r := newReactions(b, s)
 		b.StartTimer()
@@ -73,6 +75,7 @@ func BenchmarkReaction(b *testing.B) {
 			b.Logf("%s: %d moves; trigger→decision p50 %s p99 %s; trigger→restored run p50 %s p99 %s",
 				trig, len(dec), pct(dec, 50).Round(100*time.Microsecond), pct(dec, 99).Round(100*time.Microsecond),
 				pct(res, 50).Round(time.Millisecond), pct(res, 99).Round(time.Millisecond))
+			b.Logf("%s: slowest %s", trig, r.slowest(trig))
 		}
 	}
 }
@@ -96,12 +99,65 @@ type reactions struct {
 	seen    map[string]map[contracts.JobEventType]time.Time // job → type → first seen
 	evs     map[string]contracts.JobEvent                   // job → last running event
 	results map[string][][2]time.Duration
+	t0s     map[string]time.Time // job → trigger time
+	gpuOf   map[string]string    // job → its first GPU
+	alertAt map[string]time.Time // GPU → first firing alert with an action seen
+	holdAt  map[string]time.Time // GPU → first hold of it seen in gp-node-admin
 	used    map[string]bool // machines drained
 }
 
 func newReactions(b *testing.B, s *stack) *reactions {
 	r := &reactions{s: s, seen: map[string]map[contracts.JobEventType]time.Time{}, evs: map[string]contracts.JobEvent{},
-		results: map[string][][2]time.Duration{}, used: map[string]bool{}}
+		results: map[string][][2]time.Duration{}, used: map[string]bool{}, t0s: map[string]time.Time{},
+		gpuOf: map[string]string{}, alertAt: map[string]time.Time{}, holdAt: map[string]time.Time{}}
+	// The overheating chain's hops: the monitor's alert on the bus, the
+	// scheduler's hold in the bucket.
+	asub, err := s.nc.Subscribe(contracts.SubjectAlertsAll, func(m *nats.Msg) {
+		now := time.Now()
+		var a contracts.Alert
+		if json.Unmarshal(m.Data, &a) != nil || a.State != contracts.AlertFiring || a.Labels[contracts.AlertLabelAction] == "" {
+			return
+		}
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if g := a.Labels[contracts.AlertLabelGPU]; g != "" {
+			if _, ok := r.alertAt[g]; !ok {
+				r.alertAt[g] = now
+			}
+		}
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = asub.Unsubscribe() })
+	kv, err := s.js.KeyValue(context.Background(), contracts.BucketNodeAdmin)
+	if err != nil {
+		b.Fatal(err)
+	}
+	w, err := kv.WatchAll(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = w.Stop() })
+	go func() {
+		for e := range w.Updates() {
+			if e == nil || e.Operation() != jetstream.KeyValuePut {
+				continue
+			}
+			now := time.Now()
+			var h contracts.NodeAdmin
+			if json.Unmarshal(e.Value(), &h) != nil {
+				continue
+			}
+			r.mu.Lock()
+			for g := range h.GPUs {
+				if _, ok := r.holdAt[g]; !ok {
+					r.holdAt[g] = now
+				}
+			}
+			r.mu.Unlock()
+		}
+	}()
 	sub, err := s.nc.Subscribe(contracts.SubjectTenantJobEvents("bench"), func(m *nats.Msg) {
 		now := time.Now()
 		var ev contracts.JobEvent
@@ -115,6 +171,12 @@ func newReactions(b *testing.B, s *stack) *reactions {
 		}
 		if _, ok := r.seen[ev.JobID][ev.Type]; !ok {
 			r.seen[ev.JobID][ev.Type] = now
+		}
+		if ev.Attempt > 1 {
+			// The next attempt's steps, for slowest.
+			if _, ok := r.seen[ev.JobID][ev.Type+"#2"]; !ok {
+				r.seen[ev.JobID][ev.Type+"#2"] = now
+			}
 		}
 		if ev.Type == contracts.EventRunning {
 			r.evs[ev.JobID] = ev
@@ -202,6 +264,8 @@ func (r *reactions) move(b *testing.B, ctx context.Context, id, trigger string) 
 	restored := r.await(b, ctx, id, contracts.EventMigrated)
 	r.mu.Lock()
 	r.results[trigger] = append(r.results[trigger], [2]time.Duration{decided.Sub(t0), restored.Sub(t0)})
+	r.t0s[id] = t0
+	r.gpuOf[id] = gpu
 	r.mu.Unlock()
 	cancelBody, _ := json.Marshal(contracts.CancelRequest{JobID: id})
 	if _, err := r.s.js.Publish(ctx, contracts.SubjectCancel("bench"), cancelBody,
@@ -234,6 +298,41 @@ func (r *reactions) firstHotSample(b *testing.B, node, gpu string) chan time.Tim
 	})
 	if err != nil {
 		b.Fatal(err)
+	}
+	return out
+}
+
+// slowest describes the move of trigger that took longest to restore:
+// when each of its events was seen, from the trigger.
+func (r *reactions) slowest(trigger string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var worst string
+	var most time.Duration
+	prefix := map[string]byte{"xid": 'x', "overheat": 'h', "spot": 's'}[trigger]
+	for id, t0 := range r.t0s {
+		if id[0] != prefix {
+			continue
+		}
+		if d := r.seen[id][contracts.EventMigrated].Sub(t0); d > most {
+			worst, most = id, d
+		}
+	}
+	if worst == "" {
+		return ""
+	}
+	out := worst + ":"
+	if at, ok := r.alertAt[r.gpuOf[worst]]; ok {
+		out += fmt.Sprintf(" alert +%s", at.Sub(r.t0s[worst]).Round(100*time.Microsecond))
+	}
+	if at, ok := r.holdAt[r.gpuOf[worst]]; ok {
+		out += fmt.Sprintf(" hold +%s", at.Sub(r.t0s[worst]).Round(100*time.Microsecond))
+	}
+	for _, typ := range []contracts.JobEventType{contracts.EventMigrating, contracts.EventRequeued, contracts.EventScheduled + "#2",
+		contracts.EventRunning + "#2", contracts.EventMigrated} {
+		if at, ok := r.seen[worst][typ]; ok {
+			out += fmt.Sprintf(" %s +%s", typ, at.Sub(r.t0s[worst]).Round(100*time.Microsecond))
+		}
 	}
 	return out
 }
