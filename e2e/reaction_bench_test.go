@@ -103,7 +103,7 @@ type reactions struct {
 	gpuOf   map[string]string    // job → its first GPU
 	alertAt map[string]time.Time // GPU → first firing alert with an action seen
 	holdAt  map[string]time.Time // GPU → first hold of it seen in gp-node-admin
-	used    map[string]bool // machines drained
+	used    map[string]bool      // machines drained
 }
 
 func newReactions(b *testing.B, s *stack) *reactions {
