@@ -3,11 +3,40 @@ package contracts
 import "time"
 
 // Shape is one kind of request that waits: Count jobs each wanting GPUs
-// GPUs of Model.
+// whole GPUs of Model on one machine; or, with MIGProfile, one MIG
+// instance of that profile each; or, with Share, that fraction of one GPU
+// each. A MIG or share shape has GPUs 1 (the one card it lands on), so a
+// reader that predates those fields still sees one GPU per job.
 type Shape struct {
 	Model string `json:"model"`
 	GPUs  int    `json:"gpus"`
 	Count int    `json:"count"`
+	// MIGProfile is the MIG instance profile ("1g.10gb") each job takes;
+	// such jobs fit only on existing instances of it, never on whole GPUs.
+	MIGProfile string `json:"migProfile,omitempty"`
+	// Share is the framebuffer and compute each job takes on one GPU
+	// outside MIG mode; several fit on one GPU.
+	Share *GPUShare `json:"share,omitempty"`
+}
+
+// Kind says whether s wants whole GPUs, a MIG instance or a share.
+func (s Shape) Kind() GPUKind {
+	switch {
+	case s.MIGProfile != "":
+		return GPUKindMIG
+	case s.Share != nil:
+		return GPUKindShare
+	}
+	return GPUKindWhole
+}
+
+// Equal reports whether s and o describe the same shape and count (Share
+// compared by value, not by pointer).
+func (s Shape) Equal(o Shape) bool {
+	if (s.Share == nil) != (o.Share == nil) || s.Share != nil && *s.Share != *o.Share {
+		return false
+	}
+	return s.Model == o.Model && s.GPUs == o.GPUs && s.Count == o.Count && s.MIGProfile == o.MIGProfile
 }
 
 // PoolDemand is the scheduler's view of what waits for a pool, published on

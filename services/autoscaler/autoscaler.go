@@ -249,7 +249,8 @@ func (s *scaler) evaluate(ctx context.Context, pool string) error {
 	}
 	in := decide.Input{Demand: da.d, DemandSeq: da.seq, Max: s.cfg.maxNodes(pool), Cooldown: s.cfg.cooldown(pool), Now: s.cfg.Now()}
 	if p, ok := s.fleet.Pool(pool); ok {
-		in.Machine = decide.Machine{Type: p.MachineType, GPUs: p.GPUs, Model: p.Model}
+		in.Machine = decide.Machine{Type: p.MachineType, GPUs: p.GPUs, Model: p.Model,
+			MemoryMiB: p.MemoryMiB, MIGGPUs: p.MIGGPUs, MIG: p.MIG}
 		in.LiveNodes = p.LiveNodes
 	}
 	if l, ok := s.last[pool]; ok {

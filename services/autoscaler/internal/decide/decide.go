@@ -4,14 +4,19 @@
 // never touches the network or a clock; the caller passes the time in.
 //
 // Sizing bin-packs the waiting shapes, first-fit decreasing, onto
-// hypothetical empty machines of the pool's machine type. A shape larger than
-// one machine, or wanting another GPU model, cannot be helped by more
-// machines of this type: it is left out and named in the reason.
+// hypothetical empty machines of the pool's machine type: whole-GPU shapes
+// onto its GPUs outside MIG mode, MIG shapes onto its MIG instances of their
+// profile, shares onto GPUs outside MIG mode that no whole-GPU shape took
+// (several per GPU, within 100% compute and the GPU's memory). A shape no
+// empty machine of this type could hold (more GPUs than it has, another GPU
+// model, a MIG profile it lacks, a share bigger than its GPU) cannot be
+// helped by more machines: it is left out and named in the reason.
 package decide
 
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -22,9 +27,55 @@ import (
 
 // Machine is the shape of one machine of a pool.
 type Machine struct {
-	Type  string
+	Type string
+	// GPUs is all the GPUs of one machine, MIG mode or not.
 	GPUs  int
 	Model string
+	// MemoryMiB is one GPU's framebuffer, what shares pack against; 0 when
+	// unknown, and then only their compute is counted.
+	MemoryMiB int64
+	// MIGGPUs is how many of the GPUs are in MIG mode: they hold MIG
+	// instances only, never a whole-GPU job or a share.
+	MIGGPUs int
+	// MIG is, per MIG profile, how many instances of it one machine has
+	// (over all its MIG GPUs). Instances exist before any job, so each is
+	// a slot of its own.
+	MIG map[string]int
+}
+
+// plainGPUs is how many GPUs of m take whole-GPU jobs and shares.
+func (m Machine) plainGPUs() int { return max(0, m.GPUs-max(0, m.MIGGPUs)) }
+
+// holds says why an empty machine of type m cannot hold one job of s, ""
+// when it can.
+func (m Machine) holds(s contracts.Shape) string {
+	if s.Model != "" && s.Model != contracts.GPUModelAny && m.Model != "" && s.Model != m.Model {
+		return fmt.Sprintf("wanting %s (the pool's machines have %s)", s.Model, m.Model)
+	}
+	switch s.Kind() {
+	case contracts.GPUKindMIG:
+		if m.MIG[s.MIGProfile] <= 0 {
+			return fmt.Sprintf("wanting MIG %s (%s machines have none)", s.MIGProfile, m.Type)
+		}
+	case contracts.GPUKindShare:
+		switch {
+		case m.plainGPUs() == 0:
+			return fmt.Sprintf("wanting a GPU share (%s machines have every GPU in MIG mode)", m.Type)
+		case m.MemoryMiB > 0 && s.Share.MemoryMiB > m.MemoryMiB:
+			return fmt.Sprintf("wanting a share of %d MiB (more than a GPU of %s machines has)", s.Share.MemoryMiB, m.Type)
+		case s.Share.ComputePercent > 100:
+			return fmt.Sprintf("wanting a share of %d%% compute (more than one GPU has)", s.Share.ComputePercent)
+		}
+	default:
+		if s.GPUs > m.plainGPUs() {
+			if m.MIGGPUs > 0 {
+				return fmt.Sprintf("of %d GPUs (more than the %s outside MIG mode one %s machine has)",
+					s.GPUs, plural(m.plainGPUs(), "GPU"), m.Type)
+			}
+			return fmt.Sprintf("of %d GPUs (more than one %s machine has)", s.GPUs, m.Type)
+		}
+	}
+	return ""
 }
 
 // Previous is the last decision published for a pool.
@@ -82,20 +133,13 @@ func Decide(in Input) Outcome {
 	var helped, unhelped []contracts.Shape
 	var notHelped []string
 	for _, s := range in.Demand.Waiting {
-		if s.GPUs <= 0 || s.Count <= 0 {
+		if s.Count <= 0 || s.Kind() == contracts.GPUKindWhole && s.GPUs <= 0 {
 			continue
 		}
 		if in.Machine.GPUs > 0 {
-			switch {
-			case s.GPUs > in.Machine.GPUs:
+			if why := in.Machine.holds(s); why != "" {
 				unhelped = append(unhelped, s)
-				notHelped = append(notHelped, fmt.Sprintf("%s of %d GPUs (more than one %s machine has)",
-					plural(s.Count, "job"), s.GPUs, in.Machine.Type))
-				continue
-			case s.Model != "" && s.Model != contracts.GPUModelAny && in.Machine.Model != "" && s.Model != in.Machine.Model:
-				unhelped = append(unhelped, s)
-				notHelped = append(notHelped, fmt.Sprintf("%s wanting %s (the pool's machines have %s)",
-					plural(s.Count, "job"), s.Model, in.Machine.Model))
+				notHelped = append(notHelped, plural(s.Count, "job")+" "+why)
 				continue
 			}
 		}
@@ -119,7 +163,7 @@ func Decide(in Input) Outcome {
 	headroom := in.Max - current
 	// Pack past the headroom so the reason can say what the demand really
 	// needs, but bounded: a huge Count costs at most that many machines.
-	need, complete := pack(helped, in.Machine.GPUs, booting, max(headroom, 0)+packSlack)
+	need, complete := pack(helped, in.Machine, booting, max(headroom, 0)+packSlack)
 	if need == 0 {
 		return Outcome{Why: fmt.Sprintf("pool %s: %s waiting (%s) fit on the %s already booting",
 			pool, plural(count(helped), "job"), shapes(helped), plural(booting, in.Machine.Type+" machine"))}
@@ -182,31 +226,121 @@ func ID(pool string, demandSeq uint64, dir contracts.ScaleDirection, desired int
 }
 
 // pack bin-packs the shapes first-fit decreasing onto booting machines of
-// capacity GPUs, then onto new empty ones, and returns how many new
-// machines it used. It stops at limit new machines, returning limit and
-// false when the shapes need more, so that a huge Count costs at most
-// (booting+limit)×capacity steps.
-func pack(shapes []contracts.Shape, capacity, booting, limit int) (machines int, complete bool) {
+// type m, then onto new empty ones, and returns how many new machines it
+// used. Every shape must fit an empty machine (m.holds). It stops at limit
+// new machines, returning limit and false when the shapes need more.
+//
+// Whole-GPU shapes go first (largest first), so shares fill what they
+// leave; then shares (largest compute first), then MIG shapes, which
+// compete with nothing else. Equal jobs are placed in bulk, as many as fit
+// on a machine at once, which is what one-by-one first fit gives for
+// identical items; so a huge Count costs a step per machine, not per job.
+func pack(shapes []contracts.Shape, m Machine, booting, limit int) (machines int, complete bool) {
 	sorted := slices.Clone(shapes)
-	slices.SortStableFunc(sorted, func(a, b contracts.Shape) int { return cmp.Compare(b.GPUs, a.GPUs) })
-	free := make([]int, booting) // free GPUs per machine: the booting ones first
-	for i := range free {
-		free[i] = capacity
+	slices.SortStableFunc(sorted, func(a, b contracts.Shape) int {
+		return cmp.Or(cmp.Compare(packOrder(a), packOrder(b)), cmp.Compare(b.GPUs, a.GPUs),
+			cmp.Compare(shareOf(b).ComputePercent, shareOf(a).ComputePercent),
+			cmp.Compare(shareOf(b).MemoryMiB, shareOf(a).MemoryMiB))
+	})
+	hosts := make([]*host, booting) // the booting ones first
+	for i := range hosts {
+		hosts[i] = newHost(m)
 	}
 	for _, s := range sorted {
-		for range s.Count {
-			i := slices.IndexFunc(free, func(f int) bool { return f >= s.GPUs })
-			if i < 0 {
-				if len(free)-booting == limit {
-					return limit, false
-				}
-				free = append(free, capacity)
-				i = len(free) - 1
+		left := s.Count
+		for _, h := range hosts {
+			if left == 0 {
+				break
 			}
-			free[i] -= s.GPUs
+			left -= h.take(s, left)
+		}
+		for left > 0 {
+			if len(hosts)-booting == limit {
+				return limit, false
+			}
+			h := newHost(m)
+			hosts = append(hosts, h)
+			left -= h.take(s, left)
 		}
 	}
-	return len(free) - booting, true
+	return len(hosts) - booting, true
+}
+
+func packOrder(s contracts.Shape) int {
+	switch s.Kind() {
+	case contracts.GPUKindShare:
+		return 1
+	case contracts.GPUKindMIG:
+		return 2
+	}
+	return 0
+}
+
+func shareOf(s contracts.Shape) contracts.GPUShare {
+	if s.Share == nil {
+		return contracts.GPUShare{}
+	}
+	return *s.Share
+}
+
+// host is one hypothetical machine while packing. Each GPU outside MIG mode
+// is decided on its own: taken whole, or holding shares, never both.
+type host struct {
+	memMiB    int64
+	whole     int      // GPUs outside MIG mode with nothing on them
+	shared    []gpuUse // GPUs outside MIG mode holding shares
+	instances map[string]int
+}
+
+type gpuUse struct {
+	percent int
+	memMiB  int64
+}
+
+func newHost(m Machine) *host {
+	return &host{memMiB: m.MemoryMiB, whole: m.plainGPUs(), instances: maps.Clone(m.MIG)}
+}
+
+// take places up to n jobs of s on h and returns how many it placed.
+func (h *host) take(s contracts.Shape, n int) int {
+	switch s.Kind() {
+	case contracts.GPUKindMIG:
+		k := min(n, h.instances[s.MIGProfile])
+		h.instances[s.MIGProfile] -= k
+		return k
+	case contracts.GPUKindShare:
+		// A share of no compute or memory would fit without end; count
+		// it as the least a share can be.
+		pct, mem := max(1, s.Share.ComputePercent), max(0, s.Share.MemoryMiB)
+		fits := func(u gpuUse) int {
+			k := (100 - u.percent) / pct
+			if h.memMiB > 0 && mem > 0 {
+				k = min(k, int((h.memMiB-u.memMiB)/mem))
+			}
+			return max(0, k)
+		}
+		placed := 0
+		for i := range h.shared {
+			k := min(n-placed, fits(h.shared[i]))
+			h.shared[i].percent += k * pct
+			h.shared[i].memMiB += int64(k) * mem
+			placed += k
+		}
+		for placed < n && h.whole > 0 {
+			k := min(n-placed, fits(gpuUse{}))
+			if k == 0 {
+				break
+			}
+			h.whole--
+			h.shared = append(h.shared, gpuUse{percent: k * pct, memMiB: int64(k) * mem})
+			placed += k
+		}
+		return placed
+	}
+	g := max(1, s.GPUs)
+	k := min(n, h.whole/g)
+	h.whole -= k * g
+	return k
 }
 
 func count(ss []contracts.Shape) int {
@@ -220,9 +354,17 @@ func count(ss []contracts.Shape) int {
 func shapes(ss []contracts.Shape) string {
 	parts := make([]string, 0, len(ss))
 	for _, s := range ss {
-		p := fmt.Sprintf("%d×%d GPU", s.Count, s.GPUs)
-		if s.GPUs != 1 {
-			p += "s"
+		var p string
+		switch s.Kind() {
+		case contracts.GPUKindMIG:
+			p = fmt.Sprintf("%d×MIG %s", s.Count, s.MIGProfile)
+		case contracts.GPUKindShare:
+			p = fmt.Sprintf("%d×share %d%%/%d MiB", s.Count, s.Share.ComputePercent, s.Share.MemoryMiB)
+		default:
+			p = fmt.Sprintf("%d×%d GPU", s.Count, s.GPUs)
+			if s.GPUs != 1 {
+				p += "s"
+			}
 		}
 		if s.Model != "" && s.Model != contracts.GPUModelAny {
 			p += " " + s.Model

@@ -210,7 +210,149 @@ func TestPack(t *testing.T) {
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
-			got, complete := pack(tc.shapes, tc.capacity, tc.booting, tc.limit)
+			got, complete := pack(tc.shapes, Machine{GPUs: tc.capacity}, tc.booting, tc.limit)
+			if got != tc.want || complete != tc.complete {
+				t.Errorf("pack = %d, %v; want %d, %v", got, complete, tc.want, tc.complete)
+			}
+		})
+	}
+}
+
+var (
+	// h100mig is 8 H100s in MIG mode, each cut into 7 × 1g.10gb.
+	h100mig = Machine{Type: "a3-mig", GPUs: 8, Model: "H100-80GB", MemoryMiB: 81920, MIGGPUs: 8,
+		MIG: map[string]int{"1g.10gb": 56}}
+	// h100half has 4 GPUs in MIG mode (7 × 1g.10gb each) and 4 whole.
+	h100half = Machine{Type: "a3-half", GPUs: 8, Model: "H100-80GB", MemoryMiB: 81920, MIGGPUs: 4,
+		MIG: map[string]int{"1g.10gb": 28}}
+	l4x1 = Machine{Type: "g2-standard-4", GPUs: 1, Model: "L4", MemoryMiB: 23034}
+)
+
+func migShape(count int, profile string) contracts.Shape {
+	return contracts.Shape{Model: "H100-80GB", GPUs: 1, Count: count, MIGProfile: profile}
+}
+
+func shareShape(count int, model string, memMiB int64, pct int) contracts.Shape {
+	return contracts.Shape{Model: model, GPUs: 1, Count: count, Share: &contracts.GPUShare{MemoryMiB: memMiB, ComputePercent: pct}}
+}
+
+// MIG shapes take one instance of their profile, shares a fraction of one
+// GPU: neither counts as a whole GPU, and a machine type without the
+// profile, or with GPUs too small for the share, is not helped by scaling.
+func TestDecideSizesMIGAndShares(t *testing.T) {
+	tests := map[string]struct {
+		in   Input
+		want *contracts.ScaleDecision
+		why  string
+	}{
+		"56 × 1g.10gb fill one machine of 8 × 7 instances": {
+			in:   Input{Demand: demand(1, migShape(56, "1g.10gb")), Machine: h100mig, Max: 10},
+			want: up(1, 2, "56 jobs waiting (56×MIG 1g.10gb H100-80GB) need 1 more a3-mig machine of 8 GPUs"),
+		},
+		"57 × 1g.10gb need a second machine": {
+			in:   Input{Demand: demand(1, migShape(57, "1g.10gb")), Machine: h100mig, Max: 10},
+			want: up(1, 3, "57 jobs waiting (57×MIG 1g.10gb H100-80GB) need 2 more a3-mig machines of 8 GPUs"),
+		},
+		"a profile the machine type lacks: more machines would not help": {
+			in:  Input{Demand: demand(1, migShape(3, "3g.40gb")), Machine: h100mig, Max: 10},
+			why: "more machines would not help: 3 jobs wanting MIG 3g.40gb (a3-mig machines have none)",
+		},
+		"MIG shapes on a machine type without MIG": {
+			in:  Input{Demand: demand(1, migShape(1, "1g.10gb")), Machine: h100x, Max: 10},
+			why: "more machines would not help: 1 job wanting MIG 1g.10gb (a3-highgpu-8g machines have none)",
+		},
+		"3 shares of 40% on 1-GPU machines: 2 per GPU, 2 machines": {
+			in:   Input{Demand: demand(1, shareShape(3, "L4", 8192, 40)), Machine: l4x1, Max: 10},
+			want: up(1, 3, "3 jobs waiting (3×share 40%/8192 MiB L4) need 2 more g2-standard-4 machines of 1 GPU"),
+		},
+		"shares bounded by the GPU's memory": {
+			// 10% compute each but 12000 MiB of 23034: one per GPU.
+			in:   Input{Demand: demand(1, shareShape(3, "any", 12000, 10)), Machine: l4x1, Max: 10},
+			want: up(1, 4, "3 jobs waiting (3×share 10%/12000 MiB) need 3 more g2-standard-4 machines of 1 GPU"),
+		},
+		"a share bigger than one GPU is not helped": {
+			in: Input{Demand: demand(1, shareShape(1, "L4", 40960, 50), shareShape(2, "L4", 4096, 50)), Machine: l4x1, Max: 10},
+			want: up(1, 2, "2 jobs waiting (2×share 50%/4096 MiB L4) need 1 more g2-standard-4 machine of 1 GPU; "+
+				"not helped by scaling: 1 job wanting a share of 40960 MiB (more than a GPU of g2-standard-4 machines has)"),
+		},
+		"shares on a machine type whose GPUs are all in MIG mode": {
+			in:  Input{Demand: demand(1, shareShape(1, "H100-80GB", 1024, 10)), Machine: h100mig, Max: 10},
+			why: "more machines would not help: 1 job wanting a GPU share (a3-mig machines have every GPU in MIG mode)",
+		},
+		"mixed whole and MIG share machines but not GPUs": {
+			// Whole 2×4 on the 4 whole GPUs of 2 machines, 30 MIG on their
+			// 28 + 2 instances; 8 whole GPUs exceed the 4 outside MIG.
+			in: Input{Demand: demand(1, shape(2, 4), migShape(30, "1g.10gb"), shape(1, 8)), Machine: h100half, Max: 10},
+			want: up(1, 3, "32 jobs waiting (2×4 GPUs H100-80GB, 30×MIG 1g.10gb H100-80GB) need 2 more a3-half machines "+
+				"of 8 GPUs; not helped by scaling: 1 job of 8 GPUs (more than the 4 GPUs outside MIG mode one a3-half machine has)"),
+		},
+		"whole GPUs and shares do not mix on one GPU": {
+			// 7 whole GPUs, then 2 shares on the eighth; the third needs a
+			// new machine.
+			in: Input{Demand: demand(1, shareShape(3, "any", 1024, 40), shape(7, 1)), Machine: h100x, Max: 10},
+			want: up(1, 3, "10 jobs waiting (3×share 40%/1024 MiB, 7×1 GPU H100-80GB) need 2 more a3-highgpu-8g "+
+				"machines of 8 GPUs"),
+		},
+		"booting machines absorb MIG shapes": {
+			in:  Input{Demand: demand(1, migShape(100, "1g.10gb")), Machine: h100mig, Booting: 2, Max: 10},
+			why: "pool h100: 100 jobs waiting (100×MIG 1g.10gb H100-80GB) fit on the 2 a3-mig machines already booting",
+		},
+		"a huge MIG count is bounded": {
+			in: Input{Demand: demand(1, migShape(1_000_000_000, "1g.10gb")), Machine: h100mig, Max: 3},
+			want: up(1, 3, "1000000000 jobs waiting (1000000000×MIG 1g.10gb H100-80GB) need more than 1002 more a3-mig "+
+				"machines of 8 GPUs; capped at the pool maximum of 3 nodes"),
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			tc.in.Now, tc.in.DemandSeq = now, 42
+			got := Decide(tc.in)
+			want := Outcome{Decision: tc.want, Why: tc.why}
+			if tc.want != nil {
+				want.Why = tc.want.Reason
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("outcome (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestPackMIGAndShares(t *testing.T) {
+	tests := map[string]struct {
+		shapes   []contracts.Shape
+		machine  Machine
+		booting  int
+		limit    int
+		want     int
+		complete bool
+	}{
+		"instances of two profiles are separate slots": {
+			shapes:  []contracts.Shape{migShape(2, "3g.40gb"), migShape(4, "1g.10gb")},
+			machine: Machine{GPUs: 1, MIGGPUs: 1, MIG: map[string]int{"3g.40gb": 1, "1g.10gb": 4}},
+			limit:   10, want: 2, complete: true,
+		},
+		"shares fill the holes whole GPUs leave on booting machines": {
+			shapes:  []contracts.Shape{shape(1, 6), shareShape(4, "any", 1024, 50)},
+			machine: h100x, booting: 1, limit: 10, want: 0, complete: true,
+		},
+		"shares of different sizes first-fit decreasing": {
+			// 60+40, 60+40, 60: three GPUs.
+			shapes:  []contracts.Shape{shareShape(2, "L4", 1, 40), shareShape(3, "L4", 1, 60)},
+			machine: l4x1, limit: 10, want: 3, complete: true,
+		},
+		"memory unknown: only compute counts": {
+			shapes:  []contracts.Shape{shareShape(4, "L4", 1_000_000, 25)},
+			machine: Machine{GPUs: 1}, limit: 10, want: 1, complete: true,
+		},
+		"a huge share count stops at the limit": {
+			shapes:  []contracts.Shape{shareShape(1_000_000_000, "L4", 1, 1)},
+			machine: l4x1, limit: 5, want: 5, complete: false,
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			got, complete := pack(tc.shapes, tc.machine, tc.booting, tc.limit)
 			if got != tc.want || complete != tc.complete {
 				t.Errorf("pack = %d, %v; want %d, %v", got, complete, tc.want, tc.complete)
 			}

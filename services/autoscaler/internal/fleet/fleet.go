@@ -8,6 +8,7 @@ package fleet
 import (
 	"maps"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -30,6 +31,44 @@ type node struct {
 	// firstSeen is the time of the node's first inventory (the agent's
 	// clock): the scheduler cannot have counted the node before it.
 	firstSeen time.Time
+	layout    layout
+}
+
+// layout is what a node's GPUs look like beyond their count and model: what
+// MIG and share shapes are sized against.
+type layout struct {
+	memMiB  int64          // the smallest framebuffer of a GPU of the node's model
+	migGPUs int            // GPUs in MIG mode
+	mig     map[string]int // MIG instances per profile, nil when none
+}
+
+func layoutOf(gpus []contracts.GPUInfo, model string) layout {
+	var l layout
+	for _, g := range gpus {
+		if g.Model == model && g.MemoryMiB > 0 && (l.memMiB == 0 || g.MemoryMiB < l.memMiB) {
+			l.memMiB = g.MemoryMiB
+		}
+		if !g.MIGEnabled {
+			continue
+		}
+		l.migGPUs++
+		for _, in := range g.MIGInstances {
+			if l.mig == nil {
+				l.mig = map[string]int{}
+			}
+			l.mig[in.Profile]++
+		}
+	}
+	return l
+}
+
+// key identifies equal layouts, to find the most common one.
+func (l layout) key() string {
+	k := strconv.FormatInt(l.memMiB, 10) + "/" + strconv.Itoa(l.migGPUs)
+	for _, p := range slices.Sorted(maps.Keys(l.mig)) {
+		k += "/" + p + "=" + strconv.Itoa(l.mig[p])
+	}
+	return k
 }
 
 // New returns an empty fleet.
@@ -44,6 +83,7 @@ func (f *Fleet) ApplyInventory(nodeID string, inv contracts.NodeInventory) {
 		n.firstSeen = inv.Time
 	}
 	n.pool, n.machineType, n.gpus, n.model = inv.Pool, inv.MachineType, len(inv.GPUs), majorityModel(inv.GPUs)
+	n.layout = layoutOf(inv.GPUs, n.model)
 	f.nodes[nodeID] = n
 }
 
@@ -120,6 +160,16 @@ type Pool struct {
 	// model most of them have.
 	GPUs  int
 	Model string
+	// MemoryMiB, MIGGPUs and MIG are the GPU layout most live nodes of
+	// MachineType report (all of them when none is live; ties to the
+	// smallest layout key): one GPU's framebuffer, how many GPUs are in
+	// MIG mode and their instances per profile (nil when none). A new
+	// machine is assumed to come up like them: the agent never changes
+	// MIG mode, so it is the machine image or an administrator that sets
+	// it, the same way for every machine of the type.
+	MemoryMiB int64
+	MIGGPUs   int
+	MIG       map[string]int
 	// LiveNodes are the nodes not lost, of any type.
 	LiveNodes int
 }
@@ -156,8 +206,27 @@ func (f *Fleet) Pool(name string) (Pool, bool) {
 		}
 	}
 	p.Model = majority(models)
+	p.MemoryMiB, p.MIGGPUs, p.MIG = typical(byType[p.MachineType]).unpack()
 	return p, true
 }
+
+// typical returns the most common layout of nodes, counting the live ones
+// only when there are any.
+func typical(nodes []node) layout {
+	live := slices.ContainsFunc(nodes, func(n node) bool { return !n.lost })
+	counts, byKey := map[string]int{}, map[string]layout{}
+	for _, n := range nodes {
+		if live && n.lost {
+			continue
+		}
+		k := n.layout.key()
+		counts[k]++
+		byKey[k] = n.layout
+	}
+	return byKey[majority(counts)]
+}
+
+func (l layout) unpack() (int64, int, map[string]int) { return l.memMiB, l.migGPUs, maps.Clone(l.mig) }
 
 func majorityModel(gpus []contracts.GPUInfo) string {
 	counts := map[string]int{}

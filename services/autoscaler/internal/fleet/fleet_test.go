@@ -74,3 +74,69 @@ func TestLostSince(t *testing.T) {
 		t.Errorf("PoolOf(n1) = %q, %v; want l4", pool, ok)
 	}
 }
+
+// migInv is an inventory of gpus H100s of 80 GB, the first migGPUs of them
+// in MIG mode with the given instances each.
+func migInv(machineType string, gpus, migGPUs int, profiles ...string) contracts.NodeInventory {
+	i := contracts.NodeInventory{Pool: "h100", MachineType: machineType}
+	for g := range gpus {
+		info := contracts.GPUInfo{Index: g, Model: "H100-80GB", MemoryMiB: 81559, MIGEnabled: g < migGPUs}
+		if info.MIGEnabled {
+			for _, p := range profiles {
+				info.MIGInstances = append(info.MIGInstances, contracts.MIGInstance{Profile: p})
+			}
+		}
+		i.GPUs = append(i.GPUs, info)
+	}
+	return i
+}
+
+// The pool's machine carries the GPU memory and MIG layout of its type's
+// typical live node: what MIG and share shapes are sized against.
+func TestPoolCarriesTheMIGLayout(t *testing.T) {
+	tests := map[string]struct {
+		nodes map[string]contracts.NodeInventory
+		lost  []string
+		want  Pool
+	}{
+		"no MIG": {
+			nodes: map[string]contracts.NodeInventory{"n1": migInv("a3", 8, 0)},
+			want:  Pool{MachineType: "a3", GPUs: 8, Model: "H100-80GB", MemoryMiB: 81559, LiveNodes: 1},
+		},
+		"all GPUs in MIG mode, instances summed per profile": {
+			nodes: map[string]contracts.NodeInventory{"n1": migInv("a3", 8, 8, "1g.10gb", "1g.10gb", "3g.40gb")},
+			want: Pool{MachineType: "a3", GPUs: 8, Model: "H100-80GB", MemoryMiB: 81559, MIGGPUs: 8,
+				MIG: map[string]int{"1g.10gb": 16, "3g.40gb": 8}, LiveNodes: 1},
+		},
+		"the most common layout of the type wins": {
+			nodes: map[string]contracts.NodeInventory{
+				"n1": migInv("a3", 8, 4, "7g.80gb"), "n2": migInv("a3", 8, 4, "7g.80gb"), "n3": migInv("a3", 8, 0),
+			},
+			want: Pool{MachineType: "a3", GPUs: 8, Model: "H100-80GB", MemoryMiB: 81559, MIGGPUs: 4,
+				MIG: map[string]int{"7g.80gb": 4}, LiveNodes: 3},
+		},
+		"live nodes say the layout when some are": {
+			nodes: map[string]contracts.NodeInventory{
+				"n1": migInv("a3", 8, 4, "7g.80gb"), "n2": migInv("a3", 8, 4, "7g.80gb"), "n3": migInv("a3", 8, 0),
+			},
+			lost: []string{"n1", "n2"},
+			want: Pool{MachineType: "a3", GPUs: 8, Model: "H100-80GB", MemoryMiB: 81559, LiveNodes: 1},
+		},
+	}
+	for name, tc := range tests {
+		t.Run(name, func(t *testing.T) {
+			f := New()
+			for id, i := range tc.nodes {
+				f.ApplyInventory(id, i)
+				f.ApplyInventory(id, i) // redelivered: no change
+			}
+			for _, id := range tc.lost {
+				f.ApplyNodeEvent(id, contracts.NodeEvent{Kind: contracts.NodeLost})
+			}
+			got, ok := f.Pool("h100")
+			if diff := cmp.Diff(tc.want, got); !ok || diff != "" {
+				t.Errorf("Pool(h100) ok=%v (-want +got):\n%s", ok, diff)
+			}
+		})
+	}
+}

@@ -17,28 +17,33 @@ import (
 // the cycle just placed (still free in snap). A GPU counts as free when it
 // is whole: not held, not in MIG mode, no share of it held. A waiting
 // request without a pool counts against every pool that has GPUs of an
-// allowed model. Its shape (the allowed model the pool has, and the GPUs of
-// one machine; a MIG instance or a share counts as one GPU) is listed as
-// Waiting in a pool when one of the pool's machines could hold it (or when
-// the pool has no machine yet, so nothing says it could not); a gang of n
-// machines counts n times in the shape's Count, since it needs n machines.
+// allowed model. Its shape is listed as Waiting in a pool when one of the
+// pool's machines could hold it on an empty machine (or when the pool has
+// no machine yet, so nothing says it could not):
+//   - whole GPUs: the allowed model the pool has and the GPUs of one
+//     machine; a gang of n machines counts n times in the shape's Count,
+//     since it needs n machines;
+//   - a MIG instance: some machine of the pool has an instance of that
+//     profile, on a GPU of an allowed model;
+//   - a share: some machine has a GPU outside MIG mode of an allowed model
+//     with the share's memory (and the request's minimum).
+//
+// Equal MIG and share requests group into one shape with their profile or
+// share, so the autoscaler can pack them onto instances and cards instead
+// of counting each as a whole GPU.
 func Compute(snap placement.Snapshot, used map[string]int, waiting []placement.Request, pools []string, now time.Time) map[string]contracts.PoolDemand {
-	type kind struct {
-		model  string
-		memMiB int64
-		most   int // most GPUs of this kind on one machine
-	}
 	type poolView struct {
 		d      contracts.PoolDemand
 		kinds  []kind
-		shapes map[contracts.Shape]int
+		mig    []migKind
+		shapes map[shapeKey]int
 	}
 	views := map[string]*poolView{}
 	view := func(pool string) *poolView {
 		v := views[pool]
 		if v == nil {
 			v = &poolView{d: contracts.PoolDemand{SchemaVersion: contracts.SchemaVersion, Pool: pool, Time: now,
-				Waiting: []contracts.Shape{}}, shapes: map[contracts.Shape]int{}}
+				Waiting: []contracts.Shape{}}, shapes: map[shapeKey]int{}}
 			views[pool] = v
 		}
 		return v
@@ -55,7 +60,23 @@ func Compute(snap placement.Snapshot, used map[string]int, waiting []placement.R
 			if !g.Held && !g.MIG && g.ShareMemMiB == 0 && g.SharePercent == 0 {
 				v.d.FreeGPUs++
 			}
-			onNode[gpuKind{g.Model, g.MemoryMiB}]++
+			k := gpuKind{g.Model, g.MemoryMiB}
+			if !g.MIG {
+				onNode[k]++
+				continue
+			}
+			// A card in MIG mode holds only its instances: it still says
+			// the pool has the model (a kind, with no whole GPU or share
+			// to offer), and its profiles.
+			if _, ok := onNode[k]; !ok {
+				onNode[k] = 0
+			}
+			for _, in := range g.Instances {
+				mk := migKind{model: g.Model, profile: in.Instance.Profile, memMiB: in.Instance.MemoryMiB}
+				if !slices.Contains(v.mig, mk) {
+					v.mig = append(v.mig, mk)
+				}
+			}
 		}
 		for k, c := range onNode {
 			i := slices.IndexFunc(v.kinds, func(x kind) bool { return x.model == k.model && x.memMiB == k.memMiB })
@@ -71,10 +92,6 @@ func Compute(snap placement.Snapshot, used map[string]int, waiting []placement.R
 			v.d.FreeGPUs = max(0, v.d.FreeGPUs-n)
 		}
 	}
-	matches := func(k kind, r placement.Request) bool {
-		allowed := r.GPU.AllowedModels()
-		return (allowed == nil || slices.Contains(allowed, k.model)) && k.memMiB >= r.GPU.MemoryMiB
-	}
 	for _, r := range waiting {
 		perMachine, machines := 1, r.Machines()
 		gpus := 1 // a MIG instance or a share needs one GPU
@@ -84,21 +101,21 @@ func Compute(snap placement.Snapshot, used map[string]int, waiting []placement.R
 		count := func(v *poolView) {
 			v.d.PendingJobs++
 			v.d.PendingGPUs += gpus
-			model := contracts.GPUModelAny
+			key := shapeKey{model: contracts.GPUModelAny, gpus: perMachine, mig: r.GPU.MIGProfile}
 			if allowed := r.GPU.AllowedModels(); len(allowed) == 1 {
-				model = allowed[0]
+				key.model = allowed[0]
 			}
-			holds := v.d.Nodes == 0
-			for _, k := range v.kinds {
-				if matches(k, r) && k.most >= perMachine {
-					if !holds && len(r.GPU.AllowedModels()) > 1 {
-						model = k.model // the allowed model this pool has
-					}
-					holds = true
-				}
+			if s := r.GPU.Share; s != nil && r.GPU.MIGProfile == "" {
+				key.share, key.shareMemMiB, key.sharePercent = true, s.MemoryMiB, s.ComputePercent
 			}
-			if holds {
-				v.shapes[contracts.Shape{Model: model, GPUs: perMachine}] += machines
+			// Among several allowed models, name the one this pool's
+			// machine can hold the request on.
+			model, holds := holder(v.kinds, v.mig, r, perMachine)
+			if holds && len(r.GPU.AllowedModels()) > 1 {
+				key.model = model
+			}
+			if holds || v.d.Nodes == 0 {
+				v.shapes[key] += machines
 			}
 		}
 		if r.Pool != "" {
@@ -106,25 +123,112 @@ func Compute(snap placement.Snapshot, used map[string]int, waiting []placement.R
 			continue
 		}
 		for _, v := range views {
-			if slices.ContainsFunc(v.kinds, func(k kind) bool { return matches(k, r) }) {
+			if slices.ContainsFunc(v.kinds, func(k kind) bool { return modelAllowed(r, k.model) && k.memMiB >= r.GPU.MemoryMiB }) {
 				count(v)
 			}
 		}
 	}
 	for _, v := range views {
-		for s, c := range v.shapes {
-			s.Count = c
-			v.d.Waiting = append(v.d.Waiting, s)
+		for k, c := range v.shapes {
+			v.d.Waiting = append(v.d.Waiting, k.shape(c))
 		}
 	}
 	out := make(map[string]contracts.PoolDemand, len(views))
 	for pool, v := range views {
-		slices.SortFunc(v.d.Waiting, func(a, b contracts.Shape) int {
-			return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.GPUs, b.GPUs))
-		})
+		slices.SortFunc(v.d.Waiting, compareShapes)
 		out[pool] = v.d
 	}
 	return out
+}
+
+// kind is one GPU model and size a pool has.
+type kind struct {
+	model  string
+	memMiB int64
+	most   int // most GPUs of this kind outside MIG mode on one machine
+}
+
+// migKind is one MIG instance profile some machine of a pool has.
+type migKind struct {
+	model, profile string
+	memMiB         int64
+}
+
+// shapeKey groups equal waiting requests; unlike contracts.Shape it holds
+// the share by value, so equal shares group.
+type shapeKey struct {
+	model        string
+	gpus         int
+	mig          string
+	share        bool
+	shareMemMiB  int64
+	sharePercent int
+}
+
+func (k shapeKey) shape(count int) contracts.Shape {
+	s := contracts.Shape{Model: k.model, GPUs: k.gpus, Count: count, MIGProfile: k.mig}
+	if k.share {
+		s.Share = &contracts.GPUShare{MemoryMiB: k.shareMemMiB, ComputePercent: k.sharePercent}
+	}
+	return s
+}
+
+func modelAllowed(r placement.Request, model string) bool {
+	allowed := r.GPU.AllowedModels()
+	return allowed == nil || slices.Contains(allowed, model)
+}
+
+// holder reports whether an empty machine of the pool could hold r (with
+// perMachine whole GPUs on one machine), and on which allowed model: the
+// first that can.
+func holder(kinds []kind, mig []migKind, r placement.Request, perMachine int) (string, bool) {
+	switch r.GPU.Kind() {
+	case contracts.GPUKindMIG:
+		for _, m := range mig {
+			if m.profile == r.GPU.MIGProfile && modelAllowed(r, m.model) && m.memMiB >= r.GPU.MemoryMiB {
+				return m.model, true
+			}
+		}
+	case contracts.GPUKindShare:
+		mem := max(r.GPU.MemoryMiB, r.GPU.Share.MemoryMiB)
+		for _, k := range kinds {
+			if k.most > 0 && modelAllowed(r, k.model) && k.memMiB >= mem {
+				return k.model, true
+			}
+		}
+	default:
+		for _, k := range kinds {
+			if k.most >= perMachine && modelAllowed(r, k.model) && k.memMiB >= r.GPU.MemoryMiB {
+				return k.model, true
+			}
+		}
+	}
+	return "", false
+}
+
+// compareShapes orders shapes by model, GPUs, then whole before MIG
+// (by profile) before shares (by memory, then compute).
+func compareShapes(a, b contracts.Shape) int {
+	share := func(s contracts.Shape) (bool, int64, int) {
+		if s.Share == nil {
+			return false, 0, 0
+		}
+		return true, s.Share.MemoryMiB, s.Share.ComputePercent
+	}
+	ah, am, ap := share(a)
+	bh, bm, bp := share(b)
+	return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.GPUs, b.GPUs),
+		compareBool(ah, bh), cmp.Compare(a.MIGProfile, b.MIGProfile), cmp.Compare(am, bm), cmp.Compare(ap, bp))
+}
+
+func compareBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case !a:
+		return -1
+	}
+	return 1
 }
 
 type gpuKind struct {
@@ -137,5 +241,5 @@ func Same(a, b contracts.PoolDemand) bool {
 	a.Time, b.Time = time.Time{}, time.Time{}
 	return a.Pool == b.Pool && a.PendingJobs == b.PendingJobs && a.PendingGPUs == b.PendingGPUs &&
 		a.Nodes == b.Nodes && a.FreeGPUs == b.FreeGPUs && a.TotalGPUs == b.TotalGPUs &&
-		slices.Equal(a.Waiting, b.Waiting)
+		slices.EqualFunc(a.Waiting, b.Waiting, contracts.Shape.Equal)
 }
