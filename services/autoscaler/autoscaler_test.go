@@ -209,3 +209,64 @@ func inventory(node, pool, machineType string, gpus int, model string) contracts
 	}
 	return inv
 }
+
+// TestMIGDemandIsSizedByInstances: a pool of 8-GPU machines whose cards
+// are in MIG mode with seven 1g.10gb instances each holds 56 such jobs per
+// machine, as its live machine's inventory shows; 57 waiting need two more
+// machines, not eight.
+func TestMIGDemandIsSizedByInstances(t *testing.T) {
+	srv := natstest.Start(t)
+	b := connect(t, srv.URL())
+	inv := inventory("m0", "mig", "a3-highgpu-8g", 8, "H100-80GB")
+	for i := range inv.GPUs {
+		inv.GPUs[i].MIGEnabled = true
+		for k := range 7 {
+			inv.GPUs[i].MIGInstances = append(inv.GPUs[i].MIGInstances, contracts.MIGInstance{
+				UUID: fmt.Sprintf("MIG-m0-%d-%d", i, k), Profile: "1g.10gb", GIID: k + 1, Start: k, Size: 1, MemoryMiB: 9856})
+		}
+	}
+	publish(t, b, contracts.SubjectInventory("m0"), "inv-m0", inv)
+	t0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	cfg := autoscaler.DefaultConfig()
+	cfg.Bus = service.BusConfig{NATSURL: srv.URL(), Replicas: 1}
+	cfg.DefaultMaxNodes = 10
+	cfg.Now = (&clock{now: t0}).Now
+	start(t, cfg)
+	seq := publish(t, b, contracts.SubjectDemand("mig"), "d1", contracts.PoolDemand{SchemaVersion: 1, Pool: "mig",
+		Nodes: 1, TotalGPUs: 8, PendingJobs: 57, PendingGPUs: 57,
+		Waiting: []contracts.Shape{{Model: "H100-80GB", GPUs: 1, Count: 57, MIGProfile: "1g.10gb"}}})
+	got := waitDecision(t, b, "mig")
+	if got.ID != fmt.Sprintf("scale/mig/%d/up-3", seq) || got.CurrentNodes != 1 || got.DesiredNodes != 3 {
+		t.Fatalf("decision %+v, want 1 -> 3 nodes (57 instances at 56 per machine)", got)
+	}
+}
+
+// waitDecision waits for the first decision of pool.
+func waitDecision(t *testing.T, b *bus.Bus, pool string) contracts.ScaleDecision {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var got *contracts.ScaleDecision
+		_, err := b.Replay(context.Background(), bus.FollowSpec{Stream: contracts.StreamOps,
+			FilterSubjects: []string{contracts.SubjectScale(pool)}}, func(_ context.Context, m *bus.Msg) error {
+			var d contracts.ScaleDecision
+			if err := m.Decode(&d); err != nil {
+				return err
+			}
+			if got == nil {
+				got = &d
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != nil {
+			return *got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no decision for pool %s", pool)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
