@@ -18,6 +18,19 @@ type DeviceRef struct {
 	Share *GPUShare `json:"share,omitempty"`
 }
 
+// MilliGPUs is what the device holds of its GPU in thousandths, as quotas
+// and fair share count it (GPURequest.MilliGPUs): a whole GPU 1000, a MIG
+// instance its compute slices over 7, a share its compute percent.
+func (d DeviceRef) MilliGPUs() int64 {
+	switch {
+	case d.MIG != nil:
+		return GPURequest{Count: 1, MIGProfile: d.MIG.Profile}.MilliGPUs()
+	case d.Share != nil:
+		return GPURequest{Count: 1, Share: d.Share}.MilliGPUs()
+	}
+	return 1000
+}
+
 // GPUShare is a fraction of one GPU: framebuffer and SM share.
 type GPUShare struct {
 	MemoryMiB      int64 `json:"memoryMiB"`

@@ -289,6 +289,12 @@ type GPUHold struct {
 	Since    time.Time `json:"since,omitzero"`
 }
 
+// Empty reports whether the document holds nothing any more: no cordon,
+// no drain, no cause, no GPU held.
+func (a *NodeAdmin) Empty() bool {
+	return !a.Cordoned && !a.Drain && a.Cause == "" && a.Deadline == nil && len(a.GPUs) == 0
+}
+
 // Held reports whether the hold keeps new work off GPU uuid.
 func (a *NodeAdmin) Held(uuid string) bool {
 	if a == nil {

@@ -25,6 +25,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
 )
 
 // Config configures one contender.
@@ -107,7 +108,7 @@ func (e *Elector) TryAcquire(ctx context.Context) (t Term, ok bool, err error) {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
 		epoch = 1
 		rev, err = e.cfg.KV.Create(ctx, e.cfg.Key, e.encode(epoch, expires))
-		if lostRace(err) {
+		if bus.IsConflict(err) {
 			return Term{}, false, nil
 		}
 	case err != nil:
@@ -124,7 +125,7 @@ func (e *Elector) TryAcquire(ctx context.Context) (t Term, ok bool, err error) {
 		}
 		epoch = cur.Epoch + 1
 		rev, err = e.cfg.KV.Update(ctx, e.cfg.Key, e.encode(epoch, expires), entry.Revision())
-		if lostRace(err) {
+		if bus.IsConflict(err) {
 			return Term{}, false, nil // another contender updated it first
 		}
 	}
@@ -135,16 +136,6 @@ func (e *Elector) TryAcquire(ctx context.Context) (t Term, ok bool, err error) {
 	e.rev, e.epoch, e.deadline = rev, epoch, expires
 	e.mu.Unlock()
 	return Term{Epoch: epoch, e: e}, true, nil
-}
-
-// lostRace reports a compare-and-set that another writer won.
-func lostRace(err error) bool {
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
-		return true
-	}
-	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)
 }
 
 // ErrLost: the lease is no longer ours (someone else wrote the key, or our
@@ -163,7 +154,7 @@ func (e *Elector) Renew(ctx context.Context, t Term) error {
 	start := e.cfg.Now()
 	expires := start.Add(e.cfg.TTL)
 	nrev, err := e.cfg.KV.Update(ctx, e.cfg.Key, e.encode(epoch, expires), rev)
-	if lostRace(err) {
+	if bus.IsConflict(err) {
 		e.drop(epoch)
 		return ErrLost
 	}

@@ -2,7 +2,6 @@ package autoscaler
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -154,47 +153,35 @@ type kvHolds struct {
 
 var _ actuate.Holds = kvHolds{}
 
-// Drain cordons and drains a node. A hold an administrator already wrote is
-// kept as it is: it is at least as strong as a drain.
+// Drain cordons and drains a node before its machine is deleted. A node
+// already cordoned or drained by someone else is left as it is (that hold
+// keeps new work off, and deletion waits for the ledger to be empty
+// anyway); holds on single GPUs are kept.
 func (h kvHolds) Drain(ctx context.Context, node, reason string) error {
-	if e, err := h.kv.Get(ctx, node); err == nil {
-		var na contracts.NodeAdmin
-		if json.Unmarshal(e.Value(), &na) == nil && na.Drain {
-			return nil
-		}
-	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
-		return fmt.Errorf("read hold of %s: %w", node, err)
-	}
 	if !strings.HasPrefix(reason, holdReasonPrefix) {
 		reason = holdReasonPrefix + " " + reason
 	}
-	b, err := json.Marshal(contracts.NodeAdmin{SchemaVersion: contracts.SchemaVersion, NodeID: node,
-		Cordoned: true, Drain: true, Reason: reason, Time: h.now()})
-	if err != nil {
-		return err
-	}
-	if _, err := h.kv.Put(ctx, node, b); err != nil {
-		return fmt.Errorf("write hold of %s: %w", node, err)
-	}
-	return nil
+	return bus.UpdateNodeAdmin(ctx, h.kv, node, h.now(), func(na *contracts.NodeAdmin) bool {
+		if na.Cordoned || na.Drain {
+			return false
+		}
+		na.Cordoned, na.Drain, na.Reason = true, true, reason
+		return true
+	})
 }
 
-// Lift removes the node's hold if the autoscaler wrote it, with a
-// compare-and-set so a hold an administrator wrote meanwhile stays.
+// Lift removes the node-level hold the autoscaler wrote, and only that:
+// a hold an administrator wrote meanwhile, and holds on single GPUs, stay.
 func (h kvHolds) Lift(ctx context.Context, node string) error {
-	e, err := h.kv.Get(ctx, node)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil
+	err := bus.UpdateNodeAdmin(ctx, h.kv, node, h.now(), func(na *contracts.NodeAdmin) bool {
+		if !strings.HasPrefix(na.Reason, holdReasonPrefix) {
+			return false
+		}
+		na.Cordoned, na.Drain, na.Reason = false, false, ""
+		return true
+	})
+	if errors.Is(err, bus.ErrUnreadableHold) {
+		return nil // not a document the autoscaler wrote
 	}
-	if err != nil {
-		return fmt.Errorf("read hold of %s: %w", node, err)
-	}
-	var na contracts.NodeAdmin
-	if err := json.Unmarshal(e.Value(), &na); err != nil || !strings.HasPrefix(na.Reason, holdReasonPrefix) {
-		return nil
-	}
-	if err := h.kv.Delete(ctx, node, jetstream.LastRevision(e.Revision())); err != nil {
-		return fmt.Errorf("lift hold of %s: %w", node, err)
-	}
-	return nil
+	return err
 }

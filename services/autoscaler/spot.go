@@ -2,7 +2,6 @@ package autoscaler
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -31,10 +30,6 @@ type spotReaction struct {
 }
 
 var _ actuate.Interruptions = spotReaction{}
-
-// casAttempts bounds the compare-and-set retries against concurrent
-// writers of one hold (an administrator, the scheduler's GPU holds).
-const casAttempts = 5
 
 // spotAlertID is the Nats-Msg-Id of a spot alert: the monitor's shape,
 // with the reclaim time (Unix seconds) as the episode, so a notice is one
@@ -90,87 +85,38 @@ func (r spotReaction) alert(ctx context.Context, m cloud.Machine, st contracts.A
 // kept and given the cause and deadline, with a compare-and-set so that a
 // concurrent writer is never overwritten.
 func (r spotReaction) hold(ctx context.Context, node string, deadline time.Time) error {
-	var last error
-	for range casAttempts {
-		e, err := r.kv.Get(ctx, node)
-		var na contracts.NodeAdmin
-		switch {
-		case errors.Is(err, jetstream.ErrKeyNotFound):
-			na = contracts.NodeAdmin{SchemaVersion: contracts.SchemaVersion, NodeID: node, Time: r.now(),
-				Reason: holdReasonPrefix + " spot interruption notice; the machine is reclaimed at " + deadline.Format(time.RFC3339)}
-		case err != nil:
-			return fmt.Errorf("read hold of %s: %w", node, err)
-		default:
-			if err := json.Unmarshal(e.Value(), &na); err != nil {
-				return fmt.Errorf("hold of %s is not a NodeAdmin document: %w", node, err)
-			}
-			if na.Cordoned && na.Drain && na.Cause == contracts.ReasonSpotInterruption && na.Deadline != nil && na.Deadline.Equal(deadline) {
-				return nil // already done
-			}
+	return bus.UpdateNodeAdmin(ctx, r.kv, node, r.now(), func(na *contracts.NodeAdmin) bool {
+		if na.Cordoned && na.Drain && na.Cause == contracts.ReasonSpotInterruption && na.Deadline != nil && na.Deadline.Equal(deadline) {
+			return false // already done
 		}
-		na.NodeID, na.Cordoned, na.Drain, na.Cause, na.Deadline = node, true, true, contracts.ReasonSpotInterruption, &deadline
-		b, err := json.Marshal(na)
-		if err != nil {
-			return err
+		if !na.Cordoned && !na.Drain {
+			na.Reason = holdReasonPrefix + " spot interruption notice; the machine is reclaimed at " + deadline.Format(time.RFC3339)
 		}
-		if e == nil {
-			_, err = r.kv.Create(ctx, node, b)
-		} else {
-			_, err = r.kv.Update(ctx, node, b, e.Revision())
-		}
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		last = err // someone wrote in between: read again
-	}
-	return fmt.Errorf("write spot hold of %s: %d attempts lost to concurrent writers: %w", node, casAttempts, last)
+		na.Cordoned, na.Drain, na.Cause, na.Deadline = true, true, contracts.ReasonSpotInterruption, &deadline
+		return true
+	})
 }
 
-// release undoes the spot hold of a node whose machine is gone: a hold the
-// autoscaler wrote is deleted; an administrator's hold that was given the
-// spot cause keeps everything its administrator set (cordon, drain, reason,
-// GPU holds) and loses only the cause and deadline, which no longer hold.
-// Both are compare-and-set, so a concurrent writer's change is read again,
-// never overwritten.
+// release undoes the spot hold of a node whose machine is gone: the
+// node-level hold the autoscaler wrote is lifted; an administrator's hold
+// that was given the spot cause keeps everything its administrator set
+// (cordon, drain, reason) and loses only the cause and deadline, which no
+// longer hold. Holds on single GPUs stay either way.
 func (r spotReaction) release(ctx context.Context, node string) error {
-	var last error
-	for range casAttempts {
-		e, err := r.kv.Get(ctx, node)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("read hold of %s: %w", node, err)
-		}
-		var na contracts.NodeAdmin
-		if err := json.Unmarshal(e.Value(), &na); err != nil {
-			return nil // not a document the autoscaler wrote
-		}
+	err := bus.UpdateNodeAdmin(ctx, r.kv, node, r.now(), func(na *contracts.NodeAdmin) bool {
 		switch {
 		case strings.HasPrefix(na.Reason, holdReasonPrefix):
-			err = r.kv.Delete(ctx, node, jetstream.LastRevision(e.Revision()))
-		case na.Cause == contracts.ReasonSpotInterruption:
-			na.Cause, na.Deadline = "", nil
-			b, merr := json.Marshal(na)
-			if merr != nil {
-				return merr
-			}
-			_, err = r.kv.Update(ctx, node, b, e.Revision())
-		default:
-			return nil
+			na.Cordoned, na.Drain, na.Reason = false, false, ""
+		case na.Cause != contracts.ReasonSpotInterruption:
+			return false
 		}
-		if err == nil {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		last = err
+		na.Cause, na.Deadline = "", nil
+		return true
+	})
+	if errors.Is(err, bus.ErrUnreadableHold) {
+		return nil // not a document the autoscaler wrote
 	}
-	return fmt.Errorf("release spot hold of %s: %d attempts lost to concurrent writers: %w", node, casAttempts, last)
+	return err
 }
 
 // busEvents publishes machine events on SubjectMachines(pool) with

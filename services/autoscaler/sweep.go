@@ -27,6 +27,7 @@ import (
 // live path does it (spotReaction.Gone: alert resolved under the same
 // Nats-Msg-Id) and followed by the same `reclaimed` machine event, so a
 // sweep repeating what the live path already did is dropped by JetStream.
+// It runs until one sweep succeeds (the first complete step after start).
 type sweeper struct {
 	kv     jetstream.KeyValue
 	bus    *bus.Bus
@@ -42,6 +43,7 @@ type sweeper struct {
 	mu      sync.Mutex
 	index   map[string]machineRef // node → its machine, from machine events
 	indexed time.Time             // when index was last rebuilt
+	swept   bool                  // a sweep went through: the live path sees the rest
 }
 
 var _ actuate.Sweeper = (*sweeper)(nil)
@@ -54,6 +56,25 @@ type machineRef struct{ pool, machine string }
 const reindexEvery = time.Minute
 
 func (s *sweeper) Sweep(ctx context.Context, live map[string][]string) error {
+	// Once a sweep went through, every later departure is seen live
+	// (the actuator diffs the provider's lists): reading the whole bucket
+	// every step would be I/O for nothing.
+	s.mu.Lock()
+	done := s.swept
+	s.mu.Unlock()
+	if done {
+		return nil
+	}
+	if err := s.sweep(ctx, live); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.swept = true
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *sweeper) sweep(ctx context.Context, live map[string][]string) error {
 	listed := map[string]bool{}
 	for _, nodes := range live {
 		for _, n := range nodes {

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
 )
 
 // GPU holds: an administrator holds or releases one GPU of a node, in the
@@ -231,7 +232,7 @@ func (s *server) editHold(w http.ResponseWriter, r *http.Request, node, uuid, ve
 			return
 		}
 		newRev, err := s.writeHold(ctx, kv, node, next, rev)
-		if conflict(err) && try < gpuHoldTries {
+		if bus.IsConflict(err) && try < gpuHoldTries {
 			s.log.Debug("gpu hold lost a compare-and-set; reading again", "node_id", node, "gpu_uuid", uuid, "revision", rev)
 			continue
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
 )
 
 // The scheduling administration endpoints: tenant quotas, pool settings
@@ -121,20 +122,11 @@ func putDoc(ctx context.Context, kv jetstream.KeyValue, key string, body []byte,
 // writeKVError answers a failed KV write: 409 conflict with conflictMsg
 // when a compare-and-set lost, 503 otherwise.
 func writeKVError(w http.ResponseWriter, err error, conflictMsg, doing string) {
-	if conflict(err) {
+	if bus.IsConflict(err) {
 		writeError(w, http.StatusConflict, contracts.ReasonConflict, conflictMsg, nil)
 		return
 	}
 	writeError(w, http.StatusServiceUnavailable, contracts.ReasonUnavailable, fmt.Sprintf("%s: %v", doing, err), nil)
-}
-
-// conflict reports whether a KV write lost a compare-and-set.
-func conflict(err error) bool {
-	if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-		return true
-	}
-	apiErr, ok := errors.AsType[*jetstream.APIError](err)
-	return ok && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
 }
 
 // deleteDoc deletes key, with has only at revision want. It answers 409 or

@@ -2,12 +2,9 @@ package scheduler
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
@@ -126,64 +123,21 @@ func (s *scheduler) liftGPU(ctx context.Context, a contracts.Alert, cause contra
 	})
 }
 
-// updateHold applies change to node's hold document with compare-and-set,
-// retrying on a concurrent writer (an administrator, the autoscaler). A
-// document left holding nothing is deleted.
+// updateHold applies change to node's hold document (bus.UpdateNodeAdmin:
+// compare-and-set, other writers' holds kept, an empty document deleted).
+// An unreadable hold already keeps the node cordoned (fail closed); it is
+// left for a person to fix, and the alert dead-lettered.
 func (s *scheduler) updateHold(ctx context.Context, node string, change func(*contracts.NodeAdmin) bool) error {
 	kv, err := s.bus.KeyValue(ctx, contracts.BucketNodeAdmin)
 	if err != nil {
 		return err
 	}
-	for range 10 {
-		var h contracts.NodeAdmin
-		var rev uint64
-		e, err := kv.Get(ctx, node)
-		switch {
-		case errors.Is(err, jetstream.ErrKeyNotFound):
-			h = contracts.NodeAdmin{SchemaVersion: contracts.SchemaVersion, NodeID: node}
-		case err != nil:
-			return fmt.Errorf("read hold of %s: %w", node, err)
-		default:
-			rev = e.Revision()
-			if err := json.Unmarshal(e.Value(), &h); err != nil {
-				// An unreadable hold already keeps the node cordoned
-				// (fail closed); do not overwrite what someone wrote.
-				return bus.Permanent(fmt.Errorf("hold of %s is unreadable: %w", node, err))
-			}
-		}
-		if !change(&h) {
-			return nil
-		}
-		h.Time = time.Now().UTC()
-		if !h.Cordoned && !h.Drain && len(h.GPUs) == 0 {
-			if rev == 0 {
-				return nil
-			}
-			err = kv.Delete(ctx, node, jetstream.LastRevision(rev))
-		} else {
-			b, merr := json.Marshal(h)
-			if merr != nil {
-				return bus.Permanent(merr)
-			}
-			if rev == 0 {
-				_, err = kv.Create(ctx, node, b)
-			} else {
-				_, err = kv.Update(ctx, node, b, rev)
-			}
-		}
-		if err == nil {
-			s.log.Info("node hold updated", "node", node, "cordoned", h.Cordoned, "gpus", len(h.GPUs))
-			return nil
-		}
-		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) && !isWrongLast(err) {
-			return fmt.Errorf("write hold of %s: %w", node, err)
-		}
+	err = bus.UpdateNodeAdmin(ctx, kv, node, time.Now(), change)
+	if errors.Is(err, bus.ErrUnreadableHold) {
+		return bus.Permanent(err)
 	}
-	return fmt.Errorf("write hold of %s: too many concurrent writers", node)
-}
-
-// isWrongLast reports a compare-and-set that lost to another writer.
-func isWrongLast(err error) bool {
-	var apiErr *jetstream.APIError
-	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
+	if err == nil {
+		s.log.Info("node hold updated", "node", node)
+	}
+	return err
 }

@@ -93,7 +93,7 @@ func BenchmarkChoose(b *testing.B) {
 				var milli int64
 				for _, v := range ch.Victims {
 					for _, d := range v.Devices {
-						milli += deviceMilliOf(d)
+						milli += d.MilliGPUs()
 					}
 				}
 				b.ReportMetric(float64(len(ch.Victims)), "victims")
@@ -101,14 +101,4 @@ func BenchmarkChoose(b *testing.B) {
 			})
 		}
 	}
-}
-
-func deviceMilliOf(d contracts.DeviceRef) int64 {
-	switch {
-	case d.MIG != nil:
-		return contracts.GPURequest{Count: 1, MIGProfile: d.MIG.Profile}.MilliGPUs()
-	case d.Share != nil:
-		return int64(d.Share.ComputePercent) * 10
-	}
-	return 1000
 }

@@ -287,7 +287,7 @@ func (c *chooser) buildUnits() {
 		un.eligible = un.eligible && c.eligible(v)
 		un.cost.rank = max(un.cost.rank, v.Priority.Rank())
 		for _, d := range v.Devices {
-			un.cost.milli += deviceMilli(d)
+			un.cost.milli += d.MilliGPUs()
 		}
 		un.cost.lost = max(un.cost.lost, c.lost(v))
 		if !v.Checkpointable {
@@ -361,18 +361,6 @@ func (c *chooser) lost(v *Running) time.Duration {
 		from = v.LastCheckpoint
 	}
 	return max(0, c.opt.Now.Sub(from))
-}
-
-// deviceMilli counts a device as quotas do: a whole GPU 1000, a share its
-// compute percent, a MIG instance its compute slices over 7.
-func deviceMilli(d contracts.DeviceRef) int64 {
-	switch {
-	case d.MIG != nil:
-		return contracts.GPURequest{Count: 1, MIGProfile: d.MIG.Profile}.MilliGPUs()
-	case d.Share != nil:
-		return int64(d.Share.ComputePercent) * 10
-	}
-	return 1000
 }
 
 // candidates is the node ords that pass the checks FitNode would fail

@@ -238,7 +238,7 @@ func (s *nodeSearch) setBits(nc *nodeCase) {
 					x.wholeBy |= bit
 				}
 				x.holders |= bit
-				m := deviceMilli(d)
+				m := d.MilliGPUs()
 				x.holdMilli += m
 				x.minHold = min(x.minHold, m)
 			}

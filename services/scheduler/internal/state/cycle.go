@@ -299,14 +299,7 @@ func usageOf(r *contracts.JobRequest) fairshare.Usage {
 func milliOf(a *contracts.Allocation) int64 {
 	var n int64
 	for _, d := range a.Devices {
-		switch {
-		case d.MIG != nil:
-			n += contracts.GPURequest{Count: 1, MIGProfile: d.MIG.Profile}.MilliGPUs()
-		case d.Share != nil:
-			n += int64(d.Share.ComputePercent) * 10
-		default:
-			n += 1000
-		}
+		n += d.MilliGPUs()
 	}
 	return n
 }

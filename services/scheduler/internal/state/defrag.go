@@ -137,11 +137,7 @@ func moveCost(now time.Time, victims []preempt.Running) float64 {
 			}
 			lost += now.Sub(from)
 		}
-		var milli int64
-		for _, d := range v.Devices {
-			milli += milliOf(&contracts.Allocation{Devices: []contracts.DeviceRef{d}})
-		}
-		total += gpuSeconds(milli, lost)
+		total += gpuSeconds(milliOf(&contracts.Allocation{Devices: v.Devices}), lost)
 	}
 	return total
 }
