@@ -103,12 +103,11 @@ type reactions struct {
 	gpuOf   map[string]string    // job → its first GPU
 	alertAt map[string]time.Time // GPU → first firing alert with an action seen
 	holdAt  map[string]time.Time // GPU → first hold of it seen in gp-node-admin
-	used    map[string]bool      // machines drained
 }
 
 func newReactions(b *testing.B, s *stack) *reactions {
 	r := &reactions{s: s, seen: map[string]map[contracts.JobEventType]time.Time{}, evs: map[string]contracts.JobEvent{},
-		results: map[string][][2]time.Duration{}, used: map[string]bool{}, t0s: map[string]time.Time{},
+		results: map[string][][2]time.Duration{}, t0s: map[string]time.Time{},
 		gpuOf: map[string]string{}, alertAt: map[string]time.Time{}, holdAt: map[string]time.Time{}}
 	// The overheating chain's hops: the monitor's alert on the bus, the
 	// scheduler's hold in the bucket.

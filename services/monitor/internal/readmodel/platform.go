@@ -323,14 +323,7 @@ func (m *Model) capacity() []PoolCapacity {
 func deviceMilli(devs []contracts.DeviceRef) map[string]int64 {
 	out := make(map[string]int64, len(devs))
 	for _, d := range devs {
-		var milli int64 = 1000
-		switch {
-		case d.MIG != nil:
-			milli = contracts.GPURequest{Count: 1, MIGProfile: d.MIG.Profile}.MilliGPUs()
-		case d.Share != nil:
-			milli = int64(d.Share.ComputePercent) * 10
-		}
-		out[d.UUID] += min(milli, 1000)
+		out[d.UUID] += min(d.MilliGPUs(), 1000)
 	}
 	return out
 }
