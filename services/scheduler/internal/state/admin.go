@@ -2,6 +2,7 @@ package state
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -271,26 +272,38 @@ func (s *Store) preempt(now time.Time, preemptors []miss, b *fairshare.Book) {
 		if !ok || len(choice.Victims) == 0 {
 			continue
 		}
-		var keys, allocs []string
-		for _, v := range choice.Victims {
-			allocs = append(allocs, v.AllocationID)
-			key := Key(v.Tenant, v.JobID)
-			if !slices.Contains(keys, key) {
-				keys = append(keys, key)
-			}
-		}
-		for _, key := range keys {
-			s.evictJob(s.jobs[key], move{reason: contracts.ReasonPreempted,
-				msg: fmt.Sprintf("preempted by %s/%s (priority %s)", j.Tenant, j.ID, j.Request.Priority)})
-		}
+		keys := s.evictVictims(j, choice.Victims, move{reason: contracts.ReasonPreempted,
+			msg: fmt.Sprintf("preempted by %s/%s (priority %s)", j.Tenant, j.ID, j.Request.Priority)}, nil)
 		running = slices.DeleteFunc(running, func(r preempt.Running) bool {
 			return slices.Contains(keys, Key(r.Tenant, r.JobID))
 		})
-		j.victims = allocs
 		s.setPending(j, placement.Pending{Code: contracts.PendingPreempting,
 			Message: choice.Reason + "; waiting for " + strings.Join(keys, ", ") + " to stop"})
 		s.log.Info("preempting", "tenant", j.Tenant, "job_id", j.ID, "victims", keys, "why", choice.Reason)
 	}
+}
+
+// evictVictims moves every job of victims for m (a job with several
+// victim parts once) and makes j wait for their allocations' releases
+// rather than choose again. avoid, when set, is where the moved jobs must
+// not go next. It returns the victim jobs' keys.
+func (s *Store) evictVictims(j *Job, victims []preempt.Running, m move, avoid map[string]bool) []string {
+	var keys []string
+	j.victims = j.victims[:0]
+	for _, v := range victims {
+		j.victims = append(j.victims, v.AllocationID)
+		key := Key(v.Tenant, v.JobID)
+		if slices.Contains(keys, key) {
+			continue
+		}
+		keys = append(keys, key)
+		vj := s.jobs[key]
+		if avoid != nil {
+			vj.avoid = maps.Clone(avoid)
+		}
+		s.evictJob(vj, m)
+	}
+	return keys
 }
 
 // miss is a job a cycle could not place, with its request.

@@ -52,13 +52,14 @@ func (s *Store) defragment(now time.Time, misses []miss) {
 	}
 	var snap placement.Snapshot
 	var running []preempt.Running
+	defragPools := slices.Sorted(maps.Keys(s.defrag))
 	for _, m := range misses {
 		j := m.j
 		if j.State != contracts.StateQueued || len(j.parts) > 0 || len(j.victims) > 0 || j.Request == nil ||
 			j.Pending.Code != contracts.PendingInsufficientGPUs {
 			continue
 		}
-		pools := slices.Sorted(maps.Keys(s.defrag))
+		pools := defragPools
 		if m.r.Pool != "" {
 			if _, ok := s.defrag[m.r.Pool]; !ok {
 				continue
@@ -148,21 +149,9 @@ func gpuSeconds(milli int64, d time.Duration) float64 {
 
 // consolidate moves the victims and makes j wait for their devices.
 func (s *Store) consolidate(j *Job, choice preempt.Choice, freed map[string]bool, pool string) {
-	var keys, allocs []string
 	nodes := slices.Sorted(maps.Keys(freed))
-	for _, v := range choice.Victims {
-		allocs = append(allocs, v.AllocationID)
-		key := Key(v.Tenant, v.JobID)
-		if slices.Contains(keys, key) {
-			continue
-		}
-		keys = append(keys, key)
-		vj := s.jobs[key]
-		vj.avoid = maps.Clone(freed)
-		s.evictJob(vj, move{reason: contracts.ReasonDefragment, triggered: s.cfg.Now(),
-			msg: fmt.Sprintf("moved to consolidate pool %s: %s/%s needs %s", pool, j.Tenant, j.ID, strings.Join(nodes, ", "))})
-	}
-	j.victims = allocs
+	keys := s.evictVictims(j, choice.Victims, move{reason: contracts.ReasonDefragment, triggered: s.cfg.Now(),
+		msg: fmt.Sprintf("moved to consolidate pool %s: %s/%s needs %s", pool, j.Tenant, j.ID, strings.Join(nodes, ", "))}, freed)
 	s.setPending(j, placement.Pending{Code: contracts.PendingPreempting,
 		Message: "defragmenting pool " + pool + ": moving " + strings.Join(keys, ", ") + " off " + strings.Join(nodes, ", ")})
 	s.log.Info("defragmenting", "tenant", j.Tenant, "job_id", j.ID, "moved", keys, "nodes", nodes)

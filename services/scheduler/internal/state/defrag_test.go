@@ -115,6 +115,11 @@ func TestDefragmentationRefusals(t *testing.T) {
 			tc.setup(h)
 			h.st.ApplyDefrag("p", "k", true)
 			h.cycle()
+			// The big job is blocked by capacity, so the cycle did look for
+			// a consolidation and found none worth making.
+			if j, _ := h.st.Job("big", "b"); j.Pending.Code != contracts.PendingInsufficientGPUs {
+				t.Fatalf("big job pending %+v, want %s", j.Pending, contracts.PendingInsufficientGPUs)
+			}
 			for _, c := range h.commands {
 				if c.Reason == contracts.ReasonDefragment {
 					t.Fatalf("moved: %+v", c)

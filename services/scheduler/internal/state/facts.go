@@ -650,14 +650,8 @@ func (s *Store) conclude(j *Job) {
 		// Only a part that was actually stopped moves the job: a victim
 		// (or drained job) whose run succeeded before its stop took effect
 		// did its work, and ends below like any other.
-		reason := j.evict
-		if moved != nil && reason == "" {
-			reason = moved.ended.Reason
-		}
-		msg := j.evictMsg
-		if msg == "" && moved != nil {
-			msg = cmp.Or(moved.ended.Message, "stopped on "+moved.alloc.NodeID+" ("+string(reason)+")")
-		}
+		reason := cmpReason(j.evict, moved.ended.Reason)
+		msg := cmp.Or(j.evictMsg, moved.ended.Message, "stopped on "+moved.alloc.NodeID+" ("+string(reason)+")")
 		s.requeue(j, reason, msg)
 	case failed != nil:
 		s.end(j, *failed.ended)
@@ -782,7 +776,7 @@ func (s *Store) requeue(j *Job, reason contracts.Reason, msg string) {
 	s.out = append(s.out, Publish{Subject: contracts.SubjectJobEvents(j.Tenant, j.ID), Key: j.key, Msg: ev,
 		ID: contracts.JobEventID(j.Tenant, j.ID, contracts.EventRequeued, next, 0)})
 	j.State = to
-	s.keepMove(j, reason)
+	s.keepMove(j)
 	s.resetAttempt(j, next)
 	if from != contracts.StateQueued {
 		// It was placed: its placement timeout counts from now. A gang

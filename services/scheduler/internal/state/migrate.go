@@ -2,6 +2,7 @@ package state
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
@@ -142,7 +143,7 @@ func (s *Store) stopParts(j *Job, reason contracts.Reason) {
 // that the next attempt to run announces it (migrated). The requeue's own
 // reason may differ (the spot machine was reclaimed before the stop
 // landed: node_lost): the job still moved for the migration's reason.
-func (s *Store) keepMove(j *Job, _ contracts.Reason) {
+func (s *Store) keepMove(j *Job) {
 	if j.migration == nil {
 		return
 	}
@@ -159,20 +160,8 @@ func (s *Store) keepMove(j *Job, _ contracts.Reason) {
 func (s *Store) migrated(j *Job) {
 	m := *j.moved
 	m.RestoredFrom = j.lastCheckpoint
-	to := ""
-	for i, p := range placementsOf(j) {
-		if i > 0 {
-			to += ", "
-		}
-		to += p.NodeID
-	}
-	from := ""
-	for i, p := range m.From {
-		if i > 0 {
-			from += ", "
-		}
-		from += p.NodeID
-	}
+	to := strings.Join(nodesOf(placementsOf(j)), ", ")
+	from := strings.Join(nodesOf(m.From), ", ")
 	msg := fmt.Sprintf("moved from %s (attempt %d) to %s (%s)", from, m.FromAttempt, to, m.Reason)
 	if m.RestoredFrom != "" {
 		msg += "; restored checkpoint " + m.RestoredFrom
@@ -184,6 +173,14 @@ func (s *Store) migrated(j *Job) {
 	}) {
 		j.moved = nil
 	}
+}
+
+func nodesOf(pl []contracts.Placement) []string {
+	out := make([]string, len(pl))
+	for i, p := range pl {
+		out[i] = p.NodeID
+	}
+	return out
 }
 
 // checkEvicting advances the jobs being moved whose checkpoint wait ran

@@ -367,7 +367,7 @@ func (s *Store) ReplayJobEvent(ev contracts.JobEvent, seq uint64, msgID string) 
 	case contracts.EventMigrated:
 		j.moved = nil
 	case contracts.EventRequeued:
-		s.keepMove(j, ev.Reason)
+		s.keepMove(j)
 		s.resetAttempt(j, ev.Attempt)
 		if from != contracts.StateQueued {
 			j.queuedAt = ev.Time // placed once: a new wait (requeue)
