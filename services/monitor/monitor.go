@@ -249,10 +249,7 @@ func (m *monitor) onTelemetry(msg *bus.Msg) error {
 	if nodeID == "" {
 		return fmt.Errorf("no node in subject %q", msg.Subject)
 	}
-	at := msg.Timestamp
-	if at.IsZero() {
-		at = time.Now()
-	}
+	at := msgTime(msg)
 	m.model.ApplyTelemetry(nodeID, t, at)
 	m.silent.Seen(nodeID, t.Pool, t.Hostname, at)
 	host := t.Hostname

@@ -157,9 +157,6 @@ func (e *Engine) checkInstant(key string, v *[numMetrics]float64) {
 	}
 }
 
-// Rules returns the rules the engine evaluates.
-func (e *Engine) Rules() []Rule { return slices.Clone(e.rules) }
-
 // values reads every metric of a sample, in metrics order.
 func values(s *contracts.GPUSample) [numMetrics]float64 {
 	var v [numMetrics]float64

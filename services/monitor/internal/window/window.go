@@ -44,9 +44,6 @@ func Buckets(span, res time.Duration) int {
 	return int((span+res-1)/res) + 1
 }
 
-// Span is the time the ring covers.
-func (r *Ring) Span() time.Duration { return time.Duration(r.res * int64(len(r.buckets))) }
-
 // Add records v at unix time at (nanoseconds). Within a bucket, last is
 // the value added last, not the one with the latest time.
 func (r *Ring) Add(at int64, v float64) {
@@ -104,7 +101,6 @@ func (r *Ring) stats(now int64, span time.Duration, slope bool) Stats {
 	n := int64(len(r.buckets))
 	oldest, newest := r.bounds(now, span)
 	var s Stats
-	var oldestSeen, newestSeen int64
 	// Least squares over (bucket number relative to oldest, bucket mean).
 	var nb, sx, sy, sxx, sxy float64
 	// Walk the slots from oldest's without a division per bucket. Each slot
@@ -119,19 +115,14 @@ func (r *Ring) stats(now int64, span time.Duration, slope bool) Stats {
 		if b.num != num || b.n == 0 {
 			continue
 		}
+		// Buckets come in time order: the first one seen holds First,
+		// the last one Last.
 		if s.Count == 0 {
-			s.Min, s.Max = b.min, b.max
-			oldestSeen, newestSeen = b.num, b.num
-			s.First, s.Last = b.first, b.last
+			s.Min, s.Max, s.First = b.min, b.max, b.first
 		} else {
 			s.Min, s.Max = min(s.Min, b.min), max(s.Max, b.max)
-			if b.num < oldestSeen {
-				oldestSeen, s.First = b.num, b.first
-			}
-			if b.num > newestSeen {
-				newestSeen, s.Last = b.num, b.last
-			}
 		}
+		s.Last = b.last
 		s.Count += int(b.n)
 		s.Sum += b.sum
 		if slope {
@@ -184,16 +175,4 @@ func (r *Ring) Increase(now int64, span time.Duration) (float64, bool) {
 		}
 	}
 	return 0, false
-}
-
-// Latest is the unix ns start of the newest bucket holding a sample, 0 if
-// none.
-func (r *Ring) Latest() int64 {
-	var newest int64
-	for i := range r.buckets {
-		if r.buckets[i].n > 0 {
-			newest = max(newest, r.buckets[i].num)
-		}
-	}
-	return newest * r.res
 }
