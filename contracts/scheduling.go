@@ -1,6 +1,7 @@
 package contracts
 
 import (
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -287,6 +288,22 @@ type GPUHold struct {
 	Reason   string    `json:"reason,omitempty"`
 	Alert    string    `json:"alert,omitempty"` // the alert key that set it
 	Since    time.Time `json:"since,omitzero"`
+}
+
+// DecodeNodeAdmin reads the hold document stored under the key node. The
+// key names the node, whatever the value says. A value that does not
+// decode holds the node (fail closed: someone meant something by it), and
+// the error is returned for the caller's log; every reader (resource
+// manager, scheduler, monitor, gateway) reads holds this way, so they
+// agree on what an unreadable one means.
+func DecodeNodeAdmin(node string, value []byte) (NodeAdmin, error) {
+	var a NodeAdmin
+	if err := json.Unmarshal(value, &a); err != nil {
+		return NodeAdmin{NodeID: node, Cordoned: true, Reason: "unreadable admin record: " + err.Error()},
+			fmt.Errorf("hold of node %s: %w", node, err)
+	}
+	a.NodeID = node
+	return a, nil
 }
 
 // Empty reports whether the document holds nothing any more: no cordon,

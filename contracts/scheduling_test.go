@@ -533,3 +533,25 @@ func TestDecodeSchedulingDocuments(t *testing.T) {
 }
 
 func errOf[T any](_ T, err error) error { return err }
+
+func TestDecodeNodeAdmin(t *testing.T) {
+	tests := []struct {
+		name     string
+		value    string
+		cordoned bool
+		wantErr  bool
+	}{
+		{"a cordon", `{"nodeId":"n1","cordoned":true,"reason":"fan"}`, true, false},
+		{"GPU holds only", `{"nodeId":"n1","gpus":{"GPU-1":{"cordoned":true}}}`, false, false},
+		{"names another node: the key wins", `{"nodeId":"n9"}`, false, false},
+		{"unreadable: held", `{"cordoned":"yes"`, true, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			a, err := DecodeNodeAdmin("n1", []byte(tc.value))
+			if (err != nil) != tc.wantErr || a.NodeID != "n1" || a.Cordoned != tc.cordoned {
+				t.Fatalf("got %+v, %v", a, err)
+			}
+		})
+	}
+}

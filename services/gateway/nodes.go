@@ -3,7 +3,6 @@ package gateway
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"maps"
 	"slices"
 	"sync"
@@ -159,19 +158,19 @@ func (in *ingester) followNodeAdmin(ctx context.Context) error {
 	return nil
 }
 
-// applyNodeAdmin applies one KV entry; a value that does not decode, or
-// names another node, is logged and skipped.
+// applyNodeAdmin applies one KV entry.
 func (in *ingester) applyNodeAdmin(e jetstream.KeyValueEntry) {
 	node := e.Key()
 	if e.Operation() != jetstream.KeyValuePut {
 		in.nodes.applyHold(node, nil, e.Revision())
 		return
 	}
-	var a contracts.NodeAdmin
-	if err := json.Unmarshal(e.Value(), &a); err != nil || a.NodeID != node {
-		in.log.Warn("skipping a node hold that does not decode or names another node", "node_id", node,
+	// Read as the resource manager reads it: an unreadable hold shows as
+	// the cordon it is in effect.
+	a, err := contracts.DecodeNodeAdmin(node, e.Value())
+	if err != nil {
+		in.log.Warn("unreadable node hold: shown as cordoned, as the resource manager treats it", "node_id", node,
 			"revision", e.Revision(), "err", err)
-		return
 	}
 	in.nodes.applyHold(node, &a, e.Revision())
 }

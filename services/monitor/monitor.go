@@ -26,7 +26,6 @@ package monitor
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -357,12 +356,10 @@ func (m *monitor) onNodeAdmin(e jetstream.KeyValueEntry) {
 		m.model.ApplyNodeAdmin(node, nil)
 		return
 	}
-	var a contracts.NodeAdmin
-	if err := json.Unmarshal(e.Value(), &a); err != nil {
+	a, err := contracts.DecodeNodeAdmin(node, e.Value())
+	if err != nil {
 		m.log.Warn("unreadable node admin record: counted as cordoned", "node_id", node, "kv_revision", e.Revision(), "err", err)
-		a = contracts.NodeAdmin{Cordoned: true}
 	}
-	a.NodeID = node
 	m.model.ApplyNodeAdmin(node, &a)
 }
 

@@ -2,7 +2,6 @@ package resourcemanager
 
 import (
 	"context"
-	"encoding/json"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -44,14 +43,13 @@ func (s *server) applyNodeAdmin(e jetstream.KeyValueEntry) {
 		log.Warn("node admin key is not a node ID; ignored", "err", err)
 		return
 	}
-	var ad contracts.NodeAdmin
+	ad := contracts.NodeAdmin{NodeID: node}
 	if e.Operation() == jetstream.KeyValuePut {
-		if err := json.Unmarshal(e.Value(), &ad); err != nil {
+		var err error
+		if ad, err = contracts.DecodeNodeAdmin(node, e.Value()); err != nil {
 			log.Error("unreadable node admin record: node held as cordoned until it is fixed", "err", err)
-			ad = contracts.NodeAdmin{Cordoned: true, Reason: "unreadable admin record: " + err.Error()}
 		}
 	}
-	ad.NodeID = node
 	s.mu.Lock()
 	s.led.SetAdmin(node, ad)
 	s.mu.Unlock()

@@ -338,12 +338,11 @@ func (s *scheduler) applyAdmin(bucket string, e jetstream.KeyValueEntry) {
 			s.st.ApplyNodeAdmin(key, nil)
 			return
 		}
-		var a contracts.NodeAdmin
-		if err := json.Unmarshal(e.Value(), &a); err != nil {
-			// Fail closed, as the resource manager does: a hold nobody
-			// can read keeps the node cordoned until it is fixed.
+		// Fail closed, as the resource manager does: a hold nobody can
+		// read keeps the node cordoned until it is fixed.
+		a, err := contracts.DecodeNodeAdmin(key, e.Value())
+		if err != nil {
 			bad(err)
-			a = contracts.NodeAdmin{NodeID: key, Cordoned: true, Reason: "unreadable hold record"}
 		}
 		s.st.ApplyNodeAdmin(key, &a)
 	}
