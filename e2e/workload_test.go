@@ -246,8 +246,10 @@ func TestPlatformEndToEnd(t *testing.T) {
 			}
 		}
 		// A job preempted (the workload mixes classes on a full fleet)
-		// runs again as its next attempt: more runs than jobs. The
-		// oracle's J1 check below proves each extra run is a requeue.
+		// runs again as its next attempt: more runs than jobs. An extra
+		// run has its own allocation, so its own attempt; the oracle's J1
+		// check below holds every allocation to one start and every
+		// attempt change to the state machine (a requeued event).
 		return ran >= len(jobs)+1 && len(rep.Usage) == ran, fmt.Sprintf("%d runs ended, %d billed", ran, len(rep.Usage))
 	})
 	billed, expected := rep.CheckMetering()
