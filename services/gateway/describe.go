@@ -43,11 +43,10 @@ func (s *server) describeJob(w http.ResponseWriter, r *http.Request) {
 // description. It keeps only the latest contracts.MaxDescribeEvents
 // summaries, so a job pending for weeks costs bounded memory.
 type describeFold struct {
-	st         contracts.JobStatus
-	events     []contracts.EventSummary
-	omitted    int
-	pending    *contracts.PendingStatus
-	placements []contracts.Placement
+	st      contracts.JobStatus
+	events  []contracts.EventSummary
+	omitted int
+	pending *contracts.PendingStatus
 }
 
 // apply folds one event. An event the state machine refuses (a replayed
@@ -67,20 +66,15 @@ func (f *describeFold) apply(ev contracts.JobEvent, seq uint64) {
 	}
 	switch ev.Type {
 	case contracts.EventQueued, contracts.EventRequeued:
-		// A new attempt: the previous one's reasons and places are history.
-		f.pending, f.placements = nil, nil
+		// A new attempt: the previous one's reasons are history (its
+		// places too: JobStatus.Apply clears them).
+		f.pending = nil
 	case contracts.EventPending:
 		if f.pending != nil && f.pending.Reason == ev.Reason {
 			f.pending.Message = ev.Message
 		} else {
 			f.pending = &contracts.PendingStatus{Reason: ev.Reason, Message: ev.Message, Since: ev.Time}
 		}
-	}
-	switch {
-	case len(ev.Placements) > 0:
-		f.placements = slices.Clone(ev.Placements)
-	case ev.Placement != nil:
-		f.placements = []contracts.Placement{*ev.Placement}
 	}
 }
 
@@ -93,7 +87,7 @@ func (f *describeFold) description(st contracts.JobStatus) contracts.JobDescript
 	d := contracts.JobDescription{Tenant: st.Tenant, JobID: st.JobID, Name: st.Name, State: st.State, Attempt: st.Attempt,
 		Reason: st.Reason, Message: st.Message, Errors: st.Errors, Request: st.Request, ExitCode: st.ExitCode,
 		CreatedAt: st.CreatedAt, UpdatedAt: st.UpdatedAt, StartedAt: st.StartedAt, EndedAt: st.EndedAt,
-		Placements: f.placements, Events: f.events, EventsOmitted: f.omitted}
+		Placements: slices.Clone(st.Placements), Events: f.events, EventsOmitted: f.omitted}
 	if d.Events == nil {
 		d.Events = []contracts.EventSummary{}
 	}

@@ -449,12 +449,7 @@ func (s *server) holdNode(w http.ResponseWriter, r *http.Request, drain bool) {
 		// goes away stay true: only uncordon lifts everything.
 		hold.GPUs, hold.Deadline = cur.GPUs, cur.Deadline
 	}
-	body, err := json.Marshal(hold)
-	if err != nil {
-		s.internalError(w, "node hold", err)
-		return
-	}
-	newRev, err := putDoc(ctx, kv, node, body, rev, true)
+	newRev, err := s.writeHold(ctx, kv, node, &hold, rev)
 	if err != nil {
 		writeKVError(w, err, fmt.Sprintf("the hold of node %s changed while this %s was written: retry", node, verb), "writing the hold of node "+node)
 		return
@@ -492,13 +487,12 @@ func (s *server) uncordonNode(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, st)
 		return
 	}
-	if err := kv.Delete(ctx, node, jetstream.LastRevision(rev)); err != nil {
+	newRev, err := s.writeHold(ctx, kv, node, nil, rev)
+	if err != nil {
 		writeKVError(w, err, fmt.Sprintf("the hold of node %s changed while this uncordon was written: retry", node), "deleting the hold of node "+node)
 		return
 	}
-	// The delete marker's revision is above rev (revisions are the
-	// bucket's stream sequence): the watch applies it too, or a later put.
-	s.nodes.applyHold(node, nil, rev+1)
+	s.nodes.applyHold(node, nil, newRev)
 	s.log.Info("node uncordoned", "node_id", node, "reason", req.Reason, "was_draining", cur != nil && cur.Drain)
 	writeJSON(w, http.StatusOK, st)
 }
