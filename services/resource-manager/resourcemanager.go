@@ -153,12 +153,11 @@ func (s *server) run(ctx context.Context) error {
 	})
 	// 3. Run facts from the start: an ended run whose release a previous
 	// life did not write is released now, before any plan is handled.
+	// WatchKV calls ready once, even when a broken watch is resumed.
 	leasesKnown := make(chan struct{})
-	var leasesOnce sync.Once
-	g.Go(func() error { return s.watchLeases(gctx, func() { leasesOnce.Do(func() { close(leasesKnown) }) }) })
+	g.Go(func() error { return s.watchLeases(gctx, func() { close(leasesKnown) }) })
 	adminKnown := make(chan struct{})
-	var adminOnce sync.Once
-	g.Go(func() error { return s.watchNodeAdmin(gctx, func() { adminOnce.Do(func() { close(adminKnown) }) }) })
+	g.Go(func() error { return s.watchNodeAdmin(gctx, func() { close(adminKnown) }) })
 	runsCaughtUp := make(chan struct{})
 	g.Go(func() error {
 		return s.bus.Follow(gctx, bus.FollowSpec{Stream: contracts.StreamRuns,
