@@ -11,7 +11,7 @@ import (
 // scaleUpAlert is a firing alert asking a pool for more machines.
 type scaleUpAlert struct {
 	decisionID string // one per alert episode
-	kind, key  string
+	kind       string
 	episode    string
 	message    string
 }
@@ -45,7 +45,7 @@ func (s *scaler) onAlert(ctx context.Context, m *bus.Msg) error {
 	defer s.mu.Unlock()
 	switch a.State {
 	case contracts.AlertFiring:
-		s.scaleUpAlerts[pool] = scaleUpAlert{decisionID: id, kind: a.Kind, key: a.Key,
+		s.scaleUpAlerts[pool] = scaleUpAlert{decisionID: id, kind: a.Kind,
 			episode: a.Labels[contracts.AlertLabelEpisode], message: a.Message}
 	case contracts.AlertResolved:
 		if s.scaleUpAlerts[pool].decisionID == id {

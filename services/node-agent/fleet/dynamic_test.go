@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,6 +56,22 @@ func TestNewMachine(t *testing.T) {
 				m.PriceClass != tt.want.PriceClass || m.Purpose != tt.want.Purpose || m.GPUModel != tt.want.GPUModel ||
 				m.GPUCount != tt.want.GPUCount || m.NVLink != tt.want.NVLink {
 				t.Errorf("machine %+v; want %+v", m, tt.want)
+			}
+			// Labels and taints are the pool's: those of its static
+			// machines when the fleet has the pool, none otherwise.
+			var like *fleet.Machine
+			for _, sm := range f.Machines() {
+				if sm.Pool == tt.pool {
+					like = &sm
+					break
+				}
+			}
+			switch {
+			case like == nil && (len(m.Labels) != 0 || len(m.Taints) != 0):
+				t.Errorf("machine of a pool the fleet lacks has labels %v, taints %v", m.Labels, m.Taints)
+			case like != nil && (!reflect.DeepEqual(m.Labels, like.Labels) || !reflect.DeepEqual(m.Taints, like.Taints) ||
+				len(m.Taints) == 0):
+				t.Errorf("labels %v, taints %v; want the pool's %v, %v (a spot pool has a taint)", m.Labels, m.Taints, like.Labels, like.Taints)
 			}
 		})
 	}

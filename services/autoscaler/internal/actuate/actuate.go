@@ -67,6 +67,8 @@ type Ledger interface {
 // Holds places and lifts the drain hold of a node (a NodeAdmin in
 // contracts.BucketNodeAdmin). Both must be idempotent.
 type Holds interface {
+	// Drain marks the hold as the autoscaler's (so Lift finds it);
+	// reason says why for people.
 	Drain(ctx context.Context, nodeID, reason string) error
 	Lift(ctx context.Context, nodeID string) error
 }
@@ -839,7 +841,7 @@ func (a *Actuator) scaleDown(ctx context.Context, name string, ps *poolState, po
 		return strings.Compare(x.ID, y.ID)
 	})
 	m := candidates[0]
-	reason := fmt.Sprintf("autoscaler: idle since %s; scaling pool %s down", ps.idleSince[m.ID].UTC().Format(time.RFC3339), name)
+	reason := fmt.Sprintf("idle since %s; scaling pool %s down", ps.idleSince[m.ID].UTC().Format(time.RFC3339), name)
 	if err := a.cfg.Holds.Drain(ctx, m.NodeID, reason); err != nil {
 		a.cfg.Log.Warn("write drain hold", "pool", name, "node_id", m.NodeID, "err", err)
 		return
