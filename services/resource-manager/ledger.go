@@ -195,6 +195,13 @@ func (s *server) commitFenced(ctx context.Context, a contracts.Allocation, epoch
 		// verdict taken outside it can refuse a device just released.
 		return v, nil
 	}
+	if v.Reason == contracts.RefusedUnknownNode || v.Reason == contracts.RefusedNodeNotReady {
+		// The node may be in NODES already, only not read yet here. A
+		// failed read is transient: the plan comes again.
+		if err := s.catchUpNode(ctx, a.NodeID); err != nil {
+			return v, err
+		}
+	}
 	e := contracts.LedgerEntry{SchemaVersion: contracts.SchemaVersion, Kind: contracts.LedgerCommitted, Allocation: a}
 	v, _, err := s.write(ctx, e, func() (ledger.Verdict, bool) {
 		v := s.led.Verify(a)

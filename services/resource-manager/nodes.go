@@ -2,6 +2,7 @@ package resourcemanager
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"time"
 
@@ -19,6 +20,12 @@ func (s *server) onNodesMsg(ctx context.Context, m *bus.Msg, publish bool) {
 	log := s.log.With("subject", m.Subject, "stream_seq", m.StreamSeq, "node_id", node)
 	s.lifeMu.Lock()
 	defer s.lifeMu.Unlock()
+	if m.StreamSeq <= s.nodesSeq[node] {
+		// Read already by a catch-up: applying it again could put an
+		// older inventory back over a newer one.
+		return
+	}
+	s.nodesSeq[node] = m.StreamSeq
 	switch {
 	case strings.HasPrefix(m.Subject, "gp.nodes.inventory."):
 		var inv contracts.NodeInventory
@@ -51,6 +58,30 @@ func (s *server) onNodesMsg(ctx context.Context, m *bus.Msg, publish bool) {
 		ev.NodeID = node
 		s.applyLifecycle(ev, m.StreamSeq)
 	}
+}
+
+// catchUpNode reads the node's inventory and lifecycle messages that NODES
+// holds past what this manager applied. The scheduler and this manager
+// follow NODES separately, so a plan can name a node whose first
+// inventory the scheduler has read and this manager not yet: such a plan
+// is answered on what the stream holds, not on how far this manager's
+// follow has got (a refused gang part would cost the whole gang an
+// attempt). An inventory read here owes the node's registration, which is
+// published as the follow would.
+func (s *server) catchUpNode(ctx context.Context, node string) error {
+	s.lifeMu.Lock()
+	last := s.nodesSeq[node]
+	s.lifeMu.Unlock()
+	_, err := s.bus.Replay(ctx, bus.FollowSpec{Stream: contracts.StreamNodes,
+		FilterSubjects: []string{contracts.SubjectInventory(node), contracts.SubjectNodeLifecycle(node)}, StartSeq: last + 1},
+		func(ctx context.Context, m *bus.Msg) error {
+			s.onNodesMsg(ctx, m, true)
+			return nil
+		})
+	if err != nil {
+		return fmt.Errorf("catch up node %s: %w", node, err)
+	}
+	return nil
 }
 
 // onHeartbeatMsg records a heartbeat; a lost node's heartbeat brings it

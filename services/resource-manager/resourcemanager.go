@@ -64,6 +64,10 @@ type server struct {
 
 	lifeMu  sync.Mutex
 	tracker *liveness.Tracker
+	// nodesSeq is, per node, the NODES sequence of its last message read
+	// in stream order (rebuild, follow or catch-up): a message at or below
+	// it was applied already. Guarded by lifeMu.
+	nodesSeq map[string]uint64
 
 	mu        sync.Mutex
 	led       *ledger.Ledger
@@ -80,6 +84,7 @@ func newServer(cfg Config, b *bus.Bus, log *slog.Logger) *server {
 	return &server{
 		cfg: cfg, bus: b, log: log,
 		tracker:   liveness.New(cfg.HeartbeatTimeout),
+		nodesSeq:  map[string]uint64{},
 		led:       ledger.New(),
 		started:   map[string]time.Time{},
 		nodeLocks: map[string]*sync.Mutex{},

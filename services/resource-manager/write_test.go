@@ -137,3 +137,71 @@ func TestCommitGivesUpAsCommitConflict(t *testing.T) {
 		t.Fatalf("a commit_conflict item was stored %d times", n)
 	}
 }
+
+// TestCommitReadsANodeNotFollowedYet: the scheduler follows NODES on its
+// own, so a plan may name a node whose inventory this manager has not read.
+// The commit reads the node's messages first: the item commits and the
+// node's registration is published. A node NODES does not hold stays
+// unknown, and a lost node stays not ready.
+func TestCommitReadsANodeNotFollowedYet(t *testing.T) {
+	s, other := writeServer(t)
+	inv := contracts.NodeInventory{SchemaVersion: 1, NodeID: "n3", Incarnation: "i1"}
+	for i := range 3 {
+		inv.GPUs = append(inv.GPUs, contracts.GPUInfo{Index: i, UUID: gpu("n3", i), Model: "L4", Healthy: true})
+	}
+	if _, err := other.Publish(t.Context(), contracts.SubjectInventory("n3"), "inv-n3-1", inv); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		a    contracts.Allocation
+		want contracts.Reason
+	}{
+		{"inventory in the stream", alloc("first", "n3", 0), ""},
+		{"read once, not twice", alloc("second", "n3", 1), ""},
+		{"no inventory anywhere", alloc("nowhere", "n9", 0), contracts.RefusedUnknownNode},
+	}
+	for _, tc := range tests {
+		v, err := s.commit(t.Context(), tc.a)
+		if err != nil || v.Reason != tc.want {
+			t.Fatalf("%s: commit = %+v, %v; want reason %q", tc.name, v, err, tc.want)
+		}
+	}
+	var kinds []contracts.NodeLifecycleKind
+	_, err := other.Replay(t.Context(), bus.FollowSpec{Stream: contracts.StreamNodes,
+		FilterSubjects: []string{contracts.SubjectNodeLifecycle("n3")}}, func(_ context.Context, m *bus.Msg) error {
+		var ev contracts.NodeEvent
+		if err := m.Decode(&ev); err != nil {
+			return err
+		}
+		kinds = append(kinds, ev.Kind)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(kinds) != 1 || kinds[0] != contracts.NodeRegistered {
+		t.Fatalf("lifecycle of n3 = %v, want one registered", kinds)
+	}
+
+	// Lost (as the follow reads it), then its inventory again: read by
+	// the commit's catch-up, it owes no registration.
+	lost := contracts.NodeEvent{SchemaVersion: 1, Kind: contracts.NodeLost, NodeID: "n3", Incarnation: "i1"}
+	if _, err := other.Publish(t.Context(), contracts.SubjectNodeLifecycle("n3"), "lost-n3", lost); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.catchUpNode(t.Context(), "n3"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Publish(t.Context(), contracts.SubjectInventory("n3"), "inv-n3-2", inv); err != nil {
+		t.Fatal(err)
+	}
+	v, err := s.commit(t.Context(), alloc("third", "n3", 2))
+	if err != nil || v.Reason != contracts.RefusedNodeNotReady {
+		t.Fatalf("commit on a lost node = %+v, %v; want node_not_ready", v, err)
+	}
+	if got, want := s.nodesSeq["n3"], uint64(4); got != want {
+		// inventory, registered, lost, inventory: the commit read them all.
+		t.Fatalf("NODES read to %d for n3, want %d", got, want)
+	}
+}
