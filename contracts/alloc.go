@@ -2,6 +2,7 @@ package contracts
 
 import (
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -89,6 +90,17 @@ func AllocationID(tenant, jobID string, attempt int) string {
 // attempt; a single-machine job's allocation is AllocationID.
 func AllocationPartID(tenant, jobID string, attempt, rank int) string {
 	return AllocationID(tenant, jobID, attempt) + "#" + strconv.Itoa(rank)
+}
+
+// IsAllocationPart reports whether id is AllocationPartID of some rank of
+// the attempt.
+func IsAllocationPart(id, tenant, jobID string, attempt int) bool {
+	rank, ok := strings.CutPrefix(id, AllocationID(tenant, jobID, attempt)+"#")
+	if !ok {
+		return false
+	}
+	n, err := strconv.Atoi(rank)
+	return err == nil && n >= 0 && strconv.Itoa(n) == rank
 }
 
 // Plan is a scheduler's proposal, published on SubjectPlan(scheduler). The

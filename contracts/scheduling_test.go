@@ -555,3 +555,26 @@ func TestDecodeNodeAdmin(t *testing.T) {
 		})
 	}
 }
+
+func TestIsAllocationPart(t *testing.T) {
+	tests := []struct {
+		id   string
+		want bool
+	}{
+		{AllocationPartID("acme", "train", 2, 0), true},
+		{AllocationPartID("acme", "train", 2, 11), true},
+		{AllocationID("acme", "train", 2), false},          // the whole attempt, not a part
+		{AllocationPartID("acme", "train", 1, 0), false},   // another attempt
+		{AllocationPartID("acme", "train-x", 2, 0), false}, // another job sharing the prefix
+		{AllocationID("acme", "train", 2) + "#", false},    // no rank
+		{AllocationID("acme", "train", 2) + "#01", false},  // not as AllocationPartID writes it
+		{AllocationID("acme", "train", 2) + "#-1", false},  // a negative rank
+		{AllocationID("acme", "train", 2) + "#1#2", false}, // trailing garbage
+		{AllocationPartID("other", "train", 2, 0), false},  // another tenant
+	}
+	for _, tc := range tests {
+		if got := IsAllocationPart(tc.id, "acme", "train", 2); got != tc.want {
+			t.Errorf("IsAllocationPart(%q) = %v, want %v", tc.id, got, tc.want)
+		}
+	}
+}

@@ -370,7 +370,7 @@ func (ls *logStream) shown(id string, attempt int) bool {
 // otherPart reports whether id is a part of attempt of the gang other than
 // the one shown: expected, and no reason to warn.
 func (ls *logStream) otherPart(id string, attempt int) bool {
-	return ls.gang && strings.HasPrefix(id, contracts.AllocationID(ls.tenant, ls.job, attempt)+"#") && !ls.shown(id, attempt)
+	return ls.gang && contracts.IsAllocationPart(id, ls.tenant, ls.job, attempt) && !ls.shown(id, attempt)
 }
 
 // held is the output of later attempts waiting for the current one.

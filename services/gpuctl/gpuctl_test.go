@@ -506,6 +506,9 @@ func TestCommandLineErrors(t *testing.T) {
 		"bad id":          {[]string{"watch", "a.b"}, ExitUsage, "invalid id"},
 		"submit args":     {[]string{"submit", "python"}, ExitUsage, "after --"},
 		"command help":    {[]string{"submit", "-h"}, ExitOK, "-gpu-memory"},
+		"file and flag":   {[]string{"submit", "-f", "job.yaml", "--gpus", "2"}, ExitUsage, "-f cannot be combined with --gpus"},
+		"file and late flag": {[]string{"submit", "-f", "job.yaml", "--checkpoint", "--placement-timeout", "1m"}, ExitUsage,
+			"-f cannot be combined with --checkpoint --placement-timeout"},
 	}
 	for name, tt := range tests {
 		t.Run(name, func(t *testing.T) {

@@ -26,9 +26,15 @@ import (
 // (the bus retries a publish until then, e.g. while streams are missing).
 const busTimeout = 15 * time.Second
 
-// requestFlags are the flags that build a job request; -f excludes them.
-var requestFlags = []string{"name", "gpus", "model", "models", "gpu-memory", "mig", "share", "nodes", "topology", "cpu", "memory",
-	"priority", "pool", "selector", "toleration", "depends-on", "expected", "placement-timeout", "duration", "exit-code", "checkpoint"}
+// requestFlags are the names of the flags that build a job request, which
+// -f excludes: read off register, so a new request flag is never missed.
+var requestFlags = func() []string {
+	fs := flag.NewFlagSet("request", flag.ContinueOnError)
+	new(submitFlags).register(fs)
+	var names []string
+	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+	return names
+}()
 
 // submitFlags are the flags that build a job request.
 type submitFlags struct {
