@@ -67,24 +67,7 @@ func (e *env) start() {
 	if e.stopFn != nil {
 		e.t.Fatal("scheduler already running")
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- Run(ctx, e.cfg, testLogger(e.t)) }()
-	var once sync.Once
-	e.stopFn = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil {
-					e.t.Errorf("Run returned %v, want nil on shutdown", err)
-				}
-			case <-time.After(waitFor):
-				e.t.Error("Run did not return after its context ended")
-			}
-		})
-	}
-	e.t.Cleanup(e.stop)
+	e.stopFn = e.replica()
 }
 
 func (e *env) stop() {

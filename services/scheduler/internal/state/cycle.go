@@ -244,12 +244,11 @@ func (s *Store) items(j *Job, d placement.Decision) []*contracts.Allocation {
 		}
 	}
 	for i, p := range d.Parts {
-		a := &contracts.Allocation{ID: contracts.AllocationID(j.Tenant, j.ID, j.Attempt), Tenant: j.Tenant,
+		a := &contracts.Allocation{ID: partID(j.Tenant, j.ID, j.Attempt, i, len(d.Parts)), Tenant: j.Tenant,
 			JobID: j.ID, Attempt: j.Attempt, NodeID: p.NodeID, Pool: p.Pool, Devices: p.Devices,
 			Priority: j.Request.Priority, Run: j.Request.Run, Scheduler: s.cfg.Scheduler,
 			CPUMilli: j.Request.Resources.CPUMilli, MemoryMiB: j.Request.Resources.MemoryMiB}
 		if gang != nil {
-			a.ID = contracts.AllocationPartID(j.Tenant, j.ID, j.Attempt, i)
 			a.Gang = &contracts.GangPart{Rank: i, Size: len(gang), Nodes: gang}
 		}
 		out[i] = a
@@ -334,7 +333,6 @@ func (s *Store) PlanFailed(planID string) []Publish {
 		}
 		s.cluster.forget(id, planID)
 		s.land(p)
-		p.refused = true
 		if j.count(func(p *part) bool { return p.inFlight || p.committed }) > 0 {
 			continue // a gang's other parts decide (advance)
 		}

@@ -44,6 +44,11 @@ func (s *Store) ApplyDefrag(pool, key string, firing bool) {
 	s.cfg.Wake()
 }
 
+// Defragmenting returns the pools where consolidation is allowed, each with
+// the key of the alert that allows it. It is a copy, so that a reader (the
+// service's tests of its alert follow) can look without holding the store.
+func (s *Store) Defragmenting() map[string]string { return maps.Clone(s.defrag) }
+
 // defragment tries the cycle's blocked jobs, in queue order, until one
 // gets room.
 func (s *Store) defragment(now time.Time, misses []miss) {

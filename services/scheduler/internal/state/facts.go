@@ -281,16 +281,7 @@ func (s *Store) ledgerFact(e contracts.LedgerEntry) {
 			}
 			if len(j.parts) != size {
 				s.landAll(j)
-				j.parts = make([]*part, size)
-				for i := range j.parts {
-					// Unknown: treated as not placed. Its ID lets a run fact
-					// read before its commit find it.
-					id := contracts.AllocationID(a.Tenant, a.JobID, a.Attempt)
-					if size > 1 {
-						id = contracts.AllocationPartID(a.Tenant, a.JobID, a.Attempt, i)
-					}
-					j.parts[i] = &part{alloc: contracts.Allocation{ID: id}, refused: true}
-				}
+				j.parts = placeholders(a.Tenant, a.JobID, a.Attempt, size)
 			}
 			rank := 0
 			if a.Gang != nil && a.Gang.Rank < size {
@@ -300,7 +291,7 @@ func (s *Store) ledgerFact(e contracts.LedgerEntry) {
 			j.parts[rank] = p
 		}
 		s.land(p)
-		p.alloc, p.committed, p.refused = a, true, false
+		p.alloc, p.committed = a, true
 		s.queue.Remove(j.key)
 		s.advance(j)
 	case contracts.LedgerReleased:
@@ -380,7 +371,6 @@ func (s *Store) ApplyRefusal(r contracts.Refusal) []Publish {
 		return s.take() // stale: a newer plan or the ledger already answered
 	}
 	s.land(p)
-	p.refused = true
 	if j.State != contracts.StateQueued || j.count(func(p *part) bool { return p.inFlight }) > 0 {
 		return s.take() // the other parts' answers decide
 	}
@@ -434,15 +424,7 @@ func (s *Store) runFact(r contracts.RunEvent) {
 		if len(j.parts) != 0 || j.Request == nil {
 			return
 		}
-		n := j.Request.Resources.GPU.Machines()
-		j.parts = make([]*part, max(n, 1))
-		for i := range j.parts {
-			id := contracts.AllocationID(r.Tenant, r.JobID, r.Attempt)
-			if n > 1 {
-				id = contracts.AllocationPartID(r.Tenant, r.JobID, r.Attempt, i)
-			}
-			j.parts[i] = &part{alloc: contracts.Allocation{ID: id}, refused: true}
-		}
+		j.parts = placeholders(r.Tenant, r.JobID, r.Attempt, j.Request.Resources.GPU.Machines())
 		if p = j.part(r.AllocationID); p == nil {
 			j.parts = nil
 			return
@@ -804,15 +786,10 @@ func (s *Store) adoptInFlight(j *Job) {
 	if j.Request == nil {
 		return
 	}
-	n := j.Request.Resources.GPU.Machines()
-	parts := make([]*part, max(n, 1))
+	parts := placeholders(j.Tenant, j.ID, j.Attempt, j.Request.Resources.GPU.Machines())
 	found := false
-	for i := range parts {
-		id := contracts.AllocationID(j.Tenant, j.ID, j.Attempt)
-		if n > 1 {
-			id = contracts.AllocationPartID(j.Tenant, j.ID, j.Attempt, i)
-		}
-		parts[i] = &part{alloc: contracts.Allocation{ID: id}, refused: true}
+	for i, p := range parts {
+		id := p.alloc.ID
 		if a := s.cluster.plans[id]; a != nil && a.Attempt == j.Attempt {
 			parts[i] = &part{alloc: *a, inFlight: true}
 			s.flying[id] = j
@@ -863,4 +840,29 @@ func (s *Store) stop(j *Job, p *part, reason contracts.Reason) {
 		GracePeriod: grace, Time: now}
 	s.out = append(s.out, Publish{Subject: contracts.SubjectNodeCommands(a.NodeID), Key: j.key, Msg: cmd,
 		ID: contracts.NodeCommandID(contracts.CommandStopRun, a.ID)})
+}
+
+// placeholders returns the parts of an attempt spread over machines
+// machines (at least one), none of them known yet. They exist because
+// facts arrive out of order (a run fact before its commit, RUNS and
+// ALLOCATIONS being separate streams; a commit whose plan a restart lost;
+// a plan item found in flight on rebuild): a fact finds its part by the
+// allocation ID alone, so each placeholder carries the ID its plan item
+// has, by rank, and nothing else. Neither in flight nor committed, it
+// holds no device and counts as not placed until a fact fills it in.
+func placeholders(tenant, jobID string, attempt, machines int) []*part {
+	parts := make([]*part, max(machines, 1))
+	for rank := range parts {
+		parts[rank] = &part{alloc: contracts.Allocation{ID: partID(tenant, jobID, attempt, rank, len(parts))}}
+	}
+	return parts
+}
+
+// partID is the allocation ID of part rank of an attempt on machines
+// machines: AllocationID for one machine, AllocationPartID for a gang.
+func partID(tenant, jobID string, attempt, rank, machines int) string {
+	if machines > 1 {
+		return contracts.AllocationPartID(tenant, jobID, attempt, rank)
+	}
+	return contracts.AllocationID(tenant, jobID, attempt)
 }

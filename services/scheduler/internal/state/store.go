@@ -154,7 +154,6 @@ type part struct {
 	alloc     contracts.Allocation
 	inFlight  bool // proposed in a plan, not answered yet
 	committed bool
-	refused   bool
 	started   *time.Time
 	ended     *contracts.RunResult
 	released  *contracts.LedgerEntry
