@@ -3,6 +3,7 @@ package autoscaler
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
@@ -20,8 +21,34 @@ type scaleUpAlert struct {
 // causes. It names the episode, not the sizes, so the machine it creates
 // (token "<ID>#0") is the same however often the alert is seen again.
 func alertDecisionID(pool string, a contracts.Alert) string {
-	return "scale/" + pool + "/alert/" + a.Kind + "/" + a.Key + "/" + a.Labels[contracts.AlertLabelEpisode]
+	return alertDecisionPrefix(pool) + a.Kind + "/" + a.Key + "/" + a.Labels[contracts.AlertLabelEpisode]
 }
+
+// alertDecisionPrefix starts the ID of every alert decision of pool; a
+// demand decision's ID has the demand's stream sequence there instead.
+func alertDecisionPrefix(pool string) string { return "scale/" + pool + "/alert/" }
+
+// noteDecided records a decision published (or replayed) for pool when it
+// answers a scale_up alert episode of a managed pool: only those are
+// looked up (evaluateAlert), so only those are kept. The caller holds s.mu
+// or runs before the followers start.
+func (s *scaler) noteDecided(pool, id string) {
+	if _, managed := s.cfg.Pools[pool]; managed && strings.HasPrefix(id, alertDecisionPrefix(pool)) {
+		s.decided[id] = true
+	}
+}
+
+// forgetDecided drops the decision of an episode that resolved, so decided
+// holds only episodes still firing and does not grow with the service's
+// age. Nothing can ask for that episode again: the alerts are read in
+// stream order, the monitor never publishes a firing alert of an episode
+// after its resolution (episode numbers only go up, and a republished
+// transition has the same message ID, which JetStream drops), and at a
+// restart the replay meets the resolution after the firing alert, as it
+// did live. Age-based retention drops the oldest messages first, so a
+// decision still replayed at start has its episode's resolution, which
+// came after it, replayed too. The caller holds s.mu.
+func (s *scaler) forgetDecided(id string) { delete(s.decided, id) }
 
 // onAlert keeps the firing scale_up alert of each pool the autoscaler
 // manages and decides at once. Other alerts, and pools it does not
@@ -51,6 +78,7 @@ func (s *scaler) onAlert(ctx context.Context, m *bus.Msg) error {
 		if s.scaleUpAlerts[pool].decisionID == id {
 			delete(s.scaleUpAlerts, pool)
 		}
+		s.forgetDecided(id)
 		return nil
 	default:
 		return nil
@@ -104,7 +132,7 @@ func (s *scaler) publishDecision(ctx context.Context, d contracts.ScaleDecision)
 		return fmt.Errorf("%s: publish decision %s: %w", Name, d.ID, err)
 	}
 	s.last[d.Pool] = decideAt(d)
-	s.decided[d.ID] = true
+	s.noteDecided(d.Pool, d.ID)
 	// The actuator takes the decision now, not when it comes back from
 	// the bus: until then its machines would not count as booting, and a
 	// demand evaluated meanwhile would ask for them again. Apply is

@@ -68,9 +68,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer rt.Close()
-	s := &scaler{cfg: cfg, bus: rt.Bus, log: rt.Log, fleet: fleet.New(),
-		demand: map[string]demandAt{}, last: map[string]decide.Previous{}, why: map[string]string{},
-		scaleUpAlerts: map[string]scaleUpAlert{}, decided: map[string]bool{}}
+	s := newScaler(cfg, rt.Bus, rt.Log)
 	if err := s.restoreDecisions(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -166,12 +164,23 @@ type scaler struct {
 	last   map[string]decide.Previous // pool → last decision published
 	why    map[string]string          // pool → last reason for no decision, logged once
 	// scaleUpAlerts is the firing scale_up alert of each managed pool;
-	// decided the decision IDs published (alert decisions are keyed by
-	// episode, so an episode is acted on once, restarts included).
+	// decided the IDs of the alert decisions published (or replayed at
+	// start) whose episode has not resolved yet. An alert decision is keyed
+	// by episode, so an episode seen again (redelivered, republished,
+	// replayed after a restart) is acted on once. Demand decisions are not
+	// kept: decide.Decide's Last already refuses to repeat them. See
+	// forgetDecided for why an entry may go when its episode resolves.
 	scaleUpAlerts map[string]scaleUpAlert
 	decided       map[string]bool
 
 	act atomic.Pointer[actuate.Actuator] // set once actuation runs
+}
+
+// newScaler returns a scaler with no state yet; cfg is validated, with Now set.
+func newScaler(cfg Config, b *bus.Bus, log *slog.Logger) *scaler {
+	return &scaler{cfg: cfg, bus: b, log: log, fleet: fleet.New(),
+		demand: map[string]demandAt{}, last: map[string]decide.Previous{}, why: map[string]string{},
+		scaleUpAlerts: map[string]scaleUpAlert{}, decided: map[string]bool{}}
 }
 
 type demandAt struct {
@@ -319,8 +328,9 @@ func (s *scaler) restoreDecisions(ctx context.Context) error {
 			s.log.Warn("skipping decision", "subject", m.Subject, "stream_seq", m.StreamSeq, "err", err)
 			return nil
 		}
-		s.last[contracts.Token(m.Subject, 3)] = decideAt(d)
-		s.decided[d.ID] = true
+		pool := contracts.Token(m.Subject, 3)
+		s.last[pool] = decideAt(d)
+		s.noteDecided(pool, d.ID)
 		return nil
 	})
 	if err != nil {

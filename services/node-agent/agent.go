@@ -125,7 +125,7 @@ func newAgent(cfg Config, b *bus.Bus, log *slog.Logger) (*agent, error) {
 		active:      map[string]*activeRun{},
 	}
 	if a.feed = cfg.Feed; a.feed == nil {
-		a.feed = busFeed{bus: b, durable: a.durable()}
+		a.feed = NewBusFeed(b, cfg.NodeID, 0)
 	}
 	if a.backend == nil && cfg.BackendKind != BackendNVML {
 		m, err := catalog.Get(cfg.GPUModel)
@@ -230,10 +230,6 @@ func (a *agent) run(ctx context.Context) error {
 	a.log.Info("node agent stopped", "incarnation", a.incarnation)
 	return err
 }
-
-// durable is the name of both of the agent's consumers (they are on
-// different streams).
-func (a *agent) durable() string { return "node-agent-" + a.cfg.NodeID }
 
 // every calls fn at once and then every interval until ctx ends.
 // Publishing failures are logged by fn, never fatal: the next tick tries

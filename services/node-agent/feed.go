@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"context"
+	"time"
 
 	"github.com/gpuplane/gpuplane/libs/bus"
 )
@@ -11,7 +12,7 @@ import (
 // gp.cmd.node.<node>) and the live ledger entries and commands it acts on.
 //
 // A standalone agent reads the bus itself: an ordered replay per subject
-// and a durable consumer per stream, named after its node (busFeed). A
+// and a durable consumer per stream, named after its node (NewBusFeed). A
 // fleet of simulated agents in one process shares one replay and one
 // durable consumer per stream among all of its machines instead, because
 // JetStream caps consumers per stream (1,000 by default) and each costs
@@ -28,11 +29,22 @@ type Feed interface {
 	Consume(ctx context.Context, stream, subject string, h bus.Handler) error
 }
 
-// busFeed is the Feed of a standalone agent: it reads the bus directly,
-// with one durable consumer per stream named durable.
+// NewBusFeed returns the Feed of a standalone agent of node nodeID: it
+// reads the bus directly, with one durable consumer per stream, both named
+// after the node (they are on different streams), so a restarted agent
+// resumes where it stopped. inactive, when
+// above 0, lets the server remove the consumers once no agent has read
+// them for that long: a machine created at run time is not coming back
+// after it is deleted, and its consumers would otherwise stay for good. 0
+// keeps them.
+func NewBusFeed(b *bus.Bus, nodeID string, inactive time.Duration) Feed {
+	return busFeed{bus: b, durable: "node-agent-" + nodeID, inactive: inactive}
+}
+
 type busFeed struct {
-	bus     *bus.Bus
-	durable string
+	bus      *bus.Bus
+	durable  string
+	inactive time.Duration
 }
 
 var _ Feed = busFeed{}
@@ -43,5 +55,6 @@ func (f busFeed) Replay(ctx context.Context, stream, subject string, fn func(con
 }
 
 func (f busFeed) Consume(ctx context.Context, stream, subject string, h bus.Handler) error {
-	return f.bus.Consume(ctx, bus.ConsumerSpec{Stream: stream, Durable: f.durable, FilterSubjects: []string{subject}}, h)
+	return f.bus.Consume(ctx, bus.ConsumerSpec{Stream: stream, Durable: f.durable, FilterSubjects: []string{subject},
+		InactiveThreshold: f.inactive}, h)
 }

@@ -27,23 +27,15 @@ func (f Fleet) NewMachine(nodeID, pool, machineType, priceClass string) (Machine
 	if err := contracts.ValidatePool(pool); err != nil {
 		return Machine{}, fmt.Errorf("fleet: new machine %s: %w", nodeID, err)
 	}
-	t, ok := f.MachineTypes[machineType]
-	if !ok {
+	if _, ok := f.MachineTypes[machineType]; !ok {
 		return Machine{}, fmt.Errorf("fleet: new machine %s: unknown machine type %q; want one of %v",
 			nodeID, machineType, slices.Sorted(maps.Keys(f.MachineTypes)))
 	}
-	m := Machine{NodeID: nodeID, Pool: pool, MachineType: machineType,
-		GPUModel: t.GPUModel, GPUCount: t.GPUCount, NVLink: t.NVLink, CPUMilli: t.CPUMilli, MemoryMiB: t.MemoryMiB,
-		NVLinkBridges: t.NVLinkBridges, MIGEnabled: t.MIG.sim().Enabled, MIGLayout: slices.Clone(t.MIG.sim().Layout)}
+	p := Pool{Name: pool} // a pool f does not describe has the type's shape only
 	if i := slices.IndexFunc(f.Pools, func(p Pool) bool { return p.Name == pool }); i >= 0 {
-		p := f.Pools[i]
-		m.Zone, m.PriceClass, m.Purpose, m.Labels = p.Zone, p.PriceClass, p.Purpose, maps.Clone(p.Labels)
-		for _, ts := range p.Taints {
-			if tn, err := nodeagent.ParseTaint(ts); err == nil { // Validate reports the others
-				m.Taints = append(m.Taints, tn)
-			}
-		}
+		p = f.Pools[i]
 	}
+	m := f.machine(nodeID, p, machineType, p.taints())
 	if priceClass != "" {
 		if !slices.Contains(nodeagent.PriceClasses, priceClass) {
 			return Machine{}, fmt.Errorf("fleet: new machine %s: price class %q; want one of %v", nodeID, priceClass, nodeagent.PriceClasses)
@@ -101,7 +93,7 @@ func (d *Dynamic) Start(ctx context.Context, m Machine) error {
 	if _, ok := d.agents[m.NodeID]; ok {
 		return fmt.Errorf("fleet: start %s: its agent is already running", m.NodeID)
 	}
-	feed := &machineFeed{bus: d.bus, node: m.NodeID, log: d.log}
+	feed := &machineFeed{Feed: nodeagent.NewBusFeed(d.bus, m.NodeID, dynamicInactive), node: m.NodeID, log: d.log}
 	c.Feed = feed
 	actx, cancel := context.WithCancel(ctx)
 	a := &dynamicAgent{feed: feed, cancel: cancel, done: make(chan struct{})}
@@ -161,14 +153,14 @@ func (d *Dynamic) Running() []string {
 // Wait blocks until every agent started has stopped.
 func (d *Dynamic) Wait() { d.wg.Wait() }
 
-// machineFeed is the nodeagent.Feed of one dynamic machine: the bus, read
-// with the machine's own durable consumers, plus a way in for the death
-// of the machine. A machine's death is not a command anyone sends on the
-// bus (the provider takes the machine away), so it is handed to the
+// machineFeed is the nodeagent.Feed of one dynamic machine: a standalone
+// agent's feed (the machine's own durable consumers) plus a way in for the
+// death of the machine. A machine's death is not a command anyone sends
+// on the bus (the provider takes the machine away), so it is handed to the
 // agent's command handler directly, as the machine_death fault the agent
 // already knows.
 type machineFeed struct {
-	bus  *bus.Bus
+	nodeagent.Feed
 	node string
 	log  *slog.Logger
 
@@ -180,11 +172,7 @@ type machineFeed struct {
 
 var _ nodeagent.Feed = (*machineFeed)(nil)
 
-func (f *machineFeed) Replay(ctx context.Context, stream, subject string, fn func(context.Context, *bus.Msg) error) error {
-	_, err := f.bus.Replay(ctx, bus.FollowSpec{Stream: stream, FilterSubjects: []string{subject}}, fn)
-	return err
-}
-
+// Consume is the bus feed's, with the command handler kept for kill.
 func (f *machineFeed) Consume(ctx context.Context, stream, subject string, h bus.Handler) error {
 	if stream == contracts.StreamNodeCommands {
 		f.mu.Lock()
@@ -195,8 +183,7 @@ func (f *machineFeed) Consume(ctx context.Context, stream, subject string, h bus
 			f.deliverDeath(ctx, h)
 		}
 	}
-	return f.bus.Consume(ctx, bus.ConsumerSpec{Stream: stream, Durable: "node-agent-" + f.node,
-		FilterSubjects: []string{subject}, InactiveThreshold: dynamicInactive}, h)
+	return f.Feed.Consume(ctx, stream, subject, h)
 }
 
 // kill delivers the death now if the agent takes commands, or as soon as

@@ -235,34 +235,49 @@ func (f Fleet) Validate() error {
 func (f Fleet) Machines() []Machine {
 	var out []Machine
 	for _, p := range f.Pools {
-		t := f.MachineTypes[p.MachineType]
-		var taints []contracts.Taint
-		for _, ts := range p.Taints {
-			if tn, err := nodeagent.ParseTaint(ts); err == nil { // Validate reports the others
-				taints = append(taints, tn)
-			}
-		}
+		taints := p.taints()
 		width := max(2, len(strconv.Itoa(p.Count)))
 		for i := 1; i <= p.Count; i++ {
-			out = append(out, Machine{
-				NodeID:      fmt.Sprintf("%s-%0*d", p.Name, width, i),
-				Pool:        p.Name,
-				Zone:        p.Zone,
-				MachineType: p.MachineType,
-				PriceClass:  p.PriceClass,
-				Purpose:     p.Purpose,
-				Labels:      maps.Clone(p.Labels),
-				Taints:      slices.Clone(taints),
-				GPUModel:    t.GPUModel,
-				GPUCount:    t.GPUCount,
-				NVLink:      t.NVLink,
-				CPUMilli:    t.CPUMilli,
-				MemoryMiB:   t.MemoryMiB,
+			out = append(out, f.machine(fmt.Sprintf("%s-%0*d", p.Name, width, i), p, p.MachineType, taints))
+		}
+	}
+	return out
+}
 
-				NVLinkBridges: t.NVLinkBridges,
-				MIGEnabled:    t.MIG.sim().Enabled,
-				MIGLayout:     slices.Clone(t.MIG.sim().Layout),
-			})
+// machine is the machine nodeID of type machineType in pool p: the
+// pool's zone, price class, purpose, labels and taints (parsed, see
+// Pool.taints), and the type's shape. Static machines take the pool's
+// type; one created at run time names its own (NewMachine).
+func (f Fleet) machine(nodeID string, p Pool, machineType string, taints []contracts.Taint) Machine {
+	t := f.MachineTypes[machineType]
+	return Machine{
+		NodeID:      nodeID,
+		Pool:        p.Name,
+		Zone:        p.Zone,
+		MachineType: machineType,
+		PriceClass:  p.PriceClass,
+		Purpose:     p.Purpose,
+		Labels:      maps.Clone(p.Labels),
+		Taints:      slices.Clone(taints),
+		GPUModel:    t.GPUModel,
+		GPUCount:    t.GPUCount,
+		NVLink:      t.NVLink,
+		CPUMilli:    t.CPUMilli,
+		MemoryMiB:   t.MemoryMiB,
+
+		NVLinkBridges: t.NVLinkBridges,
+		MIGEnabled:    t.MIG.sim().Enabled,
+		MIGLayout:     slices.Clone(t.MIG.sim().Layout),
+	}
+}
+
+// taints parses p's taints, skipping those that do not parse: Validate
+// reports them.
+func (p Pool) taints() []contracts.Taint {
+	var out []contracts.Taint
+	for _, ts := range p.Taints {
+		if tn, err := nodeagent.ParseTaint(ts); err == nil {
+			out = append(out, tn)
 		}
 	}
 	return out

@@ -691,14 +691,8 @@ func (a *Actuator) scaleUp(ctx context.Context, name string, ps *poolState, pol 
 		// a restart the list already shows what they created.
 		if n := min(pol.Min-alive(machines), pol.Max-len(machines)); n > 0 {
 			ps.refills++
-			up := &scaleUp{decision: fmt.Sprintf("min/%s/%d-%d", name, a.cfg.Now().UnixMilli(), ps.refills),
-				origin: map[string]origin{}, done: map[string]bool{}, failed: map[string]bool{},
-				reason: fmt.Sprintf("pool %s has %d machines not under notice; its minimum is %d", name, alive(machines), pol.Min)}
-			for k := range n {
-				tok := Token(up.decision, k)
-				up.tokens = append(up.tokens, tok)
-				up.origin[tok] = origin{up.decision, up.reason}
-			}
+			up := newScaleUp(fmt.Sprintf("min/%s/%d-%d", name, a.cfg.Now().UnixMilli(), ps.refills),
+				fmt.Sprintf("pool %s has %d machines not under notice; its minimum is %d", name, alive(machines), pol.Min), n)
 			ps.up = up
 			a.cfg.Log.Info("refilling pool to its minimum", "pool", name, "decision", up.decision, "machines", n, "reason", up.reason)
 		}
