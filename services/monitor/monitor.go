@@ -99,8 +99,14 @@ func (c Config) Validate() error {
 	if c.EvalInterval <= 0 {
 		errs = append(errs, fmt.Errorf("eval-interval is %s; want > 0", c.EvalInterval))
 	}
-	if _, err := c.rules(); err != nil {
+	if rc, err := c.rules(); err != nil {
 		errs = append(errs, err)
+	} else {
+		for _, r := range rc.Rules {
+			if r.Kind == silence.Kind {
+				errs = append(errs, fmt.Errorf("rules: kind %q is the silence detector's", r.Kind))
+			}
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -408,13 +414,19 @@ func (m *monitor) onNode(msg *bus.Msg) error {
 	return nil
 }
 
-// restoreAlerts replays the alerts already published (node_silent and the
-// rules' kinds; others, such as billing's, are skipped) so that episode
-// numbers continue and open episodes are resolved, not re-fired.
+// restoreAlerts replays the alerts the monitor published (node_silent and
+// the rules' kinds) so that episode numbers continue and open episodes are
+// resolved, not re-fired. It reads only the subjects of those kinds: the
+// autoscaler's spot_interruption and billing's budget alerts share the
+// stream (and may be many), and are none of the monitor's episodes.
 func (m *monitor) restoreAlerts(ctx context.Context) error {
+	subjects := []string{contracts.SubjectAlert(silence.Kind)}
+	for _, k := range m.rules.Kinds() {
+		subjects = append(subjects, contracts.SubjectAlert(k))
+	}
 	n := 0
 	_, err := m.bus.Replay(ctx, bus.FollowSpec{Stream: contracts.StreamOps,
-		FilterSubjects: []string{contracts.SubjectAlertsAll}}, func(_ context.Context, msg *bus.Msg) error {
+		FilterSubjects: subjects}, func(_ context.Context, msg *bus.Msg) error {
 		var a contracts.Alert
 		if err := msg.Decode(&a); err != nil {
 			m.log.Warn("skipping undecodable alert", "subject", msg.Subject, "stream_seq", msg.StreamSeq, "err", err)

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -36,6 +37,20 @@ func TestConfigValidateReportsEveryProblem(t *testing.T) {
 	}
 	if err := monitor.DefaultConfig().Validate(); err != nil {
 		t.Errorf("defaults do not validate: %v", err)
+	}
+}
+
+// TestConfigRefusesTheSilenceKind: a rule raising node_silent would mix
+// its episodes with the silence detector's on one subject.
+func TestConfigRefusesTheSilenceKind(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(path, []byte("rules:\n  - {kind: node_silent, scope: node, metric: heartbeat_age_s, op: \">\"}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := monitor.DefaultConfig()
+	cfg.RulesFile = path
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), `"node_silent" is the silence detector's`) {
+		t.Errorf("Validate() = %v; want it to refuse the node_silent kind", err)
 	}
 }
 

@@ -1,9 +1,14 @@
 package monitor_test
 
 import (
+	"bytes"
+	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +18,7 @@ import (
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
+	"github.com/gpuplane/gpuplane/libs/service"
 	"github.com/gpuplane/gpuplane/services/monitor"
 )
 
@@ -99,4 +105,89 @@ func hotTicks(t *testing.T, b *bus.Bus, node string, temp *atomic.Int64) {
 		s.TempC = float64(temp.Load())
 		return fmt.Sprintf("hot/%s/%d", node, i), telemetry(node, "host-"+node, "h100", s)
 	})
+}
+
+// TestRestoreReadsOnlyTheMonitorsKinds starts the monitor over an OPS
+// stream that already holds one of its own episodes (gpu_hot episode 3,
+// resolved) and alerts other services publish on the same subjects: a
+// spot notice from the autoscaler and a budget alert from billing, written
+// here in a form the monitor cannot read. The monitor must continue its
+// own numbering (the next gpu_hot is episode 4) without reading, let alone
+// warning about, the others' alerts.
+func TestRestoreReadsOnlyTheMonitorsKinds(t *testing.T) {
+	srv := natstest.Start(t)
+	b := connect(t, srv.URL())
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(path, []byte(`
+resolution: 100ms
+rules:
+  - {kind: gpu_hot, scope: gpu, metric: temp_c, agg: last, window: 300ms, op: ">", threshold: 85, severity: critical}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	since := time.Now().Add(-time.Hour)
+	publish(t, b, contracts.SubjectAlert("gpu_hot"), "alert/gpu_hot/GPU-n1/3/resolved", contracts.Alert{
+		SchemaVersion: contracts.SchemaVersion, Kind: "gpu_hot", Key: "GPU-n1", State: contracts.AlertResolved,
+		Labels: map[string]string{contracts.AlertLabelEpisode: "3"}, Since: since, Time: since.Add(time.Minute)})
+	publish(t, b, contracts.SubjectAlert(contracts.AlertKindSpotInterruption), "alert/spot_interruption/n1/1767225600/firing",
+		contracts.Alert{SchemaVersion: contracts.SchemaVersion, Kind: contracts.AlertKindSpotInterruption, Key: "n1",
+			State: contracts.AlertFiring, Labels: map[string]string{contracts.AlertLabelEpisode: "1767225600"}, Since: since, Time: since})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := b.JetStream().Publish(ctx, contracts.SubjectAlert(contracts.AlertKindBudget), []byte("not an alert")); err != nil {
+		t.Fatal(err)
+	}
+
+	logs := &lockedBuffer{}
+	cfg := monitor.DefaultConfig()
+	cfg.SilentAfter = time.Minute
+	cfg.RulesFile = path
+	cfg.EvalInterval = 20 * time.Millisecond
+	cfg.Bus = service.BusConfig{NATSURL: srv.URL(), Replicas: 1}
+	cfg.Addr = "127.0.0.1:0"
+	listening := make(chan string, 1)
+	cfg.OnListen = func(addr string) { listening <- addr }
+	natstest.RunService(t, "monitor", func(ctx context.Context) error {
+		return monitor.Run(ctx, cfg, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	})
+	var addr string
+	select {
+	case addr = <-listening:
+	case <-time.After(15 * time.Second):
+		t.Fatal("monitor not listening after 15s")
+	}
+	waitHealthy(t, addr)
+
+	var temp atomic.Int64
+	temp.Store(90)
+	hotTicks(t, b, "n1", &temp)
+	var alerts []idAlert
+	eventually(t, 10*time.Second, "gpu_hot firing", func() bool {
+		alerts = readAlerts(t, b, "gpu_hot")
+		return len(alerts) >= 2
+	}, func() string { return fmt.Sprintf("%+v", alerts) })
+	if got, want := alerts[1].id, "alert/gpu_hot/GPU-n1/4/firing"; got != want {
+		t.Errorf("first alert after restart = %s; want %s", got, want)
+	}
+	if l := logs.String(); strings.Contains(l, "skipping") || !strings.Contains(l, "alerts=1") {
+		t.Errorf("restore read alerts that are not the monitor's, or missed its own; log:\n%s", l)
+	}
+}
+
+// lockedBuffer is a log sink the monitor writes while the test reads.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

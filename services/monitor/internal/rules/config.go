@@ -238,6 +238,12 @@ func Parse(b []byte) (Config, error) {
 	return cfg, cfg.Validate()
 }
 
+// ForeignKinds are the alert kinds other services publish on
+// contracts.SubjectAlert (contracts/FLOWS.md): a rule may not raise one, or
+// the monitor would take their alerts, replayed at start, for its own
+// episodes and resolve an alert it never raised.
+var ForeignKinds = []string{contracts.AlertKindSpotInterruption, contracts.AlertKindBudget}
+
 // MaxWindow bounds a rule's window: a ring covering it is kept per series.
 const MaxWindow = time.Hour
 
@@ -260,6 +266,8 @@ func (c Config) Validate() error {
 			bad("kind must be one subject token, no '.', '*', '>', '/' or space")
 		case kinds[r.Kind]:
 			bad("kind is used by another rule")
+		case slices.Contains(ForeignKinds, r.Kind):
+			bad("kind is raised by another service on the same subject")
 		}
 		kinds[r.Kind] = true
 		if !slices.Contains(scopes, r.Scope) {

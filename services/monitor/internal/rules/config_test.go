@@ -51,6 +51,14 @@ func TestParseErrors(t *testing.T) {
 	}{
 		"unknown field": {doc: "rules:\n  - {kind: a, threshhold: 3}\n", want: []string{"threshhold"}},
 		"bad duration":  {doc: "resolution: soon\n", want: []string{"soon"}},
+		"a kind another service raises": {
+			doc: `
+rules:
+  - {kind: spot_interruption, scope: node, metric: heartbeat_age_s, op: ">"}
+  - {kind: budget, scope: tenant, metric: gpu_util, op: ">"}
+`,
+			want: []string{`"spot_interruption"): kind is raised by another service`, `"budget"): kind is raised by another service`},
+		},
 		"every problem at once": {
 			doc: `
 resolution: 2h

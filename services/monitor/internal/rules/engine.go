@@ -16,6 +16,16 @@
 // Episodes are numbered per rule and key; Restore rebuilds the numbering
 // and the open episodes from the alerts already published, so a restarted
 // monitor neither repeats an alert nor reuses an episode number.
+//
+// Alert state lives only as long as its series or its open episode: spot
+// machines and scaled-down nodes come and go, and a monitor that kept the
+// state of every GPU it ever saw would grow without bound. A key's state is
+// dropped once its series is forgotten (no sample in any window) and no
+// episode is open; the rule's episode floor keeps the highest number a
+// dropped key used, and a key met again numbers its episodes above it, so
+// an episode number (and with it an alert's message ID, and the decisions
+// consumers key on it) is never reused. A key's numbers still increase, but
+// need not be consecutive.
 package rules
 
 import (
@@ -55,6 +65,9 @@ type Engine struct {
 	series [numScopes]map[string]*series
 	// state[rule] by series key.
 	state []map[string]*ruleState
+	// floor[rule] is the highest episode of a key whose state was dropped:
+	// a new state starts there, so no episode number is used twice.
+	floor []int
 	// span is the longest ring span: a series quiet for longer holds no
 	// data and, with no open episode, is forgotten.
 	span time.Duration
@@ -118,6 +131,7 @@ func New(cfg Config) (*Engine, error) {
 			spans[sc][m] = max(spans[sc][m], time.Duration(r.Window))
 		}
 		e.state = append(e.state, map[string]*ruleState{})
+		e.floor = append(e.floor, 0)
 	}
 	for sc := range numScopes {
 		for m := range numMetrics {
@@ -133,6 +147,16 @@ func New(cfg Config) (*Engine, error) {
 		}
 	}
 	return e, nil
+}
+
+// Kinds are the alert kinds the engine's rules raise, in rule order: the
+// only alerts Restore takes.
+func (e *Engine) Kinds() []string {
+	out := make([]string, len(e.rules))
+	for i, r := range e.rules {
+		out[i] = r.Kind
+	}
+	return out
 }
 
 // Urgent signals that a sample newly met an instant rule: evaluate now.
@@ -462,7 +486,7 @@ func (e *Engine) Evaluate(now time.Time) []Transition {
 			st := states[key]
 			switch {
 			case holds && st == nil:
-				st = &ruleState{}
+				st = &ruleState{episode: e.floor[ri]}
 				states[key] = st
 				fallthrough
 			case holds && !st.firing:
@@ -484,19 +508,30 @@ func (e *Engine) Evaluate(now time.Time) []Transition {
 				}
 			}
 		}
-		// Episodes restored from the bus whose series never came back.
 		for key, st := range states {
-			if _, ok := all[key]; !ok && st.firing {
-				if st.orphanSince.IsZero() {
-					st.orphanSince = now
-				}
-				if now.Sub(st.orphanSince) <= e.span {
-					continue
-				}
-				st.firing, st.pendingSince = false, time.Time{}
-				out = append(out, transition(r, key, st, contracts.AlertResolved, 0, now, map[string]string{
-					contracts.AlertLabelScope: string(r.Scope)}))
+			if _, ok := all[key]; ok {
+				continue
 			}
+			if !st.firing {
+				// The series was forgotten: no sample in any window, so
+				// nothing pending either. Only the episode number
+				// matters, and the floor keeps it.
+				e.floor[ri] = max(e.floor[ri], st.episode)
+				delete(states, key)
+				continue
+			}
+			// An episode restored from the bus whose series never came
+			// back: it resolves (once; the state goes at the next
+			// evaluation).
+			if st.orphanSince.IsZero() {
+				st.orphanSince = now
+			}
+			if now.Sub(st.orphanSince) <= e.span {
+				continue
+			}
+			st.firing, st.pendingSince = false, time.Time{}
+			out = append(out, transition(r, key, st, contracts.AlertResolved, 0, now, map[string]string{
+				contracts.AlertLabelScope: string(r.Scope)}))
 		}
 	}
 	for sc := range numScopes {
@@ -536,7 +571,7 @@ func (e *Engine) Restore(a contracts.Alert) (bool, error) {
 	defer e.mu.Unlock()
 	st := e.state[ri][a.Key]
 	if st == nil {
-		st = &ruleState{}
+		st = &ruleState{episode: e.floor[ri]}
 		e.state[ri][a.Key] = st
 	}
 	if ep < st.episode {
