@@ -19,6 +19,7 @@
 //	(tick) readmodel pool pressure ──> rules (fragmentation, pending jobs)
 //	(tick) readmodel heartbeat ages ──> rules (node_lost), once caught up
 //	(tick) silence + rules ──> gp.alerts.<kind> (OPS), firing and resolved
+//	(tick) departed nodes forgotten (readmodel, silence), once caught up
 //
 // The monitor owns no log of record: every read model is rebuilt from the
 // streams at start, and alert episodes from the alerts it published.
@@ -299,8 +300,11 @@ func (m *monitor) onScale(msg *bus.Msg) error {
 		// A machine the autoscaler deleted or the provider took back left
 		// on purpose: its silence is not a lost node. Stamped with the
 		// stream's time, the clock heartbeats are stamped with.
+		// Nor is its telemetry's: it resolves any node_silent episode
+		// open, and both forget the node once it has been gone a while.
 		if (e.Kind == contracts.MachineDeleted || e.Kind == contracts.MachineReclaimed) && e.NodeID != "" {
 			m.model.ApplyNodeLeft(e.NodeID, msgTime(msg))
+			m.silent.Left(e.NodeID, msgTime(msg))
 		}
 	}
 	return nil
@@ -482,6 +486,15 @@ func (m *monitor) alertLoop(ctx context.Context) error {
 				return err
 			}
 		case now := <-t.C:
+			// Only once every read model caught up: until the departures
+			// are read, a replayed last sample of a machine deleted long
+			// ago would fire node_silent, and a node forgotten before its
+			// inventory, telemetry or heartbeat replays would come back
+			// with no departure left to forget it by.
+			if !m.caughtUpAll() {
+				continue
+			}
+			m.model.Forget(now.Add(-m.cfg.SilentAfter))
 			for _, c := range m.silent.Check(now) {
 				a := c.Alert()
 				if _, err := m.bus.Publish(ctx, contracts.SubjectAlert(silence.Kind), c.ID(), a, bus.CESubject(c.Node)); err != nil {
@@ -509,7 +522,7 @@ func (m *monitor) evaluate(ctx context.Context, now time.Time) error {
 	// Heartbeat ages only once every read model caught up: a replayed last
 	// heartbeat of a machine deleted long ago must not count before its
 	// departure has been read.
-	if int(m.caughtUp.Load()) >= m.followers {
+	if m.caughtUpAll() {
 		for _, h := range m.model.Heartbeats() {
 			m.rules.IngestNode(h.Node, h.Pool, now, rules.NodeValues{HeartbeatAge: h.Age(now)})
 		}
@@ -527,6 +540,10 @@ func (m *monitor) evaluate(ctx context.Context, now time.Time) error {
 	return nil
 }
 
+// caughtUpAll reports whether every read model has read what its stream
+// held at start.
+func (m *monitor) caughtUpAll() bool { return int(m.caughtUp.Load()) >= m.followers }
+
 func checkInterval(silentAfter time.Duration) time.Duration {
 	return min(max(silentAfter/4, 10*time.Millisecond), time.Second)
 }
@@ -537,7 +554,7 @@ func (m *monitor) healthz(w http.ResponseWriter, _ *http.Request) {
 	switch {
 	case !m.bus.Conn().IsConnected():
 		http.Error(w, "nats disconnected", http.StatusServiceUnavailable)
-	case int(m.caughtUp.Load()) < m.followers:
+	case !m.caughtUpAll():
 		http.Error(w, "catching up", http.StatusServiceUnavailable)
 	default:
 		_, _ = w.Write([]byte("ok\n"))

@@ -33,6 +33,9 @@ func (m *Model) beat(nodeID string) *beat {
 func (m *Model) ApplyHeartbeat(nodeID string, at time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if _, ok := m.beats[nodeID]; !ok && !at.After(m.forgotBefore) {
+		return
+	}
 	b := m.beat(nodeID)
 	if at.After(b.last) {
 		b.last = at
@@ -45,6 +48,9 @@ func (m *Model) ApplyHeartbeat(nodeID string, at time.Time) {
 func (m *Model) ApplyNodeLeft(nodeID string, at time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if _, ok := m.beats[nodeID]; !ok && !at.After(m.forgotBefore) {
+		return
+	}
 	b := m.beat(nodeID)
 	if at.After(b.left) {
 		b.left = at
@@ -84,4 +90,47 @@ func (m *Model) Heartbeats() []NodeHeartbeat {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.heartbeats()
+}
+
+// departed reports whether the node left and has not been heard from since
+// (no heartbeat nor telemetry stamped after it left). The caller holds
+// m.mu.
+func (m *Model) departed(nodeID string) bool {
+	b := m.beats[nodeID]
+	return b != nil && !b.left.IsZero() && !b.last.After(b.left) && !m.nodeSeen[nodeID].After(b.left)
+}
+
+// Forget drops every node that left at or before before and has not been
+// heard from since (no heartbeat nor telemetry stamped after it left): its
+// heartbeats, telemetry, GPUs and inventory. The caller passes now less the
+// silent period, so that telemetry or heartbeats stamped before the
+// departure and still on their way are not taken for a new node. It
+// returns how many nodes it dropped.
+func (m *Model) Forget(before time.Time) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if before.After(m.forgotBefore) {
+		m.forgotBefore = before
+	}
+	var gone map[string]bool
+	for id, b := range m.beats {
+		if !m.departed(id) || b.left.After(before) {
+			continue
+		}
+		if gone == nil {
+			gone = map[string]bool{}
+		}
+		gone[id] = true
+		delete(m.beats, id)
+		delete(m.nodeSeen, id)
+		delete(m.nodes, id)
+	}
+	if len(gone) > 0 {
+		for key, g := range m.gpus {
+			if gone[g.NodeID] {
+				delete(m.gpus, key)
+			}
+		}
+	}
+	return len(gone)
 }

@@ -5,6 +5,14 @@
 // Every Apply method is idempotent on its stream's key (GPU UUID, job,
 // allocation ID, node ID), so a replay or a duplicate message is harmless.
 // A Model is safe for concurrent use: the followers write, scrapes read.
+//
+// A node's state lives as long as the node: Forget drops every node that
+// left on purpose (ApplyNodeLeft: its machine deleted or reclaimed) and has
+// not been heard from since, with its GPUs. Spot machines come and go for
+// months, and a model that kept every node it ever saw would grow without
+// bound and keep exporting what it last knew of machines long gone. The
+// same node ID seen again later is a new node. The node holds (admin)
+// mirror BucketNodeAdmin and go when their key does.
 package readmodel
 
 import (
@@ -38,6 +46,12 @@ type Model struct {
 	beats map[string]*beat // heartbeats by node ID (liveness.go)
 
 	demand map[string]contracts.PoolDemand // by pool, the latest
+
+	// forgotBefore is the latest cutoff Forget was given: a node dropped
+	// then had not been heard from since before it, so a heartbeat,
+	// telemetry or departure of an unknown node stamped at or before it
+	// is a late copy of a dropped node's, not a new node, and is ignored.
+	forgotBefore time.Time
 }
 
 // GPU is the latest sample of one GPU with the machine it belongs to.
@@ -91,7 +105,8 @@ func (m *Model) ApplyTelemetry(nodeID string, t contracts.Telemetry, at time.Tim
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.telemetryMsgs++
-	if seen, ok := m.nodeSeen[nodeID]; ok && at.Before(seen) {
+	seen, ok := m.nodeSeen[nodeID]
+	if ok && at.Before(seen) || !ok && !at.After(m.forgotBefore) {
 		return
 	}
 	m.nodeSeen[nodeID] = at
@@ -199,11 +214,17 @@ func (m *Model) ApplyInventory(nodeID string, inv contracts.NodeInventory) {
 }
 
 // ApplyNodeEvent marks a node lost, or live again when it returns or
-// registers anew.
+// registers anew. A node unknown to the model (never inventoried, or
+// forgotten after it left) is not made up to be marked lost: the resource
+// manager declares a departed machine lost after its heartbeats stop,
+// which may well be after the model forgot it.
 func (m *Model) ApplyNodeEvent(nodeID string, ev contracts.NodeEvent) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	n, ok := m.nodes[nodeID]
+	if !ok && ev.Kind == contracts.NodeLost {
+		return
+	}
 	if !ok {
 		n.pool = ev.Pool
 	}
@@ -280,12 +301,14 @@ type TenantAllocation struct {
 // Snapshot copies the model. GPUs of nodes whose latest telemetry is older
 // than freshSince are left out: a silent node's last readings would show a
 // machine frozen in time, as a dcgm-exporter that died would not.
+// Nor are those of a node that left since its latest telemetry: the
+// machine is gone.
 func (m *Model) Snapshot(freshSince time.Time) Snapshot {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s := Snapshot{TelemetryMessages: m.telemetryMsgs}
 	for _, g := range m.gpus {
-		if m.nodeSeen[g.NodeID].Before(freshSince) {
+		if m.nodeSeen[g.NodeID].Before(freshSince) || m.departed(g.NodeID) {
 			continue
 		}
 		s.GPUs = append(s.GPUs, g)

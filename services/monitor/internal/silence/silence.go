@@ -8,6 +8,18 @@
 // are numbered per node; Restore rebuilds the numbering and any open episode
 // from the alerts already published, so a restarted monitor neither repeats
 // an alert nor reuses an episode number.
+//
+// A node that left on purpose (Left: its machine deleted or reclaimed) is
+// not silent, it is gone: it starts no episode, an episode it left open
+// resolves once, and once it has been quiet for the silent period with no
+// episode open its state is dropped. Spot machines come and go for months,
+// and a detector that kept every node it ever saw would grow without bound.
+// The detector's episode floor keeps the highest episode a dropped node
+// used, and a node met again (the same ID on a new machine) numbers its
+// episodes above it: an episode number, and with it an alert's message ID,
+// is never reused. A node's numbers still increase, but need not be
+// consecutive. A node that went quiet without leaving is kept: its silence
+// is news, and whether it is lost is the node_lost rule's business.
 package silence
 
 import (
@@ -38,6 +50,14 @@ type Detector struct {
 	after time.Duration
 	mu    sync.Mutex
 	nodes map[string]*node
+	// floor is the highest episode of a node whose state was dropped: a
+	// new node starts there, so no episode number is used twice.
+	floor int
+	// horizon is now less the silent period at the latest check: a node
+	// dropped then had been quiet since before it, so telemetry of an
+	// unknown node stamped at or before it is a late copy of a departed
+	// node's, not a new node.
+	horizon time.Time
 }
 
 type node struct {
@@ -47,7 +67,13 @@ type node struct {
 	firing         bool
 	// silentSince is the last telemetry before the open episode.
 	silentSince time.Time
+	// left is when the node last left on purpose; telemetry stamped at or
+	// before it is history, whatever order the streams are read in.
+	left time.Time
 }
+
+// gone reports whether the node left and has not spoken since.
+func (n *node) gone() bool { return !n.left.IsZero() && !n.lastSeen.After(n.left) }
 
 // New returns a detector that declares a node silent after a quiet period of
 // after.
@@ -60,7 +86,13 @@ func New(after time.Duration) *Detector {
 func (d *Detector) Seen(nodeID, pool, hostname string, at time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	n := d.node(nodeID)
+	n := d.nodes[nodeID]
+	if n == nil {
+		if !at.After(d.horizon) {
+			return
+		}
+		n = d.node(nodeID)
+	}
 	if pool != "" {
 		n.pool = pool
 	}
@@ -69,6 +101,18 @@ func (d *Detector) Seen(nodeID, pool, hostname string, at time.Time) {
 	}
 	if at.After(n.lastSeen) {
 		n.lastSeen = at
+	}
+}
+
+// Left records that a node left on purpose at at (stream time): its machine
+// was deleted or reclaimed. Telemetry stamped later is the same node ID
+// back on a new machine.
+func (d *Detector) Left(nodeID string, at time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := d.node(nodeID)
+	if at.After(n.left) {
+		n.left = at
 	}
 }
 
@@ -103,6 +147,9 @@ func (d *Detector) Restore(a contracts.Alert) error {
 
 // Change is a node entering or leaving a silent episode.
 type Change struct {
+	// Left is set on the resolution of an episode whose node left on
+	// purpose rather than spoke again.
+	Left     bool
 	Node     string
 	Pool     string
 	Hostname string
@@ -118,17 +165,40 @@ type Change struct {
 
 // Check returns the changes due at now, sorted by node: a firing change for
 // every node quiet for the detector's period with no episode open, a
-// resolved change for every open episode whose node was seen since.
+// resolved change for every open episode whose node was seen since or left.
+// It drops the state of every node that left, has been quiet for the
+// period since (telemetry stamped before the departure may still be on its
+// way until then) and has no episode open; and of every node restored from
+// an alert with no episode open and not heard from (it holds nothing but
+// its episode number, which the floor keeps).
 func (d *Detector) Check(now time.Time) []Change {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var out []Change
+	if h := now.Add(-d.after); h.After(d.horizon) {
+		d.horizon = h
+	}
 	for id, n := range d.nodes {
 		switch {
 		case n.firing && n.lastSeen.After(n.silentSince):
 			n.firing = false
 			out = append(out, n.change(id, contracts.AlertResolved, n.lastSeen.Sub(n.silentSince), now))
-		case !n.firing && !n.lastSeen.IsZero() && now.Sub(n.lastSeen) >= d.after:
+		case n.firing && n.gone():
+			// Resolved once; the state goes at a later check.
+			n.firing = false
+			c := n.change(id, contracts.AlertResolved, max(n.left.Sub(n.silentSince), 0), now)
+			c.Left = true
+			out = append(out, c)
+		case n.firing:
+			// Silent, not gone: open until the node speaks or leaves.
+		case n.gone() || n.lastSeen.IsZero():
+			// Gone, or restored and never heard from (no departure to
+			// wait for: now.Sub of the zero time saturates).
+			if now.Sub(n.left) >= d.after {
+				d.floor = max(d.floor, n.episode)
+				delete(d.nodes, id)
+			}
+		case now.Sub(n.lastSeen) >= d.after:
 			n.firing = true
 			n.episode++
 			n.silentSince = n.lastSeen
@@ -142,7 +212,7 @@ func (d *Detector) Check(now time.Time) []Change {
 func (d *Detector) node(id string) *node {
 	n := d.nodes[id]
 	if n == nil {
-		n = &node{}
+		n = &node{episode: d.floor}
 		d.nodes[id] = n
 	}
 	return n
@@ -169,7 +239,10 @@ func (c Change) Alert() contracts.Alert {
 		labels[LabelHostname] = c.Hostname
 	}
 	msg := fmt.Sprintf("node %s has sent no telemetry for %s", c.Node, c.Silence.Round(time.Millisecond))
-	if c.State == contracts.AlertResolved {
+	switch {
+	case c.State == contracts.AlertResolved && c.Left:
+		msg = fmt.Sprintf("node %s left (machine deleted or reclaimed) after %s of silence", c.Node, c.Silence.Round(time.Millisecond))
+	case c.State == contracts.AlertResolved:
 		msg = fmt.Sprintf("node %s sends telemetry again after %s of silence", c.Node, c.Silence.Round(time.Millisecond))
 	}
 	return contracts.Alert{
