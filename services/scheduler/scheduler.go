@@ -113,13 +113,9 @@ func newScheduler(cfg Config, b *bus.Bus, log *slog.Logger, term lease.Term) *sc
 	s.out = newOutbox(b, cfg.Publishers, log)
 	s.demand = newDemandPublisher(b, cfg.DemandInterval, cfg.Name, boot, log)
 	s.budget = newBudgetGate(b, log)
-	reservations := cfg.MaxReservations
-	if reservations == 0 {
-		reservations = -1 // the store's zero means its default
-	}
 	s.st = state.New(state.Config{Scheduler: cfg.Name, Boot: boot, MaxPlanBytes: cfg.MaxPlanBytes, Log: log,
 		Wake: s.markDirty, Admit: s.budget.Admit, Policy: cfg.Policy, PreemptGrace: cfg.PreemptGrace,
-		MinRuntime: cfg.MinRuntime, MaxReservations: reservations, CheckpointTimeout: cfg.CheckpointTimeout})
+		MinRuntime: cfg.MinRuntime, MaxReservations: cfg.MaxReservations, CheckpointTimeout: cfg.CheckpointTimeout})
 	return s
 }
 

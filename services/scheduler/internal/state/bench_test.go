@@ -83,7 +83,7 @@ var benchT0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 
 func newBenchStore() *Store {
 	return New(Config{Scheduler: "bench", Boot: "b", Now: func() time.Time { return benchT0 },
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), MaxReservations: 4})
 }
 
 // benchSubmit queues r as the scheduler does (decide, publish, record).

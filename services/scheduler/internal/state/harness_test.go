@@ -51,7 +51,8 @@ func newHarness(t *testing.T, opts ...func(*Config)) *harness {
 
 func (h *harness) newStore(opts ...func(*Config)) *Store {
 	cfg := Config{Scheduler: "sched", Boot: fmt.Sprintf("b%d", len(h.plans)), Now: func() time.Time { return h.now },
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Wake: func() { h.wakes++ }}
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Wake: func() { h.wakes++ },
+		MaxReservations: 4}
 	for _, o := range opts {
 		o(&cfg)
 	}

@@ -299,34 +299,50 @@ func TestQuotaMaxAndReclaim(t *testing.T) {
 	}
 }
 
+// TestBackfillNeverDelaysTheReservedJob: with reservations, a job that
+// would still run when the blocked job's devices free stays off them;
+// with none (-max-reservations 0), backfill protects nothing and it runs.
 func TestBackfillNeverDelaysTheReservedJob(t *testing.T) {
-	h := newHarness(t)
-	h.inventory("n1", "p", "H100-80GB", 81920, 4)
-	long := job("running", 2, "any")
-	long.Run.Duration = contracts.Duration(10 * time.Minute)
-	h.submit("a", long)
-	h.cycle()
-	ra := h.item("a", "running")
-	h.commit(ra)
-	h.started(ra, h.now)
+	tests := []struct {
+		name         string
+		reservations int
+		lengthyRuns  bool
+	}{
+		{"four reservations", 4, false},
+		{"none", 0, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(c *Config) { c.MaxReservations = tc.reservations })
+			h.inventory("n1", "p", "H100-80GB", 81920, 4)
+			long := job("running", 2, "any")
+			long.Run.Duration = contracts.Duration(10 * time.Minute)
+			h.submit("a", long)
+			h.cycle()
+			ra := h.item("a", "running")
+			h.commit(ra)
+			h.started(ra, h.now)
 
-	big := job("big", 4, "any")
-	h.submit("a", big)
-	short := job("short", 1, "any")
-	short.ExpectedRunTime = contracts.Duration(5 * time.Minute)
-	lengthy := job("lengthy", 1, "any")
-	lengthy.Run.Duration = contracts.Duration(time.Hour)
-	h.submit("a", lengthy)
-	h.submit("a", short)
-	h.cycle()
-	if len(h.items("a", "lengthy", 1)) != 0 {
-		t.Fatal("a job longer than the reservation's wait was backfilled")
-	}
-	if len(h.items("a", "short", 1)) != 1 {
-		t.Fatal("a job that ends before the reserved start was not backfilled")
-	}
-	if j, _ := h.st.Job("a", "big"); !strings.Contains(j.Pending.Message, "reserved") {
-		t.Fatalf("the big job's pending reason does not mention its reservation: %+v", j.Pending)
+			big := job("big", 4, "any")
+			h.submit("a", big)
+			short := job("short", 1, "any")
+			short.ExpectedRunTime = contracts.Duration(5 * time.Minute)
+			lengthy := job("lengthy", 1, "any")
+			lengthy.Run.Duration = contracts.Duration(time.Hour)
+			h.submit("a", lengthy)
+			h.submit("a", short)
+			h.cycle()
+			if got := len(h.items("a", "lengthy", 1)) == 1; got != tc.lengthyRuns {
+				t.Fatalf("a job longer than the blocked job's wait placed: %v, want %v", got, tc.lengthyRuns)
+			}
+			if len(h.items("a", "short", 1)) != 1 {
+				t.Fatal("a job that ends before the reserved start was not backfilled")
+			}
+			j, _ := h.st.Job("a", "big")
+			if got := strings.Contains(j.Pending.Message, "reserved"); got != (tc.reservations > 0) {
+				t.Fatalf("the big job's pending reason mentions a reservation: %v, want %v: %+v", got, tc.reservations > 0, j.Pending)
+			}
+		})
 	}
 }
 

@@ -66,7 +66,9 @@ type Config struct {
 	MinRuntime time.Duration
 	// Policy is the placement policy of pools without a PoolConfig.
 	Policy contracts.PlacementPolicy
-	// MaxReservations bounds the backfill reservations one cycle makes.
+	// MaxReservations bounds the backfill reservations one cycle makes;
+	// 0 makes none (no backfill protection). It has no default here: the
+	// service's flag has one, and a zero must mean what it says.
 	MaxReservations int
 	// CheckpointTimeout bounds how long a checkpointable job being moved
 	// is waited for to report the checkpoint it was asked for before it is
@@ -257,9 +259,6 @@ func New(cfg Config) *Store {
 	}
 	if !cfg.Policy.Valid() {
 		cfg.Policy = contracts.PolicyFragAware
-	}
-	if cfg.MaxReservations == 0 {
-		cfg.MaxReservations = 4
 	}
 	if cfg.CheckpointTimeout <= 0 {
 		cfg.CheckpointTimeout = 30 * time.Second
