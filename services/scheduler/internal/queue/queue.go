@@ -1,8 +1,11 @@
-// Package queue orders the jobs waiting for placement: one FIFO per tenant
-// and priority class, classes served highest first, and tenants within a
-// class served round-robin, one job each in turn. It only orders; whether a
-// job fits is the placement package's business, so a job that does not fit
-// never hides the ones behind it (no head-of-line blocking).
+// Package queue holds the jobs waiting for placement: one FIFO per tenant
+// and priority class, classes highest first, and tenants within a class
+// interleaved, one job each in turn. Which tenant goes first is fair
+// share's business (package fairshare orders each cycle by dominant share,
+// and the tenant served longest ago among equals), so this order is only
+// its input. It only orders; whether a job fits is the placement package's
+// business, so a job that does not fit never hides the ones behind it (no
+// head-of-line blocking).
 //
 // A Queue is not safe for concurrent use; the scheduler's state owns one
 // under its lock.
@@ -46,10 +49,8 @@ type entry[T any] struct {
 
 type class[T any] struct {
 	tenants map[string]*fifo[T]
-	// names are the tenants with a fifo, sorted: the round-robin ring.
+	// names are the tenants with a fifo, sorted.
 	names []string
-	// next is the tenant that starts the next pass (round-robin pointer).
-	next string
 }
 
 type fifo[T any] struct {
@@ -132,10 +133,9 @@ func (q *Queue[T]) Remove(key string) bool {
 	return true
 }
 
-// Order yields every waiting item in service order: classes from the
-// highest; within a class one item per tenant in turn, starting with the
-// class's round-robin pointer (see StartAfter), each tenant's items in Seq
-// order. The queue must not be changed while Order runs.
+// Order yields every waiting item: classes from the highest; within a
+// class one item per tenant in turn, tenants by name, each tenant's items
+// in Seq order. The queue must not be changed while Order runs.
 func (q *Queue[T]) Order() iter.Seq[Item[T]] {
 	return func(yield func(Item[T]) bool) {
 		for ci := range q.classes {
@@ -150,14 +150,12 @@ func (c *class[T]) each(yield func(Item[T]) bool) bool {
 	if len(c.names) == 0 {
 		return true
 	}
-	start, _ := slices.BinarySearch(c.names, c.next)
 	type cursor struct {
 		f *fifo[T]
 		i int
 	}
 	ring := make([]cursor, 0, len(c.names))
-	for k := range c.names {
-		name := c.names[(start+k)%len(c.names)]
+	for _, name := range c.names {
 		ring = append(ring, cursor{f: c.tenants[name]})
 	}
 	for len(ring) > 0 {
@@ -178,15 +176,4 @@ func (c *class[T]) each(yield func(Item[T]) bool) bool {
 		ring = kept
 	}
 	return true
-}
-
-// StartAfter moves the round-robin pointer of priority's class so that the
-// next Order starts with the tenant after tenant (wrapping around). The
-// scheduler calls it with the last tenant that got a placement in a cycle,
-// so scarce capacity rotates between tenants across cycles too.
-func (q *Queue[T]) StartAfter(priority contracts.Priority, tenant string) {
-	// The smallest string greater than tenant: "\x00" sorts before every
-	// valid tenant character, so the next tenant in the ring is found by
-	// binary search even after tenant has left the queue.
-	q.classes[classIndex(priority)].next = tenant + "\x00"
 }

@@ -32,9 +32,7 @@ func TestOrder(t *testing.T) {
 	tests := map[string]struct {
 		pushes []push
 		remove []string
-		// startAfter moves the pointer of one class before Order.
-		startAfter *push
-		want       []string
+		want   []string
 	}{
 		"empty": {want: nil},
 		"fifo within a class by submit order": {
@@ -58,35 +56,6 @@ func TestOrder(t *testing.T) {
 				{"b1", "beta", norm, 4}, {"c1", "corp", norm, 5}, {"c2", "corp", norm, 6},
 			},
 			want: []string{"a1", "b1", "c1", "a2", "c2", "a3"},
-		},
-		"pointer rotates the start tenant": {
-			pushes: []push{
-				{"a1", "acme", norm, 1}, {"a2", "acme", norm, 2},
-				{"b1", "beta", norm, 3}, {"c1", "corp", norm, 4},
-			},
-			startAfter: &push{tenant: "acme", prio: norm},
-			want:       []string{"b1", "c1", "a1", "a2"},
-		},
-		"pointer wraps around and survives a tenant that left": {
-			pushes: []push{
-				{"a1", "acme", norm, 1}, {"c1", "corp", norm, 2}, {"d1", "delta", norm, 3},
-			},
-			// beta has no jobs any more: the next tenant after it is corp.
-			startAfter: &push{tenant: "beta", prio: norm},
-			want:       []string{"c1", "d1", "a1"},
-		},
-		"pointer past the last tenant wraps to the first": {
-			pushes:     []push{{"a1", "acme", norm, 1}, {"b1", "beta", norm, 2}},
-			startAfter: &push{tenant: "zulu", prio: norm},
-			want:       []string{"a1", "b1"},
-		},
-		"pointer of one class leaves others alone": {
-			pushes: []push{
-				{"a1", "acme", high, 1}, {"b1", "beta", high, 2},
-				{"a2", "acme", norm, 3}, {"b2", "beta", norm, 4},
-			},
-			startAfter: &push{tenant: "acme", prio: norm},
-			want:       []string{"a1", "b1", "b2", "a2"},
 		},
 		"removed items are skipped": {
 			pushes: []push{{"a1", "acme", norm, 1}, {"a2", "acme", norm, 2}, {"b1", "beta", norm, 3}},
@@ -112,9 +81,6 @@ func TestOrder(t *testing.T) {
 				if !q.Remove(k) {
 					t.Fatalf("Remove(%q) = false, want true", k)
 				}
-			}
-			if tc.startAfter != nil {
-				q.StartAfter(tc.startAfter.prio, tc.startAfter.tenant)
 			}
 			if diff := cmp.Diff(tc.want, order(q)); diff != "" {
 				t.Errorf("order (-want +got):\n%s", diff)
