@@ -338,6 +338,11 @@ const (
 	// PendingPreempting: victims were chosen for this job and are being
 	// stopped; it takes their devices when they are released.
 	PendingPreempting Reason = "preempting"
+	// PendingReleasing: the job's previous attempt still holds its
+	// allocation (its run ended, the resource manager has not released
+	// it yet); the next attempt is placed once it is released, as the
+	// resource manager refuses a second live attempt of one job.
+	PendingReleasing Reason = "releasing_previous_attempt"
 	// PendingNoSchedulableNode: every node that has the GPUs is cordoned,
 	// tainted, unselected, or short of CPU or host memory.
 	PendingNoSchedulableNode Reason = "no_schedulable_node"

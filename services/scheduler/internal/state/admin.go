@@ -204,6 +204,16 @@ func (s *Store) preempting(j *Job) bool {
 	return len(j.victims) > 0
 }
 
+// awaitingRelease reports whether an earlier attempt of j still holds an
+// allocation in the ledger (see Job.releasing).
+func (s *Store) awaitingRelease(j *Job) bool {
+	j.releasing = slices.DeleteFunc(j.releasing, func(id string) bool {
+		_, held := s.cluster.allocs[id]
+		return !held
+	})
+	return len(j.releasing) > 0
+}
+
 // mayPreempt reports whether j may evict others: a class above
 // best-effort (lower classes are its victims), or a tenant under its
 // guarantee reclaiming what others borrowed.

@@ -121,6 +121,12 @@ func (s *Store) Cycle() CycleResult {
 			blocked(it)
 			continue
 		}
+		if s.awaitingRelease(j) {
+			s.setPending(j, placement.Pending{Code: contracts.PendingReleasing,
+				Message: "waiting for the resource manager to release " + strings.Join(j.releasing, ", ")})
+			blocked(it)
+			continue
+		}
 		if s.preempting(j) {
 			s.setPending(j, placement.Pending{Code: contracts.PendingPreempting,
 				Message: "waiting for " + strings.Join(j.victims, ", ") + " to stop and release their devices"})

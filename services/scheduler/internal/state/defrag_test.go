@@ -128,3 +128,50 @@ func TestDefragmentationRefusals(t *testing.T) {
 		})
 	}
 }
+
+// TestMovedJobWaitsForItsReleaseAndKeepsOffTheFreedNode: a moved job's
+// next attempt is not planned while the ledger still holds the last one
+// (the resource manager would refuse it: one live attempt per job), and a
+// refused plan for it keeps it off the node it freed: spread would put it
+// on the empty node.
+func TestMovedJobWaitsForItsReleaseAndKeepsOffTheFreedNode(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.MinRuntime, c.Policy = 0, contracts.PolicySpread })
+	s1, _ := fragmented(h, true)
+	h.submit("big", job("b", 2, "any"))
+	h.cycle()
+	h.now = h.now.Add(time.Minute)
+	h.st.ApplyDefrag("p", "pool_fragmented/p", true)
+	h.cycle()
+	if ev := h.last("small", "s1"); ev.Type != contracts.EventMigrating {
+		t.Fatalf("s1 not moved: %+v", ev)
+	}
+	h.checkpointed(s1, "c1", true)
+	h.ended(s1, contracts.RunResult{Outcome: contracts.OutcomeCancelled, Reason: contracts.ReasonDefragment, StartedAt: h.now, EndedAt: h.now})
+	h.cycle()
+	if got := h.items("small", "s1", 2); len(got) != 0 {
+		t.Fatalf("attempt 2 planned %+v while attempt 1 is still in the ledger", got)
+	}
+	if j, _ := h.st.Job("small", "s1"); j.State != contracts.StateQueued || j.Pending.Code != contracts.PendingReleasing {
+		t.Fatalf("s1 before its release: state %s, pending %+v", j.State, j.Pending)
+	}
+	h.release(s1, contracts.ReasonDefragment, nil)
+	h.cycle()
+	big, moved := h.items("big", "b", 1), h.items("small", "s1", 2)
+	if len(big) != 1 || big[0].NodeID != "n1" || len(moved) != 1 || moved[0].NodeID != "n2" {
+		t.Fatalf("after the release: big %+v, s1 %+v; want n1 and n2", big, moved)
+	}
+	// Both plans refused, the big job gone: n1 is empty, and spread
+	// prefers it, but s1 still keeps off the node it was moved from.
+	h.refuse(big[0], contracts.RefusedCommitConflict)
+	h.refuse(moved[0], contracts.RefusedCommitConflict)
+	if err := h.cancel("big", "b"); err != nil {
+		t.Fatal(err)
+	}
+	h.cycle()
+	again := h.items("small", "s1", 2)
+	if len(again) != 2 || again[1].NodeID != "n2" {
+		t.Fatalf("s1's retried attempt 2 planned %+v, want n2 again", again)
+	}
+	h.commit(again[1])
+	h.noDuplicates()
+}

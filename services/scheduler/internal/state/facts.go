@@ -292,6 +292,9 @@ func (s *Store) ledgerFact(e contracts.LedgerEntry) {
 		}
 		s.land(p)
 		p.alloc, p.committed = a, true
+		// The nodes to avoid bound this attempt's placement, refused plans
+		// and retries included; committed, it has served.
+		j.avoid = nil
 		s.queue.Remove(j.key)
 		s.advance(j)
 	case contracts.LedgerReleased:

@@ -123,13 +123,20 @@ type Job struct {
 	// lastCheckpoint names the last complete checkpoint any attempt
 	// reported: what the next attempt restores (GPUPLANE_RESTORE_FROM).
 	lastCheckpoint string
-	// avoid are nodes the next attempt must not use: a job moved to
-	// consolidate capacity stays off the nodes it freed.
+	// avoid are nodes the next attempt must not use, until a part of it
+	// commits: a job moved to consolidate capacity stays off the nodes it
+	// freed, also when a plan for it is refused and retried.
 	avoid map[string]bool
 	// victims are the allocations this one preempted, until the ledger
 	// releases them: it waits for their devices rather than choosing
 	// more victims.
 	victims []string
+	// releasing are the allocations of the job's earlier attempts the
+	// ledger still holds: the next attempt is planned once they are
+	// released, or the resource manager would refuse it
+	// (job_already_allocated) and the retry could lose the move's
+	// avoid list.
+	releasing []string
 	// later are facts about attempts after the current one, applied when
 	// the job reaches that attempt (see Store.ahead).
 	later []func()
@@ -716,7 +723,6 @@ func (s *Store) setPending(j *Job, p placement.Pending) {
 // fly records the parts of a plan for j's current attempt as in flight.
 func (s *Store) fly(j *Job, items []*contracts.Allocation) {
 	j.parts = make([]*part, len(items))
-	j.avoid = nil
 	for i, item := range items {
 		j.parts[i] = &part{alloc: *item, inFlight: true}
 		s.flying[item.ID] = j
@@ -743,6 +749,11 @@ func (s *Store) landAll(j *Job) {
 }
 
 func (s *Store) resetAttempt(j *Job, attempt int) {
+	for _, p := range j.parts {
+		if _, held := s.cluster.allocs[p.alloc.ID]; held && !slices.Contains(j.releasing, p.alloc.ID) {
+			j.releasing = append(j.releasing, p.alloc.ID)
+		}
+	}
 	s.landAll(j)
 	j.Attempt = attempt
 	j.parts, j.evict, j.evictMsg, j.victims = nil, "", "", nil
@@ -756,7 +767,7 @@ func (s *Store) resetAttempt(j *Job, attempt int) {
 func (s *Store) finish(j *Job) {
 	s.queue.Remove(j.key)
 	s.landAll(j)
-	j.Request, j.parts, j.victims, j.later = nil, nil, nil, nil
+	j.Request, j.parts, j.victims, j.later, j.releasing = nil, nil, nil, nil, nil
 	j.migration, j.moved, j.avoid = nil, nil, nil
 	delete(s.evicting, j.key)
 	j.Pending = placement.Pending{}
