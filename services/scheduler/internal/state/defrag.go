@@ -23,6 +23,9 @@ import (
 //     since its start or last checkpoint, nothing for a job that
 //     checkpoints first, plus moveOverhead for the restart), and the sum
 //     must not exceed the blocked job's GPUs × the time it has waited;
+//   - no moved job is expected to end within moveOverhead anyway (its
+//     ExpectedRunTime, or its run's duration, from its start): waiting for
+//     it costs less than restarting it;
 //   - at most maxDefragMoves jobs, for one blocked job per cycle.
 // The moved jobs keep off the freed nodes in their next attempt (avoid), so
 // the blocked job, waiting for their releases as a preemptor does, gets
@@ -73,7 +76,7 @@ func (s *Store) defragment(now time.Time, misses []miss) {
 		}
 		if running == nil {
 			snap = s.cluster.snapshot(now)
-			running = s.movable()
+			running = s.movable(now)
 		}
 		for _, pool := range pools {
 			r := m.r
@@ -101,13 +104,20 @@ func (s *Store) defragment(now time.Time, misses []miss) {
 	}
 }
 
-// movable lists the single-machine jobs a consolidation may move.
-func (s *Store) movable() []preempt.Running {
+// movable lists the single-machine jobs a consolidation may move: not
+// those expected to end within moveOverhead of now.
+func (s *Store) movable(now time.Time) []preempt.Running {
 	var out []preempt.Running
 	for _, r := range s.victimsOf(nil) {
-		if r.Gang == "" {
-			out = append(out, r)
+		if r.Gang != "" {
+			continue
 		}
+		if j := s.jobs[Key(r.Tenant, r.JobID)]; !r.StartedAt.IsZero() && j != nil && j.Request != nil {
+			if d := expectedRunTime(j.Request); d > 0 && r.StartedAt.Add(d).Sub(now) < moveOverhead {
+				continue
+			}
+		}
+		out = append(out, r)
 	}
 	return out
 }

@@ -108,6 +108,15 @@ func TestDefragmentationRefusals(t *testing.T) {
 			h.cycle()
 			h.now = h.now.Add(time.Hour)
 		}},
+		// Checkpointing jobs (nothing lost but the restart) in the way of
+		// a job that waited an hour, but both end in 20 s: waiting for
+		// them costs less than the 30 s restart.
+		{"the jobs in the way end sooner than a restart", func(h *harness) {
+			fragmented(h, true)
+			h.submit("big", job("b", 2, "any"))
+			h.cycle()
+			h.now = h.now.Add(time.Hour - 20*time.Second)
+		}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
