@@ -27,7 +27,7 @@ require (
 	github.com/gpuplane/gpuplane/services/autoscaler v0.0.0 // indirect
 	github.com/gpuplane/gpuplane/services/billing v0.0.0 // indirect
 	github.com/gpuplane/gpuplane/services/gateway v0.0.0 // indirect
-	github.com/gpuplane/gpuplane/services/monitor v0.0.0 // indirect
+	github.com/gpuplane/gpuplane/services/monitor v0.0.0
 	github.com/gpuplane/gpuplane/services/resource-manager v0.0.0 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.30.0 // indirect
 	github.com/invopop/jsonschema v0.13.0 // indirect

@@ -74,6 +74,9 @@ type Config struct {
 	// its defaults (tests shorten -min-runtime and -preempt-grace; the
 	// bus settings are Run's own and set after it).
 	Scheduler func(*scheduler.Config)
+	// Monitor, when set, adjusts the monitor's configuration after its
+	// defaults (tests pass a rules file with short durations).
+	Monitor func(*monitor.Config)
 }
 
 // AutoscalePool is one pool the autoscaler manages on the simulated
@@ -326,6 +329,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Endpoints
 	run("autoscaler", func(ctx context.Context) error { return autoscaler.Run(ctx, as, log) })
 
 	mo := monitor.DefaultConfig()
+	if cfg.Monitor != nil {
+		cfg.Monitor(&mo)
+	}
 	mo.Bus = busCfg
 	mo.Addr = cfg.MetricsAddr
 	mo.OnListen = listened(func(a string) { ep.MetricsURL = "http://" + a + "/metrics" })
