@@ -70,14 +70,7 @@ type opsLog struct {
 func (s *stack) watchOps(t testing.TB, pool string) *opsLog {
 	t.Helper()
 	o := &opsLog{}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	cons, err := s.js.OrderedConsumer(ctx, contracts.StreamOps, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{contracts.SubjectScale(pool), contracts.SubjectMachines(pool)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cc, err := cons.Consume(func(m jetstream.Msg) {
+	s.tail(t, contracts.StreamOps, []string{contracts.SubjectScale(pool), contracts.SubjectMachines(pool)}, func(m jetstream.Msg) {
 		o.mu.Lock()
 		defer o.mu.Unlock()
 		switch m.Subject() {
@@ -93,10 +86,6 @@ func (s *stack) watchOps(t testing.TB, pool string) *opsLog {
 			}
 		}
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cc.Stop)
 	return o
 }
 

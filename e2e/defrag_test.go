@@ -77,14 +77,7 @@ type alertLog struct {
 func (s *stack) watchAlerts(t testing.TB, kind string) *alertLog {
 	t.Helper()
 	l := &alertLog{}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	cons, err := s.js.OrderedConsumer(ctx, contracts.StreamOps, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{contracts.SubjectAlert(kind)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cc, err := cons.Consume(func(m jetstream.Msg) {
+	s.tail(t, contracts.StreamOps, []string{contracts.SubjectAlert(kind)}, func(m jetstream.Msg) {
 		var a contracts.Alert
 		if json.Unmarshal(m.Data(), &a) != nil {
 			return
@@ -93,10 +86,6 @@ func (s *stack) watchAlerts(t testing.TB, kind string) *alertLog {
 		defer l.mu.Unlock()
 		l.alerts = append(l.alerts, a)
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cc.Stop)
 	return l
 }
 

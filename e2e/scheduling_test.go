@@ -60,13 +60,7 @@ type history struct {
 func (s *stack) watchHistory(t testing.TB) *history {
 	t.Helper()
 	h := &history{evs: map[string][]contracts.JobEvent{}}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	cons, err := s.js.OrderedConsumer(ctx, contracts.StreamJobEvents, jetstream.OrderedConsumerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cc, err := cons.Consume(func(m jetstream.Msg) {
+	s.tail(t, contracts.StreamJobEvents, nil, func(m jetstream.Msg) {
 		var ev contracts.JobEvent
 		if json.Unmarshal(m.Data(), &ev) != nil {
 			return
@@ -76,10 +70,6 @@ func (s *stack) watchHistory(t testing.TB) *history {
 		key := ev.Tenant + "/" + ev.JobID
 		h.evs[key] = append(h.evs[key], ev)
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cc.Stop)
 	return h
 }
 

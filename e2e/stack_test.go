@@ -121,16 +121,27 @@ type jobWatcher struct {
 	counts map[contracts.JobEventType]int
 }
 
-func (s *stack) watchJobs(t testing.TB) *jobWatcher {
+// tail hands every message of stream (on subjects; all when none) to fn,
+// in stream order from the first, until the test ends.
+func (s *stack) tail(t testing.TB, stream string, subjects []string, fn func(jetstream.Msg)) {
 	t.Helper()
-	w := &jobWatcher{last: map[string]contracts.JobEvent{}, counts: map[contracts.JobEventType]int{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	cons, err := s.js.OrderedConsumer(ctx, contracts.StreamJobEvents, jetstream.OrderedConsumerConfig{})
+	cons, err := s.js.OrderedConsumer(ctx, stream, jetstream.OrderedConsumerConfig{FilterSubjects: subjects})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cc, err := cons.Consume(func(m jetstream.Msg) {
+	cc, err := cons.Consume(fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cc.Stop)
+}
+
+func (s *stack) watchJobs(t testing.TB) *jobWatcher {
+	t.Helper()
+	w := &jobWatcher{last: map[string]contracts.JobEvent{}, counts: map[contracts.JobEventType]int{}}
+	s.tail(t, contracts.StreamJobEvents, nil, func(m jetstream.Msg) {
 		var ev contracts.JobEvent
 		if err := json.Unmarshal(m.Data(), &ev); err != nil {
 			return
@@ -146,10 +157,6 @@ func (s *stack) watchJobs(t testing.TB) *jobWatcher {
 		}
 		w.last[key] = ev
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(cc.Stop)
 	return w
 }
 
