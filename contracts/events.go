@@ -174,6 +174,9 @@ type Migration struct {
 	// Checkpointed (migrated) is true when the moved run wrote a
 	// checkpoint at the platform's request before it stopped.
 	Checkpointed bool `json:"checkpointed,omitempty"`
+	// KeepOff (migrating, defragment) are the nodes the move frees for
+	// another job: the next attempt stays off them until it commits.
+	KeepOff []string `json:"keepOff,omitempty"`
 }
 
 // Placement is where an allocation put a job.

@@ -204,14 +204,26 @@ func (s *Store) preempting(j *Job) bool {
 	return len(j.victims) > 0
 }
 
-// awaitingRelease reports whether an earlier attempt of j still holds an
-// allocation in the ledger (see Job.releasing).
-func (s *Store) awaitingRelease(j *Job) bool {
-	j.releasing = slices.DeleteFunc(j.releasing, func(id string) bool {
-		_, held := s.cluster.allocs[id]
-		return !held
-	})
-	return len(j.releasing) > 0
+// awaitingRelease returns the allocations of j's previous attempt the
+// ledger still holds. A job is requeued when its run ends, before the
+// resource manager has released the attempt; planning the next one then
+// would only be refused (job_already_allocated: one live attempt per
+// job). It is read off the ledger as this store has it, so a rebuilt store
+// waits the same way. An attempt before the previous one cannot be live:
+// each waited for the release of the one before it.
+func (s *Store) awaitingRelease(j *Job) []string {
+	if j.Attempt <= 1 || j.Request == nil {
+		return nil
+	}
+	var held []string
+	machines := max(j.Request.Resources.GPU.Machines(), 1)
+	for rank := range machines {
+		id := partID(j.Tenant, j.ID, j.Attempt-1, rank, machines)
+		if _, ok := s.cluster.allocs[id]; ok {
+			held = append(held, id)
+		}
+	}
+	return held
 }
 
 // mayPreempt reports whether j may evict others: a class above

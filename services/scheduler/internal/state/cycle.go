@@ -121,9 +121,9 @@ func (s *Store) Cycle() CycleResult {
 			blocked(it)
 			continue
 		}
-		if s.awaitingRelease(j) {
+		if held := s.awaitingRelease(j); len(held) > 0 {
 			s.setPending(j, placement.Pending{Code: contracts.PendingReleasing,
-				Message: "waiting for the resource manager to release " + strings.Join(j.releasing, ", ")})
+				Message: "waiting for the resource manager to release " + strings.Join(held, ", ")})
 			blocked(it)
 			continue
 		}

@@ -105,7 +105,8 @@ func (s *Store) defragment(now time.Time, misses []miss) {
 }
 
 // movable lists the single-machine jobs a consolidation may move: not
-// those expected to end within moveOverhead of now.
+// those expected to end within moveOverhead of now. One already past its
+// expected end says nothing about when it will end, and may move.
 func (s *Store) movable(now time.Time) []preempt.Running {
 	var out []preempt.Running
 	for _, r := range s.victimsOf(nil) {
@@ -113,8 +114,10 @@ func (s *Store) movable(now time.Time) []preempt.Running {
 			continue
 		}
 		if j := s.jobs[Key(r.Tenant, r.JobID)]; !r.StartedAt.IsZero() && j != nil && j.Request != nil {
-			if d := expectedRunTime(j.Request); d > 0 && r.StartedAt.Add(d).Sub(now) < moveOverhead {
-				continue
+			if d := expectedRunTime(j.Request); d > 0 {
+				if left := r.StartedAt.Add(d).Sub(now); left >= 0 && left < moveOverhead {
+					continue
+				}
 			}
 		}
 		out = append(out, r)

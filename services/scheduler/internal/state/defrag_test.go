@@ -163,6 +163,12 @@ func TestMovedJobWaitsForItsReleaseAndKeepsOffTheFreedNode(t *testing.T) {
 	if j, _ := h.st.Job("small", "s1"); j.State != contracts.StateQueued || j.Pending.Code != contracts.PendingReleasing {
 		t.Fatalf("s1 before its release: state %s, pending %+v", j.State, j.Pending)
 	}
+	// A restarted scheduler, rebuilt from the streams, waits the same way.
+	h.restart()
+	h.cycle()
+	if got := h.items("small", "s1", 2); len(got) != 0 {
+		t.Fatalf("after a restart, attempt 2 planned %+v while attempt 1 is still in the ledger", got)
+	}
 	h.release(s1, contracts.ReasonDefragment, nil)
 	h.cycle()
 	big, moved := h.items("big", "b", 1), h.items("small", "s1", 2)

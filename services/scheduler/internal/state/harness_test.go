@@ -32,6 +32,8 @@ type harness struct {
 	facts      []func(*Store) []Publish
 	cancels    [][2]string
 	cancelSeqs []uint64
+	// opts configure every store, the rebuilt ones too.
+	opts []func(*Config)
 }
 
 type published struct {
@@ -43,7 +45,7 @@ type published struct {
 func newHarness(t *testing.T, opts ...func(*Config)) *harness {
 	t.Helper()
 	h := &harness{t: t, now: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), ids: map[string]int{},
-		status: map[string]*contracts.JobStatus{}}
+		status: map[string]*contracts.JobStatus{}, opts: opts}
 	h.st = h.newStore(opts...)
 	h.collect(h.st.GoLive())
 	return h
@@ -197,7 +199,7 @@ func (h *harness) ended(a contracts.Allocation, res contracts.RunResult) {
 // fact from the beginning, then GoLive.
 func (h *harness) restart() {
 	h.t.Helper()
-	st := h.newStore()
+	st := h.newStore(h.opts...)
 	for _, p := range h.events {
 		st.ReplayJobEvent(p.ev, p.seq, p.id)
 	}

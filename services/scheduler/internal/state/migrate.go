@@ -2,6 +2,8 @@ package state
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -51,7 +53,7 @@ func (s *Store) evictJob(j *Job, m move) {
 	s.evicting[j.key] = j
 	if migrates(m.reason) && (j.State == contracts.StateRunning || j.State == contracts.StateScheduled) {
 		mig := contracts.Migration{Reason: m.reason, FromAttempt: j.Attempt, From: placementsOf(j),
-			Checkpoint: s.checkpointable(j)}
+			Checkpoint: s.checkpointable(j), KeepOff: slices.Sorted(maps.Keys(j.avoid))}
 		if !m.deadline.IsZero() {
 			d := m.deadline.UTC()
 			mig.Deadline = &d

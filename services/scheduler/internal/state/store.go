@@ -131,12 +131,6 @@ type Job struct {
 	// releases them: it waits for their devices rather than choosing
 	// more victims.
 	victims []string
-	// releasing are the allocations of the job's earlier attempts the
-	// ledger still holds: the next attempt is planned once they are
-	// released, or the resource manager would refuse it
-	// (job_already_allocated) and the retry could lose the move's
-	// avoid list.
-	releasing []string
 	// later are facts about attempts after the current one, applied when
 	// the job reaches that attempt (see Store.ahead).
 	later []func()
@@ -364,6 +358,14 @@ func (s *Store) ReplayJobEvent(ev contracts.JobEvent, seq uint64, msgID string) 
 		if ev.Attempt == j.Attempt && ev.Migration != nil {
 			m := *ev.Migration
 			j.migration, j.evict, j.evictMsg, j.evictAt = &m, m.Reason, ev.Message, ev.Time
+			if len(m.KeepOff) > 0 {
+				// Until the next attempt commits (a ledger fact, read after
+				// the events): the move's nodes stay someone else's.
+				j.avoid = map[string]bool{}
+				for _, n := range m.KeepOff {
+					j.avoid[n] = true
+				}
+			}
 			if m.Deadline != nil {
 				j.evictBy = *m.Deadline
 			}
@@ -749,11 +751,6 @@ func (s *Store) landAll(j *Job) {
 }
 
 func (s *Store) resetAttempt(j *Job, attempt int) {
-	for _, p := range j.parts {
-		if _, held := s.cluster.allocs[p.alloc.ID]; held && !slices.Contains(j.releasing, p.alloc.ID) {
-			j.releasing = append(j.releasing, p.alloc.ID)
-		}
-	}
 	s.landAll(j)
 	j.Attempt = attempt
 	j.parts, j.evict, j.evictMsg, j.victims = nil, "", "", nil
@@ -767,7 +764,7 @@ func (s *Store) resetAttempt(j *Job, attempt int) {
 func (s *Store) finish(j *Job) {
 	s.queue.Remove(j.key)
 	s.landAll(j)
-	j.Request, j.parts, j.victims, j.later, j.releasing = nil, nil, nil, nil, nil
+	j.Request, j.parts, j.victims, j.later = nil, nil, nil, nil
 	j.migration, j.moved, j.avoid = nil, nil, nil
 	delete(s.evicting, j.key)
 	j.Pending = placement.Pending{}
