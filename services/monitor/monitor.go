@@ -407,7 +407,7 @@ func (m *monitor) onNode(msg *bus.Msg) error {
 		if err := msg.Decode(&inv); err != nil {
 			return err
 		}
-		m.model.ApplyInventory(nodeID, inv)
+		m.model.ApplyInventory(nodeID, inv, msgTime(msg))
 	case "lifecycle":
 		var ev contracts.NodeEvent
 		if err := msg.Decode(&ev); err != nil {

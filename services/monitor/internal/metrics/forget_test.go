@@ -43,7 +43,7 @@ func TestDepartedNodeStopsExporting(t *testing.T) {
 	const stale = 3 * time.Second
 	m := readmodel.New()
 	for _, n := range []string{"n1", "n2"} {
-		m.ApplyInventory(n, contracts.NodeInventory{Pool: "spot", GPUs: []contracts.GPUInfo{{UUID: "GPU-" + n, Healthy: true}}})
+		m.ApplyInventory(n, contracts.NodeInventory{Pool: "spot", GPUs: []contracts.GPUInfo{{UUID: "GPU-" + n, Healthy: true}}}, t0)
 		m.ApplyTelemetry(n, contracts.Telemetry{Hostname: "host-" + n, Pool: "spot",
 			GPUs: []contracts.GPUSample{{UUID: "GPU-" + n, GPUUtil: 50}}}, t0)
 		m.ApplyHeartbeat(n, t0)

@@ -27,7 +27,7 @@ func join(m *Model, id string, gpus int, at time.Time) {
 		inv.GPUs = append(inv.GPUs, contracts.GPUInfo{UUID: uuid, Healthy: true})
 		tel.GPUs = append(tel.GPUs, contracts.GPUSample{Index: i, UUID: uuid})
 	}
-	m.ApplyInventory(id, inv)
+	m.ApplyInventory(id, inv, at)
 	m.ApplyNodeEvent(id, contracts.NodeEvent{Kind: contracts.NodeRegistered, Pool: "spot"})
 	m.ApplyTelemetry(id, tel, at)
 	m.ApplyHeartbeat(id, at)
@@ -147,6 +147,7 @@ func TestForget(t *testing.T) {
 	// not bring the departed node back.
 	m.ApplyHeartbeat("gone", at(4))
 	m.ApplyTelemetry("gone", contracts.Telemetry{GPUs: []contracts.GPUSample{{UUID: "GPU-gone-0"}}}, at(4))
+	m.ApplyInventory("gone", contracts.NodeInventory{Pool: "spot"}, at(4))
 	m.ApplyNodeLeft("gone", at(5))
 	m.ApplyNodeEvent("gone", contracts.NodeEvent{Kind: contracts.NodeLost, Pool: "spot"})
 	if _, _, nodes, beats := nodeState(m); nodes != 4 || beats != 4 {
@@ -178,5 +179,18 @@ func TestForget(t *testing.T) {
 	m.ApplyNodeLeft("gone", at(21))
 	if n := m.Forget(at(30)); n != 1 {
 		t.Errorf("second departure: Forget dropped %d nodes; want 1", n)
+	}
+
+	// Back once more, and its inventory read before any heartbeat or
+	// telemetry: a node that spoke after it left is not forgotten.
+	m.ApplyInventory("gone", contracts.NodeInventory{Pool: "spot", GPUs: []contracts.GPUInfo{{UUID: "GPU-gone-new", Healthy: true}}}, at(40))
+	if n := m.Forget(at(50)); n != 0 {
+		t.Errorf("Forget dropped %d nodes; want none: gone came back with a fresh inventory", n)
+	}
+	m.mu.Lock()
+	_, kept := m.nodes["gone"]
+	m.mu.Unlock()
+	if !kept {
+		t.Error("the fresh inventory of a node back after it left was forgotten")
 	}
 }

@@ -93,11 +93,12 @@ func (m *Model) Heartbeats() []NodeHeartbeat {
 }
 
 // departed reports whether the node left and has not been heard from since
-// (no heartbeat nor telemetry stamped after it left). The caller holds
-// m.mu.
+// (no heartbeat, telemetry nor inventory stamped after it left). The
+// caller holds m.mu.
 func (m *Model) departed(nodeID string) bool {
 	b := m.beats[nodeID]
-	return b != nil && !b.left.IsZero() && !b.last.After(b.left) && !m.nodeSeen[nodeID].After(b.left)
+	return b != nil && !b.left.IsZero() && !b.last.After(b.left) && !m.nodeSeen[nodeID].After(b.left) &&
+		!m.nodes[nodeID].inventoryAt.After(b.left)
 }
 
 // Forget drops every node that left at or before before and has not been

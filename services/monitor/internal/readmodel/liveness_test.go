@@ -34,7 +34,7 @@ func TestHeartbeats(t *testing.T) {
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
 			m := New()
-			m.ApplyInventory("n1", contracts.NodeInventory{NodeID: "n1", Pool: "h100"})
+			m.ApplyInventory("n1", contracts.NodeInventory{NodeID: "n1", Pool: "h100"}, at(0))
 			for _, st := range tc.steps {
 				if st.beat {
 					m.ApplyHeartbeat("n1", at(st.s))
@@ -75,7 +75,7 @@ func TestFragmentationLeavesHeldCapacityOut(t *testing.T) {
 			m := New()
 			for _, n := range []string{"a", "b"} {
 				m.ApplyInventory(n, contracts.NodeInventory{NodeID: n, Pool: "p", GPUs: []contracts.GPUInfo{
-					{UUID: n + "0", Healthy: true}, {UUID: n + "1", Healthy: true}}})
+					{UUID: n + "0", Healthy: true}, {UUID: n + "1", Healthy: true}}}, time.Unix(1, 0))
 			}
 			m.ApplyLedger(contracts.LedgerEntry{Kind: contracts.LedgerCommitted, Allocation: contracts.Allocation{
 				ID: "x", NodeID: "a", Pool: "p", Devices: []contracts.DeviceRef{{UUID: "a0"}}}})

@@ -2,6 +2,7 @@ package readmodel
 
 import (
 	"testing"
+	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
 )
@@ -28,7 +29,7 @@ func TestFragmentation(t *testing.T) {
 			for _, n := range []string{"a", "b"} {
 				inv := contracts.NodeInventory{NodeID: n, Pool: "p", GPUs: []contracts.GPUInfo{
 					{UUID: n + "0", Healthy: true}, {UUID: n + "1", Healthy: !(tc.sick && n == "b")}}}
-				m.ApplyInventory(n, inv)
+				m.ApplyInventory(n, inv, time.Unix(1, 0))
 			}
 			if len(tc.allocs) > 0 {
 				m.ApplyLedger(contracts.LedgerEntry{Kind: contracts.LedgerCommitted,

@@ -77,6 +77,9 @@ type node struct {
 	pool string
 	gpus int
 	lost bool
+	// inventoryAt is the stream time of the latest inventory: an
+	// inventory after a departure is the node ID back on a new machine.
+	inventoryAt time.Time
 	// healthy is the health of each GPU, by UUID, from the inventory.
 	healthy map[string]bool
 }
@@ -201,11 +204,19 @@ func (m *Model) ApplyDemand(d contracts.PoolDemand) {
 
 // ApplyInventory records the latest inventory of a node. Whether the node is
 // lost is decided by lifecycle events only.
-func (m *Model) ApplyInventory(nodeID string, inv contracts.NodeInventory) {
+// at is the stream's time of the message: an inventory of a node the model
+// forgot, stamped before it forgot it, is a late copy and is ignored.
+func (m *Model) ApplyInventory(nodeID string, inv contracts.NodeInventory, at time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	n := m.nodes[nodeID]
+	n, ok := m.nodes[nodeID]
+	if !ok && !at.After(m.forgotBefore) {
+		return
+	}
 	n.pool, n.gpus = inv.Pool, len(inv.GPUs)
+	if at.After(n.inventoryAt) {
+		n.inventoryAt = at
+	}
 	n.healthy = make(map[string]bool, len(inv.GPUs))
 	for _, g := range inv.GPUs {
 		n.healthy[g.UUID] = g.Healthy

@@ -61,8 +61,8 @@ func TestLedgerIsIdempotentOnAllocationID(t *testing.T) {
 	} {
 		m.ApplyLedger(e)
 	}
-	m.ApplyInventory("n1", contracts.NodeInventory{Pool: "h100", GPUs: make([]contracts.GPUInfo, 8)})
-	m.ApplyInventory("n2", contracts.NodeInventory{Pool: "h100", GPUs: make([]contracts.GPUInfo, 8)})
+	m.ApplyInventory("n1", contracts.NodeInventory{Pool: "h100", GPUs: make([]contracts.GPUInfo, 8)}, time.Unix(1, 0))
+	m.ApplyInventory("n2", contracts.NodeInventory{Pool: "h100", GPUs: make([]contracts.GPUInfo, 8)}, time.Unix(1, 0))
 	m.ApplyNodeEvent("n2", contracts.NodeEvent{Kind: contracts.NodeLost})
 	s := m.Snapshot(time.Time{})
 	if diff := cmp.Diff([]PoolCount{{Pool: "h100", Nodes: 1, GPUs: 8, AllocatedGPUs: 2}}, s.Pools); diff != "" {
