@@ -2,8 +2,6 @@ package monitor_test
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -79,15 +77,7 @@ func TestDepartedNodeLostResolvesOnce(t *testing.T) {
 	const interval = 200 * time.Millisecond
 	srv := natstest.Start(t)
 	b := connect(t, srv.URL())
-	path := filepath.Join(t.TempDir(), "rules.yaml")
-	rules := fmt.Sprintf(`
-resolution: 100ms
-rules:
-  - {kind: node_lost, scope: node, metric: heartbeat_age_s, agg: last, window: 500ms, op: ">=", threshold: %g, severity: critical}
-`, (3 * interval).Seconds())
-	if err := os.WriteFile(path, []byte(rules), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	path := nodeLostRulesFile(t, interval)
 	publish(t, b, contracts.SubjectInventory("n1"), "inv/n1", inventory("n1", "host-1", "h100", 1))
 	cfg := monitor.DefaultConfig()
 	cfg.SilentAfter = time.Second

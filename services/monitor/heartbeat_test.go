@@ -28,15 +28,7 @@ func TestNodeLostFromHeartbeats(t *testing.T) {
 	const interval = 300 * time.Millisecond
 	srv := natstest.Start(t)
 	b := connect(t, srv.URL())
-	path := filepath.Join(t.TempDir(), "rules.yaml")
-	rules := fmt.Sprintf(`
-resolution: 100ms
-rules:
-  - {kind: node_lost, scope: node, metric: heartbeat_age_s, agg: last, window: 500ms, op: ">=", threshold: %g, severity: critical}
-`, (3 * interval).Seconds())
-	if err := os.WriteFile(path, []byte(rules), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	path := nodeLostRulesFile(t, interval)
 	for _, n := range []string{"n1", "n2", "n3"} {
 		publish(t, b, contracts.SubjectInventory(n), "inv/"+n, inventory(n, "host-"+n, "h100", 1))
 	}
@@ -173,4 +165,20 @@ func beat(t *testing.T, b *bus.Bus, node string, interval time.Duration) *atomic
 		}
 	})
 	return &on
+}
+
+// nodeLostRulesFile writes a rules file holding node_lost alone, firing
+// after three missed heartbeats of interval, and returns its path.
+func nodeLostRulesFile(t *testing.T, interval time.Duration) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	rules := fmt.Sprintf(`
+resolution: 100ms
+rules:
+  - {kind: node_lost, scope: node, metric: heartbeat_age_s, agg: last, window: 500ms, op: ">=", threshold: %g, severity: critical}
+`, (3 * interval).Seconds())
+	if err := os.WriteFile(path, []byte(rules), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
