@@ -171,13 +171,18 @@ func beat(t *testing.T, b *bus.Bus, node string, interval time.Duration) *atomic
 // after three missed heartbeats of interval, and returns its path.
 func nodeLostRulesFile(t *testing.T, interval time.Duration) string {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "rules.yaml")
-	rules := fmt.Sprintf(`
+	return rulesFile(t, fmt.Sprintf(`
 resolution: 100ms
 rules:
   - {kind: node_lost, scope: node, metric: heartbeat_age_s, agg: last, window: 500ms, op: ">=", threshold: %g, severity: critical}
-`, (3 * interval).Seconds())
-	if err := os.WriteFile(path, []byte(rules), 0o600); err != nil {
+`, (3*interval).Seconds()))
+}
+
+// rulesFile writes a rules file with body and returns its path.
+func rulesFile(t *testing.T, body string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return path

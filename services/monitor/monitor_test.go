@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -43,10 +42,7 @@ func TestConfigValidateReportsEveryProblem(t *testing.T) {
 // TestConfigRefusesTheSilenceKind: a rule raising node_silent would mix
 // its episodes with the silence detector's on one subject.
 func TestConfigRefusesTheSilenceKind(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "rules.yaml")
-	if err := os.WriteFile(path, []byte("rules:\n  - {kind: node_silent, scope: node, metric: heartbeat_age_s, op: \">\"}\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	path := rulesFile(t, "rules:\n  - {kind: node_silent, scope: node, metric: heartbeat_age_s, op: \">\"}\n")
 	cfg := monitor.DefaultConfig()
 	cfg.RulesFile = path
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), `"node_silent" is the silence detector's`) {
@@ -282,13 +278,19 @@ func startMonitorStoppable(t *testing.T, url string, silentAfter time.Duration) 
 // ends, and checks that it stops cleanly within a bounded time.
 func startMonitorWith(t testing.TB, url string, cfg monitor.Config) (string, func()) {
 	t.Helper()
+	return startMonitorLogged(t, url, cfg, quietLog())
+}
+
+// startMonitorLogged is startMonitorWith logging to log.
+func startMonitorLogged(t testing.TB, url string, cfg monitor.Config, log *slog.Logger) (string, func()) {
+	t.Helper()
 	cfg.Bus = service.BusConfig{NATSURL: url, Replicas: 1}
 	cfg.Addr = "127.0.0.1:0"
 	listening := make(chan string, 1)
 	cfg.OnListen = func(addr string) { listening <- addr }
 	exited := make(chan error, 1)
 	stop := natstest.RunService(t, "monitor", func(ctx context.Context) error {
-		err := monitor.Run(ctx, cfg, quietLog())
+		err := monitor.Run(ctx, cfg, log)
 		exited <- err
 		return err
 	})

@@ -2,8 +2,6 @@ package monitor_test
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -25,8 +23,7 @@ import (
 func TestPlatformMetricsAndDefragmentAlert(t *testing.T) {
 	srv := natstest.Start(t)
 	b := connect(t, srv.URL())
-	path := filepath.Join(t.TempDir(), "rules.yaml")
-	if err := os.WriteFile(path, []byte(`
+	path := rulesFile(t, `
 resolution: 100ms
 rules:
   - kind: pool_fragmented
@@ -38,9 +35,7 @@ rules:
     for: 200ms
     while: [{metric: pending_jobs, op: ">", threshold: 0}]
     action: defragment
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+`)
 
 	// Two idle 2-GPU machines and one 2-GPU machine with one GPU taken:
 	// free 5000 milli-GPU, 4000 of it on idle machines: 20% fragmented.

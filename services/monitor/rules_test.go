@@ -5,8 +5,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,7 +16,6 @@ import (
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
-	"github.com/gpuplane/gpuplane/libs/service"
 	"github.com/gpuplane/gpuplane/services/monitor"
 )
 
@@ -28,8 +25,7 @@ import (
 func TestRuleAlertFiresOnceAndResolvesOnce(t *testing.T) {
 	srv := natstest.Start(t)
 	b := connect(t, srv.URL())
-	path := filepath.Join(t.TempDir(), "rules.yaml")
-	if err := os.WriteFile(path, []byte(`
+	path := rulesFile(t, `
 resolution: 100ms
 rules:
   - kind: gpu_hot
@@ -41,9 +37,7 @@ rules:
     threshold: 85
     severity: critical
     action: drain_gpu
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+`)
 	cfg := monitor.DefaultConfig()
 	cfg.SilentAfter = time.Minute
 	cfg.RulesFile = path
@@ -117,14 +111,11 @@ func hotTicks(t *testing.T, b *bus.Bus, node string, temp *atomic.Int64) {
 func TestRestoreReadsOnlyTheMonitorsKinds(t *testing.T) {
 	srv := natstest.Start(t)
 	b := connect(t, srv.URL())
-	path := filepath.Join(t.TempDir(), "rules.yaml")
-	if err := os.WriteFile(path, []byte(`
+	path := rulesFile(t, `
 resolution: 100ms
 rules:
   - {kind: gpu_hot, scope: gpu, metric: temp_c, agg: last, window: 300ms, op: ">", threshold: 85, severity: critical}
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+`)
 	since := time.Now().Add(-time.Hour)
 	publish(t, b, contracts.SubjectAlert("gpu_hot"), "alert/gpu_hot/GPU-n1/3/resolved", contracts.Alert{
 		SchemaVersion: contracts.SchemaVersion, Kind: "gpu_hot", Key: "GPU-n1", State: contracts.AlertResolved,
@@ -143,19 +134,7 @@ rules:
 	cfg.SilentAfter = time.Minute
 	cfg.RulesFile = path
 	cfg.EvalInterval = 20 * time.Millisecond
-	cfg.Bus = service.BusConfig{NATSURL: srv.URL(), Replicas: 1}
-	cfg.Addr = "127.0.0.1:0"
-	listening := make(chan string, 1)
-	cfg.OnListen = func(addr string) { listening <- addr }
-	natstest.RunService(t, "monitor", func(ctx context.Context) error {
-		return monitor.Run(ctx, cfg, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
-	})
-	var addr string
-	select {
-	case addr = <-listening:
-	case <-time.After(15 * time.Second):
-		t.Fatal("monitor not listening after 15s")
-	}
+	addr, _ := startMonitorLogged(t, srv.URL(), cfg, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	waitHealthy(t, addr)
 
 	var temp atomic.Int64

@@ -33,7 +33,7 @@ func (m *Model) beat(nodeID string) *beat {
 func (m *Model) ApplyHeartbeat(nodeID string, at time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if _, ok := m.beats[nodeID]; !ok && !at.After(m.forgotBefore) {
+	if _, ok := m.beats[nodeID]; m.lateCopy(ok, at) {
 		return
 	}
 	b := m.beat(nodeID)
@@ -48,7 +48,7 @@ func (m *Model) ApplyHeartbeat(nodeID string, at time.Time) {
 func (m *Model) ApplyNodeLeft(nodeID string, at time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if _, ok := m.beats[nodeID]; !ok && !at.After(m.forgotBefore) {
+	if _, ok := m.beats[nodeID]; m.lateCopy(ok, at) {
 		return
 	}
 	b := m.beat(nodeID)
@@ -101,8 +101,16 @@ func (m *Model) departed(nodeID string) bool {
 		!m.nodes[nodeID].inventoryAt.After(b.left)
 }
 
+// lateCopy reports whether a message stamped at about a node the model
+// does not know (known false) is a late copy of a forgotten node's:
+// stamped at or before the last cutoff Forget was given. The caller holds
+// m.mu.
+func (m *Model) lateCopy(known bool, at time.Time) bool {
+	return !known && !at.After(m.forgotBefore)
+}
+
 // Forget drops every node that left at or before before and has not been
-// heard from since (no heartbeat nor telemetry stamped after it left): its
+// heard from since (see departed): its
 // heartbeats, telemetry, GPUs and inventory. The caller passes now less the
 // silent period, so that telemetry or heartbeats stamped before the
 // departure and still on their way are not taken for a new node. It

@@ -49,8 +49,9 @@ type Model struct {
 
 	// forgotBefore is the latest cutoff Forget was given: a node dropped
 	// then had not been heard from since before it, so a heartbeat,
-	// telemetry or departure of an unknown node stamped at or before it
-	// is a late copy of a dropped node's, not a new node, and is ignored.
+	// telemetry, inventory or departure of an unknown node stamped at or
+	// before it is a late copy of a dropped node's, not a new node, and is
+	// ignored (lateCopy).
 	forgotBefore time.Time
 }
 
@@ -109,7 +110,7 @@ func (m *Model) ApplyTelemetry(nodeID string, t contracts.Telemetry, at time.Tim
 	defer m.mu.Unlock()
 	m.telemetryMsgs++
 	seen, ok := m.nodeSeen[nodeID]
-	if ok && at.Before(seen) || !ok && !at.After(m.forgotBefore) {
+	if ok && at.Before(seen) || m.lateCopy(ok, at) {
 		return
 	}
 	m.nodeSeen[nodeID] = at
@@ -210,7 +211,7 @@ func (m *Model) ApplyInventory(nodeID string, inv contracts.NodeInventory, at ti
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	n, ok := m.nodes[nodeID]
-	if !ok && !at.After(m.forgotBefore) {
+	if m.lateCopy(ok, at) {
 		return
 	}
 	n.pool, n.gpus = inv.Pool, len(inv.GPUs)
