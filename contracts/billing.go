@@ -63,6 +63,10 @@ func KeyValues(o StreamOptions) []jetstream.KeyValueConfig {
 		kv(BucketQuotas, "quota and fair-share weight per tenant", 16),
 		kv(BucketPools, "placement policy per pool", 16),
 		kv(BucketNodeAdmin, "cordon and drain per node", 16),
+		// Identity (identity.go): written by the gateway's identity endpoints.
+		kv(BucketRoleBindings, "role bindings per subject", 16),
+		kv(BucketAPITokens, "API and session tokens (hashes only)", 1),
+		kv(BucketQuotaGrants, "quota each tenant was granted by a platform admin", 16),
 	}
 }
 

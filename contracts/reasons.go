@@ -56,6 +56,40 @@ const (
 	ReasonNotSimulated Reason = "not_simulated"
 )
 
+// Authentication and authorization reasons: the Reason of a 401 or 403. A
+// refused login or token never says whether the user exists.
+const (
+	// ReasonUnauthenticated: no credentials (no Authorization: Bearer).
+	ReasonUnauthenticated Reason = "unauthenticated"
+	// ReasonInvalidToken: the token is malformed, unknown or revoked.
+	ReasonInvalidToken Reason = "invalid_token"
+	// ReasonTokenExpired: the token's exp (or session expiry) has passed.
+	ReasonTokenExpired Reason = "token_expired"
+	// ReasonTokenNotYetValid: the token's nbf is in the future.
+	ReasonTokenNotYetValid Reason = "token_not_yet_valid"
+	// ReasonWrongAudience: the token was issued for another client.
+	ReasonWrongAudience Reason = "wrong_audience"
+	// ReasonWrongIssuer: the token was issued by another provider.
+	ReasonWrongIssuer Reason = "wrong_issuer"
+	// ReasonBadSignature: the signature does not verify against the
+	// issuer's keys.
+	ReasonBadSignature Reason = "bad_signature"
+	// ReasonUnsupportedAlg: the token is unsigned (alg none) or signed
+	// with an algorithm the gateway does not accept.
+	ReasonUnsupportedAlg Reason = "unsupported_alg"
+	// ReasonLoginFailed: a user name and password were refused; the same
+	// for an unknown user and a wrong password.
+	ReasonLoginFailed Reason = "login_failed"
+	// ReasonMethodDisabled: the login method is not configured here.
+	ReasonMethodDisabled Reason = "login_method_disabled"
+	// ReasonForbidden: authenticated, but no role binding allows this
+	// operation on this tenant.
+	ReasonForbidden Reason = "forbidden"
+	// ReasonAboveGrant: a tenant admin's quota exceeds what the platform
+	// granted the tenant.
+	ReasonAboveGrant Reason = "above_platform_grant"
+)
+
 // Pending reasons: why a queued job is not placed yet.
 const (
 	PendingNoNodes          Reason = "no_nodes"
