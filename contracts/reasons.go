@@ -90,6 +90,22 @@ const (
 	ReasonAboveGrant Reason = "above_platform_grant"
 )
 
+// Reservation and admission reasons (FLOWS.md, "Scheduling").
+const (
+	// ReasonRunTimeExceeded: the job used capacity held for a backfill
+	// reservation on its promise (expectedRunTime, or run.duration) to end
+	// before the reservation starts, ran past it, and was stopped
+	// (checkpointed first when it can) and requeued when the reservation
+	// came due.
+	ReasonRunTimeExceeded Reason = "expected_run_time_exceeded"
+	// ReasonShareTooLarge: a share asks for more framebuffer (or memory per
+	// GPU) than any card of the fleet that the request may use has.
+	ReasonShareTooLarge Reason = "share_larger_than_any_gpu"
+	// ReasonDependencyRejected: dependsOn names a job whose request was
+	// rejected: it will never run.
+	ReasonDependencyRejected Reason = "dependency_rejected"
+)
+
 // Pending reasons: why a queued job is not placed yet.
 const (
 	PendingNoNodes          Reason = "no_nodes"
