@@ -19,6 +19,8 @@ type world struct {
 	running    []preempt.Running
 	p          preempt.Preemptor
 	minRuntime time.Duration
+	// spare is what a tenant may lose to another's preemptor (Options.Spare).
+	spare map[preempt.TenantPool]int64
 }
 
 var migProfiles = []string{"1g.10gb", "2g.20gb", "3g.40gb"}
@@ -123,6 +125,16 @@ func randomWorld(rng *rand.Rand, nodes int, wholeOnly bool) world {
 				w.running[a].Priority, w.running[a].Tenant, w.running[a].Borrowing
 		}
 	}
+	// Some tenants have a guarantee in the pool: they may lose some of
+	// what they hold, or nothing.
+	for _, tn := range tenants {
+		if rng.IntN(2) == 0 {
+			if w.spare == nil {
+				w.spare = map[preempt.TenantPool]int64{}
+			}
+			w.spare[preempt.TenantPool{Tenant: tn}] = int64(rng.IntN(4)) * 1000
+		}
+	}
 	w.nodes = cluster(w.nodes, w.running).Nodes
 	rng.Shuffle(len(w.nodes), func(i, j int) { w.nodes[i], w.nodes[j] = w.nodes[j], w.nodes[i] })
 	w.p = wants(pris[1+rng.IntN(len(pris)-1)], 1)
@@ -151,10 +163,34 @@ func eligible(w world, v preempt.Running) bool {
 	if !v.StartedAt.IsZero() && t0.Sub(v.StartedAt) < w.minRuntime {
 		return false
 	}
-	if v.Priority.Rank() < w.p.Priority.Rank() {
+	own := v.Tenant == w.p.Request.Tenant
+	if v.Priority.Rank() < w.p.Priority.Rank() && (own || v.Borrowing) {
 		return true
 	}
-	return w.p.Reclaim && v.Borrowing && v.Tenant != w.p.Request.Tenant && v.Priority.Rank() <= w.p.Priority.Rank()
+	return w.p.Reclaim && v.Borrowing && !own && v.Priority.Rank() <= w.p.Priority.Rank()
+}
+
+// withinSpare: the victims take no tenant other than the preemptor's below
+// its guarantee (w.spare: what each may lose).
+func withinSpare(w world, victims []preempt.Running) bool {
+	lost := map[preempt.TenantPool]int64{}
+	for _, v := range victims {
+		if v.Tenant == w.p.Request.Tenant {
+			continue
+		}
+		k := preempt.TenantPool{Tenant: v.Tenant, Pool: v.Pool}
+		limit, ok := w.spare[k]
+		if !ok {
+			continue
+		}
+		for _, d := range v.Devices {
+			lost[k] += d.MilliGPUs()
+		}
+		if lost[k] > limit {
+			return false
+		}
+	}
+	return true
 }
 
 // units groups running into what is evicted together, keeping only the
@@ -186,22 +222,22 @@ func units(w world) [][]preempt.Running {
 	return keep
 }
 
-// victimCost is the minimality order as a tuple: GPUs (milli), jobs,
-// highest priority, progress lost, not checkpointable.
+// victimCost is the minimality order as a tuple: highest priority, GPUs
+// (milli), jobs, progress lost, not checkpointable.
 func victimCost(victims []preempt.Running) [5]int64 {
 	var c [5]int64
-	c[2] = -100
+	c[0] = -100
 	jobs := map[string]time.Duration{}
 	noCkpt := map[string]bool{}
 	for _, v := range victims {
 		for _, d := range v.Devices {
 			switch {
 			case d.MIG != nil:
-				c[0] += contracts.GPURequest{Count: 1, MIGProfile: d.MIG.Profile}.MilliGPUs()
+				c[1] += contracts.GPURequest{Count: 1, MIGProfile: d.MIG.Profile}.MilliGPUs()
 			case d.Share != nil:
-				c[0] += int64(d.Share.ComputePercent) * 10
+				c[1] += int64(d.Share.ComputePercent) * 10
 			default:
-				c[0] += 1000
+				c[1] += 1000
 			}
 		}
 		key := cmp.Or(v.Gang, "alloc/"+v.AllocationID)
@@ -214,9 +250,9 @@ func victimCost(victims []preempt.Running) [5]int64 {
 		}
 		jobs[key] = max(jobs[key], lost)
 		noCkpt[key] = noCkpt[key] || !v.Checkpointable
-		c[2] = max(c[2], int64(v.Priority.Rank()))
+		c[0] = max(c[0], int64(v.Priority.Rank()))
 	}
-	c[1] = int64(len(jobs))
+	c[2] = int64(len(jobs))
 	for k, l := range jobs {
 		c[3] += int64(l)
 		if noCkpt[k] {
@@ -249,6 +285,9 @@ func bruteForce(w world) (best [5]int64, bestNode string, found bool) {
 					victims = append(victims, u...)
 				}
 			}
+			if !withinSpare(w, victims) {
+				continue
+			}
 			n := release(snap, id, victims)
 			if _, ok := placement.FitNode(&n, perMachine(w.p)); !ok {
 				continue
@@ -270,7 +309,7 @@ func TestChooseMatchesBruteForce(t *testing.T) {
 		w := randomWorld(rng, 1+rng.IntN(3), false)
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			snap := placement.Snapshot{Nodes: w.nodes}
-			ch, ok := preempt.Choose(snap, w.running, w.p, preempt.Options{Now: t0, MinRuntime: w.minRuntime})
+			ch, ok := preempt.Choose(snap, w.running, w.p, preempt.Options{Now: t0, MinRuntime: w.minRuntime, Spare: w.spare})
 			best, bestNode, found := bruteForce(w)
 			if ok != found {
 				t.Fatalf("Choose ok=%v, brute force found=%v (best %v on %s); choice %+v", ok, found, best, bestNode, ch)
@@ -283,6 +322,9 @@ func TestChooseMatchesBruteForce(t *testing.T) {
 				if !eligible(w, v) {
 					t.Errorf("victim %s is not eligible", v.AllocationID)
 				}
+			}
+			if !withinSpare(w, ch.Victims) {
+				t.Errorf("victims %v take a tenant below its guarantee (spare %v)", ch.Victims, w.spare)
 			}
 			if got := victimCost(ch.Victims); got != best || ch.Parts[0].NodeID != bestNode {
 				t.Errorf("Choose cost %v on %s, brute force %v on %s; reason %q", got, ch.Parts[0].NodeID, best, bestNode, ch.Reason)
@@ -304,12 +346,20 @@ func TestChooseMultiMachineRandom(t *testing.T) {
 		w.p.Request.GPU.Topology = []contracts.Topology{contracts.TopologyAny, contracts.TopologyNVLink, contracts.TopologyZone}[rng.IntN(3)]
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			snap := placement.Snapshot{Nodes: w.nodes}
-			ch, ok := preempt.Choose(snap, w.running, w.p, preempt.Options{Now: t0, MinRuntime: w.minRuntime})
+			// Half the worlds keep guarantees: the choice must keep to them
+			// (whether one exists is then not checked: every eligible victim
+			// gone may take a tenant below its guarantee).
+			spare := w.spare
+			if seed%2 == 0 {
+				spare = nil
+			}
+			w.spare = spare
+			ch, ok := preempt.Choose(snap, w.running, w.p, preempt.Options{Now: t0, MinRuntime: w.minRuntime, Spare: spare})
 			var all []preempt.Running
 			for _, u := range units(w) {
 				all = append(all, u...)
 			}
-			if want := enoughMachines(w, snap, all, k); ok != want {
+			if want := enoughMachines(w, snap, all, k); ok != want && (spare == nil || ok) {
 				t.Fatalf("Choose ok=%v; with every eligible victim gone enough machines=%v", ok, want)
 			}
 			if !ok {
@@ -320,6 +370,9 @@ func TestChooseMultiMachineRandom(t *testing.T) {
 				if !eligible(w, v) {
 					t.Errorf("victim %s is not eligible", v.AllocationID)
 				}
+			}
+			if !withinSpare(w, ch.Victims) {
+				t.Errorf("victims %v take a tenant below its guarantee (spare %v)", ch.Victims, spare)
 			}
 			for _, v := range ch.Victims {
 				key := cmp.Or(v.Gang, v.AllocationID)

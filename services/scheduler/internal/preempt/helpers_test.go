@@ -87,9 +87,11 @@ func noUUIDs(n placement.Node) placement.Node {
 type jobOpt func(*preempt.Running)
 
 // job is an allocation of tenant "other" started two hours ago, holding
-// what its options give it on nodeID.
+// what its options give it on nodeID. "other" has no guarantee: all it
+// holds is borrowed (withinGuarantee says otherwise).
 func job(id, nodeID string, pri contracts.Priority, opts ...jobOpt) preempt.Running {
-	r := preempt.Running{AllocationID: id, Tenant: "other", JobID: id, NodeID: nodeID, Priority: pri, StartedAt: t0.Add(-2 * time.Hour)}
+	r := preempt.Running{AllocationID: id, Tenant: "other", JobID: id, NodeID: nodeID, Priority: pri, StartedAt: t0.Add(-2 * time.Hour),
+		Borrowing: true}
 	for _, o := range opts {
 		o(&r)
 	}
@@ -140,6 +142,10 @@ func checkpointed(ago time.Duration) jobOpt {
 func checkpointable() jobOpt { return func(r *preempt.Running) { r.Checkpointable = true } }
 func tenant(t string) jobOpt { return func(r *preempt.Running) { r.Tenant = t } }
 func borrowing() jobOpt      { return func(r *preempt.Running) { r.Borrowing = true } }
+func withinGuarantee() jobOpt { return func(r *preempt.Running) { r.Borrowing = false } }
+func inQuotaPool(p string) jobOpt {
+	return func(r *preempt.Running) { r.Pool = p }
+}
 func gang(g string) jobOpt   { return func(r *preempt.Running) { r.Gang = g; r.JobID = g } }
 func host(cpu, mem int64) jobOpt {
 	return func(r *preempt.Running) { r.CPUMilli, r.MemoryMiB = cpu, mem }

@@ -4,10 +4,20 @@
 // the running jobs and the time go in, a victim set and the preemptor's
 // parts come out; the scheduler stops the victims and requeues them.
 //
-// A victim set is compared lexicographically: fewest GPUs evicted (in
-// milli-GPUs, every part of a gang counted), fewest jobs, lowest
-// highest-victim priority, least progress lost, most checkpointable; then
-// node order (node ID ascending), so equal choices go to the first node.
+// Who may be evicted (Kueue's and Volcano's rules): a lower class of the
+// preemptor's own tenant, or of another tenant's borrowed work; with
+// Reclaim, another tenant's borrowed work of the preemptor's class or
+// lower. Another tenant's work is borrowed only beyond its guarantee
+// (Options.Spare): a preemptor never takes a tenant below its guarantee,
+// however high its class.
+//
+// A victim set is compared lexicographically: lowest highest-victim
+// priority class first (a set of best-effort jobs before one holding a
+// normal job, however large; so a victim's next attempt finds nothing it
+// may evict that the decision could have taken instead), then fewest GPUs
+// evicted (in milli-GPUs, every part of a gang counted), fewest jobs,
+// least progress lost, most checkpointable; then node order (node ID
+// ascending), so equal choices go to the first node.
 //
 // The pipeline, per request:
 //
@@ -16,9 +26,11 @@
 //	  ──► per node: candidates = eligible units that free something the
 //	      request can use (a card or MIG slot it could take, or host CPU or
 //	      memory the node lacks); items = those cards or slots
-//	  ──► estimate: could evicting every candidate make room (a count of
-//	      items, no FitNode)? a lower bound on the GPUs to evict
-//	  ──► nodes by lower bound, until it exceeds the best found:
+//	  ──► estimate: the lowest class whose candidates (with every lower
+//	      class's) could make room (a count of items, no FitNode), and a
+//	      lower bound on the GPUs to evict at that class
+//	  ──► nodes by lower bound, until it exceeds the best found; on each,
+//	      class by class from the lowest, the first class that fits:
 //	        whole GPUs or MIG: cheapest union of holders of enough items
 //	        otherwise: candidates every fitting set needs, then best-first
 //	        over the other subsets in cost order
@@ -63,7 +75,12 @@ type Running struct {
 	// Gang is non-empty for the parts of one multi-machine job: evicting
 	// one part evicts every part with the same key.
 	Gang string
+	// Pool is the pool the allocation counts in for quotas (Options.Spare).
+	Pool string
 }
+
+// TenantPool names one tenant's quota in one pool.
+type TenantPool struct{ Tenant, Pool string }
 
 // Preemptor is the job that does not fit.
 type Preemptor struct {
@@ -84,6 +101,13 @@ type Options struct {
 	// eligible (the jobs go on elsewhere), but only single-machine jobs,
 	// and the caller checks that each one fits elsewhere.
 	Defragment bool
+	// Spare is, per tenant and pool with a guarantee there, how much of
+	// its work (milli-GPUs) another tenant's preemptor may evict: what it
+	// holds beyond its guarantee, less what is already leaving. A victim
+	// set never evicts more than that of a tenant other than the
+	// preemptor's. A tenant and pool not in the map have no guarantee to
+	// keep. Not used with Defragment (moved jobs go on at once).
+	Spare map[TenantPool]int64
 }
 
 // Choice is the outcome of Choose.
@@ -144,6 +168,15 @@ type unit struct {
 	parts    []int // indices into running
 	eligible bool
 	cost     cost
+	// spend is what evicting it takes from the budgets (Options.Spare) of
+	// tenants other than the preemptor's; nil for most units.
+	spend []budgetUse
+}
+
+// budgetUse is milli-GPUs taken from budget b.
+type budgetUse struct {
+	b     int
+	milli int64
 }
 
 // cost orders victim sets; for one unit, jobs is 1.
@@ -162,9 +195,9 @@ func (a cost) add(b cost) cost {
 		lost: a.lost + b.lost, noCkpt: a.noCkpt + b.noCkpt}
 }
 
-// compare is the minimality order.
+// compare is the minimality order: priority class first.
 func (a cost) compare(b cost) int {
-	return cmp.Or(cmp.Compare(a.milli, b.milli), cmp.Compare(a.jobs, b.jobs), cmp.Compare(a.rank, b.rank),
+	return cmp.Or(cmp.Compare(a.rank, b.rank), cmp.Compare(a.milli, b.milli), cmp.Compare(a.jobs, b.jobs),
 		cmp.Compare(a.lost, b.lost), cmp.Compare(a.noCkpt, b.noCkpt))
 }
 
@@ -175,7 +208,8 @@ func (a cost) compareAdditive(b cost) int {
 		cmp.Compare(a.lost, b.lost), cmp.Compare(a.noCkpt, b.noCkpt))
 }
 
-// compareLevel compares only the GPUs and jobs, the first two keys.
+// compareLevel compares only the GPUs and jobs, the keys after the class:
+// within one class, the searches stop at the first level past the best.
 func (a cost) compareLevel(b cost) int {
 	return cmp.Or(cmp.Compare(a.milli, b.milli), cmp.Compare(a.jobs, b.jobs))
 }
@@ -195,6 +229,9 @@ type chooser struct {
 	opt     Options
 	pri     contracts.Priority
 	reclaim bool
+	// budgets are the caps of Options.Spare in use, by index.
+	budgets  []int64
+	budgetOf map[TenantPool]int
 }
 
 func newChooser(snap placement.Snapshot, running []Running, p Preemptor, opt Options) (*chooser, bool) {
@@ -285,6 +322,7 @@ func (c *chooser) buildUnits() {
 		c.unitOf[i] = u
 		un := &c.units[u]
 		un.eligible = un.eligible && c.eligible(v)
+		c.spend(un, v)
 		un.cost.rank = max(un.cost.rank, v.Priority.Rank())
 		for _, d := range v.Devices {
 			un.cost.milli += d.MilliGPUs()
@@ -301,6 +339,14 @@ func (c *chooser) buildUnits() {
 			}
 		}
 		c.nodeOf[i] = lastOrd
+	}
+	// A unit that alone takes a tenant below its guarantee never goes.
+	for u := range c.units {
+		for _, use := range c.units[u].spend {
+			if use.milli > c.budgets[use.b] {
+				c.units[u].eligible = false
+			}
+		}
 	}
 	flat := make([]int, len(c.running))
 	off := 0
@@ -345,10 +391,66 @@ func (c *chooser) eligible(v *Running) bool {
 		return v.Gang == ""
 	}
 	vr, pr := v.Priority.Rank(), c.pri.Rank()
-	if vr < pr {
+	own := v.Tenant == c.req.Tenant
+	if vr < pr && (own || v.Borrowing) {
 		return true
 	}
-	return c.reclaim && v.Borrowing && v.Tenant != c.req.Tenant && vr <= pr
+	return c.reclaim && v.Borrowing && !own && vr <= pr
+}
+
+// spend records what evicting v takes from its tenant's budget, when v is
+// another tenant's work and that tenant has a guarantee in v's pool.
+func (c *chooser) spend(un *unit, v *Running) {
+	if c.opt.Spare == nil || c.opt.Defragment || v.Tenant == c.req.Tenant {
+		return
+	}
+	key := TenantPool{v.Tenant, v.Pool}
+	b, ok := c.budgetOf[key]
+	if !ok {
+		limit, has := c.opt.Spare[key]
+		if !has {
+			return
+		}
+		if c.budgetOf == nil {
+			c.budgetOf = map[TenantPool]int{}
+		}
+		b = len(c.budgets)
+		c.budgetOf[key] = b
+		c.budgets = append(c.budgets, max(limit, 0))
+	}
+	var m int64
+	for _, d := range v.Devices {
+		m += d.MilliGPUs()
+	}
+	for i := range un.spend {
+		if un.spend[i].b == b {
+			un.spend[i].milli += m
+			return
+		}
+	}
+	un.spend = append(un.spend, budgetUse{b, m})
+}
+
+// withinBudgets reports whether evicting units, on top of used (what the
+// selection already takes; nil for nothing), keeps every tenant at or
+// above its guarantee. tmp is scratch of len(c.budgets).
+func (c *chooser) withinBudgets(used, tmp []int64, units func(yield func(int) bool)) bool {
+	if len(c.budgets) == 0 {
+		return true
+	}
+	if used != nil {
+		copy(tmp, used)
+	} else {
+		clear(tmp)
+	}
+	for u := range units {
+		for _, use := range c.units[u].spend {
+			if tmp[use.b] += use.milli; tmp[use.b] > c.budgets[use.b] {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // lost is the progress v loses when stopped now.
@@ -430,6 +532,14 @@ func (c *chooser) choose(ords []int, k int) (selection, bool) {
 		return selection{}, false
 	}
 	s := &nodeSearch{c: c, evicted: make([]bool, len(c.units))}
+	if len(c.budgets) > 0 {
+		s.used = make([]int64, len(c.budgets))
+		s.tmp = make([]int64, len(c.budgets))
+	}
+	// With budgets a multi-machine pick can make another node dearer (the
+	// budget it would spend is gone), so no node is dismissed on the
+	// others' prices; each is checked again as it is picked.
+	bounded := k == 1 || len(c.budgets) == 0
 	var (
 		h        = minHeap[resultEntry]{less: func(a, b resultEntry) bool { return a.res.less(b.res) }}
 		version  = make([]int, len(c.nodes))
@@ -446,21 +556,24 @@ func (c *chooser) choose(ords []int, k int) (selection, bool) {
 	// dearer than the k-th cheapest cannot be picked: costs only fall as
 	// victims are evicted, and a node whose cost falls is priced again.
 	type estimate struct {
-		lb  int64
-		ord int
+		rank int
+		lb   int64
+		ord  int
 	}
 	var est []estimate
 	for _, o := range ords {
-		if lb, ok := s.estimate(o); ok {
-			est = append(est, estimate{lb, o})
+		if rank, lb, ok := s.estimate(o); ok {
+			est = append(est, estimate{rank, lb, o})
 		}
 	}
-	slices.SortFunc(est, func(a, b estimate) int { return cmp.Or(cmp.Compare(a.lb, b.lb), cmp.Compare(a.ord, b.ord)) })
+	slices.SortFunc(est, func(a, b estimate) int {
+		return cmp.Or(cmp.Compare(a.rank, b.rank), cmp.Compare(a.lb, b.lb), cmp.Compare(a.ord, b.ord))
+	})
 	for _, e := range est {
 		var bound *nodeResult
-		if len(kbest) == k {
+		if bounded && len(kbest) == k {
 			bound = &kbest[k-1]
-			if e.lb > bound.cost.milli {
+			if e.rank > bound.cost.rank || (e.rank == bound.cost.rank && e.lb > bound.cost.milli) {
 				break
 			}
 		}
@@ -494,6 +607,14 @@ func (c *chooser) choose(ords []int, k int) (selection, bool) {
 		if chosen[o] || e.version != version[o] {
 			continue
 		}
+		if len(c.budgets) > 0 && !c.withinBudgets(s.used, s.tmp, slices.Values(e.res.units)) {
+			// Priced before an earlier pick spent the budget it needs.
+			version[o]++
+			if res, ok := s.best(o, nil); ok {
+				h.Push(resultEntry{res: res, version: version[o]})
+			}
+			continue
+		}
 		chosen[o] = true
 		sel.ords = append(sel.ords, o)
 		var touched []int
@@ -502,6 +623,9 @@ func (c *chooser) choose(ords []int, k int) (selection, bool) {
 				continue
 			}
 			s.evicted[u] = true
+			for _, use := range c.units[u].spend {
+				s.used[use.b] += use.milli
+			}
 			sel.units = append(sel.units, u)
 			sel.cost = sel.cost.add(c.units[u].cost)
 			for _, i := range c.units[u].parts {
@@ -592,6 +716,9 @@ type resultEntry struct {
 // finish verifies the selection with exactly its victims removed and
 // builds the choice.
 func (c *chooser) finish(sel selection) (Choice, bool) {
+	if !c.withinBudgets(nil, make([]int64, len(c.budgets)), slices.Values(sel.units)) {
+		return Choice{}, false // the searches keep to the budgets; never evict past one
+	}
 	var victims []int
 	for _, u := range sel.units {
 		victims = append(victims, c.units[u].parts...)

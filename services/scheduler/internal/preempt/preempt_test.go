@@ -18,6 +18,7 @@ type ruleCase struct {
 	running    []preempt.Running
 	p          preempt.Preemptor
 	minRuntime time.Duration
+	spare      map[preempt.TenantPool]int64
 	// victims are the allocation IDs evicted and on the nodes the
 	// preemptor goes to; nil victims with nil on: no choice.
 	victims []string
@@ -32,18 +33,69 @@ func TestChooseRules(t *testing.T) {
 			p:       wants(crit, 1),
 			victims: []string{"besteffort"}, on: []string{"n1"},
 		},
-		"fewest GPUs before priority": {
+		"priority before fewest GPUs": {
 			nodes:   []placement.Node{node("n1", 4)},
 			running: []preempt.Running{job("big-be", "n1", be, cards(0, 1, 2)), job("small-normal", "n1", norm, cards(3))},
 			p:       wants(high, 1),
-			victims: []string{"small-normal"}, on: []string{"n1"},
+			victims: []string{"big-be"}, on: []string{"n1"},
 		},
-		"fewest jobs before priority": {
+		"priority before fewest jobs": {
 			nodes: []placement.Node{node("n1", 4)},
 			running: []preempt.Running{job("pair-normal", "n1", norm, cards(0, 1)),
 				job("be-a", "n1", be, cards(2)), job("be-b", "n1", be, cards(3))},
 			p:       wants(high, 2),
-			victims: []string{"pair-normal"}, on: []string{"n1"},
+			victims: []string{"be-a", "be-b"}, on: []string{"n1"},
+		},
+		"priority before fewest jobs, across nodes (issue 18)": {
+			nodes: []placement.Node{node("n1", 8), node("n2", 8)},
+			running: []preempt.Running{job("high-8", "n1", high, cards(0, 1, 2, 3, 4, 5, 6, 7)),
+				job("normal-4", "n2", norm, cards(0, 1, 2, 3)), job("be-4", "n2", be, cards(4, 5, 6, 7))},
+			p:       wants(crit, 8),
+			victims: []string{"normal-4", "be-4"}, on: []string{"n2"},
+		},
+		"fewest GPUs within the lowest class": {
+			nodes: []placement.Node{node("n1", 4)},
+			running: []preempt.Running{job("be-3", "n1", be, cards(0, 1, 2)), job("be-1", "n1", be, cards(3))},
+			p:       wants(high, 1),
+			victims: []string{"be-1"}, on: []string{"n1"},
+		},
+		"priority never reaches another tenant's work within its guarantee": {
+			nodes: []placement.Node{node("n1", 4)},
+			running: []preempt.Running{job("qa3", "n1", norm, cards(0), withinGuarantee()), job("qa4", "n1", norm, cards(1), withinGuarantee()),
+				job("qb3", "n1", norm, cards(2), tenant("research")), job("qb4", "n1", norm, cards(3), tenant("research"))},
+			p:       wants(high, 2),
+			victims: []string{"qb3", "qb4"}, on: []string{"n1"},
+		},
+		"priority reaches another tenant's borrowed work only": {
+			nodes: []placement.Node{node("n1", 2)},
+			running: []preempt.Running{job("within", "n1", be, cards(0), withinGuarantee()),
+				job("borrowed", "n1", norm, cards(1))},
+			p:       wants(high, 1),
+			victims: []string{"borrowed"}, on: []string{"n1"},
+		},
+		"spare keeps a borrowing tenant at its guarantee": {
+			// "other" holds 3 GPUs, 1 beyond its guarantee of 2: two of its
+			// single-GPU jobs may not both go.
+			nodes: []placement.Node{node("n1", 4)},
+			running: []preempt.Running{job("o1", "n1", be, cards(0), inQuotaPool("h100")), job("o2", "n1", be, cards(1), inQuotaPool("h100")),
+				job("o3", "n1", be, cards(2), inQuotaPool("h100")), job("own", "n1", norm, cards(3), tenant("research"))},
+			spare:   map[preempt.TenantPool]int64{{Tenant: "other", Pool: "h100"}: 1000},
+			p:       wants(high, 2),
+			victims: []string{"o1", "own"}, on: []string{"n1"},
+		},
+		"spare bounds reclaim too": {
+			nodes: []placement.Node{node("n1", 2)},
+			running: []preempt.Running{job("o1", "n1", norm, cards(0, 1), inQuotaPool("h100"))},
+			spare:   map[preempt.TenantPool]int64{{Tenant: "other", Pool: "h100"}: 1000},
+			p:       wants(norm, 1, reclaim()),
+		},
+		"spare is per tenant and pool, summed over a multi-machine choice": {
+			nodes: []placement.Node{node("n1", 1), node("n2", 1), node("n3", 1)},
+			running: []preempt.Running{job("o1", "n1", be, cards(0), inQuotaPool("h100")), job("o2", "n2", be, cards(0), inQuotaPool("h100")),
+				job("own", "n3", norm, cards(0), tenant("research"))},
+			spare:   map[preempt.TenantPool]int64{{Tenant: "other", Pool: "h100"}: 1000},
+			p:       wants(high, 2, machines(2, contracts.TopologyAny)),
+			victims: []string{"o1", "own"}, on: []string{"n1", "n3"},
 		},
 		"fewest GPUs across nodes": {
 			nodes: []placement.Node{node("n1", 4), node("n2", 4)},
@@ -122,14 +174,14 @@ func TestChooseRules(t *testing.T) {
 		"equal priority is not evicted without reclaim": {
 			nodes: []placement.Node{node("n1", 2)},
 			running: []preempt.Running{job("borrower", "n1", norm, cards(0), borrowing()),
-				job("other", "n1", norm, cards(1))},
+				job("other", "n1", norm, cards(1), withinGuarantee())},
 			p: wants(norm, 1),
 		},
 		"reclaim evicts another tenant's borrower": {
 			nodes: []placement.Node{node("n1", 4)},
 			running: []preempt.Running{
 				job("own-borrower", "n1", norm, cards(0), tenant("research"), borrowing()),
-				job("within-guarantee", "n1", norm, cards(1)),
+				job("within-guarantee", "n1", norm, cards(1), withinGuarantee()),
 				job("borrower", "n1", norm, cards(2), borrowing()),
 				job("higher-borrower", "n1", high, cards(3), borrowing()),
 			},
@@ -140,7 +192,7 @@ func TestChooseRules(t *testing.T) {
 			nodes: []placement.Node{node("n1", 4)},
 			running: []preempt.Running{
 				job("own-borrower", "n1", norm, cards(0), tenant("research"), borrowing()),
-				job("within-guarantee", "n1", norm, cards(1)),
+				job("within-guarantee", "n1", norm, cards(1), withinGuarantee()),
 				job("borrower", "n1", norm, cards(2), borrowing()),
 				job("higher-borrower", "n1", high, cards(3), borrowing()),
 			},
@@ -164,7 +216,7 @@ func TestChooseRules(t *testing.T) {
 			nodes: []placement.Node{node("n1", 2), node("n2", 2), node("n3", 2)},
 			running: []preempt.Running{job("g-0", "n1", be, cards(0, 1), gang("g")),
 				job("g-1", "n2", be, cards(0, 1), gang("g")),
-				job("single", "n3", norm, cards(0, 1))},
+				job("single", "n3", be, cards(0, 1))},
 			p:       wants(high, 2),
 			victims: []string{"single"}, on: []string{"n3"},
 		},
@@ -289,7 +341,7 @@ func TestChooseRules(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			snap := cluster(tc.nodes, tc.running)
 			before := cloneNodes(snap.Nodes)
-			ch, ok := preempt.Choose(snap, tc.running, tc.p, preempt.Options{Now: t0, MinRuntime: tc.minRuntime})
+			ch, ok := preempt.Choose(snap, tc.running, tc.p, preempt.Options{Now: t0, MinRuntime: tc.minRuntime, Spare: tc.spare})
 			if diff := cmp.Diff(before, snap.Nodes); diff != "" {
 				t.Fatalf("Choose modified the snapshot (-before +after):\n%s", diff)
 			}

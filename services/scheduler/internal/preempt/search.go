@@ -23,6 +23,9 @@ type nodeSearch struct {
 	cardItem []int // per GPU: its item, or -1
 	slotItem []int // per GPU slot, from slotBase: its item, or -1
 	slotBase []int
+	// used is what the selection's victims so far take from each budget
+	// (Options.Spare), tmp scratch of the same length; nil without budgets.
+	used, tmp []int64
 }
 
 // nodeCase is one node being priced: its state with the already evicted
@@ -40,6 +43,13 @@ type nodeCase struct {
 	hostShort bool // the node lacks host CPU or memory for the request
 	// Only with at most 64 candidates (masks), filled by setBits:
 	cpu, mem []int64 // per candidate, on this node
+	// allowed are the candidates of the class searched and below (masks);
+	// maxRank is that class (greedy, any number of candidates).
+	allowed uint64
+	maxRank int
+	used    []int64 // the search's, see nodeSearch
+	tmp     []int64
+	levels  []int
 	// Buffers kept from node to node:
 	counts  []int // per group
 	lbs     [][]int64
@@ -72,59 +82,127 @@ type shareHold struct {
 	pct int
 }
 
-// estimate is a lower bound on the milli-GPUs node o needs evicted, or
-// false when evicting every candidate would not make room.
-func (s *nodeSearch) estimate(o int) (int64, bool) {
+// estimate is a lower bound on what node o needs evicted: the lowest
+// class whose candidates, with every lower class's, could make room, and
+// the milli-GPUs at that class; false when evicting every candidate would
+// not make room.
+func (s *nodeSearch) estimate(o int) (rank int, milli int64, ok bool) {
 	nc, ok := s.prepare(o, false)
 	if !ok {
-		return 0, false
+		return 0, 0, false
 	}
 	if len(nc.cands) > maxExactCandidates {
-		return 0, true
+		return noRank, 0, true
 	}
-	all := nc.allMask()
-	if !nc.roomFor(all) {
-		return 0, false
+	for _, lv := range nc.classes() {
+		if m := nc.classMask(lv); nc.roomFor(m) {
+			nc.allowed = m
+			return lv, nc.lowerBound(m), true
+		}
 	}
-	return nc.lowerBound(all), true
+	return 0, 0, false
 }
 
 // best is the cheapest set of candidates whose eviction lets the request
 // fit on node o, or false when none does. With a bound (a result of
-// another node) it is false too when o cannot beat the bound.
+// another node) it is false too when o cannot beat the bound. Classes are
+// searched from the lowest: the first class at which a set fits has the
+// cheapest set, whatever the GPUs of sets of higher classes.
 func (s *nodeSearch) best(o int, bound *nodeResult) (nodeResult, bool) {
 	nc, ok := s.prepare(o, true)
 	if !ok {
 		return nodeResult{}, false
 	}
-	var set []int
-	if len(nc.cands) <= maxExactCandidates {
-		mask, st := uint64(0), searchGaveUp
-		if nc.byCardsApplies() {
-			mask, st = nc.byCards(bound)
-		}
-		if st == searchGaveUp {
-			mask, st = nc.exact(bound)
-		}
-		switch st {
-		case searchNone:
-			return nodeResult{}, false
-		case searchFound:
-			set = maskSet(mask)
-		case searchGaveUp:
-			if set, ok = nc.greedy(); !ok {
-				return nodeResult{}, false
+	for _, lv := range nc.classes() {
+		b := bound
+		if b != nil {
+			if lv > b.cost.rank {
+				break
+			}
+			if lv < b.cost.rank {
+				b = nil // any set of a lower class beats it
 			}
 		}
-	} else if set, ok = nc.greedy(); !ok {
-		return nodeResult{}, false
+		set, found := nc.atClass(lv, b)
+		if !found {
+			continue
+		}
+		res := nodeResult{ord: o, cost: cost{rank: noRank}}
+		for _, i := range set {
+			res.units = append(res.units, nc.cands[i])
+			res.cost = res.cost.add(nc.costs[i])
+		}
+		return res, true
 	}
-	res := nodeResult{ord: o, cost: cost{rank: noRank}}
-	for _, i := range set {
-		res.units = append(res.units, nc.cands[i])
-		res.cost = res.cost.add(nc.costs[i])
+	return nodeResult{}, false
+}
+
+// atClass is the cheapest set of candidates of class lv or lower that lets
+// the request fit and keeps to the budgets, or false. With a bound of the
+// same class it is false too when no set beats the bound.
+func (nc *nodeCase) atClass(lv int, bound *nodeResult) ([]int, bool) {
+	nc.maxRank = lv
+	if len(nc.cands) > maxExactCandidates {
+		return nc.greedy()
 	}
-	return res, true
+	nc.allowed = nc.classMask(lv)
+	if !nc.roomFor(nc.allowed) {
+		return nil, false
+	}
+	mask, st := uint64(0), searchGaveUp
+	if nc.byCardsApplies() {
+		mask, st = nc.byCards(bound)
+	}
+	if st == searchGaveUp {
+		mask, st = nc.exact(bound)
+	}
+	switch st {
+	case searchFound:
+		return maskSet(mask), true
+	case searchGaveUp:
+		return nc.greedy()
+	}
+	return nil, false
+}
+
+// classes are the classes to search, lowest first: none (evict nothing),
+// then each candidate's.
+func (nc *nodeCase) classes() []int {
+	lv := append(nc.levels[:0], noRank)
+	for _, c := range nc.costs {
+		lv = append(lv, c.rank)
+	}
+	slices.Sort(lv)
+	nc.levels = slices.Compact(lv)
+	return nc.levels
+}
+
+// classMask is the candidates of class lv or lower.
+func (nc *nodeCase) classMask(lv int) uint64 {
+	var m uint64
+	for k, c := range nc.costs {
+		if c.rank <= lv {
+			m |= 1 << k
+		}
+	}
+	return m
+}
+
+// budgetOK reports whether evicting the candidates of mask keeps every
+// tenant at or above its guarantee, with what the selection already
+// evicts.
+func (nc *nodeCase) budgetOK(mask uint64) bool {
+	c := nc.c
+	if len(c.budgets) == 0 {
+		return true
+	}
+	return c.withinBudgets(nc.used, nc.tmp, func(yield func(int) bool) {
+		for m := mask; m != 0; m &= m - 1 {
+			if !yield(nc.cands[bits.TrailingZeros64(m)]) {
+				return
+			}
+		}
+	})
 }
 
 // prepare builds the node case of o, its candidates cheapest first when
@@ -136,7 +214,7 @@ func (s *nodeSearch) prepare(o int, sorted bool) (*nodeCase, bool) {
 	nc := &s.nc
 	*nc = nodeCase{c: c, ord: o, base: n, pairs: nc.pairs[:0], cands: nc.cands[:0], span: nc.span[:0], costs: nc.costs[:0],
 		items: nc.items[:0], cpu: nc.cpu[:0], mem: nc.mem[:0], scratch: nc.scratch[:0], subsets: nc.subsets[:0],
-		counts: nc.counts[:0], lbs: nc.lbs[:0]}
+		counts: nc.counts[:0], lbs: nc.lbs[:0], levels: nc.levels[:0], used: s.used, tmp: s.tmp, maxRank: -noRank}
 	s.gone = s.gone[:0]
 	for _, i := range c.onNode[o] {
 		if u := c.unitOf[i]; s.evicted[u] {
@@ -190,6 +268,7 @@ func (s *nodeSearch) prepare(o int, sorted bool) (*nodeCase, bool) {
 	}
 	if len(nc.cands) <= maxExactCandidates {
 		s.setBits(nc)
+		nc.allowed = nc.fullMask()
 	}
 	return nc, true
 }
@@ -456,8 +535,11 @@ func (nc *nodeCase) fits(set []int) bool {
 	return ok
 }
 
-// allMask is the set of every candidate.
-func (nc *nodeCase) allMask() uint64 {
+// allMask is the set of every candidate of the class searched.
+func (nc *nodeCase) allMask() uint64 { return nc.allowed }
+
+// fullMask is the set of every candidate.
+func (nc *nodeCase) fullMask() uint64 {
 	if len(nc.cands) == 0 {
 		return 0
 	}
@@ -500,6 +582,9 @@ func (nc *nodeCase) exact(bound *nodeResult) (uint64, searchStatus) {
 	var must uint64
 	var opt []int // candidates that may or may not be needed, cheapest first
 	for i := range n {
+		if all&(1<<i) == 0 {
+			continue // of a higher class
+		}
 		if !nc.roomFor(all &^ (1 << i)) {
 			must |= 1 << i
 		} else {
@@ -552,7 +637,7 @@ func (nc *nodeCase) exact(bound *nodeResult) (uint64, searchStatus) {
 		if (bound != nil && !(nodeResult{ord: nc.ord, cost: full}).less(*bound)) || (found && full.compare(best) >= 0) {
 			continue
 		}
-		if !nc.roomFor(s.mask) {
+		if !nc.roomFor(s.mask) || !nc.budgetOK(s.mask) {
 			continue
 		}
 		if !allFits {
@@ -628,7 +713,8 @@ func (nc *nodeCase) byCards(bound *nodeResult) (uint64, searchStatus) {
 				mask |= nc.items[idx[p]].holders
 			}
 			full := nc.maskCost(mask)
-			if (bound == nil || (nodeResult{ord: nc.ord, cost: full}).less(*bound)) && (!found || full.compare(best) < 0) {
+			if (bound == nil || (nodeResult{ord: nc.ord, cost: full}).less(*bound)) && (!found || full.compare(best) < 0) &&
+				mask&^all == 0 && nc.budgetOK(mask) {
 				best, bestMask, found = full, mask, true
 			}
 			i := need - 1
@@ -692,10 +778,16 @@ type subset struct {
 // them one by one, dearest first, keeping each back that the request can
 // spare. The set is minimal by inclusion (no victim can be spared), not
 // always the cheapest.
+//
+// Only candidates of class maxRank or lower are taken; a set that would
+// take a tenant below its guarantee is given up (rare: a node with more
+// candidates than the exact search handles, or too many subsets).
 func (nc *nodeCase) greedy() ([]int, bool) {
-	set := make([]int, len(nc.cands))
-	for k := range set {
-		set[k] = k
+	set := make([]int, 0, len(nc.cands))
+	for k, c := range nc.costs {
+		if c.rank <= nc.maxRank {
+			set = append(set, k)
+		}
 	}
 	if !nc.fits(set) {
 		return nil, false
@@ -709,6 +801,15 @@ func (nc *nodeCase) greedy() ([]int, bool) {
 		}
 	}
 	slices.Sort(set)
+	if len(nc.c.budgets) > 0 && !nc.c.withinBudgets(nc.used, nc.tmp, func(yield func(int) bool) {
+		for _, k := range set {
+			if !yield(nc.cands[k]) {
+				return
+			}
+		}
+	}) {
+		return nil, false
+	}
 	return set, true
 }
 
