@@ -139,14 +139,14 @@ func notStarted() jobOpt { return func(r *preempt.Running) { r.StartedAt = time.
 func checkpointed(ago time.Duration) jobOpt {
 	return func(r *preempt.Running) { r.LastCheckpoint = t0.Add(-ago) }
 }
-func checkpointable() jobOpt { return func(r *preempt.Running) { r.Checkpointable = true } }
-func tenant(t string) jobOpt { return func(r *preempt.Running) { r.Tenant = t } }
-func borrowing() jobOpt      { return func(r *preempt.Running) { r.Borrowing = true } }
+func checkpointable() jobOpt  { return func(r *preempt.Running) { r.Checkpointable = true } }
+func tenant(t string) jobOpt  { return func(r *preempt.Running) { r.Tenant = t } }
+func borrowing() jobOpt       { return func(r *preempt.Running) { r.Borrowing = true } }
 func withinGuarantee() jobOpt { return func(r *preempt.Running) { r.Borrowing = false } }
 func inQuotaPool(p string) jobOpt {
 	return func(r *preempt.Running) { r.Pool = p }
 }
-func gang(g string) jobOpt   { return func(r *preempt.Running) { r.Gang = g; r.JobID = g } }
+func gang(g string) jobOpt { return func(r *preempt.Running) { r.Gang = g; r.JobID = g } }
 func host(cpu, mem int64) jobOpt {
 	return func(r *preempt.Running) { r.CPUMilli, r.MemoryMiB = cpu, mem }
 }

@@ -54,7 +54,7 @@ func TestChooseRules(t *testing.T) {
 			victims: []string{"normal-4", "be-4"}, on: []string{"n2"},
 		},
 		"fewest GPUs within the lowest class": {
-			nodes: []placement.Node{node("n1", 4)},
+			nodes:   []placement.Node{node("n1", 4)},
 			running: []preempt.Running{job("be-3", "n1", be, cards(0, 1, 2)), job("be-1", "n1", be, cards(3))},
 			p:       wants(high, 1),
 			victims: []string{"be-1"}, on: []string{"n1"},
@@ -84,7 +84,7 @@ func TestChooseRules(t *testing.T) {
 			victims: []string{"o1", "own"}, on: []string{"n1"},
 		},
 		"spare bounds reclaim too": {
-			nodes: []placement.Node{node("n1", 2)},
+			nodes:   []placement.Node{node("n1", 2)},
 			running: []preempt.Running{job("o1", "n1", norm, cards(0, 1), inQuotaPool("h100"))},
 			spare:   map[preempt.TenantPool]int64{{Tenant: "other", Pool: "h100"}: 1000},
 			p:       wants(norm, 1, reclaim()),
