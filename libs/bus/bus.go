@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/natsauth"
 )
 
 // Config configures a connection.
@@ -40,9 +41,28 @@ type Config struct {
 	// ConnectTimeout bounds how long Connect waits for the first
 	// connection and provisioning; default 30 s.
 	ConnectTimeout time.Duration
-	// Options are extra nats.Options (credentials, TLS).
+	// CredsFile is the identity's NATS creds file (natsauth); the server
+	// refuses a connection without one. It also sets the identity's inbox
+	// prefix, the only reply subjects its permissions allow.
+	CredsFile string
+	// Options are extra nats.Options (TLS).
 	Options []nats.Option
+	// Provision says what Connect's provisioning may do: ProvisionCreate
+	// (the default, what a service's permissions allow: create the streams
+	// that are missing and leave the others alone) or ProvisionUpdate (the
+	// operator: create or update every stream to contracts' config).
+	Provision ProvisionMode
 }
+
+// ProvisionMode is how far stream provisioning goes.
+type ProvisionMode int
+
+const (
+	// ProvisionCreate creates missing streams and buckets only.
+	ProvisionCreate ProvisionMode = iota
+	// ProvisionUpdate also updates existing ones to contracts' config.
+	ProvisionUpdate
+)
 
 // Bus is a connection to JetStream. It is safe for concurrent use.
 type Bus struct {
@@ -53,6 +73,7 @@ type Bus struct {
 	tracer trace.Tracer
 	prop   propagation.TextMapPropagator
 	opts   contracts.StreamOptions
+	mode   ProvisionMode
 }
 
 // Connect connects to NATS, waits for the connection, and provisions the
@@ -101,6 +122,17 @@ func Connect(ctx context.Context, cfg Config) (*Bus, error) {
 			log.Warn("nats async error", "subject", subj, "err", err)
 		}),
 	}, cfg.Options...)
+	if cfg.CredsFile != "" {
+		co, err := natsauth.ClientOptions(cfg.CredsFile)
+		if err != nil {
+			return nil, fmt.Errorf("bus: %w", err)
+		}
+		opts = append(opts, co...)
+		// The operator keeps streams at contracts' config; no one else may.
+		if id, err := natsauth.IdentityOf(cfg.CredsFile); err == nil && id.Role == contracts.BusOperator {
+			cfg.Provision = ProvisionUpdate
+		}
+	}
 	nc, err := nats.Connect(cfg.URL, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("bus: connect %s: %w", cfg.URL, err)
@@ -128,6 +160,7 @@ func Connect(ctx context.Context, cfg Config) (*Bus, error) {
 		tracer: cfg.TracerProvider.Tracer("github.com/gpuplane/gpuplane/libs/bus"),
 		prop:   propagation.TraceContext{},
 		opts:   cfg.Streams,
+		mode:   cfg.Provision,
 	}
 	if !cfg.SkipProvision {
 		if err := b.EnsureStreams(ctx); err != nil {
@@ -138,19 +171,40 @@ func Connect(ctx context.Context, cfg Config) (*Bus, error) {
 	return b, nil
 }
 
-// EnsureStreams creates or updates every stream of contracts.Streams. It is
-// idempotent and retries while JetStream is not yet available (a cluster
-// still electing its meta leader).
+// EnsureStreams makes sure every stream of contracts.Streams exists: it
+// creates the missing ones and, with ProvisionUpdate (the operator), also
+// updates the others to contracts' config. A service may only create:
+// editing a stream is the operator's (a service that could edit one could
+// turn off DenyPurge). It is idempotent and retries while JetStream is not
+// yet available (a cluster still electing its meta leader).
 func (b *Bus) EnsureStreams(ctx context.Context) error {
 	for _, sc := range contracts.Streams(b.opts) {
 		if err := retry(ctx, func() error {
-			_, err := b.js.CreateOrUpdateStream(ctx, sc)
-			return err
+			return b.ensureStream(ctx, sc)
 		}); err != nil {
 			return fmt.Errorf("bus: provision stream %s: %w", sc.Name, err)
 		}
 	}
 	return nil
+}
+
+func (b *Bus) ensureStream(ctx context.Context, sc jetstream.StreamConfig) error {
+	if b.mode == ProvisionUpdate {
+		_, err := b.js.CreateOrUpdateStream(ctx, sc)
+		return err
+	}
+	_, err := b.js.Stream(ctx, sc.Name)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return err
+	}
+	_, err = b.js.CreateStream(ctx, sc)
+	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		return nil // another service created it first
+	}
+	return err
 }
 
 // JetStream exposes the JetStream handle for what the bus does not wrap

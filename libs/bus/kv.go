@@ -23,7 +23,19 @@ func (b *Bus) KeyValue(ctx context.Context, bucket string) (jetstream.KeyValue, 
 		var kv jetstream.KeyValue
 		if err := retry(ctx, func() error {
 			var err error
-			kv, err = b.js.CreateOrUpdateKeyValue(ctx, cfg)
+			if b.mode == ProvisionUpdate {
+				kv, err = b.js.CreateOrUpdateKeyValue(ctx, cfg)
+				return err
+			}
+			// A service opens the bucket, creating it when missing; only
+			// the operator updates a bucket's config.
+			kv, err = b.js.KeyValue(ctx, bucket)
+			if errors.Is(err, jetstream.ErrBucketNotFound) {
+				kv, err = b.js.CreateKeyValue(ctx, cfg)
+				if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+					kv, err = b.js.KeyValue(ctx, bucket)
+				}
+			}
 			return err
 		}); err != nil {
 			return nil, fmt.Errorf("bus: kv bucket %s: %w", bucket, err)

@@ -5,12 +5,20 @@ package natsserver
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
+	"sync"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/natsauth"
 )
 
 // Options configure the embedded server.
@@ -33,12 +41,30 @@ type Options struct {
 	Name string
 	// HTTPPort enables the NATS monitoring endpoint when > 0 (or -1 for a random port).
 	HTTPPort int
+	// Trust turns authentication on: the server trusts its operator and
+	// resolves the platform and system accounts from memory, so only
+	// clients with credentials the trust minted get in, each with its
+	// identity's permissions. Nil starts an open server, which only the
+	// tests of the auth machinery itself use.
+	Trust *natsauth.Trust
+	// TLS, when set, makes client connections TLS 1.3 only.
+	TLS *tls.Config
+	// OnViolation, when set, is called with each permissions violation
+	// and authorization failure the server reports (tests fail on the
+	// ones they did not provoke: a service needing a subject its identity
+	// lacks shows up here, not as a silent retry).
+	OnViolation func(msg string)
 }
 
 // Server is a running embedded server.
 type Server struct {
 	*server.Server
 	tempDir string
+	trust   *natsauth.Trust
+	// credsDir is where Creds writes credentials.
+	credsDir string
+	credsMu  sync.Mutex
+	creds    map[contracts.Identity]string
 }
 
 // Start starts the server and waits until it accepts connections.
@@ -52,7 +78,7 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	if o.Name == "" {
 		o.Name = "gpuplane-embedded"
 	}
-	s := &Server{}
+	s := &Server{trust: o.Trust, creds: map[contracts.Identity]string{}}
 	if o.StoreDir == "" {
 		dir, err := os.MkdirTemp("", "gpuplane-nats-*")
 		if err != nil {
@@ -79,12 +105,29 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	if o.SyncAlways {
 		opts.SyncAlways = true
 	}
+	if o.Trust != nil {
+		if err := trust(opts, o.Trust); err != nil {
+			s.cleanup()
+			return nil, err
+		}
+	}
+	if o.TLS != nil {
+		c := o.TLS.Clone()
+		c.MinVersion = tls.VersionTLS13
+		opts.TLSConfig = c
+		opts.TLS = true
+		opts.TLSTimeout = 5
+	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
 		s.cleanup()
 		return nil, fmt.Errorf("new nats server: %w", err)
 	}
+	if o.OnViolation != nil {
+		ns.SetLoggerV2(violationLogger{report: o.OnViolation}, false, false, false)
+	}
 	s.Server = ns
+	s.credsDir = filepath.Join(o.StoreDir, "creds")
 	go ns.Start()
 	deadline := 10 * time.Second
 	if d, ok := ctx.Deadline(); ok {
@@ -96,6 +139,75 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 		return nil, errors.New("embedded nats server did not become ready")
 	}
 	return s, nil
+}
+
+// violationLogger passes the server's reports of refused access to report
+// and drops the rest.
+type violationLogger struct{ report func(string) }
+
+func (l violationLogger) Noticef(string, ...any) {}
+func (l violationLogger) Warnf(format string, v ...any) {
+	l.maybe(format, v...)
+}
+func (l violationLogger) Fatalf(format string, v ...any) { l.report(fmt.Sprintf(format, v...)) }
+func (l violationLogger) Errorf(format string, v ...any) { l.maybe(format, v...) }
+func (l violationLogger) Debugf(string, ...any)          {}
+func (l violationLogger) Tracef(string, ...any)          {}
+
+func (l violationLogger) maybe(format string, v ...any) {
+	msg := fmt.Sprintf(format, v...)
+	if strings.Contains(msg, "Violation") || strings.Contains(msg, "Authorization") || strings.Contains(msg, "authentication") {
+		l.report(msg)
+	}
+}
+
+// trust sets opts up for operator mode: the operator's JWT trusted, every
+// account JWT preloaded into a memory resolver, the system account named.
+func trust(opts *server.Options, t *natsauth.Trust) error {
+	opJWT, err := t.OperatorJWT()
+	if err != nil {
+		return fmt.Errorf("nats trust: %w", err)
+	}
+	oc, err := jwt.DecodeOperatorClaims(opJWT)
+	if err != nil {
+		return fmt.Errorf("nats trust: %w", err)
+	}
+	accounts, err := t.Accounts()
+	if err != nil {
+		return fmt.Errorf("nats trust: %w", err)
+	}
+	res := &server.MemAccResolver{}
+	for pub, a := range accounts {
+		if err := res.Store(pub, a); err != nil {
+			return fmt.Errorf("nats trust: store account: %w", err)
+		}
+	}
+	opts.TrustedOperators = []*jwt.OperatorClaims{oc}
+	opts.AccountResolver = res
+	opts.SystemAccount = t.SystemAccountPublicKey()
+	return nil
+}
+
+// Trust is the trust the server was started with (nil for an open server).
+func (s *Server) Trust() *natsauth.Trust { return s.trust }
+
+// Creds returns the path of a creds file for id, minting it on first use
+// (in a creds folder inside the store directory).
+func (s *Server) Creds(id contracts.Identity) (string, error) {
+	if s.trust == nil {
+		return "", errors.New("nats server runs without authentication")
+	}
+	s.credsMu.Lock()
+	defer s.credsMu.Unlock()
+	if p, ok := s.creds[id]; ok {
+		return p, nil
+	}
+	p, err := s.trust.WriteCreds(s.credsDir, id)
+	if err != nil {
+		return "", err
+	}
+	s.creds[id] = p
+	return p, nil
 }
 
 // URL is the client URL of the server.

@@ -29,13 +29,16 @@ type BusConfig struct {
 	Replicas int
 	// OTLPEndpoint (host:port, OTLP/HTTP) receives traces; empty disables.
 	OTLPEndpoint string
+	// Creds is the service's NATS creds file (see deploy/identities.yaml
+	// and natsauth): the server refuses a connection without one.
+	Creds string
 }
 
 // DefaultBusConfig reads GPUPLANE_NATS_URL, GPUPLANE_STREAM_REPLICAS and
 // GPUPLANE_OTLP_ENDPOINT, with local defaults.
 func DefaultBusConfig() BusConfig {
 	c := BusConfig{NATSURL: envOr("GPUPLANE_NATS_URL", "nats://127.0.0.1:4222"), Replicas: 1,
-		OTLPEndpoint: os.Getenv("GPUPLANE_OTLP_ENDPOINT")}
+		OTLPEndpoint: os.Getenv("GPUPLANE_OTLP_ENDPOINT"), Creds: os.Getenv("GPUPLANE_NATS_CREDS")}
 	if n, err := strconv.Atoi(os.Getenv("GPUPLANE_STREAM_REPLICAS")); err == nil {
 		c.Replicas = n
 	}
@@ -46,6 +49,7 @@ func DefaultBusConfig() BusConfig {
 func (c *BusConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.NATSURL, "nats", c.NATSURL, "NATS URL (env GPUPLANE_NATS_URL)")
 	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "JetStream stream replicas, 1 or 3 (env GPUPLANE_STREAM_REPLICAS)")
+	fs.StringVar(&c.Creds, "creds", c.Creds, "NATS creds file of this service's identity (env GPUPLANE_NATS_CREDS)")
 	fs.StringVar(&c.OTLPEndpoint, "otlp", c.OTLPEndpoint, "OTLP/HTTP endpoint host:port for traces, empty to disable (env GPUPLANE_OTLP_ENDPOINT)")
 }
 
@@ -83,7 +87,7 @@ func Start(ctx context.Context, name string, c BusConfig, log *slog.Logger) (*Ru
 		return nil, fmt.Errorf("%s: tracing: %w", name, err)
 	}
 	b, err := bus.Connect(ctx, bus.Config{
-		URL: c.NATSURL, Name: name, Logger: log, TracerProvider: tr.Provider,
+		URL: c.NATSURL, Name: name, Logger: log, TracerProvider: tr.Provider, CredsFile: c.Creds,
 		Streams: contracts.StreamOptions{Replicas: c.Replicas},
 	})
 	if err != nil {

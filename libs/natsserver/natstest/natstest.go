@@ -10,20 +10,91 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/natsauth"
 	"github.com/gpuplane/gpuplane/libs/natsserver"
 )
 
 // Start starts a server for t and returns it; it is shut down when t ends.
+// Authentication is on, as everywhere: connect with the credentials of
+// Creds, Operator or Service.
 func Start(t testing.TB) *natsserver.Server {
+	t.Helper()
+	return StartWith(t, natsserver.Options{})
+}
+
+// StartWith starts a server with o (a fresh trust and a t.TempDir() store
+// unless o sets them).
+func StartWith(t testing.TB, o natsserver.Options) *natsserver.Server {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	s, err := natsserver.Start(ctx, natsserver.Options{StoreDir: t.TempDir()})
+	if o.StoreDir == "" {
+		o.StoreDir = t.TempDir()
+	}
+	if o.OnViolation == nil {
+		// A service under test that lacks a permission its work needs is
+		// a defect of contracts.Access: fail the test that saw it.
+		var mu sync.Mutex
+		done := false
+		t.Cleanup(func() { mu.Lock(); done = true; mu.Unlock() })
+		o.OnViolation = func(msg string) {
+			mu.Lock()
+			defer mu.Unlock()
+			if !done {
+				t.Errorf("nats refused access: %s", msg)
+			}
+		}
+	}
+	if o.Trust == nil {
+		tr, err := natsauth.New()
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.Trust = tr
+	}
+	s, err := natsserver.Start(ctx, o)
 	if err != nil {
 		t.Fatalf("start embedded nats: %v", err)
 	}
 	t.Cleanup(s.Shutdown)
 	return s
+}
+
+// Creds returns the path of a creds file of id on s.
+func Creds(t testing.TB, s *natsserver.Server, id contracts.Identity) string {
+	t.Helper()
+	p, err := s.Creds(id)
+	if err != nil {
+		t.Fatalf("creds of %s: %v", id.Name, err)
+	}
+	return p
+}
+
+// Operator returns the operator's creds on s: every subject and the
+// stream administration, for a test's own set-up and observation.
+func Operator(t testing.TB, s *natsserver.Server) string {
+	t.Helper()
+	return Creds(t, s, contracts.Identity{Name: "operator", Role: contracts.BusOperator})
+}
+
+// Service returns the creds of the service identity of role (named after
+// it) on s.
+func Service(t testing.TB, s *natsserver.Server, role contracts.BusRole) string {
+	t.Helper()
+	return Creds(t, s, contracts.Identity{Name: string(role), Role: role})
+}
+
+// Node returns the creds of node's agent on s.
+func Node(t testing.TB, s *natsserver.Server, node string) string {
+	t.Helper()
+	return Creds(t, s, contracts.Identity{Name: "node-" + node, Role: contracts.BusNode, Scope: node})
+}
+
+// Tenant returns the creds of a client of tenant on s.
+func Tenant(t testing.TB, s *natsserver.Server, tenant string) string {
+	t.Helper()
+	return Creds(t, s, contracts.Identity{Name: "tenant-" + tenant, Role: contracts.BusTenant, Scope: tenant})
 }
 
 // ForgetMsgIDs shortens a stream's duplicate window to its 100 ms minimum
