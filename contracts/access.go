@@ -175,6 +175,12 @@ var Buckets = []BucketAccess{
 	// notices and scale-down drains by the autoscaler.
 	{Bucket: BucketNodeAdmin, Writers: roles(BusGateway, BusAutoscaler, BusAdmin),
 		Readers: roles(services, BusFleet, BusAdmin)},
+	// Identity (identity.go): role bindings and token hashes are the
+	// gateway's (its identity endpoints check the caller's role); the bus
+	// administrator bootstraps the first platform admin.
+	{Bucket: BucketRoleBindings, Writers: roles(BusGateway, BusAdmin), Readers: roles(BusGateway, BusAdmin)},
+	{Bucket: BucketAPITokens, Writers: roles(BusGateway, BusAdmin), Readers: roles(BusGateway, BusAdmin)},
+	{Bucket: BucketQuotaGrants, Writers: roles(BusGateway, BusAdmin), Readers: roles(BusGateway, BusAdmin)},
 }
 
 // NodeConsumer is the durable consumer name of node's agent (one per
