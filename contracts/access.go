@@ -149,6 +149,10 @@ var Families = []Family{
 	{Wildcard: SubjectDeadLetterAll, Stream: StreamDeadLetters, Scope: ScopeNode,
 		Scoped:     func(node string) string { return "gp.dlq.*." + NodeConsumer(node) },
 		Publishers: roles(BusNode, BusFleet, services), Readers: roles(BusAdmin)},
+	// The audit trail: only the gateway writes it (one hash chain,
+	// contracts/audit.go); it and administrators read it.
+	{Wildcard: SubjectAuditAll, Stream: StreamAudit, Scope: ScopeNone,
+		Publishers: roles(BusGateway), Readers: roles(BusGateway, BusAdmin)},
 }
 
 // BucketAccess says who may read and write one KV bucket.

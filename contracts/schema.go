@@ -38,6 +38,7 @@ var schemaTypes = map[string]any{
 	"tenant-quota.json":   TenantQuota{},
 	"pool-config.json":    PoolConfig{},
 	"node-admin.json":     NodeAdmin{},
+	"audit-record.json":   AuditRecord{},
 }
 
 // Schemas returns the JSON Schema document of every message, by file name.

@@ -8,7 +8,10 @@ import (
 
 // Stream names. Streams under "log of record" keep what the platform must
 // never lose (jobs, allocations, runs, usage); the others are high-volume or
-// derived and age out.
+// derived and age out. Of those, the evidence streams (jobs, allocations,
+// usage, audit: who asked for what, who held which GPU, what was billed,
+// who did what) also refuse a purge, and no code of the platform purges
+// them; a server refuses to turn DenyPurge or DenyDelete off again.
 const (
 	StreamJobs         = "JOBS"          // job requests and cancels (log of record)
 	StreamJobEvents    = "JOB_EVENTS"    // job lifecycle events (log of record)
@@ -23,6 +26,7 @@ const (
 	StreamUsage        = "USAGE"         // usage records (log of record)
 	StreamDeadLetters  = "DEAD_LETTERS"  // messages consumers gave up on
 	StreamLogs         = "LOGS"          // run output, per tenant and job
+	StreamAudit        = "AUDIT"         // the audit trail, hash-chained (evidence)
 )
 
 // DuplicateWindow is how long JetStream remembers a Nats-Msg-Id. Handlers
@@ -107,19 +111,24 @@ func Streams(o StreamOptions) []jetstream.StreamConfig {
 		c.DenyDelete = false
 		return c
 	}
+	evidence := func(c jetstream.StreamConfig) jetstream.StreamConfig {
+		c.DenyPurge = true
+		return c
+	}
 	return []jetstream.StreamConfig{
-		record(StreamJobs, "job requests and cancel requests, per tenant", SubjectSubmitAll, SubjectCancelAll),
+		evidence(record(StreamJobs, "job requests and cancel requests, per tenant", SubjectSubmitAll, SubjectCancelAll)),
 		record(StreamJobEvents, "job lifecycle events, per tenant and job", SubjectJobEventsAll),
 		aging(StreamPlans, "placement plans from schedulers", 24*time.Hour, -1, SubjectPlansAll),
-		record(StreamAllocations, "allocation ledger (per-node CAS) and refused plan items", SubjectAllocAll),
+		evidence(record(StreamAllocations, "allocation ledger (per-node CAS) and refused plan items", SubjectAllocAll)),
 		record(StreamRuns, "run facts reported by node agents", SubjectRunsAll),
 		aging(StreamNodes, "node inventory, lifecycle and GPU health", 7*24*time.Hour, 1000, SubjectNodesAll),
 		aging(StreamHeartbeats, "node agent heartbeats, the last few per node", time.Hour, 3, SubjectHeartbeatAll),
 		aging(StreamTelemetry, "per-machine GPU telemetry batches, 1 s", o.TelemetryMaxAge, -1, SubjectTelemetryAll),
 		aging(StreamNodeCommands, "commands for node agents", 7*24*time.Hour, -1, SubjectNodeCommandsAll),
 		aging(StreamOps, "pending demand, scale decisions, machine events and alerts", 7*24*time.Hour, -1, SubjectDemandAll, SubjectScaleAll, SubjectMachinesAll, SubjectAlertsAll),
-		record(StreamUsage, "metered usage records, per tenant", SubjectUsageAll),
+		evidence(record(StreamUsage, "metered usage records, per tenant", SubjectUsageAll)),
 		aging(StreamDeadLetters, "messages a consumer gave up on, for inspection", 30*24*time.Hour, -1, SubjectDeadLetterAll),
 		logs(aging(StreamLogs, "run output chunks, per tenant and job", 7*24*time.Hour, -1, SubjectLogsAll), o.LogsMaxBytes),
+		evidence(record(StreamAudit, "audit trail: one hash-chained record per operation, denial and login", SubjectAuditAll)),
 	}
 }

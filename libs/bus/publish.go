@@ -28,6 +28,7 @@ type PublishOption func(*publishOpts)
 
 type publishOpts struct {
 	expectLastSubjSeq *uint64
+	expectLastSeq     *uint64
 	ceSubject         string
 	ceType            string
 	header            nats.Header
@@ -38,6 +39,14 @@ type publishOpts struct {
 // unless the last message on the same subject has sequence seq (0: none).
 func ExpectLastSubjectSeq(seq uint64) PublishOption {
 	return func(o *publishOpts) { o.expectLastSubjSeq = &seq }
+}
+
+// ExpectLastSeq makes the publish fail with ErrWrongLastSequence unless the
+// stream's last message has sequence seq (0: the stream is empty): a
+// compare-and-set on the whole stream, for a stream that is one chain
+// (the audit trail).
+func ExpectLastSeq(seq uint64) PublishOption {
+	return func(o *publishOpts) { o.expectLastSeq = &seq }
 }
 
 // CESubject sets the CloudEvents subject attribute (e.g. the job ID).
@@ -128,6 +137,9 @@ func (b *Bus) PublishRaw(ctx context.Context, subject, id string, data []byte, o
 	popts := []jetstream.PublishOpt{jetstream.WithMsgID(id)}
 	if o.expectLastSubjSeq != nil {
 		popts = append(popts, jetstream.WithExpectLastSequencePerSubject(*o.expectLastSubjSeq))
+	}
+	if o.expectLastSeq != nil {
+		popts = append(popts, jetstream.WithExpectLastSequence(*o.expectLastSeq))
 	}
 	var ack *jetstream.PubAck
 	var err error
