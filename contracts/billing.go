@@ -350,10 +350,10 @@ func sortFieldErrors(errs []FieldError) {
 // unknown fields).
 func DecodePriceBook(data []byte) (PriceBook, error) {
 	var b PriceBook
-	if err := decodeStrict(data, &b); err != nil {
+	if err := decodeValidated(data, &b, func() error { return b.Validate() }); err != nil {
 		return b, moneyFieldError(data, err)
 	}
-	return b, b.Validate()
+	return b, nil
 }
 
 // moneyFieldError names the amount a decoder rejected: encoding/json
@@ -478,11 +478,8 @@ func (b Budget) Validate(tenant string) error {
 // DecodeBudget decodes and validates a budget for tenant.
 func DecodeBudget(data []byte, tenant string) (Budget, error) {
 	var b Budget
-	if err := decodeStrict(data, &b); err != nil {
+	if err := decodeValidated(data, &b, func() error { return b.Validate(tenant) }); err != nil {
 		return b, moneyFieldError(data, err)
-	}
-	if err := b.Validate(tenant); err != nil {
-		return b, err
 	}
 	b.SchemaVersion, b.Tenant = SchemaVersion, tenant
 	return b, nil

@@ -6,10 +6,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
+	"math/big"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
+
+	"github.com/invopop/jsonschema"
 )
 
 // SchemaVersion is the current version of every message schema in this
@@ -104,11 +110,11 @@ type JobRequest struct {
 	DependsOn []string `json:"dependsOn,omitempty"`
 	// PlacementTimeout fails the job (placement_timeout) when it is not
 	// placed in full this long after it was queued; 0 waits forever.
-	PlacementTimeout Duration `json:"placementTimeout,omitempty" jsonschema:"type=string"`
+	PlacementTimeout Duration `json:"placementTimeout,omitempty"`
 	// ExpectedRunTime is how long the job expects to run. Backfill uses it
 	// (a simulated run's duration or a command's time limit when unset);
 	// a job with none is never backfilled ahead of a reservation.
-	ExpectedRunTime Duration `json:"expectedRunTime,omitempty" jsonschema:"type=string"`
+	ExpectedRunTime Duration `json:"expectedRunTime,omitempty"`
 }
 
 // Resources is what one job asks for: whole GPUs (on one machine, or
@@ -147,7 +153,7 @@ type GPURequest struct {
 // (argv) with Env. Exactly one of Duration and Command is set. A command may
 // also set Duration as a time limit.
 type RunSpec struct {
-	Duration Duration          `json:"duration,omitempty" jsonschema:"type=string,description=Go duration such as 30s; a simulated run's length or a command's time limit"`
+	Duration Duration          `json:"duration,omitempty" jsonschema:"description=Go duration such as 30s; a simulated run's length or a command's time limit"`
 	Command  []string          `json:"command,omitempty"`
 	Env      map[string]string `json:"env,omitempty"`
 	// ExitCode is the exit code a simulated run ends with (default 0).
@@ -168,12 +174,19 @@ func (d Duration) MarshalJSON() ([]byte, error) {
 	return json.Marshal(time.Duration(d).String())
 }
 
-// UnmarshalJSON accepts a duration string, or a number of seconds.
+// UnmarshalJSON accepts a duration string, or a number of seconds. (A
+// request body is held to its schema first, which takes only the string;
+// numbers stay readable for documents stored before that.) A value
+// beyond what a Duration holds (about 292 years) is refused as such,
+// never wrapped around to a negative one.
 func (d *Duration) UnmarshalJSON(b []byte) error {
 	var s string
 	if err := json.Unmarshal(b, &s); err == nil {
 		v, err := time.ParseDuration(s)
 		if err != nil {
+			if durationRE.MatchString(s) {
+				return fmt.Errorf("%w: %q is longer than the largest duration, %s", errDurationRange, s, time.Duration(math.MaxInt64))
+			}
 			return fmt.Errorf("%w: %q is not a duration such as \"30s\"", errBadDuration, s)
 		}
 		*d = Duration(v)
@@ -181,10 +194,28 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 	}
 	var secs float64
 	if err := json.Unmarshal(b, &secs); err != nil {
+		if _, isNum := new(big.Float).SetString(string(bytes.TrimSpace(b))); isNum {
+			return fmt.Errorf("%w: %s seconds is longer than the largest duration, %s", errDurationRange, b, time.Duration(math.MaxInt64))
+		}
 		return fmt.Errorf("%w: want a string such as \"30s\" or a number of seconds", errBadDuration)
+	}
+	// float64(MaxInt64) rounds up to 2^63, so >= refuses it too.
+	if ns := secs * float64(time.Second); math.IsNaN(ns) || ns >= math.MaxInt64 || ns < math.MinInt64 {
+		return fmt.Errorf("%w: %s seconds is beyond the largest duration, %s", errDurationRange, b, time.Duration(math.MaxInt64))
 	}
 	*d = Duration(secs * float64(time.Second))
 	return nil
+}
+
+// durationRE is durationPattern: a string that matches it but does not
+// parse has overflowed.
+var durationRE = regexp.MustCompile(durationPattern)
+
+// JSONSchema describes Duration in the published schemas: a string only,
+// in the form durationPattern says.
+func (Duration) JSONSchema() *jsonschema.Schema {
+	return &jsonschema.Schema{Type: "string", Pattern: durationPattern,
+		Description: "a Go duration such as 30s, 1h30m or 0.5s: no sign, at least one unit"}
 }
 
 // D returns d as a time.Duration.
@@ -192,16 +223,17 @@ func (d Duration) D() time.Duration { return time.Duration(d) }
 
 var errBadDuration = errors.New("invalid duration")
 
+// errDurationRange is a duration too long for a Duration: out of range
+// rather than malformed.
+var errDurationRange = errors.New("duration out of range")
+
 // DecodeJobRequest decodes and validates a job request received on
 // SubjectSubmit(subjectTenant). It never panics; every problem comes back as
 // a *ValidationError with machine-readable reasons.
 func DecodeJobRequest(data []byte, subjectTenant string) (JobRequest, error) {
 	var req JobRequest
-	if err := decodeStrict(data, &req); err != nil {
+	if err := decodeValidated(data, &req, func() error { return req.Validate(subjectTenant) }); err != nil {
 		return req, durationFieldError(data, err)
-	}
-	if err := req.Validate(subjectTenant); err != nil {
-		return req, err
 	}
 	// The queued event echoes the normalized request; escapes can make it
 	// larger than the body was. Refuse here what could not be answered.
@@ -224,7 +256,8 @@ var durationPaths = [][]string{{"run", "duration"}, {"placementTimeout"}, {"expe
 // duration that does not parse.
 func durationFieldError(data []byte, err error) error {
 	ve, ok := err.(*ValidationError)
-	if !ok || len(ve.Fields) != 1 || ve.Fields[0].Reason != ReasonInvalidDuration {
+	if !ok || len(ve.Fields) != 1 || ve.Fields[0].Field != "run.duration" ||
+		(ve.Fields[0].Reason != ReasonInvalidDuration && ve.Fields[0].Reason != ReasonOutOfRange) {
 		return err
 	}
 	for _, path := range durationPaths {
@@ -246,27 +279,6 @@ func durationFieldError(data []byte, err error) error {
 	return err
 }
 
-// decodeStrict decodes one JSON object into v, refusing unknown fields and
-// trailing data, and maps decoder errors to field errors.
-func decodeStrict(data []byte, v any) error {
-	if len(data) > MaxMessageBytes {
-		return newValidationError([]FieldError{{Reason: ReasonTooLarge,
-			Message: fmt.Sprintf("body is %d bytes, limit is %d", len(data), MaxMessageBytes)}})
-	}
-	if len(bytes.TrimSpace(data)) == 0 {
-		return newValidationError([]FieldError{{Reason: ReasonEmptyBody, Message: "body is empty"}})
-	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return newValidationError([]FieldError{decodeFieldError(err)})
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return newValidationError([]FieldError{{Reason: ReasonInvalidJSON, Message: "trailing data after the JSON object"}})
-	}
-	return nil
-}
-
 func decodeFieldError(err error) FieldError {
 	var typeErr *json.UnmarshalTypeError
 	var syntaxErr *json.SyntaxError
@@ -276,6 +288,8 @@ func decodeFieldError(err error) FieldError {
 			Message: fmt.Sprintf("got JSON %s, want %s", typeErr.Value, typeErr.Type)}
 	case errors.As(err, &syntaxErr):
 		return FieldError{Reason: ReasonInvalidJSON, Message: fmt.Sprintf("%v at byte %d", syntaxErr, syntaxErr.Offset)}
+	case errors.Is(err, errDurationRange):
+		return FieldError{Field: "run.duration", Reason: ReasonOutOfRange, Message: err.Error()}
 	case errors.Is(err, errBadDuration):
 		return FieldError{Field: "run.duration", Reason: ReasonInvalidDuration, Message: err.Error()}
 	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
@@ -309,8 +323,9 @@ func (r *JobRequest) Validate(subjectTenant string) error {
 	case ValidateID(r.ID) != nil:
 		add("id", ReasonInvalidID, "%v", ValidateID(r.ID))
 	}
-	if len(r.Name) > MaxNameLength {
-		add("name", ReasonOutOfRange, "name is %d bytes, limit is %d", len(r.Name), MaxNameLength)
+	// Characters, as the schema's maxLength counts them.
+	if n := utf8.RuneCountInString(r.Name); n > MaxNameLength {
+		add("name", ReasonOutOfRange, "name is %d characters, limit is %d", n, MaxNameLength)
 	}
 	if r.Priority.Rank() < 0 {
 		add("priority", ReasonUnknownPriority, "unknown priority %q; want one of %v", r.Priority, Priorities)
@@ -437,9 +452,11 @@ type CancelRequest struct {
 // DecodeCancelRequest decodes and validates a cancel request.
 func DecodeCancelRequest(data []byte) (CancelRequest, error) {
 	var c CancelRequest
-	if err := decodeStrict(data, &c); err != nil {
-		return c, err
-	}
+	err := decodeValidated(data, &c, func() error { return c.validate() })
+	return c, err
+}
+
+func (c CancelRequest) validate() error {
 	var errs []FieldError
 	if c.SchemaVersion != 0 && c.SchemaVersion != SchemaVersion {
 		errs = append(errs, FieldError{Field: "schemaVersion", Reason: ReasonUnsupportedSchema, Message: fmt.Sprintf("schema version %d is not supported", c.SchemaVersion)})
@@ -447,10 +464,10 @@ func DecodeCancelRequest(data []byte) (CancelRequest, error) {
 	if err := ValidateID(c.JobID); err != nil {
 		errs = append(errs, FieldError{Field: "jobId", Reason: ReasonInvalidID, Message: err.Error()})
 	}
-	if len(c.Reason) > MaxCancelReasonSz {
+	if utf8.RuneCountInString(c.Reason) > MaxCancelReasonSz {
 		errs = append(errs, FieldError{Field: "reason", Reason: ReasonOutOfRange, Message: "reason is too long"})
 	}
-	return c, newValidationError(errs)
+	return newValidationError(errs)
 }
 
 // CancelMsgID is the Nats-Msg-Id of a cancel request.

@@ -19,7 +19,7 @@ func TestDecodeJobRequestAcceptsValid(t *testing.T) {
 		"minimal":           `{"id":"a","resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`,
 		"command":           `{"id":"a","resources":{"gpu":{"count":1}},"run":{"command":["sh","-c","true"],"env":{"A":"b"}}}`,
 		"tenant matches":    `{"id":"a","tenant":"acme","resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`,
-		"duration seconds":  `{"id":"a","resources":{"gpu":{"count":1,"model":"any"}},"run":{"duration":2.5}}`,
+		"duration fraction": `{"id":"a","resources":{"gpu":{"count":1,"model":"any"}},"run":{"duration":"2.5s"}}`,
 		"schema version 1":  `{"schemaVersion":1,"id":"A_b-9","resources":{"gpu":{"count":64}},"run":{"duration":"1h"}}`,
 		"best-effort class": `{"id":"a","priority":"best-effort","pool":"h100","resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`,
 	}
@@ -78,7 +78,10 @@ func TestDecodeJobRequestRejectsWithSpecificReason(t *testing.T) {
 		"bad pool":           {`{"id":"a","pool":"H100.x","resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`, "acme", ReasonInvalidValue, "pool"},
 		"exit code 300":      {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"duration":"1s","exitCode":300}}`, "acme", ReasonOutOfRange, "run.exitCode"},
 		"negative cpu":       {`{"id":"a","resources":{"gpu":{"count":1},"cpuMilli":-4},"run":{"duration":"1s"}}`, "acme", ReasonOutOfRange, "resources.cpuMilli"},
-		"null resources gpu": {`{"id":"a","resources":{"gpu":null},"run":{"duration":"1s"}}`, "acme", ReasonOutOfRange, "resources.gpu.count"},
+		// null is a value of its own, refused where the schema does not allow it.
+		"null resources gpu": {`{"id":"a","resources":{"gpu":null},"run":{"duration":"1s"}}`, "acme", ReasonInvalidType, "resources.gpu"},
+		// The schema takes a duration as a string only.
+		"duration seconds": {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"duration":2.5}}`, "acme", ReasonInvalidDuration, "run.duration"},
 	}
 	for name, tt := range tests {
 		t.Run(name, func(t *testing.T) {

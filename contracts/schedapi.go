@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"time"
+	"unicode/utf8"
 )
 
 // The gateway's scheduling administration and describe endpoints (the
@@ -70,10 +71,7 @@ type NodeAdminRequest struct {
 // (JSON, no unknown fields) and fills in its schema version and tenant.
 func DecodeTenantQuota(data []byte, tenant string) (TenantQuota, error) {
 	var q TenantQuota
-	if err := decodeStrict(data, &q); err != nil {
-		return q, err
-	}
-	if err := q.Validate(tenant); err != nil {
+	if err := decodeValidated(data, &q, func() error { return q.Validate(tenant) }); err != nil {
 		return q, err
 	}
 	q.SchemaVersion, q.Tenant = SchemaVersion, tenant
@@ -84,10 +82,7 @@ func DecodeTenantQuota(data []byte, tenant string) (TenantQuota, error) {
 // and fills in its schema version and pool.
 func DecodePoolConfig(data []byte, pool string) (PoolConfig, error) {
 	var c PoolConfig
-	if err := decodeStrict(data, &c); err != nil {
-		return c, err
-	}
-	if err := c.Validate(pool); err != nil {
+	if err := decodeValidated(data, &c, func() error { return c.Validate(pool) }); err != nil {
 		return c, err
 	}
 	c.SchemaVersion, c.Pool = SchemaVersion, pool
@@ -101,14 +96,14 @@ func DecodeNodeAdminRequest(data []byte) (NodeAdminRequest, error) {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return r, nil
 	}
-	if err := decodeStrict(data, &r); err != nil {
-		return r, err
-	}
-	if len(r.Reason) > MaxAdminReason {
-		return r, newValidationError([]FieldError{{Field: "reason", Reason: ReasonOutOfRange,
-			Message: fmt.Sprintf("reason is %d bytes, limit is %d", len(r.Reason), MaxAdminReason)}})
-	}
-	return r, nil
+	err := decodeValidated(data, &r, func() error {
+		if n := utf8.RuneCountInString(r.Reason); n > MaxAdminReason { // characters, as the schema counts
+			return newValidationError([]FieldError{{Field: "reason", Reason: ReasonOutOfRange,
+				Message: fmt.Sprintf("reason is %d characters, limit is %d", n, MaxAdminReason)}})
+		}
+		return nil
+	})
+	return r, err
 }
 
 // MaxDescribeEvents bounds the events a JobDescription lists: the latest

@@ -227,7 +227,7 @@ func TestDecodeNamesTheBadDuration(t *testing.T) {
 			}
 		})
 	}
-	r, err := DecodeJobRequest([]byte(`{"id":"a","resources":{"gpu":{"count":1}},"run":{"duration":"1s"},"placementTimeout":"90m","expectedRunTime":3600}`), "acme")
+	r, err := DecodeJobRequest([]byte(`{"id":"a","resources":{"gpu":{"count":1}},"run":{"duration":"1s"},"placementTimeout":"90m","expectedRunTime":"1h"}`), "acme")
 	if err != nil || r.PlacementTimeout.D() != 90*time.Minute || r.ExpectedRunTime.D() != time.Hour {
 		t.Fatalf("DecodeJobRequest = %+v, %v; want 90m and 1h", r, err)
 	}

@@ -3,7 +3,6 @@ package contracts
 import (
 	"encoding/json"
 	"fmt"
-	"reflect"
 
 	"github.com/invopop/jsonschema"
 )
@@ -38,7 +37,10 @@ var schemaTypes = map[string]any{
 	"tenant-quota.json":   TenantQuota{},
 	"pool-config.json":    PoolConfig{},
 	"node-admin.json":     NodeAdmin{},
-	"audit-record.json":   AuditRecord{},
+	// Request bodies of the gateway's node endpoints.
+	"node-admin-request.json": NodeAdminRequest{},
+	"fault-request.json":      FaultRequest{},
+	"audit-record.json":       AuditRecord{},
 }
 
 // Schemas returns the JSON Schema document of every message, by file name.
@@ -50,12 +52,6 @@ func Schemas() (map[string][]byte, error) {
 			// validation; omitempty fields are optional.
 			RequiredFromJSONSchemaTags: false,
 			AllowAdditionalProperties:  false,
-			Mapper: func(t reflect.Type) *jsonschema.Schema {
-				if t == reflect.TypeFor[Duration]() {
-					return &jsonschema.Schema{Type: "string", Description: "Go duration such as 30s, or a number of seconds"}
-				}
-				return nil
-			},
 		}
 		s := r.Reflect(v)
 		s.ID = jsonschema.ID("https://gpuplane.dev/schemas/v1/" + name)
