@@ -313,9 +313,12 @@ func Access(id Identity) (Permissions, error) {
 		// Services create the streams and buckets they need if missing
 		// (bus.EnsureStreams); updating, purging and deleting them is the
 		// operator's.
+		// bus.EnsureStreams asks for each stream's info to learn whether it
+		// is missing before creating it, also for streams the role does
+		// not read: the info is config and counts, never a message.
 		pub("$JS.API.STREAM.NAMES")
 		for _, s := range StreamNames() {
-			pub("$JS.API.STREAM.CREATE." + s)
+			pub("$JS.API.STREAM.INFO."+s, "$JS.API.STREAM.CREATE."+s)
 		}
 	}
 	for _, b := range Buckets {

@@ -23,7 +23,10 @@ func bucket(t *testing.T) jetstream.KeyValue {
 	srv := natstest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "test"})
+	// The leases are the scheduler's and the resource manager's: use the
+	// bucket with a service's identity, as they do.
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "test",
+		CredsFile: natstest.Service(t, srv, contracts.BusScheduler)})
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
