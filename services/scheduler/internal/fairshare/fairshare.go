@@ -186,6 +186,16 @@ func (b *Book) UnderGuarantee(tenant, pool string, milliGPU int64) bool {
 	return b.Held(tenant, pool)+max(0, milliGPU) <= milli(q.Guarantee)
 }
 
+// Guarantee is tenant's guarantee in pool, in milli-GPU; 0 when it has
+// none there.
+func (b *Book) Guarantee(tenant, pool string) int64 {
+	q, ok := b.quotas[tenant].For(pool)
+	if !ok {
+		return 0
+	}
+	return milli(q.Guarantee)
+}
+
 // Borrowing reports whether tenant holds more than its guarantee in pool
 // (anything at all when it has no quota there).
 func (b *Book) Borrowing(tenant, pool string) bool {

@@ -96,6 +96,16 @@ func (s *Store) book(snap placement.Snapshot) *fairshare.Book {
 	for _, a := range s.cluster.plans {
 		hold(a)
 	}
+	// What is claimed for a preemptor is its tenant's already: no other
+	// job of the tenant may take the quota it needs.
+	for key, cl := range s.cluster.claims {
+		if j := s.jobs[key]; j != nil && j.Request != nil {
+			per := j.Request.Resources.GPU.MilliGPUs() / int64(max(len(cl.parts), 1))
+			for _, p := range cl.parts {
+				b.Hold(cl.tenant, p.Pool, fairshare.Usage{MilliGPU: per, CPUMilli: cl.cpuMilli, MemoryMiB: cl.memoryMiB})
+			}
+		}
+	}
 	return b
 }
 
@@ -262,14 +272,35 @@ func (s *Store) reclaimPools(j *Job, b *fairshare.Book, r placement.Request) []s
 // cycle serves the rest.
 const maxPreemptorsPerCycle = 4
 
+// Preemption is one preemption decided by a cycle: the preemptor, the
+// allocations it evicts and where it goes once they are gone (held for it
+// meanwhile).
+type Preemption struct {
+	Tenant, JobID string
+	Victims       []string // allocation IDs
+	Parts         []placement.Part
+}
+
 // preempt chooses victims for jobs that could not be placed, on the
-// cluster as it is after this cycle's placements, and stops them. The
-// preemptor keeps its place in the queue and takes the devices when the
-// victims' releases come in (it is served before them: a higher class, or
-// the tenant under its guarantee ranks first in fair share).
-func (s *Store) preempt(now time.Time, preemptors []miss, b *fairshare.Book) {
+// cluster as it is after this cycle's placements, and stops them (issue
+// 18; FLOWS.md, "Preemption"):
+//   - priority acts inside the tenant, or on borrowed work: another
+//     tenant's work is evicted only beyond its guarantee, however high the
+//     preemptor's class (a reclaim likewise never takes a tenant below
+//     its own);
+//   - the victims are of the lowest classes that make room, then the
+//     fewest GPUs and jobs (preempt.Choose);
+//   - the devices the preemptor takes are claimed for it at once: until
+//     it commits (or gives up) no other job, the victims' next attempts
+//     included, is placed on them, and it is placed on them;
+//   - a victim's next attempt does not evict, by priority, work that was
+//     running when the decision chose it (the decision kept that work),
+//     while the preemptor holds what it took.
+func (s *Store) preempt(now time.Time, preemptors []miss, b *fairshare.Book) []Preemption {
 	snap := s.cluster.snapshot(now)
-	running := s.victimsOf(b)
+	g := s.guarantees(b)
+	running := s.victimsOf(g)
+	var out []Preemption
 	tried := 0
 	for _, m := range preemptors {
 		if tried == maxPreemptorsPerCycle {
@@ -278,41 +309,88 @@ func (s *Store) preempt(now time.Time, preemptors []miss, b *fairshare.Book) {
 		tried++
 		j := m.j
 		// A tenant under its guarantee reclaims in those pools first;
-		// then priority alone may evict lower classes anywhere.
+		// then priority alone may evict lower classes.
 		var choice preempt.Choice
 		ok := false
+		opt := preempt.Options{Now: now, MinRuntime: s.cfg.MinRuntime, Spare: g.spare}
 		for _, pool := range append(s.reclaimPools(j, b, m.r), "") {
 			pr := preempt.Preemptor{Request: m.r, Priority: j.Request.Priority, Reclaim: pool != ""}
 			pr.Request.Exclude = nil // reservations yield to preemption by rank
+			rs := running
 			if pool != "" {
 				pr.Request.Pool = pool
+			} else if kept := s.keptFor(j); kept != nil {
+				rs = slices.DeleteFunc(slices.Clone(running), func(r preempt.Running) bool { return kept[Key(r.Tenant, r.JobID)] })
 			}
-			if choice, ok = preempt.Choose(snap, running, pr, preempt.Options{Now: now, MinRuntime: s.cfg.MinRuntime}); ok {
+			if choice, ok = preempt.Choose(snap, rs, pr, opt); ok {
 				break
 			}
 		}
 		if !ok || len(choice.Victims) == 0 {
 			continue
 		}
-		keys := s.evictVictims(j, choice.Victims, move{reason: contracts.ReasonPreempted,
+		keys := s.evictVictims(j, choice, move{reason: contracts.ReasonPreempted,
 			msg: fmt.Sprintf("preempted by %s/%s (priority %s)", j.Tenant, j.ID, j.Request.Priority)}, nil)
+		// The work this decision keeps: its victims' next attempts leave
+		// it alone while j holds what it took.
+		k := &kept{by: j.key, attempt: j.Attempt, jobs: make(map[string]bool, len(running))}
+		for _, r := range running {
+			if key := Key(r.Tenant, r.JobID); !slices.Contains(keys, key) {
+				k.jobs[key] = true
+			}
+		}
+		for _, key := range keys {
+			s.jobs[key].kept = k
+		}
+		g.spend(j, choice)
 		running = slices.DeleteFunc(running, func(r preempt.Running) bool {
 			return slices.Contains(keys, Key(r.Tenant, r.JobID))
 		})
+		p := Preemption{Tenant: j.Tenant, JobID: j.ID, Parts: choice.Parts}
+		for _, v := range choice.Victims {
+			p.Victims = append(p.Victims, v.AllocationID)
+		}
+		out = append(out, p)
 		s.setPending(j, placement.Pending{Code: contracts.PendingPreempting,
 			Message: choice.Reason + "; waiting for " + strings.Join(keys, ", ") + " to stop"})
 		s.log.Info("preempting", "tenant", j.Tenant, "job_id", j.ID, "victims", keys, "why", choice.Reason)
 	}
+	return out
 }
 
-// evictVictims moves every job of victims for m (a job with several
-// victim parts once) and makes j wait for their allocations' releases
-// rather than choose again. avoid, when set, is where the moved jobs must
-// not go next. It returns the victim jobs' keys.
-func (s *Store) evictVictims(j *Job, victims []preempt.Running, m move, avoid map[string]bool) []string {
+// kept is the work a preemption decision chose to keep, by job key: its
+// victims' next attempts may not evict it by priority while the
+// preemptor's attempt (by, attempt) is live. Shared by the victims of one
+// decision.
+type kept struct {
+	by      string
+	attempt int
+	jobs    map[string]bool
+}
+
+// keptFor is the work j, a victim's next attempt, must leave alone; nil
+// when none (or the preemptor that kept it is done with what it took).
+func (s *Store) keptFor(j *Job) map[string]bool {
+	k := j.kept
+	if k == nil {
+		return nil
+	}
+	if by := s.jobs[k.by]; by == nil || by.State.Terminal() || by.Attempt != k.attempt {
+		j.kept = nil
+		return nil
+	}
+	return k.jobs
+}
+
+// evictVictims moves every job of the choice's victims for m (a job with
+// several victim parts once), makes j wait for their allocations'
+// releases rather than choose again, and claims for j the devices the
+// choice gives it. avoid, when set, is where the moved jobs must not go
+// next. It returns the victim jobs' keys.
+func (s *Store) evictVictims(j *Job, choice preempt.Choice, m move, avoid map[string]bool) []string {
 	var keys []string
 	j.victims = j.victims[:0]
-	for _, v := range victims {
+	for _, v := range choice.Victims {
 		j.victims = append(j.victims, v.AllocationID)
 		key := Key(v.Tenant, v.JobID)
 		if slices.Contains(keys, key) {
@@ -325,7 +403,78 @@ func (s *Store) evictVictims(j *Job, victims []preempt.Running, m move, avoid ma
 		}
 		s.evictJob(vj, m)
 	}
+	s.cluster.claims[j.key] = &claim{tenant: j.Tenant, parts: choice.Parts,
+		cpuMilli: j.Request.Resources.CPUMilli, memoryMiB: j.Request.Resources.MemoryMiB}
 	return keys
+}
+
+// claimed is the decision for j on the devices claimed for it, once its
+// victims are gone: exactly those devices, checked again with FitNode on
+// each node as it is now without j's claim. ok is false when j has no
+// claim; placed is false when the claim no longer fits (a node lost or
+// cordoned, a device unhealthy), and the claim is then dropped.
+func (s *Store) claimed(j *Job, r placement.Request, now time.Time) (d placement.Decision, ok, placed bool) {
+	cl := s.cluster.claims[j.key]
+	if cl == nil {
+		return placement.Decision{}, false, false
+	}
+	machines := max(r.Machines(), 1)
+	per := r
+	per.GPU.Count /= machines
+	per.GPU.Nodes = 1
+	if per.GPU.Topology == contracts.TopologyZone {
+		per.GPU.Topology = contracts.TopologyAny
+	}
+	per.Exclude, per.ExcludeKey, per.AllowPool = nil, "", nil
+	fits := len(cl.parts) == machines
+	for _, p := range cl.parts {
+		if !fits {
+			break
+		}
+		n, live := s.cluster.nodeSnapshot(p.NodeID, now, j.key)
+		if !live || n.Cordoned {
+			fits = false
+			break
+		}
+		// Only the claimed devices are offered: the cycle's placer counts
+		// them held, so nothing else on the node may be taken here.
+		var gpus []placement.GPU
+		for _, g := range n.GPUs {
+			var slots []placement.MIGSlot
+			mine := false
+			for _, dev := range p.Devices {
+				if dev.UUID != g.UUID {
+					continue
+				}
+				mine = true
+				if dev.MIG != nil {
+					for _, sl := range g.Instances {
+						if sl.Instance.UUID == dev.MIG.UUID {
+							slots = append(slots, sl)
+						}
+					}
+				}
+			}
+			if mine {
+				if g.MIG {
+					g.Instances = slots
+				}
+				gpus = append(gpus, g)
+			}
+		}
+		n.GPUs = gpus
+		devs, ok := placement.FitNode(&n, per)
+		if !ok {
+			fits = false
+			break
+		}
+		d.Parts = append(d.Parts, placement.Part{NodeID: p.NodeID, Pool: p.Pool, Zone: p.Zone, Devices: devs})
+	}
+	if !fits {
+		delete(s.cluster.claims, j.key)
+		return placement.Decision{}, true, false
+	}
+	return d, true, true
 }
 
 // miss is a job a cycle could not place, with its request.
@@ -334,8 +483,89 @@ type miss struct {
 	r placement.Request
 }
 
-// victimsOf lists the committed allocations that preemption may consider.
-func (s *Store) victimsOf(b *fairshare.Book) []preempt.Running {
+// guarantee is what preemption keeps of tenants' guarantees in one cycle.
+type guarantee struct {
+	book *fairshare.Book
+	// staying is, per tenant and pool, the milli-GPU of work that is not
+	// leaving (committed or in flight, not being stopped) plus what is
+	// claimed for its preemptors.
+	staying map[preempt.TenantPool]int64
+	// spare is, for tenants with a guarantee in a pool, what of staying
+	// lies beyond it: all another tenant's preemptor may evict.
+	spare map[preempt.TenantPool]int64
+}
+
+// guarantees counts what each tenant keeps. Work being stopped already
+// (preempted, moved, cancelled) is leaving: counting it would let two
+// decisions take the same borrowed GPUs twice.
+func (s *Store) guarantees(b *fairshare.Book) *guarantee {
+	g := &guarantee{book: b, staying: map[preempt.TenantPool]int64{}}
+	add := func(a *contracts.Allocation) {
+		j := s.jobs[Key(a.Tenant, a.JobID)]
+		if j == nil || j.Request == nil || j.Attempt != a.Attempt || j.State.Terminal() || j.evict != "" || j.cancel {
+			return
+		}
+		if p := j.part(a.ID); p != nil && p.done() {
+			return
+		}
+		g.staying[preempt.TenantPool{Tenant: a.Tenant, Pool: a.Pool}] += milliOf(a)
+	}
+	for _, a := range s.cluster.allocs {
+		add(&a)
+	}
+	for _, a := range s.cluster.plans {
+		add(a)
+	}
+	for key, cl := range s.cluster.claims {
+		if j := s.jobs[key]; j != nil && j.Request != nil {
+			per := j.Request.Resources.GPU.MilliGPUs() / int64(max(len(cl.parts), 1))
+			for _, p := range cl.parts {
+				g.staying[preempt.TenantPool{Tenant: cl.tenant, Pool: p.Pool}] += per
+			}
+		}
+	}
+	g.spare = map[preempt.TenantPool]int64{}
+	for k, n := range g.staying {
+		if q := b.Guarantee(k.Tenant, k.Pool); q > 0 {
+			g.spare[k] = max(0, n-q)
+		}
+	}
+	return g
+}
+
+// borrowing reports whether tenant holds more than its guarantee in pool
+// (anything at all when it has none there).
+func (g *guarantee) borrowing(tenant, pool string) bool {
+	k := preempt.TenantPool{Tenant: tenant, Pool: pool}
+	return g.staying[k] > g.book.Guarantee(tenant, pool)
+}
+
+// spend counts a decision: its victims leave, what it claims stays.
+func (g *guarantee) spend(j *Job, choice preempt.Choice) {
+	for _, v := range choice.Victims {
+		k := preempt.TenantPool{Tenant: v.Tenant, Pool: v.Pool}
+		var m int64
+		for _, d := range v.Devices {
+			m += d.MilliGPUs()
+		}
+		g.staying[k] -= m
+		if sp, ok := g.spare[k]; ok {
+			g.spare[k] = max(0, sp-m)
+		}
+	}
+	per := j.Request.Resources.GPU.MilliGPUs() / int64(max(len(choice.Parts), 1))
+	for _, p := range choice.Parts {
+		k := preempt.TenantPool{Tenant: j.Tenant, Pool: p.Pool}
+		g.staying[k] += per
+		if q := g.book.Guarantee(j.Tenant, p.Pool); q > 0 {
+			g.spare[k] = max(0, g.staying[k]-q)
+		}
+	}
+}
+
+// victimsOf lists the committed allocations that preemption may consider;
+// g, when set, says which tenants borrow.
+func (s *Store) victimsOf(g *guarantee) []preempt.Running {
 	out := make([]preempt.Running, 0, len(s.cluster.allocs))
 	for _, a := range s.cluster.allocs {
 		j := s.jobs[Key(a.Tenant, a.JobID)]
@@ -346,9 +576,9 @@ func (s *Store) victimsOf(b *fairshare.Book) []preempt.Running {
 		if p == nil || !p.committed || p.done() {
 			continue
 		}
-		r := preempt.Running{AllocationID: a.ID, Tenant: a.Tenant, JobID: a.JobID, NodeID: a.NodeID,
+		r := preempt.Running{AllocationID: a.ID, Tenant: a.Tenant, JobID: a.JobID, NodeID: a.NodeID, Pool: a.Pool,
 			Devices: a.Devices, CPUMilli: a.CPUMilli, MemoryMiB: a.MemoryMiB, Priority: j.Request.Priority,
-			Borrowing: b != nil && b.Borrowing(a.Tenant, a.Pool), Checkpointable: j.Request.Run.Checkpoint}
+			Borrowing: g != nil && g.borrowing(a.Tenant, a.Pool), Checkpointable: j.Request.Run.Checkpoint}
 		if p.started != nil {
 			r.StartedAt = *p.started
 		}

@@ -26,6 +26,8 @@ type CycleResult struct {
 	Demand map[string]contracts.PoolDemand
 	// Placed and Waiting count the jobs proposed and left waiting.
 	Placed, Waiting int
+	// Preempted are the preemptions the cycle decided.
+	Preempted []Preemption
 }
 
 // Cycle offers every queued job to the placer over the current snapshot
@@ -133,6 +135,21 @@ func (s *Store) Cycle() CycleResult {
 			blocked(it)
 			continue
 		}
+		// Its victims are gone: it takes what was claimed for it (held
+		// from everyone else meanwhile, and counted in its tenant's
+		// quota by book), or, should that be gone, tries afresh next cycle.
+		if d, claimed, ok := s.claimed(j, s.request(j, 0), now); claimed {
+			if ok {
+				hits = append(hits, hit{j, d})
+				s.servedSeq++
+				s.served[j.Tenant] = s.servedSeq
+			} else {
+				s.setPending(j, placement.Pending{Code: contracts.PendingPreempting,
+					Message: "the devices its preemption freed are no longer usable; choosing again"})
+				s.cfg.Wake()
+			}
+			continue
+		}
 		r := s.request(j, ahead[j.Tenant])
 		ahead[j.Tenant]++
 		var quota []string
@@ -226,7 +243,7 @@ func (s *Store) Cycle() CycleResult {
 		s.fly(h.j, items)
 	}
 	if len(preemptors) > 0 {
-		s.preempt(now, preemptors, book)
+		res.Preempted = s.preempt(now, preemptors, book)
 	}
 	s.defragment(now, misses)
 	waiting := make([]placement.Request, len(misses))

@@ -168,7 +168,7 @@ func gpuSeconds(milli int64, d time.Duration) float64 {
 // consolidate moves the victims and makes j wait for their devices.
 func (s *Store) consolidate(j *Job, choice preempt.Choice, freed map[string]bool, pool string) {
 	nodes := slices.Sorted(maps.Keys(freed))
-	keys := s.evictVictims(j, choice.Victims, move{reason: contracts.ReasonDefragment, triggered: s.cfg.Now(),
+	keys := s.evictVictims(j, choice, move{reason: contracts.ReasonDefragment, triggered: s.cfg.Now(),
 		msg: fmt.Sprintf("moved to consolidate pool %s: %s/%s needs %s", pool, j.Tenant, j.ID, strings.Join(nodes, ", "))}, freed)
 	s.setPending(j, placement.Pending{Code: contracts.PendingPreempting,
 		Message: "defragmenting pool " + pool + ": moving " + strings.Join(keys, ", ") + " off " + strings.Join(nodes, ", ")})

@@ -19,6 +19,17 @@ type cluster struct {
 	ids    []string                        // sorted node IDs with an inventory
 	allocs map[string]contracts.Allocation // committed, not yet released
 	plans  map[string]*contracts.Allocation
+	// claims are devices held for preemptors (by job key) until they
+	// commit or give up: what their victims free goes to them alone.
+	claims map[string]*claim
+}
+
+// claim is what a preemptor takes once its victims are gone: the parts
+// its victim search verified, with its host CPU and memory on each.
+type claim struct {
+	tenant              string
+	parts               []placement.Part
+	cpuMilli, memoryMiB int64 // per machine
 }
 
 type nodeState struct {
@@ -49,7 +60,7 @@ const unlimited = int64(1) << 50
 
 func newCluster() *cluster {
 	return &cluster{nodes: map[string]*nodeState{}, allocs: map[string]contracts.Allocation{},
-		plans: map[string]*contracts.Allocation{}}
+		plans: map[string]*contracts.Allocation{}, claims: map[string]*claim{}}
 }
 
 func (c *cluster) node(id string) *nodeState {
@@ -115,71 +126,96 @@ func (c *cluster) release(a contracts.Allocation) {
 
 // snapshot is what a cycle may place on: ready, non-suspect nodes with an
 // inventory, their healthy GPUs with what is held of each (whole, MIG
-// instances, shares), and host capacity left.
+// instances, shares; devices claimed for preemptors too), and host
+// capacity left.
 func (c *cluster) snapshot(now time.Time) placement.Snapshot {
 	snap := placement.Snapshot{Nodes: make([]placement.Node, 0, len(c.ids))}
 	for _, id := range c.ids {
-		n := c.nodes[id]
-		if (n.suspect || len(n.suspectGPUs) > 0) && !now.Before(n.suspectUntil) {
-			n.clear()
+		if pn, ok := c.nodeSnapshot(id, now, ""); ok {
+			snap.Nodes = append(snap.Nodes, pn)
 		}
-		if n.lost || n.suspect {
-			continue
-		}
-		inv := n.inv
-		pn := placement.Node{ID: id, Pool: inv.Pool, Zone: inv.Zone, Labels: inv.Labels, Taints: inv.Taints,
-			Cordoned:     n.admin != nil && (n.admin.Cordoned || n.admin.Drain),
-			CPUMilliFree: inv.CPUMilli, MemoryMiBFree: inv.MemoryMiB,
-			GPUs: make([]placement.GPU, 0, len(inv.GPUs))}
-		for _, g := range inv.GPUs {
-			if !g.Healthy || gpuHeld(n.admin, g.UUID) {
-				continue
-			}
-			pg := placement.GPU{Index: g.Index, UUID: g.UUID, Model: g.Model, MemoryMiB: g.MemoryMiB,
-				NVLinkDomain: g.NVLinkDomain, MIG: g.MIGEnabled, Held: n.suspectGPUs[g.UUID]}
-			if g.MIGEnabled {
-				pg.Instances = make([]placement.MIGSlot, len(g.MIGInstances))
-				for i, mi := range g.MIGInstances {
-					pg.Instances[i] = placement.MIGSlot{Instance: mi}
-				}
-			}
-			pn.GPUs = append(pn.GPUs, pg)
-		}
-		// An inventory without host figures does not limit CPU or memory
-		// (the resource manager does not check them either).
-		if inv.CPUMilli <= 0 {
-			pn.CPUMilliFree = unlimited
-		}
-		if inv.MemoryMiB <= 0 {
-			pn.MemoryMiBFree = unlimited
-		}
-		for _, a := range n.held {
-			pn.CPUMilliFree -= a.CPUMilli
-			pn.MemoryMiBFree -= a.MemoryMiB
-			for _, d := range a.Devices {
-				i := slices.IndexFunc(pn.GPUs, func(g placement.GPU) bool { return g.UUID == d.UUID })
-				if i < 0 {
-					continue
-				}
-				g := &pn.GPUs[i]
-				switch {
-				case d.MIG != nil:
-					for k := range g.Instances {
-						if g.Instances[k].Instance.UUID == d.MIG.UUID {
-							g.Instances[k].Held = true
-						}
-					}
-				case d.Share != nil:
-					g.ShareMemMiB += d.Share.MemoryMiB
-					g.SharePercent += d.Share.ComputePercent
-				default:
-					g.Held = true
-				}
-			}
-		}
-		snap.Nodes = append(snap.Nodes, pn)
 	}
 	return snap
+}
+
+// nodeSnapshot is node id as snapshot has it, with every claim but the
+// one of job skip ("" for none); false when it takes no work.
+func (c *cluster) nodeSnapshot(id string, now time.Time, skip string) (placement.Node, bool) {
+	n := c.nodes[id]
+	if (n.suspect || len(n.suspectGPUs) > 0) && !now.Before(n.suspectUntil) {
+		n.clear()
+	}
+	if n.lost || n.suspect || n.inv == nil {
+		return placement.Node{}, false
+	}
+	inv := n.inv
+	pn := placement.Node{ID: id, Pool: inv.Pool, Zone: inv.Zone, Labels: inv.Labels, Taints: inv.Taints,
+		Cordoned:     n.admin != nil && (n.admin.Cordoned || n.admin.Drain),
+		CPUMilliFree: inv.CPUMilli, MemoryMiBFree: inv.MemoryMiB,
+		GPUs: make([]placement.GPU, 0, len(inv.GPUs))}
+	for _, g := range inv.GPUs {
+		if !g.Healthy || gpuHeld(n.admin, g.UUID) {
+			continue
+		}
+		pg := placement.GPU{Index: g.Index, UUID: g.UUID, Model: g.Model, MemoryMiB: g.MemoryMiB,
+			NVLinkDomain: g.NVLinkDomain, MIG: g.MIGEnabled, Held: n.suspectGPUs[g.UUID]}
+		if g.MIGEnabled {
+			pg.Instances = make([]placement.MIGSlot, len(g.MIGInstances))
+			for i, mi := range g.MIGInstances {
+				pg.Instances[i] = placement.MIGSlot{Instance: mi}
+			}
+		}
+		pn.GPUs = append(pn.GPUs, pg)
+	}
+	// An inventory without host figures does not limit CPU or memory
+	// (the resource manager does not check them either).
+	if inv.CPUMilli <= 0 {
+		pn.CPUMilliFree = unlimited
+	}
+	if inv.MemoryMiB <= 0 {
+		pn.MemoryMiBFree = unlimited
+	}
+	for _, a := range n.held {
+		holdOn(&pn, a.CPUMilli, a.MemoryMiB, a.Devices)
+	}
+	// Claims are few (a preemptor's, while its victims stop).
+	for key, cl := range c.claims {
+		if key == skip {
+			continue
+		}
+		for _, p := range cl.parts {
+			if p.NodeID == id {
+				holdOn(&pn, cl.cpuMilli, cl.memoryMiB, p.Devices)
+			}
+		}
+	}
+	return pn, true
+}
+
+// holdOn marks devs and host resources held on pn.
+func holdOn(pn *placement.Node, cpu, mem int64, devs []contracts.DeviceRef) {
+	pn.CPUMilliFree -= cpu
+	pn.MemoryMiBFree -= mem
+	for _, d := range devs {
+		i := slices.IndexFunc(pn.GPUs, func(g placement.GPU) bool { return g.UUID == d.UUID })
+		if i < 0 {
+			continue
+		}
+		g := &pn.GPUs[i]
+		switch {
+		case d.MIG != nil:
+			for k := range g.Instances {
+				if g.Instances[k].Instance.UUID == d.MIG.UUID {
+					g.Instances[k].Held = true
+				}
+			}
+		case d.Share != nil:
+			g.ShareMemMiB += d.Share.MemoryMiB
+			g.SharePercent += d.Share.ComputePercent
+		default:
+			g.Held = true
+		}
+	}
 }
 
 // gpuHeld reports whether a hold of its own keeps new work off GPU uuid
@@ -293,8 +329,9 @@ func (s *Store) ledgerFact(e contracts.LedgerEntry) {
 		s.land(p)
 		p.alloc, p.committed = a, true
 		// The nodes to avoid bound this attempt's placement, refused plans
-		// and retries included; committed, it has served.
-		j.avoid = nil
+		// and retries included; committed, it has served. So has the work
+		// a preemption kept from this victim's next attempts.
+		j.avoid, j.kept = nil, nil
 		s.queue.Remove(j.key)
 		s.advance(j)
 	case contracts.LedgerReleased:
@@ -470,7 +507,8 @@ func (s *Store) runFact(r contracts.RunEvent) {
 // movedBy are the stop reasons that move a job rather than end it: a run
 // that ended for one of them is requeued as the next attempt.
 func movedBy(r contracts.Reason) bool {
-	return r == contracts.ReasonPreempted || r == contracts.ReasonGangIncomplete || migrates(r)
+	return r == contracts.ReasonPreempted || r == contracts.ReasonGangIncomplete || r == contracts.ReasonRunTimeExceeded ||
+		migrates(r)
 }
 
 // advance moves j as far as its recorded facts allow, publishing one event

@@ -129,8 +129,12 @@ type Job struct {
 	avoid map[string]bool
 	// victims are the allocations this one preempted, until the ledger
 	// releases them: it waits for their devices rather than choosing
-	// more victims.
+	// more victims (what it takes is claimed for it meanwhile: claims).
 	victims []string
+	// kept is, for a preemption victim, the work the decision that chose
+	// it kept: its next attempts do not evict that by priority while the
+	// preemptor holds what it took (admin.go). Nil for most jobs.
+	kept *kept
 	// later are facts about attempts after the current one, applied when
 	// the job reaches that attempt (see Store.ahead).
 	later []func()
@@ -731,6 +735,7 @@ func (s *Store) fly(j *Job, items []*contracts.Allocation) {
 		s.cluster.assume(&j.parts[i].alloc)
 	}
 	s.queue.Remove(j.key)
+	delete(s.cluster.claims, j.key) // the plan holds the devices now
 	// Concatenation, not Sprintf: a burst cycle sets thousands of these.
 	j.Pending = placement.Pending{Code: contracts.PendingPlanInFlight,
 		Message: "proposed on " + items[0].NodeID + " in plan " + items[0].PlanID + "; waiting for the resource manager to commit"}
@@ -765,8 +770,9 @@ func (s *Store) finish(j *Job) {
 	s.queue.Remove(j.key)
 	s.landAll(j)
 	j.Request, j.parts, j.victims, j.later = nil, nil, nil, nil
-	j.migration, j.moved, j.avoid = nil, nil, nil
+	j.migration, j.moved, j.avoid, j.kept = nil, nil, nil, nil
 	delete(s.evicting, j.key)
+	delete(s.cluster.claims, j.key)
 	j.Pending = placement.Pending{}
 	// Jobs that depend on this one may now run, or must be cancelled.
 	s.cfg.Wake()
