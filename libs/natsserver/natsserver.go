@@ -56,6 +56,10 @@ type Options struct {
 	OnViolation func(msg string)
 }
 
+// MaxControlLine is the server's max_control_line: deploy/ and the
+// Tiltfile set the same.
+const MaxControlLine = 32 * 1024
+
 // Server is a running embedded server.
 type Server struct {
 	*server.Server
@@ -97,6 +101,9 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 		NoSigs:             true,
 		NoLog:              true,
 		MaxPayload:         1 << 20,
+		// A client's CONNECT carries its user JWT, and a service's
+		// permission list makes it larger than the 4 KiB default.
+		MaxControlLine: MaxControlLine,
 	}
 	if o.HTTPPort != 0 {
 		opts.HTTPHost = o.Host
