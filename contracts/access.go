@@ -296,8 +296,11 @@ func Access(id Identity) (Permissions, error) {
 				// A node agent also replays its subjects with ordered
 				// consumers, whose names nats.go generates: the create
 				// subject still pins the filter to the node's subjects.
+				// Its replay starts from the last message of its subject
+				// (bus.Replay): a direct get whose subject names the
+				// node's own subject, so it reads nothing else.
 				for _, filter := range scopedReads[stream] {
-					pub("$JS.API.CONSUMER.CREATE." + stream + ".*." + filter)
+					pub("$JS.API.CONSUMER.CREATE."+stream+".*."+filter, "$JS.API.DIRECT.GET."+stream+"."+filter)
 				}
 				pub("$JS.API.CONSUMER.MSG.NEXT."+stream+".*", "$JS.API.CONSUMER.DELETE."+stream+".*")
 			}
