@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,12 +20,14 @@ import (
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 )
 
+// connect connects to a fresh server as the operator: these tests exercise
+// the library on every subject family, which only the operator may use.
 func connect(t *testing.T) *bus.Bus {
 	t.Helper()
 	srv := natstest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "test"})
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "test", CredsFile: natstest.Operator(t, srv)})
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
@@ -231,6 +234,54 @@ func TestStreamsAreProvisionedIdempotently(t *testing.T) {
 	}
 }
 
+// TestServicesProvisionWithTheirOwnIdentity: every unscoped identity that
+// connects with provisioning on (each service, a simulated fleet) creates
+// the platform's streams on a fresh server and finds them in place on one the
+// operator provisioned, with nothing but its own permissions (natstest fails
+// the test on any access the server refuses), and opens each KV bucket it
+// may read.
+func TestServicesProvisionWithTheirOwnIdentity(t *testing.T) {
+	unscoped := []contracts.BusRole{contracts.BusScheduler, contracts.BusResourceManager, contracts.BusMonitor,
+		contracts.BusAutoscaler, contracts.BusBilling, contracts.BusGateway, contracts.BusFleet, contracts.BusAdmin}
+	for _, role := range unscoped {
+		for _, fresh := range []bool{true, false} {
+			name := string(role) + "/operator-first"
+			if fresh {
+				name = string(role) + "/fresh"
+			}
+			t.Run(name, func(t *testing.T) {
+				srv := natstest.Start(t)
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				defer cancel()
+				op, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "operator", CredsFile: natstest.Operator(t, srv),
+					SkipProvision: fresh})
+				if err != nil {
+					t.Fatalf("operator: %v", err)
+				}
+				defer op.Close(context.Background())
+				b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: string(role), CredsFile: natstest.Service(t, srv, role)})
+				if err != nil {
+					t.Fatalf("%s connect: %v", role, err)
+				}
+				defer b.Close(context.Background())
+				for _, name := range contracts.StreamNames() {
+					if _, err := op.JetStream().Stream(ctx, name); err != nil {
+						t.Errorf("stream %s after %s connected: %v", name, role, err)
+					}
+				}
+				for _, ba := range contracts.Buckets {
+					if !slices.Contains(ba.Readers, role) && !slices.Contains(ba.Writers, role) {
+						continue
+					}
+					if _, err := b.KeyValue(ctx, ba.Bucket); err != nil {
+						t.Errorf("%s opens bucket %s: %v", role, ba.Bucket, err)
+					}
+				}
+			})
+		}
+	}
+}
+
 // TestStreamsHoldMoreConsumersThanTheServerDefault: every standalone node
 // agent holds a durable consumer on ALLOCATIONS; a fleet of more than 1,000
 // machines must not hit the server's default of 1,000 per stream.
@@ -328,7 +379,8 @@ func TestTraceContextCrossesTheBus(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "traced", TracerProvider: tp})
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "traced", TracerProvider: tp,
+		CredsFile: natstest.Operator(t, srv)})
 	if err != nil {
 		t.Fatal(err)
 	}
