@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
@@ -30,6 +31,20 @@ type Config struct {
 	Heartbeat time.Duration
 	// ShutdownTimeout bounds the graceful HTTP shutdown; default 10 s.
 	ShutdownTimeout time.Duration
+
+	// TLSCert and TLSKey (PEM files) make the gateway serve TLS 1.3 only.
+	// Without them it serves plaintext, and only on a loopback address.
+	TLSCert, TLSKey string
+	// OIDCIssuer and OIDCClientID accept OIDC bearer tokens of that issuer
+	// whose audience holds the client ID; empty: no OIDC.
+	OIDCIssuer, OIDCClientID string
+	// LDAPURL (ldap:// or ldaps://) enables POST /v1/login: the user is
+	// searched under LDAPBaseDN with LDAPUserFilter (%s is the escaped
+	// user name), as LDAPBindDN with the password in LDAPBindPasswordFile
+	// (anonymously without), then bound with the given password.
+	LDAPURL, LDAPBaseDN, LDAPUserFilter, LDAPBindDN, LDAPBindPasswordFile string
+	// SessionTTL is how long an LDAP login's session token lasts; 12 h.
+	SessionTTL time.Duration
 }
 
 // DefaultConfig returns the defaults, the bus part read from the
@@ -41,6 +56,8 @@ func DefaultConfig() Config {
 		MaxBodyBytes:    contracts.MaxMessageBytes,
 		Heartbeat:       15 * time.Second,
 		ShutdownTimeout: 10 * time.Second,
+		LDAPUserFilter:  "(uid=%s)",
+		SessionTTL:      12 * time.Hour,
 	}
 }
 
@@ -52,6 +69,16 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", c.MaxBodyBytes, "largest accepted request body in bytes")
 	fs.DurationVar(&c.Heartbeat, "sse-heartbeat", c.Heartbeat, "interval of keep-alive comments on idle event streams")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a graceful shutdown waits for requests in flight")
+	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "PEM certificate (chain) for TLS 1.3; without it the gateway serves plaintext on loopback only")
+	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "PEM private key of -tls-cert")
+	fs.StringVar(&c.OIDCIssuer, "oidc-issuer", c.OIDCIssuer, "OIDC issuer URL whose bearer tokens are accepted")
+	fs.StringVar(&c.OIDCClientID, "oidc-client-id", c.OIDCClientID, "OIDC client ID: the audience a token must name")
+	fs.StringVar(&c.LDAPURL, "ldap-url", c.LDAPURL, "LDAP server (ldap:// or ldaps://) for POST /v1/login")
+	fs.StringVar(&c.LDAPBaseDN, "ldap-base-dn", c.LDAPBaseDN, "LDAP base DN of the user search")
+	fs.StringVar(&c.LDAPUserFilter, "ldap-user-filter", c.LDAPUserFilter, "LDAP filter finding a user; %s is the escaped user name")
+	fs.StringVar(&c.LDAPBindDN, "ldap-bind-dn", c.LDAPBindDN, "LDAP DN the user search binds as; empty for anonymous")
+	fs.StringVar(&c.LDAPBindPasswordFile, "ldap-bind-password-file", c.LDAPBindPasswordFile, "file holding the password of -ldap-bind-dn")
+	fs.DurationVar(&c.SessionTTL, "session-ttl", c.SessionTTL, "lifetime of an LDAP login's session token")
 }
 
 // Validate reports every problem at once.
@@ -69,5 +96,39 @@ func (c Config) Validate() error {
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("shutdown timeout is %s; want > 0", c.ShutdownTimeout))
 	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		errs = append(errs, errors.New("tls: give both -tls-cert and -tls-key, or neither"))
+	}
+	if c.TLSCert == "" && !loopback(c.Addr) {
+		errs = append(errs, fmt.Errorf("addr %q is not a loopback address: plaintext HTTP would carry tokens in the clear; give -tls-cert and -tls-key", c.Addr))
+	}
+	if (c.OIDCIssuer == "") != (c.OIDCClientID == "") {
+		errs = append(errs, errors.New("oidc: give both -oidc-issuer and -oidc-client-id, or neither"))
+	}
+	if c.LDAPURL != "" {
+		if c.LDAPBaseDN == "" {
+			errs = append(errs, errors.New("ldap: -ldap-base-dn is empty"))
+		}
+		if strings.Count(c.LDAPUserFilter, "%s") != 1 {
+			errs = append(errs, fmt.Errorf("ldap: user filter %q: want exactly one %%s", c.LDAPUserFilter))
+		}
+	}
+	if c.SessionTTL <= 0 {
+		errs = append(errs, fmt.Errorf("session ttl is %s; want > 0", c.SessionTTL))
+	}
 	return errors.Join(errs...)
+}
+
+// loopback reports whether addr's host is a loopback address or
+// "localhost": the only place plaintext HTTP is allowed.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

@@ -19,6 +19,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -65,6 +66,28 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	s := &server{cfg: cfg, bus: rt.Bus, model: in.model, nodes: in.nodes, ready: in.ready, adminReady: in.adminReady.Load,
 		log: log, now: time.Now, streams: streams}
 	s.buckets = newKVBuckets(rt.Bus)
+	ids := newIdentities(log)
+	s.auth = &authenticator{ids: ids, now: time.Now}
+	if cfg.OIDCIssuer != "" {
+		s.auth.oidc = newOIDCVerifier(cfg.OIDCIssuer, cfg.OIDCClientID, time.Now)
+	}
+	if cfg.LDAPURL != "" {
+		if s.auth.ldap, err = newLDAPAuth(cfg); err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("%s: %w", Name, err)
+		}
+	}
+	s.audit = noAudit{}
+	if cfg.TLSCert != "" {
+		tlsCfg, err := serverTLS(cfg.TLSCert, cfg.TLSKey)
+		if err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("%s: %w", Name, err)
+		}
+		ln = tls.NewListener(ln, tlsCfg)
+	} else {
+		log.Warn("gateway serves plaintext HTTP on a loopback address; give -tls-cert and -tls-key to serve TLS 1.3", "addr", addr)
+	}
 	srv := &http.Server{
 		Handler:           s.handler(),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -79,6 +102,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	g.Go(func() error { return in.followUsage(gctx) })
 	g.Go(func() error { return in.followNodes(gctx) })
 	g.Go(func() error { return in.followNodeAdmin(gctx) })
+	g.Go(func() error { return ids.follow(gctx, rt.Bus) })
 	g.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("%s: serve: %w", Name, err)
@@ -95,11 +119,22 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 		return nil
 	})
-	log.Info("gateway listening", "addr", addr)
+	log.Info("gateway listening", "addr", addr, "tls", cfg.TLSCert != "", "oidc", cfg.OIDCIssuer != "", "ldap", cfg.LDAPURL != "")
 	if cfg.OnListen != nil {
 		cfg.OnListen(addr)
 	}
 	err = g.Wait()
 	log.Info("gateway stopped", "err", err)
 	return err
+}
+
+// serverTLS is TLS 1.3 only: a client that offers 1.2 or lower is refused
+// in the handshake. The key pair is read again on each handshake when the
+// files change (a renewed certificate needs no restart).
+func serverTLS(certFile, keyFile string) (*tls.Config, error) {
+	kp := &keyPair{cert: certFile, key: keyFile}
+	if _, err := kp.get(nil); err != nil {
+		return nil, err
+	}
+	return &tls.Config{MinVersion: tls.VersionTLS13, GetCertificate: kp.get, NextProtos: []string{"h2", "http/1.1"}}, nil
 }

@@ -32,6 +32,12 @@ type harness struct {
 	nats *natsserver.Server
 	url  string
 	bus  *bus.Bus
+	// token is a platform admin's API token; hc sends it on every request
+	// that names no Authorization of its own.
+	token string
+	hc    *http.Client
+	// logs is everything the gateway logged (secrets must never be there).
+	logs syncBuffer
 }
 
 // startGateway starts NATS and the gateway and waits until /healthz is 200.
@@ -41,18 +47,23 @@ func startGateway(t *testing.T, mutate func(*Config), before func(h *harness)) *
 	h := &harness{t: t, nats: natstest.Start(t)}
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
-	b, err := bus.Connect(ctx, bus.Config{URL: h.nats.URL(), Name: "test-scheduler"})
+	// The test's own client plays the scheduler, billing and node agents:
+	// it connects as the operator, who may publish everything.
+	b, err := bus.Connect(ctx, bus.Config{URL: h.nats.URL(), Name: "test-scheduler", CredsFile: natstest.Operator(t, h.nats)})
 	if err != nil {
 		t.Fatalf("connect test bus: %v", err)
 	}
 	t.Cleanup(func() { _ = b.Close(context.Background()) })
 	h.bus = b
+	h.token = h.issue("test-admin", contracts.Binding{Role: contracts.RolePlatformAdmin})
+	h.hc = &http.Client{Transport: bearer{token: h.token}}
 	if before != nil {
 		before(h)
 	}
 
 	cfg := DefaultConfig()
 	cfg.Bus.NATSURL = h.nats.URL()
+	cfg.Bus.Creds = natstest.Service(t, h.nats, contracts.BusGateway)
 	cfg.Bus.OTLPEndpoint = ""
 	cfg.Bus.Replicas = 1
 	cfg.Addr = "127.0.0.1:0"
@@ -63,7 +74,7 @@ func startGateway(t *testing.T, mutate func(*Config), before func(h *harness)) *
 	}
 	runCtx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}))
+	log := slog.New(slog.NewTextHandler(io.MultiWriter(t.Output(), &h.logs), &slog.HandlerOptions{Level: slog.LevelInfo}))
 	go func() { done <- Run(runCtx, cfg, log) }()
 	t.Cleanup(func() {
 		stop()
@@ -79,6 +90,10 @@ func startGateway(t *testing.T, mutate func(*Config), before func(h *harness)) *
 	select {
 	case a := <-addrs:
 		h.url = "http://" + a
+		if cfg.TLSCert != "" {
+			h.url = "https://" + a
+			h.hc.Transport = bearer{token: h.token, base: trusting(t, cfg.TLSCert)}
+		}
 	case err := <-done:
 		t.Fatalf("Run returned before listening: %v", err)
 	case <-time.After(waitFor):
@@ -119,7 +134,7 @@ func (h *harness) do(method, path, body string, out any, headers ...string) (int
 	for i := 0; i+1 < len(headers); i += 2 {
 		req.Header.Set(headers[i], headers[i+1])
 	}
-	res, err := http.DefaultClient.Do(req)
+	res, err := h.hc.Do(req)
 	if err != nil {
 		h.t.Fatalf("%s %s: %v", method, path, err)
 	}
@@ -247,7 +262,7 @@ func TestSubmitPublishesOnceWithItsMsgID(t *testing.T) {
 func TestSubmitWithoutIDGetsOne(t *testing.T) {
 	h := startGateway(t, nil, nil)
 	var res contracts.SubmitResponse
-	body := `{"resources":{"gpu":{"count":1}},"run":{"duration":5}}`
+	body := `{"resources":{"gpu":{"count":1}},"run":{"duration":"5s"}}`
 	if status, data := h.do(http.MethodPost, "/v1/tenants/acme/jobs", body, &res); status != http.StatusAccepted {
 		t.Fatalf("status %d, body %s", status, data)
 	}
@@ -526,7 +541,7 @@ func TestConsoleAndProtocolErrors(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, h.url+"/", nil)
-	res, err := http.DefaultClient.Do(req)
+	res, err := h.hc.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -563,7 +578,7 @@ func TestConsoleAndProtocolErrors(t *testing.T) {
 	for name, tt := range tests {
 		t.Run(name, func(t *testing.T) {
 			req, _ := http.NewRequestWithContext(ctx, tt.method, h.url+tt.path, nil)
-			res, err := http.DefaultClient.Do(req)
+			res, err := h.hc.Do(req)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -651,7 +666,7 @@ func (h *harness) openStream(path string, headers ...string) (<-chan sseFrame, f
 	for i := 0; i+1 < len(headers); i += 2 {
 		req.Header.Set(headers[i], headers[i+1])
 	}
-	res, err := http.DefaultClient.Do(req)
+	res, err := h.hc.Do(req)
 	if err != nil {
 		h.t.Fatal(err)
 	}

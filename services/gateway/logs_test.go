@@ -43,7 +43,7 @@ func (h *harness) openLogs(path string) *http.Response {
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	res, err := http.DefaultClient.Do(req)
+	res, err := h.hc.Do(req)
 	if err != nil {
 		h.t.Fatalf("GET %s: %v", path, err)
 	}
@@ -341,7 +341,7 @@ func TestLogsFollowEndsWhenClientLeaves(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := http.DefaultClient.Do(req)
+	res, err := h.hc.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,6 +48,13 @@ type server struct {
 	// streams ends when the server shuts down: event streams never finish
 	// on their own, so http.Server.Shutdown alone would wait for them.
 	streams context.Context
+	// auth authenticates requests (auth.go); the role checks are rbac.go.
+	auth *authenticator
+	// audit records operations and denials (principal.go).
+	audit auditSink
+	// routes is every "METHOD pattern" handler registered, each behind
+	// its access rule (rbac.go).
+	routes []string
 }
 
 // handler routes the API. Every route is registered per method, and its
@@ -57,7 +64,7 @@ func (s *server) handler() http.Handler {
 	mux := http.NewServeMux()
 	route := func(path string, byMethod map[string]http.HandlerFunc) {
 		for method, h := range byMethod {
-			mux.HandleFunc(method+" "+path, h)
+			mux.HandleFunc(method+" "+path, s.guard(method, path, h))
 		}
 		allowed := slices.Sorted(maps.Keys(byMethod))
 		if slices.Contains(allowed, http.MethodGet) {
@@ -103,12 +110,19 @@ func (s *server) handler() http.Handler {
 	route("/v1/tenants/{tenant}/budget", map[string]http.HandlerFunc{http.MethodGet: s.getBudget, http.MethodPut: s.putBudget,
 		http.MethodDelete: s.deleteBudget})
 	route("/v1/tenants/{tenant}/invoice", map[string]http.HandlerFunc{http.MethodGet: s.invoice})
+	route("/v1/auth/config", map[string]http.HandlerFunc{http.MethodGet: s.authConfig})
+	route("/v1/login", map[string]http.HandlerFunc{http.MethodPost: s.login})
+	route("/v1/whoami", map[string]http.HandlerFunc{http.MethodGet: s.whoami})
+	route("/v1/tokens", map[string]http.HandlerFunc{http.MethodGet: s.listTokens, http.MethodPost: s.createToken})
+	route("/v1/tokens/{id}", map[string]http.HandlerFunc{http.MethodDelete: s.revokeToken})
+	route("/v1/roles", map[string]http.HandlerFunc{http.MethodGet: s.listRoles, http.MethodPost: s.bindRole,
+		http.MethodDelete: s.unbindRole})
 	route("/healthz", map[string]http.HandlerFunc{http.MethodGet: s.healthz})
 	route("/{$}", map[string]http.HandlerFunc{http.MethodGet: s.console})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, contracts.ReasonNotFound, fmt.Sprintf("no such path %s", r.URL.Path), nil)
 	})
-	return s.observe(mux)
+	return s.observe(s.authenticateMiddleware(mux))
 }
 
 // observe logs each request and turns a panic into a 500 APIError, so a
@@ -162,9 +176,9 @@ func (r *recorder) Write(b []byte) (int, error) {
 
 func (r *recorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
-// tenantOf is the one place the tenant of a request is decided: today the
-// path names it; authentication (a later issue) will take it from the
-// caller's token and refuse a path naming another tenant.
+// tenantOf is the one place the tenant of a request is decided: the path
+// names it, and the route's access rule (rbac.go) has already refused a
+// caller without a role on it.
 func tenantOf(r *http.Request) (string, error) {
 	t := r.PathValue("tenant")
 	if err := contracts.ValidateTenant(t); err != nil {
@@ -402,6 +416,9 @@ func (s *server) healthz(w http.ResponseWriter, r *http.Request) {
 	}
 	if s.adminReady != nil && !s.adminReady() {
 		problems = append(problems, "node holds catching up")
+	}
+	if s.auth != nil && !s.auth.ids.ready() {
+		problems = append(problems, "identities catching up")
 	}
 	if len(problems) > 0 {
 		writeError(w, http.StatusServiceUnavailable, contracts.ReasonUnavailable, strings.Join(problems, "; "), nil)
