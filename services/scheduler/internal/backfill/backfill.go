@@ -6,15 +6,18 @@
 // never ends, for planning), and the machines it would then use: a
 // Reservation. A Book collects the cycle's reservations; a later, smaller job
 // of expected run time d may use a reserved machine only if it ends before
-// the reservation starts (Exclude), so it fills the hole without delaying the
-// job ahead. A job of unknown run time avoids every reserved machine.
+// the reservation starts, so it fills the hole without delaying the job
+// ahead. A reservation holds only what its job will take on each machine
+// (the devices, MIG instances or shares, and host capacity: Holds), so a
+// later job that runs past its start may still use the rest of the machine.
+// A job of unknown run time respects every reservation.
 //
-//	blocked job ──Reserve──▶ Reservation{Start, Nodes} ──Book.Add
-//	later job   ──Book.Exclude(now, expected)──▶ placement.Request.Exclude
+//	blocked job ──Reserve──▶ Reservation{Start, Nodes, Holds} ──Book.Add
+//	later job   ──Book.Holds(now, expected)──▶ placement.Request.Reserved
 //
 // The guarantee holds as long as jobs end by their End: a backfilled job is
-// given an End of now+expected by the caller and must be stopped (or is
-// trusted to stop) by then.
+// given an End of now+expected by the caller, which stops it when a
+// reservation it overlaps is due and it is still running.
 //
 // The package is pure: no bus, no clock (now is passed in).
 package backfill
@@ -55,6 +58,9 @@ type Reservation struct {
 	Start time.Time
 	// Nodes are the machines it would use (one per machine of a gang).
 	Nodes map[string]bool
+	// Holds are what it would take on each of Nodes at Start: the
+	// devices, and the host capacity the machine has to spare then.
+	Holds map[string]placement.Hold
 	// Message says so for the job's pending reason.
 	Message string
 }
@@ -66,9 +72,10 @@ type Reservation struct {
 // A single-machine request is checked node by node with placement.FitNode
 // on the node as it would be at each End of the jobs on it; a gang of N
 // machines starts when N nodes (in one zone, for TopologyZone) fit one
-// machine's share each. Nodes in r.Exclude (reservations made earlier in the
-// cycle) are not used; r.AllowPool is asked once per pool. Ties go to the
-// first node in ID order.
+// machine's share each. Nodes in r.Exclude are not used; r.Reserved (the
+// holds of reservations made earlier) count as taken from now on, so two
+// reservations never count on the same device. r.AllowPool is asked once
+// per pool. Ties go to the first node in ID order.
 //
 // Work is bounded per node: one FitNode call at the latest useful time, then
 // a binary search over the distinct End times of the node's own jobs (fit
@@ -80,7 +87,7 @@ func Reserve(snap placement.Snapshot, running []Running, r placement.Request, no
 		return Reservation{}, false
 	}
 	one := r
-	one.Exclude, one.AllowPool = nil, nil // checked here, once per node and pool
+	one.Exclude, one.AllowPool, one.Reserved = nil, nil, nil // checked here, once per node and pool
 	if m > 1 {
 		if r.GPU.Count%m != 0 {
 			return Reservation{}, false // malformed gang: contracts validation refuses it too
@@ -136,13 +143,26 @@ func Reserve(snap placement.Snapshot, running []Running, r placement.Request, no
 		if len(times) == 0 {
 			continue
 		}
+		hold, held := r.Reserved[n.ID]
+		var base *placement.Node // n with the earlier holds, made once
 		fits := func(k int) bool {
 			at := times[k]
 			if !releasesBy(nj, at) {
-				_, ok := placement.FitNode(n, one) // the node as the snapshot has it
+				if !held {
+					_, ok := placement.FitNode(n, one) // the node as the snapshot has it
+					return ok
+				}
+				if base == nil {
+					b := hold.Held(n)
+					base = &b
+				}
+				_, ok := placement.FitNode(base, one)
 				return ok
 			}
 			stateAt(&scratch, n, nj, at)
+			if held {
+				hold.Apply(&scratch)
+			}
 			_, ok := placement.FitNode(&scratch, one)
 			return ok
 		}
@@ -170,19 +190,28 @@ func Reserve(snap placement.Snapshot, running []Running, r placement.Request, no
 		return Reservation{}, false
 	}
 	slices.SortFunc(chosen.c, func(a, b cand) int { return cmp.Compare(a.rank, b.rank) })
-	res := Reservation{Start: chosen.start(), Nodes: make(map[string]bool, m)}
+	res := Reservation{Start: chosen.start(), Nodes: make(map[string]bool, m), Holds: make(map[string]placement.Hold, m)}
 	ids := make([]string, 0, m)
 	for _, c := range chosen.c {
-		id := snap.Nodes[c.node].ID
-		res.Nodes[id] = true
-		ids = append(ids, id)
+		n := &snap.Nodes[c.node]
+		res.Nodes[n.ID] = true
+		ids = append(ids, n.ID)
+		// What it takes there at Start: the node then, as Reserve saw it.
+		stateAt(&scratch, n, flat[start[c.node]:start[c.node+1]], res.Start)
+		if hold, held := r.Reserved[n.ID]; held {
+			hold.Apply(&scratch)
+		}
+		devs, _ := placement.FitNode(&scratch, one)
+		res.Holds[n.ID] = placement.Hold{Devices: devs,
+			SpareCPUMilli: scratch.CPUMilliFree - one.CPUMilli, SpareMemoryMiB: scratch.MemoryMiBFree - one.MemoryMiB}
 	}
 	res.Message = message(res.Start, now, ids)
 	return res, true
 }
 
 // message reads "capacity reserved on h100-03 from 2026-01-02T15:04:05Z (in
-// 25m0s), when running jobs are expected to end".
+// 25m), when running jobs are expected to end". The wait is rounded (Wait)
+// so the message changes when its facts do, not with every cycle's clock.
 func message(start, now time.Time, ids []string) string {
 	const show = 4
 	nodes := strings.Join(ids[:min(len(ids), show)], ", ")
@@ -190,10 +219,25 @@ func message(start, now time.Time, ids []string) string {
 		nodes += fmt.Sprintf(" and %d more", len(ids)-show)
 	}
 	if !start.After(now) {
-		return "capacity reserved on " + nodes
+		return "capacity reserved on " + nodes + " from now (the jobs holding it are expected to have ended)"
 	}
 	return fmt.Sprintf("capacity reserved on %s from %s (in %s), when running jobs are expected to end",
-		nodes, start.UTC().Format(time.RFC3339), start.Sub(now).Round(time.Second))
+		nodes, start.UTC().Format(time.RFC3339), Wait(start.Sub(now)))
+}
+
+// Wait rounds a wait for people: to 10 seconds under a minute, to the
+// minute under an hour, to 10 minutes beyond; "under 10s" below 5
+// seconds, never "0s".
+func Wait(d time.Duration) string {
+	switch {
+	case d < 5*time.Second:
+		return "under 10s"
+	case d < time.Minute:
+		return d.Round(10 * time.Second).String()
+	case d < time.Hour:
+		return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
+	}
+	return strings.TrimSuffix(d.Round(10*time.Minute).String(), "0s")
 }
 
 // job is a running job on one node with the time it releases what it holds.
@@ -462,6 +506,43 @@ func (b *Book) Add(res Reservation) { b.res = append(b.res, res) }
 
 // Reservations returns the reservations added, in order.
 func (b *Book) Reservations() []Reservation { return slices.Clone(b.res) }
+
+// Drop forgets the reservation of key (its job is being decided again).
+func (b *Book) Drop(key string) {
+	b.res = slices.DeleteFunc(b.res, func(r Reservation) bool { return r.Key == key })
+}
+
+// Len is how many reservations the book holds.
+func (b *Book) Len() int { return len(b.res) }
+
+// Delays reports whether a job expected to run for expected from now would
+// still run when res starts (expected 0, unknown: it would).
+func Delays(res Reservation, now time.Time, expected time.Duration) bool {
+	return expected <= 0 || res.Start.Before(now.Add(expected))
+}
+
+// Holds returns what a job expected to run for expected from now must
+// leave alone so as not to delay any reservation for which applies says
+// yes (nil: every one): the holds, merged by node, of every one that
+// starts before the job would end. nil when none.
+func (b *Book) Holds(now time.Time, expected time.Duration, applies func(Reservation) bool) map[string]placement.Hold {
+	var out map[string]placement.Hold
+	for _, res := range b.res {
+		if !Delays(res, now, expected) || (applies != nil && !applies(res)) {
+			continue
+		}
+		if out == nil {
+			out = make(map[string]placement.Hold)
+		}
+		for id, h := range res.Holds {
+			if cur, ok := out[id]; ok {
+				h = cur.Merge(h)
+			}
+			out[id] = h
+		}
+	}
+	return out
+}
 
 // Exclude returns the nodes a job expected to run for expected from now must
 // avoid so as not to delay any reservation: those of every reservation that

@@ -360,9 +360,9 @@ func TestReserveMessage(t *testing.T) {
 		req  placement.Request
 		want string
 	}{
-		"one machine": {gpus(8), "capacity reserved on n1 from 2026-01-02T15:30:00Z (in 30m0s), when running jobs are expected to end"},
-		"a gang":      {gang(2, 8, ""), "capacity reserved on n1, n2 from 2026-01-02T15:30:00Z (in 30m0s), when running jobs are expected to end"},
-		"now":         {gpus(4), "capacity reserved on n1"},
+		"one machine": {gpus(8), "capacity reserved on n1 from 2026-01-02T15:30:00Z (in 30m), when running jobs are expected to end"},
+		"a gang":      {gang(2, 8, ""), "capacity reserved on n1, n2 from 2026-01-02T15:30:00Z (in 30m), when running jobs are expected to end"},
+		"now":         {gpus(4), "capacity reserved on n1 from now (the jobs holding it are expected to have ended)"},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -409,29 +409,41 @@ func TestBookExclude(t *testing.T) {
 
 // TestBackfillNeverDelaysTheReservation simulates cycles: random running
 // jobs (placed by the real placer), a blocked request reserved, then
-// competitors placed around it with Book.Exclude. With every job ending at
-// its End, the reserved job fits its reserved nodes at Start; it did not fit
-// anywhere just before Start (earliest); and a request Reserve refuses does
-// not fit even once every job of known End has ended.
+// competitors placed around it with Book.Exclude (whole machines kept) or
+// Book.Holds (only the reserved devices kept). With every job ending at its
+// End, the reserved job fits its reserved nodes at Start, on the very
+// devices held; it did not fit anywhere just before Start (earliest); and a
+// request Reserve refuses does not fit even once every job of known End has
+// ended. With holds, competitors that run past the start use the reserved
+// machines' other devices.
 func TestBackfillNeverDelaysTheReservation(t *testing.T) {
-	var total simStats
-	for seed := range uint64(300) {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) {
-			s := simulate(t, seed)
-			total.reserved += s.reserved
-			total.none += s.none
-			total.onReserved += s.onReserved
-			total.later += s.later
+	for _, holds := range []bool{false, true} {
+		t.Run(fmt.Sprintf("holds=%v", holds), func(t *testing.T) {
+			var total simStats
+			for seed := range uint64(300) {
+				t.Run(fmt.Sprint(seed), func(t *testing.T) {
+					s := simulate(t, seed, holds)
+					total.reserved += s.reserved
+					total.none += s.none
+					total.onReserved += s.onReserved
+					total.later += s.later
+					total.alongside += s.alongside
+				})
+			}
+			// The simulation must exercise what it checks: reservations in
+			// the future, refusals, and competitors that used reserved
+			// nodes (with holds, some running past the start).
+			if total.reserved < 100 || total.later < 50 || total.none < 5 || total.onReserved < 20 ||
+				(holds && total.alongside < 20) {
+				t.Errorf("simulation too tame: %+v", total)
+			}
 		})
-	}
-	// The simulation must exercise what it checks: reservations in the
-	// future, refusals, and competitors that used reserved nodes.
-	if total.reserved < 100 || total.later < 50 || total.none < 5 || total.onReserved < 20 {
-		t.Errorf("simulation too tame: %+v", total)
 	}
 }
 
-type simStats struct{ reserved, later, none, onReserved int }
+// alongside counts competitors placed on a reserved machine that run past
+// its start: only holds allow them.
+type simStats struct{ reserved, later, none, onReserved, alongside int }
 
 func randomEnd(rng *rand.Rand) time.Time {
 	switch rng.IntN(10) {
@@ -462,7 +474,7 @@ func randomRequest(rng *rand.Rand, zones bool) placement.Request {
 	return r
 }
 
-func simulate(t *testing.T, seed uint64) (st simStats) {
+func simulate(t *testing.T, seed uint64, holds bool) (st simStats) {
 	t.Helper()
 	rng := rand.New(rand.NewPCG(seed, 11))
 	w := world{}
@@ -523,7 +535,11 @@ func simulate(t *testing.T, seed uint64) (st simStats) {
 	for range rng.IntN(30) + 5 {
 		r := randomRequest(rng, false)
 		expected := []time.Duration{0, 15 * time.Minute, time.Hour, 2 * time.Hour, 4 * time.Hour, 8 * time.Hour}[rng.IntN(6)]
-		r.Exclude = book.Exclude(t0, expected)
+		if holds {
+			r.Reserved = book.Holds(t0, expected, nil)
+		} else {
+			r.Exclude = book.Exclude(t0, expected)
+		}
 		d := compete.Place(r)
 		if !d.Placed() {
 			continue
@@ -535,6 +551,9 @@ func simulate(t *testing.T, seed uint64) (st simStats) {
 		for _, p := range d.Parts {
 			if res.Nodes[p.NodeID] {
 				st.onReserved++
+				if Delays(res, t0, expected) {
+					st.alongside++
+				}
 			}
 			running = append(running, Running{NodeID: p.NodeID, Devices: p.Devices, CPUMilli: r.CPUMilli, MemoryMiB: r.MemoryMiB, End: end})
 		}
@@ -543,6 +562,20 @@ func simulate(t *testing.T, seed uint64) (st simStats) {
 	at := w.at(running, res.Start)
 	if n := fitting(at, blocked, res.Nodes); n < blocked.Machines() {
 		t.Fatalf("at its reserved start %s, %+v fits only %d of its reserved nodes %v", res.Start, blocked.GPU, n, slices.Sorted(maps.Keys(res.Nodes)))
+	}
+	// On the devices held for it: nothing alive at Start has them.
+	for _, r := range running {
+		if !r.End.IsZero() && !r.End.After(res.Start) {
+			continue
+		}
+		for _, d := range r.Devices {
+			for _, hd := range res.Holds[r.NodeID].Devices {
+				if d.UUID == hd.UUID && (d.MIG == nil) == (hd.MIG == nil) && (d.MIG == nil || d.MIG.UUID == hd.MIG.UUID) &&
+					d.Share == nil && hd.Share == nil {
+					t.Fatalf("device %s held for the reservation is still used at its start by %+v", hd.UUID, r)
+				}
+			}
+		}
 	}
 	only := blocked
 	only.Exclude = map[string]bool{}

@@ -12,8 +12,8 @@ import (
 // FitNode reports whether one machine's part of r (Count/Machines whole
 // GPUs, or the MIG instance, or the share) fits node n as it stands, and
 // the devices it would take. It applies every per-node rule Place applies
-// (cordon, Exclude, Pool, AllowPool, Selector, NoSchedule taints, host CPU
-// and memory, models, framebuffer, NVLink) but no policy: whole GPUs are the
+// (cordon, Exclude, Reserved holds, Pool, AllowPool, Selector, NoSchedule
+// taints, host CPU and memory, models, framebuffer, NVLink) but no policy: whole GPUs are the
 // lowest indices (with TopologyNVLink, of the tightest domain that holds
 // them), a MIG instance is taken from the card with the fewest free
 // instances, a share from the tightest card. Zone constraints span machines
@@ -24,6 +24,13 @@ import (
 func FitNode(n *Node, r Request) ([]contracts.DeviceRef, bool) {
 	if n == nil || validate(r) != nil || !admits(n, r) {
 		return nil, false
+	}
+	if h, ok := r.Reserved[n.ID]; ok {
+		held := h.Held(n)
+		n = &held
+		if !admits(n, r) { // host capacity within the spare
+			return nil, false
+		}
 	}
 	gpus := n.GPUs // only read below
 	if !gpusSorted(gpus) {

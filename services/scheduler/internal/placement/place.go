@@ -248,6 +248,11 @@ func (p *Placer) nodeOK(ord int32, r *Request) bool {
 	if r.Exclude != nil && r.Exclude[n.src.ID] {
 		return false
 	}
+	if r.Reserved != nil {
+		if _, held := r.Reserved[n.src.ID]; held {
+			return false // placeHeld's, once nothing else fits
+		}
+	}
 	return len(r.Selector) == 0 || contracts.Selected(r.Selector, n.src.Labels)
 }
 
@@ -465,6 +470,10 @@ func (p *Placer) Place(r Request) Decision {
 				p.placed++
 				return Decision{Parts: []Part{part}}
 			}
+		}
+		if part, ok := p.placeHeld(&r); ok {
+			p.placed++
+			return Decision{Parts: []Part{part}}
 		}
 		return Decision{Pending: p.why(&r)}
 	}

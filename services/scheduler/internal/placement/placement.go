@@ -97,13 +97,18 @@ type Request struct {
 	// AllowPool says whether the tenant's quota leaves headroom in a pool;
 	// nil allows every pool. Place calls it at most once per pool.
 	AllowPool func(pool string) bool
-	// Exclude names nodes the job must not use (capacity reserved by
-	// backfill for jobs ahead); nil excludes none.
+	// Exclude names nodes the job must not use at all (nodes a moved job
+	// freed); nil excludes none.
 	Exclude map[string]bool
-	// ExcludeKey names Exclude's contents when the caller reuses one set
-	// for many requests (the reservations a job must avoid): requests with
-	// the same key share pending explanations within a cycle. Empty: not
-	// shared.
+	// Reserved are the holds of backfill reservations the job must not
+	// delay, by node: on those nodes it may use only what the holds leave
+	// (Hold). Place tries them last, and only for a one-machine request
+	// (a gang keeps off them). nil holds nothing.
+	Reserved map[string]Hold
+	// ExcludeKey names the contents of Exclude and Reserved when the
+	// caller reuses one set for many requests (the reservations a job must
+	// avoid): requests with the same key share pending explanations within
+	// a cycle. Empty: not shared.
 	ExcludeKey string
 	// Extra is appended to the pending message (queue and quota facts the
 	// caller knows): "quota research/h100 at 16 of 16".

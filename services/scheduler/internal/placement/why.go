@@ -29,7 +29,7 @@ func (p *Placer) why(r *Request) Pending {
 // (selector, reservations): a long queue of one shape behind a full
 // cluster is explained once per placement, not once per job.
 func (p *Placer) explainMemo(r *Request) Pending {
-	if len(r.Selector) > 0 || (len(r.Exclude) > 0 && r.ExcludeKey == "") {
+	if len(r.Selector) > 0 || ((len(r.Exclude) > 0 || len(r.Reserved) > 0) && r.ExcludeKey == "") {
 		return p.explain(r)
 	}
 	s := p.shapeFor(r, -1)
@@ -38,7 +38,7 @@ func (p *Placer) explainMemo(r *Request) Pending {
 		b = append(b, '|')
 		b = strconv.AppendInt(b, v, 10)
 	}
-	if len(r.Exclude) > 0 {
+	if len(r.Exclude) > 0 || len(r.Reserved) > 0 {
 		b = append(b, '|')
 		b = append(b, r.ExcludeKey...)
 	}
@@ -101,7 +101,7 @@ func (p *Placer) explain(r *Request) Pending {
 	}
 	s := p.shapeFor(r, -1)
 	m := r.Machines()
-	perNode := len(r.Selector) > 0 || len(r.Exclude) > 0
+	perNode := len(r.Selector) > 0 || len(r.Exclude) > 0 || len(r.Reserved) > 0
 
 	var (
 		hw, capable, usable, gpuFit, fit     int
@@ -158,7 +158,11 @@ func (p *Placer) explain(r *Request) Pending {
 				case len(r.Selector) > 0 && !contracts.Selected(r.Selector, n.src.Labels):
 					unselected++
 					continue
-				case r.Exclude[n.src.ID]:
+				case excluded(r, n.src.ID) && f.fits && n.cpu >= r.CPUMilli && n.mem >= r.MemoryMiB:
+					// It would take the job now but for a reservation (a
+					// held node's holes were tried and are too small). A
+					// reserved machine it would not fit anyway is no
+					// reason: it counts below as usable and full.
 					reserved++
 					continue
 				}
@@ -232,6 +236,12 @@ func (p *Placer) explain(r *Request) Pending {
 	if len(blocked) > 0 {
 		unusable = "; not usable: " + strings.Join(blocked, ", ")
 	}
+	if fit < m && usable >= m && fit+reserved >= m {
+		// Only reservations keep it waiting: free capacity that would
+		// take it now is held for jobs ahead it would delay.
+		return pending(contracts.PendingReservedForOther, "%s that could take it now %s reserved for jobs ahead, which it would delay (it runs past their start, or its run time is unknown)%s",
+			countText(reserved, "machine"), map[bool]string{true: "is", false: "are"}[reserved == 1], unusableOther(blocked))
+	}
 	if usable < m {
 		code := contracts.PendingNoSchedulableNode
 		switch blockedN := capable - usable; {
@@ -299,7 +309,7 @@ func (p *Placer) initiallyFit(s *shape, r *Request, m int) bool {
 		}
 		for _, ord := range p.initMembers[cid] {
 			src := p.nodes[ord].src
-			if src.CPUMilliFree >= r.CPUMilli && src.MemoryMiBFree >= r.MemoryMiB && !r.Exclude[src.ID] &&
+			if src.CPUMilliFree >= r.CPUMilli && src.MemoryMiBFree >= r.MemoryMiB && !excluded(r, src.ID) &&
 				(len(r.Selector) == 0 || contracts.Selected(r.Selector, src.Labels)) {
 				if n++; n >= m {
 					return true
@@ -559,4 +569,29 @@ func aheadText(r *Request) string {
 		return ""
 	}
 	return fmt.Sprintf("; %s ahead in queue %s", countText(r.Ahead, "job"), r.Tenant)
+}
+
+// excluded reports whether node id is kept from r: excluded, or held by a
+// reservation (whose holes explain treats as taken).
+func excluded(r *Request, id string) bool {
+	if r.Exclude[id] {
+		return true
+	}
+	_, held := r.Reserved[id]
+	return held
+}
+
+// unusableOther lists the reasons other than reservations that machines
+// could not be used, for a message that leads with the reservations.
+func unusableOther(blocked []string) string {
+	var other []string
+	for _, b := range blocked {
+		if !strings.HasSuffix(b, "reserved for jobs ahead") {
+			other = append(other, b)
+		}
+	}
+	if len(other) == 0 {
+		return ""
+	}
+	return "; not usable: " + strings.Join(other, ", ")
 }

@@ -315,7 +315,7 @@ func (s *Store) preempt(now time.Time, preemptors []miss, b *fairshare.Book) []P
 		opt := preempt.Options{Now: now, MinRuntime: s.cfg.MinRuntime, Spare: g.spare}
 		for _, pool := range append(s.reclaimPools(j, b, m.r), "") {
 			pr := preempt.Preemptor{Request: m.r, Priority: j.Request.Priority, Reclaim: pool != ""}
-			pr.Request.Exclude = nil // reservations yield to preemption by rank
+			pr.Request.Exclude, pr.Request.Reserved = nil, nil // reservations yield to preemption by rank
 			rs := running
 			if pool != "" {
 				pr.Request.Pool = pool
@@ -602,7 +602,14 @@ func (s *Store) running(now time.Time) []backfill.Running {
 	add := func(a *contracts.Allocation) {
 		r := backfill.Running{NodeID: a.NodeID, Devices: a.Devices, CPUMilli: a.CPUMilli, MemoryMiB: a.MemoryMiB}
 		j := s.jobs[Key(a.Tenant, a.JobID)]
-		if j != nil && j.Request != nil {
+		if ended(j, a) {
+			// Its run is over (or its job is, or it is not this attempt's):
+			// only the release is to come. Counted as never ending, it
+			// would make every reservation that needs it impossible for
+			// as long as the release takes, and the capacity it waits
+			// for would go to whoever comes next.
+			r.End = now
+		} else if j != nil && j.Request != nil {
 			if d := expectedRunTime(j.Request); d > 0 {
 				start := now
 				if p := j.part(a.ID); p != nil && p.started != nil {
@@ -621,4 +628,15 @@ func (s *Store) running(now time.Time) []backfill.Running {
 	}
 	slices.SortFunc(out, func(a, b backfill.Running) int { return strings.Compare(a.NodeID, b.NodeID) })
 	return out
+}
+
+// ended reports whether allocation a no longer runs anything its job will
+// wait for: the job is gone or terminal, a is an earlier attempt's, or its
+// part is done.
+func ended(j *Job, a *contracts.Allocation) bool {
+	if j == nil || j.State.Terminal() || a.Attempt < j.Attempt {
+		return true
+	}
+	p := j.part(a.ID)
+	return p != nil && p.done()
 }

@@ -56,14 +56,21 @@ func (s *Store) Cycle() CycleResult {
 		hits       []hit
 		misses     []miss
 		preemptors []miss
-		ahead      = map[string]int{}
-		resv       backfill.Book
+		ahead      = s.newAhead()
+		resv       = s.carriedReservations()
 		reserved   int
-		// excludes caches, per set of reservations a job must avoid, the
-		// set's nodes: jobs sharing one share their pending explanations.
-		excludes  = map[string]map[string]bool{}
+		// holds caches, per set of reservations a job must not delay, the
+		// set's holds: jobs sharing one share their pending explanations.
+		holds     = map[string]map[string]placement.Hold{}
 		running   []backfill.Running
 		runningOK bool
+		// fresh are the jobs that reserved in this cycle: every job after
+		// them in this cycle's order respects their reservations. One
+		// carried from an earlier cycle binds only jobs of its job's
+		// class or lower: fair share reorders a class's jobs from cycle to
+		// cycle, and must not hand what a reservation held to a job that
+		// merely ranks first this time.
+		fresh = map[string]bool{}
 	)
 	// The watermark: a job that arrived after a request still being
 	// accepted waits for it (a cycle or two, milliseconds), or it could
@@ -81,20 +88,30 @@ func (s *Store) Cycle() CycleResult {
 		items = append(items, fairshare.Item{Key: j.key, Tenant: j.Tenant, Priority: j.Request.Priority, Seq: j.seq,
 			Usage: usageOf(j.Request)})
 	}
-	excluded := func(now time.Time, expected time.Duration) (map[string]bool, string) {
+	binds := func(j *Job) func(backfill.Reservation) bool {
+		return func(res backfill.Reservation) bool {
+			if fresh[res.Key] {
+				return true
+			}
+			rj := s.jobs[res.Key]
+			return rj != nil && rj.Request != nil && rj.Request.Priority.Rank() >= j.Request.Priority.Rank()
+		}
+	}
+	reservedFor := func(j *Job, expected time.Duration) (map[string]placement.Hold, string) {
+		applies := binds(j)
 		var key strings.Builder
 		for _, res := range resv.Reservations() {
-			if expected <= 0 || res.Start.Before(now.Add(expected)) {
+			if backfill.Delays(res, now, expected) && applies(res) {
 				key.WriteString(res.Key)
 				key.WriteByte(',')
 			}
 		}
 		k := key.String()
-		if m, ok := excludes[k]; ok {
+		if m, ok := holds[k]; ok {
 			return m, k
 		}
-		m := resv.Exclude(now, expected)
-		excludes[k] = m
+		m := resv.Holds(now, expected, applies)
+		holds[k] = m
 		return m, k
 	}
 	round := book.NewRound(items)
@@ -150,8 +167,7 @@ func (s *Store) Cycle() CycleResult {
 			}
 			continue
 		}
-		r := s.request(j, ahead[j.Tenant])
-		ahead[j.Tenant]++
+		r := s.request(j, ahead.next(j))
 		var quota []string
 		need := it.Usage.MilliGPU
 		r.AllowPool = func(pool string) bool {
@@ -161,19 +177,19 @@ func (s *Store) Cycle() CycleResult {
 			}
 			return v.OK
 		}
-		if reserved > 0 {
-			r.Exclude, r.ExcludeKey = excluded(now, expectedRunTime(j.Request))
+		resv.Drop(j.key) // its own reservation of an earlier cycle: decided again now
+		if resv.Len() > 0 {
+			r.Reserved, r.ExcludeKey = reservedFor(j, expectedRunTime(j.Request))
 		}
 		if len(j.avoid) > 0 {
 			// A job moved to consolidate capacity stays off the nodes it
 			// freed (defrag.go).
-			m := maps.Clone(j.avoid)
-			maps.Copy(m, r.Exclude)
-			r.Exclude, r.ExcludeKey = m, ""
+			r.Exclude, r.ExcludeKey = maps.Clone(j.avoid), ""
 		}
 		d := p.Place(r)
 		if d.Placed() {
 			hits = append(hits, hit{j, d})
+			j.promise = s.promiseOf(j, d, resv.Reservations(), binds(j), now)
 			s.servedSeq++
 			s.served[j.Tenant] = s.servedSeq
 			// Each machine's share counts in its own pool: a gang may span
@@ -203,10 +219,15 @@ func (s *Store) Cycle() CycleResult {
 				if !runningOK {
 					running, runningOK = s.running(now), true
 				}
-				if res, ok := backfill.Reserve(snap, running, r, now); ok {
+				// Earlier reservations' holds are taken for this one, of
+				// whatever class: two never count on the same device.
+				rr := r
+				rr.Reserved = resv.Holds(now, 0, nil)
+				if res, ok := backfill.Reserve(snap, running, rr, now); ok {
 					res.Key = j.key
 					resv.Add(res)
-					clear(excludes)
+					fresh[j.key] = true
+					clear(holds)
 					reserved++
 					pend.Message += "; " + res.Message
 				}
@@ -242,6 +263,8 @@ func (s *Store) Cycle() CycleResult {
 		size += n
 		s.fly(h.j, items)
 	}
+	s.reservations = resv.Reservations()
+	s.enforcePromises(now)
 	if len(preemptors) > 0 {
 		res.Preempted = s.preempt(now, preemptors, book)
 	}

@@ -80,7 +80,7 @@ func (s *Store) defragment(now time.Time, misses []miss) {
 		}
 		for _, pool := range pools {
 			r := m.r
-			r.Pool, r.Exclude, r.ExcludeKey = pool, nil, ""
+			r.Pool, r.Exclude, r.Reserved, r.ExcludeKey = pool, nil, nil, ""
 			choice, ok := preempt.Choose(snap, running, preempt.Preemptor{Request: r, Priority: j.Request.Priority},
 				preempt.Options{Now: now, MinRuntime: s.cfg.MinRuntime, Defragment: true})
 			if !ok || len(choice.Victims) == 0 || len(choice.Victims) > maxDefragMoves {

@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/services/scheduler/internal/backfill"
 	"github.com/gpuplane/gpuplane/services/scheduler/internal/placement"
 	"github.com/gpuplane/gpuplane/services/scheduler/internal/queue"
 )
@@ -127,6 +128,10 @@ type Job struct {
 	// commits: a job moved to consolidate capacity stays off the nodes it
 	// freed, also when a plan for it is refused and retried.
 	avoid map[string]bool
+	// promise is set when the current attempt took devices held for a
+	// backfill reservation on its expected run time: it is stopped if it
+	// runs past it into the reservation (reserve.go).
+	promise *promise
 	// victims are the allocations this one preempted, until the ledger
 	// releases them: it waits for their devices rather than choosing
 	// more victims (what it takes is claimed for it meanwhile: claims).
@@ -149,6 +154,7 @@ type Job struct {
 	// many were published.
 	Pending    placement.Pending
 	pubPending contracts.Reason
+	pubMessage string
 	pendingSeq int
 	// pubPendingAt is when the last pending event was published: a job
 	// waiting for capacity flips between "no free GPUs" and "the free ones
@@ -206,6 +212,10 @@ func (j *Job) count(pred func(*part) bool) int {
 // at most this late (plus a resync interval).
 const PendingEventInterval = 5 * time.Second
 
+// PendingRefreshInterval is the least time between two pending events of
+// one job with the same code: a changed message alone waits this long.
+const PendingRefreshInterval = time.Minute
+
 type rejection struct {
 	reason contracts.Reason
 	errors []contracts.FieldError
@@ -243,6 +253,9 @@ type Store struct {
 	// defrag are the pools whose free capacity the monitor reports
 	// fragmented (a firing defragment alert), with the alert's key.
 	defrag map[string]string
+	// reservations are the last cycle's backfill reservations: the next
+	// cycle starts from them (reserve.go).
+	reservations []backfill.Reservation
 }
 
 // New returns an empty store.
@@ -352,7 +365,7 @@ func (s *Store) ReplayJobEvent(ev contracts.JobEvent, seq uint64, msgID string) 
 		j.rejection = &rejection{reason: ev.Reason, errors: ev.Errors}
 	case contracts.EventPending:
 		if ev.Attempt == j.Attempt {
-			j.pubPending, j.pubPendingAt = ev.Reason, ev.Time
+			j.pubPending, j.pubPendingAt, j.pubMessage = ev.Reason, ev.Time, ev.Message
 			j.Pending = placement.Pending{Code: ev.Reason, Message: ev.Message}
 			j.pendingSeq = max(j.pendingSeq+1, pendingSeqOf(msgID))
 		}
@@ -707,20 +720,29 @@ func (s *Store) emit(j *Job, typ contracts.JobEventType, seq int, fill func(*con
 }
 
 // setPending records j's reason for waiting and publishes a pending event
-// when its code changed, at most once per PendingEventInterval: the message
-// alone (queue position, free block sizes) moves every cycle, and the code
-// can flip with every freed GPU; neither is worth an event each time.
+// when its code changed, at most once per PendingEventInterval (the code
+// can flip with every freed GPU), or when only its message changed, at
+// most once per PendingRefreshInterval: the message's facts (queue
+// position, free blocks, a reservation's start, rounded) go stale
+// otherwise, but moving every cycle they are not worth an event each
+// time. preempting is a step of its own, always shown when it begins.
 func (s *Store) setPending(j *Job, p placement.Pending) {
 	j.Pending = p
-	if !s.live || p.Code == j.pubPending || j.State != contracts.StateQueued {
+	if !s.live || j.State != contracts.StateQueued || (p.Code == j.pubPending && p.Message == j.pubMessage) {
 		return
 	}
 	now := s.cfg.Now()
-	if j.pubPending != "" && now.Sub(j.pubPendingAt) < PendingEventInterval {
+	since := now.Sub(j.pubPendingAt)
+	switch {
+	case j.pubPending == "":
+	case p.Code == contracts.PendingPreempting && j.pubPending != p.Code:
+	case p.Code != j.pubPending && since < PendingEventInterval:
 		return // a later cycle publishes the reason current then
+	case p.Code == j.pubPending && since < PendingRefreshInterval:
+		return
 	}
 	j.pendingSeq++
-	j.pubPending, j.pubPendingAt = p.Code, now
+	j.pubPending, j.pubPendingAt, j.pubMessage = p.Code, now, p.Message
 	s.emit(j, contracts.EventPending, j.pendingSeq, func(ev *contracts.JobEvent) {
 		ev.Reason, ev.Message = p.Code, p.Message
 	})
@@ -758,10 +780,10 @@ func (s *Store) landAll(j *Job) {
 func (s *Store) resetAttempt(j *Job, attempt int) {
 	s.landAll(j)
 	j.Attempt = attempt
-	j.parts, j.evict, j.evictMsg, j.victims = nil, "", "", nil
+	j.parts, j.evict, j.evictMsg, j.victims, j.promise = nil, "", "", nil, nil
 	j.evictBy, j.evictAt, j.migration = time.Time{}, time.Time{}, nil
 	delete(s.evicting, j.key)
-	j.pubPending, j.pendingSeq, j.Pending, j.pubPendingAt = "", 0, placement.Pending{}, time.Time{}
+	j.pubPending, j.pendingSeq, j.Pending, j.pubPendingAt, j.pubMessage = "", 0, placement.Pending{}, time.Time{}, ""
 }
 
 // finish forgets what a terminal job no longer needs; the hash stays so a
@@ -769,7 +791,7 @@ func (s *Store) resetAttempt(j *Job, attempt int) {
 func (s *Store) finish(j *Job) {
 	s.queue.Remove(j.key)
 	s.landAll(j)
-	j.Request, j.parts, j.victims, j.later = nil, nil, nil, nil
+	j.Request, j.parts, j.victims, j.later, j.promise = nil, nil, nil, nil, nil
 	j.migration, j.moved, j.avoid, j.kept = nil, nil, nil, nil
 	delete(s.evicting, j.key)
 	delete(s.cluster.claims, j.key)

@@ -1,0 +1,191 @@
+package state
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/services/scheduler/internal/backfill"
+	"github.com/gpuplane/gpuplane/services/scheduler/internal/placement"
+)
+
+// Backfill reservations across cycles (FLOWS.md, "Scheduling"): a cycle
+// reserves, for the first jobs blocked by capacity, the devices each will
+// take when running jobs end (backfill.Reserve). The reservations outlive
+// the cycle: the next one starts from them, so a job that fair share ranks
+// ahead this time, or one offered a device that a release just freed, still
+// respects them (a release must not reopen reserved capacity to a job that
+// would run past the reservation's start). A job that used held devices on
+// its promise to end before the start (its expected run time) and runs past
+// it is stopped when the reservation comes due.
+
+// promise is what a job placed on held devices said about its end.
+type promise struct {
+	// expected is its expected run time, counted from its start.
+	expected time.Duration
+	// reservation names the reserved job whose held devices it took.
+	reservation string
+}
+
+// carriedReservations is the book a cycle starts from: the reservations
+// of the previous cycle whose jobs still wait.
+func (s *Store) carriedReservations() backfill.Book {
+	var b backfill.Book
+	for _, res := range s.reservations {
+		if j := s.jobs[res.Key]; j != nil && j.State == contracts.StateQueued && len(j.parts) == 0 && j.Request != nil {
+			b.Add(res)
+		}
+	}
+	return b
+}
+
+// promiseOf returns the promise of j, just placed as d, when it took
+// devices held by a reservation it is allowed to use only because it is
+// expected to end before that reservation starts; nil otherwise.
+func (s *Store) promiseOf(j *Job, d placement.Decision, book []backfill.Reservation,
+	binds func(backfill.Reservation) bool, now time.Time) *promise {
+	expected := expectedRunTime(j.Request)
+	if expected <= 0 {
+		return nil // an unknown run time never uses held devices
+	}
+	for _, res := range book {
+		if res.Key == j.key || backfill.Delays(res, now, expected) || !binds(res) {
+			continue
+		}
+		for _, part := range d.Parts {
+			if h, ok := res.Holds[part.NodeID]; ok && overlaps(part.Devices, h.Devices) {
+				return &promise{expected: expected, reservation: res.Key}
+			}
+		}
+	}
+	return nil
+}
+
+// overlaps reports whether two device lists name a common card (whole,
+// share) or MIG instance.
+func overlaps(a, b []contracts.DeviceRef) bool {
+	for _, x := range a {
+		for _, y := range b {
+			if x.UUID != y.UUID {
+				continue
+			}
+			if x.MIG == nil || y.MIG == nil || x.MIG.UUID == y.MIG.UUID {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// enforcePromises stops the jobs that took held devices on their promise
+// to end first and are still running on those devices when the
+// reservation comes due: expectedRunTime is a promise, as a time limit is
+// in Slurm. They are moved like a preemption victim (checkpointed first
+// when they can, requeued), with the reason in their events.
+func (s *Store) enforcePromises(now time.Time) {
+	for _, res := range s.reservations {
+		if res.Start.After(now) {
+			continue
+		}
+		for _, node := range slices.Sorted(maps.Keys(res.Holds)) {
+			n := s.cluster.nodes[node]
+			if n == nil {
+				continue
+			}
+			hold := res.Holds[node]
+			for _, id := range slices.Sorted(maps.Keys(n.held)) {
+				a := n.held[id]
+				j := s.jobs[Key(a.Tenant, a.JobID)]
+				if j == nil || j.promise == nil || j.Attempt != a.Attempt || j.evict != "" || j.cancel || j.State.Terminal() {
+					continue
+				}
+				p := j.part(a.ID)
+				if p == nil || !p.committed || p.done() || p.started == nil || !overlaps(a.Devices, hold.Devices) {
+					continue
+				}
+				end := p.started.Add(j.promise.expected)
+				if end.After(now) {
+					continue
+				}
+				rj := strings.TrimPrefix(res.Key, j.Tenant+"/")
+				s.log.Info("stopping a backfilled job past its expected run time", "tenant", j.Tenant, "job_id", j.ID,
+					"node_id", node, "reservation", res.Key)
+				s.evictJob(j, move{reason: contracts.ReasonRunTimeExceeded,
+					msg: fmt.Sprintf("ran past its expected run time of %s (started %s, expected to end by %s) on %s, "+
+						"capacity reserved for %s from %s", j.promise.expected, p.started.UTC().Format(time.RFC3339),
+						end.UTC().Format(time.RFC3339), node, rj, res.Start.UTC().Format(time.RFC3339))})
+			}
+		}
+	}
+}
+
+// ahead counts, per tenant and pool, the jobs a cycle has offered so far:
+// "N jobs ahead in queue research" counts only jobs that compete for the
+// same pools (an L4 share is not behind MIG jobs of another pool).
+type ahead struct {
+	s      *Store
+	counts map[string]int
+	pools  map[string][]string // by request shape: the pools whose cards could hold it
+}
+
+func (s *Store) newAhead() *ahead {
+	return &ahead{s: s, counts: map[string]int{}, pools: map[string][]string{}}
+}
+
+// next returns how many jobs of j's tenant were offered before it in any
+// of the pools j could use, and counts j.
+func (a *ahead) next(j *Job) int {
+	pools := a.poolsOf(j.Request)
+	n := 0
+	for _, p := range pools {
+		n = max(n, a.counts[j.Tenant+"\x00"+p])
+	}
+	for _, p := range pools {
+		a.counts[j.Tenant+"\x00"+p]++
+	}
+	return n
+}
+
+// poolsOf lists the pools with a card that could hold r's kind of GPU
+// (r.Pool alone when it names one); one unnamed pool when none has.
+func (a *ahead) poolsOf(r *contracts.JobRequest) []string {
+	if r.Pool != "" {
+		return []string{r.Pool}
+	}
+	g := r.Resources.GPU
+	key := string(g.Kind()) + "\x00" + g.MIGProfile + "\x00" + strings.Join(g.AllowedModels(), ",")
+	if ps, ok := a.pools[key]; ok {
+		return ps
+	}
+	var ps []string
+	for _, id := range a.s.cluster.ids {
+		n := a.s.cluster.nodes[id]
+		if n.inv == nil || slices.Contains(ps, n.inv.Pool) {
+			continue
+		}
+		if slices.ContainsFunc(n.inv.GPUs, func(c contracts.GPUInfo) bool { return cardServes(c, g) }) {
+			ps = append(ps, n.inv.Pool)
+		}
+	}
+	if len(ps) == 0 {
+		ps = []string{""}
+	}
+	a.pools[key] = ps
+	return ps
+}
+
+// cardServes reports whether card c is of a kind r can use: an allowed
+// model, in MIG mode with the profile for a MIG request, out of it for
+// whole cards and shares.
+func cardServes(c contracts.GPUInfo, g contracts.GPURequest) bool {
+	if m := g.AllowedModels(); m != nil && !slices.Contains(m, c.Model) {
+		return false
+	}
+	if g.Kind() != contracts.GPUKindMIG {
+		return !c.MIGEnabled
+	}
+	return c.MIGEnabled && slices.ContainsFunc(c.MIGInstances, func(i contracts.MIGInstance) bool { return i.Profile == g.MIGProfile })
+}
