@@ -21,6 +21,9 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/natsauth"
 	"github.com/gpuplane/gpuplane/libs/natsserver"
 	"github.com/gpuplane/gpuplane/libs/service"
 	"github.com/gpuplane/gpuplane/services/autoscaler"
@@ -49,6 +52,10 @@ type Config struct {
 	// FleetFile describes the simulated fleet (YAML); empty means the
 	// default fleet.
 	FleetFile string
+	// Identities are the bus identities to mint creds for (see
+	// deploy/identities.yaml); the default is that file's content. It
+	// must name operator, fleet and each service.
+	Identities natsauth.Description
 	// Fleet overrides FleetFile when set (tests and benchmarks).
 	Fleet *fleet.Fleet
 	// OTLPEndpoint receives traces of every service (Jaeger: 127.0.0.1:4318).
@@ -113,6 +120,7 @@ func DefaultConfig() Config {
 		OTLPEndpoint: os.Getenv("GPUPLANE_OTLP_ENDPOINT"),
 		Autoscale:    DefaultAutoscale(),
 		SpotNotice:   simcloud.NoticeAhead,
+		Identities:   natsauth.DefaultDescription(),
 	}
 	if p, err := strconv.Atoi(os.Getenv("GPUPLANE_NATS_PORT")); err == nil {
 		c.NATSPort = p
@@ -122,6 +130,14 @@ func DefaultConfig() Config {
 
 // RegisterFlags adds the all-in-one's flags to fs.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.Func("identities", "YAML description of the bus identities (default: deploy/identities.yaml's content)", func(path string) error {
+		d, err := natsauth.LoadDescription(path)
+		if err != nil {
+			return err
+		}
+		c.Identities = d
+		return nil
+	})
 	fs.StringVar(&c.DataDir, "data", c.DataDir, "JetStream data directory; empty for a temporary one (env GPUPLANE_DATA_DIR)")
 	fs.IntVar(&c.NATSPort, "nats-port", c.NATSPort, "embedded NATS port on 127.0.0.1, -1 for any free port (env GPUPLANE_NATS_PORT)")
 	fs.StringVar(&c.GatewayAddr, "gateway-addr", c.GatewayAddr, "gateway listen address (env GPUPLANE_GATEWAY_ADDR)")
@@ -202,6 +218,14 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("autoscale: pool %s: provision delay %s; want >= 0", a.Name, a.ProvisionDelay))
 		}
 	}
+	if err := c.Identities.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	for _, name := range []string{"operator", "fleet", "scheduler", "resource-manager", "billing", "autoscaler", "monitor", "gateway"} {
+		if _, ok := c.Identities.Find(name); !ok {
+			errs = append(errs, fmt.Errorf("identities: no identity named %q", name))
+		}
+	}
 	if c.SpotNotice < 0 {
 		errs = append(errs, fmt.Errorf("spot notice %s; want >= 0", c.SpotNotice))
 	}
@@ -223,6 +247,11 @@ type Endpoints struct {
 	Fleet      fleet.Fleet
 	// Autoscale is the autoscaled pools (Config.Autoscale).
 	Autoscale []AutoscalePool
+	// CredsDir holds a NATS creds file per identity of Config.Identities
+	// (operator.creds, admin.creds, tenant-acme.creds, ...); Creds maps
+	// each identity's name to its file.
+	CredsDir string
+	Creds    map[string]string
 	// Cloud is the simulated provider of the autoscaled pools, nil when
 	// there are none. Tests drive faults through it: Interrupt(machineID)
 	// gives a spot notice (reclaimed SpotNotice later), SetFailing(true,
@@ -260,14 +289,35 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Endpoints
 	if err := os.MkdirAll(cfg.AgentLogDir, 0o755); err != nil {
 		return fmt.Errorf("create run log directory: %w", err)
 	}
-	srv, err := natsserver.Start(ctx, natsserver.Options{Port: cfg.NATSPort, StoreDir: filepath.Join(root, "nats")})
+	// Authentication is on here too: the trust (the keys that mint
+	// credentials) is kept in the data directory, every service connects
+	// as its own identity, and the operator's, an admin's and the demo
+	// tenant's creds are left in creds/ for people and the nats CLI.
+	trust, err := natsauth.LoadOrCreate(filepath.Join(root, "trust"))
+	if err != nil {
+		return err
+	}
+	creds, err := trust.WriteAll(filepath.Join(root, "creds"), cfg.Identities)
+	if err != nil {
+		return err
+	}
+	srv, err := natsserver.Start(ctx, natsserver.Options{Port: cfg.NATSPort, StoreDir: filepath.Join(root, "nats"), Trust: trust})
 	if err != nil {
 		return err
 	}
 	defer srv.Shutdown()
+	if err := provision(ctx, srv.URL(), creds["operator"], log); err != nil {
+		return err
+	}
 
 	busCfg := service.BusConfig{NATSURL: srv.URL(), Replicas: 1, OTLPEndpoint: cfg.OTLPEndpoint}
-	ep := Endpoints{NATSURL: srv.URL(), DataDir: root, RunLogDir: cfg.AgentLogDir, Fleet: fl, Autoscale: cfg.Autoscale}
+	as := func(name string) service.BusConfig {
+		c := busCfg
+		c.Creds = creds[name]
+		return c
+	}
+	ep := Endpoints{NATSURL: srv.URL(), DataDir: root, RunLogDir: cfg.AgentLogDir, Fleet: fl, Autoscale: cfg.Autoscale,
+		Creds: creds, CredsDir: filepath.Join(root, "creds")}
 	var machines *simMachines
 	if len(cfg.Autoscale) > 0 {
 		if machines, err = newSimMachines(cfg, fl, log); err != nil {
@@ -300,59 +350,77 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Endpoints
 	}
 
 	rm := resourcemanager.DefaultConfig()
-	rm.Bus = busCfg
+	rm.Bus = as("resource-manager")
 	run("resource-manager", func(ctx context.Context) error { return resourcemanager.Run(ctx, rm, log) })
 
 	sc := scheduler.DefaultConfig()
 	if cfg.Scheduler != nil {
 		cfg.Scheduler(&sc)
 	}
-	sc.Bus = busCfg
+	sc.Bus = as("scheduler")
 	run("scheduler", func(ctx context.Context) error { return scheduler.Run(ctx, sc, log) })
 
 	bl := billing.DefaultConfig()
-	bl.Bus = busCfg
+	bl.Bus = as("billing")
 	run("billing", func(ctx context.Context) error { return billing.Run(ctx, bl, log) })
 
-	as := autoscaler.DefaultConfig()
+	asc := autoscaler.DefaultConfig()
 	if machines != nil {
-		as.Provider = machines.cloud
-		as.Pools = map[string]autoscaler.Pool{}
+		asc.Provider = machines.cloud
+		asc.Pools = map[string]autoscaler.Pool{}
 		for _, a := range cfg.Autoscale {
-			as.Pools[a.Name] = a.policy()
+			asc.Pools[a.Name] = a.policy()
 		}
 	}
 	if cfg.Autoscaler != nil {
-		cfg.Autoscaler(&as)
+		cfg.Autoscaler(&asc)
 	}
-	as.Bus = busCfg
-	run("autoscaler", func(ctx context.Context) error { return autoscaler.Run(ctx, as, log) })
+	asc.Bus = as("autoscaler")
+	run("autoscaler", func(ctx context.Context) error { return autoscaler.Run(ctx, asc, log) })
 
 	mo := monitor.DefaultConfig()
 	if cfg.Monitor != nil {
 		cfg.Monitor(&mo)
 	}
-	mo.Bus = busCfg
+	mo.Bus = as("monitor")
 	mo.Addr = cfg.MetricsAddr
 	mo.OnListen = listened(func(a string) { ep.MetricsURL = "http://" + a + "/metrics" })
 	run("monitor", func(ctx context.Context) error { return monitor.Run(ctx, mo, log) })
 
 	gw := gateway.DefaultConfig()
-	gw.Bus = busCfg
+	gw.Bus = as("gateway")
 	gw.Addr = cfg.GatewayAddr
 	gw.OnListen = listened(func(a string) { ep.GatewayURL = "http://" + a })
 	run("gateway", func(ctx context.Context) error { return gateway.Run(ctx, gw, log) })
 
 	run("fleet", func(ctx context.Context) error {
-		return runFleet(ctx, fl, busCfg, cfg.AgentLogDir, filepath.Join(root, "checkpoints"), log)
+		return runFleet(ctx, fl, as("fleet"), cfg.AgentLogDir, filepath.Join(root, "checkpoints"), log)
 	})
 	if machines != nil {
 		run("simulated-cloud", func(ctx context.Context) error {
-			return machines.run(ctx, busCfg, cfg.AgentLogDir, filepath.Join(root, "checkpoints"))
+			return machines.run(ctx, as("fleet"), cfg.AgentLogDir, filepath.Join(root, "checkpoints"))
 		})
 	}
 
 	return g.Wait()
+}
+
+// provision creates or updates every stream and KV bucket as the
+// operator, before any service starts: services may only create what is
+// missing, so a changed stream config (a new DenyPurge, say) reaches an
+// existing data directory only through here.
+func provision(ctx context.Context, url, creds string, log *slog.Logger) error {
+	b, err := bus.Connect(ctx, bus.Config{URL: url, Name: "provision", CredsFile: creds, Logger: log})
+	if err != nil {
+		return fmt.Errorf("provision: %w", err)
+	}
+	defer b.Close(ctx)
+	for _, kv := range contracts.KeyValues(contracts.StreamOptions{Replicas: 1}) {
+		if _, err := b.KeyValue(ctx, kv.Bucket); err != nil {
+			return fmt.Errorf("provision: %w", err)
+		}
+	}
+	return nil
 }
 
 func loadFleet(cfg Config) (fleet.Fleet, error) {

@@ -59,5 +59,5 @@ gpuplane is up
 Try:  gpuctl submit --tenant acme --gpus 2 --model H100-80GB --duration 20s
 Press Ctrl-C to stop.
 
-`, ep.NATSURL, ep.DataDir, ep.GatewayURL, ep.MetricsURL, machines, gpus, strings.Join(names, ", "), strings.Join(scaled, ", "))
+`, ep.NATSURL, ep.DataDir, ep.GatewayURL, ep.MetricsURL, machines, gpus, strings.Join(names, ", "), strings.Join(scaled, ", "), ep.CredsDir, ep.CredsDir)
 }
