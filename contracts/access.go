@@ -176,8 +176,9 @@ var Buckets = []BucketAccess{
 	{Bucket: BucketQuotas, Writers: roles(BusGateway, BusAdmin), Readers: roles(services, BusAdmin)},
 	{Bucket: BucketPools, Writers: roles(BusGateway, BusAdmin), Readers: roles(services, BusAdmin)},
 	// Node holds: cordon and drain by administrators (the gateway), spot
-	// notices and scale-down drains by the autoscaler.
-	{Bucket: BucketNodeAdmin, Writers: roles(BusGateway, BusAutoscaler, BusAdmin),
+	// notices and scale-down drains by the autoscaler, and the GPU holds
+	// the scheduler sets and lifts on a GPU's alerts (scheduler/alerts.go).
+	{Bucket: BucketNodeAdmin, Writers: roles(BusGateway, BusAutoscaler, BusScheduler, BusAdmin),
 		Readers: roles(services, BusFleet, BusAdmin)},
 	// Identity (identity.go): role bindings and token hashes are the
 	// gateway's (its identity endpoints check the caller's role); the bus
