@@ -56,7 +56,10 @@ gpuplane is up
   metrics   %s
   fleet     %d simulated machines, %d GPUs: %s
   autoscale %s
+  bus creds %s   (NATS authentication is on; plaintext on 127.0.0.1 only)
+            operator.creds (streams), admin.creds, tenant-acme.creds, one per service
 Try:  gpuctl submit --tenant acme --gpus 2 --model H100-80GB --duration 20s
+      nats --creds %s/tenant-acme.creds --inbox-prefix _INBOX.tenant-acme sub 'gp.jobs.events.acme.>'
 Press Ctrl-C to stop.
 
 `, ep.NATSURL, ep.DataDir, ep.GatewayURL, ep.MetricsURL, machines, gpus, strings.Join(names, ", "), strings.Join(scaled, ", "), ep.CredsDir, ep.CredsDir)
