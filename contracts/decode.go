@@ -205,6 +205,9 @@ const idPattern = `^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`
 // duration) and with at least one unit (a bare "30" is ambiguous).
 const durationPattern = `^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
 
+// moneyPattern is Money's schema pattern.
+var moneyPattern = Money(0).JSONSchema().Pattern
+
 // errStop ends a walk whose token stream is broken.
 var errStop = errors.New("stop")
 
@@ -216,9 +219,9 @@ type docChecker struct {
 	syntax *FieldError
 	// hard is set by a finding that keeps the document from being
 	// decoded as it stands (a wrong type, an unknown or duplicated key, a
-	// number too large); the others (enum, pattern, format, missing
-	// field) leave it decodable, so Validate can report its own findings
-	// beside them.
+	// number too large, a malformed duration, amount or time); the others
+	// (enum, pattern, missing field) leave it decodable, so Validate can
+	// report its own findings beside them.
 	hard bool
 }
 
@@ -245,6 +248,7 @@ func checkDoc(data []byte, s *schemaNode) ([]byte, error) {
 	if c.syntax != nil {
 		return nil, newValidationError([]FieldError{*c.syntax})
 	}
+	sortFieldErrors(c.errs) // by field, as Validate orders its own
 	if len(c.errs) > MaxFieldErrors {
 		more := len(c.errs) - MaxFieldErrors + 1
 		c.errs = append(c.errs[:MaxFieldErrors-1], FieldError{Reason: c.errs[MaxFieldErrors-1].Reason,
@@ -433,6 +437,9 @@ func (c *docChecker) checkString(s *schemaNode, path, v string) {
 		case s.Pattern == idPattern:
 			reason = ReasonInvalidID
 		}
+		if s.Pattern == durationPattern || s.Pattern == moneyPattern {
+			c.hard = true // its UnmarshalJSON would fail without naming the field
+		}
 		c.fail(path, reason, "%q %s", truncate(v, 64), what)
 	} else if s.Pattern == durationPattern {
 		if _, err := time.ParseDuration(v); err != nil {
@@ -441,7 +448,7 @@ func (c *docChecker) checkString(s *schemaNode, path, v string) {
 	}
 	if s.Format == "date-time" {
 		if _, err := time.Parse(time.RFC3339Nano, v); err != nil {
-			c.fail(path, ReasonInvalidValue, "%q is not an RFC 3339 time such as 2026-11-03T10:00:00Z", truncate(v, 64))
+			c.failHard(path, ReasonInvalidValue, "%q is not an RFC 3339 time such as 2026-11-03T10:00:00Z", truncate(v, 64))
 		}
 	}
 }

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -85,12 +87,41 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, bool
 		writeError(w, http.StatusBadRequest, contracts.ReasonInvalidRequest, fmt.Sprintf("reading the body: %v", err), nil)
 		return nil, false
 	}
+	if len(data) > 0 && !jsonMediaType(w, r) {
+		return nil, false
+	}
 	return data, true
 }
 
+// jsonMediaType answers 415 and returns false for a body declared as
+// anything but application/json (charset, if given, utf-8): a form, text
+// or YAML body is not read as JSON by accident. A body declared as
+// nothing is read as JSON, as the API takes nothing else; that keeps
+// plain clients (curl --data-binary, scripts) working.
+func jsonMediaType(w http.ResponseWriter, r *http.Request) bool {
+	ct := r.Header.Get("Content-Type")
+	if ct == "" {
+		return true
+	}
+	mt, params, err := mime.ParseMediaType(ct)
+	if err == nil && mt == "application/json" {
+		if cs, ok := params["charset"]; !ok || strings.EqualFold(cs, "utf-8") {
+			return true
+		}
+	}
+	writeError(w, http.StatusUnsupportedMediaType, contracts.ReasonUnsupportedMediaType,
+		fmt.Sprintf("the body is declared as %q; send JSON as Content-Type: application/json", ct), nil)
+	return false
+}
+
 // priceBookDoc reads the book and the watermark.
+// A book that does not decode comes back as an *unreadableError, with
+// the revision it is at in doc (and an empty book), so that a PUT can
+// replace it; a watermark that does not decode is an *unreadableError
+// too.
 func priceBookDoc(ctx context.Context, kv jetstream.KeyValue) (contracts.PriceBookDoc, error) {
 	var doc contracts.PriceBookDoc
+	var bookErr *unreadableError
 	e, err := kv.Get(ctx, contracts.KeyPriceBook)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
@@ -98,10 +129,12 @@ func priceBookDoc(ctx context.Context, kv jetstream.KeyValue) (contracts.PriceBo
 	case err != nil:
 		return doc, err
 	default:
-		if err := json.Unmarshal(e.Value(), &doc.Book); err != nil {
-			return doc, fmt.Errorf("stored price book at revision %d: %w", e.Revision(), err)
-		}
 		doc.Revision = e.Revision()
+		if err := json.Unmarshal(e.Value(), &doc.Book); err != nil {
+			// Read on (the watermark), so that a PUT can replace it.
+			doc.Book = contracts.PriceBook{Versions: []contracts.PriceVersion{}}
+			bookErr = &unreadableError{bucket: kv.Bucket(), key: contracts.KeyPriceBook, rev: e.Revision(), err: err}
+		}
 	}
 	m, err := kv.Get(ctx, contracts.KeyMeteredUntil)
 	switch {
@@ -110,10 +143,24 @@ func priceBookDoc(ctx context.Context, kv jetstream.KeyValue) (contracts.PriceBo
 		return doc, err
 	default:
 		if doc.MeteredUntil, err = time.Parse(time.RFC3339, string(m.Value())); err != nil {
-			return doc, fmt.Errorf("metering watermark %q: %w", m.Value(), err)
+			// Billing writes the watermark after each metering pass: a
+			// bad one is reported until it does.
+			return doc, &unreadableError{bucket: kv.Bucket(), key: contracts.KeyMeteredUntil, rev: m.Revision(),
+				err: fmt.Errorf("metering watermark %q: %w", m.Value(), err)}
 		}
 	}
+	if bookErr != nil {
+		return doc, bookErr
+	}
 	return doc, nil
+}
+
+// repairBook says how an administrator replaces an unreadable book.
+func repairBook(e *unreadableError) string {
+	if e.key == contracts.KeyMeteredUntil {
+		return "billing rewrites it after its next metering pass; until then the book cannot be changed"
+	}
+	return fmt.Sprintf("replace it with PUT /v1/pricebook?revision=%d", e.rev)
 }
 
 func (s *server) getPriceBook(w http.ResponseWriter, r *http.Request) {
@@ -122,6 +169,10 @@ func (s *server) getPriceBook(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	doc, err := priceBookDoc(r.Context(), kv)
+	if ue, ok := errors.AsType[*unreadableError](err); ok {
+		s.writeUnreadable(w, "the stored price book", ue, repairBook(ue))
+		return
+	}
 	if err != nil {
 		s.internalError(w, "price book", err)
 		return
@@ -161,7 +212,15 @@ func (s *server) putPriceBook(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), publishTimeout)
 	defer cancel()
 	doc, err := priceBookDoc(ctx, kv)
-	if err != nil {
+	if ue, ok := errors.AsType[*unreadableError](err); ok && ue.key == contracts.KeyPriceBook {
+		// Nothing of the unreadable book can be protected: it is
+		// replaced (over its revision), and the new book must still
+		// start after the metered usage.
+		s.log.Warn("replacing an unreadable price book", "revision", ue.rev, "err", ue.err)
+	} else if ok {
+		s.writeUnreadable(w, "the metering watermark", ue, repairBook(ue))
+		return
+	} else if err != nil {
 		s.internalError(w, "price book", err)
 		return
 	}
@@ -223,9 +282,15 @@ func (s *server) budgetDoc(ctx context.Context, w http.ResponseWriter, r *http.R
 	}
 	if e, err := budgets.Get(ctx, tenant); err == nil {
 		var b contracts.Budget
-		if json.Unmarshal(e.Value(), &b) == nil {
-			doc.Budget, doc.Revision = &b, e.Revision()
+		if err := json.Unmarshal(e.Value(), &b); err != nil {
+			// Reported, not read as "no budget": billing does not
+			// enforce it either (budget.go logs it).
+			s.writeUnreadable(w, "the budget of tenant "+tenant,
+				&unreadableError{bucket: budgets.Bucket(), key: tenant, rev: e.Revision(), err: err},
+				fmt.Sprintf("replace it with PUT /v1/tenants/%s/budget, or delete it", tenant))
+			return doc, false
 		}
+		doc.Budget, doc.Revision = &b, e.Revision()
 	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
 		s.internalError(w, "budget", err)
 		return doc, false

@@ -322,7 +322,7 @@ func TestSubmitRejectsMalformedRequests(t *testing.T) {
 		"bad pool":            {"acme", `{"id":"a","pool":"H100.x","resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`, 400, contracts.ReasonInvalidValue, "pool"},
 		"exit code 300":       {"acme", `{"id":"a","resources":{"gpu":{"count":1}},"run":{"duration":"1s","exitCode":300}}`, 400, contracts.ReasonOutOfRange, "run.exitCode"},
 		"several problems":    {"acme", `{"id":"a.b","priority":"x","resources":{"gpu":{"count":0}}}`, 400, contracts.ReasonInvalidRequest, "priority"},
-		"null body, no id":    {"acme", `null`, 400, contracts.ReasonInvalidRequest, "run"},
+		"null body, no id":    {"acme", `null`, 400, contracts.ReasonInvalidType, ""},
 	}
 	for name, tt := range tests {
 		t.Run(name, func(t *testing.T) {

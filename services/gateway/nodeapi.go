@@ -1,12 +1,8 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"slices"
 	"strconv"
@@ -16,12 +12,8 @@ import (
 	"github.com/gpuplane/gpuplane/libs/bus"
 )
 
-// Bounds of a fault request. maxXID is the largest code
-// contracts.Fault.Validate, which the agent applies, accepts.
-const (
-	maxFaultBody = 4 << 10
-	maxXID       = 1<<16 - 1
-)
+// maxFaultBody bounds a fault request's body.
+const maxFaultBody = 4 << 10
 
 // admin is the one place an operator-only route is authorised. The
 // gateway has no authentication yet (see tenantOf): every caller passes.
@@ -94,9 +86,9 @@ func (s *server) injectFault(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	req, fields := decodeFaultRequest(data)
-	if len(fields) > 0 {
-		writeFieldErrors(w, "invalid fault request", fields)
+	req, err := contracts.DecodeFaultRequest(data)
+	if err != nil {
+		writeInvalid(w, "invalid fault request", err)
 		return
 	}
 	if !s.modelReady(w) {
@@ -136,69 +128,6 @@ func (s *server) injectFault(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusAccepted, contracts.FaultResponse{NodeID: node, Fault: f, Stream: ack.Stream, Sequence: ack.Sequence})
 }
 
-// faultBody is a FaultRequest as it arrives: duration is parsed here so a
-// bad one is reported on its own field.
-type faultBody struct {
-	Kind     contracts.FaultKind `json:"kind"`
-	GPU      string              `json:"gpu"`
-	Code     int                 `json:"code"`
-	Duration json.RawMessage     `json:"duration"`
-}
-
-// decodeFaultRequest decodes one JSON object strictly and checks what can
-// be checked without the node: every problem at once, each on its field.
-func decodeFaultRequest(data []byte) (contracts.FaultRequest, []contracts.FieldError) {
-	var b faultBody
-	if len(bytes.TrimSpace(data)) == 0 {
-		return contracts.FaultRequest{}, []contracts.FieldError{{Reason: contracts.ReasonEmptyBody, Message: "body is empty; want {\"kind\": ...}"}}
-	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&b); err != nil {
-		return contracts.FaultRequest{}, []contracts.FieldError{jsonFieldError(err)}
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return contracts.FaultRequest{}, []contracts.FieldError{{Reason: contracts.ReasonInvalidJSON, Message: "trailing data after the JSON object"}}
-	}
-	req := contracts.FaultRequest{Kind: b.Kind, GPU: b.GPU, Code: b.Code}
-	var errs []contracts.FieldError
-	add := func(field string, reason contracts.Reason, format string, args ...any) {
-		errs = append(errs, contracts.FieldError{Field: field, Reason: reason, Message: fmt.Sprintf(format, args...)})
-	}
-	switch {
-	case b.Kind == "":
-		add("kind", contracts.ReasonMissingField, "kind is required; want one of %s", kindList())
-	case !slices.Contains(contracts.FaultKinds, b.Kind):
-		add("kind", contracts.ReasonInvalidValue, "unknown fault kind %q; want one of %s", b.Kind, kindList())
-	}
-	machineWide := b.Kind == contracts.FaultMachineDeath || b.Kind == contracts.FaultAgentPause
-	if b.GPU != "" && machineWide {
-		add("gpu", contracts.ReasonInvalidValue, "%s concerns the whole machine; leave gpu empty", b.Kind)
-	}
-	switch {
-	case b.Code != 0 && b.Kind != contracts.FaultXID:
-		add("code", contracts.ReasonInvalidValue, "code applies only to kind xid")
-	case b.Code < 0 || b.Code > maxXID:
-		add("code", contracts.ReasonOutOfRange, "XID %d; want 1 to %d (0 or none: %d, fell off the bus)", b.Code, maxXID, contracts.DefaultFaultXID)
-	}
-	if len(b.Duration) > 0 && string(b.Duration) != "null" {
-		var d contracts.Duration
-		switch err := d.UnmarshalJSON(b.Duration); {
-		case err != nil:
-			add("duration", contracts.ReasonInvalidDuration, "%v", err)
-		case d < 0:
-			add("duration", contracts.ReasonInvalidDuration, "duration %s is negative", d.D())
-		case d != 0 && b.Kind != contracts.FaultOverheat && b.Kind != contracts.FaultAgentPause:
-			add("duration", contracts.ReasonInvalidValue, "duration applies only to overheat and agent_pause")
-		case d.D() > contracts.MaxFaultDuration:
-			add("duration", contracts.ReasonOutOfRange, "duration %s; want at most %s", d.D(), contracts.MaxFaultDuration)
-		default:
-			req.Duration = d
-		}
-	}
-	return req, errs
-}
-
 // checkFaultTarget checks the GPU a fault names against the node's
 // inventory: an index the machine has, or one of its GPUs' UUIDs.
 func checkFaultTarget(req contracts.FaultRequest, inv contracts.NodeInventory) []contracts.FieldError {
@@ -233,35 +162,6 @@ func indexRange(gpus []contracts.GPUInfo) string {
 		lo, hi = min(lo, g.Index), max(hi, g.Index)
 	}
 	return fmt.Sprintf(", indices %d to %d", lo, hi)
-}
-
-func kindList() string {
-	names := make([]string, len(contracts.FaultKinds))
-	for i, k := range contracts.FaultKinds {
-		names[i] = string(k)
-	}
-	return strings.Join(names, ", ")
-}
-
-// jsonFieldError maps a decoder error to a field error, as the job request
-// decoder of contracts does.
-func jsonFieldError(err error) contracts.FieldError {
-	var typeErr *json.UnmarshalTypeError
-	var syntaxErr *json.SyntaxError
-	switch {
-	case errors.As(err, &typeErr):
-		return contracts.FieldError{Field: typeErr.Field, Reason: contracts.ReasonInvalidType,
-			Message: fmt.Sprintf("got JSON %s, want %s", typeErr.Value, typeErr.Type)}
-	case errors.As(err, &syntaxErr):
-		return contracts.FieldError{Reason: contracts.ReasonInvalidJSON, Message: fmt.Sprintf("%v at byte %d", syntaxErr, syntaxErr.Offset)}
-	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
-		return contracts.FieldError{Reason: contracts.ReasonInvalidJSON, Message: "unexpected end of JSON"}
-	case strings.HasPrefix(err.Error(), "json: unknown field "):
-		name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
-		return contracts.FieldError{Field: name, Reason: contracts.ReasonUnknownField, Message: fmt.Sprintf("unknown field %q", name)}
-	default:
-		return contracts.FieldError{Reason: contracts.ReasonInvalidJSON, Message: err.Error()}
-	}
 }
 
 // writeFieldErrors answers 400 with every field error; the summary reason

@@ -164,7 +164,7 @@ func TestFaultLandsOnTheNodesCommandSubject(t *testing.T) {
 		{`{"kind":"xid"}`, contracts.Fault{Kind: contracts.FaultXID}},
 		{`{"kind":"ecc_dbe","gpu":"GPU-sim-1-5"}`, contracts.Fault{Kind: contracts.FaultECCDBE, GPU: "GPU-sim-1-5"}},
 		{`{"kind":"overheat","gpu":"0","duration":"2m"}`, contracts.Fault{Kind: contracts.FaultOverheat, GPU: "0", Duration: contracts.Duration(2 * time.Minute)}},
-		{`{"kind":"agent_pause","duration":45}`, contracts.Fault{Kind: contracts.FaultAgentPause, Duration: contracts.Duration(45 * time.Second)}},
+		{`{"kind":"agent_pause","duration":"45s"}`, contracts.Fault{Kind: contracts.FaultAgentPause, Duration: contracts.Duration(45 * time.Second)}},
 		{`{"kind":"machine_death"}`, contracts.Fault{Kind: contracts.FaultMachineDeath}},
 		{`{"kind":"clear"}`, contracts.Fault{Kind: contracts.FaultClear}},
 		{`{"kind":"clear"}`, contracts.Fault{Kind: contracts.FaultClear}}, // again: a second fault

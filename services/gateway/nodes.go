@@ -171,6 +171,9 @@ func (in *ingester) applyNodeAdmin(e jetstream.KeyValueEntry) {
 	if err != nil {
 		in.log.Warn("unreadable node hold: shown as cordoned, as the resource manager treats it", "node_id", node,
 			"revision", e.Revision(), "err", err)
+		// A stable code beside the message: uncordon (or a new cordon
+		// or drain) replaces the value (readHold).
+		a.Cause = contracts.ReasonUnreadableDocument
 	}
 	in.nodes.applyHold(node, &a, e.Revision())
 }

@@ -50,7 +50,8 @@ func revisionParam(w http.ResponseWriter, r *http.Request) (rev uint64, has, ok 
 }
 
 // readDoc reads key of kv into v; it returns the revision, or 0 when the
-// key does not exist (or was deleted).
+// key does not exist (or was deleted). A stored value that does not decode
+// is an *unreadableError, with its revision.
 func readDoc(ctx context.Context, kv jetstream.KeyValue, key string, v any) (uint64, error) {
 	e, err := kv.Get(ctx, key)
 	switch {
@@ -60,9 +61,43 @@ func readDoc(ctx context.Context, kv jetstream.KeyValue, key string, v any) (uin
 		return 0, err
 	}
 	if err := json.Unmarshal(e.Value(), v); err != nil {
-		return 0, fmt.Errorf("stored %s/%s at revision %d: %w", kv.Bucket(), key, e.Revision(), err)
+		return e.Revision(), &unreadableError{bucket: kv.Bucket(), key: key, rev: e.Revision(), err: err}
 	}
 	return e.Revision(), nil
+}
+
+// unreadableError is a stored KV document that does not decode (written by
+// hand, by an older version, or by someone who should not have). It is
+// reported, never answered with 500: an administrator replaces it with a
+// PUT, conditionally on rev.
+type unreadableError struct {
+	bucket, key string
+	rev         uint64
+	err         error
+}
+
+func (e *unreadableError) Error() string {
+	return fmt.Sprintf("stored %s/%s at revision %d does not decode: %v", e.bucket, e.key, e.rev, e.err)
+}
+
+func (e *unreadableError) Unwrap() error { return e.err }
+
+// writeUnreadable answers a read of an unreadable document: 409
+// unreadable_document, naming the revision to replace and how.
+func (s *server) writeUnreadable(w http.ResponseWriter, what string, e *unreadableError, repair string) {
+	s.log.Warn("stored document does not decode", "bucket", e.bucket, "key", e.key, "revision", e.rev, "err", e.err)
+	writeError(w, http.StatusConflict, contracts.ReasonUnreadableDocument,
+		fmt.Sprintf("%s (KV %s, key %s, revision %d) is unreadable: %v; %s", what, e.bucket, e.key, e.rev, e.err, repair), nil)
+}
+
+// readFailed answers a failed read: 409 for an unreadable document, 500
+// otherwise.
+func (s *server) readFailed(w http.ResponseWriter, kind, what string, err error, repair string) {
+	if ue, ok := errors.AsType[*unreadableError](err); ok {
+		s.writeUnreadable(w, what, ue, repair)
+		return
+	}
+	s.internalError(w, kind, err)
 }
 
 // listDocs returns the current entry of every key of kv, deleted ones
@@ -284,7 +319,7 @@ func (k *kvDoc[T, D]) get(s *server, w http.ResponseWriter, r *http.Request) {
 	var doc T
 	rev, err := readDoc(r.Context(), kv, key, &doc)
 	if err != nil {
-		s.internalError(w, k.kind, err)
+		s.readFailed(w, k.kind, k.of+key, err, fmt.Sprintf("replace it with PUT %s?revision=%d, or delete it", r.URL.Path, rev))
 		return
 	}
 	var stored *T // nil: the key has no document

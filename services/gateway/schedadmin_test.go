@@ -356,7 +356,7 @@ func TestNodeHolds(t *testing.T) {
 		"bad node id":           {http.MethodPost, "/v1/nodes/a.b/cordon", "", 400, contracts.ReasonInvalidID, "node", "invalid id"},
 		"unknown field":         {http.MethodPost, "/v1/nodes/sim-1/cordon", `{"why":"x"}`, 400, contracts.ReasonUnknownField, "why", "invalid node hold"},
 		"reason not a string":   {http.MethodPost, "/v1/nodes/sim-1/drain", `{"reason":7}`, 400, contracts.ReasonInvalidType, "reason", "invalid node hold"},
-		"reason too long":       {http.MethodPost, "/v1/nodes/sim-1/cordon", `{"reason":"` + long + `"}`, 400, contracts.ReasonOutOfRange, "reason", "reason is 1025 bytes, limit is 1024"},
+		"reason too long":       {http.MethodPost, "/v1/nodes/sim-1/cordon", `{"reason":"` + long + `"}`, 400, contracts.ReasonOutOfRange, "reason", "reason is 1025 characters, limit is 1024"},
 		"not json":              {http.MethodPost, "/v1/nodes/sim-1/uncordon", `please`, 400, contracts.ReasonInvalidJSON, "", "invalid node hold"},
 		"body too large":        {http.MethodPost, "/v1/nodes/sim-1/cordon", `{"reason":"` + strings.Repeat("x", maxAdminBody) + `"}`, 413, contracts.ReasonTooLarge, "", "exceeds the limit"},
 		"get cordon":            {http.MethodGet, "/v1/nodes/sim-1/cordon", "", 405, contracts.ReasonMethodNotAllowed, "", "allowed: POST"},
