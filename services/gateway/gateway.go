@@ -77,7 +77,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			return fmt.Errorf("%s: %w", Name, err)
 		}
 	}
-	s.audit = noAudit{}
+	s.audit = newAuditLog(rt.Bus, replicaName(addr), log, time.Now)
 	if cfg.TLSCert != "" {
 		tlsCfg, err := serverTLS(cfg.TLSCert, cfg.TLSKey)
 		if err != nil {

@@ -66,7 +66,7 @@ var accessRules = map[string]access{
 	"GET /v1/roles":          self("role.list"),
 	"POST /v1/roles":         self("role.bind"),
 	"DELETE /v1/roles":       self("role.unbind"),
-	"GET /v1/audit":          self("audit.read"),
+	"GET /v1/audit":          onAnyTenant("audit.read", RoleTenantAdmin),
 	"GET /v1/audit/verify":   platform("audit.verify"),
 
 	"POST /v1/tenants/{tenant}/jobs":                 onTenant("job.submit", RoleMember),

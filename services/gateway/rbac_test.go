@@ -38,7 +38,7 @@ var matrix = []matrixRoute{
 	{"GET", "/v1/roles", "/v1/roles", "", need{"self", ""}},
 	{"POST", "/v1/roles", "/v1/roles", `{}`, need{"self", ""}},
 	{"DELETE", "/v1/roles", "/v1/roles", "", need{"self", ""}},
-	{"GET", "/v1/audit", "/v1/audit", "", need{"self", ""}},
+	{"GET", "/v1/audit", "/v1/audit", "", need{"any-tenant-admin", ""}},
 	{"GET", "/v1/audit/verify", "/v1/audit/verify", "", need{RolePlatformAdmin, ""}},
 
 	{"POST", "/v1/tenants/{tenant}/jobs", "/v1/tenants/acme/jobs", `{}`, need{RoleMember, "acme"}},
@@ -110,6 +110,8 @@ func (c caller) allowed(n need) bool {
 		case b.Role == RolePlatformAdmin:
 			return true
 		case n.role == "any-viewer":
+			return true
+		case n.role == "any-tenant-admin" && b.Role == RoleTenantAdmin:
 			return true
 		case n.role != RolePlatformAdmin && b.Tenant == n.tenant && rank[b.Role] >= rank[n.role]:
 			return true

@@ -117,12 +117,17 @@ func (s *server) handler() http.Handler {
 	route("/v1/tokens/{id}", map[string]http.HandlerFunc{http.MethodDelete: s.revokeToken})
 	route("/v1/roles", map[string]http.HandlerFunc{http.MethodGet: s.listRoles, http.MethodPost: s.bindRole,
 		http.MethodDelete: s.unbindRole})
+	route("/v1/audit", map[string]http.HandlerFunc{http.MethodGet: s.listAudit})
+	route("/v1/audit/verify", map[string]http.HandlerFunc{http.MethodGet: s.verifyAudit})
 	route("/healthz", map[string]http.HandlerFunc{http.MethodGet: s.healthz})
 	route("/{$}", map[string]http.HandlerFunc{http.MethodGet: s.console})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, contracts.ReasonNotFound, fmt.Sprintf("no such path %s", r.URL.Path), nil)
 	})
-	return s.observe(s.authenticateMiddleware(mux))
+	// auditRequests is outside authentication, so a refused login or
+	// token is recorded with its source and trace; auditPrincipal inside
+	// it hands the principal back for the record (audit_http.go).
+	return s.observe(s.auditRequests(mux, s.authenticateMiddleware(auditPrincipal(mux))))
 }
 
 // observe logs each request and turns a panic into a 500 APIError, so a
@@ -269,6 +274,8 @@ func (s *server) submitJob(w http.ResponseWriter, r *http.Request) {
 		writeValidationError(w, err)
 		return
 	}
+	// A retried submit (same job ID) is one operation in the audit trail.
+	auditOperation(r.Context(), req.ID, req.ID)
 	ctx, cancel := context.WithTimeout(r.Context(), publishTimeout)
 	defer cancel()
 	ack, err := s.bus.PublishRaw(ctx, contracts.SubjectSubmit(tenant), contracts.SubmitMsgID(tenant, req.ID), data,
@@ -296,6 +303,7 @@ func (s *server) cancelJob(w http.ResponseWriter, r *http.Request) {
 	if !ok || !s.modelReady(w) {
 		return
 	}
+	auditOperation(r.Context(), id, id) // a retried cancel is one operation
 	reason := r.URL.Query().Get("reason")
 	if len(reason) > contracts.MaxCancelReasonSz {
 		msg := fmt.Sprintf("reason is %d bytes, limit is %d", len(reason), contracts.MaxCancelReasonSz)
