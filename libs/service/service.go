@@ -6,6 +6,7 @@ package service
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -15,6 +16,8 @@ import (
 	"strconv"
 	"syscall"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
@@ -29,6 +32,9 @@ type BusConfig struct {
 	Replicas int
 	// OTLPEndpoint (host:port, OTLP/HTTP) receives traces; empty disables.
 	OTLPEndpoint string
+	// CAFile, when set, makes the NATS connection TLS 1.3 verified
+	// against this CA (PEM).
+	CAFile string
 	// Creds is the service's NATS creds file (see deploy/identities.yaml
 	// and natsauth): the server refuses a connection without one.
 	Creds string
@@ -38,7 +44,8 @@ type BusConfig struct {
 // GPUPLANE_OTLP_ENDPOINT, with local defaults.
 func DefaultBusConfig() BusConfig {
 	c := BusConfig{NATSURL: envOr("GPUPLANE_NATS_URL", "nats://127.0.0.1:4222"), Replicas: 1,
-		OTLPEndpoint: os.Getenv("GPUPLANE_OTLP_ENDPOINT"), Creds: os.Getenv("GPUPLANE_NATS_CREDS")}
+		OTLPEndpoint: os.Getenv("GPUPLANE_OTLP_ENDPOINT"), Creds: os.Getenv("GPUPLANE_NATS_CREDS"),
+		CAFile: os.Getenv("GPUPLANE_NATS_CA")}
 	if n, err := strconv.Atoi(os.Getenv("GPUPLANE_STREAM_REPLICAS")); err == nil {
 		c.Replicas = n
 	}
@@ -50,6 +57,7 @@ func (c *BusConfig) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.NATSURL, "nats", c.NATSURL, "NATS URL (env GPUPLANE_NATS_URL)")
 	fs.IntVar(&c.Replicas, "replicas", c.Replicas, "JetStream stream replicas, 1 or 3 (env GPUPLANE_STREAM_REPLICAS)")
 	fs.StringVar(&c.Creds, "creds", c.Creds, "NATS creds file of this service's identity (env GPUPLANE_NATS_CREDS)")
+	fs.StringVar(&c.CAFile, "nats-ca", c.CAFile, "CA (PEM) of the NATS servers' certificates: TLS 1.3 to NATS (env GPUPLANE_NATS_CA)")
 	fs.StringVar(&c.OTLPEndpoint, "otlp", c.OTLPEndpoint, "OTLP/HTTP endpoint host:port for traces, empty to disable (env GPUPLANE_OTLP_ENDPOINT)")
 }
 
@@ -86,8 +94,12 @@ func Start(ctx context.Context, name string, c BusConfig, log *slog.Logger) (*Ru
 	if err != nil {
 		return nil, fmt.Errorf("%s: tracing: %w", name, err)
 	}
+	var opts []nats.Option
+	if c.CAFile != "" {
+		opts = append(opts, nats.Secure(&tls.Config{MinVersion: tls.VersionTLS13}), nats.RootCAs(c.CAFile))
+	}
 	b, err := bus.Connect(ctx, bus.Config{
-		URL: c.NATSURL, Name: name, Logger: log, TracerProvider: tr.Provider, CredsFile: c.Creds,
+		URL: c.NATSURL, Name: name, Logger: log, TracerProvider: tr.Provider, CredsFile: c.Creds, Options: opts,
 		Streams: contracts.StreamOptions{Replicas: c.Replicas},
 	})
 	if err != nil {
