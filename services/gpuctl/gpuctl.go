@@ -64,6 +64,10 @@ Commands:
                                          the tenant's GPU quota per pool and fair-share weight (set, delete: admin)
   pool get [POOL] | set POOL --policy binpack|spread|topology|fragaware | delete POOL
                                          the pools and their placement policy (set, delete: admin)
+  audit [--all] [--action A] [--actor X] [--outcome O] [--since 1h] [--until T] [--verify]
+                                         the tenant's audit trail (tenant admins), --all of everything you
+                                         may read, --tenant _platform the platform's; --verify checks its
+                                         hash chain (platform admins)
 
 Common flags (before or after the command):
   --tenant T     tenant (env GPUPLANE_TENANT, default "default")
@@ -161,6 +165,7 @@ var commands = []command{
 	{"cordon", "NODE", holdCmd("cordon")},
 	{"drain", "NODE", holdCmd("drain")},
 	{"uncordon", "NODE", holdCmd("uncordon")},
+	{"audit", "", (*app).auditCmd},
 }
 
 // Run runs gpuctl with args (without the program name) and returns the
