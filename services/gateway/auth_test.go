@@ -94,6 +94,16 @@ func (h *harness) issue(id string, bindings ...contracts.Binding) string {
 	if err != nil {
 		h.t.Fatalf("issue token %s: %v", id, err)
 	}
+	if h.url != "" { // the gateway runs: wait until its watch has the token
+		h.eventually("token "+id+" known to the gateway", func() bool {
+			var who contracts.WhoAmI
+			status, _ := h.do(http.MethodGet, "/v1/whoami", "", nil, "Authorization", "Bearer "+secret)
+			if status == http.StatusOK {
+				h.do(http.MethodGet, "/v1/whoami", "", &who, "Authorization", "Bearer "+secret)
+			}
+			return status == http.StatusOK && len(who.Bindings) == len(bindings)
+		})
+	}
 	return secret
 }
 
