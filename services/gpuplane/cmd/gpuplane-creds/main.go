@@ -13,9 +13,13 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
+	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/natsauth"
+	"github.com/gpuplane/gpuplane/libs/tlsgen"
 )
 
 func main() {
@@ -24,11 +28,43 @@ func main() {
 	out := flag.String("out", ".secrets/creds", "directory to write <name>.creds and auth.conf into")
 	node := flag.String("node", "", "mint only a node agent's creds for this node ID")
 	tenant := flag.String("tenant", "", "mint only a tenant client's creds for this tenant")
+	tlsHosts := flag.String("tls-hosts", "", "also make a CA and NATS and gateway certificates for these comma-separated hosts, into <out>/tls (kept if present)")
 	flag.Parse()
 	if err := run(*identities, *trustDir, *out, *node, *tenant); err != nil {
 		fmt.Fprintln(os.Stderr, "gpuplane-creds:", err)
 		os.Exit(1)
 	}
+	if *tlsHosts != "" {
+		if err := makeTLS(filepath.Join(*out, "tls"), strings.Split(*tlsHosts, ",")); err != nil {
+			fmt.Fprintln(os.Stderr, "gpuplane-creds:", err)
+			os.Exit(1)
+		}
+	}
+}
+
+// makeTLS writes a CA and a certificate each for NATS (server, client and
+// cluster routes) and the gateway, unless dir already has them: a second
+// run must not invalidate what the running servers use.
+func makeTLS(dir string, hosts []string) error {
+	if _, err := os.Stat(filepath.Join(dir, "ca.pem")); err == nil {
+		fmt.Println(dir + " (kept)")
+		return nil
+	}
+	ca, err := tlsgen.NewCA("gpuplane CA", 5*365*24*time.Hour)
+	if err != nil {
+		return err
+	}
+	for _, name := range []string{"nats", "gateway"} {
+		pair, err := ca.Issue(name, hosts, 365*24*time.Hour)
+		if err != nil {
+			return err
+		}
+		if err := ca.Write(dir, name, pair); err != nil {
+			return err
+		}
+	}
+	fmt.Println(dir)
+	return nil
 }
 
 func run(identities, trustDir, out, node, tenant string) error {
