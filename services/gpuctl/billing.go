@@ -33,7 +33,7 @@ func (a *app) pricesCmd(fs *flag.FlagSet) func(context.Context, []string, []stri
 		if len(pos) != 1 || len(trailing) > 0 || (pos[0] != "get" && pos[0] != "set") {
 			return a.usageErr("prices", "want \"prices get\" or \"prices set -f FILE\"")
 		}
-		c := newClient(a.gateway)
+		c := a.newClient()
 		var doc contracts.PriceBookDoc
 		if pos[0] == "get" {
 			if err := c.call(ctx, http.MethodGet, "/v1/pricebook", nil, nil, &doc); err != nil {
@@ -116,7 +116,7 @@ func (a *app) budgetCmd(fs *flag.FlagSet) func(context.Context, []string, []stri
 		if err := contracts.ValidateTenant(a.tenant); err != nil {
 			return a.usageErr("budget", "%v", err)
 		}
-		c := newClient(a.gateway)
+		c := a.newClient()
 		path := tenantPath(a.tenant, "budget")
 		var doc contracts.BudgetDoc
 		var err error
@@ -192,7 +192,7 @@ func (a *app) invoiceCmd(fs *flag.FlagSet) func(context.Context, []string, []str
 			return a.usageErr("invoice", "%v", err)
 		}
 		var inv contracts.Invoice
-		if err := newClient(a.gateway).call(ctx, http.MethodGet, tenantPath(a.tenant, "invoice"), url.Values{"period": {period}}, nil, &inv); err != nil {
+		if err := a.newClient().call(ctx, http.MethodGet, tenantPath(a.tenant, "invoice"), url.Values{"period": {period}}, nil, &inv); err != nil {
 			return a.fail("invoice", err)
 		}
 		switch a.output {

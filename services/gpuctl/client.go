@@ -3,11 +3,14 @@ package gpuctl
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
@@ -34,10 +37,14 @@ func (e *apiError) Error() string {
 	return fmt.Sprintf("%s: %s (HTTP %d)", e.Body.Reason, e.Body.Message, e.Status)
 }
 
-// client calls the gateway's REST API.
+// client calls the gateway's REST API, with the caller's bearer token.
 type client struct {
-	base string
-	hc   *http.Client
+	base  string
+	hc    *http.Client
+	token string
+	// err is a problem found while building the client (an unreadable CA
+	// file), reported by the first call.
+	err error
 }
 
 func newClient(base string) *client {
@@ -78,7 +85,42 @@ func (c *client) call(ctx context.Context, method, path string, query url.Values
 	return nil
 }
 
+// newClient is a client of the gateway with the caller's credentials:
+// GPUPLANE_TOKEN, else the token `gpuctl login` stored for this gateway.
+func (a *app) newClient() *client {
+	c := newClient(a.gateway)
+	c.token = a.token
+	if c.token == "" && a.configDir != "" {
+		if creds, err := LoadCredentials(a.configDir); err == nil {
+			c.token = creds.Gateways[normalizeGateway(a.gateway)].Token
+		}
+	}
+	if a.caCert != "" {
+		c.hc, c.err = tlsClient(a.caCert)
+	}
+	return c
+}
+
+// tlsClient trusts the CA in caFile and speaks TLS 1.3 only, as the
+// gateway does.
+func tlsClient(caFile string) (*http.Client, error) {
+	pemData, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("--ca-cert: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pemData) {
+		return nil, fmt.Errorf("--ca-cert %s: no PEM certificate", caFile)
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS13}
+	return &http.Client{Transport: tr}, nil
+}
+
 func (c *client) send(ctx context.Context, method, path string, query url.Values, body []byte, header http.Header) (*http.Response, error) {
+	if c.err != nil {
+		return nil, c.err
+	}
 	u := c.base + path
 	if len(query) > 0 {
 		u += "?" + query.Encode()
@@ -97,7 +139,12 @@ func (c *client) send(ctx context.Context, method, path string, query url.Values
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	req.Header.Set("Accept", "application/json")
+	if req.Header.Get("Accept") == "" {
+		req.Header.Set("Accept", "application/json")
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
 	res, err := c.hc.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("gateway %s unreachable: %w", c.base, err)

@@ -29,7 +29,7 @@ func (a *app) describeCmd(*flag.FlagSet) func(context.Context, []string, []strin
 			return a.usageErr("describe", "%v", err)
 		}
 		var d contracts.JobDescription
-		if err := newClient(a.gateway).call(ctx, http.MethodGet, tenantPath(a.tenant, "jobs", id, "describe"), nil, nil, &d); err != nil {
+		if err := a.newClient().call(ctx, http.MethodGet, tenantPath(a.tenant, "jobs", id, "describe"), nil, nil, &d); err != nil {
 			return a.fail("describe", err)
 		}
 		if a.output == "json" {

@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"strings"
 )
@@ -68,10 +69,20 @@ Commands:
                                          the tenant's audit trail (tenant admins), --all of everything you
                                          may read, --tenant _platform the platform's; --verify checks its
                                          hash chain (platform admins)
+  login [--token T | --user U [--password-file F] | --oidc]
+                                         log in to the gateway and store the credentials (0600) under the
+                                         user's config directory; every command sends them
+  logout                                 forget the gateway's credentials
+  whoami                                 who the gateway takes you for, and your roles
+  token create --name N --role R [--tenant T] [--ttl D] | list | revoke ID
+                                         API tokens for automation (the secret is shown once)
+  role bind|unbind SUBJECT --role R [--tenant T] | list [--tenant T]
+                                         role bindings: platform-admin, tenant-admin, member, viewer
 
 Common flags (before or after the command):
-  --tenant T     tenant (env GPUPLANE_TENANT, default "default")
-  --gateway URL  gateway base URL (env GPUPLANE_GATEWAY, default http://127.0.0.1:8080)
+  --tenant T     tenant (env GPUPLANE_TENANT, else the login's, default "default")
+  --gateway URL  gateway base URL (env GPUPLANE_GATEWAY, else the last login's, default http://127.0.0.1:8080)
+  --ca-cert F    PEM file of the CA of the gateway's TLS certificate (env GPUPLANE_CA_CERT)
   --via V        gateway or bus: submit, cancel and watch straight on NATS (the other commands always use the gateway)
   --nats URL     NATS URL for --via bus (env GPUPLANE_NATS_URL, default nats://127.0.0.1:4222)
   -o FORMAT      table (default) or json; csv for usage and invoice
@@ -89,6 +100,11 @@ type common struct {
 	via     string
 	nats    string
 	output  string
+	caCert  string
+	// token is GPUPLANE_TOKEN: it overrides the stored credentials.
+	token string
+	// configDir holds the credentials (ConfigDir); "" when there is none.
+	configDir string
 }
 
 func defaults(getenv env) common {
@@ -98,13 +114,32 @@ func defaults(getenv env) common {
 		}
 		return d
 	}
-	return common{
-		tenant:  or("GPUPLANE_TENANT", "default"),
-		gateway: or("GPUPLANE_GATEWAY", "http://127.0.0.1:8080"),
-		via:     viaGateway,
-		nats:    or("GPUPLANE_NATS_URL", "nats://127.0.0.1:4222"),
-		output:  "table",
+	c := common{
+		via:    viaGateway,
+		nats:   or("GPUPLANE_NATS_URL", "nats://127.0.0.1:4222"),
+		output: "table",
+		caCert: getenv("GPUPLANE_CA_CERT"),
+		token:  getenv("GPUPLANE_TOKEN"),
 	}
+	// The last login names the default gateway and tenant.
+	c.configDir, _ = ConfigDir(getenv)
+	creds, _ := LoadCredentials(c.configDir)
+	c.gateway = or("GPUPLANE_GATEWAY", cmpOr(creds.Current, "http://127.0.0.1:8080"))
+	login := creds.Gateways[normalizeGateway(c.gateway)]
+	c.tenant = or("GPUPLANE_TENANT", cmpOr(login.Tenant, "default"))
+	if c.caCert == "" {
+		c.caCert = login.CACert
+	}
+	return c
+}
+
+func cmpOr(vs ...string) string {
+	for _, v := range vs {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
 }
 
 // register adds the common flags to fs, defaulting to the current values
@@ -115,6 +150,7 @@ func (c *common) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.via, "via", c.via, "transport for submit, cancel and watch: gateway or bus")
 	fs.StringVar(&c.nats, "nats", c.nats, "NATS URL for --via bus (env GPUPLANE_NATS_URL)")
 	fs.StringVar(&c.output, "o", c.output, "output format: table or json (csv for usage and invoice)")
+	fs.StringVar(&c.caCert, "ca-cert", c.caCert, "PEM file of the CA of the gateway's TLS certificate (env GPUPLANE_CA_CERT)")
 }
 
 func (c *common) validate() error {
@@ -135,6 +171,8 @@ func (c *common) validate() error {
 type app struct {
 	common
 	stdout, stderr io.Writer
+	// stdin is where login reads a password (os.Stdin in the binary).
+	stdin io.Reader
 }
 
 // command is one subcommand: it registers its flags, then runs with the
@@ -166,12 +204,17 @@ var commands = []command{
 	{"drain", "NODE", holdCmd("drain")},
 	{"uncordon", "NODE", holdCmd("uncordon")},
 	{"audit", "", (*app).auditCmd},
+	{"login", "", (*app).loginCmd},
+	{"logout", "", (*app).logoutCmd},
+	{"whoami", "", (*app).whoamiCmd},
+	{"token", "create|list|revoke ID", (*app).tokenCmd},
+	{"role", "bind|unbind SUBJECT|list", (*app).roleCmd},
 }
 
 // Run runs gpuctl with args (without the program name) and returns the
 // exit code. It never exits the process.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
-	a := &app{common: defaults(getenv), stdout: stdout, stderr: stderr}
+	a := &app{common: defaults(getenv), stdout: stdout, stderr: stderr, stdin: os.Stdin}
 	top := flag.NewFlagSet("gpuctl", flag.ContinueOnError)
 	top.SetOutput(stderr)
 	top.Usage = func() { fmt.Fprint(stderr, usageText) }

@@ -31,26 +31,48 @@ type harness struct {
 	natsURL string
 	gateway string
 	bus     *bus.Bus
+	// token is a platform admin's API token, sent as GPUPLANE_TOKEN;
+	// configDir is GPUPLANE_CONFIG_DIR, so no test touches the user's.
+	token     string
+	configDir string
 }
 
 func start(t *testing.T) *harness {
 	t.Helper()
+	return startWith(t, nil)
+}
+
+// startWith starts the harness with the gateway's config adjusted by
+// mutate (login methods).
+func startWith(t *testing.T, mutate func(*gateway.Config)) *harness {
+	t.Helper()
 	srv := natstest.Start(t)
-	h := &harness{t: t, natsURL: srv.URL()}
+	h := &harness{t: t, natsURL: srv.URL(), configDir: t.TempDir()}
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
-	b, err := bus.Connect(ctx, bus.Config{URL: h.natsURL, Name: "test-scheduler"})
+	// The test's client plays the scheduler and billing: the operator may
+	// publish everything.
+	b, err := bus.Connect(ctx, bus.Config{URL: h.natsURL, Name: "test-scheduler", CredsFile: natstest.Operator(t, srv)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = b.Close(context.Background()) })
 	h.bus = b
+	h.token, err = gateway.IssueToken(ctx, b, gateway.Grant{ID: "test-admin", Name: "test-admin",
+		Bindings: []contracts.Binding{{Role: contracts.RolePlatformAdmin}}})
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	cfg := gateway.DefaultConfig()
 	cfg.Bus.NATSURL, cfg.Bus.OTLPEndpoint, cfg.Bus.Replicas = h.natsURL, "", 1
+	cfg.Bus.Creds = natstest.Service(t, srv, contracts.BusGateway)
 	cfg.Addr = "127.0.0.1:0"
 	addrs := make(chan string, 1)
 	cfg.OnListen = func(a string) { addrs <- a }
+	if mutate != nil {
+		mutate(&cfg)
+	}
 	runCtx, stop := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -99,9 +121,11 @@ func (s *syncBuffer) String() string {
 
 func (h *harness) env(k string) string {
 	return map[string]string{
-		"GPUPLANE_GATEWAY":  h.gateway,
-		"GPUPLANE_TENANT":   "acme",
-		"GPUPLANE_NATS_URL": h.natsURL,
+		"GPUPLANE_GATEWAY":    h.gateway,
+		"GPUPLANE_TENANT":     "acme",
+		"GPUPLANE_NATS_URL":   h.natsURL,
+		"GPUPLANE_TOKEN":      h.token,
+		"GPUPLANE_CONFIG_DIR": h.configDir,
 	}[k]
 }
 

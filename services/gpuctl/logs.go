@@ -62,7 +62,7 @@ func (a *app) logsCmd(fs *flag.FlagSet) func(context.Context, []string, []string
 // the output (the run's machine died, the gateway shut down).
 func (a *app) logs(ctx context.Context, id string, q url.Values, follow bool) int {
 	// No request timeout: a follow lasts as long as the run.
-	res, err := newClient(a.gateway).send(ctx, http.MethodGet, tenantPath(a.tenant, "jobs", id, "logs"), q, nil,
+	res, err := a.newClient().send(ctx, http.MethodGet, tenantPath(a.tenant, "jobs", id, "logs"), q, nil,
 		http.Header{"Accept": {"text/plain"}})
 	if err != nil {
 		return a.fail("logs", err)

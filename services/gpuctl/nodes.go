@@ -20,7 +20,7 @@ func (a *app) nodesCmd(fs *flag.FlagSet) func(context.Context, []string, []strin
 	var pool string
 	fs.StringVar(&pool, "pool", "", "only nodes of this pool")
 	return func(ctx context.Context, pos, trailing []string) int {
-		c := newClient(a.gateway)
+		c := a.newClient()
 		switch {
 		case len(pos) == 1 && len(trailing) == 0:
 			if err := contracts.ValidateID(pos[0]); err != nil {

@@ -54,7 +54,7 @@ func (a *app) faultCmd(fs *flag.FlagSet) func(context.Context, []string, []strin
 			return a.fail("fault", err)
 		}
 		var res contracts.FaultResponse
-		if err := newClient(a.gateway).call(ctx, http.MethodPost, "/v1/nodes/"+url.PathEscape(node)+"/faults", nil, body, &res); err != nil {
+		if err := a.newClient().call(ctx, http.MethodPost, "/v1/nodes/"+url.PathEscape(node)+"/faults", nil, body, &res); err != nil {
 			return a.fail("fault", err)
 		}
 		if a.output == "json" {
@@ -95,7 +95,7 @@ func (a *app) checkpointCmd(*flag.FlagSet) func(context.Context, []string, []str
 			return a.usageErr("checkpoint", "%v", err)
 		}
 		var res contracts.CheckpointResponse
-		if err := newClient(a.gateway).call(ctx, http.MethodPost, tenantPath(a.tenant, "jobs", id, "checkpoint"), nil, nil, &res); err != nil {
+		if err := a.newClient().call(ctx, http.MethodPost, tenantPath(a.tenant, "jobs", id, "checkpoint"), nil, nil, &res); err != nil {
 			return a.fail("checkpoint", err)
 		}
 		if a.output == "json" {

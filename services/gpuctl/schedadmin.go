@@ -38,7 +38,7 @@ func (a *app) quotaCmd(fs *flag.FlagSet) func(context.Context, []string, []strin
 		if len(pos) != 1 || len(trailing) > 0 || !slices.Contains([]string{"get", "list", "set", "delete"}, pos[0]) {
 			return a.usageErr("quota", `want "quota get", "quota list", "quota set [--pool P] [--guarantee G] [--max M] [--weight W] [--strict-fifo]" or "quota delete"`)
 		}
-		c := newClient(a.gateway)
+		c := a.newClient()
 		if pos[0] == "list" {
 			var list contracts.QuotaList
 			if err := c.call(ctx, http.MethodGet, "/v1/quotas", nil, nil, &list); err != nil {
@@ -199,7 +199,7 @@ func (a *app) poolCmd(fs *flag.FlagSet) func(context.Context, []string, []string
 		if len(pos) < 1 || len(pos) > 2 || len(trailing) > 0 || !slices.Contains([]string{"get", "list", "set", "delete"}, pos[0]) {
 			return a.usageErr("pool", "%s", usage)
 		}
-		c := newClient(a.gateway)
+		c := a.newClient()
 		if len(pos) == 1 {
 			if pos[0] != "get" && pos[0] != "list" {
 				return a.usageErr("pool", "%s", usage)
@@ -291,7 +291,7 @@ func holdCmd(verb string) func(*app, *flag.FlagSet) func(context.Context, []stri
 				path = "/v1/nodes/" + url.PathEscape(node) + "/gpus/" + url.PathEscape(gpu) + "/" + verb
 			}
 			var st contracts.NodeStatus
-			if err := newClient(a.gateway).call(ctx, http.MethodPost, path, nil, body, &st); err != nil {
+			if err := a.newClient().call(ctx, http.MethodPost, path, nil, body, &st); err != nil {
 				return a.fail(verb, err)
 			}
 			if a.output == "json" {

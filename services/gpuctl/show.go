@@ -30,7 +30,7 @@ func (a *app) getCmd(*flag.FlagSet) func(context.Context, []string, []string) in
 			return a.usageErr("get", "%v", err)
 		}
 		var st contracts.JobStatus
-		if err := newClient(a.gateway).call(ctx, http.MethodGet, tenantPath(a.tenant, "jobs", id), nil, nil, &st); err != nil {
+		if err := a.newClient().call(ctx, http.MethodGet, tenantPath(a.tenant, "jobs", id), nil, nil, &st); err != nil {
 			return a.fail("get", err)
 		}
 		if a.output == "json" {
@@ -97,7 +97,7 @@ func (a *app) listCmd(fs *flag.FlagSet) func(context.Context, []string, []string
 			q.Set("limit", strconv.Itoa(limit))
 		}
 		var list contracts.JobList
-		if err := newClient(a.gateway).call(ctx, http.MethodGet, tenantPath(a.tenant, "jobs"), q, nil, &list); err != nil {
+		if err := a.newClient().call(ctx, http.MethodGet, tenantPath(a.tenant, "jobs"), q, nil, &list); err != nil {
 			return a.fail("list", err)
 		}
 		if a.output == "json" {
@@ -132,7 +132,7 @@ func (a *app) usageCmd(*flag.FlagSet) func(context.Context, []string, []string) 
 			return a.usageErr("usage", "%v", err)
 		}
 		var sum contracts.UsageSummary
-		if err := newClient(a.gateway).call(ctx, http.MethodGet, tenantPath(a.tenant, "usage"), nil, nil, &sum); err != nil {
+		if err := a.newClient().call(ctx, http.MethodGet, tenantPath(a.tenant, "usage"), nil, nil, &sum); err != nil {
 			return a.fail("usage", err)
 		}
 		switch a.output {

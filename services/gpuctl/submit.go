@@ -466,7 +466,7 @@ func (a *app) submit(ctx context.Context, req contracts.JobRequest, doc []byte) 
 		return a.publish(ctx, contracts.SubjectSubmit(a.tenant), contracts.SubmitMsgID(a.tenant, req.ID), req.ID, doc, contracts.CEType(req))
 	}
 	var res contracts.SubmitResponse
-	err := newClient(a.gateway).call(ctx, http.MethodPost, tenantPath(a.tenant, "jobs"), nil, doc, &res)
+	err := a.newClient().call(ctx, http.MethodPost, tenantPath(a.tenant, "jobs"), nil, doc, &res)
 	return res, err
 }
 
@@ -494,7 +494,7 @@ func (a *app) cancelCmd(fs *flag.FlagSet) func(context.Context, []string, []stri
 			if reason != "" {
 				q = url.Values{"reason": {reason}}
 			}
-			err = newClient(a.gateway).call(ctx, http.MethodDelete, tenantPath(a.tenant, "jobs", id), q, nil, &res)
+			err = a.newClient().call(ctx, http.MethodDelete, tenantPath(a.tenant, "jobs", id), q, nil, &res)
 		}
 		if err != nil {
 			return a.fail("cancel", err)

@@ -109,7 +109,7 @@ func eventLine(ev contracts.JobEvent) string {
 // watchGateway follows the gateway's per-job event stream, reconnecting
 // with Last-Event-ID when it breaks before the job ends.
 func (a *app) watchGateway(ctx context.Context, id string, w *watcher) error {
-	c := newClient(a.gateway)
+	c := a.newClient()
 	path := tenantPath(a.tenant, "jobs", id, "events")
 	var last uint64
 	failures := 0
