@@ -38,14 +38,18 @@ func newEnv(t testing.TB) *env {
 	srv := natstest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
-	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "test", Logger: testLogger(t)})
+	// The test plays every other service, so it connects as the operator;
+	// the scheduler runs with its own identity, which proves its
+	// permissions suffice (natstest fails the test on a refused access).
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "test", Logger: testLogger(t),
+		CredsFile: natstest.Operator(t, srv)})
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
 	t.Cleanup(func() { _ = b.Close(context.Background()) })
 	e := &env{t: t, url: srv.URL(), bus: b}
 	e.cfg = DefaultConfig()
-	e.cfg.Bus = service.BusConfig{NATSURL: srv.URL(), Replicas: 1}
+	e.cfg.Bus = service.BusConfig{NATSURL: srv.URL(), Replicas: 1, Creds: natstest.Service(t, srv, contracts.BusScheduler)}
 	e.cfg.Name = "sched-test"
 	e.cfg.CycleInterval = 2 * time.Millisecond
 	e.cfg.DemandInterval = 20 * time.Millisecond
