@@ -684,3 +684,39 @@ func TestCheckJSONNeedsASchema(t *testing.T) {
 		t.Fatalf("CheckJSON = %s, %v", out, err)
 	}
 }
+
+func TestWithJobIDAndTopLevelID(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{`{}`, `{"id":"j"}`},
+		{` { } `, `{"id":"j"}`},
+		{`{"run":{}}`, `{"id":"j","run":{}}`},
+	}
+	for _, tt := range tests {
+		got, ok := WithJobID([]byte(tt.in), "j")
+		if !ok || string(got) != tt.want {
+			t.Errorf("WithJobID(%s) = %s, %v; want %s", tt.in, got, ok, tt.want)
+		}
+	}
+	for _, in := range []string{`null`, `[]`, `"x"`, ``} {
+		if _, ok := WithJobID([]byte(in), "j"); ok {
+			t.Errorf("WithJobID(%s) succeeded", in)
+		}
+	}
+	ids := map[string]string{
+		`{"id":"a","x":1}`:          "a",
+		`{"x":{"id":"b"},"id":"a"}`: "a",
+		`{"id":"a","id":"b"}`:       "",
+		`{"ID":"a"}`:                "",
+		`{"id":7}`:                  "",
+		`{"id":"a",`:                "",
+	}
+	for in, want := range ids {
+		if got := topLevelID([]byte(in)); got != want {
+			t.Errorf("topLevelID(%s) = %q, want %q", in, got, want)
+		}
+	}
+	// A request that does not decode still names its job for the answer.
+	if r, err := DecodeJobRequest([]byte(`{"id":"u1","color":"red","resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`), "acme"); err == nil || r.ID != "u1" {
+		t.Fatalf("DecodeJobRequest = %+v, %v; want an error and id u1", r, err)
+	}
+}

@@ -233,6 +233,11 @@ var errDurationRange = errors.New("duration out of range")
 func DecodeJobRequest(data []byte, subjectTenant string) (JobRequest, error) {
 	var req JobRequest
 	if err := decodeValidated(data, &req, func() error { return req.Validate(subjectTenant) }); err != nil {
+		if req.ID == "" {
+			// Not decoded: the ID alone, if there is one, so that the
+			// rejection goes to the job's own subject.
+			req.ID = topLevelID(data)
+		}
 		return req, durationFieldError(data, err)
 	}
 	// The queued event echoes the normalized request; escapes can make it

@@ -196,3 +196,37 @@ func TestUnreadableDocumentsAreReportedAndRepaired(t *testing.T) {
 		}
 	})
 }
+
+// TestSubmitWithoutIDIsAsStrict: the gateway names a job its client did
+// not, and the body is then decoded as strictly as any: naming the job
+// lets nothing through that the schema refuses.
+func TestSubmitWithoutIDIsAsStrict(t *testing.T) {
+	h := startGateway(t, nil, nil)
+	tests := map[string]struct {
+		body   string
+		reason contracts.Reason
+		field  string
+	}{
+		"empty priority":  {`{"priority":"","resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`, contracts.ReasonUnknownPriority, "priority"},
+		"count twice":     {`{"resources":{"gpu":{"count":1,"count":1000}},"run":{"duration":"1s"}}`, contracts.ReasonDuplicateField, "resources.gpu.count"},
+		"Count for count": {`{"resources":{"gpu":{"Count":2}},"run":{"duration":"1s"}}`, contracts.ReasonInvalidRequest, "resources.gpu.Count"},
+		"empty object":    {`{}`, contracts.ReasonInvalidRequest, "run"},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			h.postRefused(t, "/v1/tenants/acme/jobs", tt.body, http.StatusBadRequest, tt.reason, tt.field)
+		})
+	}
+	if n := h.streamMsgs(contracts.StreamJobs); n != 0 {
+		t.Fatalf("JOBS holds %d requests, want none", n)
+	}
+	var res contracts.SubmitResponse
+	body := `{ "name":"x", "resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`
+	if status, data := h.do(http.MethodPost, "/v1/tenants/acme/jobs", body, &res); status != http.StatusAccepted {
+		t.Fatalf("valid body without an id: %d %s", status, data)
+	}
+	msgs := h.messages(contracts.StreamJobs, contracts.SubjectSubmit("acme"))
+	if len(msgs) != 1 || string(msgs[0].Data) != `{"id":"`+res.JobID+`","name":"x", "resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}` {
+		t.Fatalf("published %d messages, the last %s; want the body with id %s added", len(msgs), msgs[len(msgs)-1].Data, res.JobID)
+	}
+}

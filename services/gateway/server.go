@@ -263,11 +263,11 @@ func (s *server) submitJob(w http.ResponseWriter, r *http.Request) {
 	}
 	req, err := contracts.DecodeJobRequest(data, tenant)
 	if ve, ok := errors.AsType[*contracts.ValidationError](err); ok && req.ID == "" && missingID(ve) {
-		// The body decoded and only lacks an ID: give it one and check
-		// the rest again. The re-encoded request is what gets published.
-		req.ID = contracts.NewJobID()
-		if err = req.Validate(tenant); err == nil {
-			data, err = json.Marshal(req)
+		// The body lacks an ID: give it one and decode it again, as
+		// strictly; the body with the ID added is what gets published.
+		if withID, ok := contracts.WithJobID(data, contracts.NewJobID()); ok {
+			data = withID
+			req, err = contracts.DecodeJobRequest(data, tenant)
 		}
 	}
 	if err != nil {

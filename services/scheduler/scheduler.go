@@ -439,8 +439,13 @@ func (s *scheduler) submit(ctx context.Context, m *bus.Msg) error {
 	log := s.log.With("subject", m.Subject, "stream_seq", m.StreamSeq, "outcome", sub.Outcome)
 	switch {
 	case sub.Invalid != nil:
-		// No tenant to answer under: park it for operators.
-		log.Warn("dead-lettering a job request", "err", sub.Invalid)
+		// No tenant to answer under: answer on the reserved one, then
+		// park it for operators.
+		if err := s.answerInvalid(ctx, m, sub.Invalid); err != nil {
+			return err
+		}
+		log.Warn("job request on a subject naming no valid tenant: rejected on "+contracts.RejectedSubject(m.StreamSeq)+
+			" and dead-lettered", "err", sub.Invalid)
 		return bus.Permanent(sub.Invalid)
 	case sub.Publish == nil:
 		log.Debug("job request changes nothing")
@@ -458,6 +463,25 @@ func (s *scheduler) submit(ctx context.Context, m *bus.Msg) error {
 	sub.Published(ack.Sequence)
 	s.mu.Unlock()
 	log.Debug("job request handled", "event", p.ID)
+	return nil
+}
+
+// answerInvalid publishes the rejection of a job request whose subject
+// names no valid tenant (an upper-case or over-long token, or a literal
+// '*' or '>'), so that its publisher, who got a PubAck from JOBS, also
+// gets an answer: a rejected event with reason invalid_tenant on
+// contracts.RejectedSubject(seq) (FLOWS.md). Its ID is deterministic, so
+// a redelivery publishes nothing new.
+func (s *scheduler) answerInvalid(ctx context.Context, m *bus.Msg, invalid error) error {
+	tenant, id := contracts.InvalidTenantToken, contracts.RejectedJobID(m.StreamSeq)
+	msg := fmt.Sprintf("%v; publish on %s with a tenant of 1-32 of [a-z0-9-]", invalid, contracts.SubjectSubmit("<tenant>"))
+	ev := contracts.JobEvent{SchemaVersion: contracts.SchemaVersion, Type: contracts.EventRejected, Tenant: tenant, JobID: id,
+		State: contracts.StateRejected, Time: time.Now().UTC(), Reason: contracts.ReasonInvalidTenant, Message: msg,
+		Errors: []contracts.FieldError{{Field: "tenant", Reason: contracts.ReasonInvalidTenant, Message: msg}}}
+	evID := contracts.JobEventID(tenant, id, contracts.EventRejected, 0, 0)
+	if _, err := s.bus.Publish(ctx, contracts.RejectedSubject(m.StreamSeq), evID, ev, bus.CESubject(tenant+"/"+id)); err != nil {
+		return fmt.Errorf("publish %s: %w", evID, err)
+	}
 	return nil
 }
 

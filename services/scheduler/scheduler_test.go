@@ -87,7 +87,8 @@ func TestInvalidRequestsAreRejected(t *testing.T) {
 	for i, tc := range tests {
 		e.publishRaw(contracts.SubjectSubmit("acme"), fmt.Sprintf("raw-%d", i), []byte(tc.data))
 	}
-	// A subject whose tenant is invalid cannot be answered: dead-lettered.
+	// A subject whose tenant is invalid is answered on the reserved tenant
+	// (TestInvalidTenantSubjectsAreAnswered) and dead-lettered.
 	e.publishRaw("gp.jobs.submit.NOT_A_TENANT", "raw-bad-tenant", []byte(mustJSON(t, request("x1", 1, h100))))
 
 	for _, tc := range tests {
