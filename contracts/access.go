@@ -269,6 +269,12 @@ func Access(id Identity) (Permissions, error) {
 		if slices.Contains(f.Publishers, id.Role) {
 			if subj, ok := familySubject(f, id); ok {
 				pub(subj)
+			} else if id.Role == BusNode && f.Scope == ScopeTenant {
+				// A node agent ships the output of every tenant's runs
+				// on it, and the run-output subject names the tenant and
+				// job, not the node: it cannot be narrowed to the node's
+				// own runs until the node is one of its tokens.
+				pub(f.Wildcard)
 			}
 		}
 		if slices.Contains(f.Readers, id.Role) {

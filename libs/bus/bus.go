@@ -129,8 +129,15 @@ func Connect(ctx context.Context, cfg Config) (*Bus, error) {
 		}
 		opts = append(opts, co...)
 		// The operator keeps streams at contracts' config; no one else may.
-		if id, err := natsauth.IdentityOf(cfg.CredsFile); err == nil && id.Role == contracts.BusOperator {
-			cfg.Provision = ProvisionUpdate
+		// A node agent or a tenant may not even create one (the services
+		// do): it skips provisioning rather than be refused.
+		if id, err := natsauth.IdentityOf(cfg.CredsFile); err == nil {
+			switch {
+			case id.Role == contracts.BusOperator:
+				cfg.Provision = ProvisionUpdate
+			case id.Role.Scoped():
+				cfg.SkipProvision = true
+			}
 		}
 	}
 	nc, err := nats.Connect(cfg.URL, opts...)

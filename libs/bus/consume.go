@@ -192,6 +192,13 @@ func (b *Bus) consume(ctx context.Context, spec ConsumerSpec, loop func(jetstrea
 		MaxAckPending:     spec.MaxAckPending,
 		InactiveThreshold: spec.InactiveThreshold,
 	}
+	if len(cfg.FilterSubjects) == 1 {
+		// One filter goes in FilterSubject, which nats.go puts in the
+		// create request's subject: a scoped identity (a node agent) is
+		// allowed to create its consumer only with its own subject there
+		// (contracts.Access). The server treats the two forms alike.
+		cfg.FilterSubject, cfg.FilterSubjects = cfg.FilterSubjects[0], nil
+	}
 	log := b.log.With("stream", spec.Stream, "consumer", spec.Durable)
 	delay := 100 * time.Millisecond
 	for ctx.Err() == nil {
