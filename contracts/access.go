@@ -192,6 +192,17 @@ var Buckets = []BucketAccess{
 // stream it reads). It is the only consumer name a node identity may use.
 func NodeConsumer(node string) string { return "node-agent-" + node }
 
+// NodeReplayPrefix is the name prefix of the ordered consumers a node
+// agent replays its own subjects with (nats.go appends _<n>). The
+// "node-replay-" prefix can never equal a NodeConsumer name, and since n is
+// a number after the last '_', no two nodes share a replay name.
+func NodeReplayPrefix(node string) string { return "node-replay-" + node }
+
+// NodeReplayResets is how many resets of one replay a node agent's
+// permissions cover; a replay that needs more fails and is started again
+// (from _1).
+const NodeReplayResets = 8
+
 // TenantConsumer is the consumer name a tenant identity may create on the
 // streams it reads (JOB_EVENTS, USAGE, LOGS). The "tenant_" prefix keeps
 // it apart from every service's consumer name, so a tenant can never
@@ -301,15 +312,24 @@ func Access(id Identity) (Permissions, error) {
 				"$JS.API.CONSUMER.MSG.NEXT."+stream+"."+name, "$JS.ACK."+stream+"."+name+".>")
 			if id.Role == BusNode {
 				// A node agent also replays its subjects with ordered
-				// consumers, whose names nats.go generates: the create
-				// subject still pins the filter to the node's subjects.
-				// Its replay starts from the last message of its subject
-				// (bus.Replay): a direct get whose subject names the
-				// node's own subject, so it reads nothing else.
+				// consumers, which nats.go names <prefix>_<n>, n counting
+				// the consumer's resets from 1: it may use those names
+				// alone, so it can never pull from, or delete, another
+				// node's or a service's consumer. Its replay starts from
+				// the last message of its subject (bus.Replay): a direct
+				// get whose subject names the node's own subject, so it
+				// reads nothing else.
 				for _, filter := range scopedReads[stream] {
-					pub("$JS.API.CONSUMER.CREATE."+stream+".*."+filter, "$JS.API.DIRECT.GET."+stream+"."+filter)
+					pub("$JS.API.DIRECT.GET." + stream + "." + filter)
 				}
-				pub("$JS.API.CONSUMER.MSG.NEXT."+stream+".*", "$JS.API.CONSUMER.DELETE."+stream+".*")
+				for n := 1; n <= NodeReplayResets; n++ {
+					rn := fmt.Sprintf("%s_%d", NodeReplayPrefix(id.Scope), n)
+					for _, filter := range scopedReads[stream] {
+						pub("$JS.API.CONSUMER.CREATE." + stream + "." + rn + "." + filter)
+					}
+					pub("$JS.API.CONSUMER.INFO."+stream+"."+rn, "$JS.API.CONSUMER.MSG.NEXT."+stream+"."+rn,
+						"$JS.API.CONSUMER.DELETE."+stream+"."+rn)
+				}
 			}
 			continue
 		}

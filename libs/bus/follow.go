@@ -22,6 +22,11 @@ type FollowSpec struct {
 	New bool
 	// LastPerSubject starts with the last message of each subject.
 	LastPerSubject bool
+	// NamePrefix names the ordered consumer <NamePrefix>_<n> instead of a
+	// random name: a node agent's permissions name its consumers
+	// (contracts.NodeReplayPrefix). Two reads with one prefix must not
+	// run at once on the same stream.
+	NamePrefix string
 }
 
 // Replay calls fn for every message the stream holds now that matches the
@@ -87,7 +92,8 @@ func (b *Bus) read(ctx context.Context, spec FollowSpec, fn func(context.Context
 	// A short inactive threshold lets the server drop the ephemeral
 	// consumer soon after the reader stops (the default is 5 minutes); an
 	// ordered consumer recreates itself if a slow reader trips it.
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: spec.FilterSubjects, InactiveThreshold: 30 * time.Second}
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: spec.FilterSubjects, InactiveThreshold: 30 * time.Second,
+		NamePrefix: spec.NamePrefix}
 	switch {
 	case spec.New:
 		cfg.DeliverPolicy = jetstream.DeliverNewPolicy

@@ -471,6 +471,29 @@ func TestServerRefusesForgeries(t *testing.T) {
 			}
 		}
 	}
+	// A node agent reads, pulls from and deletes its own consumers only:
+	// not another node's, not a service's, and it gets no stream-wide
+	// direct reads.
+	for _, subject := range []string{
+		"$JS.API.CONSUMER.MSG.NEXT." + contracts.StreamAllocations + "." + contracts.NodeConsumer("n2"),
+		"$JS.API.CONSUMER.DELETE." + contracts.StreamAllocations + "." + contracts.NodeConsumer("n2"),
+		"$JS.API.CONSUMER.MSG.NEXT." + contracts.StreamRuns + ".billing",
+		"$JS.API.CONSUMER.DELETE." + contracts.StreamRuns + ".resource-manager-runs",
+		"$JS.API.CONSUMER.MSG.NEXT." + contracts.StreamNodeCommands + "." + contracts.NodeReplayPrefix("n2") + "_1",
+		"$JS.API.CONSUMER.CREATE." + contracts.StreamAllocations + "." + contracts.NodeConsumer("n1") + "." + contracts.SubjectLedgerAll,
+		"$JS.API.DIRECT.GET." + contracts.StreamAllocations,
+		"$JS.API.DIRECT.GET." + contracts.StreamAllocations + "." + contracts.SubjectLedger("n2"),
+	} {
+		t.Run("node-n1/"+subject, func(t *testing.T) {
+			h.t = t
+			c := h.clients["node-n1"]
+			_, _ = c.nc.Request(subject, []byte(`{}`), 300*time.Millisecond)
+			if !c.violated(subject, 3*time.Second) {
+				t.Errorf("node-n1 may call %s", subject)
+			}
+			h.count(false)
+		})
+	}
 	// A tenant cannot take over or read a service's consumer.
 	t.Run("tenant reads a service consumer", func(t *testing.T) {
 		h.t = t

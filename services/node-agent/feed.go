@@ -2,8 +2,10 @@ package nodeagent
 
 import (
 	"context"
+	"sync"
 	"time"
 
+	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
 )
 
@@ -38,20 +40,47 @@ type Feed interface {
 // after it is deleted, and its consumers would otherwise stay for good. 0
 // keeps them.
 func NewBusFeed(b *bus.Bus, nodeID string, inactive time.Duration) Feed {
-	return busFeed{bus: b, durable: "node-agent-" + nodeID, inactive: inactive}
+	// The name is the one a node identity may use (contracts.Access).
+	return busFeed{bus: b, durable: contracts.NodeConsumer(nodeID), node: nodeID, inactive: inactive, replays: &replayLocks{}}
 }
 
 type busFeed struct {
 	bus      *bus.Bus
 	durable  string
+	node     string
+	replays  *replayLocks
 	inactive time.Duration
 }
 
 var _ Feed = busFeed{}
 
 func (f busFeed) Replay(ctx context.Context, stream, subject string, fn func(context.Context, *bus.Msg) error) error {
-	_, err := f.bus.Replay(ctx, bus.FollowSpec{Stream: stream, FilterSubjects: []string{subject}}, fn)
+	// Replays of one stream share the node's replay consumer names
+	// (contracts.NodeReplayPrefix), so they take turns.
+	mu := f.replays.stream(stream)
+	mu.Lock()
+	defer mu.Unlock()
+	_, err := f.bus.Replay(ctx, bus.FollowSpec{Stream: stream, FilterSubjects: []string{subject},
+		NamePrefix: contracts.NodeReplayPrefix(f.node)}, fn)
 	return err
+}
+
+// replayLocks serialises an agent's replays per stream.
+type replayLocks struct {
+	mu sync.Mutex
+	m  map[string]*sync.Mutex
+}
+
+func (l *replayLocks) stream(name string) *sync.Mutex {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.m == nil {
+		l.m = map[string]*sync.Mutex{}
+	}
+	if l.m[name] == nil {
+		l.m[name] = &sync.Mutex{}
+	}
+	return l.m[name]
 }
 
 func (f busFeed) Consume(ctx context.Context, stream, subject string, h bus.Handler) error {
