@@ -235,9 +235,15 @@ func Wait(d time.Duration) string {
 	case d < time.Minute:
 		return d.Round(10 * time.Second).String()
 	case d < time.Hour:
-		return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
+		d = d.Round(time.Minute)
+	default:
+		d = d.Round(10 * time.Minute)
 	}
-	return strings.TrimSuffix(d.Round(10*time.Minute).String(), "0s")
+	s := strings.TrimSuffix(d.String(), "0s")
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }
 
 // job is a running job on one node with the time it releases what it holds.

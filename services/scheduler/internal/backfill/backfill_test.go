@@ -654,3 +654,23 @@ func BenchmarkReserve(b *testing.B) {
 		}
 	}
 }
+
+// TestWait: a reservation's wait is rounded for people, so its message
+// changes with its facts rather than every cycle, and never reads "0s".
+func TestWait(t *testing.T) {
+	tests := map[time.Duration]string{
+		0:                               "under 10s",
+		4 * time.Second:                 "under 10s",
+		26 * time.Second:                "30s",
+		2*time.Minute + 58*time.Second:  "3m",
+		59*time.Minute + 40*time.Second: "1h",
+		time.Hour + 33*time.Minute:      "1h30m",
+		26*time.Hour + 4*time.Minute:    "26h",
+		-time.Minute:                    "under 10s",
+	}
+	for d, want := range tests {
+		if got := Wait(d); got != want {
+			t.Errorf("Wait(%s) = %q, want %q", d, got, want)
+		}
+	}
+}

@@ -46,6 +46,7 @@ type Placer struct {
 	version  int // node changes so far: pending messages are cached per version
 	placed   int // requests placed so far
 	memo     map[string]memoEntry
+	hostCap  map[int32][2]int64 // hostMax, by pool id (-1: all)
 
 	// per-request state
 	gen    uint64

@@ -66,7 +66,11 @@ type Node struct {
 	// CPUMilliFree and MemoryMiBFree are the host capacity left; a
 	// request's CPU and memory (per machine) must fit in them.
 	CPUMilliFree, MemoryMiBFree int64
-	GPUs                        []GPU
+	// CPUMilliCapacity and MemoryMiBCapacity are the host's totals, for
+	// telling a request no machine could ever hold (100 cores on 48-core
+	// hosts) from one that waits; 0 means not reported: no bound.
+	CPUMilliCapacity, MemoryMiBCapacity int64
+	GPUs                                []GPU
 }
 
 // Snapshot is the cluster as one scheduling cycle sees it.

@@ -219,6 +219,12 @@ func (p *Placer) explain(r *Request) Pending {
 		z, c := p.mostZone(capZone)
 		return pending(contracts.ReasonUnsatisfiable, "no zone has %d machines that could hold its part; most are %d in zone %s", m, c, z)
 	}
+	if r.CPUMilli > 0 || r.MemoryMiB > 0 {
+		if cpu, mem := p.hostMax(s.pool); (cpu >= 0 && cpu < r.CPUMilli) || (mem >= 0 && mem < r.MemoryMiB) {
+			return pending(contracts.ReasonUnsatisfiable, "no machine%s could ever hold it: it asks %d milli-CPU and %d MiB host memory per machine; the most any has is %s milli-CPU and %s MiB",
+				where, r.CPUMilli, r.MemoryMiB, boundText(cpu), boundText(mem))
+		}
+	}
 	var blocked []string
 	add := func(n int, what string) {
 		if n > 0 {
@@ -594,4 +600,45 @@ func unusableOther(blocked []string) string {
 		return ""
 	}
 	return "; not usable: " + strings.Join(other, ", ")
+}
+
+// hostMax is the largest host CPU and memory capacity of the nodes of
+// pool (-1: every pool), each -1 when some node does not report it (no
+// bound). Computed once per pool and cycle: capacities do not change.
+func (p *Placer) hostMax(pool int32) (cpu, mem int64) {
+	if p.hostCap == nil {
+		p.hostCap = map[int32][2]int64{}
+	}
+	if c, ok := p.hostCap[pool]; ok {
+		return c[0], c[1]
+	}
+	for i := range p.nodes {
+		n := &p.nodes[i]
+		if pool >= 0 && n.pool != pool {
+			continue
+		}
+		if cpu >= 0 {
+			if c := n.src.CPUMilliCapacity; c <= 0 {
+				cpu = -1
+			} else {
+				cpu = max(cpu, c)
+			}
+		}
+		if mem >= 0 {
+			if m := n.src.MemoryMiBCapacity; m <= 0 {
+				mem = -1
+			} else {
+				mem = max(mem, m)
+			}
+		}
+	}
+	p.hostCap[pool] = [2]int64{cpu, mem}
+	return cpu, mem
+}
+
+func boundText(n int64) string {
+	if n < 0 {
+		return "unbounded"
+	}
+	return strconv.FormatInt(n, 10)
 }

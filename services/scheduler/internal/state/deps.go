@@ -11,7 +11,8 @@ import (
 // Dependencies (dependsOn) form a DAG by construction: a job may only
 // depend on jobs its tenant submitted before it, so no request can close a
 // cycle (a job naming itself is refused by validation). A request naming a
-// job the scheduler does not know, or one that was rejected, is rejected.
+// job the scheduler does not know (unknown_dependency), or one that was
+// rejected (dependency_rejected), is rejected.
 
 // checkDependencies refuses a request whose dependsOn names a job the
 // tenant has not submitted (or that was rejected).
@@ -26,15 +27,30 @@ func (s *Store) checkDependencies(tenant string, req contracts.JobRequest, strea
 				continue
 			}
 		}
-		if j == nil || j.State == contracts.StateRejected {
+		switch {
+		case j == nil:
 			errs = append(errs, contracts.FieldError{Field: "dependsOn", Reason: contracts.ReasonUnknownDependency,
 				Message: fmt.Sprintf("job %q of tenant %s is unknown: a job may depend only on jobs submitted before it (which also rules out cycles)", d, tenant)})
+		case j.State == contracts.StateRejected:
+			// Known, and never to run: say why rather than "unknown".
+			why := ""
+			if j.rejection != nil {
+				why = " (" + string(j.rejection.reason) + ")"
+			}
+			errs = append(errs, contracts.FieldError{Field: "dependsOn", Reason: contracts.ReasonDependencyRejected,
+				Message: fmt.Sprintf("job %q of tenant %s was rejected%s and will never run; resubmit it under a new ID and depend on that", d, tenant, why)})
 		}
 	}
 	if len(errs) == 0 {
 		return nil
 	}
-	return &contracts.ValidationError{Reason: contracts.ReasonUnknownDependency, Fields: errs}
+	reason := errs[0].Reason
+	for _, e := range errs[1:] {
+		if e.Reason != reason {
+			reason = contracts.ReasonInvalidRequest
+		}
+	}
+	return &contracts.ValidationError{Reason: reason, Fields: errs}
 }
 
 // depVerdict says whether j may be placed now: ready, waiting (with the

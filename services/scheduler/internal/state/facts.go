@@ -152,6 +152,7 @@ func (c *cluster) nodeSnapshot(id string, now time.Time, skip string) (placement
 	pn := placement.Node{ID: id, Pool: inv.Pool, Zone: inv.Zone, Labels: inv.Labels, Taints: inv.Taints,
 		Cordoned:     n.admin != nil && (n.admin.Cordoned || n.admin.Drain),
 		CPUMilliFree: inv.CPUMilli, MemoryMiBFree: inv.MemoryMiB,
+		CPUMilliCapacity: max(inv.CPUMilli, 0), MemoryMiBCapacity: max(inv.MemoryMiB, 0),
 		GPUs: make([]placement.GPU, 0, len(inv.GPUs))}
 	for _, g := range inv.GPUs {
 		if !g.Healthy || gpuHeld(n.admin, g.UUID) {

@@ -552,6 +552,9 @@ func (s *Store) Submit(subject string, data []byte, streamSeq uint64) Submission
 	if err := s.checkDependencies(tenant, norm, streamSeq); err != nil {
 		return s.reject(tenant, req.ID, streamSeq, err)
 	}
+	if err := s.checkShareFits(norm); err != nil {
+		return s.reject(tenant, req.ID, streamSeq, err)
+	}
 	if s.cfg.Admit != nil {
 		if err := s.cfg.Admit(tenant, norm); err != nil {
 			return s.reject(tenant, req.ID, streamSeq, err)
