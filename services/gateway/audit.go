@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -37,6 +38,9 @@ type auditLog struct {
 	gateway string
 	log     *slog.Logger
 	now     func() time.Time
+
+	// stream is the AUDIT stream's handle, looked up once.
+	stream atomic.Pointer[jetstream.Stream]
 
 	mu sync.Mutex
 	// Lock should be held for the tail.
@@ -71,9 +75,9 @@ func (a *auditLog) record(ctx context.Context, e auditEvent) error {
 // stream already holds is not written again: the duplicate window covers a
 // retry within minutes, the look-up by subject any retry after.
 func (a *auditLog) append(ctx context.Context, rec *contracts.AuditRecord, keyed bool) error {
-	stream, err := a.bus.JetStream().Stream(ctx, contracts.StreamAudit)
+	stream, err := a.auditStream(ctx)
 	if err != nil {
-		return fmt.Errorf("stream %s: %w", contracts.StreamAudit, err)
+		return err
 	}
 	subject := contracts.SubjectAudit(rec.Tenant, rec.ID)
 	if keyed {
@@ -120,6 +124,20 @@ func (a *auditLog) append(ctx context.Context, rec *contracts.AuditRecord, keyed
 		}
 	}
 	return fmt.Errorf("the chain kept moving after %d tries: %w", auditAttempts, last)
+}
+
+// auditStream returns the AUDIT stream's handle; the handle only names the
+// stream, so it stays good when the stream is recreated.
+func (a *auditLog) auditStream(ctx context.Context) (jetstream.Stream, error) {
+	if s := a.stream.Load(); s != nil {
+		return *s, nil
+	}
+	s, err := a.bus.JetStream().Stream(ctx, contracts.StreamAudit)
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", contracts.StreamAudit, err)
+	}
+	a.stream.Store(&s)
+	return s, nil
 }
 
 // loadTailLocked reads the sequence and hash of the stream's last message.
