@@ -69,6 +69,7 @@ type schemaNode struct {
 	Additional *schemaNode            `json:"-"`
 	Items      *schemaNode            `json:"items"`
 	Required   []string               `json:"required"`
+	AnyOf      []*schemaNode          `json:"anyOf"`
 	Enum       []json.RawMessage      `json:"enum"`
 	Pattern    string                 `json:"pattern"`
 	Format     string                 `json:"format"`
@@ -149,6 +150,9 @@ func resolveRefs(n *schemaNode, defs map[string]*schemaNode, seen map[*schemaNod
 	}
 	resolveRefs(n.Additional, defs, seen)
 	resolveRefs(n.Items, defs, seen)
+	for _, b := range n.AnyOf {
+		resolveRefs(b, defs, seen)
+	}
 }
 
 // schemaFor returns the schema of v's type (v may be a pointer), or nil
@@ -204,9 +208,6 @@ const idPattern = `^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`
 // time.ParseDuration reads, without a sign (no field takes a negative
 // duration) and with at least one unit (a bare "30" is ambiguous).
 const durationPattern = `^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+)$`
-
-// moneyPattern is Money's schema pattern.
-var moneyPattern = Money(0).JSONSchema().Pattern
 
 // errStop ends a walk whose token stream is broken.
 var errStop = errors.New("stop")
@@ -335,6 +336,25 @@ func (c *docChecker) value(s *schemaNode, path string) error {
 		c.failHard(path, ReasonUnknownField, "unknown field %q", lastKey(path))
 		s = &schemaNode{}
 	}
+	money := false
+	if len(s.AnyOf) > 0 {
+		// Only Money has alternatives: a string or a number. The branch
+		// of the token's type applies.
+		var kinds []string
+		var branch *schemaNode
+		for _, b := range s.AnyOf {
+			kinds = append(kinds, b.Type)
+			money = money || b.Pattern == moneyPattern
+			if branch == nil && typeMatches(b.Type, tok) {
+				branch = b
+			}
+		}
+		if branch == nil {
+			c.failHard(path, ReasonInvalidType, "got JSON %s, want %s", jsonKind(tok), strings.Join(kinds, " or "))
+			branch = &schemaNode{}
+		}
+		s = branch
+	}
 	if s.Type != "" && !typeMatches(s.Type, tok) {
 		if s.Pattern == durationPattern {
 			// A duration keeps its own reason whatever went wrong.
@@ -359,7 +379,13 @@ func (c *docChecker) value(s *schemaNode, path string) error {
 		b, _ := marshalNoEscape(t)
 		c.out.Write(b)
 	case json.Number:
-		c.checkNumber(s, path, t)
+		if money && !strings.ContainsAny(string(t), "eE") {
+			c.out.WriteString(string(t)) // exactly as written: Money reads the digits
+		} else if money {
+			c.out.WriteString(moneyDigits(t))
+		} else {
+			c.checkNumber(s, path, t)
+		}
 	}
 	c.checkEnum(s, path, tok)
 	return nil
@@ -410,6 +436,22 @@ func integerValue(n json.Number) (string, bool) {
 		return "", false
 	}
 	return r.Num().String(), true
+}
+
+// moneyDigits writes an amount given with an exponent (4.25e2) as plain
+// decimals, which is what Money reads: JSON Schema counts it the same
+// number. One with more than 6 decimals, or too large to be an amount,
+// is left as it was, for Money to refuse.
+func moneyDigits(n json.Number) string {
+	if f, err := strconv.ParseFloat(string(n), 64); err != nil || math.Abs(f) > 1e13 {
+		return string(n)
+	}
+	r, ok := new(big.Rat).SetString(string(n))
+	if !ok || !new(big.Rat).Mul(r, big.NewRat(MicrosPerUnit, 1)).IsInt() {
+		return string(n)
+	}
+	s := strings.TrimRight(r.FloatString(6), "0")
+	return strings.TrimSuffix(s, ".")
 }
 
 func (c *docChecker) checkNumber(s *schemaNode, path string, n json.Number) {

@@ -379,6 +379,12 @@ func candidates(root, s map[string]any) []*node {
 			raws = append(raws, `"USD"`, `"usd"`, `"4.25"`, `"-1"`, `"0"`, `"1.1234567"`, `"1e3"`, `"4."`, `" 4"`, `"acme"`, `"gpu-a"`, `"A"`, `"-a"`)
 		}
 	}
+	if p, ok := s["pattern"].(string); ok && p == moneyPattern {
+		raws = append(raws, `"1000000000000"`, `"1000000000000.000001"`, `"999999999999.999999"`, `"0001.5"`, `"9999999999999"`, `"-0.000001"`, `".5"`)
+	}
+	if s["type"] == "number" {
+		raws = append(raws, `4.25`, `4.25e-1`, `4.1234567`, `1e12`, `1.0000001e12`, `-3`, `1e-7`, `12345678901234567890`)
+	}
 	if s["format"] == "date-time" {
 		raws = append(raws, `"2026-11-03T10:00:00Z"`, `"2026-11-03T10:00:00.5+01:00"`, `"2026-11-03"`, `"yesterday"`)
 	}
@@ -400,6 +406,11 @@ func candidates(root, s map[string]any) []*node {
 	}
 	if s["type"] == "string" {
 		raws = append(raws, `"L4"`, `"any"`, `"H100-80GB"`, `"gpu-a"`, `"acme"`)
+	}
+	for _, b := range asSlice(s["anyOf"]) {
+		for _, c := range candidates(root, schemaAt(root, b)) {
+			raws = append(raws, c.raw)
+		}
 	}
 	var out []*node
 	seen := map[string]bool{}

@@ -133,8 +133,19 @@ func (m *Money) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// JSONSchema describes Money in the published schemas.
+// JSONSchema describes Money in the published schemas: a decimal string
+// or a JSON number (both read exactly), at most 6 decimals and at most
+// MaxMoney in size, as ParseMoney reads them.
 func (Money) JSONSchema() *jsonschema.Schema {
-	return &jsonschema.Schema{Type: "string", Pattern: `^-?[0-9]+(\.[0-9]{1,6})?$`,
-		Description: "an amount of the price book's currency as a decimal string, at most 6 decimals (micro-units)"}
+	return &jsonschema.Schema{
+		AnyOf: []*jsonschema.Schema{
+			{Type: "string", Pattern: moneyPattern},
+			{Type: "number", MultipleOf: "0.000001", Minimum: "-1000000000000", Maximum: "1000000000000"},
+		},
+		Description: "an amount of the price book's currency: a decimal string such as \"4.25\" (or a number), at most 6 decimals (micro-units)",
+	}
 }
+
+// moneyPattern is the string form of Money: at most 6 decimals and at
+// most MaxMoney (a trillion units), leading zeros allowed.
+const moneyPattern = `^-?0*([0-9]{1,12}(\.[0-9]{1,6})?|1000000000000(\.0{1,6})?)$`

@@ -129,7 +129,7 @@ func (PriceVersion) JSONSchemaExtend(s *jsonschema.Schema) {
 // optional in what a client writes: the gateway fills them in.
 func (TenantQuota) JSONSchemaExtend(s *jsonschema.Schema) {
 	prop(s, "schemaVersion").Enum = []any{SchemaVersion}
-	prop(s, "tenant").Pattern = tenantRE.String()
+	prop(s, "tenant").Pattern = optionalPattern(tenantRE.String())
 	w := prop(s, "weight")
 	w.Minimum, w.Maximum = "0", "1000"
 	prop(s, "pools").PropertyNames = &jsonschema.Schema{Pattern: "^(" + poolRE.String()[1:len(poolRE.String())-1] + `|\*)$`}
@@ -148,7 +148,7 @@ func (PoolQuota) JSONSchemaExtend(s *jsonschema.Schema) {
 // optional in what a client writes: the gateway fills them in.
 func (PoolConfig) JSONSchemaExtend(s *jsonschema.Schema) {
 	prop(s, "schemaVersion").Enum = []any{SchemaVersion}
-	prop(s, "pool").Pattern = poolRE.String()
+	prop(s, "pool").Pattern = optionalPattern(poolRE.String())
 	prop(s, "policy").Enum = enumOf(PlacementPolicies...)
 	s.Required = notRequired(s.Required, "pool", "updatedAt")
 }
