@@ -183,6 +183,7 @@ func buildAuditRecord(ctx context.Context, e auditEvent, now time.Time) (contrac
 	}
 	key := e.Key
 	if st != nil {
+		st.mu.Lock()
 		rec.Source, rec.TraceID, rec.Request, rec.Status = st.source, st.traceID, st.request, st.status
 		if rec.Action == "" {
 			rec.Action = st.action
@@ -190,6 +191,7 @@ func buildAuditRecord(ctx context.Context, e auditEvent, now time.Time) (contrac
 		if key == "" && rec.Action == st.action {
 			key = st.key
 		}
+		st.mu.Unlock()
 	}
 	if contracts.ValidateAuditAction(rec.Action) != nil {
 		rec.Action = "request"

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
@@ -529,5 +531,80 @@ func BenchmarkAuditRecord(b *testing.B) {
 		if br := chain.Next(seq, m.Data); br != nil {
 			b.Fatalf("the chain broke under load: %+v", br)
 		}
+	}
+}
+
+// TestBuildAuditRecord: what a record takes from the event, the principal
+// and the request, and what it refuses to put in a subject token.
+func TestBuildAuditRecord(t *testing.T) {
+	now := time.Date(2026, 11, 26, 12, 0, 0, 0, time.UTC)
+	alice := Principal{Subject: "oidc:https://idp#alice", Name: "alice", Method: "oidc",
+		Roles: []RoleBinding{{Role: RoleTenantAdmin, Tenant: "acme"}}}
+	st := &auditRequest{source: "10.0.0.1:5555", traceID: "t1", request: "PUT /v1/quotas/acme", action: "quota.put", key: "k1", status: 200}
+	cases := map[string]struct {
+		ctx   context.Context
+		event auditEvent
+		check func(t *testing.T, rec contracts.AuditRecord, keyed bool)
+	}{
+		"principal and request": {
+			ctx:   withAuditRequest(withPrincipal(context.Background(), alice), st),
+			event: auditEvent{Tenant: "acme", Object: "acme", Outcome: "success"},
+			check: func(t *testing.T, rec contracts.AuditRecord, keyed bool) {
+				want := contracts.AuditRecord{SchemaVersion: contracts.SchemaVersion, Time: now, Actor: alice.Subject, ActorName: "alice",
+					AuthMethod: "oidc", Roles: []contracts.AuditRole{{Role: RoleTenantAdmin, Tenant: "acme"}}, Tenant: "acme",
+					Action: "quota.put", Object: "acme", Outcome: contracts.AuditSuccess, Request: "PUT /v1/quotas/acme", Status: 200,
+					Source: "10.0.0.1:5555", TraceID: "t1",
+					ID: contracts.AuditRecordID("quota.put", "acme", "acme", contracts.AuditSuccess, "k1")}
+				if diff := cmp.Diff(want, rec); !keyed || diff != "" {
+					t.Errorf("keyed %v, record (-want +got):\n%s", keyed, diff)
+				}
+			},
+		},
+		"no principal, no request": {
+			ctx:   context.Background(),
+			event: auditEvent{Action: "login", Outcome: "failure", Reason: "login_failed"},
+			check: func(t *testing.T, rec contracts.AuditRecord, keyed bool) {
+				if rec.Actor != "anonymous" || keyed || contracts.ValidateID(rec.ID) != nil || rec.Source != "" {
+					t.Errorf("keyed %v, record %+v", keyed, rec)
+				}
+			},
+		},
+		"malformed tenant stays out of the subject": {
+			ctx:   context.Background(),
+			event: auditEvent{Action: "job.submit", Tenant: "a.b.>", Object: "j1", Outcome: "denied"},
+			check: func(t *testing.T, rec contracts.AuditRecord, _ bool) {
+				if rec.Tenant != "" || !strings.Contains(rec.Object, `"a.b.>"`) {
+					t.Errorf("record %+v", rec)
+				}
+			},
+		},
+		"unknown outcome and action": {
+			ctx:   context.Background(),
+			event: auditEvent{Action: "Job Submit!", Outcome: "maybe"},
+			check: func(t *testing.T, rec contracts.AuditRecord, _ bool) {
+				if rec.Action != "request" || rec.Outcome != contracts.AuditFailure {
+					t.Errorf("record %+v", rec)
+				}
+			},
+		},
+		"another action of the request is not keyed by it": {
+			ctx:   withAuditRequest(context.Background(), st),
+			event: auditEvent{Action: "login", Outcome: "success"},
+			check: func(t *testing.T, rec contracts.AuditRecord, keyed bool) {
+				if keyed {
+					t.Errorf("a login inside a quota request took the quota's key: %+v", rec)
+				}
+			},
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			rec, keyed := buildAuditRecord(tc.ctx, tc.event, now)
+			if contracts.SubjectAudit(rec.Tenant, rec.ID) != "gp.audit."+contracts.AuditScope(rec.Tenant)+"."+rec.ID ||
+				strings.ContainsAny(rec.ID, ".*> ") {
+				t.Errorf("record ID %q is not one subject token", rec.ID)
+			}
+			tc.check(t, rec, keyed)
+		})
 	}
 }
