@@ -327,6 +327,7 @@ func (s *Store) preempt(now time.Time, preemptors []miss, b *fairshare.Book) []P
 			}
 		}
 		if !ok || len(choice.Victims) == 0 {
+			s.notePreemptionLater(j, m.r, snap, running, opt) // when it would find room (waitnote.go)
 			continue
 		}
 		keys := s.evictVictims(j, choice, move{reason: contracts.ReasonPreempted,

@@ -147,6 +147,7 @@ func (s *Store) Cycle() CycleResult {
 			continue
 		}
 		if s.preempting(j) {
+			j.note = "" // it found its room
 			s.setPending(j, placement.Pending{Code: contracts.PendingPreempting,
 				Message: "waiting for " + strings.Join(j.victims, ", ") + " to stop and release their devices"})
 			blocked(it)
@@ -215,6 +216,9 @@ func (s *Store) Cycle() CycleResult {
 			if s.mayPreempt(j, book, r) {
 				preemptors = append(preemptors, miss{j, r})
 			}
+			if note := s.guaranteeNote(j, book, r); note != "" {
+				pend.Message += "; " + note
+			}
 			if reserved < s.cfg.MaxReservations {
 				if !runningOK {
 					running, runningOK = s.running(now), true
@@ -232,6 +236,7 @@ func (s *Store) Cycle() CycleResult {
 					pend.Message += "; " + res.Message
 				}
 			}
+			pend = withNote(j, pend)
 		}
 		s.setPending(j, pend)
 		misses = append(misses, miss{j, r})

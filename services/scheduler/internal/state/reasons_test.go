@@ -160,3 +160,56 @@ func TestEveryPreemptorShowsItsPreemptingStep(t *testing.T) {
 		t.Errorf("preemptor events %v: no preempting step", got)
 	}
 }
+
+// TestWaitingJobSaysWhenPreemptionMakesRoom: a job that preemption will
+// serve once its victim passes the minimum run time is told so, and when,
+// at once; a job whose tenant holds its guarantee is told it cannot
+// reclaim from other tenants.
+func TestWaitingJobSaysWhenPreemptionMakesRoom(t *testing.T) {
+	t.Run("minimum run time", func(t *testing.T) {
+		h := newHarness(t, func(c *Config) { c.MinRuntime = 5 * time.Minute })
+		h.inventory("n1", "p", "H100-80GB", 81920, 4)
+		low := job("low", 4, "any")
+		low.Priority = contracts.PriorityBestEffort
+		low.Run.Duration = contracts.Duration(time.Hour)
+		h.submit("a", low)
+		h.cycle()
+		la := h.item("a", "low")
+		h.commit(la)
+		h.started(la, h.now)
+		h.now = h.now.Add(time.Minute)
+		high := job("high", 4, "any")
+		high.Priority = contracts.PriorityHigh
+		h.submit("b", high)
+		h.cycle()
+		want := "preemption makes room when a/low passes the minimum run time of 5m0s, at 2026-01-02T03:09:05Z (in 4m)"
+		got := h.pendings("b", "high")
+		if len(got) == 0 || !strings.Contains(got[len(got)-1], want) {
+			t.Fatalf("high's pending events %q, want the last to say %q", got, want)
+		}
+		h.now = h.now.Add(4 * time.Minute)
+		h.cycle()
+		if len(h.commandsFor(la.ID)) == 0 {
+			t.Fatal("the victim was not stopped once past its minimum run time")
+		}
+		if j, _ := h.st.Job("b", "high"); j.Pending.Code != contracts.PendingPreempting || strings.Contains(j.Pending.Message, "makes room when") {
+			t.Errorf("high once preempting: %+v", j.Pending)
+		}
+	})
+	t.Run("at its guarantee", func(t *testing.T) {
+		h := newHarness(t, func(c *Config) { c.MinRuntime = 0 })
+		h.inventory("l4-1", "l4", "L4", 23034, 4)
+		h.st.ApplyQuota("qa", &contracts.TenantQuota{Pools: map[string]contracts.PoolQuota{"l4": {Guarantee: 2}}})
+		runFor(h, "qa", "qa1", 2, time.Hour)
+		runFor(h, "qb", "qb1", 2, time.Hour) // borrowed: qb has no guarantee
+		more := job("qa2", 1, "any")
+		more.Priority = contracts.PriorityBestEffort
+		more.Pool = "l4"
+		h.submit("qa", more)
+		h.cycle()
+		j, _ := h.st.Job("qa", "qa2")
+		if want := "tenant qa cannot reclaim from other tenants (2 GPUs held of a guarantee of 2 in pool l4"; !strings.Contains(j.Pending.Message, want) {
+			t.Errorf("qa2 pending %q, want it to say %q", j.Pending.Message, want)
+		}
+	})
+}

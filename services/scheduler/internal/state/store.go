@@ -128,6 +128,9 @@ type Job struct {
 	// commits: a job moved to consolidate capacity stays off the nodes it
 	// freed, also when a plan for it is refused and retried.
 	avoid map[string]bool
+	// note says when preemption will make room for it (waitnote.go);
+	// appended to its capacity reasons until a later search says otherwise.
+	note string
 	// promise is set when the current attempt took devices held for a
 	// backfill reservation on its expected run time: it is stopped if it
 	// runs past it into the reservation (reserve.go).
@@ -729,15 +732,19 @@ func (s *Store) emit(j *Job, typ contracts.JobEventType, seq int, fill func(*con
 // position, free blocks, a reservation's start, rounded) go stale
 // otherwise, but moving every cycle they are not worth an event each
 // time. preempting is a step of its own, always shown when it begins.
-func (s *Store) setPending(j *Job, p placement.Pending) {
+func (s *Store) setPending(j *Job, p placement.Pending) { s.publishPending(j, p, false) }
+
+// publishPending is setPending; now publishes a changed reason at once
+// (a new fact worth telling, such as when preemption will make room).
+func (s *Store) publishPending(j *Job, p placement.Pending, now bool) {
 	j.Pending = p
 	if !s.live || j.State != contracts.StateQueued || (p.Code == j.pubPending && p.Message == j.pubMessage) {
 		return
 	}
-	now := s.cfg.Now()
-	since := now.Sub(j.pubPendingAt)
+	at := s.cfg.Now()
+	since := at.Sub(j.pubPendingAt)
 	switch {
-	case j.pubPending == "":
+	case j.pubPending == "", now:
 	case p.Code == contracts.PendingPreempting && j.pubPending != p.Code:
 	case p.Code != j.pubPending && since < PendingEventInterval:
 		return // a later cycle publishes the reason current then
@@ -745,7 +752,7 @@ func (s *Store) setPending(j *Job, p placement.Pending) {
 		return
 	}
 	j.pendingSeq++
-	j.pubPending, j.pubPendingAt, j.pubMessage = p.Code, now, p.Message
+	j.pubPending, j.pubPendingAt, j.pubMessage = p.Code, at, p.Message
 	s.emit(j, contracts.EventPending, j.pendingSeq, func(ev *contracts.JobEvent) {
 		ev.Reason, ev.Message = p.Code, p.Message
 	})
@@ -783,7 +790,7 @@ func (s *Store) landAll(j *Job) {
 func (s *Store) resetAttempt(j *Job, attempt int) {
 	s.landAll(j)
 	j.Attempt = attempt
-	j.parts, j.evict, j.evictMsg, j.victims, j.promise = nil, "", "", nil, nil
+	j.parts, j.evict, j.evictMsg, j.victims, j.promise, j.note = nil, "", "", nil, nil, ""
 	j.evictBy, j.evictAt, j.migration = time.Time{}, time.Time{}, nil
 	delete(s.evicting, j.key)
 	j.pubPending, j.pendingSeq, j.Pending, j.pubPendingAt, j.pubMessage = "", 0, placement.Pending{}, time.Time{}, ""
