@@ -25,6 +25,15 @@ import (
 //
 // Errors are an APIError body with a 4xx/5xx status. The types of the logs,
 // checkpoint, node and fault endpoints are in apiops.go.
+//
+// Every body is JSON, held to its published schema (schema/*.json) as
+// strictly as the bus holds it: a body declared as anything but
+// application/json is 415 unsupported_media_type (one declared as nothing
+// is read as JSON), and a body that is not a JSON object is 400
+// invalid_type. A stored document (price book, budget, quota, pool) that
+// does not decode is 409 unreadable_document on GET, naming the revision
+// that a PUT (?revision=N) replaces; an unreadable node hold shows as a
+// cordon with cause unreadable_document until a hold change replaces it.
 
 // APIError is the body of every error answer of the gateway.
 type APIError struct {
