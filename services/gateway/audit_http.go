@@ -187,7 +187,7 @@ func (s *server) auditRequests(mux *http.ServeMux, next http.Handler) http.Handl
 			sw := &statusWriter{ResponseWriter: w}
 			next.ServeHTTP(sw, r)
 			if (sw.status == http.StatusUnauthorized || sw.status == http.StatusForbidden) && !st.wasRecorded() {
-				s.recordOutcome(ctx, st, sw.status, nil)
+				_ = s.recordOutcome(ctx, st, sw.status, nil) // logged; the denial stands
 			}
 			return
 		}
@@ -195,7 +195,9 @@ func (s *server) auditRequests(mux *http.ServeMux, next http.Handler) http.Handl
 		defer func() {
 			if v := recover(); v != nil {
 				// observe answers 500; the attempt is still recorded.
-				s.recordOutcome(ctx, st, http.StatusInternalServerError, nil)
+				if !st.wasRecorded() {
+					_ = s.recordOutcome(ctx, st, http.StatusInternalServerError, nil)
+				}
 				panic(v)
 			}
 		}()
