@@ -74,6 +74,9 @@ type Family struct {
 	// Scoped returns the subjects of one scope (node or tenant): the
 	// literal subject, or the scope's wildcard when tokens follow it.
 	Scoped func(scope string) string
+	// NodeScoped, on a tenant-scoped family that node agents publish,
+	// returns the subjects one node may publish (its own token in them).
+	NodeScoped func(node string) string
 	// Publishers may publish; scoped roles only on their own scope.
 	Publishers []BusRole
 	// Readers may subscribe and create consumers; scoped roles only on
@@ -143,6 +146,7 @@ var Families = []Family{
 		Publishers: roles(BusBilling), Readers: roles(BusTenant, BusBilling, BusGateway, BusAdmin)},
 	{Wildcard: SubjectLogsAll, Stream: StreamLogs, Scope: ScopeTenant,
 		Scoped:     func(t string) string { return "gp.logs." + t + ".>" },
+		NodeScoped: func(node string) string { return "gp.logs.*.*." + node },
 		Publishers: roles(BusNode, BusFleet), Readers: roles(BusTenant, BusGateway, BusAdmin)},
 	// Every consumer of the bus library parks what it gives up on here;
 	// a node agent only under its own consumer's name (NodeConsumer).
@@ -280,12 +284,6 @@ func Access(id Identity) (Permissions, error) {
 		if slices.Contains(f.Publishers, id.Role) {
 			if subj, ok := familySubject(f, id); ok {
 				pub(subj)
-			} else if id.Role == BusNode && f.Scope == ScopeTenant {
-				// A node agent ships the output of every tenant's runs
-				// on it, and the run-output subject names the tenant and
-				// job, not the node: it cannot be narrowed to the node's
-				// own runs until the node is one of its tokens.
-				pub(f.Wildcard)
 			}
 		}
 		if slices.Contains(f.Readers, id.Role) {
@@ -386,6 +384,9 @@ func familySubject(f Family, id Identity) (string, bool) {
 	want := ScopeTenant
 	if id.Role == BusNode {
 		want = ScopeNode
+		if f.Scope == ScopeTenant && f.NodeScoped != nil {
+			return f.NodeScoped(id.Scope), true
+		}
 	}
 	if f.Scope != want || f.Scoped == nil {
 		return "", false

@@ -322,7 +322,7 @@ func CheckpointCommandID(allocationID string, seq int) string {
 }
 
 // LogChunk is a piece of a run's output (stdout and stderr interleaved as
-// written), published by the node agent on SubjectLogs(tenant, job) with
+// written), published by the node agent on SubjectLogs(tenant, job, node) with
 // Nats-Msg-Id LogChunkID. Offset is the byte offset of Data in the run's
 // log; the last chunk of a run has EOF set (and ExitCode). Data is the raw
 // bytes as a string; invalid UTF-8 is replaced.

@@ -61,7 +61,7 @@ const (
 	// SubjectUsageAll matches usage records: gp.usage.<tenant>.
 	SubjectUsageAll = "gp.usage.*"
 
-	// SubjectLogsAll matches run output: gp.logs.<tenant>.<job>.
+	// SubjectLogsAll matches run output: gp.logs.<tenant>.<job>.<node>.
 	SubjectLogsAll = "gp.logs.>"
 
 	// SubjectDeadLetterAll matches messages a consumer gave up on: gp.dlq.<stream>.<consumer>.
@@ -127,8 +127,15 @@ func SubjectAlert(kind string) string { return "gp.alerts." + kind }
 // SubjectUsage is where billing publishes a tenant's usage records.
 func SubjectUsage(tenant string) string { return "gp.usage." + tenant }
 
-// SubjectLogs is where the output of a job's runs (every attempt) goes.
-func SubjectLogs(tenant, jobID string) string { return "gp.logs." + tenant + "." + jobID }
+// SubjectLogs is where the node agent of node publishes the output of a
+// job's runs there. The node is the last token so that a node agent's
+// permissions can name its own output only (contracts.Access).
+func SubjectLogs(tenant, jobID, node string) string {
+	return "gp.logs." + tenant + "." + jobID + "." + node
+}
+
+// SubjectJobLogs matches the output of every run of a job, on any node.
+func SubjectJobLogs(tenant, jobID string) string { return "gp.logs." + tenant + "." + jobID + ".*" }
 
 // SubjectDeadLetter is where a consumer parks a message it gave up on.
 func SubjectDeadLetter(stream, consumer string) string {

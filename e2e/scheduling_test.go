@@ -311,7 +311,7 @@ func (s *stack) runOutput(t testing.TB, tenant, job string) (out map[string]stri
 	chunks := map[string]map[int64]string{}
 	eof = map[string]bool{}
 	for _, m := range s.streamMsgs(t, contracts.StreamLogs) {
-		if m.Subject() != contracts.SubjectLogs(tenant, job) {
+		if !strings.HasPrefix(m.Subject(), contracts.SubjectLogs(tenant, job, "")) {
 			continue
 		}
 		var c contracts.LogChunk

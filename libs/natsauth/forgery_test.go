@@ -293,12 +293,11 @@ func filterOf(f contracts.Family) string {
 	return f.Wildcard
 }
 
-// mayPublish is may for publishing, with the table's one exception: a
-// node agent ships the output of any tenant's runs (contracts.Access).
+// mayPublish is may for publishing. A node agent publishes on a tenant's
+// family (run output) only under its own node token (Family.NodeScoped),
+// which the family's target subject here does not carry: that case is in
+// TestServerRefusesForgeries.
 func mayPublish(id contracts.Identity, f contracts.Family) bool {
-	if id.Role == contracts.BusNode && f.Scope == contracts.ScopeTenant && slices.Contains(f.Publishers, id.Role) {
-		return true
-	}
 	return may(id, f, f.Publishers)
 }
 
@@ -438,6 +437,9 @@ func TestServerRefusesForgeries(t *testing.T) {
 		{"tenant-acme", "KV_" + contracts.BucketBudgets, "$KV." + contracts.BucketBudgets + ".acme"},
 		{"scheduler", "KV_" + contracts.BucketQuotas, "$KV." + contracts.BucketQuotas + ".acme"},
 		{"node-n1", "KV_" + contracts.BucketNodeAdmin, "$KV." + contracts.BucketNodeAdmin + ".n1"},
+		// Run output of another node's runs.
+		{"node-n2", contracts.StreamLogs, contracts.SubjectLogs("acme", "j1", "n1")},
+		{"tenant-acme", contracts.StreamLogs, contracts.SubjectLogs("acme", "j1", "n1")},
 		// Submits on a wildcard, an upper-case or another tenant's subject.
 		{"tenant-acme", contracts.StreamJobs, "gp.jobs.submit.*"},
 		{"tenant-acme", contracts.StreamJobs, "gp.jobs.submit.>"},
@@ -451,6 +453,11 @@ func TestServerRefusesForgeries(t *testing.T) {
 			h.publish(h.clients[tc.who], tc.stream, tc.subject, false)
 		})
 	}
+	// What a node agent does publish: its own runs' output, of any tenant.
+	t.Run("node-n1 ships its own output", func(t *testing.T) {
+		h.t = t
+		h.publish(h.clients["node-n1"], contracts.StreamLogs, contracts.SubjectLogs("acme", "j1", "n1"), true)
+	})
 	// Stream administration (purge, delete, edit) is the operator's alone.
 	admin := []string{"STREAM.PURGE", "STREAM.DELETE", "STREAM.UPDATE", "STREAM.MSG.DELETE"}
 	for _, id := range identities() {

@@ -78,7 +78,7 @@ func parseLogQuery(w http.ResponseWriter, r *http.Request) (logQuery, bool) {
 }
 
 // jobLogs answers the output of a job's runs as text/plain, read from the
-// LOGS stream (subject SubjectLogs(tenant, job)): by default of its latest
+// LOGS stream (subjects SubjectJobLogs(tenant, job)): by default of its latest
 // attempt, with ?attempt=N of another, with ?attempt=all of every attempt
 // one after the other. A job that spans several machines (a gang) has one
 // output per machine, each shipped under its part's allocation ID
@@ -149,7 +149,7 @@ func (s *server) jobLogs(w http.ResponseWriter, r *http.Request) {
 	body := &lazyBody{w: w}
 	ls := &logStream{w: body, tenant: tenant, job: id, gang: machines > 1, rank: q.rank, all: q.all, cur: max(q.attempt, 1),
 		runs: map[int]*runLog{}}
-	spec := bus.FollowSpec{Stream: contracts.StreamLogs, FilterSubjects: []string{contracts.SubjectLogs(tenant, id)}}
+	spec := bus.FollowSpec{Stream: contracts.StreamLogs, FilterSubjects: []string{contracts.SubjectJobLogs(tenant, id)}}
 	if q.follow {
 		body.start() // the client learns at once that the stream is open
 		err = s.followLogs(ctx, w, ls, spec, st)

@@ -76,7 +76,7 @@ func (h *harness) publishRunChunk(alloc, job string, attempt int, off int64, dat
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
-	if _, err := h.bus.Publish(ctx, contracts.SubjectLogs("acme", job), id, c); err != nil {
+	if _, err := h.bus.Publish(ctx, contracts.SubjectLogs("acme", job, "n1"), id, c); err != nil {
 		h.t.Fatalf("publish chunk: %v", err)
 	}
 }

@@ -39,7 +39,7 @@ func (h *harness) partChunk(id string, rank int, off int64, data string, eof boo
 		NodeID: "node-1", Offset: off, Data: data, EOF: eof, ExitCode: exit, Time: time.Now()}
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
-	if _, err := h.bus.Publish(ctx, contracts.SubjectLogs("acme", id), contracts.LogChunkID(alloc, off, eof), c); err != nil {
+	if _, err := h.bus.Publish(ctx, contracts.SubjectLogs("acme", id, "n1"), contracts.LogChunkID(alloc, off, eof), c); err != nil {
 		h.t.Fatal(err)
 	}
 }

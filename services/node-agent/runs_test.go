@@ -12,35 +12,20 @@ import (
 	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
-	"github.com/gpuplane/gpuplane/libs/bus"
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 	nodeagent "github.com/gpuplane/gpuplane/services/node-agent"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/proctest"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/runner"
 )
 
-// connectURL is connect, with the server's URL for agents in other
-// processes.
-func connectURL(t *testing.T) (*bus.Bus, string) {
-	t.Helper()
-	srv := natstest.Start(t)
-	ctx, cancel := context.WithTimeout(context.Background(), limit)
-	defer cancel()
-	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "test", Streams: contracts.StreamOptions{Memory: true}})
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
-	t.Cleanup(func() { _ = b.Close(context.Background()) })
-	return b, srv.URL()
-}
-
 // startHelperAgent runs cfg's agent in another process (this test binary,
 // see TestMain) and returns crash, which SIGKILLs it: no shutdown, no
 // stopping of its runs, as when an agent crashes or its machine reboots
 // it alone.
-func startHelperAgent(t *testing.T, url string, cfg nodeagent.Config) (crash func()) {
+func startHelperAgent(t *testing.T, b *testBus, cfg nodeagent.Config) (crash func()) {
 	t.Helper()
-	spec, err := json.Marshal(helperAgent{URL: url, NodeID: cfg.NodeID, LogDir: cfg.LogDir, CheckpointDir: cfg.CheckpointDir, StopGrace: cfg.StopGrace})
+	spec, err := json.Marshal(helperAgent{URL: b.srv.URL(), Creds: natstest.Node(t, b.srv, cfg.NodeID), NodeID: cfg.NodeID,
+		LogDir: cfg.LogDir, CheckpointDir: cfg.CheckpointDir, StopGrace: cfg.StopGrace})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +50,7 @@ func startHelperAgent(t *testing.T, url string, cfg nodeagent.Config) (crash fun
 // startAgentAfterCrash starts the next agent of a node whose previous
 // agents published inventories, and waits until it has published its own:
 // past its recovery, so the test may end at any time after.
-func startAgentAfterCrash(t *testing.T, b *bus.Bus, cfg nodeagent.Config, inv *recorder[contracts.NodeInventory], before int) {
+func startAgentAfterCrash(t *testing.T, b *testBus, cfg nodeagent.Config, inv *recorder[contracts.NodeInventory], before int) {
 	t.Helper()
 	startAgent(t, b, cfg)
 	eventually(t, "the new agent's inventory", func() bool { return len(inv.all()) > before })
@@ -119,13 +104,13 @@ func shippedLog(t *testing.T, r *recorder[contracts.LogChunk], allocID string) (
 func TestRunsSurviveAnAgentCrashAndAreReadopted(t *testing.T) {
 	for name, endsWhileAway := range map[string]bool{"still running": false, "ended while no agent ran": true} {
 		t.Run(name, func(t *testing.T) {
-			b, url := connectURL(t)
+			b := connect(t)
 			const node = "n-crash"
 			cfg := testConfig(t, node)
 			runs := record[contracts.RunEvent](t, b, contracts.StreamRuns, contracts.SubjectRuns(node))
 			inv := record[contracts.NodeInventory](t, b, contracts.StreamNodes, contracts.SubjectInventory(node))
-			logs := record[contracts.LogChunk](t, b, contracts.StreamLogs, contracts.SubjectLogs("acme", "survivor"))
-			crash := startHelperAgent(t, url, cfg)
+			logs := record[contracts.LogChunk](t, b, contracts.StreamLogs, contracts.SubjectJobLogs("acme", "survivor"))
+			crash := startHelperAgent(t, b, cfg)
 
 			a := allocation(node, "survivor", contracts.RunSpec{Command: []string{"sh", "-c", "echo start; sleep 2; echo done; exit 3"}}, 0, 1)
 			ledger(t, b, contracts.LedgerCommitted, a, "")
@@ -187,25 +172,25 @@ func TestRunsSurviveAnAgentCrashAndAreReadopted(t *testing.T) {
 
 func TestRunsReleasedOrStoppedWhileTheAgentWasAwayAreKilled(t *testing.T) {
 	for name, c := range map[string]struct {
-		away     func(t *testing.T, b *bus.Bus, a contracts.Allocation)
+		away     func(t *testing.T, b *testBus, a contracts.Allocation)
 		outcome  contracts.RunOutcome
 		reason   contracts.Reason
 		exitCode int
 	}{
 		// The node was declared lost and the allocation released: its
 		// devices may be someone else's, so no grace.
-		"released": {func(t *testing.T, b *bus.Bus, a contracts.Allocation) { ledger(t, b, contracts.LedgerReleased, a, "") },
+		"released": {func(t *testing.T, b *testBus, a contracts.Allocation) { ledger(t, b, contracts.LedgerReleased, a, "") },
 			contracts.OutcomeFailed, contracts.ReasonNodeLost, 128 + 9},
-		"stopped": {func(t *testing.T, b *bus.Bus, a contracts.Allocation) { stopRun(t, b, a, time.Second) },
+		"stopped": {func(t *testing.T, b *testBus, a contracts.Allocation) { stopRun(t, b, a, time.Second) },
 			contracts.OutcomeCancelled, contracts.ReasonCancelled, 128 + 15},
 	} {
 		t.Run(name, func(t *testing.T) {
-			b, url := connectURL(t)
+			b := connect(t)
 			const node = "n-away"
 			cfg := testConfig(t, node)
 			runs := record[contracts.RunEvent](t, b, contracts.StreamRuns, contracts.SubjectRuns(node))
 			inv := record[contracts.NodeInventory](t, b, contracts.StreamNodes, contracts.SubjectInventory(node))
-			crash := startHelperAgent(t, url, cfg)
+			crash := startHelperAgent(t, b, cfg)
 			a := allocation(node, "orphan", contracts.RunSpec{Command: []string{"sh", "-c", "sleep 60 & wait"}}, 3)
 			ledger(t, b, contracts.LedgerCommitted, a, "")
 			pid := waitStarted(t, runs, a.ID).PID
@@ -223,12 +208,12 @@ func TestRunsReleasedOrStoppedWhileTheAgentWasAwayAreKilled(t *testing.T) {
 }
 
 func TestARunWhoseShimWasKilledWhileTheAgentWasAwayIsReportedLost(t *testing.T) {
-	b, url := connectURL(t)
+	b := connect(t)
 	const node = "n-shim"
 	cfg := testConfig(t, node)
 	runs := record[contracts.RunEvent](t, b, contracts.StreamRuns, contracts.SubjectRuns(node))
 	inv := record[contracts.NodeInventory](t, b, contracts.StreamNodes, contracts.SubjectInventory(node))
-	crash := startHelperAgent(t, url, cfg)
+	crash := startHelperAgent(t, b, cfg)
 	// The shell dies with the shim (Pdeathsig); its sleep does not, until
 	// the next agent kills the group.
 	a := allocation(node, "lost", contracts.RunSpec{Command: []string{"sh", "-c", "sleep 60 & wait"}}, 0)
@@ -306,7 +291,7 @@ trap checkpoint USR1
 while :; do step=$((step+1)); sleep 0.01; done
 `
 
-func checkpointRun(t *testing.T, b *bus.Bus, a contracts.Allocation, seq int) {
+func checkpointRun(t *testing.T, b *testBus, a contracts.Allocation, seq int) {
 	t.Helper()
 	c := contracts.NodeCommand{SchemaVersion: contracts.SchemaVersion, Kind: contracts.CommandCheckpointRun, AllocationID: a.ID,
 		Tenant: a.Tenant, JobID: a.JobID, Attempt: a.Attempt, Reason: "migration", Time: time.Now()}
@@ -416,7 +401,7 @@ func TestLargeOutputIsShippedWhole(t *testing.T) {
 	const node = "n-logs"
 	cfg := testConfig(t, node)
 	runs := record[contracts.RunEvent](t, b, contracts.StreamRuns, contracts.SubjectRuns(node))
-	logs := record[contracts.LogChunk](t, b, contracts.StreamLogs, contracts.SubjectLogs("acme", "chatty"))
+	logs := record[contracts.LogChunk](t, b, contracts.StreamLogs, contracts.SubjectJobLogs("acme", "chatty"))
 	startAgent(t, b, cfg)
 	// 10 MB at once: the run writes its file and never waits for the bus.
 	a := allocation(node, "chatty", contracts.RunSpec{Command: []string{"sh", "-c",

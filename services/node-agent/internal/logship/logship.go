@@ -1,5 +1,5 @@
 // Package logship ships a run's log file to the bus: contracts.LogChunk
-// messages on SubjectLogs(tenant, job), each at most MaxLogChunk bytes of
+// messages on SubjectLogs(tenant, job, node), each at most MaxLogChunk bytes of
 // output, the last one marked EOF with the exit code.
 //
 // The run writes its file directly and never waits for the bus: shipping
@@ -181,7 +181,7 @@ func (s *Shipper) publish(ctx context.Context, data []byte, eof bool, exitCode i
 	if eof {
 		c.ExitCode = exitCode
 	}
-	if _, err := s.pub.Publish(ctx, contracts.SubjectLogs(s.run.Tenant, s.run.JobID),
+	if _, err := s.pub.Publish(ctx, contracts.SubjectLogs(s.run.Tenant, s.run.JobID, s.run.NodeID),
 		contracts.LogChunkID(s.run.AllocationID, c.Offset, eof), c, bus.CESubject(s.run.AllocationID)); err != nil {
 		return fmt.Errorf("publish log chunk at %d: %w", c.Offset, err)
 	}

@@ -36,7 +36,7 @@ func chunks(t testing.TB, b *bus.Bus) []contracts.LogChunk {
 	t.Helper()
 	var out []contracts.LogChunk
 	_, err := b.Replay(context.Background(), bus.FollowSpec{Stream: contracts.StreamLogs,
-		FilterSubjects: []string{contracts.SubjectLogs(run.Tenant, run.JobID)}}, func(_ context.Context, m *bus.Msg) error {
+		FilterSubjects: []string{contracts.SubjectJobLogs(run.Tenant, run.JobID)}}, func(_ context.Context, m *bus.Msg) error {
 		if len(m.Data) > contracts.MaxMessageBytes {
 			t.Errorf("chunk of %d bytes, more than a message may hold", len(m.Data))
 		}
