@@ -344,6 +344,13 @@ func (s *Store) preempt(now time.Time, preemptors []miss, b *fairshare.Book) []P
 			s.jobs[key].kept = k
 		}
 		g.spend(j, choice)
+		// What it claimed is held for the decisions after it in this cycle
+		// too: two must not count on the same free device.
+		for _, part := range choice.Parts {
+			if i := slices.IndexFunc(snap.Nodes, func(n placement.Node) bool { return n.ID == part.NodeID }); i >= 0 {
+				holdOn(&snap.Nodes[i], j.Request.Resources.CPUMilli, j.Request.Resources.MemoryMiB, part.Devices)
+			}
+		}
 		running = slices.DeleteFunc(running, func(r preempt.Running) bool {
 			return slices.Contains(keys, Key(r.Tenant, r.JobID))
 		})
@@ -404,7 +411,7 @@ func (s *Store) evictVictims(j *Job, choice preempt.Choice, m move, avoid map[st
 		}
 		s.evictJob(vj, m)
 	}
-	s.cluster.claims[j.key] = &claim{tenant: j.Tenant, parts: choice.Parts,
+	s.cluster.claims[j.key] = &claim{tenant: j.Tenant, parts: choice.Parts, victims: slices.Clone(j.victims),
 		cpuMilli: j.Request.Resources.CPUMilli, memoryMiB: j.Request.Resources.MemoryMiB}
 	return keys
 }
@@ -506,8 +513,8 @@ func (s *Store) guarantees(b *fairshare.Book) *guarantee {
 		if j == nil || j.Request == nil || j.Attempt != a.Attempt || j.State.Terminal() || j.evict != "" || j.cancel {
 			return
 		}
-		if p := j.part(a.ID); p != nil && p.done() {
-			return
+		if p := j.part(a.ID); p != nil && (p.done() || p.stopSent != "") {
+			return // its run ends, or is being stopped (a gang's part retried)
 		}
 		g.staying[preempt.TenantPool{Tenant: a.Tenant, Pool: a.Pool}] += milliOf(a)
 	}

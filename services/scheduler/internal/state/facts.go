@@ -30,6 +30,11 @@ type claim struct {
 	tenant              string
 	parts               []placement.Part
 	cpuMilli, memoryMiB int64 // per machine
+	// victims are the allocations whose release frees what it claims:
+	// while one still holds a card's share or host capacity, the claim
+	// holds only what it needs beyond that (the same capacity is not
+	// counted twice).
+	victims []string
 }
 
 type nodeState struct {
@@ -186,11 +191,52 @@ func (c *cluster) nodeSnapshot(id string, now time.Time, skip string) (placement
 		}
 		for _, p := range cl.parts {
 			if p.NodeID == id {
-				holdOn(&pn, cl.cpuMilli, cl.memoryMiB, p.Devices)
+				c.holdClaim(&pn, cl, p)
 			}
 		}
 	}
 	return pn, true
+}
+
+// holdClaim marks part p of claim cl held on pn. What its victims still
+// hold there is held already: a card's share and the host's CPU and memory
+// count the larger of the two, not their sum, or a claim checked while
+// another's victims stop would find its card overfull.
+func (c *cluster) holdClaim(pn *placement.Node, cl *claim, p placement.Part) {
+	cpu, mem := cl.cpuMilli, cl.memoryMiB
+	type share struct {
+		mem int64
+		pct int
+	}
+	var still map[string]share
+	for _, id := range cl.victims {
+		a, ok := c.allocs[id]
+		if !ok || a.NodeID != p.NodeID {
+			continue
+		}
+		cpu -= a.CPUMilli
+		mem -= a.MemoryMiB
+		for _, d := range a.Devices {
+			if d.Share != nil && d.MIG == nil {
+				if still == nil {
+					still = map[string]share{}
+				}
+				sh := still[d.UUID]
+				still[d.UUID] = share{sh.mem + d.Share.MemoryMiB, sh.pct + d.Share.ComputePercent}
+			}
+		}
+	}
+	devs := p.Devices
+	if still != nil {
+		devs = slices.Clone(devs)
+		for i, d := range devs {
+			if sh, ok := still[d.UUID]; ok && d.Share != nil && d.MIG == nil {
+				devs[i].Share = &contracts.GPUShare{MemoryMiB: max(0, d.Share.MemoryMiB-sh.mem),
+					ComputePercent: max(0, d.Share.ComputePercent-sh.pct)}
+			}
+		}
+	}
+	holdOn(pn, max(cpu, 0), max(mem, 0), devs)
 }
 
 // holdOn marks devs and host resources held on pn.

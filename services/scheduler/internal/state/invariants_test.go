@@ -3,6 +3,7 @@ package state
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -17,6 +18,11 @@ import (
 // sum past one card); and Q1, no tenant holds more than its quota's max in
 // a pool. The resource manager is played by a reference ledger that
 // commits an item only when it fits, so any overlap is the scheduler's.
+// After every cycle it checks that evictions pay off (issue 18): no
+// allocation is preempted but those a decision of the cycle chose, no
+// decision takes another tenant below its guarantee, and a preemptor is
+// placed on the devices its decision freed (unless a drain or hold took
+// them meanwhile).
 func TestRandomOperationsKeepG1AndQ1(t *testing.T) {
 	seeds := 2000
 	if testing.Short() || raceEnabled {
@@ -62,11 +68,14 @@ func runInvariantSeed(t *testing.T, seed uint64) {
 	}
 	tenants := []string{"a", "b", "c"}
 	maxes := map[string]float64{}
+	guarantees := map[string]int64{} // milli-GPU, in each pool
 	for _, tn := range tenants[:2] {
 		m := float64(1 + rng.IntN(4))
 		maxes[tn] = m
+		g := rng.IntN(2)
+		guarantees[tn] = int64(g) * 1000
 		h.st.ApplyQuota(tn, &contracts.TenantQuota{Pools: map[string]contracts.PoolQuota{
-			contracts.QuotaAllPools: {Guarantee: float64(rng.IntN(2)), Max: &m}}})
+			contracts.QuotaAllPools: {Guarantee: float64(g), Max: &m}}})
 	}
 	ref := refLedger{byID: map[string]contracts.Allocation{}}
 	var pending []contracts.Allocation // plan items not answered yet
@@ -74,6 +83,7 @@ func runInvariantSeed(t *testing.T, seed uint64) {
 	seen := 0
 	jobN := 0
 	held := map[string]bool{} // GPUs under a hold: no new proposal may name one
+	pay := payoff{guarantees: guarantees, claims: map[string]claimed{}, preempted: map[string]bool{}, since: map[string]int{}}
 	for step := range 150 {
 		switch op := rng.IntN(10); {
 		case op < 3:
@@ -92,7 +102,8 @@ func runInvariantSeed(t *testing.T, seed uint64) {
 			r.Resources.CPUMilli = int64(rng.IntN(8000))
 			h.submit(tenants[rng.IntN(len(tenants))], r)
 		case op < 5:
-			h.cycle()
+			cmds := len(h.commands)
+			res := h.cycle()
 			for _, p := range h.plans[seen:] {
 				pending = append(pending, p.Items...)
 				for _, a := range p.Items {
@@ -103,6 +114,7 @@ func runInvariantSeed(t *testing.T, seed uint64) {
 					}
 				}
 			}
+			pay.check(t, step, h, res, h.plans[seen:], h.commands[cmds:], pending, live)
 			seen = len(h.plans)
 			checkProposals(t, step, pending, live)
 		case op < 7 && len(pending) > 0:
@@ -144,6 +156,7 @@ func runInvariantSeed(t *testing.T, seed uint64) {
 		case rng.IntN(3) == 0:
 			// The platform's holds and alerts: a spot notice drains a
 			// node, an alert holds one GPU, or a pool is fragmented.
+			pay.disturbed()
 			node := fmt.Sprintf("n%d", rng.IntN(nodes))
 			switch rng.IntN(4) {
 			case 0:
@@ -247,6 +260,167 @@ func checkQuotas(t *testing.T, step int, maxes map[string]float64, pending, live
 				t.Logf("held: %s in %s on %s: %v", a.ID, a.Pool, a.NodeID, a.Devices)
 			}
 			t.Fatalf("step %d: Q1 broken: tenant %s holds %d milli-GPU in pool %s, max %g GPUs", step, k[0], n, k[1], m)
+		}
+	}
+}
+
+// payoff checks, cycle after cycle, that evictions pay off.
+type payoff struct {
+	guarantees map[string]int64
+	// claims are the open decisions by preemptor key: the devices it is
+	// to take, until its next plan item.
+	claims map[string]claimed
+	// preempted are the allocations ever chosen as victims.
+	preempted map[string]bool
+	// since is, per allocation ID, how many commands had been sent when
+	// its latest plan item was proposed: an ID comes again in a retried
+	// gang's plan, and the commands to its earlier incarnation do not
+	// stop this one.
+	since map[string]int
+}
+
+type claimed struct {
+	attempt   int
+	devices   []string
+	disturbed bool // a drain or hold since: the devices may be gone
+}
+
+func (p *payoff) disturbed() {
+	for k, c := range p.claims {
+		c.disturbed = true
+		p.claims[k] = c
+	}
+}
+
+func deviceKeys(devs []contracts.DeviceRef) []string {
+	var out []string
+	for _, d := range devs {
+		k := d.UUID
+		if d.MIG != nil {
+			k += "/" + d.MIG.UUID
+		}
+		if d.Share != nil {
+			k += fmt.Sprintf("/share:%d:%d", d.Share.MemoryMiB, d.Share.ComputePercent)
+		}
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (p *payoff) check(t *testing.T, step int, h *harness, res CycleResult, plans []contracts.Plan, cmds []contracts.NodeCommand,
+	pending, live []contracts.Allocation) {
+	t.Helper()
+	// A preemptor placed goes where its decision said.
+	for _, pl := range plans {
+		byJob := map[string][]contracts.DeviceRef{}
+		attempt := map[string]int{}
+		for _, a := range pl.Items {
+			byJob[Key(a.Tenant, a.JobID)] = append(byJob[Key(a.Tenant, a.JobID)], a.Devices...)
+			attempt[Key(a.Tenant, a.JobID)] = a.Attempt
+		}
+		for key, devs := range byJob {
+			c, ok := p.claims[key]
+			if !ok || c.attempt != attempt[key] {
+				continue
+			}
+			delete(p.claims, key)
+			if got := deviceKeys(devs); !c.disturbed && !slices.Equal(got, c.devices) {
+				t.Fatalf("step %d: preemptor %s placed on %v, its victims freed %v", step, key, got, c.devices)
+			}
+		}
+	}
+	chosen := map[string]bool{}
+	for _, d := range res.Preempted {
+		key := Key(d.Tenant, d.JobID)
+		var devs []contracts.DeviceRef
+		for _, part := range d.Parts {
+			devs = append(devs, part.Devices...)
+		}
+		p.claims[key] = claimed{attempt: h.st.jobs[key].Attempt, devices: deviceKeys(devs)}
+		for _, v := range d.Victims {
+			chosen[v] = true
+			p.preempted[v] = true
+		}
+	}
+	// Nothing is evicted for a preemptor but the set chosen.
+	for _, c := range cmds {
+		if c.Reason == contracts.ReasonPreempted && !p.preempted[c.AllocationID] {
+			t.Fatalf("step %d: %s preempted, chosen by no decision (%+v)", step, c.AllocationID, res.Preempted)
+		}
+	}
+	// No tenant is taken below its guarantee by another's preemptor: what
+	// it keeps (committed or in flight, not being stopped, plus what is
+	// claimed for its own preemptors) is at least its guarantee.
+	for _, pl := range plans {
+		for _, a := range pl.Items {
+			p.since[a.ID] = len(h.commands)
+		}
+	}
+	leaving := map[string]bool{}
+	for i, c := range h.commands {
+		if i >= p.since[c.AllocationID] {
+			leaving[c.AllocationID] = true
+		}
+	}
+	staying := map[[2]string]int64{}
+	for _, a := range append(slices.Clone(live), pending...) {
+		if !leaving[a.ID] {
+			staying[[2]string{a.Tenant, a.Pool}] += milliOf(&a)
+		}
+	}
+	for key, cl := range h.st.cluster.claims {
+		if j := h.st.jobs[key]; j != nil && j.Request != nil {
+			for _, part := range cl.parts {
+				staying[[2]string{cl.tenant, part.Pool}] += j.Request.Resources.GPU.MilliGPUs() / int64(len(cl.parts))
+			}
+		}
+	}
+	byID := map[string]contracts.Allocation{}
+	for _, a := range live {
+		byID[a.ID] = a
+	}
+	// Decision by decision: a tenant's own preemptor may take it below
+	// its guarantee, another's never. staying is after all of them: go
+	// back to before the first (its victims stayed, its claim was not).
+	claimOf := func(d Preemption) map[[2]string]int64 {
+		out := map[[2]string]int64{}
+		j := h.st.jobs[Key(d.Tenant, d.JobID)]
+		for _, part := range d.Parts {
+			out[[2]string{d.Tenant, part.Pool}] += j.Request.Resources.GPU.MilliGPUs() / int64(len(d.Parts))
+		}
+		return out
+	}
+	for _, d := range res.Preempted {
+		for _, id := range d.Victims {
+			v, ok := byID[id]
+			if !ok {
+				t.Fatalf("step %d: victim %s is not a committed allocation", step, id)
+			}
+			staying[[2]string{v.Tenant, v.Pool}] += milliOf(&v)
+		}
+		for k, n := range claimOf(d) {
+			staying[k] -= n
+		}
+	}
+	for _, d := range res.Preempted {
+		for _, id := range d.Victims {
+			v := byID[id]
+			staying[[2]string{v.Tenant, v.Pool}] -= milliOf(&v)
+		}
+		for k, n := range claimOf(d) {
+			staying[k] += n
+		}
+		for _, id := range d.Victims {
+			v := byID[id]
+			g := p.guarantees[v.Tenant]
+			if v.Tenant == d.Tenant || g == 0 {
+				continue
+			}
+			if n := staying[[2]string{v.Tenant, v.Pool}]; n < g {
+				t.Fatalf("step %d: %s/%s evicted %s of tenant %s, which keeps %d milli-GPU in pool %s, guarantee %d",
+					step, d.Tenant, d.JobID, id, v.Tenant, n, v.Pool, g)
+			}
 		}
 	}
 }
