@@ -77,6 +77,8 @@ type schemaNode struct {
 	// never is the false schema.
 	never   bool
 	pattern *regexp.Regexp
+	// enumStrings holds Enum when every member is a string.
+	enumStrings map[string]bool
 }
 
 func (n *schemaNode) UnmarshalJSON(b []byte) error {
@@ -101,6 +103,17 @@ func (n *schemaNode) UnmarshalJSON(b []byte) error {
 		if err := json.Unmarshal(p.Additional, n.Additional); err != nil {
 			return err
 		}
+	}
+	for _, m := range n.Enum {
+		var str string
+		if json.Unmarshal(m, &str) != nil {
+			n.enumStrings = nil
+			break
+		}
+		if n.enumStrings == nil {
+			n.enumStrings = map[string]bool{}
+		}
+		n.enumStrings[str] = true
 	}
 	if n.Pattern != "" {
 		re, err := regexp.Compile(n.Pattern)
@@ -224,6 +237,8 @@ type docChecker struct {
 	// (enum, pattern, missing field) leave it decodable, so Validate can
 	// report its own findings beside them.
 	hard bool
+	// depth is how many objects and arrays enclose the current value.
+	depth int
 }
 
 // checkDoc checks one JSON value (which must be an object, as every
@@ -323,11 +338,23 @@ func jsonKind(tok json.Token) string {
 	return "value"
 }
 
+// maxDepth bounds how deeply a document nests. Every request type is far
+// shallower, so only values the schema refuses anyway reach it; it keeps
+// a hostile [[[[...]]]] from costing a recursion per byte.
+const maxDepth = 64
+
 // value checks the next value against s (nil: anything) and copies it.
 func (c *docChecker) value(s *schemaNode, path string) error {
 	tok, err := c.token()
 	if err != nil {
 		return err
+	}
+	if d, ok := tok.(json.Delim); ok && (d == '{' || d == '[') {
+		if c.depth++; c.depth > maxDepth {
+			c.syntax = &FieldError{Field: path, Reason: ReasonInvalidJSON, Message: fmt.Sprintf("nested more than %d deep", maxDepth)}
+			return errStop
+		}
+		defer func() { c.depth-- }()
 	}
 	if s == nil {
 		s = &schemaNode{}
@@ -499,6 +526,9 @@ func (c *docChecker) checkEnum(s *schemaNode, path string, tok json.Token) {
 	if len(s.Enum) == 0 {
 		return
 	}
+	if str, ok := tok.(string); ok && s.enumStrings[str] {
+		return
+	}
 	var got []byte
 	switch t := tok.(type) {
 	case string:
@@ -551,6 +581,13 @@ func truncate(s string, n int) string {
 }
 
 func marshalNoEscape(s string) ([]byte, error) {
+	plain := true
+	for i := 0; i < len(s) && plain; i++ {
+		plain = s[i] >= 0x20 && s[i] < 0x7f && s[i] != '"' && s[i] != '\\'
+	}
+	if plain { // the common case, without an encoder
+		return []byte(`"` + s + `"`), nil
+	}
 	var b bytes.Buffer
 	enc := json.NewEncoder(&b)
 	enc.SetEscapeHTML(false)

@@ -731,3 +731,36 @@ func TestWithJobIDAndTopLevelID(t *testing.T) {
 		t.Fatalf("DecodeJobRequest = %+v, %v; want an error and id u1", r, err)
 	}
 }
+
+func TestDecoderBoundsNesting(t *testing.T) {
+	deep := `{"id":"a","labels":{"x":` + strings.Repeat("[", 30000) + strings.Repeat("]", 30000) + `},"resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`
+	_, err := DecodeJobRequest([]byte(deep), "acme")
+	ve, ok := errors.AsType[*ValidationError](err)
+	if !ok || ve.Reason != ReasonInvalidJSON || !strings.Contains(ve.Error(), "nested more than") {
+		t.Fatalf("DecodeJobRequest of a deep document = %v; want invalid_json, nested too deep", err)
+	}
+}
+
+// BenchmarkDecodeJobRequest: what holding a request to its schema costs
+// over encoding/json alone (the scheduler decodes every request).
+func BenchmarkDecodeJobRequest(b *testing.B) {
+	body := []byte(corpusCases[0].base)
+	b.Run("strict", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := DecodeJobRequest(body, "acme"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("encoding-json-only", func(b *testing.B) {
+		for b.Loop() {
+			var r JobRequest
+			if err := json.Unmarshal(body, &r); err != nil {
+				b.Fatal(err)
+			}
+			if err := r.Validate("acme"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
