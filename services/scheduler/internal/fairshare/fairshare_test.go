@@ -350,6 +350,17 @@ func TestGuaranteeAndBorrowing(t *testing.T) {
 			}
 		})
 	}
+	// Guarantee is what preemption keeps of a tenant: the pool's own
+	// entry, else '*', else none.
+	b := NewBook(Usage{MilliGPU: 100 * gpu}, quotas)
+	for _, tc := range []struct {
+		tenant, pool string
+		want         int64
+	}{{"g", "h100", 4 * gpu}, {"g", "l4", 500}, {"x", "h100", 0}} {
+		if got := b.Guarantee(tc.tenant, tc.pool); got != tc.want {
+			t.Errorf("Guarantee(%s, %s) = %d, want %d", tc.tenant, tc.pool, got, tc.want)
+		}
+	}
 }
 
 func TestHoldReleasesNeverBelowZero(t *testing.T) {

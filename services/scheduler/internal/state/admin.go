@@ -421,11 +421,12 @@ func (s *Store) evictVictims(j *Job, choice preempt.Choice, m move, avoid map[st
 // each node as it is now without j's claim. ok is false when j has no
 // claim; placed is false when the claim no longer fits (a node lost or
 // cordoned, a device unhealthy), and the claim is then dropped.
-func (s *Store) claimed(j *Job, r placement.Request, now time.Time) (d placement.Decision, ok, placed bool) {
+func (s *Store) claimed(j *Job, now time.Time) (d placement.Decision, ok, placed bool) {
 	cl := s.cluster.claims[j.key]
 	if cl == nil {
 		return placement.Decision{}, false, false
 	}
+	r := s.request(j, 0)
 	machines := max(r.Machines(), 1)
 	per := r
 	per.GPU.Count /= machines
