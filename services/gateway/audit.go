@@ -41,6 +41,8 @@ type auditLog struct {
 
 	// stream is the AUDIT stream's handle, looked up once.
 	stream atomic.Pointer[jetstream.Stream]
+	// failing is set while the last record could not be written.
+	failing atomic.Bool
 
 	mu sync.Mutex
 	// Lock should be held for the tail.
@@ -63,11 +65,36 @@ func (a *auditLog) record(ctx context.Context, e auditEvent) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), auditTimeout)
 	defer cancel()
 	if err := a.append(ctx, &rec, keyed); err != nil {
+		a.failing.Store(true)
 		return fmt.Errorf("audit %s %s: %w", rec.Action, rec.Outcome, err)
 	}
+	a.failing.Store(false)
 	if st := auditRequestFrom(ctx); st != nil {
 		st.markRecorded()
 	}
+	return nil
+}
+
+// ready reports whether the trail can take a record, before a state change
+// is made: nil at once while the last record went in; after a failure, nil
+// only once the chain's tail can be read again. So while the trail is down
+// a change is refused before it is made, not only left unconfirmed after.
+func (a *auditLog) ready(ctx context.Context) error {
+	if !a.failing.Load() {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, auditTimeout)
+	defer cancel()
+	stream, err := a.auditStream(ctx)
+	if err == nil {
+		a.mu.Lock()
+		err = a.loadTailLocked(ctx, stream)
+		a.mu.Unlock()
+	}
+	if err != nil {
+		return fmt.Errorf("the audit trail is unavailable: %w", err)
+	}
+	a.failing.Store(false)
 	return nil
 }
 

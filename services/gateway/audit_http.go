@@ -29,8 +29,10 @@ import (
 // audit call of its own: only one that learns its object late (a submit
 // reads its job ID from the body) names it with auditOperation.
 //
-// The response of a state-changing request is held until its record is
-// written: when the audit trail cannot take the record, the client gets
+// While the audit trail is known to be down (its last record failed and
+// its tail still cannot be read), a state-changing request is refused with
+// 503 before its handler runs. Otherwise the response is held until the
+// record is written: when the trail cannot take the record, the client gets
 // 503 instead of a success, and retries. A retried job operation is keyed
 // by its job ID (any other by its Idempotency-Key header), so the retry
 // completes the trail without a second record.
@@ -190,6 +192,14 @@ func (s *server) auditRequests(mux *http.ServeMux, next http.Handler) http.Handl
 				_ = s.recordOutcome(ctx, st, sw.status, nil) // logged; the denial stands
 			}
 			return
+		}
+		if rd, ok := s.audit.(interface{ ready(context.Context) error }); ok {
+			if err := rd.ready(ctx); err != nil {
+				s.log.Error("state change refused: the audit trail is down", "request", st.request, "err", err)
+				writeError(w, http.StatusServiceUnavailable, contracts.ReasonUnavailable,
+					"the audit trail is unavailable, so no change is made now; retry shortly", nil)
+				return
+			}
 		}
 		held := &heldResponse{ResponseWriter: w, header: http.Header{}}
 		defer func() {

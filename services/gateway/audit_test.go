@@ -368,8 +368,9 @@ func TestAuditChainDetectsTampering(t *testing.T) {
 }
 
 // TestAuditUnavailableIsNotConfirmed: when the trail cannot take a record,
-// a state change is answered 503, and the client's retry, once the trail is
-// back, leaves the one record.
+// a state change is answered 503; while it stays down the next change is
+// refused before it is made; the client's retry, once the trail is back,
+// leaves the one record.
 func TestAuditUnavailableIsNotConfirmed(t *testing.T) {
 	h := startGateway(t, nil, nil)
 	h.do(http.MethodPost, "/v1/tenants/acme/jobs", validBody("before"), nil)
@@ -383,6 +384,17 @@ func TestAuditUnavailableIsNotConfirmed(t *testing.T) {
 	if status != http.StatusServiceUnavailable || !strings.Contains(string(body), "audit") {
 		t.Fatalf("submit with no audit trail: %d %s", status, body)
 	}
+	// Now the gateway knows the trail is down: the next change is refused
+	// before it is made.
+	status, body = h.do(http.MethodPost, "/v1/tenants/acme/jobs", validBody("refused"), nil)
+	if status != http.StatusServiceUnavailable || !strings.Contains(string(body), "no change is made") {
+		t.Fatalf("submit while the trail is known down: %d %s", status, body)
+	}
+	for _, m := range h.messages(contracts.StreamJobs, contracts.SubjectSubmitAll) {
+		if strings.Contains(string(m.Data), `"refused"`) {
+			t.Fatalf("a change refused for want of an audit trail was made: %s", m.Data)
+		}
+	}
 	for _, c := range contracts.Streams(contracts.StreamOptions{}) {
 		if c.Name == contracts.StreamAudit {
 			if _, err := js.CreateStream(ctx, c); err != nil {
@@ -394,6 +406,10 @@ func TestAuditUnavailableIsNotConfirmed(t *testing.T) {
 	if status, body := h.do(http.MethodPost, "/v1/tenants/acme/jobs", validBody("during"), &res); status != http.StatusAccepted || !res.Duplicate {
 		t.Fatalf("retry once the trail is back: %d %s (the first try was published: want a duplicate)", status, body)
 	}
+	if status, body := h.do(http.MethodPost, "/v1/tenants/acme/jobs", validBody("refused"), nil); status != http.StatusAccepted {
+		t.Fatalf("the refused submit once the trail is back: %d %s", status, body)
+	}
+	h.waitRecords("job.submit", "refused", 1)
 	rec := h.waitRecords("job.submit", "during", 1)[0]
 	if rec.Prev != "" || rec.Seq != 1 {
 		t.Errorf("the first record of the new stream is %+v, want seq 1 with no prev", rec)
