@@ -41,6 +41,9 @@ type corpusCase struct {
 	// schema says: rules that depend on something outside the document
 	// (the subject's tenant) or tie fields together.
 	contextual []FieldError
+	// extra are documents written out to meet contextual rules the
+	// generated corpus does not reach.
+	extra []string
 }
 
 var corpusCases = []corpusCase{
@@ -65,14 +68,21 @@ var corpusCases = []corpusCase{
 			{Field: "resources.gpu.share", Reason: ReasonInvalidValue},      // MIG or share, not both
 			{Field: "tolerations[0]", Reason: ReasonInvalidValue},           // operator and key/value go together
 			{Field: "tolerations[1]", Reason: ReasonInvalidValue},
-			{Field: "dependsOn", Reason: ReasonInvalidValue}, // not the job itself
-			{Field: "labels", Reason: ReasonInvalidValue},    // key and value together at most MaxLabelBytes
+			{Field: "dependsOn", Reason: ReasonDependencyCycle}, // not the job itself
+			{Field: "labels", Reason: ReasonInvalidValue},       // key and value together at most MaxLabelBytes
 			{Field: "nodeSelector", Reason: ReasonInvalidValue},
-			{Field: "run.env", Reason: ReasonInvalidValue},
+			{Field: "run.env", Reason: ReasonInvalidValue},    // a variable name without '='
 			{Field: "run.duration", Reason: ReasonOutOfRange}, // at most MaxJobDuration: a pattern cannot bound it
 			{Field: "placementTimeout", Reason: ReasonOutOfRange},
 			{Field: "expectedRunTime", Reason: ReasonOutOfRange},
-			{Field: "run.duration", Reason: ReasonInvalidDuration}, // "0s": a simulated run needs a length
+		},
+		extra: []string{
+			`{"id":"j","resources":{"gpu":{"count":1,"model":"A100-80GB","migProfile":"1g.10gb","share":{"memoryMiB":1,"computePercent":1}}},"run":{"duration":"1s"}}`,
+			`{"id":"j","resources":{"gpu":{"count":1}},"run":{"duration":"1s"},"tolerations":[{"key":"a"},{"operator":"Exists","value":"v"}]}`,
+			`{"id":"j","dependsOn":["j"],"resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`,
+			`{"id":"j","labels":{"` + strings.Repeat("k", 300) + `":"v"},"resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`,
+			`{"id":"j","nodeSelector":{"` + strings.Repeat("k", 300) + `":"v"},"resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`,
+			`{"id":"j","resources":{"gpu":{"count":1}},"run":{"command":["x"],"env":{"A=B":"1"}}}`,
 		},
 	},
 	{
@@ -107,6 +117,7 @@ var corpusCases = []corpusCase{
 			{Field: "versions[0].effectiveFrom", Reason: ReasonInvalidValue}, // a whole second
 			{Field: "versions[0].effectiveFrom", Reason: ReasonMissingField}, // not the zero time
 		},
+		extra: []string{`{"versions":[{"id":"v1","effectiveFrom":"0001-01-01T00:00:00Z","currency":"USD","gpu":{"*":{"onDemand":"1"}}}]}`},
 	},
 	{
 		file:   "tenant-quota.json",
@@ -115,7 +126,6 @@ var corpusCases = []corpusCase{
 		contextual: []FieldError{
 			{Field: "tenant", Reason: ReasonTenantMismatch},
 			{Field: "pools.gpu-a.max", Reason: ReasonOutOfRange}, // at least the guarantee
-			{Field: "pools.k.max", Reason: ReasonOutOfRange},
 		},
 	},
 	{
@@ -178,7 +188,11 @@ func TestDecoderAgreesWithSchema(t *testing.T) {
 				t.Fatalf("the base document is refused: %v", err)
 			}
 			docs := generate(base, schemaDoc)
+			for i, x := range tc.extra {
+				docs = append(docs, genDoc{what: fmt.Sprintf("extra %d", i), doc: scalar(x)})
+			}
 			var accepted, refused, dupes int
+			used := map[FieldError]bool{}
 			for _, d := range docs {
 				text := d.doc.String()
 				inst, err := jsonschema.UnmarshalJSON(strings.NewReader(text))
@@ -198,10 +212,17 @@ func TestDecoderAgreesWithSchema(t *testing.T) {
 					refused++
 				case !schemaOK:
 					t.Errorf("%s: the schema refuses it, the decoder accepts it:\n%s", d.what, text)
-				case !onlyContextual(decErr, tc.contextual):
+				case !onlyContextual(decErr, tc.contextual, used):
 					t.Errorf("%s: the schema accepts it, the decoder refuses it: %v\n%s", d.what, decErr, text)
 				default:
 					accepted++
+				}
+			}
+			// Every rule listed as beyond the schema must have been met:
+			// the list says no more than it must.
+			for _, c := range tc.contextual {
+				if !used[c] {
+					t.Errorf("contextual rule %s on %s was never needed: drop it", c.Reason, c.Field)
 				}
 			}
 			t.Logf("%s: %d documents: %d accepted by both, %d refused by both (%d with a duplicated key)",
@@ -213,18 +234,26 @@ func TestDecoderAgreesWithSchema(t *testing.T) {
 	}
 }
 
-func onlyContextual(err error, allowed []FieldError) bool {
+// onlyContextual reports whether err lists only rules of allowed, and
+// marks those it used.
+func onlyContextual(err error, allowed []FieldError, used map[FieldError]bool) bool {
 	var ve *ValidationError
 	if !errors.As(err, &ve) {
 		return false
 	}
+	var hits []FieldError
 	for _, f := range ve.Fields {
-		if !slices.ContainsFunc(allowed, func(a FieldError) bool {
+		i := slices.IndexFunc(allowed, func(a FieldError) bool {
 			prefix, wild := strings.CutSuffix(a.Field, "*")
 			return a.Reason == f.Reason && (a.Field == f.Field || wild && strings.HasPrefix(f.Field, prefix))
-		}) {
+		})
+		if i < 0 {
 			return false
 		}
+		hits = append(hits, allowed[i])
+	}
+	for _, h := range hits {
+		used[h] = true
 	}
 	return true
 }
