@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 
@@ -25,7 +26,16 @@ func main() {
 	cfg.RegisterFlags(fs)
 	_ = fs.Parse(os.Args[1:])
 	service.Main("gpuplane", func(ctx context.Context, log *slog.Logger) error {
-		return gpuplane.Run(ctx, cfg, log, func(ep gpuplane.Endpoints) { printBanner(ep) })
+		return gpuplane.Run(ctx, cfg, log, func(ep gpuplane.Endpoints) {
+			printBanner(ep)
+			// The nats CLI reaches the bus as the demo tenant, the admin
+			// or the operator with --context gpuplane-acme and so on.
+			if dir, err := os.UserConfigDir(); err == nil {
+				if _, err := gpuplane.WriteNATSContexts(filepath.Join(dir, "nats", "context"), ep); err != nil {
+					log.Warn("nats CLI contexts not written", "err", err)
+				}
+			}
+		})
 	})
 }
 
@@ -59,8 +69,8 @@ gpuplane is up
   bus creds %s   (NATS authentication is on; plaintext on 127.0.0.1 only)
             operator.creds (streams), admin.creds, tenant-acme.creds, one per service
 Try:  gpuctl submit --tenant acme --gpus 2 --model H100-80GB --duration 20s
-      nats --creds %s/tenant-acme.creds --inbox-prefix _INBOX.tenant-acme sub 'gp.jobs.events.acme.>'
+      nats --context gpuplane-acme sub 'gp.jobs.events.acme.>'    (contexts gpuplane-acme, -admin, -operator)
 Press Ctrl-C to stop.
 
-`, ep.NATSURL, ep.DataDir, ep.GatewayURL, ep.MetricsURL, machines, gpus, strings.Join(names, ", "), strings.Join(scaled, ", "), ep.CredsDir, ep.CredsDir)
+`, ep.NATSURL, ep.DataDir, ep.GatewayURL, ep.MetricsURL, machines, gpus, strings.Join(names, ", "), strings.Join(scaled, ", "), ep.CredsDir)
 }
