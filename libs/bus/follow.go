@@ -105,6 +105,16 @@ func (b *Bus) read(ctx context.Context, spec FollowSpec, fn func(context.Context
 	default:
 		cfg.DeliverPolicy = jetstream.DeliverAllPolicy
 	}
+	if spec.NamePrefix != "" {
+		// nats.go names the first consumer <prefix>_1 and creates it with
+		// create-or-update: a leftover of an earlier read (a reader that
+		// crashed, within the inactive threshold) would be taken over,
+		// already delivered, and the read would wait forever. Remove it.
+		err := b.js.DeleteConsumer(ctx, spec.Stream, spec.NamePrefix+"_1")
+		if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return fmt.Errorf("bus: remove leftover consumer %s_1 on %s: %w", spec.NamePrefix, spec.Stream, err)
+		}
+	}
 	var cons jetstream.Consumer
 	if err := retry(ctx, func() error {
 		var err error
@@ -112,6 +122,17 @@ func (b *Bus) read(ctx context.Context, spec FollowSpec, fn func(context.Context
 		return err
 	}); err != nil {
 		return fmt.Errorf("bus: ordered consumer on %s: %w", spec.Stream, err)
+	}
+	if spec.NamePrefix != "" {
+		// The next read with this prefix starts from _1 again: remove
+		// this one rather than leave it to the inactive threshold.
+		defer func() {
+			if info := cons.CachedInfo(); info != nil {
+				dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				defer cancel()
+				_ = b.js.DeleteConsumer(dctx, spec.Stream, info.Name)
+			}
+		}()
 	}
 	it, err := cons.Messages()
 	if err != nil {
