@@ -2,6 +2,7 @@ package nodeagent_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/natsserver"
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 	"github.com/gpuplane/gpuplane/libs/service"
 	nodeagent "github.com/gpuplane/gpuplane/services/node-agent"
@@ -29,12 +31,52 @@ const (
 	limit = 30 * time.Second       // bound of every wait (generous: -race on a loaded 2-core CI box)
 )
 
-// connect starts a NATS server for t and connects a bus to it, with the
-// streams in memory.
-func connect(t *testing.T) *bus.Bus {
+// testBus is a test's own connection to a NATS server of its own: the
+// operator's, which provisions the streams (in memory) and publishes
+// commands, forges faults and observes. Agents connect to srv under their
+// node's identity (agentBus), and ledger entries come from rm, under the
+// resource manager's, as in production: the permissions the tests run
+// with are the ones contracts.Access gives each.
+type testBus struct {
+	*bus.Bus
+	srv *natsserver.Server
+	rm  *bus.Bus
+}
+
+// connect starts a NATS server for t and connects the test's buses to it.
+func connect(t *testing.T) *testBus {
 	t.Helper()
-	b, _ := connectURL(t)
-	return b
+	srv := natstest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "test", CredsFile: natstest.Operator(t, srv),
+		Streams: contracts.StreamOptions{Memory: true}})
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() { _ = b.Close(context.Background()) })
+	rm, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "resource-manager", SkipProvision: true,
+		CredsFile: natstest.Service(t, srv, contracts.BusResourceManager)})
+	if err != nil {
+		t.Fatalf("connect the resource manager: %v", err)
+	}
+	t.Cleanup(func() { _ = rm.Close(context.Background()) })
+	return &testBus{Bus: b, srv: srv, rm: rm}
+}
+
+// agentBus connects node's agent to b's server under the node's own
+// identity; it is closed when the test ends.
+func agentBus(t *testing.T, b *testBus, node string) *bus.Bus {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	ab, err := bus.Connect(ctx, bus.Config{URL: b.srv.URL(), Name: nodeagent.ServiceName + "-" + node,
+		CredsFile: natstest.Node(t, b.srv, node), SkipProvision: true})
+	if err != nil {
+		t.Fatalf("connect agent %s: %v", node, err)
+	}
+	t.Cleanup(func() { _ = ab.Close(context.Background()) })
+	return ab
 }
 
 func testConfig(t *testing.T, node string) nodeagent.Config {
@@ -48,12 +90,13 @@ func testConfig(t *testing.T, node string) nodeagent.Config {
 
 // startAgent runs an agent until the returned stop is called (or the test
 // ends); stop waits for RunWithBus to return and fails the test on error.
-func startAgent(t *testing.T, b *bus.Bus, cfg nodeagent.Config) (stop func()) {
+func startAgent(t *testing.T, b *testBus, cfg nodeagent.Config) (stop func()) {
 	t.Helper()
+	ab := agentBus(t, b, cfg.NodeID)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
-	go func() { done <- nodeagent.RunWithBus(ctx, cfg, b, log) }()
+	go func() { done <- nodeagent.RunWithBus(ctx, cfg, ab, log) }()
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
@@ -90,7 +133,7 @@ type recorder[T any] struct {
 	raw  []*bus.Msg
 }
 
-func record[T any](t *testing.T, b *bus.Bus, stream, subject string) *recorder[T] {
+func record[T any](t *testing.T, b *testBus, stream, subject string) *recorder[T] {
 	t.Helper()
 	r := &recorder[T]{}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -166,9 +209,15 @@ func allocation(node, job string, spec contracts.RunSpec, gpus ...int) contracts
 	return a
 }
 
-// ledger publishes an entry as the resource manager does, and returns its
-// stream sequence. msgID "" means the contract's LedgerEntryID.
-func ledger(t *testing.T, b *bus.Bus, kind contracts.LedgerKind, a contracts.Allocation, msgID string) uint64 {
+// ledger publishes an entry as the resource manager (b.rm), and returns
+// its stream sequence. msgID "" means the contract's LedgerEntryID.
+func ledger(t *testing.T, b *testBus, kind contracts.LedgerKind, a contracts.Allocation, msgID string) uint64 {
+	t.Helper()
+	return publishLedger(t, b.rm, kind, a, msgID)
+}
+
+// publishLedger publishes a ledger entry on p, whoever p is.
+func publishLedger(t *testing.T, p *bus.Bus, kind contracts.LedgerKind, a contracts.Allocation, msgID string) uint64 {
 	t.Helper()
 	if msgID == "" {
 		msgID = contracts.LedgerEntryID(kind, a.ID)
@@ -177,14 +226,14 @@ func ledger(t *testing.T, b *bus.Bus, kind contracts.LedgerKind, a contracts.All
 	if kind == contracts.LedgerReleased {
 		e.Reason = contracts.ReasonNodeLost
 	}
-	ack, err := b.Publish(context.Background(), contracts.SubjectLedger(a.NodeID), msgID, e)
+	ack, err := p.Publish(context.Background(), contracts.SubjectLedger(a.NodeID), msgID, e)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return ack.Sequence
 }
 
-func stopRun(t *testing.T, b *bus.Bus, a contracts.Allocation, grace time.Duration) uint64 {
+func stopRun(t *testing.T, b *testBus, a contracts.Allocation, grace time.Duration) uint64 {
 	t.Helper()
 	c := contracts.NodeCommand{SchemaVersion: contracts.SchemaVersion, Kind: contracts.CommandStopRun, AllocationID: a.ID,
 		Tenant: a.Tenant, JobID: a.JobID, Attempt: a.Attempt, Reason: contracts.ReasonCancelled,
@@ -199,12 +248,12 @@ func stopRun(t *testing.T, b *bus.Bus, a contracts.Allocation, grace time.Durati
 
 // waitAcked waits until the agent's durable consumer on stream has acked
 // everything up to seq: the agent has handled that message.
-func waitAcked(t *testing.T, b *bus.Bus, stream, node string, seq uint64) {
+func waitAcked(t *testing.T, b *testBus, stream, node string, seq uint64) {
 	t.Helper()
 	eventually(t, fmt.Sprintf("%s seq %d acked by node %s", stream, seq, node), func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		c, err := b.JetStream().Consumer(ctx, stream, "node-agent-"+node)
+		c, err := b.JetStream().Consumer(ctx, stream, contracts.NodeConsumer(node))
 		if err != nil {
 			return false
 		}
@@ -594,6 +643,74 @@ func TestAllocationsThatMustNotRun(t *testing.T) {
 	}
 }
 
+// TestLedgerEntriesNotFromTheResourceManagerAreRefused: the agent acts
+// only on ledger entries the resource manager published (issue 12's
+// defence in depth). The operator may publish anywhere, so its forgeries
+// reach the agent: a forged commit is dead-lettered and never run, and a
+// forged release in the history does not keep the real commit from
+// running.
+func TestLedgerEntriesNotFromTheResourceManagerAreRefused(t *testing.T) {
+	tests := []struct {
+		name string
+		// forge publishes the forgery, before (history) or after the
+		// agent started, and returns the allocation the real resource
+		// manager then commits.
+		forge   func(t *testing.T, b *testBus, node string) (forgedSeq uint64, real contracts.Allocation)
+		history bool
+	}{
+		{name: "forged commit", forge: func(t *testing.T, b *testBus, node string) (uint64, contracts.Allocation) {
+			forged := allocation(node, "forged", contracts.RunSpec{Duration: contracts.Duration(time.Minute)}, 0)
+			return publishLedger(t, b.Bus, contracts.LedgerCommitted, forged, ""),
+				allocation(node, "real", contracts.RunSpec{Duration: contracts.Duration(time.Second)}, 1)
+		}},
+		{name: "forged release in the history", history: true, forge: func(t *testing.T, b *testBus, node string) (uint64, contracts.Allocation) {
+			real := allocation(node, "real", contracts.RunSpec{Duration: contracts.Duration(time.Second)}, 1)
+			return publishLedger(t, b.Bus, contracts.LedgerReleased, real, ""), real
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			b := connect(t)
+			const node = "h100-01"
+			runs := record[contracts.RunEvent](t, b, contracts.StreamRuns, contracts.SubjectRuns(node))
+			dead := record[json.RawMessage](t, b, contracts.StreamDeadLetters,
+				contracts.SubjectDeadLetter(contracts.StreamAllocations, contracts.NodeConsumer(node)))
+			cfg := testConfig(t, node)
+			counter := newCountingRunner(t)
+			cfg.Runner = counter
+			var forgedSeq uint64
+			var real contracts.Allocation
+			if tc.history {
+				forgedSeq, real = tc.forge(t, b, node)
+				startAgent(t, b, cfg)
+			} else {
+				startAgent(t, b, cfg)
+				forgedSeq, real = tc.forge(t, b, node)
+			}
+			if src := "/gpuplane/" + b.Name(); strings.HasPrefix(src, "/gpuplane/resource-manager") {
+				t.Fatalf("the forger's source %s is the resource manager's", src)
+			}
+			waitAcked(t, b, contracts.StreamAllocations, node, forgedSeq)
+			ledger(t, b, contracts.LedgerCommitted, real, "")
+			// The real commit runs: a forged release did not stop it.
+			waitEnded(t, runs, real.ID)
+			for _, ev := range runs.all() {
+				if ev.AllocationID != real.ID {
+					t.Errorf("a run fact of %s, which only the forger committed: %+v", ev.AllocationID, ev)
+				}
+			}
+			if n := counter.launches(real.ID); n != 1 {
+				t.Errorf("%s launched %d times, want 1", real.ID, n)
+			}
+			// The forgery is parked as a dead letter, with the reason.
+			eventually(t, "the forged entry dead-lettered", func() bool { return len(dead.all()) == 1 })
+			if r := dead.header(0, contracts.HeaderDeadLetterReason); !strings.Contains(r, "not the resource manager") {
+				t.Errorf("dead letter reason %q", r)
+			}
+		})
+	}
+}
+
 func TestReleaseWhileRunningStopsTheRun(t *testing.T) {
 	b := connect(t)
 	const node = "h100-01"
@@ -614,7 +731,7 @@ func TestRunConnectsWithItsBusConfig(t *testing.T) {
 	srv := natstest.Start(t)
 	cfg := testConfig(t, "l4-01")
 	cfg.GPUModel, cfg.GPUCount, cfg.NVLink = "L4", 4, false
-	cfg.Bus = service.BusConfig{NATSURL: srv.URL(), Replicas: 1}
+	cfg.Bus = service.BusConfig{NATSURL: srv.URL(), Replicas: 1, Creds: natstest.Node(t, srv, "l4-01")}
 
 	bad := cfg
 	bad.Bus.Replicas, bad.GPUCount = 2, 0
@@ -623,14 +740,16 @@ func TestRunConnectsWithItsBusConfig(t *testing.T) {
 		t.Fatalf("Run with a broken config: %v; want both problems reported", err)
 	}
 
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- nodeagent.Run(ctx, cfg, slog.New(slog.NewTextHandler(t.Output(), nil))) }()
-	observer, err := bus.Connect(context.Background(), bus.Config{URL: srv.URL(), Name: "observer", SkipProvision: true})
+	// A node agent may not create streams: the services (here the
+	// operator observing) do.
+	observer, err := bus.Connect(context.Background(), bus.Config{URL: srv.URL(), Name: "observer", CredsFile: natstest.Operator(t, srv)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = observer.Close(context.Background()) })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- nodeagent.Run(ctx, cfg, slog.New(slog.NewTextHandler(t.Output(), nil))) }()
 	eventually(t, "inventory of l4-01", func() bool {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
@@ -682,7 +801,7 @@ func TestNVMLBackendRefusesToStartWithoutTheDriver(t *testing.T) {
 	cfg.BackendKind = nodeagent.BackendNVML
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
-	err := nodeagent.RunWithBus(ctx, cfg, b, slog.New(slog.NewTextHandler(t.Output(), nil)))
+	err := nodeagent.RunWithBus(ctx, cfg, agentBus(t, b, "gpu-01"), slog.New(slog.NewTextHandler(t.Output(), nil)))
 	if !errors.Is(err, nvmlgpu.ErrLibraryNotFound) {
 		t.Fatalf("RunWithBus: %v; want an error wrapping nvmlgpu.ErrLibraryNotFound", err)
 	}

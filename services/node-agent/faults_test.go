@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
-	"github.com/gpuplane/gpuplane/libs/bus"
 	nodeagent "github.com/gpuplane/gpuplane/services/node-agent"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/catalog"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/sim"
@@ -31,7 +30,7 @@ func mustModel(t *testing.T, id string) catalog.Model {
 
 // injectFault publishes an inject_fault command as gpuctl and tests do,
 // and returns its stream sequence. msgID "" means FaultCommandID.
-func injectFault(t *testing.T, b *bus.Bus, node string, f contracts.Fault, msgID string) uint64 {
+func injectFault(t *testing.T, b *testBus, node string, f contracts.Fault, msgID string) uint64 {
 	t.Helper()
 	if msgID == "" {
 		msgID = contracts.FaultCommandID(node, f.ID)
@@ -54,7 +53,7 @@ type nodeRecorders struct {
 	runs   *recorder[contracts.RunEvent]
 }
 
-func recordNode(t *testing.T, b *bus.Bus, node string) nodeRecorders {
+func recordNode(t *testing.T, b *testBus, node string) nodeRecorders {
 	return nodeRecorders{
 		health: record[contracts.HealthEvent](t, b, contracts.StreamNodes, contracts.SubjectNodeHealth(node)),
 		inv:    record[contracts.NodeInventory](t, b, contracts.StreamNodes, contracts.SubjectInventory(node)),
@@ -220,7 +219,7 @@ func TestFaultsThatCannotApply(t *testing.T) {
 	startAgent(t, b, testConfig(t, node))
 	eventually(t, "first inventory", func() bool { return len(r.inv.all()) == 1 })
 	dlq := record[contracts.NodeCommand](t, b, contracts.StreamDeadLetters,
-		contracts.SubjectDeadLetter(contracts.StreamNodeCommands, "node-agent-"+node))
+		contracts.SubjectDeadLetter(contracts.StreamNodeCommands, contracts.NodeConsumer(node)))
 
 	for _, f := range []contracts.Fault{
 		{ID: "no-such-gpu", Kind: contracts.FaultXID, GPU: "9"},
@@ -328,7 +327,8 @@ func TestMachineDeathKillsRunsAndStopsTheAgent(t *testing.T) {
 	defer cancel()
 	done := make(chan error, 1)
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug}))
-	go func() { done <- nodeagent.RunWithBus(ctx, cfg, b, log) }()
+	ab := agentBus(t, b, node)
+	go func() { done <- nodeagent.RunWithBus(ctx, cfg, ab, log) }()
 	eventually(t, "first inventory", func() bool { return len(r.inv.all()) == 1 })
 
 	pidFile := filepath.Join(t.TempDir(), "pid")
@@ -374,7 +374,7 @@ func TestMachineDeathKillsRunsAndStopsTheAgent(t *testing.T) {
 	// A fresh durable consumer makes the new agent read it again at once.
 	dctx, dcancel := context.WithTimeout(context.Background(), limit)
 	defer dcancel()
-	if err := b.JetStream().DeleteConsumer(dctx, contracts.StreamNodeCommands, "node-agent-"+node); err != nil {
+	if err := b.JetStream().DeleteConsumer(dctx, contracts.StreamNodeCommands, contracts.NodeConsumer(node)); err != nil {
 		t.Fatal(err)
 	}
 	startAgent(t, b, cfg)

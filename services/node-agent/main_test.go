@@ -23,6 +23,7 @@ const helperAgentEnv = "GPUPLANE_TEST_HELPER_AGENT"
 // helperAgent is what the helper process is told to run.
 type helperAgent struct {
 	URL           string
+	Creds         string // the node's creds file
 	NodeID        string
 	LogDir        string
 	CheckpointDir string
@@ -47,7 +48,7 @@ func runHelperAgent(spec string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("helper", true)
-	b, err := bus.Connect(ctx, bus.Config{URL: h.URL, Name: "helper-agent", SkipProvision: true})
+	b, err := bus.Connect(ctx, bus.Config{URL: h.URL, Name: "helper-agent", CredsFile: h.Creds, SkipProvision: true})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "helper agent:", err)
 		return 1

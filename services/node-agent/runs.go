@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os/exec"
+	"strings"
 	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
@@ -65,6 +66,12 @@ func (a *agent) rebuild(ctx context.Context) error {
 	}
 	node := a.cfg.NodeID
 	err := a.feed.Replay(ctx, contracts.StreamAllocations, contracts.SubjectLedger(node), func(_ context.Context, m *bus.Msg) error {
+		if !fromResourceManager(m) {
+			// A forged release would keep a real allocation from running.
+			a.log.Warn("skipping a ledger entry not published by the resource manager",
+				"source", m.Header.Get(contracts.HeaderCESource), "stream_seq", m.StreamSeq)
+			return nil
+		}
 		var e contracts.LedgerEntry
 		if err := m.Decode(&e); err != nil {
 			a.log.Warn("skipping undecodable ledger entry", "stream_seq", m.StreamSeq, "err", err)
@@ -136,8 +143,31 @@ func (a *agent) recordFact(ev contracts.RunEvent) {
 	}
 }
 
+// resourceManagerSource is the CloudEvents source prefix of every
+// resource manager replica: the bus sets the source to "/gpuplane/<its
+// connection name>", and a replica's name is "resource-manager" (its
+// ServiceName) or, when replicas tell their writes apart, starts with it.
+const resourceManagerSource = "/gpuplane/resource-manager"
+
+// fromResourceManager reports whether a ledger entry carries the resource
+// manager's identity. The bus's permissions already let only the resource
+// manager publish ledger entries; this check is the agent's own defence
+// in depth (issue 12): a ledger entry runs a command as root on the
+// node's GPUs, so one published by anyone else (an operator's hand, a
+// misconfigured identity) must never run.
+func fromResourceManager(m *bus.Msg) bool {
+	return strings.HasPrefix(m.Header.Get(contracts.HeaderCESource), resourceManagerSource)
+}
+
 // onLedger handles one entry of gp.alloc.ledger.<node>.
 func (a *agent) onLedger(ctx context.Context, m *bus.Msg) error {
+	if !fromResourceManager(m) {
+		// Dead-lettered, not retried: kept for an operator to see, never run.
+		src := m.Header.Get(contracts.HeaderCESource)
+		a.log.Warn("refusing a ledger entry not published by the resource manager",
+			"source", src, "stream_seq", m.StreamSeq)
+		return bus.Permanent(fmt.Errorf("ledger entry seq %d from %q, not the resource manager", m.StreamSeq, src))
+	}
 	var e contracts.LedgerEntry
 	if err := m.Decode(&e); err != nil {
 		return bus.Permanent(err)
