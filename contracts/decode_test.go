@@ -793,3 +793,57 @@ func BenchmarkDecodeJobRequest(b *testing.B) {
 		}
 	})
 }
+
+// hasDuplicateKey reports whether any object of a valid JSON document
+// names a key twice; written apart from the decoder, as the oracle for
+// what JSON Schema leaves unsaid.
+func hasDuplicateKey(data []byte) bool {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	var walk func() bool
+	walk = func() bool {
+		tok, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		d, ok := tok.(json.Delim)
+		if !ok {
+			return false
+		}
+		seen := map[string]bool{}
+		dup := false
+		for dec.More() {
+			if d == '{' {
+				k, _ := dec.Token()
+				key, _ := k.(string)
+				dup = dup || seen[key]
+				seen[key] = true
+			}
+			dup = walk() || dup
+		}
+		_, _ = dec.Token()
+		return dup
+	}
+	return walk()
+}
+
+// FuzzCancelRequestAgreesWithSchema: for any body, the decoder and an
+// independent validator of cancel-request.json agree (a duplicated key
+// counting as refused), with no rule beyond the schema in between.
+func FuzzCancelRequestAgreesWithSchema(f *testing.F) {
+	for _, s := range []string{`{"jobId":"a"}`, `{"jobId":"a","reason":"x","schemaVersion":1}`, `{"jobId":"a","jobId":"b"}`,
+		`{"JobId":"a"}`, `{"jobId":null}`, `{"jobId":"a","schemaVersion":1.0}`, `{"jobId":"a","reason":"` + strings.Repeat("é", 1025) + `"}`, `null`, `[]`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) > MaxMessageBytes {
+			return
+		}
+		sch := oracle(t, "cancel-request.json")
+		inst, err := jsonschema.UnmarshalJSON(bytes.NewReader(data))
+		schemaOK := err == nil && sch.Validate(inst) == nil && !hasDuplicateKey(data)
+		_, decErr := DecodeCancelRequest(data)
+		if schemaOK != (decErr == nil) {
+			t.Fatalf("%q: schema accepts %v, decoder says %v", data, schemaOK, decErr)
+		}
+	})
+}
