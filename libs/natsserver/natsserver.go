@@ -124,6 +124,11 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 		opts.TLSConfig = c
 		opts.TLS = true
 		opts.TLSTimeout = 5
+		// A client that starts with a TLS hello (openssl s_client, a
+		// TLS-terminating probe, nats.TLSHandshakeFirst) gets TLS at once;
+		// one that waits for INFO first gets it after 300 ms, as usual.
+		opts.TLSHandshakeFirst = true
+		opts.TLSHandshakeFirstFallback = 300 * time.Millisecond
 	}
 	ns, err := server.NewServer(opts)
 	if err != nil {

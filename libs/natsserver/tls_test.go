@@ -1,7 +1,12 @@
 package natsserver_test
 
 import (
+	"context"
 	"crypto/tls"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -68,5 +73,29 @@ func TestTLS13Only(t *testing.T) {
 				t.Fatalf("TLS version %x, want 1.3", st.Version)
 			}
 		})
+	}
+	// openssl, as an outside probe would: TLS 1.3 is spoken, 1.2 and 1.1
+	// are refused.
+	if _, err := exec.LookPath("openssl"); err != nil {
+		t.Skip("openssl not installed")
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "ca.pem"), ca.CertPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addr := srv.Addr().String()
+	for _, v := range []struct {
+		flag string
+		ok   bool
+	}{{"-tls1_3", true}, {"-tls1_2", false}, {"-tls1_1", false}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		cmd := exec.CommandContext(ctx, "openssl", "s_client", "-connect", addr, v.flag, "-CAfile", filepath.Join(dir, "ca.pem"), "-verify_return_error")
+		cmd.Stdin = strings.NewReader("")
+		out, err := cmd.CombinedOutput()
+		cancel()
+		spoke := err == nil && strings.Contains(string(out), "TLSv1.3")
+		if spoke != v.ok {
+			t.Errorf("openssl s_client %s: handshake ok=%v, want %v\n%s", v.flag, spoke, v.ok, out)
+		}
 	}
 }
