@@ -24,6 +24,9 @@ func RejectedSubject(seq uint64) string {
 // exactly one string (exact case), for a request that does not decode:
 // its rejection then goes to the job's own subject (FLOWS.md).
 func topLevelID(data []byte) string {
+	if len(data) > MaxMessageBytes {
+		return "" // not read at all
+	}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
 		return ""

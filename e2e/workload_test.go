@@ -155,8 +155,9 @@ func TestPlatformEndToEnd(t *testing.T) {
 		}
 	})
 
-	// A subject tenant that is not a valid tenant cannot even be answered
-	// under its own subject: it is dead-lettered with the reason.
+	// A subject tenant that is not a valid tenant cannot be answered under
+	// its own subject: it is answered on contracts.RejectedSubject(seq)
+	// and dead-lettered with the reason.
 	badSubj := nats.NewMsg("gp.jobs.submit.BAD_TENANT")
 	badSubj.Data = []byte(`{"id":"x","resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`)
 	badSubj.Header.Set(contracts.HeaderMsgID, "bad-subject-1")
