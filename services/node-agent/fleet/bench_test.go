@@ -28,6 +28,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/natsauth"
 	"github.com/gpuplane/gpuplane/libs/natsserver"
 	nodeagent "github.com/gpuplane/gpuplane/services/node-agent"
 	"github.com/gpuplane/gpuplane/services/node-agent/fleet"
@@ -49,10 +50,17 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// serveNATS runs an embedded JetStream server storing in dir, prints its
-// client and monitoring URLs on one line, and stops when stdin closes.
+// serveNATS runs an embedded JetStream server storing in dir/store, with
+// the trust saved in dir/trust (authentication on, as everywhere), prints
+// its client and monitoring URLs on one line, and stops when stdin closes.
 func serveNATS(dir string) int {
-	srv, err := natsserver.Start(context.Background(), natsserver.Options{StoreDir: dir, HTTPPort: -1})
+	trust, err := natsauth.Load(filepath.Join(dir, "trust"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	srv, err := natsserver.Start(context.Background(), natsserver.Options{StoreDir: filepath.Join(dir, "store"),
+		HTTPPort: -1, Trust: trust})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -145,16 +153,24 @@ func benchFleet(b *testing.B, n int, window time.Duration) {
 	srv := startBenchServer(b)
 	warns := &warnCounter{}
 	log := slog.New(warns)
-	connect := func(name string) *bus.Bus {
-		bb, err := bus.Connect(ctx, bus.Config{URL: srv.url, Name: name, Logger: log})
+	// Each party connects as itself: the fleet with the fleet's
+	// permissions, the probe (which provisions the streams) as the
+	// operator, the commits as the resource manager.
+	connect := func(name string, id contracts.Identity) *bus.Bus {
+		creds, err := srv.trust.WriteCreds(srv.credsDir, id)
+		if err != nil {
+			b.Fatal(err)
+		}
+		bb, err := bus.Connect(ctx, bus.Config{URL: srv.url, Name: name, Logger: log, CredsFile: creds})
 		if err != nil {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { _ = bb.Close(context.Background()) })
 		return bb
 	}
-	fb := connect("node-agent-fleet")
-	probe := connect("fleet-bench")
+	probe := connect("fleet-bench", contracts.Identity{Name: "operator", Role: contracts.BusOperator})
+	fb := connect("node-agent-fleet", contracts.Identity{Name: "fleet", Role: contracts.BusFleet})
+	rm := connect("resource-manager", contracts.Identity{Name: "resource-manager", Role: contracts.BusResourceManager})
 	js := probe.JetStream()
 
 	f := benchFleetShape(b, n)
@@ -221,7 +237,7 @@ func benchFleet(b *testing.B, n int, window time.Duration) {
 		}
 	}
 	commitStart := time.Now()
-	commitAll(b, ctx, probe, busy)
+	commitAll(b, ctx, rm, busy)
 	waitFor(b, ctx, 5*time.Minute, fmt.Sprintf("%d started runs", len(busy)), func() (uint64, bool) {
 		running()
 		info, err := streamInfo(ctx, js, contracts.StreamRuns)
@@ -320,12 +336,23 @@ func profileWindow(b *testing.B) (stop func()) {
 type benchServer struct {
 	url, monitor string
 	pid          int
+	// trust mints the credentials of each party, into credsDir.
+	trust    *natsauth.Trust
+	credsDir string
 }
 
 func startBenchServer(b *testing.B) benchServer {
 	b.Helper()
+	dir := b.TempDir()
+	trust, err := natsauth.New()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := trust.Save(filepath.Join(dir, "trust")); err != nil {
+		b.Fatal(err)
+	}
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), benchServerEnv+"="+b.TempDir())
+	cmd.Env = append(os.Environ(), benchServerEnv+"="+dir)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		b.Fatal(err)
@@ -357,7 +384,7 @@ func startBenchServer(b *testing.B) benchServer {
 	if !ok {
 		b.Fatalf("NATS server process said %q", line)
 	}
-	return benchServer{url: url, monitor: monitor, pid: cmd.Process.Pid}
+	return benchServer{url: url, monitor: monitor, pid: cmd.Process.Pid, trust: trust, credsDir: filepath.Join(dir, "creds")}
 }
 
 // varz is the part of the server's /varz the benchmark reads.

@@ -16,7 +16,6 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
-	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 	nodeagent "github.com/gpuplane/gpuplane/services/node-agent"
 	"github.com/gpuplane/gpuplane/services/node-agent/fleet"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/sim"
@@ -81,14 +80,10 @@ func TestNewMachine(t *testing.T) {
 // dies with it and nothing more is reported; started again, it comes back
 // as a new incarnation.
 func TestDynamicStartAndKill(t *testing.T) {
-	srv := natstest.Start(t)
+	bs := fleet.ConnectBuses(t)
+	b := bs.Op
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "dynamic-test", Streams: contracts.StreamOptions{Memory: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close(context.Background()) })
 
 	var mu sync.Mutex
 	incarnations := map[string]bool{}
@@ -119,7 +114,7 @@ func TestDynamicStartAndKill(t *testing.T) {
 		return func() bool { mu.Lock(); defer mu.Unlock(); return cond() }
 	}
 
-	d := fleet.NewDynamic(b, nodeagent.Config{HeartbeatInterval: 100 * time.Millisecond, TelemetryInterval: 100 * time.Millisecond,
+	d := fleet.NewDynamic(bs.Fleet, nodeagent.Config{HeartbeatInterval: 100 * time.Millisecond, TelemetryInterval: 100 * time.Millisecond,
 		LogDir: t.TempDir()}, slog.New(slog.NewTextHandler(t.Output(), nil)))
 	m, err := fleet.Default().NewMachine("spot-1", "l4", "pcie-l4-4", "")
 	if err != nil {
@@ -139,7 +134,7 @@ func TestDynamicStartAndKill(t *testing.T) {
 	alloc := contracts.Allocation{ID: contracts.AllocationID("acme", "j1", 1), Tenant: "acme", JobID: "j1", Attempt: 1,
 		NodeID: "spot-1", Pool: "l4", Run: contracts.RunSpec{Command: []string{"sh", "-c", "echo $$ > " + pidFile + "; exec sleep 60"}},
 		Devices: []contracts.DeviceRef{{Index: 0, UUID: sim.UUID("spot-1", 0), Model: "L4"}}}
-	if _, err := b.Publish(ctx, contracts.SubjectLedger("spot-1"), contracts.LedgerEntryID(contracts.LedgerCommitted, alloc.ID),
+	if _, err := bs.RM.Publish(ctx, contracts.SubjectLedger("spot-1"), contracts.LedgerEntryID(contracts.LedgerCommitted, alloc.ID),
 		contracts.LedgerEntry{SchemaVersion: contracts.SchemaVersion, Kind: contracts.LedgerCommitted, Allocation: alloc, Time: time.Now()}); err != nil {
 		t.Fatal(err)
 	}

@@ -21,20 +21,6 @@ import (
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/sim"
 )
 
-func connectFeedTest(t *testing.T) *bus.Bus {
-	t.Helper()
-	srv := natstest.Start(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "feed-test",
-		Streams: contracts.StreamOptions{Memory: true}, Logger: slog.New(slog.NewTextHandler(t.Output(), nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close(context.Background()) })
-	return b
-}
-
 func publishCommand(t *testing.T, b *bus.Bus, node, allocID string) {
 	t.Helper()
 	c := contracts.NodeCommand{SchemaVersion: contracts.SchemaVersion, Kind: contracts.CommandStopRun, AllocationID: allocID,
@@ -57,16 +43,16 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // The start history is a snapshot handed out once per subject; a later
 // replay of the same subject reads the stream as it is then.
 func TestSharedFeedReplaysHistoryOnceThenTheBus(t *testing.T) {
-	b := connectFeedTest(t)
+	b := ConnectBuses(t)
 	ctx := t.Context()
-	publishCommand(t, b, "n1", "a1")
-	publishCommand(t, b, "n2", "a2")
-	publishCommand(t, b, "stranger", "a3") // not one of the fleet's machines
-	f := newSharedFeed(b, slog.New(slog.DiscardHandler), []string{"n1", "n2"})
+	publishCommand(t, b.Op, "n1", "a1")
+	publishCommand(t, b.Op, "n2", "a2")
+	publishCommand(t, b.Op, "stranger", "a3") // not one of the fleet's machines
+	f := newSharedFeed(b.Fleet, slog.New(slog.DiscardHandler), []string{"n1", "n2"})
 	if err := f.loadHistory(ctx); err != nil {
 		t.Fatal(err)
 	}
-	publishCommand(t, b, "n1", "a4") // after the snapshot
+	publishCommand(t, b.Op, "n1", "a4") // after the snapshot
 
 	replay := func(subject string) []string {
 		t.Helper()
@@ -103,17 +89,17 @@ func TestSharedFeedReplaysHistoryOnceThenTheBus(t *testing.T) {
 // agent its own node's messages in stream order, and acknowledge messages
 // for machines outside the fleet without handing them to anyone.
 func TestSharedFeedRoutesEachNodesMessagesInOrder(t *testing.T) {
-	b := connectFeedTest(t)
+	b := ConnectBuses(t)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	nodes := []string{"n1", "n2", "n3"}
-	f := newSharedFeed(b, slog.New(slog.DiscardHandler), nodes)
+	f := newSharedFeed(b.Fleet, slog.New(slog.DiscardHandler), nodes)
 	if err := f.loadHistory(ctx); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 20 {
 		for _, n := range []string{"n1", "n2", "stranger"} {
-			publishCommand(t, b, n, fmt.Sprintf("%s-%02d", n, i))
+			publishCommand(t, b.Op, n, fmt.Sprintf("%s-%02d", n, i))
 		}
 	}
 
@@ -170,7 +156,7 @@ func TestSharedFeedRoutesEachNodesMessagesInOrder(t *testing.T) {
 			t.Errorf("%s got %v, want its own commands in stream order", n, got[n])
 		}
 	}
-	js := b.JetStream()
+	js := b.Op.JetStream()
 	eventually(t, "the stranger's commands acknowledged", func() bool {
 		c, err := js.Consumer(ctx, contracts.StreamNodeCommands, f.durable)
 		if err != nil {
@@ -280,24 +266,24 @@ func t4Fleet(pools ...string) Fleet {
 // agents act on ledger entries and commands through them as standalone
 // agents do through their own.
 func TestFleetSharesOneDurablePerStream(t *testing.T) {
-	b := connectFeedTest(t)
-	startFleet(t, b, t4Fleet("t4", "spare"))
-	run := commit(t, b, "t4-01", "train")
-	other := commit(t, b, "spare-02", "serve")
+	b := ConnectBuses(t)
+	startFleet(t, b.Fleet, t4Fleet("t4", "spare"))
+	run := commit(t, b.RM, "t4-01", "train")
+	other := commit(t, b.RM, "spare-02", "serve")
 	for _, a := range []contracts.Allocation{run, other} {
-		eventually(t, a.ID+" started", func() bool { return len(runFacts(t, b, a.NodeID, a.ID)) == 1 })
+		eventually(t, a.ID+" started", func() bool { return len(runFacts(t, b.Op, a.NodeID, a.ID)) == 1 })
 	}
-	publishCommand(t, b, "t4-01", run.ID)
-	eventually(t, run.ID+" stopped", func() bool { return len(runFacts(t, b, "t4-01", run.ID)) == 2 })
+	publishCommand(t, b.Op, "t4-01", run.ID)
+	eventually(t, run.ID+" stopped", func() bool { return len(runFacts(t, b.Op, "t4-01", run.ID)) == 2 })
 
-	js := b.JetStream()
+	js := b.Op.JetStream()
 	for _, stream := range []string{contracts.StreamAllocations, contracts.StreamNodeCommands} {
 		got := durableConsumers(t, js, stream)
 		if len(got) != 1 || !strings.HasPrefix(got[0], "node-agent-fleet-") {
 			t.Errorf("%s has durable consumers %v, want one for the whole fleet", stream, got)
 		}
 	}
-	if got := runFacts(t, b, "spare-02", other.ID); !slices.Equal(got, []string{"started"}) {
+	if got := runFacts(t, b.Op, "spare-02", other.ID); !slices.Equal(got, []string{"started"}) {
 		t.Errorf("spare-02's run has facts %v, want it still running", got)
 	}
 }
@@ -307,25 +293,25 @@ func TestFleetSharesOneDurablePerStream(t *testing.T) {
 // machines is not started again, because the machine's agent rebuilt from
 // the start history first.
 func TestChangedFleetDoesNotRestartRuns(t *testing.T) {
-	b := connectFeedTest(t)
-	stop := startFleet(t, b, t4Fleet("t4"))
-	first := commit(t, b, "t4-01", "first")
-	eventually(t, "first run started", func() bool { return len(runFacts(t, b, "t4-01", first.ID)) == 1 })
+	b := ConnectBuses(t)
+	stop := startFleet(t, b.Fleet, t4Fleet("t4"))
+	first := commit(t, b.RM, "t4-01", "first")
+	eventually(t, "first run started", func() bool { return len(runFacts(t, b.Op, "t4-01", first.ID)) == 1 })
 	stop()
 	// A second started fact must be stored, not dropped as a duplicate.
-	natstest.ForgetMsgIDs(t, b.JetStream(), contracts.StreamRuns)
+	natstest.ForgetMsgIDs(t, b.Op.JetStream(), contracts.StreamRuns)
 
-	startFleet(t, b, t4Fleet("t4", "l4"))
-	second := commit(t, b, "t4-01", "second")
+	startFleet(t, b.Fleet, t4Fleet("t4", "l4"))
+	second := commit(t, b.RM, "t4-01", "second")
 	// The second entry follows the first on the node's subject, and a
 	// subject's entries are handled in order: once the second has started,
 	// the first was seen again.
-	eventually(t, "second run started", func() bool { return len(runFacts(t, b, "t4-01", second.ID)) == 1 })
-	got := runFacts(t, b, "t4-01", first.ID)
+	eventually(t, "second run started", func() bool { return len(runFacts(t, b.Op, "t4-01", second.ID)) == 1 })
+	got := runFacts(t, b.Op, "t4-01", first.ID)
 	if n := strings.Count(strings.Join(got, " "), "started"); n != 1 {
 		t.Fatalf("first allocation has facts %v: started %d times", got, n)
 	}
-	if got := durableConsumers(t, b.JetStream(), contracts.StreamAllocations); len(got) != 2 {
+	if got := durableConsumers(t, b.Op.JetStream(), contracts.StreamAllocations); len(got) != 2 {
 		t.Fatalf("ALLOCATIONS durables %v, want one per fleet shape", got)
 	}
 }

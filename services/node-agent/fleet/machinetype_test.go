@@ -11,7 +11,6 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
-	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 	nodeagent "github.com/gpuplane/gpuplane/services/node-agent"
 	"github.com/gpuplane/gpuplane/services/node-agent/fleet"
 )
@@ -85,14 +84,10 @@ func TestMachineTypeOptionsAreValidated(t *testing.T) {
 // TestDeadMachineStaysDeadAndTheFleetGoesOn: a machine_death fault ends
 // one agent; the fleet neither stops nor restarts it.
 func TestDeadMachineStaysDeadAndTheFleetGoesOn(t *testing.T) {
-	srv := natstest.Start(t)
+	bs := fleet.ConnectBuses(t)
+	b := bs.Op
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "fleet-test", Streams: contracts.StreamOptions{Memory: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close(context.Background()) })
 	f, err := fleet.Parse([]byte(`
 machineTypes:
   t4: {gpuModel: T4, gpuCount: 1}
@@ -137,7 +132,7 @@ pools:
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- fleet.Run(runCtx, f, b, nodeagent.Config{HeartbeatInterval: 100 * time.Millisecond,
+		done <- fleet.Run(runCtx, f, bs.Fleet, nodeagent.Config{HeartbeatInterval: 100 * time.Millisecond,
 			TelemetryInterval: 100 * time.Millisecond, LogDir: t.TempDir()}, slog.New(slog.NewTextHandler(t.Output(), nil)))
 	}()
 	waitFor("both machines' heartbeats", func() bool { a, _ := count("t4-01"); c, _ := count("t4-02"); return a >= 2 && c >= 2 })

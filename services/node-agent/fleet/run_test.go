@@ -9,20 +9,15 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
-	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 	nodeagent "github.com/gpuplane/gpuplane/services/node-agent"
 	"github.com/gpuplane/gpuplane/services/node-agent/fleet"
 )
 
 func TestRunStartsOneAgentPerMachineOnOneConnection(t *testing.T) {
-	srv := natstest.Start(t)
+	bs := fleet.ConnectBuses(t)
+	b := bs.Op
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "fleet-test", Streams: contracts.StreamOptions{Memory: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close(context.Background()) })
 
 	f, err := fleet.Parse([]byte(`
 machineTypes:
@@ -60,7 +55,7 @@ pools:
 	runCtx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- fleet.Run(runCtx, f, b, nodeagent.Config{HeartbeatInterval: 100 * time.Millisecond,
+		done <- fleet.Run(runCtx, f, bs.Fleet, nodeagent.Config{HeartbeatInterval: 100 * time.Millisecond,
 			TelemetryInterval: 100 * time.Millisecond, LogDir: t.TempDir()},
 			slog.New(slog.NewTextHandler(t.Output(), nil)))
 	}()

@@ -16,17 +16,27 @@ import (
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 )
 
-func connect(t testing.TB) *bus.Bus {
+// connect starts a server for t and returns the operator's bus, which
+// provisions the streams and reads the output back, and the bus of the
+// run's node agent, which ships it with the node's own permissions.
+func connect(t testing.TB) (op, node *bus.Bus) {
 	t.Helper()
 	srv := natstest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "logship-test", Streams: contracts.StreamOptions{Memory: true}})
+	op, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "logship-test", CredsFile: natstest.Operator(t, srv),
+		Streams: contracts.StreamOptions{Memory: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = b.Close(context.Background()) })
-	return b
+	t.Cleanup(func() { _ = op.Close(context.Background()) })
+	node, err = bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "node-agent-" + run.NodeID,
+		CredsFile: natstest.Node(t, srv, run.NodeID)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = node.Close(context.Background()) })
+	return op, node
 }
 
 var run = Run{AllocationID: "acme/job-1/1", Tenant: "acme", JobID: "job-1", Attempt: 1, NodeID: "n1"}
@@ -116,10 +126,10 @@ func TestCut(t *testing.T) {
 }
 
 func TestShipsTheLogInOrderAndEndsWithEOF(t *testing.T) {
-	b := connect(t)
+	b, nb := connect(t)
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "run.log")
-	s, err := New(b, run, path, time.Now)
+	s, err := New(nb, run, path, time.Now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,11 +168,11 @@ func TestShipsTheLogInOrderAndEndsWithEOF(t *testing.T) {
 }
 
 func TestARestartedShipperResumesWithoutRepeats(t *testing.T) {
-	b := connect(t)
+	b, nb := connect(t)
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "run.log")
 	appendFile(t, path, []byte("before the crash\n"))
-	s, err := New(b, run, path, time.Now)
+	s, err := New(nb, run, path, time.Now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +193,7 @@ func TestARestartedShipperResumesWithoutRepeats(t *testing.T) {
 	// More output came meanwhile: the chunk in flight must not grow.
 	appendFile(t, path, []byte("after\n"))
 
-	s2, err := New(b, run, path, time.Now)
+	s2, err := New(nb, run, path, time.Now)
 	if err != nil || s2.Shipped() != inflight.Offset {
 		t.Fatalf("resumed at %d: %v", s2.Shipped(), err)
 	}
@@ -197,12 +207,12 @@ func TestARestartedShipperResumesWithoutRepeats(t *testing.T) {
 }
 
 func TestInvalidUTF8AndBinaryOutput(t *testing.T) {
-	b := connect(t)
+	b, nb := connect(t)
 	path := filepath.Join(t.TempDir(), "run.log")
 	binary := bytes.Repeat([]byte{0, 1, 2}, 40000) // valid UTF-8, 6 bytes each in JSON
 	invalid := "bad \xff\xfe bytes\n"
 	appendFile(t, path, append(binary, invalid...))
-	s, err := New(b, run, path, time.Now)
+	s, err := New(nb, run, path, time.Now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +235,7 @@ var attempts int
 // BenchmarkShip10MB ships a 10 MB log: the rate at which a run's output
 // reaches the bus (the run itself never waits for it).
 func BenchmarkShip10MB(b *testing.B) {
-	bs := connect(b)
+	_, bs := connect(b)
 	dir := b.TempDir()
 	data := bytes.Repeat([]byte("the quick brown fox jumps over the lazy dog 0123456789\n"), 10<<20/55)
 	path := filepath.Join(dir, "run.log")
