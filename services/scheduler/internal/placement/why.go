@@ -617,6 +617,9 @@ func (p *Placer) hostMax(pool int32) (cpu, mem int64) {
 		if pool >= 0 && n.pool != pool {
 			continue
 		}
+		if cpu < 0 && mem < 0 {
+			break // unbounded both ways: nothing more to learn
+		}
 		if cpu >= 0 {
 			if c := n.src.CPUMilliCapacity; c <= 0 {
 				cpu = -1
