@@ -85,6 +85,7 @@ Common flags (before or after the command):
   --ca-cert F    PEM file of the CA of the gateway's TLS certificate (env GPUPLANE_CA_CERT)
   --via V        gateway or bus: submit, cancel and watch straight on NATS (the other commands always use the gateway)
   --nats URL     NATS URL for --via bus (env GPUPLANE_NATS_URL, default nats://127.0.0.1:4222)
+  --creds F      NATS creds file of your bus identity for --via bus (env GPUPLANE_NATS_CREDS)
   -o FORMAT      table (default) or json; csv for usage and invoice
 
 Run "gpuctl <command> -h" for a command's flags.
@@ -99,8 +100,12 @@ type common struct {
 	gateway string
 	via     string
 	nats    string
-	output  string
-	caCert  string
+	// creds is the NATS creds file for --via bus: the server refuses a
+	// connection without one, and a tenant's may only submit, cancel and
+	// read its own tenant's jobs.
+	creds  string
+	output string
+	caCert string
 	// token is GPUPLANE_TOKEN: it overrides the stored credentials.
 	token string
 	// configDir holds the credentials (ConfigDir); "" when there is none.
@@ -117,6 +122,7 @@ func defaults(getenv env) common {
 	c := common{
 		via:    viaGateway,
 		nats:   or("GPUPLANE_NATS_URL", "nats://127.0.0.1:4222"),
+		creds:  getenv("GPUPLANE_NATS_CREDS"),
 		output: "table",
 		caCert: getenv("GPUPLANE_CA_CERT"),
 		token:  getenv("GPUPLANE_TOKEN"),
@@ -149,6 +155,7 @@ func (c *common) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.gateway, "gateway", c.gateway, "gateway base URL (env GPUPLANE_GATEWAY)")
 	fs.StringVar(&c.via, "via", c.via, "transport for submit, cancel and watch: gateway or bus")
 	fs.StringVar(&c.nats, "nats", c.nats, "NATS URL for --via bus (env GPUPLANE_NATS_URL)")
+	fs.StringVar(&c.creds, "creds", c.creds, "NATS creds file for --via bus (env GPUPLANE_NATS_CREDS)")
 	fs.StringVar(&c.output, "o", c.output, "output format: table or json (csv for usage and invoice)")
 	fs.StringVar(&c.caCert, "ca-cert", c.caCert, "PEM file of the CA of the gateway's TLS certificate (env GPUPLANE_CA_CERT)")
 }

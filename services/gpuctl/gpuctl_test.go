@@ -29,8 +29,11 @@ const waitFor = 10 * time.Second
 type harness struct {
 	t       *testing.T
 	natsURL string
-	gateway string
-	bus     *bus.Bus
+	// natsCreds is tenant acme's bus identity, for --via bus; adminCreds
+	// a platform administrator's.
+	natsCreds, adminCreds string
+	gateway               string
+	bus                   *bus.Bus
 	// token is a platform admin's API token, sent as GPUPLANE_TOKEN;
 	// configDir is GPUPLANE_CONFIG_DIR, so no test touches the user's.
 	token     string
@@ -47,7 +50,8 @@ func start(t *testing.T) *harness {
 func startWith(t *testing.T, mutate func(*gateway.Config)) *harness {
 	t.Helper()
 	srv := natstest.Start(t)
-	h := &harness{t: t, natsURL: srv.URL(), configDir: t.TempDir()}
+	h := &harness{t: t, natsURL: srv.URL(), natsCreds: natstest.Tenant(t, srv, "acme"), configDir: t.TempDir(),
+		adminCreds: natstest.Creds(t, srv, contracts.Identity{Name: "admin", Role: contracts.BusAdmin})}
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
 	// The test's client plays the scheduler and billing: the operator may
@@ -124,6 +128,7 @@ func (h *harness) env(k string) string {
 		"GPUPLANE_GATEWAY":    h.gateway,
 		"GPUPLANE_TENANT":     "acme",
 		"GPUPLANE_NATS_URL":   h.natsURL,
+		"GPUPLANE_NATS_CREDS": h.natsCreds,
 		"GPUPLANE_TOKEN":      h.token,
 		"GPUPLANE_CONFIG_DIR": h.configDir,
 	}[k]
@@ -451,7 +456,14 @@ func TestWatchUntilTerminal(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			req := contracts.JobRequest{ID: id, Resources: contracts.Resources{GPU: contracts.GPURequest{Count: 2}}, Run: contracts.RunSpec{Duration: contracts.Duration(time.Second)}}
 			h.queue(req, t0)
-			out, wait := h.runAsync("watch", id, "--via", tt.via)
+			args := []string{"watch", id, "--via", tt.via}
+			if tt.via == "bus" {
+				// As an administrator: watch follows the job with an
+				// ordered consumer, whose generated names a tenant's
+				// permissions do not allow (only its tenant_<t> consumer).
+				args = append(args, "--creds", h.adminCreds)
+			}
+			out, wait := h.runAsync(args...)
 			// History first: the queued line, before anything else is published.
 			h.eventually("the queued line", func() bool { return strings.Contains(out.String(), " queued attempt=1") })
 			placement := &contracts.Placement{AllocationID: "a-" + id, NodeID: "node-1", Pool: "p", Devices: []contracts.DeviceRef{{Index: 0}, {Index: 1}}}

@@ -517,11 +517,11 @@ func checkNames(tenant, id string) error {
 	return errors.Join(contracts.ValidateTenant(tenant), contracts.ValidateID(id))
 }
 
-// connectBus connects for --via bus, without provisioning streams: the
-// platform's services own them.
+// connectBus connects for --via bus with the --creds identity, without
+// provisioning streams: the platform's services own them.
 func (a *app) connectBus(ctx context.Context) (*bus.Bus, error) {
 	b, err := bus.Connect(ctx, bus.Config{
-		URL: a.nats, Name: "gpuctl", SkipProvision: true, ConnectTimeout: busTimeout,
+		URL: a.nats, Name: "gpuctl", CredsFile: a.creds, SkipProvision: true, ConnectTimeout: busTimeout,
 		Logger: slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelError})),
 	})
 	if err != nil {
