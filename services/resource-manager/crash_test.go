@@ -19,6 +19,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 	"github.com/gpuplane/gpuplane/libs/service"
 	resourcemanager "github.com/gpuplane/gpuplane/services/resource-manager"
 )
@@ -84,7 +85,7 @@ func (h *harness) startChild(name string, failpoint resourcemanager.Failpoint) *
 		h.t.Fatal(err)
 	}
 	c := &child{out: &lockedBuffer{}, done: make(chan struct{})}
-	c.cmd = exec.Command(exe, "-nats", h.srv.URL(), "-name", name, "-heartbeat-timeout", "1h", "-liveness-interval", "100ms")
+	c.cmd = exec.Command(exe, "-nats", h.srv.URL(), "-creds", natstest.Service(h.t, h.srv, contracts.BusResourceManager), "-name", name, "-heartbeat-timeout", "1h", "-liveness-interval", "100ms")
 	c.cmd.Env = append(os.Environ(), childEnv+"=1", resourcemanager.EnvFailpoint+"="+string(failpoint), "GPUPLANE_LOG_LEVEL=debug")
 	c.cmd.Stdout, c.cmd.Stderr = c.out, c.out
 	if err := c.cmd.Start(); err != nil {
@@ -178,7 +179,7 @@ func TestKilledBetweenVerifyAndCommit(t *testing.T) {
 			}
 			// What the dead process left: nothing acknowledged, and for
 			// rm-after-commit at least the entry it died after.
-			_, before := checkLedger(t, h.srv.URL())
+			_, before := checkLedger(t, h.srv.URL(), natstest.Operator(t, h.srv))
 			if fp == resourcemanager.FailAfterCommit && before.committed == 0 {
 				t.Errorf("killed after a commit, yet the ledger holds no commit")
 			}
@@ -224,7 +225,7 @@ func TestKilledBetweenVerifyAndCommit(t *testing.T) {
 			if diff := cmp.Diff(want, got); diff != "" {
 				t.Errorf("answers (-crash-free +after the crash):\n%s", diff)
 			}
-			violations, after := checkLedger(t, h.srv.URL())
+			violations, after := checkLedger(t, h.srv.URL(), natstest.Operator(t, h.srv))
 			for _, v := range violations {
 				t.Error(v)
 			}

@@ -106,7 +106,11 @@ func newHarness(t testing.TB) *harness {
 	h := &harness{t: t, srv: natstest.Start(t), clock: newClock(), logs: newCounter(), refusals: map[string]contracts.Refusal{}}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	b, err := bus.Connect(ctx, bus.Config{URL: h.srv.URL(), Name: "test", Logger: slog.New(slog.DiscardHandler)})
+	// The test's client plays the scheduler, the node agents and the
+	// observers: the operator. Each resource manager runs with its own
+	// identity (config), which proves its permissions suffice.
+	b, err := bus.Connect(ctx, bus.Config{URL: h.srv.URL(), Name: "test", Logger: slog.New(slog.DiscardHandler),
+		CredsFile: natstest.Operator(t, h.srv)})
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
@@ -170,7 +174,8 @@ func newHarness(t testing.TB) *harness {
 
 func (h *harness) config(name string) resourcemanager.Config {
 	cfg := resourcemanager.DefaultConfig()
-	cfg.Bus = service.BusConfig{NATSURL: h.srv.URL(), Replicas: 1}
+	cfg.Bus = service.BusConfig{NATSURL: h.srv.URL(), Replicas: 1,
+		Creds: natstest.Service(h.t, h.srv, contracts.BusResourceManager)}
 	cfg.Name = name
 	cfg.HeartbeatTimeout = 6 * time.Second
 	cfg.LivenessInterval = 10 * time.Millisecond

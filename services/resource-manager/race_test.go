@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 )
 
 // TestTwoReplicasNeverHoldADeviceTwice runs two resource managers on one
@@ -116,7 +117,7 @@ func TestTwoReplicasNeverHoldADeviceTwice(t *testing.T) {
 	a.stop()
 	b.stop()
 
-	violations, stats := checkLedger(t, h.srv.URL())
+	violations, stats := checkLedger(t, h.srv.URL(), natstest.Operator(t, h.srv))
 	for _, v := range violations {
 		t.Error(v)
 	}
@@ -157,9 +158,9 @@ type ledgerStats struct {
 // resource manager, not libs/bus) and checks G1 over the timeline: a device
 // committed while another live allocation holds it is a violation; so is an
 // allocation committed twice, or released when not live.
-func checkLedger(t *testing.T, url string) ([]string, ledgerStats) {
+func checkLedger(t *testing.T, url, creds string) ([]string, ledgerStats) {
 	t.Helper()
-	nc, err := nats.Connect(url)
+	nc, err := nats.Connect(url, nats.UserCredentials(creds))
 	if err != nil {
 		t.Fatal(err)
 	}

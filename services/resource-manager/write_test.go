@@ -20,8 +20,12 @@ func writeServer(t *testing.T) (*server, *bus.Bus) {
 	srv := natstest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	connect := func(name string) *bus.Bus {
-		b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: name, Logger: slog.New(slog.DiscardHandler)})
+	// The server under test has the resource manager's own identity; the
+	// test's other client, which plays another replica and the node
+	// agents, is the operator.
+	connect := func(name, creds string) *bus.Bus {
+		b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: name, Logger: slog.New(slog.DiscardHandler),
+			CredsFile: creds})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -30,7 +34,7 @@ func writeServer(t *testing.T) (*server, *bus.Bus) {
 	}
 	cfg := DefaultConfig()
 	cfg.CommitAttempts = 3
-	s := newServer(cfg, connect("rm-under-test"), slog.New(slog.DiscardHandler))
+	s := newServer(cfg, connect("rm-under-test", natstest.Service(t, srv, contracts.BusResourceManager)), slog.New(slog.DiscardHandler))
 	for _, n := range []string{"n1", "n2"} {
 		inv := contracts.NodeInventory{NodeID: n}
 		for i := range 4 {
@@ -39,7 +43,7 @@ func writeServer(t *testing.T) (*server, *bus.Bus) {
 		s.led.SetInventory(inv)
 		s.led.SetReady(n, true)
 	}
-	return s, connect("other-replica")
+	return s, connect("other-replica", natstest.Operator(t, srv))
 }
 
 func gpu(node string, i int) string { return "GPU-" + node + "-" + string(rune('0'+i)) }
