@@ -133,8 +133,10 @@ func BenchmarkUsageIngestFromStream(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			ctx := context.Background()
 			srv := natstest.Start(b)
+			// One connection publishes the records and feeds the projector,
+			// both billing's own work: billing's identity.
 			bb, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "bench", Logger: quietLog(),
-				Streams: contracts.StreamOptions{Memory: true}})
+				Streams: contracts.StreamOptions{Memory: true}, CredsFile: natstest.Service(b, srv, contracts.BusBilling)})
 			if err != nil {
 				b.Fatal(err)
 			}

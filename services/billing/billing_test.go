@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/natsserver"
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 	"github.com/gpuplane/gpuplane/libs/service"
 	"github.com/gpuplane/gpuplane/services/billing"
@@ -39,7 +40,7 @@ func TestValidateReportsTheBus(t *testing.T) {
 // consumer's state; the totals, rebuilt from USAGE at every start, agree.
 func TestEveryRunIsBilledExactlyOnce(t *testing.T) {
 	srv := natstest.Start(t)
-	b := connect(t, srv.URL())
+	b := connect(t, srv)
 	inventory(t, b, "n1", "h100", "on-demand")
 	inventory(t, b, "n2", "h100", "on-demand")
 	inventory(t, b, "n3", "h100", "on-demand")
@@ -52,7 +53,7 @@ func TestEveryRunIsBilledExactlyOnce(t *testing.T) {
 	d := alloc("acme", "j1", 2, "n3", 8)
 
 	store1 := billing.NewMemoryStore()
-	stop := start(t, srv.URL(), store1)
+	stop := start(t, srv, store1)
 
 	// a ran 90.5 s (91 whole seconds touched), bb 1.2349 s (2 s).
 	publishLedger(t, b, "", committed(a), released(a, 90*time.Second+500*time.Millisecond),
@@ -97,7 +98,7 @@ func TestEveryRunIsBilledExactlyOnce(t *testing.T) {
 	publishLedger(t, b, "down-", released(a, 90*time.Second+500*time.Millisecond))
 	publishLedger(t, b, "", committed(d), released(d, 2*time.Millisecond+700*time.Microsecond))
 	store2 := billing.NewMemoryStore()
-	stop = start(t, srv.URL(), store2)
+	stop = start(t, srv, store2)
 	want = append(want, record(d, 1))
 	waitUsage(t, b, want)
 	wantTotals["acme"] = sumTotals(wantTotals["acme"], totalsOf(record(d, 1)))
@@ -108,7 +109,7 @@ func TestEveryRunIsBilledExactlyOnce(t *testing.T) {
 	// of acme and beta can only come from replaying USAGE.
 	stop()
 	store3 := billing.NewMemoryStore()
-	start(t, srv.URL(), store3)
+	start(t, srv, store3)
 	g := alloc("gamma", "j1", 1, "n1", 1)
 	publishLedger(t, b, "", committed(g), released(g, time.Second))
 	want = append(want, record(g, 1))
@@ -131,7 +132,7 @@ func TestEveryRunIsBilledExactlyOnce(t *testing.T) {
 // no longer change behind it.
 func TestPriceChangeMidRunSplitsTheSegment(t *testing.T) {
 	srv := natstest.Start(t)
-	b := connect(t, srv.URL())
+	b := connect(t, srv)
 	ctx := context.Background()
 	inventory(t, b, "s1", "l4", "spot")
 	kv, err := b.KeyValue(ctx, contracts.BucketPriceBook)
@@ -145,7 +146,7 @@ func TestPriceChangeMidRunSplitsTheSegment(t *testing.T) {
 		{ID: "v2", EffectiveFrom: change, Currency: "EUR",
 			GPU: map[string]contracts.GPUPrices{"L4": {OnDemand: 1_000_000, Spot: 300_000}}},
 	}})
-	start(t, srv.URL(), billing.NewMemoryStore())
+	start(t, srv, billing.NewMemoryStore())
 	a := alloc("acme", "split", 1, "s1", 3)
 	for i := range a.Devices {
 		a.Devices[i].Model = "L4"
@@ -199,11 +200,13 @@ func TestPriceChangeMidRunSplitsTheSegment(t *testing.T) {
 
 // --- helpers ---
 
-func connect(t *testing.T, url string) *bus.Bus {
+// connect connects the test's own client, which plays every other party
+// (node agents, the scheduler, the gateway) and observes: the operator.
+func connect(t *testing.T, srv *natsserver.Server) *bus.Bus {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	b, err := bus.Connect(ctx, bus.Config{URL: url, Name: "test", Logger: quietLog()})
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "test", Logger: quietLog(), CredsFile: natstest.Operator(t, srv)})
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
@@ -219,11 +222,12 @@ func quietLog() *slog.Logger {
 }
 
 // start runs billing until stop is called or the test ends, and checks that
-// it stops cleanly within a bounded time.
-func start(t *testing.T, url string, store billing.Store, opts ...func(*billing.Config)) (stop func()) {
+// it stops cleanly within a bounded time. Billing runs with its own bus
+// identity, which proves its permissions suffice.
+func start(t *testing.T, srv *natsserver.Server, store billing.Store, opts ...func(*billing.Config)) (stop func()) {
 	t.Helper()
 	cfg := billing.DefaultConfig()
-	cfg.Bus = service.BusConfig{NATSURL: url, Replicas: 1}
+	cfg.Bus = service.BusConfig{NATSURL: srv.URL(), Replicas: 1, Creds: natstest.Service(t, srv, contracts.BusBilling)}
 	cfg.Store = store
 	cfg.StoreRetryDelay = 200 * time.Millisecond
 	cfg.BudgetInterval = 100 * time.Millisecond
@@ -434,7 +438,7 @@ func deadLettersOf(t *testing.T, b *bus.Bus, stream string, consumer ...string) 
 // the cores and memory it asked for, for as long as it ran.
 func TestCPUAndMemoryArePricedFromTheRequest(t *testing.T) {
 	srv := natstest.Start(t)
-	b := connect(t, srv.URL())
+	b := connect(t, srv)
 	ctx := context.Background()
 	inventory(t, b, "n1", "h100", "reserved")
 	kv, err := b.KeyValue(ctx, contracts.BucketPriceBook)
@@ -451,7 +455,7 @@ func TestCPUAndMemoryArePricedFromTheRequest(t *testing.T) {
 	if _, err := b.Publish(ctx, contracts.SubjectJobEvents("acme", "big"), contracts.JobEventID("acme", "big", contracts.EventQueued, 1, 0), queued); err != nil {
 		t.Fatal(err)
 	}
-	start(t, srv.URL(), billing.NewMemoryStore())
+	start(t, srv, billing.NewMemoryStore())
 	a := alloc("acme", "big", 1, "n1", 1)
 	publishLedger(t, b, "", committed(a), released(a, 100*time.Second))
 	r := usage(t, b, 1)[0]

@@ -22,7 +22,7 @@ import (
 // window too) and budget edits never alert twice in a period.
 func TestBudgetAlertsOncePerThresholdAndPublishesStatus(t *testing.T) {
 	srv := natstest.Start(t)
-	b := connect(t, srv.URL())
+	b := connect(t, srv)
 	ctx := context.Background()
 	inventory(t, b, "n1", "h100", "on-demand")
 	inventory(t, b, "s1", "spot-a", "spot")
@@ -49,7 +49,7 @@ func TestBudgetAlertsOncePerThresholdAndPublishesStatus(t *testing.T) {
 	}
 	putBudget(1_000_000, contracts.PolicySpotOnly) // 1.00 USD
 	clock := func(c *billing.Config) { c.Now = func() time.Time { return t0.Add(time.Hour) } }
-	stop := start(t, srv.URL(), billing.NewMemoryStore(), clock)
+	stop := start(t, srv, billing.NewMemoryStore(), clock)
 
 	status := func(want func(contracts.BudgetStatus) bool) contracts.BudgetStatus {
 		t.Helper()
@@ -95,7 +95,7 @@ func TestBudgetAlertsOncePerThresholdAndPublishesStatus(t *testing.T) {
 	// Restarts, beyond the duplicate window: no alert again.
 	stop()
 	natstest.ForgetMsgIDs(t, b.JetStream(), contracts.StreamOps)
-	stop = start(t, srv.URL(), billing.NewMemoryStore(), clock)
+	stop = start(t, srv, billing.NewMemoryStore(), clock)
 	spend("d", 1)
 	status(func(s contracts.BudgetStatus) bool { return s.SpentMicros == 1_060_000 })
 	// A raised limit uncrosses 100%; lowering it again does not alert again.

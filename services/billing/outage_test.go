@@ -20,7 +20,7 @@ func TestRedisOutageDelaysMeteringNeverLosesIt(t *testing.T) {
 	for _, persist := range []bool{true, false} {
 		t.Run(fmt.Sprintf("persist=%v", persist), func(t *testing.T) {
 			srv := natstest.Start(t)
-			b := connect(t, srv.URL())
+			b := connect(t, srv)
 			r := startRedis(t, persist)
 			inventory(t, b, "n1", "h100", "on-demand")
 			ctx := context.Background()
@@ -31,7 +31,7 @@ func TestRedisOutageDelaysMeteringNeverLosesIt(t *testing.T) {
 			setBook(t, kv, contracts.PriceBook{Versions: []contracts.PriceVersion{{ID: "v1", EffectiveFrom: t0.Add(-time.Hour),
 				Currency: "USD", GPU: map[string]contracts.GPUPrices{"*": {OnDemand: 2_345_678}}}}})
 			store := newRedisStore(t, r, billing.RedisConfig{BreakerOpen: 300 * time.Millisecond, Timeout: 300 * time.Millisecond})
-			start(t, srv.URL(), store)
+			start(t, srv, store)
 
 			var want billing.Totals
 			run := func(i int) {
