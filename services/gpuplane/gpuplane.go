@@ -31,6 +31,7 @@ import (
 	"github.com/gpuplane/gpuplane/services/autoscaler/simcloud"
 	"github.com/gpuplane/gpuplane/services/billing"
 	"github.com/gpuplane/gpuplane/services/gateway"
+	"github.com/gpuplane/gpuplane/services/gpuctl"
 	"github.com/gpuplane/gpuplane/services/monitor"
 	nodeagent "github.com/gpuplane/gpuplane/services/node-agent"
 	"github.com/gpuplane/gpuplane/services/node-agent/fleet"
@@ -58,6 +59,10 @@ type Config struct {
 	Identities natsauth.Description
 	// Fleet overrides FleetFile when set (tests and benchmarks).
 	Fleet *fleet.Fleet
+	// GpuctlConfigDir, when set, receives gpuctl's credentials for the
+	// local platform admin (gpuctl.SaveCredential), so gpuctl works at
+	// once; the binary's -gpuctl-config defaults to the user's.
+	GpuctlConfigDir string
 	// OTLPEndpoint receives traces of every service (Jaeger: 127.0.0.1:4318).
 	OTLPEndpoint string
 	// AgentLogDir keeps the output of runs; empty means DataDir/runs.
@@ -145,6 +150,11 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.FleetFile, "fleet", c.FleetFile, "simulated fleet YAML; empty for the default fleet (env GPUPLANE_FLEET)")
 	fs.StringVar(&c.OTLPEndpoint, "otlp", c.OTLPEndpoint, "OTLP/HTTP endpoint host:port for traces (env GPUPLANE_OTLP_ENDPOINT)")
 	fs.StringVar(&c.AgentLogDir, "run-logs", c.AgentLogDir, "directory for the output of runs; empty for a temporary one")
+	if c.GpuctlConfigDir == "" {
+		c.GpuctlConfigDir, _ = gpuctl.ConfigDir(os.Getenv)
+	}
+	fs.StringVar(&c.GpuctlConfigDir, "gpuctl-config", c.GpuctlConfigDir,
+		"where to store gpuctl's login as the local platform admin; empty to leave gpuctl's config alone")
 	fs.Var((*autoscalePools)(&c.Autoscale), "autoscale",
 		"autoscaled pools on the simulated cloud, as name:machineType:priceClass:min:max[:provisionDelay][,...]; empty for none")
 	fs.DurationVar(&c.SpotNotice, "spot-notice", c.SpotNotice, "how long before its reclaim a simulated spot machine is given notice")
@@ -252,6 +262,11 @@ type Endpoints struct {
 	// each identity's name to its file.
 	CredsDir string
 	Creds    map[string]string
+	// AdminToken is an API token of a local platform admin and DemoToken
+	// one of a member of the demo tenant acme; both are also in
+	// TokensDir (admin.token, demo-acme.token) and change at each start.
+	AdminToken, DemoToken string
+	TokensDir             string
 	// Cloud is the simulated provider of the autoscaled pools, nil when
 	// there are none. Tests drive faults through it: Interrupt(machineID)
 	// gives a spot notice (reclaimed SpotNotice later), SetFailing(true,
@@ -309,6 +324,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Endpoints
 	if err := provision(ctx, srv.URL(), creds["operator"], log); err != nil {
 		return err
 	}
+	admin, demo, err := localLogins(ctx, srv.URL(), creds["operator"], filepath.Join(root, "tokens"), log)
+	if err != nil {
+		return err
+	}
 
 	busCfg := service.BusConfig{NATSURL: srv.URL(), Replicas: 1, OTLPEndpoint: cfg.OTLPEndpoint}
 	as := func(name string) service.BusConfig {
@@ -317,7 +336,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Endpoints
 		return c
 	}
 	ep := Endpoints{NATSURL: srv.URL(), DataDir: root, RunLogDir: cfg.AgentLogDir, Fleet: fl, Autoscale: cfg.Autoscale,
-		Creds: creds, CredsDir: filepath.Join(root, "creds")}
+		Creds: creds, CredsDir: filepath.Join(root, "creds"), AdminToken: admin, DemoToken: demo, TokensDir: filepath.Join(root, "tokens")}
 	var machines *simMachines
 	if len(cfg.Autoscale) > 0 {
 		if machines, err = newSimMachines(cfg, fl, log); err != nil {
@@ -333,8 +352,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Endpoints
 			mu.Lock()
 			defer mu.Unlock()
 			set(addr)
-			if pending--; pending == 0 && ready != nil {
-				ready(ep)
+			if pending--; pending == 0 {
+				saveGpuctlLogin(cfg.GpuctlConfigDir, ep, log)
+				if ready != nil {
+					ready(ep)
+				}
 			}
 		}
 	}
@@ -460,4 +482,48 @@ func envOr(k, d string) string {
 		return v
 	}
 	return d
+}
+
+// localLogins issues the API tokens of make run's two users: a local
+// platform admin and a member of the demo tenant acme. Their IDs are
+// fixed, so each start replaces the secrets of the last one. The secrets
+// are written to dir (0600) for people and scripts.
+func localLogins(ctx context.Context, url, creds, dir string, log *slog.Logger) (admin, demo string, err error) {
+	b, err := bus.Connect(ctx, bus.Config{URL: url, Name: "logins", CredsFile: creds, Logger: log})
+	if err != nil {
+		return "", "", fmt.Errorf("local logins: %w", err)
+	}
+	defer b.Close(ctx)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", "", fmt.Errorf("local logins: %w", err)
+	}
+	for _, u := range []struct {
+		grant gateway.Grant
+		out   *string
+		file  string
+	}{
+		{gateway.Grant{ID: "local-admin", Name: "local platform admin", Bindings: []contracts.Binding{{Role: contracts.RolePlatformAdmin}}}, &admin, "admin.token"},
+		{gateway.Grant{ID: "demo-acme", Name: "demo user of tenant acme", Bindings: []contracts.Binding{{Role: contracts.RoleMember, Tenant: "acme"}}}, &demo, "demo-acme.token"},
+	} {
+		if *u.out, err = gateway.IssueToken(ctx, b, u.grant); err != nil {
+			return "", "", fmt.Errorf("local logins: %w", err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, u.file), []byte(*u.out+"\n"), 0o600); err != nil {
+			return "", "", fmt.Errorf("local logins: %w", err)
+		}
+	}
+	return admin, demo, nil
+}
+
+// saveGpuctlLogin stores the local admin's token as gpuctl's login for
+// this gateway, so gpuctl works right away.
+func saveGpuctlLogin(dir string, ep Endpoints, log *slog.Logger) {
+	if dir == "" {
+		return
+	}
+	err := gpuctl.SaveCredential(dir, ep.GatewayURL, gpuctl.Credential{Token: ep.AdminToken, Method: "token",
+		Subject: "token:local-admin"})
+	if err != nil {
+		log.Warn("gpuctl login not stored; use gpuctl login --token", "dir", dir, "err", err)
+	}
 }

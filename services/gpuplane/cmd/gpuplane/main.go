@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/gpuplane/gpuplane/libs/service"
+	"github.com/gpuplane/gpuplane/services/gpuctl"
 	"github.com/gpuplane/gpuplane/services/gpuplane"
 	nodeagent "github.com/gpuplane/gpuplane/services/node-agent"
 )
@@ -27,7 +28,7 @@ func main() {
 	_ = fs.Parse(os.Args[1:])
 	service.Main("gpuplane", func(ctx context.Context, log *slog.Logger) error {
 		return gpuplane.Run(ctx, cfg, log, func(ep gpuplane.Endpoints) {
-			printBanner(ep)
+			printBanner(ep, cfg.GpuctlConfigDir)
 			// The nats CLI reaches the bus as the demo tenant, the admin
 			// or the operator with --context gpuplane-acme and so on.
 			if dir, err := os.UserConfigDir(); err == nil {
@@ -39,7 +40,11 @@ func main() {
 	})
 }
 
-func printBanner(ep gpuplane.Endpoints) {
+func printBanner(ep gpuplane.Endpoints, gpuctlDir string) {
+	login := "gpuctl login --token $(cat " + ep.TokensDir + "/admin.token)"
+	if gpuctlDir != "" {
+		login = "gpuctl is logged in as the local platform admin (" + gpuctl.CredentialsFile(gpuctlDir) + ")"
+	}
 	pools := map[string]int{}
 	machines, gpus := 0, 0
 	for _, m := range ep.Fleet.Machines() {
@@ -68,9 +73,12 @@ gpuplane is up
   autoscale %s
   bus creds %s   (NATS authentication is on; plaintext on 127.0.0.1 only)
             operator.creds (streams), admin.creds, tenant-acme.creds, one per service
+  API       every request needs a token; %s
+            tokens in %s: admin.token (platform admin), demo-acme.token (member of acme)
+            as the demo user: GPUPLANE_TOKEN=$(cat %s/demo-acme.token) gpuctl whoami
 Try:  gpuctl submit --tenant acme --gpus 2 --model H100-80GB --duration 20s
       nats --context gpuplane-acme sub 'gp.jobs.events.acme.>'    (contexts gpuplane-acme, -admin, -operator)
 Press Ctrl-C to stop.
 
-`, ep.NATSURL, ep.DataDir, ep.GatewayURL, ep.MetricsURL, machines, gpus, strings.Join(names, ", "), strings.Join(scaled, ", "), ep.CredsDir)
+`, ep.NATSURL, ep.DataDir, ep.GatewayURL, ep.MetricsURL, machines, gpus, strings.Join(names, ", "), strings.Join(scaled, ", "), ep.CredsDir, login, ep.TokensDir, ep.TokensDir)
 }
