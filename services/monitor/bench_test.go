@@ -28,11 +28,11 @@ import (
 func BenchmarkIngestBus(b *testing.B) {
 	const machines, gpusPer = 100, 8
 	srv := natstest.Start(b)
-	bb := connect(b, srv.URL())
+	bb := connect(b, srv)
 	cfg := monitor.DefaultConfig()
 	cfg.SilentAfter = time.Hour
 	cfg.EvalInterval = 100 * time.Millisecond
-	addr, _ := startMonitorWith(b, srv.URL(), cfg)
+	addr, _ := startMonitorWith(b, srv, cfg)
 	waitHealthy(b, addr)
 
 	msgs := max(b.N/gpusPer, 1)

@@ -20,10 +20,10 @@ import (
 // again and its next silence is a new episode, numbered above the old.
 func TestDepartedNodeSilenceResolvesOnce(t *testing.T) {
 	srv := natstest.Start(t)
-	b := connect(t, srv.URL())
+	b := connect(t, srv)
 	const silentAfter = 800 * time.Millisecond
 
-	addr := startMonitor(t, srv.URL(), silentAfter)
+	addr := startMonitor(t, srv, silentAfter)
 	waitHealthy(t, addr)
 	tick(t, b, "n2", "host-2")
 	publish(t, b, contracts.SubjectTelemetry("n1"), "n1-once", telemetry("n1", "host-1", "h100", gpu(0, "GPU-1a", "H100-80GB", 50)))
@@ -76,14 +76,14 @@ func TestDepartedNodeSilenceResolvesOnce(t *testing.T) {
 func TestDepartedNodeLostResolvesOnce(t *testing.T) {
 	const interval = 200 * time.Millisecond
 	srv := natstest.Start(t)
-	b := connect(t, srv.URL())
+	b := connect(t, srv)
 	path := nodeLostRulesFile(t, interval)
 	publish(t, b, contracts.SubjectInventory("n1"), "inv/n1", inventory("n1", "host-1", "h100", 1))
 	cfg := monitor.DefaultConfig()
 	cfg.SilentAfter = time.Second
 	cfg.RulesFile = path
 	cfg.EvalInterval = 20 * time.Millisecond
-	addr, _ := startMonitorWith(t, srv.URL(), cfg)
+	addr, _ := startMonitorWith(t, srv, cfg)
 	waitHealthy(t, addr)
 
 	beating := beat(t, b, "n1", interval)

@@ -27,7 +27,7 @@ import (
 func TestNodeLostFromHeartbeats(t *testing.T) {
 	const interval = 300 * time.Millisecond
 	srv := natstest.Start(t)
-	b := connect(t, srv.URL())
+	b := connect(t, srv)
 	path := nodeLostRulesFile(t, interval)
 	for _, n := range []string{"n1", "n2", "n3"} {
 		publish(t, b, contracts.SubjectInventory(n), "inv/"+n, inventory(n, "host-"+n, "h100", 1))
@@ -36,7 +36,7 @@ func TestNodeLostFromHeartbeats(t *testing.T) {
 	cfg.SilentAfter = time.Minute
 	cfg.RulesFile = path
 	cfg.EvalInterval = 20 * time.Millisecond
-	addr, _ := startMonitorWith(t, srv.URL(), cfg)
+	addr, _ := startMonitorWith(t, srv, cfg)
 	waitHealthy(t, addr)
 
 	beating := map[string]*atomic.Bool{}
@@ -99,7 +99,7 @@ func TestNodeLostFromHeartbeats(t *testing.T) {
 // free GPUs out of the pool's free capacity; lifting it brings them back.
 func TestHeldCapacityIsNotFree(t *testing.T) {
 	srv := natstest.Start(t)
-	b := connect(t, srv.URL())
+	b := connect(t, srv)
 	for _, n := range []string{"n1", "n2"} {
 		publish(t, b, contracts.SubjectInventory(n), "inv/"+n, inventory(n, "host-"+n, "h100", 2))
 	}
@@ -112,7 +112,7 @@ func TestHeldCapacityIsNotFree(t *testing.T) {
 	if _, err := kv.Put(ctx, "n2", []byte(`{"nodeId":"n2","cordoned":true,"reason":"maintenance"}`)); err != nil {
 		t.Fatal(err)
 	}
-	addr := startMonitor(t, srv.URL(), time.Minute)
+	addr := startMonitor(t, srv, time.Minute)
 	waitHealthy(t, addr)
 	free := func(want string) {
 		t.Helper()

@@ -16,6 +16,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/natsserver"
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 	"github.com/gpuplane/gpuplane/libs/service"
 	"github.com/gpuplane/gpuplane/services/monitor"
@@ -52,7 +53,7 @@ func TestConfigRefusesTheSilenceKind(t *testing.T) {
 
 func TestMetricsFromStreams(t *testing.T) {
 	srv := natstest.Start(t)
-	b := connect(t, srv.URL())
+	b := connect(t, srv)
 
 	// History the monitor must read from the start: inventory, lifecycle,
 	// job events and ledger entries, with duplicates and refused events.
@@ -97,7 +98,7 @@ func TestMetricsFromStreams(t *testing.T) {
 		Index: 0, UUID: "GPU-3a", Model: "A100-80GB", GPUUtil: 100, MemCopyUtil: 93.5, FBUsedMiB: 80000, FBFreeMiB: 1920,
 		TempC: 71, PowerW: 398.5, SMClockMHz: 1410, PowerLimitW: 400, ECCSBE: 2, ThrottleReasons: contracts.ThrottleSWPowerCap}))
 
-	addr := startMonitor(t, srv.URL(), time.Minute)
+	addr := startMonitor(t, srv, time.Minute)
 	waitHealthy(t, addr)
 
 	// Live telemetry: the second tick replaces the first.
@@ -186,10 +187,10 @@ func TestMetricsFromStreams(t *testing.T) {
 
 func TestNodeSilentFiresOnceAndResolvesOnce(t *testing.T) {
 	srv := natstest.Start(t)
-	b := connect(t, srv.URL())
+	b := connect(t, srv)
 	const silentAfter = 800 * time.Millisecond
 
-	addr, stop := startMonitorStoppable(t, srv.URL(), silentAfter)
+	addr, stop := startMonitorStoppable(t, srv, silentAfter)
 	waitHealthy(t, addr)
 
 	// n2 keeps talking for the whole test; n1 sends one tick and falls silent.
@@ -217,7 +218,7 @@ func TestNodeSilentFiresOnceAndResolvesOnce(t *testing.T) {
 	// monitor that forgot the open episode would publish a second firing.
 	natstest.ForgetMsgIDs(t, b.JetStream(), contracts.StreamOps)
 	stop()
-	addr, _ = startMonitorStoppable(t, srv.URL(), silentAfter)
+	addr, _ = startMonitorStoppable(t, srv, silentAfter)
 	waitHealthy(t, addr)
 
 	tick(t, b, "n1", "host-1")
@@ -246,11 +247,13 @@ func TestNodeSilentFiresOnceAndResolvesOnce(t *testing.T) {
 
 // --- helpers ---
 
-func connect(t testing.TB, url string) *bus.Bus {
+// connect connects the test's own client, which plays the node agents and
+// the other services and observes: the operator.
+func connect(t testing.TB, srv *natsserver.Server) *bus.Bus {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	b, err := bus.Connect(ctx, bus.Config{URL: url, Name: "test", Logger: quietLog()})
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "test", Logger: quietLog(), CredsFile: natstest.Operator(t, srv)})
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
@@ -262,29 +265,30 @@ func quietLog() *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
-func startMonitor(t *testing.T, url string, silentAfter time.Duration) string {
-	addr, _ := startMonitorStoppable(t, url, silentAfter)
+func startMonitor(t *testing.T, srv *natsserver.Server, silentAfter time.Duration) string {
+	addr, _ := startMonitorStoppable(t, srv, silentAfter)
 	return addr
 }
 
-func startMonitorStoppable(t *testing.T, url string, silentAfter time.Duration) (string, func()) {
+func startMonitorStoppable(t *testing.T, srv *natsserver.Server, silentAfter time.Duration) (string, func()) {
 	t.Helper()
 	cfg := monitor.DefaultConfig()
 	cfg.SilentAfter = silentAfter
-	return startMonitorWith(t, url, cfg)
+	return startMonitorWith(t, srv, cfg)
 }
 
 // startMonitorWith runs the monitor until stop is called or the test
 // ends, and checks that it stops cleanly within a bounded time.
-func startMonitorWith(t testing.TB, url string, cfg monitor.Config) (string, func()) {
+func startMonitorWith(t testing.TB, srv *natsserver.Server, cfg monitor.Config) (string, func()) {
 	t.Helper()
-	return startMonitorLogged(t, url, cfg, quietLog())
+	return startMonitorLogged(t, srv, cfg, quietLog())
 }
 
-// startMonitorLogged is startMonitorWith logging to log.
-func startMonitorLogged(t testing.TB, url string, cfg monitor.Config, log *slog.Logger) (string, func()) {
+// startMonitorLogged is startMonitorWith logging to log. The monitor runs
+// with its own bus identity, which proves its permissions suffice.
+func startMonitorLogged(t testing.TB, srv *natsserver.Server, cfg monitor.Config, log *slog.Logger) (string, func()) {
 	t.Helper()
-	cfg.Bus = service.BusConfig{NATSURL: url, Replicas: 1}
+	cfg.Bus = service.BusConfig{NATSURL: srv.URL(), Replicas: 1, Creds: natstest.Service(t, srv, contracts.BusMonitor)}
 	cfg.Addr = "127.0.0.1:0"
 	listening := make(chan string, 1)
 	cfg.OnListen = func(addr string) { listening <- addr }

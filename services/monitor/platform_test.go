@@ -22,7 +22,7 @@ import (
 // resolves once when the queue empties.
 func TestPlatformMetricsAndDefragmentAlert(t *testing.T) {
 	srv := natstest.Start(t)
-	b := connect(t, srv.URL())
+	b := connect(t, srv)
 	path := rulesFile(t, `
 resolution: 100ms
 rules:
@@ -85,7 +85,7 @@ rules:
 	cfg.SilentAfter = time.Minute
 	cfg.RulesFile = path
 	cfg.EvalInterval = 20 * time.Millisecond
-	addr, _ := startMonitorWith(t, srv.URL(), cfg)
+	addr, _ := startMonitorWith(t, srv, cfg)
 	waitHealthy(t, addr)
 
 	want := []string{

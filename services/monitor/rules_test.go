@@ -24,7 +24,7 @@ import (
 // across a restart while it is still hot, one resolution once it cools.
 func TestRuleAlertFiresOnceAndResolvesOnce(t *testing.T) {
 	srv := natstest.Start(t)
-	b := connect(t, srv.URL())
+	b := connect(t, srv)
 	path := rulesFile(t, `
 resolution: 100ms
 rules:
@@ -43,7 +43,7 @@ rules:
 	cfg.RulesFile = path
 	cfg.EvalInterval = 20 * time.Millisecond
 
-	addr, stop := startMonitorWith(t, srv.URL(), cfg)
+	addr, stop := startMonitorWith(t, srv, cfg)
 	waitHealthy(t, addr)
 	var temp atomic.Int64
 	temp.Store(90)
@@ -65,7 +65,7 @@ rules:
 	// it again, which JetStream would hide without this.
 	natstest.ForgetMsgIDs(t, b.JetStream(), contracts.StreamOps)
 	stop()
-	addr, _ = startMonitorWith(t, srv.URL(), cfg)
+	addr, _ = startMonitorWith(t, srv, cfg)
 	waitHealthy(t, addr)
 	// Barrier: the restarted monitor has ingested hot samples and evaluated.
 	eventually(t, 10*time.Second, "gpu_hot open after restart", func() bool {
@@ -110,7 +110,7 @@ func hotTicks(t *testing.T, b *bus.Bus, node string, temp *atomic.Int64) {
 // warning about, the others' alerts.
 func TestRestoreReadsOnlyTheMonitorsKinds(t *testing.T) {
 	srv := natstest.Start(t)
-	b := connect(t, srv.URL())
+	b := connect(t, srv)
 	path := rulesFile(t, `
 resolution: 100ms
 rules:
@@ -134,7 +134,7 @@ rules:
 	cfg.SilentAfter = time.Minute
 	cfg.RulesFile = path
 	cfg.EvalInterval = 20 * time.Millisecond
-	addr, _ := startMonitorLogged(t, srv.URL(), cfg, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	addr, _ := startMonitorLogged(t, srv, cfg, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	waitHealthy(t, addr)
 
 	var temp atomic.Int64
