@@ -24,6 +24,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/services/gateway"
 	"github.com/gpuplane/gpuplane/e2e/oracle"
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 )
@@ -151,6 +152,13 @@ func TestBillingOverASimulatedDay(t *testing.T) {
 		"gateway":   {"-addr", gwAddr},
 	})
 	gw := &gatewayClient{t: t, base: "http://" + gwAddr}
+	// The gateway process reads its tokens from KV: an admin's for this test.
+	adminToken, err := gateway.IssueTokenJS(ctx, js, gateway.Grant{ID: "e2e-admin", Name: "e2e admin",
+		Bindings: []contracts.Binding{{Role: contracts.RolePlatformAdmin}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	authorize(gw.base, adminToken)
 	waitFor(t, time.Minute, "the gateway", func() (bool, string) {
 		status, body := gw.do(http.MethodGet, "/healthz", nil, nil)
 		return status == http.StatusOK, string(body)
@@ -695,7 +703,7 @@ func (g *gatewayClient) do(method, path string, body []byte, out any) (int, []by
 	if err != nil {
 		g.t.Fatal(err)
 	}
-	res, err := http.DefaultClient.Do(req)
+	res, err := authClient.Do(req)
 	if err != nil {
 		return 0, []byte(err.Error())
 	}

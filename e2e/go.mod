@@ -12,6 +12,16 @@ require (
 )
 
 require (
+	github.com/Azure/go-ntlmssp v0.1.1 // indirect
+	github.com/coreos/go-oidc/v3 v3.21.0 // indirect
+	github.com/go-asn1-ber/asn1-ber v1.5.8 // indirect
+	github.com/go-jose/go-jose/v4 v4.1.9 // indirect
+	github.com/go-ldap/ldap/v3 v3.4.15 // indirect
+	github.com/gpuplane/gpuplane/services/gpuctl v0.0.0 // indirect
+	golang.org/x/oauth2 v0.38.0 // indirect
+)
+
+require (
 	github.com/NVIDIA/go-nvml v0.13.0-1 // indirect
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
 	github.com/bahlo/generic-list-go v0.2.0 // indirect
@@ -24,7 +34,7 @@ require (
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/google/go-tpm v0.9.8 // indirect
 	github.com/google/uuid v1.6.0 // indirect
-	github.com/gpuplane/gpuplane/services/autoscaler v0.0.0 // indirect
+	github.com/gpuplane/gpuplane/services/autoscaler v0.0.0
 	github.com/gpuplane/gpuplane/services/billing v0.0.0 // indirect
 	github.com/gpuplane/gpuplane/services/gateway v0.0.0 // indirect
 	github.com/gpuplane/gpuplane/services/monitor v0.0.0
@@ -82,3 +92,5 @@ replace (
 	github.com/gpuplane/gpuplane/services/resource-manager => ../services/resource-manager
 	github.com/gpuplane/gpuplane/services/scheduler => ../services/scheduler
 )
+
+replace github.com/gpuplane/gpuplane/services/gpuctl => ../services/gpuctl

@@ -125,7 +125,7 @@ echo "done after $n checkpoints"`)
 		e, _ := w.get("acme/ckpt")
 		return e.State == contracts.StateRunning, string(e.State)
 	})
-	resp, err := http.Post(s.ep.GatewayURL+"/v1/tenants/acme/jobs/ckpt/checkpoint", "application/json", nil)
+	resp, err := authClient.Post(s.ep.GatewayURL+"/v1/tenants/acme/jobs/ckpt/checkpoint", "application/json", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,7 +161,7 @@ func getLogs(ctx context.Context, gateway, job, query string) logResult {
 	if err != nil {
 		return logResult{err: err}
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := authClient.Do(req)
 	if err != nil {
 		return logResult{err: err}
 	}

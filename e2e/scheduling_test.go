@@ -178,7 +178,7 @@ func (s *stack) callAPI(t testing.TB, method, path string, body, out any) (int, 
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := authClient.Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)
 	}

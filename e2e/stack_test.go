@@ -58,6 +58,7 @@ func startStack(t testing.TB, fl *fleet.Fleet, tune ...func(*gpuplane.Config)) *
 	var ep gpuplane.Endpoints
 	select {
 	case ep = <-ready:
+		authorize(ep.GatewayURL, ep.AdminToken)
 	case err := <-done:
 		cancel()
 		t.Fatalf("stack exited before ready: %v", err)
@@ -105,7 +106,7 @@ func (s *stack) submitAPI(ctx context.Context, tenant string, body []byte) (int,
 		return 0, nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := authClient.Do(req)
 	if err != nil {
 		return 0, nil, err
 	}

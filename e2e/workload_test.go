@@ -303,7 +303,7 @@ func mustGet(w *jobWatcher, key string) contracts.JobEvent {
 
 func getJSON(t testing.TB, url string, v any) {
 	t.Helper()
-	resp, err := http.Get(url)
+	resp, err := authClient.Get(url)
 	if err != nil {
 		t.Fatalf("GET %s: %v", url, err)
 	}

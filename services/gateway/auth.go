@@ -296,6 +296,39 @@ func IssueToken(ctx context.Context, b *bus.Bus, g Grant) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	return issueToken(ctx, tokens, roles, g)
+}
+
+// IssueTokenJS is IssueToken for a caller with a plain JetStream client
+// (an e2e test driving separate processes); the buckets are created when
+// missing.
+func IssueTokenJS(ctx context.Context, js jetstream.JetStream, g Grant) (string, error) {
+	if err := contracts.ValidateTokenID(g.ID); err != nil {
+		return "", err
+	}
+	buckets := map[string]jetstream.KeyValue{}
+	for _, cfg := range contracts.KeyValues(contracts.StreamOptions{}) {
+		if cfg.Bucket != contracts.BucketAPITokens && cfg.Bucket != contracts.BucketRoleBindings {
+			continue
+		}
+		kv, err := js.KeyValue(ctx, cfg.Bucket)
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			kv, err = js.CreateKeyValue(ctx, cfg)
+		}
+		if err != nil {
+			return "", fmt.Errorf("kv bucket %s: %w", cfg.Bucket, err)
+		}
+		buckets[cfg.Bucket] = kv
+	}
+	return issueToken(ctx, buckets[contracts.BucketAPITokens], buckets[contracts.BucketRoleBindings], g)
+}
+
+func issueToken(ctx context.Context, tokens, roles jetstream.KeyValue, g Grant) (string, error) {
+	for _, bd := range g.Bindings {
+		if err := bd.Validate(); err != nil {
+			return "", err
+		}
+	}
 	now := time.Now().UTC()
 	secret, hash := newSecret(g.ID)
 	t := contracts.APIToken{ID: g.ID, Kind: contracts.TokenKindAPI, Name: g.Name, Subject: "token:" + g.ID,
