@@ -11,7 +11,6 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
-	"github.com/gpuplane/gpuplane/libs/service"
 	"github.com/gpuplane/gpuplane/services/autoscaler"
 	"github.com/gpuplane/gpuplane/services/autoscaler/cloud"
 	"github.com/gpuplane/gpuplane/services/autoscaler/internal/actuate"
@@ -23,7 +22,7 @@ import (
 // NodeAdmin bucket and deleted, while the one the ledger shows busy stays.
 func TestDecisionsAreActedOn(t *testing.T) {
 	srv := natstest.Start(t)
-	b := connect(t, srv.URL())
+	b := connect(t, srv)
 	publish(t, b, contracts.SubjectInventory("h0"), "inv-h0", inventory("h0", "h100", "a3-highgpu-8g", 8, "H100-80GB"))
 
 	clk := &clock{now: time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)}
@@ -32,7 +31,7 @@ func TestDecisionsAreActedOn(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := autoscaler.DefaultConfig()
-	cfg.Bus = service.BusConfig{NATSURL: srv.URL(), Replicas: 1}
+	cfg.Bus = busConfig(t, srv)
 	cfg.Now = clk.Now
 	cfg.Provider = sim
 	// Min counts the provider's machines (h0 is not one): 0 here, so no

@@ -60,18 +60,27 @@ func TestAlertDecisionsAreOncePerEpisodeAndForgottenOnResolve(t *testing.T) {
 	srv := natstest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "test", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
+	// The scalers use the autoscaler's own identity; the test's client,
+	// which publishes alerts as the monitor does and replays them, is the
+	// operator.
+	connect := func(name, creds string) *bus.Bus {
+		b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: name, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			CredsFile: creds})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = b.Close(context.Background()) })
+		return b
 	}
-	defer b.Close(context.Background())
+	b := connect("test", natstest.Operator(t, srv))
+	as := connect("autoscaler", natstest.Service(t, srv, contracts.BusAutoscaler))
 
 	now := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 	cfg := DefaultConfig()
 	cfg.Now = func() time.Time { return now } // read only from this goroutine
 	cfg.Pools = map[string]Pool{"l4": {Max: 1000, MachineType: "g2-standard-8", PriceClass: cloud.OnDemand, UpCooldown: time.Minute}}
 	var live decisionLog
-	s := newScaler(cfg, b, slog.New(&live))
+	s := newScaler(cfg, as, slog.New(&live))
 
 	// alert publishes an alert as the monitor does and returns it as the
 	// scaler's follower reads it; deliver hands it over.
@@ -140,7 +149,7 @@ func TestAlertDecisionsAreOncePerEpisodeAndForgottenOnResolve(t *testing.T) {
 	// episodes are forgotten again, the one still firing is remembered and
 	// not decided a second time, even after its cooldown.
 	var restarted decisionLog
-	s2 := newScaler(cfg, b, slog.New(&restarted))
+	s2 := newScaler(cfg, as, slog.New(&restarted))
 	if err := s2.restoreDecisions(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/natsserver"
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 	"github.com/gpuplane/gpuplane/libs/service"
 	"github.com/gpuplane/gpuplane/services/autoscaler"
@@ -59,7 +60,7 @@ func TestFlagsAndValidate(t *testing.T) {
 
 func TestDemandBecomesAScaleDecision(t *testing.T) {
 	srv := natstest.Start(t)
-	b := connect(t, srv.URL())
+	b := connect(t, srv)
 	for i := range 2 {
 		publish(t, b, contracts.SubjectInventory(fmt.Sprintf("h%d", i)), fmt.Sprintf("inv-h%d", i),
 			inventory(fmt.Sprintf("h%d", i), "h100", "a3-highgpu-8g", 8, "H100-80GB"))
@@ -70,7 +71,7 @@ func TestDemandBecomesAScaleDecision(t *testing.T) {
 	t0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 	clk := &clock{now: t0}
 	cfg := autoscaler.DefaultConfig()
-	cfg.Bus = service.BusConfig{NATSURL: srv.URL(), Replicas: 1}
+	cfg.Bus = busConfig(t, srv)
 	cfg.MaxNodes = map[string]int{"h100": 6}
 	cfg.DefaultMaxNodes = 3
 	cfg.Cooldown = 30 * time.Second
@@ -137,16 +138,24 @@ func (c *clock) Advance(d time.Duration) time.Time {
 	return c.now
 }
 
-func connect(t *testing.T, url string) *bus.Bus {
+// connect connects the test's own client, which plays the node agents and
+// the other services and observes: the operator.
+func connect(t *testing.T, srv *natsserver.Server) *bus.Bus {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	b, err := bus.Connect(ctx, bus.Config{URL: url, Name: "test", Logger: quietLog()})
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "test", Logger: quietLog(), CredsFile: natstest.Operator(t, srv)})
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}
 	t.Cleanup(func() { _ = b.Close(context.Background()) })
 	return b
+}
+
+// busConfig is the autoscaler's bus configuration on srv, with its own
+// identity: the tests prove its permissions suffice.
+func busConfig(t *testing.T, srv *natsserver.Server) service.BusConfig {
+	return service.BusConfig{NATSURL: srv.URL(), Replicas: 1, Creds: natstest.Service(t, srv, contracts.BusAutoscaler)}
 }
 
 func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -216,7 +225,7 @@ func inventory(node, pool, machineType string, gpus int, model string) contracts
 // machines, not eight.
 func TestMIGDemandIsSizedByInstances(t *testing.T) {
 	srv := natstest.Start(t)
-	b := connect(t, srv.URL())
+	b := connect(t, srv)
 	inv := inventory("m0", "mig", "a3-highgpu-8g", 8, "H100-80GB")
 	for i := range inv.GPUs {
 		inv.GPUs[i].MIGEnabled = true
@@ -228,7 +237,7 @@ func TestMIGDemandIsSizedByInstances(t *testing.T) {
 	publish(t, b, contracts.SubjectInventory("m0"), "inv-m0", inv)
 	t0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 	cfg := autoscaler.DefaultConfig()
-	cfg.Bus = service.BusConfig{NATSURL: srv.URL(), Replicas: 1}
+	cfg.Bus = busConfig(t, srv)
 	cfg.DefaultMaxNodes = 10
 	cfg.Now = (&clock{now: t0}).Now
 	start(t, cfg)

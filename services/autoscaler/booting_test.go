@@ -19,12 +19,12 @@ import (
 // the waiting jobs need, and one more only when one more job waits.
 func TestBootingMachinesAreNotAskedForAgain(t *testing.T) {
 	srv := natstest.Start(t)
-	b := connect(t, srv.URL())
+	b := connect(t, srv)
 	// h0 is a static node of the pool (not the provider's): 4 GPUs, busy.
 	publish(t, b, contracts.SubjectInventory("h0"), "inv-h0", inventory("h0", "h100", "hgx-h100-4", 4, "H100-80GB"))
 	clk := &clock{now: time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)}
 	sim := newSim(t, clk, 10*time.Minute)
-	start(t, testConfig(srv.URL(), clk, sim, map[string]autoscaler.Pool{
+	start(t, testConfig(t, srv, clk, sim, map[string]autoscaler.Pool{
 		"h100": {Min: 0, Max: 10, MachineType: "hgx-h100-4", PriceClass: cloud.OnDemand, UpCooldown: time.Second,
 			DownCooldown: time.Hour, IdleFor: time.Hour}}))
 

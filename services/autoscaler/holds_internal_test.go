@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
@@ -21,18 +23,27 @@ func TestAutoscalerHoldsKeepOtherWritersHolds(t *testing.T) {
 	srv := natstest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "test", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
+	// The holds are written with the autoscaler's own identity; the test's
+	// client, which sets the other writers' holds and reads the result,
+	// is the operator.
+	open := func(name, creds string) (*bus.Bus, jetstream.KeyValue) {
+		b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: name, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+			CredsFile: creds})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = b.Close(context.Background()) })
+		kv, err := b.KeyValue(ctx, contracts.BucketNodeAdmin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b, kv
 	}
-	defer b.Close(context.Background())
-	kv, err := b.KeyValue(ctx, contracts.BucketNodeAdmin)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, kv := open("test", natstest.Operator(t, srv))
+	b, asKV := open("autoscaler", natstest.Service(t, srv, contracts.BusAutoscaler))
 	now := func() time.Time { return time.Date(2026, 11, 22, 8, 0, 0, 0, time.UTC) }
-	holds := kvHolds{kv: kv, now: now}
-	spot := spotReaction{kv: kv, bus: b, now: now, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	holds := kvHolds{kv: asKV, now: now}
+	spot := spotReaction{kv: asKV, bus: b, now: now, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	gpuHold := map[string]contracts.GPUHold{"GPU-1": {Cordoned: true, Drain: true, Cause: contracts.ReasonGPUUnhealthy}}
 	put := func(node string, h contracts.NodeAdmin) {
 		data, _ := json.Marshal(h)

@@ -10,8 +10,8 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/natsserver"
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
-	"github.com/gpuplane/gpuplane/libs/service"
 	"github.com/gpuplane/gpuplane/services/autoscaler"
 	"github.com/gpuplane/gpuplane/services/autoscaler/cloud"
 	"github.com/gpuplane/gpuplane/services/autoscaler/simcloud"
@@ -19,9 +19,9 @@ import (
 
 // testConfig is an autoscaler acting on sim for pools, reconciling every
 // 20 ms so that tests wait for the clock they drive, not for ticks.
-func testConfig(url string, clk *clock, sim *simcloud.Provider, pools map[string]autoscaler.Pool) autoscaler.Config {
+func testConfig(t *testing.T, srv *natsserver.Server, clk *clock, sim *simcloud.Provider, pools map[string]autoscaler.Pool) autoscaler.Config {
 	cfg := autoscaler.DefaultConfig()
-	cfg.Bus = service.BusConfig{NATSURL: url, Replicas: 1}
+	cfg.Bus = busConfig(t, srv)
 	cfg.Now = clk.Now
 	cfg.Provider = sim
 	cfg.Pools = pools
@@ -45,11 +45,11 @@ func newSim(t *testing.T, clk *clock, delay time.Duration) *simcloud.Provider {
 // pool to its minimum.
 func TestSpotNoticeDrainsAndReclaimRefills(t *testing.T) {
 	srv := natstest.Start(t)
-	b := connect(t, srv.URL())
+	b := connect(t, srv)
 	t0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 	clk := &clock{now: t0}
 	sim := newSim(t, clk, 30*time.Second)
-	start(t, testConfig(srv.URL(), clk, sim, map[string]autoscaler.Pool{
+	start(t, testConfig(t, srv, clk, sim, map[string]autoscaler.Pool{
 		"spot": {Min: 2, Max: 3, MachineType: "g2-standard-8", PriceClass: cloud.Spot}}))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -161,12 +161,12 @@ func TestSpotNoticeDrainsAndReclaimRefills(t *testing.T) {
 // one machine.
 func TestProviderOutageOpensTheBreakerAndMakesNoDuplicates(t *testing.T) {
 	srv := natstest.Start(t)
-	b := connect(t, srv.URL())
+	b := connect(t, srv)
 	publish(t, b, contracts.SubjectInventory("p0"), "inv-p0", inventory("p0", "h100", "a3-highgpu-8g", 8, "H100-80GB"))
 	clk := &clock{now: time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)}
 	sim := newSim(t, clk, 0)
 	sim.SetFailing(true, nil)
-	cfg := testConfig(srv.URL(), clk, sim, map[string]autoscaler.Pool{
+	cfg := testConfig(t, srv, clk, sim, map[string]autoscaler.Pool{
 		"h100": {Min: 0, Max: 4, MachineType: "a3-highgpu-8g", PriceClass: cloud.OnDemand}})
 	const openFor = time.Second
 	cfg.BreakerOpenFor = openFor
@@ -209,10 +209,10 @@ func TestProviderOutageOpensTheBreakerAndMakesNoDuplicates(t *testing.T) {
 // pools and other actions are ignored.
 func TestScaleUpAlertAddsOneMachine(t *testing.T) {
 	srv := natstest.Start(t)
-	b := connect(t, srv.URL())
+	b := connect(t, srv)
 	clk := &clock{now: time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)}
 	sim := newSim(t, clk, 0)
-	cfg := testConfig(srv.URL(), clk, sim, map[string]autoscaler.Pool{
+	cfg := testConfig(t, srv, clk, sim, map[string]autoscaler.Pool{
 		"l4": {Min: 0, Max: 3, MachineType: "g2-standard-8", PriceClass: cloud.OnDemand, UpCooldown: time.Minute}})
 	start(t, cfg)
 

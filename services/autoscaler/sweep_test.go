@@ -23,7 +23,7 @@ import (
 // are left alone.
 func TestHoldsOfMachinesGoneWhileDownAreReleasedAtStart(t *testing.T) {
 	srv := natstest.Start(t)
-	b := connect(t, srv.URL())
+	b := connect(t, srv)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	kv, err := b.KeyValue(ctx, contracts.BucketNodeAdmin)
@@ -61,7 +61,7 @@ func TestHoldsOfMachinesGoneWhileDownAreReleasedAtStart(t *testing.T) {
 
 	clk := &clock{now: t0}
 	sim := newSim(t, clk, 0)
-	start(t, testConfig(srv.URL(), clk, sim, map[string]autoscaler.Pool{
+	start(t, testConfig(t, srv, clk, sim, map[string]autoscaler.Pool{
 		"spot": {Min: 0, Max: 2, MachineType: "g2-standard-8", PriceClass: cloud.Spot}}))
 
 	hold := func(node string) (contracts.NodeAdmin, bool) {
@@ -119,11 +119,11 @@ func TestHoldsOfMachinesGoneWhileDownAreReleasedAtStart(t *testing.T) {
 // and nothing is deleted before the grace has passed.
 func TestDeadMachineIsDeletedAndReplaced(t *testing.T) {
 	srv := natstest.Start(t)
-	b := connect(t, srv.URL())
+	b := connect(t, srv)
 	t0 := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 	clk := &clock{now: t0}
 	sim := newSim(t, clk, 0)
-	cfg := testConfig(srv.URL(), clk, sim, map[string]autoscaler.Pool{
+	cfg := testConfig(t, srv, clk, sim, map[string]autoscaler.Pool{
 		"l4": {Min: 2, Max: 3, MachineType: "g2-standard-8", PriceClass: cloud.OnDemand}})
 	cfg.NodeLostGrace = 2 * time.Minute
 	start(t, cfg)
