@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -33,6 +34,27 @@ type oidcVerifier struct {
 	mu       sync.Mutex
 	verifier *oidc.IDTokenVerifier // full checks
 	sigOnly  *oidc.IDTokenVerifier // signature only: to name what else was wrong
+
+	// verified caches the principal of a token that passed, by the
+	// token's SHA-256, until the token expires (at most verifiedFor): a
+	// client sends the same token with every request, and an RSA
+	// verification costs ~50 µs. Only the identity is cached; roles are
+	// read per request.
+	cacheMu  sync.Mutex
+	verified map[[32]byte]verifiedToken
+}
+
+// verifiedFor bounds how long a verified token is trusted without
+// checking it again; maxVerified bounds the cache (it is emptied when
+// full: a flood of distinct valid tokens only costs verifications).
+const (
+	verifiedFor = time.Minute
+	maxVerified = 10000
+)
+
+type verifiedToken struct {
+	p     Principal
+	until time.Time
 }
 
 func newOIDCVerifier(issuer, clientID string, now func() time.Time) *oidcVerifier {
@@ -60,6 +82,32 @@ func (o *oidcVerifier) verifiers(ctx context.Context) (*oidc.IDTokenVerifier, *o
 // verify accepts raw only if go-oidc's full verification does; when it
 // does not, the reason is found by checking the pieces one by one.
 func (o *oidcVerifier) verify(ctx context.Context, raw string) (Principal, *authError) {
+	key := sha256.Sum256([]byte(raw))
+	now := o.now()
+	o.cacheMu.Lock()
+	v, ok := o.verified[key]
+	o.cacheMu.Unlock()
+	if ok && now.Before(v.until) {
+		return v.p, nil
+	}
+	p, aerr := o.verifyFully(ctx, raw)
+	if aerr != nil {
+		return p, aerr
+	}
+	until := now.Add(verifiedFor)
+	if _, claims, err := peekJWT(raw); err == nil && claims.Expiry != 0 && time.Unix(int64(claims.Expiry), 0).Before(until) {
+		until = time.Unix(int64(claims.Expiry), 0)
+	}
+	o.cacheMu.Lock()
+	if o.verified == nil || len(o.verified) >= maxVerified {
+		o.verified = map[[32]byte]verifiedToken{}
+	}
+	o.verified[key] = verifiedToken{p: p, until: until}
+	o.cacheMu.Unlock()
+	return p, nil
+}
+
+func (o *oidcVerifier) verifyFully(ctx context.Context, raw string) (Principal, *authError) {
 	hdr, claims, perr := peekJWT(raw)
 	if perr != nil {
 		return Principal{}, refused(contracts.ReasonInvalidToken, "not a JWT: %v", perr)
@@ -102,8 +150,8 @@ func (o *oidcVerifier) why(ctx context.Context, sigOnly *oidc.IDTokenVerifier, r
 		return refused(contracts.ReasonWrongAudience, "the token is not for this gateway's client %q", o.clientID)
 	case errors.As(err, new(*oidc.TokenExpiredError)):
 		return refused(contracts.ReasonTokenExpired, "the token expired")
-	case c.NotBefore != 0 && now.Before(time.Unix(c.NotBefore, 0).Add(-5*time.Minute)):
-		return refused(contracts.ReasonTokenNotYetValid, "the token is not valid before %s", time.Unix(c.NotBefore, 0).UTC().Format(time.RFC3339))
+	case c.NotBefore != 0 && now.Before(time.Unix(int64(c.NotBefore), 0).Add(-5*time.Minute)):
+		return refused(contracts.ReasonTokenNotYetValid, "the token is not valid before %s", time.Unix(int64(c.NotBefore), 0).UTC().Format(time.RFC3339))
 	}
 	return refused(contracts.ReasonInvalidToken, "the token was refused")
 }
@@ -114,12 +162,14 @@ type jwtHeader struct {
 }
 
 type jwtClaims struct {
-	Issuer            string   `json:"iss"`
-	Subject           string   `json:"sub"`
-	Audience          audience `json:"aud"`
-	NotBefore         int64    `json:"nbf"`
-	PreferredUsername string   `json:"preferred_username"`
-	Email             string   `json:"email"`
+	Issuer   string   `json:"iss"`
+	Subject  string   `json:"sub"`
+	Audience audience `json:"aud"`
+	// NumericDates may be fractional (RFC 7519).
+	NotBefore         float64 `json:"nbf"`
+	Expiry            float64 `json:"exp"`
+	PreferredUsername string  `json:"preferred_username"`
+	Email             string  `json:"email"`
 }
 
 // audience is aud: a string or an array of strings.

@@ -14,6 +14,8 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
+	"io"
+	"log/slog"
 	"math/big"
 	"net"
 	"net/http"
@@ -539,5 +541,59 @@ func TestPlaintextOnlyOnLoopback(t *testing.T) {
 	c.Addr, c.TLSCert, c.TLSKey = "0.0.0.0:8443", "c.pem", "k.pem"
 	if err := c.Validate(); err != nil && strings.Contains(err.Error(), "loopback") {
 		t.Errorf("TLS on 0.0.0.0 refused: %v", err)
+	}
+}
+
+// BenchmarkAuthenticate measures what authentication adds to a request on
+// the hot path: an API token (SHA-256 and a map lookup) and an OIDC JWT
+// (RS256 verification against the cached JWKS).
+func BenchmarkAuthenticate(b *testing.B) {
+	ids := newIdentities(slog.New(slog.NewTextHandler(io.Discard, nil)))
+	secret, hash := newSecret("bench")
+	ids.tokens["bench"] = contracts.APIToken{ID: "bench", Kind: contracts.TokenKindAPI, Subject: "token:bench", SHA256: hash}
+	ids.bindings["token:bench"] = contracts.RoleBindings{Subject: "token:bench", Bindings: []contracts.Binding{{Role: RoleMember, Tenant: "acme"}}}
+	ids.tokensReady.Store(true)
+	ids.bindingsReady.Store(true)
+	iss := oidctest.Start(b, "gpuplane")
+	a := &authenticator{ids: ids, now: time.Now, oidc: newOIDCVerifier(iss.URL, "gpuplane", time.Now)}
+	jwt := iss.Token(b, iss.Claims("alice"))
+	for name, token := range map[string]string{"api-token": secret, "oidc-jwt": jwt} {
+		b.Run(name, func(b *testing.B) {
+			r, _ := http.NewRequest(http.MethodGet, "http://gw/v1/whoami", nil)
+			r.Header.Set("Authorization", "Bearer "+token)
+			if _, err := a.authenticate(r); err != nil { // also warms the JWKS cache
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := a.authenticate(r); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// TestOIDCCacheHonoursExpiry: a verified token is remembered, but never
+// past its exp.
+func TestOIDCCacheHonoursExpiry(t *testing.T) {
+	iss := oidctest.Start(t, "gpuplane")
+	start := time.Now()
+	clock := start
+	o := newOIDCVerifier(iss.URL, "gpuplane", func() time.Time { return clock })
+	claims := iss.Claims("alice")
+	claims["exp"] = start.Add(30 * time.Second).Unix()
+	tok := iss.Token(t, claims)
+	ctx := context.Background()
+	if p, err := o.verify(ctx, tok); err != nil || p.Subject != "oidc:"+iss.URL+"#alice" {
+		t.Fatalf("fresh token: %+v %v", p, err)
+	}
+	clock = start.Add(10 * time.Second)
+	if _, err := o.verify(ctx, tok); err != nil {
+		t.Fatalf("cached token within its life: %v", err)
+	}
+	clock = start.Add(31 * time.Second)
+	if _, err := o.verify(ctx, tok); err == nil || err.reason != contracts.ReasonTokenExpired {
+		t.Fatalf("expired token: %v, want token_expired", err)
 	}
 }
