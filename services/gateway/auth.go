@@ -10,8 +10,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -354,4 +356,59 @@ func putJSON(ctx context.Context, kv jetstream.KeyValue, key string, v any) erro
 	}
 	_, err = kv.Put(ctx, key, data)
 	return err
+}
+
+// bootstrapTokenID is the ID of the -admin-token-file token.
+const bootstrapTokenID = "bootstrap-admin"
+
+// bootstrapAdmin makes the token in file a platform admin's, writing a new
+// token there first when the file does not exist (a deployment may
+// instead provide it from a secret). Only the hash goes to KV; running it
+// again with the same file changes nothing.
+func bootstrapAdmin(ctx context.Context, b *bus.Bus, file string) error {
+	data, err := os.ReadFile(file)
+	if errors.Is(err, fs.ErrNotExist) {
+		secret, _ := newSecret(bootstrapTokenID)
+		f, cerr := os.OpenFile(file, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if cerr != nil {
+			return fmt.Errorf("admin token file: %w", cerr)
+		}
+		_, werr := f.WriteString(secret + "\n")
+		if err := errors.Join(werr, f.Close()); err != nil {
+			return fmt.Errorf("admin token file: %w", err)
+		}
+		data, err = []byte(secret), nil
+	}
+	if err != nil {
+		return fmt.Errorf("admin token file: %w", err)
+	}
+	secret := strings.TrimSpace(string(data))
+	if !strings.HasPrefix(secret, tokenPrefix+bootstrapTokenID+"_") || len(secret) < len(tokenPrefix+bootstrapTokenID)+33 {
+		return fmt.Errorf("admin token file %s: want %s%s_ followed by at least 32 random characters", file, tokenPrefix, bootstrapTokenID)
+	}
+	tokens, err := b.KeyValue(ctx, contracts.BucketAPITokens)
+	if err != nil {
+		return err
+	}
+	roles, err := b.KeyValue(ctx, contracts.BucketRoleBindings)
+	if err != nil {
+		return err
+	}
+	sum := sha256.Sum256([]byte(secret))
+	now := time.Now().UTC()
+	t := contracts.APIToken{ID: bootstrapTokenID, Kind: contracts.TokenKindAPI, Name: "bootstrap platform admin",
+		Subject: "token:" + bootstrapTokenID, SHA256: hex.EncodeToString(sum[:]), Owner: "bootstrap", CreatedAt: now}
+	rb := contracts.RoleBindings{Subject: t.Subject, Bindings: []contracts.Binding{{Role: RolePlatformAdmin}},
+		UpdatedAt: now, UpdatedBy: "bootstrap"}
+	var cur contracts.APIToken
+	if e, err := tokens.Get(ctx, t.ID); err == nil && json.Unmarshal(e.Value(), &cur) == nil && cur.SHA256 == t.SHA256 {
+		return nil // already in place: every replica starts with the same file
+	}
+	if err := putJSON(ctx, roles, contracts.RoleBindingsKey(t.Subject), rb); err != nil {
+		return fmt.Errorf("bootstrap admin bindings: %w", err)
+	}
+	if err := putJSON(ctx, tokens, t.ID, t); err != nil {
+		return fmt.Errorf("bootstrap admin token: %w", err)
+	}
+	return nil
 }

@@ -597,3 +597,25 @@ func TestOIDCCacheHonoursExpiry(t *testing.T) {
 		t.Fatalf("expired token: %v, want token_expired", err)
 	}
 }
+
+// TestAdminTokenFile: -admin-token-file writes a platform admin's token
+// when the file is missing, and that token works.
+func TestAdminTokenFile(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "admin.token")
+	h := startGateway(t, func(c *Config) { c.AdminTokenFile = file }, nil)
+	st, err := os.Stat(file)
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("token file: %v %v, want mode 600", st, err)
+	}
+	data, _ := os.ReadFile(file)
+	secret := strings.TrimSpace(string(data))
+	var who contracts.WhoAmI
+	h.eventually("the bootstrap token works", func() bool {
+		status, _ := h.as(secret, http.MethodGet, "/v1/whoami", "", &who)
+		return status == 200 && len(who.Bindings) == 1
+	})
+	if who.Subject != "token:bootstrap-admin" || who.Bindings[0].Role != RolePlatformAdmin {
+		t.Fatalf("whoami %+v", who)
+	}
+	h.assertNoSecrets(secret)
+}

@@ -45,6 +45,10 @@ type Config struct {
 	LDAPURL, LDAPBaseDN, LDAPUserFilter, LDAPBindDN, LDAPBindPasswordFile string
 	// SessionTTL is how long an LDAP login's session token lasts; 12 h.
 	SessionTTL time.Duration
+	// AdminTokenFile bootstraps the first platform admin of an
+	// installation: the API token in this file (created, 0600, when
+	// missing) is a platform admin's (token ID bootstrap-admin).
+	AdminTokenFile string
 }
 
 // DefaultConfig returns the defaults, the bus part read from the
@@ -79,6 +83,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LDAPBindDN, "ldap-bind-dn", c.LDAPBindDN, "LDAP DN the user search binds as; empty for anonymous")
 	fs.StringVar(&c.LDAPBindPasswordFile, "ldap-bind-password-file", c.LDAPBindPasswordFile, "file holding the password of -ldap-bind-dn")
 	fs.DurationVar(&c.SessionTTL, "session-ttl", c.SessionTTL, "lifetime of an LDAP login's session token")
+	fs.StringVar(&c.AdminTokenFile, "admin-token-file", c.AdminTokenFile,
+		"file holding a platform admin's API token (written, 0600, when missing): the installation's first admin")
 }
 
 // Validate reports every problem at once.

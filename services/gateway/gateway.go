@@ -66,6 +66,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	s := &server{cfg: cfg, bus: rt.Bus, model: in.model, nodes: in.nodes, ready: in.ready, adminReady: in.adminReady.Load,
 		log: log, now: time.Now, streams: streams}
 	s.buckets = newKVBuckets(rt.Bus)
+	if cfg.AdminTokenFile != "" {
+		if err := bootstrapAdmin(ctx, rt.Bus, cfg.AdminTokenFile); err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("%s: %w", Name, err)
+		}
+		log.Info("platform admin token bootstrapped", "file", cfg.AdminTokenFile, "token_id", bootstrapTokenID)
+	}
 	ids := newIdentities(log)
 	s.auth = &authenticator{ids: ids, now: time.Now}
 	if cfg.OIDCIssuer != "" {
