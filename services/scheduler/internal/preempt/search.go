@@ -94,13 +94,19 @@ func (s *nodeSearch) estimate(o int) (rank int, milli int64, ok bool) {
 	if len(nc.cands) > maxExactCandidates {
 		return noRank, 0, true
 	}
-	for _, lv := range nc.classes() {
+	// Most nodes that cannot make room at all are dismissed with one check.
+	full := nc.fullMask()
+	if !nc.roomFor(full) {
+		return 0, 0, false
+	}
+	levels := nc.classes()
+	for _, lv := range levels[:len(levels)-1] {
 		if m := nc.classMask(lv); nc.roomFor(m) {
 			nc.allowed = m
 			return lv, nc.lowerBound(m), true
 		}
 	}
-	return 0, 0, false
+	return levels[len(levels)-1], nc.lowerBound(full), true
 }
 
 // best is the cheapest set of candidates whose eviction lets the request
