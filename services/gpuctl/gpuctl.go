@@ -303,6 +303,9 @@ func (a *app) fail(cmd string, err error) int {
 	var b strings.Builder
 	fmt.Fprintf(&b, "gpuctl %s: %v\n", cmd, err)
 	if ae, ok := errors.AsType[*apiError](err); ok {
+		if ae.Status == 401 && cmd != "login" {
+			fmt.Fprintf(&b, "  log in with gpuctl login (or set GPUPLANE_TOKEN)\n")
+		}
 		for _, f := range ae.Body.Fields {
 			if f.Field != "" {
 				fmt.Fprintf(&b, "  %s: %s: %s\n", f.Field, f.Reason, f.Message)
