@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -19,6 +20,7 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -618,4 +620,74 @@ func TestAdminTokenFile(t *testing.T) {
 		t.Fatalf("whoami %+v", who)
 	}
 	h.assertNoSecrets(secret)
+}
+
+// TestSecretsNeverWritten logs in every way a test can without slapd,
+// uses and refuses tokens, submits a job, and then greps everything the
+// run wrote - the gateway's log, every stream and bucket on the bus, and
+// every span exported over OTLP - for the secrets.
+func TestSecretsNeverWritten(t *testing.T) {
+	var spansMu sync.Mutex
+	var spans [][]byte
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var rd io.Reader = r.Body
+		if r.Header.Get("Content-Encoding") == "gzip" {
+			zr, err := gzip.NewReader(r.Body)
+			if err != nil {
+				http.Error(w, err.Error(), 400)
+				return
+			}
+			rd = zr
+		}
+		body, _ := io.ReadAll(rd)
+		spansMu.Lock()
+		spans = append(spans, body)
+		spansMu.Unlock()
+		w.WriteHeader(http.StatusOK)
+	}))
+	t.Cleanup(collector.Close)
+	var secrets []string
+	// Registered before the gateway starts, so it runs after the gateway
+	// stopped and flushed its spans.
+	t.Cleanup(func() {
+		spansMu.Lock()
+		defer spansMu.Unlock()
+		if len(spans) == 0 {
+			t.Error("no spans were exported: the span check checked nothing")
+		}
+		for _, s := range secrets {
+			for _, body := range spans {
+				if bytes.Contains(body, []byte(s)) {
+					t.Errorf("a secret (%.8s...) is in an exported span", s)
+				}
+			}
+		}
+	})
+	iss := oidctest.Start(t, "gpuplane")
+	h := startGateway(t, func(c *Config) {
+		c.Bus.OTLPEndpoint = strings.TrimPrefix(collector.URL, "http://")
+		c.OIDCIssuer, c.OIDCClientID = iss.URL, "gpuplane"
+	}, nil)
+	member := h.issue("member", contracts.Binding{Role: RoleMember, Tenant: "acme"})
+	jwt := iss.Token(t, iss.Claims("alice"))
+	expired := iss.Token(t, func() map[string]any {
+		c := iss.Claims("alice")
+		c["exp"] = time.Now().Add(-time.Hour).Unix()
+		return c
+	}())
+	wrongSecret := member[:len(member)-6] + "zzzzzz"
+	var created contracts.TokenCreated
+	if status, ae := h.as(h.token, http.MethodPost, "/v1/tokens", `{"name":"ci","bindings":[{"role":"viewer","tenant":"acme"}]}`, &created); status != 201 {
+		t.Fatalf("create: %d %+v", status, ae)
+	}
+	secrets = []string{h.token, member, jwt, expired, wrongSecret, created.Secret, "hunter2-password"}
+	for _, tok := range []string{member, jwt, expired, wrongSecret} {
+		h.as(tok, http.MethodGet, "/v1/whoami", "", nil)
+		h.as(tok, http.MethodPost, "/v1/tenants/acme/jobs", validBody("s1"), nil)
+	}
+	h.do(http.MethodPost, "/v1/login", `{"username":"alice","password":"hunter2-password"}`, nil, "Authorization", "-")
+	if status, ae := h.as(member, http.MethodPost, "/v1/tenants/acme/jobs", validBody("s2"), nil); status != 202 {
+		t.Fatalf("submit: %d %+v", status, ae)
+	}
+	h.assertNoSecrets(secrets...)
 }
