@@ -65,6 +65,9 @@ func (a *ldapAuth) login(username, password string) (dn, name string, err error)
 		return "", "", fmt.Errorf("ldap: search: %w", err)
 	}
 	if len(res.Entries) != 1 {
+		// Bind anyway (to a DN that cannot exist), so an unknown user
+		// takes as long to refuse as a wrong password.
+		_ = conn.Bind("cn=gpuplane-no-such-user,"+a.baseDN, password)
 		return "", "", errLoginFailed
 	}
 	entry := res.Entries[0]
