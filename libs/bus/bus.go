@@ -11,6 +11,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -74,6 +76,34 @@ type Bus struct {
 	prop   propagation.TextMapPropagator
 	opts   contracts.StreamOptions
 	mode   ProvisionMode
+	// denied holds the subjects the server refused this identity to
+	// publish on: a publish there fails for good instead of retrying as
+	// if the server were slow.
+	denied sync.Map
+}
+
+// ErrPermissionDenied: the server refused this identity the subject
+// (contracts.Access). Retrying does not help.
+var ErrPermissionDenied = errors.New("bus: permission denied")
+
+// deniedPublish reads the subject out of the server's refusal of a
+// publish, as nats.go reports it to the error handler.
+func deniedPublish(err error) (string, bool) {
+	if err == nil || !errors.Is(err, nats.ErrPermissionViolation) {
+		return "", false
+	}
+	_, rest, ok := strings.Cut(err.Error(), "Publish to \"")
+	if !ok {
+		return "", false
+	}
+	subject, _, ok := strings.Cut(rest, "\"")
+	return subject, ok && subject != ""
+}
+
+// refused reports whether the server refused this identity subject.
+func (b *Bus) refused(subject string) bool {
+	_, ok := b.denied.Load(subject)
+	return ok
 }
 
 // Connect connects to NATS, waits for the connection, and provisions the
@@ -97,6 +127,9 @@ func Connect(ctx context.Context, cfg Config) (*Bus, error) {
 	}
 	log := cfg.Logger.With("component", "bus")
 	connected := make(chan struct{}, 1)
+	// b is filled in once connected; the error handler records refused
+	// publishes in it from the start.
+	b := &Bus{}
 	opts := append([]nats.Option{
 		nats.Name(cfg.Name),
 		nats.MaxReconnects(-1),
@@ -118,6 +151,10 @@ func Connect(ctx context.Context, cfg Config) (*Bus, error) {
 			subj := ""
 			if sub != nil {
 				subj = sub.Subject
+			}
+			if denied, ok := deniedPublish(err); ok {
+				b.denied.Store(denied, struct{}{})
+				subj = denied
 			}
 			log.Warn("nats async error", "subject", subj, "err", err)
 		}),
@@ -159,16 +196,10 @@ func Connect(ctx context.Context, cfg Config) (*Bus, error) {
 		nc.Close()
 		return nil, fmt.Errorf("bus: jetstream: %w", err)
 	}
-	b := &Bus{
-		nc:     nc,
-		js:     js,
-		name:   cfg.Name,
-		log:    log,
-		tracer: cfg.TracerProvider.Tracer("github.com/gpuplane/gpuplane/libs/bus"),
-		prop:   propagation.TraceContext{},
-		opts:   cfg.Streams,
-		mode:   cfg.Provision,
-	}
+	b.nc, b.js, b.name, b.log = nc, js, cfg.Name, log
+	b.tracer = cfg.TracerProvider.Tracer("github.com/gpuplane/gpuplane/libs/bus")
+	b.prop = propagation.TraceContext{}
+	b.opts, b.mode = cfg.Streams, cfg.Provision
 	if !cfg.SkipProvision {
 		if err := b.EnsureStreams(ctx); err != nil {
 			nc.Close()
@@ -267,6 +298,9 @@ func retry(ctx context.Context, fn func() error) error {
 // waiting can fix: no responders, a timeout, a disconnect, a leaderless
 // cluster.
 func transient(err error) bool {
+	if errors.Is(err, ErrPermissionDenied) {
+		return false
+	}
 	switch {
 	case errors.Is(err, nats.ErrNoResponders), errors.Is(err, jetstream.ErrNoStreamResponse),
 		errors.Is(err, nats.ErrTimeout), errors.Is(err, context.DeadlineExceeded),

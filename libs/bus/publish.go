@@ -94,6 +94,10 @@ func encode(v any) ([]byte, error) {
 	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
 
+// publishAttempt bounds one attempt of a publish (JetStream's own default
+// ack wait); a transient failure is retried until the caller's ctx ends.
+const publishAttempt = 5 * time.Second
+
 // PublishRaw publishes already-encoded data; Publish is the usual entry.
 func (b *Bus) PublishRaw(ctx context.Context, subject, id string, data []byte, opts ...PublishOption) (*jetstream.PubAck, error) {
 	var o publishOpts
@@ -144,8 +148,18 @@ func (b *Bus) PublishRaw(ctx context.Context, subject, id string, data []byte, o
 	var ack *jetstream.PubAck
 	var err error
 	publish := func() error {
+		// Each attempt waits for its ack at most publishAttempt: a
+		// publish the server refused is never acked, and the refusal
+		// (seen by the error handler) ends the retries after one.
+		actx, cancel := context.WithTimeout(ctx, publishAttempt)
+		defer cancel()
 		var err error
-		ack, err = b.js.PublishMsg(ctx, msg, popts...)
+		ack, err = b.js.PublishMsg(actx, msg, popts...)
+		if err != nil && b.refused(subject) {
+			// The server said no (the error handler saw it); the ack
+			// timeout is only how the client noticed.
+			return fmt.Errorf("%w to publish %s: %w", ErrPermissionDenied, subject, err)
+		}
 		return err
 	}
 	if o.noRetry {
