@@ -196,3 +196,67 @@ func TestPreemptionPrefersLowerClassesAndDoesNotCascade(t *testing.T) {
 	}
 	h.noDuplicates()
 }
+
+// A preemptor that gives up (cancelled) or whose claim can no longer be
+// used (its node cordoned) releases what was held for it: the devices go
+// to the next job, and nothing is held for nobody.
+func TestPreemptionClaimEndsWhenThePreemptorGivesUp(t *testing.T) {
+	for _, how := range []string{"cancelled", "node cordoned"} {
+		t.Run(how, func(t *testing.T) {
+			h := newHarness(t, func(c *Config) { c.MinRuntime = 0 })
+			h.inventory("n1", "p", h100, 81920, 4)
+			low := job("low", 4, "any")
+			low.Priority = contracts.PriorityBestEffort
+			h.submit("a", low)
+			h.cycle()
+			la := h.item("a", "low")
+			h.running(la)
+			high := job("high", 4, "any")
+			high.Priority = contracts.PriorityHigh
+			h.submit("b", high)
+			h.cycle()
+			if got := h.preempted(); !slices.Equal(got, []string{la.ID}) {
+				t.Fatalf("evicted %v, want %s", got, la.ID)
+			}
+			if len(h.st.cluster.claims) != 1 {
+				t.Fatalf("claims %v, want high's", h.st.cluster.claims)
+			}
+			w := job("w", 2, "any")
+			h.submit("c", w)
+			h.cycle()
+			if len(h.items("c", "w", 1)) != 0 {
+				t.Fatal("w was placed on devices claimed for high")
+			}
+			switch how {
+			case "cancelled":
+				if err := h.cancel("b", "high"); err != nil {
+					t.Fatal(err)
+				}
+			default:
+				h.st.ApplyNodeAdmin("n1", &contracts.NodeAdmin{NodeID: "n1", Cordoned: true})
+			}
+			h.stopped(la)
+			h.cycle()
+			if len(h.st.cluster.claims) != 0 {
+				t.Fatalf("claims %v held after the preemptor gave up", h.st.cluster.claims)
+			}
+			if how == "cancelled" {
+				if len(h.items("c", "w", 1)) != 1 {
+					t.Fatalf("w not placed once high was cancelled: %+v", h.st.jobs[Key("c", "w")].Pending)
+				}
+				return
+			}
+			if len(h.items("b", "high", 1)) != 0 {
+				t.Fatal("high placed on a cordoned node")
+			}
+			h.st.ApplyNodeAdmin("n1", nil)
+			h.cycle()
+			if len(h.items("b", "high", 1)) != 1 {
+				t.Fatalf("high not placed once n1 took work again: %+v", h.st.jobs[Key("b", "high")].Pending)
+			}
+			if got := h.preempted(); len(got) != 1 {
+				t.Fatalf("evicted %v, want only low", got)
+			}
+		})
+	}
+}
