@@ -344,6 +344,13 @@ func (s *Store) preempt(now time.Time, preemptors []miss, b *fairshare.Book) []P
 			s.jobs[key].kept = k
 		}
 		g.spend(j, choice)
+		// Its claim is its tenant's from now on: a later decision of the
+		// cycle must not be admitted into the same quota (book).
+		per := j.Request.Resources.GPU.MilliGPUs() / int64(max(len(choice.Parts), 1))
+		for _, part := range choice.Parts {
+			b.Hold(j.Tenant, part.Pool, fairshare.Usage{MilliGPU: per, CPUMilli: j.Request.Resources.CPUMilli,
+				MemoryMiB: j.Request.Resources.MemoryMiB})
+		}
 		// What it claimed is held for the decisions after it in this cycle
 		// too: two must not count on the same free device.
 		for _, part := range choice.Parts {
@@ -420,8 +427,10 @@ func (s *Store) evictVictims(j *Job, choice preempt.Choice, m move, avoid map[st
 // victims are gone: exactly those devices, checked again with FitNode on
 // each node as it is now without j's claim. ok is false when j has no
 // claim; placed is false when the claim no longer fits (a node lost or
-// cordoned, a device unhealthy), and the claim is then dropped.
-func (s *Store) claimed(j *Job, now time.Time) (d placement.Decision, ok, placed bool) {
+// cordoned, a device unhealthy, the quota lowered past it), and the claim
+// is then dropped. The claim is in b already (book): the quota is checked
+// with nothing more.
+func (s *Store) claimed(j *Job, b *fairshare.Book, now time.Time) (d placement.Decision, ok, placed bool) {
 	cl := s.cluster.claims[j.key]
 	if cl == nil {
 		return placement.Decision{}, false, false
@@ -441,7 +450,7 @@ func (s *Store) claimed(j *Job, now time.Time) (d placement.Decision, ok, placed
 			break
 		}
 		n, live := s.cluster.nodeSnapshot(p.NodeID, now, j.key)
-		if !live || n.Cordoned {
+		if !live || n.Cordoned || !b.Admit(j.Tenant, p.Pool, 0).OK {
 			fits = false
 			break
 		}

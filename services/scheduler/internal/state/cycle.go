@@ -156,7 +156,7 @@ func (s *Store) Cycle() CycleResult {
 		// Its victims are gone: it takes what was claimed for it (held
 		// from everyone else meanwhile, and counted in its tenant's
 		// quota by book), or, should that be gone, tries afresh next cycle.
-		if d, claimed, ok := s.claimed(j, now); claimed {
+		if d, claimed, ok := s.claimed(j, book, now); claimed {
 			if ok {
 				hits = append(hits, hit{j, d})
 				s.servedSeq++
