@@ -201,7 +201,7 @@ func Reserve(snap placement.Snapshot, running []Running, r placement.Request, no
 		if hold, held := r.Reserved[n.ID]; held {
 			hold.Apply(&scratch)
 		}
-		devs, _ := placement.FitNode(&scratch, one)
+		devs := holdDevices(&scratch, n, one)
 		res.Holds[n.ID] = placement.Hold{Devices: devs,
 			SpareCPUMilli: scratch.CPUMilliFree - one.CPUMilli, SpareMemoryMiB: scratch.MemoryMiBFree - one.MemoryMiB}
 	}
@@ -244,6 +244,62 @@ func Wait(d time.Duration) string {
 		s = strings.TrimSuffix(s, "0m")
 	}
 	return s
+}
+
+// holdDevices chooses the devices one machine of r takes on at (node n at
+// the reservation's start): those busy now first, so that what is free now
+// stays free for jobs that run past the start. It marks the devices free
+// now as taken and gives them back one at a time, lowest index first,
+// until FitNode finds room; at is modified. Shares are left to FitNode.
+func holdDevices(at *placement.Node, n *placement.Node, r placement.Request) []contracts.DeviceRef {
+	type free struct{ gpu, inst int } // inst -1: the whole card
+	var now []free
+	for i := range at.GPUs {
+		g := &at.GPUs[i]
+		k := slices.IndexFunc(n.GPUs, func(x placement.GPU) bool { return x.UUID == g.UUID && x.Index == g.Index })
+		if k < 0 {
+			continue
+		}
+		was := &n.GPUs[k]
+		switch {
+		case g.MIG:
+			for j := range g.Instances {
+				if !g.Instances[j].Held && j < len(was.Instances) && !was.Instances[j].Held {
+					now = append(now, free{i, j})
+				}
+			}
+		case !g.Held && !was.Held && was.ShareMemMiB == 0 && was.SharePercent == 0 && g.ShareMemMiB == 0 && g.SharePercent == 0:
+			now = append(now, free{i, -1})
+		}
+	}
+	if len(now) == 0 || r.GPU.Kind() == contracts.GPUKindShare {
+		devs, _ := placement.FitNode(at, r)
+		return devs
+	}
+	for i := range at.GPUs {
+		if len(at.GPUs[i].Instances) > 0 {
+			at.GPUs[i].Instances = slices.Clone(at.GPUs[i].Instances) // private: marked below
+		}
+	}
+	mark := func(f free, held bool) {
+		if f.inst < 0 {
+			at.GPUs[f.gpu].Held = held
+		} else {
+			at.GPUs[f.gpu].Instances[f.inst].Held = held
+		}
+	}
+	for _, f := range now {
+		mark(f, true)
+	}
+	for k := 0; ; k++ {
+		if devs, ok := placement.FitNode(at, r); ok {
+			return devs
+		}
+		if k == len(now) {
+			return nil
+		}
+		mark(now[k], false)
+	}
 }
 
 // job is a running job on one node with the time it releases what it holds.

@@ -674,3 +674,43 @@ func TestWait(t *testing.T) {
 		}
 	}
 }
+
+// TestHoldsTakeWhatIsBusyNowFirst: a reservation holds the devices its job
+// needs, those that running jobs free first, so that what is free now
+// stays usable by jobs that run past its start; and a later reservation
+// never counts on a device an earlier one holds.
+func TestHoldsTakeWhatIsBusyNowFirst(t *testing.T) {
+	w := world{nodes: []placement.Node{newNode("n1", "z", 4, 0)}}
+	running := []Running{{NodeID: "n1", Devices: whole("n1", 2, 3), CPUMilli: 8000, End: h(1)}}
+	r := gpus(3)
+	r.CPUMilli = 16_000
+	res, ok := Reserve(w.now(running), running, r, t0)
+	if !ok || !res.Start.Equal(h(1)) {
+		t.Fatalf("Reserve = %+v, %v", res, ok)
+	}
+	var held []int
+	for _, d := range res.Holds["n1"].Devices {
+		held = append(held, d.Index)
+	}
+	slices.Sort(held)
+	if diff := cmp.Diff([]int{0, 2, 3}, held); diff != "" {
+		t.Errorf("held devices (-want +got):\n%s", diff)
+	}
+	if h := res.Holds["n1"]; h.SpareCPUMilli != 64_000-16_000 {
+		t.Errorf("spare CPU %d, want %d", h.SpareCPUMilli, 64_000-16_000)
+	}
+	// A long job takes GPU 1 now; a second blocked job reserves only what
+	// the first leaves: nothing on n1 until the first's job ends (never,
+	// for planning: its End is unknown).
+	p := placement.NewPlacer(w.now(running), placement.Options{})
+	long := gpus(1)
+	long.Reserved = res.Holds
+	if d := p.Place(long); !d.Placed() || d.Parts[0].Devices[0].Index != 1 {
+		t.Fatalf("a long job beside the reservation: %+v", d)
+	}
+	second := gpus(2)
+	second.Reserved = res.Holds
+	if res2, ok := Reserve(w.now(running), running, second, t0); ok {
+		t.Errorf("a second reservation counted on held devices: %+v", res2)
+	}
+}
