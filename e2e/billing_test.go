@@ -24,9 +24,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gpuplane/gpuplane/contracts"
-	"github.com/gpuplane/gpuplane/services/gateway"
 	"github.com/gpuplane/gpuplane/e2e/oracle"
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
+	"github.com/gpuplane/gpuplane/services/gateway"
 )
 
 // dayFleet is the fleet of TestBillingOverASimulatedDay: one pool per
