@@ -17,6 +17,12 @@ const (
 	ReasonInvalidType          Reason = "invalid_type"
 	ReasonUnknownField         Reason = "unknown_field"
 	ReasonTooLarge             Reason = "too_large"
+	// ReasonRateLimited: a tenant sent more requests than its rate allows;
+	// Retry-After says when to try again.
+	ReasonRateLimited Reason = "rate_limited"
+	// ReasonTooManyStreams: a tenant has as many event or log streams
+	// open as it may.
+	ReasonTooManyStreams Reason = "too_many_streams"
 	ReasonEmptyBody            Reason = "empty_body"
 	ReasonUnsupportedSchema    Reason = "unsupported_schema_version"
 	ReasonMissingField         Reason = "missing_field"

@@ -26,6 +26,8 @@ type Config struct {
 	// MaxBodyBytes bounds a request body; a larger one is answered 413
 	// too_large. Default and maximum: contracts.MaxMessageBytes.
 	MaxBodyBytes int64
+	// Limits bound what one tenant may take from the gateway.
+	Limits LimitsConfig
 	// Heartbeat is the interval of the comment lines an event stream sends
 	// while idle, so proxies keep it open; default 15 s.
 	Heartbeat time.Duration
@@ -58,6 +60,7 @@ func DefaultConfig() Config {
 		Bus:             service.DefaultBusConfig(),
 		Addr:            "127.0.0.1:8080",
 		MaxBodyBytes:    contracts.MaxMessageBytes,
+		Limits:          DefaultLimits(),
 		Heartbeat:       15 * time.Second,
 		ShutdownTimeout: 10 * time.Second,
 		LDAPUserFilter:  "(uid=%s)",
@@ -70,6 +73,9 @@ func DefaultConfig() Config {
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.Bus.RegisterFlags(fs)
 	fs.StringVar(&c.Addr, "addr", c.Addr, "HTTP listen address")
+	fs.Float64Var(&c.Limits.RequestsPerSecond, "tenant-rps", c.Limits.RequestsPerSecond, "requests per second one tenant may send (0: unlimited)")
+	fs.IntVar(&c.Limits.Burst, "tenant-burst", c.Limits.Burst, "requests a quiet tenant may send at once")
+	fs.IntVar(&c.Limits.StreamsPerTenant, "tenant-streams", c.Limits.StreamsPerTenant, "event and log streams one tenant may hold open (0: unlimited)")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", c.MaxBodyBytes, "largest accepted request body in bytes")
 	fs.DurationVar(&c.Heartbeat, "sse-heartbeat", c.Heartbeat, "interval of keep-alive comments on idle event streams")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a graceful shutdown waits for requests in flight")

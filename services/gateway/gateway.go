@@ -66,6 +66,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	s := &server{cfg: cfg, bus: rt.Bus, model: in.model, nodes: in.nodes, ready: in.ready, adminReady: in.adminReady.Load,
 		log: log, now: time.Now, streams: streams}
 	s.buckets = newKVBuckets(rt.Bus)
+	s.limits = newTenantLimits(cfg.Limits, nil)
 	if cfg.AdminTokenFile != "" {
 		if err := bootstrapAdmin(ctx, rt.Bus, cfg.AdminTokenFile); err != nil {
 			_ = ln.Close()

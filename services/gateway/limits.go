@@ -25,7 +25,7 @@ type LimitsConfig struct {
 
 // DefaultLimits are generous for people and scripts, tight for a loop.
 func DefaultLimits() LimitsConfig {
-	return LimitsConfig{RequestsPerSecond: 50, Burst: 100, StreamsPerTenant: 64}
+	return LimitsConfig{RequestsPerSecond: 200, Burst: 400, StreamsPerTenant: 256}
 }
 
 // tenantLimits keeps a token bucket and a count of open streams per

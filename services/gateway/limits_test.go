@@ -1,8 +1,14 @@
 package gateway
 
 import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strconv"
 	"testing"
 	"time"
+
+	"github.com/gpuplane/gpuplane/contracts"
 )
 
 func TestTenantLimitsRate(t *testing.T) {
@@ -68,5 +74,59 @@ func TestTenantLimitsOff(t *testing.T) {
 	var nilLimits *tenantLimits
 	if ok, _ := nilLimits.allow("acme"); !ok {
 		t.Fatal("nil limits limited")
+	}
+}
+
+// TestTenantLimitsOnTheAPI: through the real gateway, a tenant over its
+// rate gets 429 rate_limited with Retry-After while another tenant is
+// served, and one over its open streams gets 429 too_many_streams until
+// one of them closes.
+func TestTenantLimitsOnTheAPI(t *testing.T) {
+	h := startGateway(t, func(c *Config) {
+		c.Limits = LimitsConfig{RequestsPerSecond: 0.5, Burst: 3, StreamsPerTenant: 1}
+	}, nil)
+	for i := range 3 {
+		if status, body := h.do(http.MethodGet, "/v1/tenants/acme/jobs", "", nil); status != http.StatusOK {
+			t.Fatalf("request %d within the burst: %d %s", i+1, status, body)
+		}
+	}
+	res, err := h.hc.Get(h.url + "/v1/tenants/acme/jobs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var apiErr contracts.APIError
+	_ = json.NewDecoder(res.Body).Decode(&apiErr)
+	res.Body.Close()
+	if res.StatusCode != http.StatusTooManyRequests || apiErr.Error.Reason != contracts.ReasonRateLimited {
+		t.Fatalf("over the rate: %d %q, want 429 rate_limited", res.StatusCode, apiErr.Error.Reason)
+	}
+	if ra, err := strconv.Atoi(res.Header.Get("Retry-After")); err != nil || ra < 1 || ra > 2 {
+		t.Fatalf("Retry-After %q, want 1 or 2 seconds", res.Header.Get("Retry-After"))
+	}
+	if status, body := h.do(http.MethodGet, "/v1/tenants/other/jobs", "", nil); status != http.StatusOK {
+		t.Fatalf("another tenant was limited: %d %s", status, body)
+	}
+
+	// Streams: "other" still has burst left for two requests.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, h.url+"/v1/tenants/other/events", nil)
+	first, err := h.hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Body.Close()
+	if first.StatusCode != http.StatusOK {
+		t.Fatalf("first stream: %d", first.StatusCode)
+	}
+	res, err = h.hc.Get(h.url + "/v1/tenants/other/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiErr = contracts.APIError{}
+	_ = json.NewDecoder(res.Body).Decode(&apiErr)
+	res.Body.Close()
+	if res.StatusCode != http.StatusTooManyRequests || apiErr.Error.Reason != contracts.ReasonTooManyStreams {
+		t.Fatalf("second stream: %d %q, want 429 too_many_streams", res.StatusCode, apiErr.Error.Reason)
 	}
 }

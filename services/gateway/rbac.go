@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
+	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
 )
@@ -201,8 +203,50 @@ func (s *server) guard(method, pattern string, h http.HandlerFunc) http.HandlerF
 			s.forbid(w, r, rule.action, r.PathValue("tenant"), r.PathValue("tenant"), forbiddenMsg(rule, r))
 			return
 		}
+		if tenant := r.PathValue("tenant"); tenant != "" {
+			release, ok := s.admit(w, r, tenant, streaming(pattern, r))
+			if !ok {
+				return
+			}
+			defer release()
+		}
 		h(w, r)
 	}
+}
+
+// streaming reports whether a request holds its response open: the event
+// streams, and a log read that follows the run.
+func streaming(pattern string, r *http.Request) bool {
+	switch pattern {
+	case "/v1/tenants/{tenant}/jobs/{id}/events", "/v1/tenants/{tenant}/events":
+		return true
+	case "/v1/tenants/{tenant}/jobs/{id}/logs":
+		return r.URL.Query().Get("follow") == "true"
+	}
+	return false
+}
+
+// admit applies tenant's limits to a request (429 with a reason and
+// Retry-After when over them) and returns what to call when it is done.
+func (s *server) admit(w http.ResponseWriter, r *http.Request, tenant string, stream bool) (release func(), ok bool) {
+	if ok, wait := s.limits.allow(tenant); !ok {
+		w.Header().Set("Retry-After", strconv.Itoa(retryAfterSeconds(wait)))
+		writeError(w, http.StatusTooManyRequests, contracts.ReasonRateLimited,
+			fmt.Sprintf("tenant %s sent more than %g requests/s (burst %d); retry after %s", tenant,
+				s.limits.cfg.RequestsPerSecond, s.limits.cfg.Burst, wait.Round(time.Millisecond)), nil)
+		return nil, false
+	}
+	if !stream {
+		return func() {}, true
+	}
+	release, ok = s.limits.openStream(tenant)
+	if !ok {
+		w.Header().Set("Retry-After", "5")
+		writeError(w, http.StatusTooManyRequests, contracts.ReasonTooManyStreams,
+			fmt.Sprintf("tenant %s has %d event or log streams open, the most it may", tenant, s.limits.cfg.StreamsPerTenant), nil)
+		return nil, false
+	}
+	return release, true
 }
 
 func forbiddenMsg(a access, r *http.Request) string {

@@ -48,6 +48,8 @@ type server struct {
 	// streams ends when the server shuts down: event streams never finish
 	// on their own, so http.Server.Shutdown alone would wait for them.
 	streams context.Context
+	// limits bound each tenant's request rate and open streams.
+	limits *tenantLimits
 	// auth authenticates requests (auth.go); the role checks are rbac.go.
 	auth *authenticator
 	// audit records operations and denials (principal.go).

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -125,6 +126,31 @@ func (c *client) send(ctx context.Context, method, path string, query url.Values
 	if len(query) > 0 {
 		u += "?" + query.Encode()
 	}
+	// A 429 (the tenant's request rate) is answered before the gateway
+	// acts, so sending the same request again after Retry-After is safe.
+	for attempt := 1; ; attempt++ {
+		res, err := c.sendOnce(ctx, method, u, body, header)
+		if err != nil || res.StatusCode != http.StatusTooManyRequests || attempt == maxRateLimitedTries {
+			return res, err
+		}
+		wait, perr := strconv.Atoi(res.Header.Get("Retry-After"))
+		if perr != nil || wait < 1 {
+			wait = 1
+		}
+		_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 1<<16))
+		res.Body.Close()
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("gateway %s: rate limited, and %w while waiting %ds to retry", c.base, ctx.Err(), wait)
+		case <-time.After(time.Duration(wait) * time.Second):
+		}
+	}
+}
+
+// maxRateLimitedTries bounds how often a request answered 429 is sent.
+const maxRateLimitedTries = 4
+
+func (c *client) sendOnce(ctx context.Context, method, u string, body []byte, header http.Header) (*http.Response, error) {
 	var rd io.Reader
 	if body != nil {
 		rd = bytes.NewReader(body)
