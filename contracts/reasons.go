@@ -13,16 +13,16 @@ type Reason string
 // Request rejection reasons (the Reason of a rejected JobEvent or of an API
 // error body).
 const (
-	ReasonInvalidJSON          Reason = "invalid_json"
-	ReasonInvalidType          Reason = "invalid_type"
-	ReasonUnknownField         Reason = "unknown_field"
-	ReasonTooLarge             Reason = "too_large"
+	ReasonInvalidJSON  Reason = "invalid_json"
+	ReasonInvalidType  Reason = "invalid_type"
+	ReasonUnknownField Reason = "unknown_field"
+	ReasonTooLarge     Reason = "too_large"
 	// ReasonRateLimited: a tenant sent more requests than its rate allows;
 	// Retry-After says when to try again.
 	ReasonRateLimited Reason = "rate_limited"
 	// ReasonTooManyStreams: a tenant has as many event or log streams
 	// open as it may.
-	ReasonTooManyStreams Reason = "too_many_streams"
+	ReasonTooManyStreams       Reason = "too_many_streams"
 	ReasonEmptyBody            Reason = "empty_body"
 	ReasonUnsupportedSchema    Reason = "unsupported_schema_version"
 	ReasonMissingField         Reason = "missing_field"
