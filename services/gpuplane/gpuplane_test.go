@@ -3,13 +3,13 @@ package gpuplane_test
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/natsauth"
 	"github.com/gpuplane/gpuplane/services/autoscaler/cloud"
 	"github.com/gpuplane/gpuplane/services/gpuplane"
 	nodeagent "github.com/gpuplane/gpuplane/services/node-agent"
@@ -35,31 +35,35 @@ pools:
 		t.Fatal(err)
 	}
 	cfg := gpuplane.Config{NATSPort: -1, GatewayAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0", Fleet: &fl,
-		AgentLogDir: t.TempDir(), SpotNotice: time.Second,
+		AgentLogDir: t.TempDir(), SpotNotice: time.Second, Identities: natsauth.DefaultDescription(),
 		Autoscale: []gpuplane.AutoscalePool{{Name: "spot", MachineType: "l4x1", PriceClass: cloud.Spot, Min: 1, Max: 2}}}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	ready := make(chan gpuplane.Endpoints, 1)
-	done := make(chan error, 1)
+	stopped := make(chan struct{})
+	var runErr error
 	go func() {
-		done <- gpuplane.Run(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), func(ep gpuplane.Endpoints) { ready <- ep })
+		defer close(stopped)
+		runErr = gpuplane.Run(ctx, cfg, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
+			func(ep gpuplane.Endpoints) { ready <- ep })
 	}()
 	defer func() {
 		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
+		<-stopped
+		if runErr != nil {
+			t.Errorf("Run: %v", runErr)
 		}
 	}()
 	var ep gpuplane.Endpoints
 	select {
 	case ep = <-ready:
-	case err := <-done:
-		t.Fatalf("Run: %v", err)
+	case <-stopped:
+		t.Fatal("Run returned before it was ready")
 	}
 	if ep.Cloud == nil {
 		t.Fatal("no simulated cloud in Endpoints")
 	}
-	b, err := bus.Connect(ctx, bus.Config{URL: ep.NATSURL, Name: "test"})
+	b, err := bus.Connect(ctx, bus.Config{URL: ep.NATSURL, Name: "test", CredsFile: ep.Creds["operator"]})
 	if err != nil {
 		t.Fatal(err)
 	}
