@@ -105,21 +105,15 @@ func TestBillingOverASimulatedDay(t *testing.T) {
 	if err := os.WriteFile(fleetPath, []byte(dayFleet), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	nc, err := nats.Connect(ns.URL(), nats.Name("e2e-billing-client"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := connectClient(t, ns.URL(), natstest.Operator(t, ns), "e2e-billing-client")
+	nc, js := s.nc, s.js
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
 	// The price book as it stood before this day (the gateway refuses
 	// versions in the past, so the history is written straight into KV).
 	var bookKV jetstream.KeyValue
+	var err error
 	for _, cfg := range contracts.KeyValues(contracts.StreamOptions{}) {
 		if cfg.Bucket == contracts.BucketPriceBook {
 			if bookKV, err = js.CreateOrUpdateKeyValue(ctx, cfg); err != nil {
@@ -146,7 +140,7 @@ func TestBillingOverASimulatedDay(t *testing.T) {
 		billingArgs = append(billingArgs, "-redis", redis.addr)
 	}
 	order := []string{"fleet-sim", "resource-manager", "scheduler", "billing", "gateway"}
-	children := startChildren(t, bin, tmp, ns.URL(), order, map[string][]string{
+	children := startChildren(t, bin, tmp, ns, order, map[string][]string{
 		"fleet-sim": {"-fleet", fleetPath, "-log-dir", t.TempDir()},
 		"billing":   billingArgs,
 		"gateway":   {"-addr", gwAddr},
@@ -163,7 +157,6 @@ func TestBillingOverASimulatedDay(t *testing.T) {
 		status, body := gw.do(http.MethodGet, "/healthz", nil, nil)
 		return status == http.StatusOK, string(body)
 	})
-	s := &stack{nc: nc, js: js}
 	w := s.watchJobs(t)
 
 	// Budgets of three tenants, one per policy: 0.05 USD a month.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -20,6 +21,8 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/e2e/oracle"
+	"github.com/gpuplane/gpuplane/libs/natsauth"
+	"github.com/gpuplane/gpuplane/libs/natsserver"
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 )
 
@@ -173,22 +176,51 @@ func buildServices(t *testing.T, dir string) {
 	t.Logf("built the services in %.1fs", time.Since(start).Seconds())
 }
 
-// startChildren starts the binaries of bin named in order, one after the
-// other, as children on the NATS server at natsURL, each with its args and
-// logging to logDir/<name>.log. Their cleanup is registered here: call it
-// after the TempDirs and natstest.Start, so that it runs before they are
-// removed and the processes go before the server. It kills every child
-// and, when the test failed, shows the last 40 lines of its log.
-func startChildren(t *testing.T, bin, logDir, natsURL string, order []string, args map[string][]string) map[string]*child {
+// childRoles are the bus roles of the binaries startChildren runs; a
+// replica under another name ("scheduler-b") has the role of the name
+// before its last '-'.
+var childRoles = map[string]contracts.BusRole{
+	"fleet-sim":        contracts.BusFleet,
+	"resource-manager": contracts.BusResourceManager,
+	"scheduler":        contracts.BusScheduler,
+	"billing":          contracts.BusBilling,
+	"gateway":          contracts.BusGateway,
+}
+
+// childCreds mints the creds of the child named name on ns: its service's
+// own identity (a replica gets one of its own, of the same role).
+func childCreds(t *testing.T, ns *natsserver.Server, name string) string {
 	t.Helper()
-	env := append(os.Environ(), "GPUPLANE_NATS_URL="+natsURL, "GPUPLANE_LOG_LEVEL=warn", "GPUPLANE_OTLP_ENDPOINT=")
+	role, ok := childRoles[name]
+	if !ok {
+		if i := strings.LastIndex(name, "-"); i > 0 {
+			role, ok = childRoles[name[:i]]
+		}
+	}
+	if !ok {
+		t.Fatalf("no bus role for the child %s", name)
+	}
+	return natstest.Creds(t, ns, contracts.Identity{Name: name, Role: role})
+}
+
+// startChildren starts the binaries of bin named in order, one after the
+// other, as children on the NATS server ns, each with its args, its own
+// bus identity (childCreds) and logging to logDir/<name>.log. Their
+// cleanup is registered here: call it after the TempDirs and
+// natstest.Start, so that it runs before they are removed and the
+// processes go before the server. It kills every child and, when the test
+// failed, shows the last 40 lines of its log.
+func startChildren(t *testing.T, bin, logDir string, ns *natsserver.Server, order []string, args map[string][]string) map[string]*child {
+	t.Helper()
+	env := append(os.Environ(), "GPUPLANE_NATS_URL="+ns.URL(), "GPUPLANE_LOG_LEVEL=warn", "GPUPLANE_OTLP_ENDPOINT=")
 	children := map[string]*child{}
 	for _, name := range order {
 		lf, err := os.OpenFile(filepath.Join(logDir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 		if err != nil {
 			t.Fatal(err)
 		}
-		children[name] = &child{name: name, bin: filepath.Join(bin, name), args: args[name], env: env, log: lf}
+		cenv := append(slices.Clip(env), "GPUPLANE_NATS_CREDS="+childCreds(t, ns, name))
+		children[name] = &child{name: name, bin: filepath.Join(bin, name), args: args[name], env: cenv, log: lf}
 	}
 	t.Cleanup(func() {
 		for _, name := range order {
@@ -210,11 +242,16 @@ func startChildren(t *testing.T, bin, logDir, natsURL string, order []string, ar
 	return children
 }
 
-// connectClient connects the test's own client to the NATS server of
-// processes started with startChildren.
-func connectClient(t *testing.T, url, name string) *stack {
+// connectClient connects the test's own client to the NATS server at url
+// with the creds file creds (the operator's: the test publishes as any
+// tenant, forges faults and reads everything).
+func connectClient(t testing.TB, url, creds, name string) *stack {
 	t.Helper()
-	nc, err := nats.Connect(url, nats.Name(name))
+	opts, err := natsauth.ClientOptions(creds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(url, append(opts, nats.Name(name))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,11 +310,11 @@ func TestServicesSurviveKill9(t *testing.T) {
 		t.Fatal(err)
 	}
 	order := []string{"fleet-sim", "resource-manager", "scheduler", "billing"}
-	children := startChildren(t, bin, tmp, ns.URL(), order, map[string][]string{
+	children := startChildren(t, bin, tmp, ns, order, map[string][]string{
 		"fleet-sim": {"-fleet", fleetPath, "-log-dir", t.TempDir()},
 	})
 
-	s := connectClient(t, ns.URL(), "e2e-crash-client")
+	s := connectClient(t, ns.URL(), natstest.Operator(t, ns), "e2e-crash-client")
 	nc, js := s.nc, s.js
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()

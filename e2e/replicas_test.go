@@ -59,12 +59,12 @@ func TestSchedulerReplicasRaceWithoutDoubleAllocation(t *testing.T) {
 	}
 	schedArgs := []string{"-lease-ttl", "300ms"}
 	order := []string{"fleet-sim", "resource-manager", "scheduler", "scheduler-b"}
-	children := startChildren(t, bin, tmp, ns.URL(), order, map[string][]string{
+	children := startChildren(t, bin, tmp, ns, order, map[string][]string{
 		"fleet-sim":   {"-fleet", fleetPath, "-log-dir", t.TempDir()},
 		"scheduler":   schedArgs,
 		"scheduler-b": schedArgs,
 	})
-	s := connectClient(t, ns.URL(), "e2e-replicas-client")
+	s := connectClient(t, ns.URL(), natstest.Operator(t, ns), "e2e-replicas-client")
 	nc, js := s.nc, s.js
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()

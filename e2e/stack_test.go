@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/natsauth"
 	"github.com/gpuplane/gpuplane/services/gpuplane"
 	"github.com/gpuplane/gpuplane/services/node-agent/fleet"
 )
@@ -47,6 +48,7 @@ func startStack(t testing.TB, fl *fleet.Fleet, tune ...func(*gpuplane.Config)) *
 		MetricsAddr: "127.0.0.1:0",
 		Fleet:       fl,
 		AgentLogDir: t.TempDir(),
+		Identities:  natsauth.DefaultDescription(),
 	}
 	for _, f := range tune {
 		f(&cfg)
@@ -77,16 +79,19 @@ func startStack(t testing.TB, fl *fleet.Fleet, tune ...func(*gpuplane.Config)) *
 			t.Error("stack did not stop within 30s of cancellation")
 		}
 	})
-	nc, err := nats.Connect(ep.NATSURL, nats.Name("e2e-client"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &stack{ep: ep, nc: nc, js: js}
+	// The stack is ready once the gateway listens; it authenticates
+	// requests only once it has read its identity buckets.
+	waitFor(t, 30*time.Second, "the gateway to authenticate", func() (bool, string) {
+		resp, err := authClient.Get(ep.GatewayURL + "/v1/whoami")
+		if err != nil {
+			return false, err.Error()
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, resp.Status
+	})
+	s := connectClient(t, ep.NATSURL, ep.Creds["operator"], "e2e-client")
+	s.ep = ep
+	return s
 }
 
 // submitBus publishes a raw request body as a bus client would.
