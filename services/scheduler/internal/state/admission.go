@@ -7,6 +7,35 @@ import (
 	"github.com/gpuplane/gpuplane/contracts"
 )
 
+// cardKind is a model of card out of MIG mode in one pool.
+type cardKind struct{ pool, model string }
+
+// cardSizes counts the fleet's cards out of MIG mode by kind and
+// framebuffer (MiB): what checkShareFits asks, kept up to date as
+// inventories come, so a submit never walks the fleet.
+type cardSizes map[cardKind]map[int64]int
+
+// add counts inv's cards out of MIG mode with weight d (+1 or -1).
+func (c cardSizes) add(inv *contracts.NodeInventory, d int) {
+	if inv == nil {
+		return
+	}
+	for _, g := range inv.GPUs {
+		if g.MIGEnabled {
+			continue
+		}
+		k := cardKind{inv.Pool, g.Model}
+		m := c[k]
+		if m == nil {
+			m = map[int64]int{}
+			c[k] = m
+		}
+		if m[g.MemoryMiB] += d; m[g.MemoryMiB] <= 0 {
+			delete(m, g.MemoryMiB)
+		}
+	}
+}
+
 // checkShareFits refuses a share that no card of the fleet the request may
 // use (its pool, its models, out of MIG mode) could ever hold: as Slurm
 // rejects an impossible request at submit, rather than leaving it pending
@@ -22,18 +51,14 @@ func (s *Store) checkShareFits(req contracts.JobRequest) error {
 	need := max(g.Share.MemoryMiB, g.MemoryMiB)
 	allowed := g.AllowedModels()
 	var largest int64 = -1
-	var model, node string
-	for _, id := range s.cluster.ids {
-		n := s.cluster.nodes[id]
-		if n.inv == nil || (req.Pool != "" && n.inv.Pool != req.Pool) {
+	var model string
+	for k, sizes := range s.cluster.sizes {
+		if (req.Pool != "" && k.pool != req.Pool) || (allowed != nil && !slices.Contains(allowed, k.model)) {
 			continue
 		}
-		for _, c := range n.inv.GPUs {
-			if c.MIGEnabled || (allowed != nil && !slices.Contains(allowed, c.Model)) {
-				continue
-			}
-			if c.MemoryMiB > largest {
-				largest, model, node = c.MemoryMiB, c.Model, id
+		for mem := range sizes {
+			if mem > largest || (mem == largest && k.model < model) {
+				largest, model = mem, k.model
 			}
 		}
 	}
@@ -44,8 +69,8 @@ func (s *Store) checkShareFits(req contracts.JobRequest) error {
 	if req.Pool != "" {
 		scope = "pool " + req.Pool
 	}
-	msg := fmt.Sprintf("a share of %d MiB is larger than any card it may use: the largest in %s is %s with %d MiB (on %s); ask for at most %d MiB, or a whole GPU of a larger model",
-		need, scope, model, largest, node, largest)
+	msg := fmt.Sprintf("a share of %d MiB is larger than any card it may use: the largest in %s is %s with %d MiB; ask for at most %d MiB, or a whole GPU of a larger model",
+		need, scope, model, largest, largest)
 	return &contracts.ValidationError{Reason: contracts.ReasonShareTooLarge, Fields: []contracts.FieldError{{
 		Field: "resources.gpu.share.memoryMiB", Reason: contracts.ReasonShareTooLarge, Message: msg}}}
 }

@@ -19,6 +19,9 @@ type cluster struct {
 	ids    []string                        // sorted node IDs with an inventory
 	allocs map[string]contracts.Allocation // committed, not yet released
 	plans  map[string]*contracts.Allocation
+	// sizes counts the cards out of MIG mode by pool, model and
+	// framebuffer (admission.go).
+	sizes cardSizes
 	// claims are devices held for preemptors (by job key) until they
 	// commit or give up: what their victims free goes to them alone.
 	claims map[string]*claim
@@ -65,7 +68,7 @@ const unlimited = int64(1) << 50
 
 func newCluster() *cluster {
 	return &cluster{nodes: map[string]*nodeState{}, allocs: map[string]contracts.Allocation{},
-		plans: map[string]*contracts.Allocation{}, claims: map[string]*claim{}}
+		plans: map[string]*contracts.Allocation{}, claims: map[string]*claim{}, sizes: cardSizes{}}
 }
 
 func (c *cluster) node(id string) *nodeState {
@@ -297,6 +300,8 @@ func (s *Store) ApplyInventory(inv contracts.NodeInventory) {
 		i, _ := slices.BinarySearch(c.ids, inv.NodeID)
 		c.ids = slices.Insert(c.ids, i, inv.NodeID)
 	}
+	c.sizes.add(n.inv, -1)
+	c.sizes.add(&inv, +1)
 	n.inv = &inv
 	n.clear()
 	s.cfg.Wake()

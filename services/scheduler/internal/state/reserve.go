@@ -127,12 +127,21 @@ func (s *Store) enforcePromises(now time.Time) {
 // same pools (an L4 share is not behind MIG jobs of another pool).
 type ahead struct {
 	s      *Store
-	counts map[string]int
+	counts map[[2]string]int   // by tenant and pool
 	pools  map[string][]string // by request shape: the pools whose cards could hold it
+	cards  []poolCards         // made on first use, once per cycle
+}
+
+// poolCards is what kinds of card a pool has: models out of MIG mode, and
+// MIG profiles with their model.
+type poolCards struct {
+	pool  string
+	whole map[string]bool // model
+	mig   map[[2]string]bool
 }
 
 func (s *Store) newAhead() *ahead {
-	return &ahead{s: s, counts: map[string]int{}, pools: map[string][]string{}}
+	return &ahead{s: s, counts: map[[2]string]int{}, pools: map[string][]string{}}
 }
 
 // next returns how many jobs of j's tenant were offered before it in any
@@ -141,10 +150,10 @@ func (a *ahead) next(j *Job) int {
 	pools := a.poolsOf(j.Request)
 	n := 0
 	for _, p := range pools {
-		n = max(n, a.counts[j.Tenant+"\x00"+p])
+		n = max(n, a.counts[[2]string{j.Tenant, p}])
 	}
 	for _, p := range pools {
-		a.counts[j.Tenant+"\x00"+p]++
+		a.counts[[2]string{j.Tenant, p}]++
 	}
 	return n
 }
@@ -156,18 +165,28 @@ func (a *ahead) poolsOf(r *contracts.JobRequest) []string {
 		return []string{r.Pool}
 	}
 	g := r.Resources.GPU
-	key := string(g.Kind()) + "\x00" + g.MIGProfile + "\x00" + strings.Join(g.AllowedModels(), ",")
+	models := g.AllowedModels()
+	key := string(g.Kind()) + "\x00" + g.MIGProfile + "\x00" + strings.Join(models, ",")
 	if ps, ok := a.pools[key]; ok {
 		return ps
 	}
+	if a.cards == nil {
+		a.cards = a.s.cluster.cards()
+	}
 	var ps []string
-	for _, id := range a.s.cluster.ids {
-		n := a.s.cluster.nodes[id]
-		if n.inv == nil || slices.Contains(ps, n.inv.Pool) {
-			continue
+	for _, pc := range a.cards {
+		serves := false
+		if g.Kind() == contracts.GPUKindMIG {
+			for k := range pc.mig {
+				serves = serves || (k[1] == g.MIGProfile && (models == nil || slices.Contains(models, k[0])))
+			}
+		} else {
+			for m := range pc.whole {
+				serves = serves || models == nil || slices.Contains(models, m)
+			}
 		}
-		if slices.ContainsFunc(n.inv.GPUs, func(c contracts.GPUInfo) bool { return cardServes(c, g) }) {
-			ps = append(ps, n.inv.Pool)
+		if serves {
+			ps = append(ps, pc.pool)
 		}
 	}
 	if len(ps) == 0 {
@@ -177,15 +196,33 @@ func (a *ahead) poolsOf(r *contracts.JobRequest) []string {
 	return ps
 }
 
-// cardServes reports whether card c is of a kind r can use: an allowed
-// model, in MIG mode with the profile for a MIG request, out of it for
-// whole cards and shares.
-func cardServes(c contracts.GPUInfo, g contracts.GPURequest) bool {
-	if m := g.AllowedModels(); m != nil && !slices.Contains(m, c.Model) {
-		return false
+// cards summarises every pool's kinds of card, in pool order.
+func (c *cluster) cards() []poolCards {
+	byPool := map[string]*poolCards{}
+	for _, id := range c.ids {
+		n := c.nodes[id]
+		if n.inv == nil {
+			continue
+		}
+		pc := byPool[n.inv.Pool]
+		if pc == nil {
+			pc = &poolCards{pool: n.inv.Pool, whole: map[string]bool{}, mig: map[[2]string]bool{}}
+			byPool[n.inv.Pool] = pc
+		}
+		for _, g := range n.inv.GPUs {
+			if !g.MIGEnabled {
+				pc.whole[g.Model] = true
+				continue
+			}
+			for _, in := range g.MIGInstances {
+				pc.mig[[2]string{g.Model, in.Profile}] = true
+			}
+		}
 	}
-	if g.Kind() != contracts.GPUKindMIG {
-		return !c.MIGEnabled
+	out := make([]poolCards, 0, len(byPool))
+	for _, pc := range byPool {
+		out = append(out, *pc)
 	}
-	return c.MIGEnabled && slices.ContainsFunc(c.MIGInstances, func(i contracts.MIGInstance) bool { return i.Profile == g.MIGProfile })
+	slices.SortFunc(out, func(a, b poolCards) int { return strings.Compare(a.pool, b.pool) })
+	return out
 }
