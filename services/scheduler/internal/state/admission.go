@@ -15,13 +15,23 @@ type cardKind struct{ pool, model string }
 // inventories come, so a submit never walks the fleet.
 type cardSizes map[cardKind]map[int64]int
 
-// add counts inv's cards out of MIG mode with weight d (+1 or -1).
-func (c cardSizes) add(inv *contracts.NodeInventory, d int) {
+// migKind is a MIG profile of a model in one pool.
+type migKind struct{ pool, model, profile string }
+
+// add counts inv's cards out of MIG mode with weight d (+1 or -1), and
+// its MIG instances by kind in mig.
+func (c cardSizes) add(mig map[migKind]int, inv *contracts.NodeInventory, d int) {
 	if inv == nil {
 		return
 	}
 	for _, g := range inv.GPUs {
 		if g.MIGEnabled {
+			for _, in := range g.MIGInstances {
+				k := migKind{inv.Pool, g.Model, in.Profile}
+				if mig[k] += d; mig[k] <= 0 {
+					delete(mig, k)
+				}
+			}
 			continue
 		}
 		k := cardKind{inv.Pool, g.Model}
@@ -32,6 +42,9 @@ func (c cardSizes) add(inv *contracts.NodeInventory, d int) {
 		}
 		if m[g.MemoryMiB] += d; m[g.MemoryMiB] <= 0 {
 			delete(m, g.MemoryMiB)
+			if len(m) == 0 {
+				delete(c, k)
+			}
 		}
 	}
 }

@@ -20,8 +20,10 @@ type cluster struct {
 	allocs map[string]contracts.Allocation // committed, not yet released
 	plans  map[string]*contracts.Allocation
 	// sizes counts the cards out of MIG mode by pool, model and
-	// framebuffer (admission.go).
-	sizes cardSizes
+	// framebuffer, migKinds the MIG instances by pool, model and profile
+	// (admission.go).
+	sizes    cardSizes
+	migKinds map[migKind]int
 	// claims are devices held for preemptors (by job key) until they
 	// commit or give up: what their victims free goes to them alone.
 	claims map[string]*claim
@@ -68,7 +70,8 @@ const unlimited = int64(1) << 50
 
 func newCluster() *cluster {
 	return &cluster{nodes: map[string]*nodeState{}, allocs: map[string]contracts.Allocation{},
-		plans: map[string]*contracts.Allocation{}, claims: map[string]*claim{}, sizes: cardSizes{}}
+		plans: map[string]*contracts.Allocation{}, claims: map[string]*claim{}, sizes: cardSizes{},
+		migKinds: map[migKind]int{}}
 }
 
 func (c *cluster) node(id string) *nodeState {
@@ -300,8 +303,8 @@ func (s *Store) ApplyInventory(inv contracts.NodeInventory) {
 		i, _ := slices.BinarySearch(c.ids, inv.NodeID)
 		c.ids = slices.Insert(c.ids, i, inv.NodeID)
 	}
-	c.sizes.add(n.inv, -1)
-	c.sizes.add(&inv, +1)
+	c.sizes.add(c.migKinds, n.inv, -1)
+	c.sizes.add(c.migKinds, &inv, +1)
 	n.inv = &inv
 	n.clear()
 	s.cfg.Wake()

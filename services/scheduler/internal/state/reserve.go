@@ -129,15 +129,6 @@ type ahead struct {
 	s      *Store
 	counts map[[2]string]int   // by tenant and pool
 	pools  map[string][]string // by request shape: the pools whose cards could hold it
-	cards  []poolCards         // made on first use, once per cycle
-}
-
-// poolCards is what kinds of card a pool has: models out of MIG mode, and
-// MIG profiles with their model.
-type poolCards struct {
-	pool  string
-	whole map[string]bool // model
-	mig   map[[2]string]bool
 }
 
 func (s *Store) newAhead() *ahead {
@@ -159,7 +150,8 @@ func (a *ahead) next(j *Job) int {
 }
 
 // poolsOf lists the pools with a card that could hold r's kind of GPU
-// (r.Pool alone when it names one); one unnamed pool when none has.
+// (r.Pool alone when it names one), from the fleet's card counts; one
+// unnamed pool when none has.
 func (a *ahead) poolsOf(r *contracts.JobRequest) []string {
 	if r.Pool != "" {
 		return []string{r.Pool}
@@ -170,59 +162,27 @@ func (a *ahead) poolsOf(r *contracts.JobRequest) []string {
 	if ps, ok := a.pools[key]; ok {
 		return ps
 	}
-	if a.cards == nil {
-		a.cards = a.s.cluster.cards()
-	}
 	var ps []string
-	for _, pc := range a.cards {
-		serves := false
-		if g.Kind() == contracts.GPUKindMIG {
-			for k := range pc.mig {
-				serves = serves || (k[1] == g.MIGProfile && (models == nil || slices.Contains(models, k[0])))
-			}
-		} else {
-			for m := range pc.whole {
-				serves = serves || models == nil || slices.Contains(models, m)
-			}
-		}
-		if serves {
-			ps = append(ps, pc.pool)
+	add := func(pool, model string) {
+		if (models == nil || slices.Contains(models, model)) && !slices.Contains(ps, pool) {
+			ps = append(ps, pool)
 		}
 	}
+	if g.Kind() == contracts.GPUKindMIG {
+		for k := range a.s.cluster.migKinds {
+			if k.profile == g.MIGProfile {
+				add(k.pool, k.model)
+			}
+		}
+	} else {
+		for k := range a.s.cluster.sizes {
+			add(k.pool, k.model)
+		}
+	}
+	slices.Sort(ps)
 	if len(ps) == 0 {
 		ps = []string{""}
 	}
 	a.pools[key] = ps
 	return ps
-}
-
-// cards summarises every pool's kinds of card, in pool order.
-func (c *cluster) cards() []poolCards {
-	byPool := map[string]*poolCards{}
-	for _, id := range c.ids {
-		n := c.nodes[id]
-		if n.inv == nil {
-			continue
-		}
-		pc := byPool[n.inv.Pool]
-		if pc == nil {
-			pc = &poolCards{pool: n.inv.Pool, whole: map[string]bool{}, mig: map[[2]string]bool{}}
-			byPool[n.inv.Pool] = pc
-		}
-		for _, g := range n.inv.GPUs {
-			if !g.MIGEnabled {
-				pc.whole[g.Model] = true
-				continue
-			}
-			for _, in := range g.MIGInstances {
-				pc.mig[[2]string{g.Model, in.Profile}] = true
-			}
-		}
-	}
-	out := make([]poolCards, 0, len(byPool))
-	for _, pc := range byPool {
-		out = append(out, *pc)
-	}
-	slices.SortFunc(out, func(a, b poolCards) int { return strings.Compare(a.pool, b.pool) })
-	return out
 }
