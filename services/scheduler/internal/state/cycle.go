@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -70,7 +71,8 @@ func (s *Store) Cycle() CycleResult {
 		// class or lower: fair share reorders a class's jobs from cycle to
 		// cycle, and must not hand what a reservation held to a job that
 		// merely ranks first this time.
-		fresh = map[string]bool{}
+		fresh    = map[string]bool{}
+		holdsGen int
 	)
 	// The watermark: a job that arrived after a request still being
 	// accepted waits for it (a cycle or two, milliseconds), or it could
@@ -100,6 +102,10 @@ func (s *Store) Cycle() CycleResult {
 	reservedFor := func(j *Job, expected time.Duration) (map[string]placement.Hold, string) {
 		applies := binds(j)
 		var key strings.Builder
+		// The generation: a key names one version of each reservation,
+		// for placement's explanations too.
+		key.WriteString(strconv.Itoa(holdsGen))
+		key.WriteByte(':')
 		for _, res := range resv.Reservations() {
 			if backfill.Delays(res, now, expected) && applies(res) {
 				key.WriteString(res.Key)
@@ -232,6 +238,7 @@ func (s *Store) Cycle() CycleResult {
 					resv.Add(res)
 					fresh[j.key] = true
 					clear(holds)
+					holdsGen++
 					reserved++
 					pend.Message += "; " + res.Message
 				}
