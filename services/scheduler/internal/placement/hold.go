@@ -82,33 +82,41 @@ func sameInstance(a, b contracts.MIGInstance) bool {
 }
 
 // placeHeld is the last resort of a one-machine request that found no
-// node outside r.Reserved: the held nodes, in node order, each as it
+// node outside r.Reserved (or only one with an untolerated
+// PreferNoSchedule taint): the held nodes, in node order, each as it
 // stands now in this cycle with its hold applied (FitNode, so no policy:
-// these are the holes a reservation leaves). It takes the devices found
-// and reports the part.
-func (p *Placer) placeHeld(r *Request) (Part, bool) {
+// these are the holes a reservation leaves), those whose PreferNoSchedule
+// taints r tolerates first, only those when tolerated. It takes the
+// devices found and reports the part.
+func (p *Placer) placeHeld(r *Request, tolerated bool) (Part, bool) {
 	if len(r.Reserved) == 0 {
 		return Part{}, false
 	}
+	fit := *r
+	fit.AllowPool = nil // asked once per pool, through poolOK below
 	ids := make([]string, 0, len(r.Reserved))
 	for id := range r.Reserved {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
 	// Nodes whose PreferNoSchedule taints r tolerates first, as Place ranks.
-	for pass := range 2 {
+	passes := 2
+	if tolerated {
+		passes = 1
+	}
+	for pass := range passes {
 		for _, id := range ids {
 			ord, ok := slices.BinarySearchFunc(p.nodes, id, func(n nodeState, id string) int {
 				return strings.Compare(n.src.ID, id)
 			})
-			if !ok {
+			if !ok || !p.poolOK(r, p.nodes[ord].pool) {
 				continue
 			}
 			n := p.current(int32(ord))
 			if tolerated := contracts.Tolerated(r.Tolerations, n.Taints, contracts.TaintPreferNoSchedule); tolerated != (pass == 0) {
 				continue
 			}
-			if devs, ok := FitNode(&n, *r); ok {
+			if devs, ok := FitNode(&n, fit); ok {
 				return p.takeDevices(int32(ord), devs, r), true
 			}
 		}

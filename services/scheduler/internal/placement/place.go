@@ -465,13 +465,21 @@ func (p *Placer) Place(r Request) Decision {
 	m := r.Machines()
 	if m == 1 {
 		s := p.shapeFor(&r, -1)
-		if ord := p.searchOne(s, &r); ord >= 0 {
+		ord := p.searchOne(s, &r)
+		if ord >= 0 && p.tierOf(s, p.nodes[ord].taints) > 0 {
+			// A last resort: a held node's hole without the taint first.
+			if part, ok := p.placeHeld(&r, true); ok {
+				p.placed++
+				return Decision{Parts: []Part{part}}
+			}
+		}
+		if ord >= 0 {
 			if part, ok := p.take(ord, s, &r); ok {
 				p.placed++
 				return Decision{Parts: []Part{part}}
 			}
 		}
-		if part, ok := p.placeHeld(&r); ok {
+		if part, ok := p.placeHeld(&r, false); ok {
 			p.placed++
 			return Decision{Parts: []Part{part}}
 		}

@@ -130,6 +130,17 @@ func randomRequest(rng *rand.Rand, nodeIDs []string) Request {
 	if rng.IntN(5) == 0 && len(nodeIDs) > 0 {
 		r.Exclude = map[string]bool{nodeIDs[rng.IntN(len(nodeIDs))]: true}
 	}
+	if rng.IntN(4) == 0 && len(nodeIDs) > 0 {
+		// A reservation's hold: some cards (by index) and the host
+		// capacity to spare.
+		h := Hold{SpareCPUMilli: int64(rng.IntN(64)) * 1000, SpareMemoryMiB: int64(rng.IntN(512)) << 10}
+		for i := range 8 {
+			if rng.IntN(2) == 0 {
+				h.Devices = append(h.Devices, contracts.DeviceRef{Index: i})
+			}
+		}
+		r.Reserved = map[string]Hold{nodeIDs[rng.IntN(len(nodeIDs))]: h}
+	}
 	return r
 }
 
@@ -272,7 +283,7 @@ func TestPlaceMatchesFitNode(t *testing.T) {
 		seeds = 300
 	}
 	policies := []contracts.PlacementPolicy{contracts.PolicyFragAware, contracts.PolicyBinpack, contracts.PolicySpread, contracts.PolicyTopology}
-	placedN, waited := 0, 0
+	placedN, waited, heldN := 0, 0, 0
 	for seed := range seeds {
 		rng := rand.New(rand.NewPCG(uint64(seed), 7))
 		snap := randomCluster(rng, 1+rng.IntN(24))
@@ -316,6 +327,14 @@ func TestPlaceMatchesFitNode(t *testing.T) {
 				t.Fatalf("seed %d req %d %+v: waits (%s: %s), FitNode says %v fit", seed, i, r.GPU, d.Pending.Code, d.Pending.Message, fits)
 			case d.Placed():
 				placedN++
+				if h, ok := r.Reserved[d.Parts[0].NodeID]; ok {
+					heldN++
+					for _, dv := range d.Parts[0].Devices {
+						if slices.ContainsFunc(h.Devices, func(x contracts.DeviceRef) bool { return x.Index == dv.Index }) {
+							t.Fatalf("seed %d req %d: placed on held card %d of %s", seed, i, dv.Index, d.Parts[0].NodeID)
+						}
+					}
+				}
 				// PreferNoSchedule: a last resort only.
 				if !tier0(m.nodes[d.Parts[0].NodeID], r) {
 					for _, id := range fits {
@@ -329,8 +348,8 @@ func TestPlaceMatchesFitNode(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("%d one-machine requests placed, %d waited", placedN, waited)
-	if placedN == 0 || waited == 0 {
+	t.Logf("%d one-machine requests placed (%d on a held node), %d waited", placedN, heldN, waited)
+	if placedN == 0 || waited == 0 || heldN == 0 {
 		t.Fatal("the random cases exercise only one outcome")
 	}
 }
