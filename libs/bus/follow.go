@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gpuplane/gpuplane/contracts"
 )
 
 // FollowSpec selects what an ordered (ephemeral, ack-less) read of a stream
@@ -106,13 +108,17 @@ func (b *Bus) read(ctx context.Context, spec FollowSpec, fn func(context.Context
 		cfg.DeliverPolicy = jetstream.DeliverAllPolicy
 	}
 	if spec.NamePrefix != "" {
-		// nats.go names the first consumer <prefix>_1 and creates it with
-		// create-or-update: a leftover of an earlier read (a reader that
-		// crashed, within the inactive threshold) would be taken over,
-		// already delivered, and the read would wait forever. Remove it.
-		err := b.js.DeleteConsumer(ctx, spec.Stream, spec.NamePrefix+"_1")
-		if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return fmt.Errorf("bus: remove leftover consumer %s_1 on %s: %w", spec.NamePrefix, spec.Stream, err)
+		// nats.go names the consumer <prefix>_<n>, n counting resets from
+		// 1, and creates it with create-or-update: a leftover of an earlier
+		// read (a reader that crashed within the inactive threshold, maybe
+		// after resets) would be taken over, already delivered, and the
+		// read would wait forever. Remove every one the name can take.
+		for n := 1; n <= contracts.NodeReplayResets; n++ {
+			name := fmt.Sprintf("%s_%d", spec.NamePrefix, n)
+			err := b.js.DeleteConsumer(ctx, spec.Stream, name)
+			if err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+				return fmt.Errorf("bus: remove leftover consumer %s on %s: %w", name, spec.Stream, err)
+			}
 		}
 	}
 	var cons jetstream.Consumer
