@@ -369,6 +369,22 @@ func TestServerEnforcesAccessTable(t *testing.T) {
 				h.consumer(c, f.Stream, filter, mayConsume(id, f))
 			})
 		}
+		if f.NodeScoped == nil {
+			continue
+		}
+		// A tenant family that node agents publish under their own node
+		// token (run output: gp.logs.<tenant>.<job>.<node>): every
+		// identity against the target node's subject.
+		nodeSubject := strings.ReplaceAll(f.NodeScoped(targetNode), "*", "x")
+		for _, id := range identities() {
+			c := h.clients[id.Name]
+			t.Run(fmt.Sprintf("%s/node-token/%s", f.Wildcard, id.Name), func(t *testing.T) {
+				h.t = t
+				want := slices.Contains(f.Publishers, id.Role) && !id.Role.Scoped() ||
+					id.Role == contracts.BusNode && id.Scope == targetNode
+				h.publish(c, f.Stream, nodeSubject, want)
+			})
+		}
 	}
 	for _, b := range contracts.Buckets {
 		keys := []string{"k1"}
