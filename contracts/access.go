@@ -2,6 +2,7 @@ package contracts
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 )
@@ -296,7 +297,7 @@ func Access(id Identity) (Permissions, error) {
 			}
 		}
 	}
-	for _, stream := range sortedKeys(readStreams) {
+	for _, stream := range slices.Sorted(maps.Keys(readStreams)) {
 		pub("$JS.API.STREAM.INFO." + stream)
 		if id.Role.Scoped() {
 			name := consumerName(id)
@@ -408,15 +409,6 @@ func StreamNames() []string {
 		names = append(names, s.Name)
 	}
 	return names
-}
-
-func sortedKeys(m map[string]bool) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
 }
 
 func dedupe(s []string) []string {

@@ -160,23 +160,22 @@ func Connect(ctx context.Context, cfg Config) (*Bus, error) {
 		}),
 	}, cfg.Options...)
 	if cfg.CredsFile != "" {
-		co, err := natsauth.ClientOptions(cfg.CredsFile)
+		id, err := natsauth.IdentityOf(cfg.CredsFile)
 		if err != nil {
 			return nil, fmt.Errorf("bus: %w", err)
 		}
-		opts = append(opts, co...)
+		opts = append(opts, natsauth.IdentityOptions(cfg.CredsFile, id)...)
 		// The operator keeps streams at contracts' config; no one else may.
 		// A node agent or a tenant may not even create one (the services
 		// do): it skips provisioning rather than be refused.
-		if id, err := natsauth.IdentityOf(cfg.CredsFile); err == nil {
-			switch {
-			case id.Role == contracts.BusOperator:
-				cfg.Provision = ProvisionUpdate
-			case id.Role.Scoped():
-				cfg.SkipProvision = true
-			}
+		switch {
+		case id.Role == contracts.BusOperator:
+			cfg.Provision = ProvisionUpdate
+		case id.Role.Scoped():
+			cfg.SkipProvision = true
 		}
 	}
+
 	nc, err := nats.Connect(cfg.URL, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("bus: connect %s: %w", cfg.URL, err)

@@ -267,20 +267,16 @@ func writePrivate(path string, data []byte) error {
 // file at path: the credentials, and the identity's own inbox prefix (the
 // only reply subjects its permissions let it subscribe to).
 func ClientOptions(path string) ([]nats.Option, error) {
-	data, err := os.ReadFile(path)
+	id, err := IdentityOf(path)
 	if err != nil {
-		return nil, fmt.Errorf("natsauth: read creds: %w", err)
+		return nil, err
 	}
-	userJWT, err := jwt.ParseDecoratedJWT(data)
-	if err != nil {
-		return nil, fmt.Errorf("natsauth: creds %s: %w", path, err)
-	}
-	uc, err := jwt.DecodeUserClaims(userJWT)
-	if err != nil {
-		return nil, fmt.Errorf("natsauth: creds %s: %w", path, err)
-	}
-	id := contracts.Identity{Name: uc.Name}
-	return []nats.Option{nats.UserCredentials(path), nats.CustomInboxPrefix(id.InboxPrefix())}, nil
+	return IdentityOptions(path, id), nil
+}
+
+// IdentityOptions are ClientOptions for a creds file already read as id.
+func IdentityOptions(path string, id contracts.Identity) []nats.Option {
+	return []nats.Option{nats.UserCredentials(path), nats.CustomInboxPrefix(id.InboxPrefix())}
 }
 
 // IdentityOf reads who a creds file speaks for: its name, role and scope
