@@ -77,6 +77,9 @@ func TestTLS13Only(t *testing.T) {
 	// openssl, as an outside probe would: TLS 1.3 is spoken, 1.2 and 1.1
 	// are refused.
 	if _, err := exec.LookPath("openssl"); err != nil {
+		if os.Getenv("CI") != "" { // .ci/run installs openssl: never skip there
+			t.Fatal("openssl not installed")
+		}
 		t.Skip("openssl not installed")
 	}
 	dir := t.TempDir()
