@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -139,12 +140,7 @@ func (id *identities) token(tokenID string) (contracts.APIToken, bool) {
 func (id *identities) roles(subject string) []RoleBinding {
 	id.mu.RLock()
 	defer id.mu.RUnlock()
-	rb := id.bindings[subject]
-	out := make([]RoleBinding, 0, len(rb.Bindings))
-	for _, b := range rb.Bindings {
-		out = append(out, RoleBinding{Role: b.Role, Tenant: b.Tenant})
-	}
-	return out
+	return slices.Clone(id.bindings[subject].Bindings)
 }
 
 // allBindings returns every subject's bindings.

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -77,5 +78,5 @@ func (a *ldapAuth) login(username, password string) (dn, name string, err error)
 		}
 		return "", "", fmt.Errorf("ldap: user bind: %w", err)
 	}
-	return entry.DN, cmpOr(entry.GetAttributeValue("uid"), username), nil
+	return entry.DN, cmp.Or(entry.GetAttributeValue("uid"), username), nil
 }

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
@@ -131,7 +132,7 @@ func (o *oidcVerifier) verifyFully(ctx context.Context, raw string) (Principal, 
 	if c.Subject == "" {
 		return Principal{}, refused(contracts.ReasonInvalidToken, "the token has no sub claim")
 	}
-	name := cmpOr(c.PreferredUsername, c.Email, c.Subject)
+	name := cmp.Or(c.PreferredUsername, c.Email, c.Subject)
 	return Principal{Subject: "oidc:" + tok.Issuer + "#" + c.Subject, Name: name, Method: "oidc"}, nil
 }
 
@@ -213,13 +214,4 @@ func peekJWT(raw string) (jwtHeader, jwtClaims, error) {
 		return h, c, fmt.Errorf("claims: %w", err)
 	}
 	return h, c, nil
-}
-
-func cmpOr(vs ...string) string {
-	for _, v := range vs {
-		if v != "" {
-			return v
-		}
-	}
-	return ""
 }

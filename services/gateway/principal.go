@@ -3,6 +3,8 @@ package gateway
 import (
 	"context"
 	"time"
+
+	"github.com/gpuplane/gpuplane/contracts"
 )
 
 // Principal is who made a request, as authentication established it. It is
@@ -22,18 +24,16 @@ type Principal struct {
 	Roles []RoleBinding
 }
 
-// RoleBinding grants a role, on one tenant or (Tenant "") on the platform.
-type RoleBinding struct {
-	Role   string `json:"role"`
-	Tenant string `json:"tenant,omitempty"`
-}
+// RoleBinding grants a role, on one tenant or (Tenant "") on the platform:
+// the binding stored in contracts.BucketRoleBindings.
+type RoleBinding = contracts.Binding
 
-// The roles of the API, from most to least powerful.
+// The roles of the API, from most to least powerful (contracts.Roles).
 const (
-	RolePlatformAdmin = "platform-admin"
-	RoleTenantAdmin   = "tenant-admin"
-	RoleMember        = "member"
-	RoleViewer        = "viewer"
+	RolePlatformAdmin = contracts.RolePlatformAdmin
+	RoleTenantAdmin   = contracts.RoleTenantAdmin
+	RoleMember        = contracts.RoleMember
+	RoleViewer        = contracts.RoleViewer
 )
 
 type principalKey struct{}

@@ -281,8 +281,3 @@ func (s *server) recordAudit(ctx context.Context, e auditEvent) {
 		s.log.Warn("audit record failed", "action", e.Action, "outcome", e.Outcome, "err", err)
 	}
 }
-
-// noAudit is the sink used until the audit trail is configured.
-type noAudit struct{}
-
-func (noAudit) record(context.Context, auditEvent) error { return nil }

@@ -7,6 +7,7 @@
 package gpuctl
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -130,22 +131,13 @@ func defaults(getenv env) common {
 	// The last login names the default gateway and tenant.
 	c.configDir, _ = ConfigDir(getenv)
 	creds, _ := LoadCredentials(c.configDir)
-	c.gateway = or("GPUPLANE_GATEWAY", cmpOr(creds.Current, "http://127.0.0.1:8080"))
+	c.gateway = or("GPUPLANE_GATEWAY", cmp.Or(creds.Current, "http://127.0.0.1:8080"))
 	login := creds.Gateways[normalizeGateway(c.gateway)]
-	c.tenant = or("GPUPLANE_TENANT", cmpOr(login.Tenant, "default"))
+	c.tenant = or("GPUPLANE_TENANT", cmp.Or(login.Tenant, "default"))
 	if c.caCert == "" {
 		c.caCert = login.CACert
 	}
 	return c
-}
-
-func cmpOr(vs ...string) string {
-	for _, v := range vs {
-		if v != "" {
-			return v
-		}
-	}
-	return ""
 }
 
 // register adds the common flags to fs, defaulting to the current values
