@@ -249,23 +249,32 @@ func (s *Store) mayPreempt(j *Job, b *fairshare.Book, r placement.Request) bool 
 // reclaimPools are the pools where j's tenant, placing j, would still be
 // within its guarantee: there it may evict other tenants' borrowed work.
 func (s *Store) reclaimPools(j *Job, b *fairshare.Book, r placement.Request) []string {
+	pools := s.quotaPools(j, r)
+	need := r.GPU.MilliGPUs()
+	return slices.DeleteFunc(pools, func(p string) bool { return !b.UnderGuarantee(j.Tenant, p, need) })
+}
+
+// quotaPools are the pools, sorted, where j's tenant has a quota that
+// could serve r: r's pool when it names one, else every pool of the
+// tenant's quota ("*" standing for every pool of the fleet). Nil when the
+// tenant has no quota.
+func (s *Store) quotaPools(j *Job, r placement.Request) []string {
 	q, ok := s.quotas[j.Tenant]
 	if !ok {
 		return nil
 	}
-	var pools []string
 	if r.Pool != "" {
-		pools = []string{r.Pool}
-	} else if _, all := q.Pools[contracts.QuotaAllPools]; all {
-		pools = s.cluster.pools()
-	} else {
-		for p := range q.Pools {
-			pools = append(pools, p)
-		}
-		slices.Sort(pools)
+		return []string{r.Pool}
 	}
-	need := r.GPU.MilliGPUs()
-	return slices.DeleteFunc(pools, func(p string) bool { return !b.UnderGuarantee(j.Tenant, p, need) })
+	if _, all := q.Pools[contracts.QuotaAllPools]; all {
+		return s.cluster.pools()
+	}
+	pools := make([]string, 0, len(q.Pools))
+	for p := range q.Pools {
+		pools = append(pools, p)
+	}
+	slices.Sort(pools)
+	return pools
 }
 
 // maxPreemptorsPerCycle bounds the victim searches of one cycle; the next

@@ -196,20 +196,27 @@ func TestWaitingJobSaysWhenPreemptionMakesRoom(t *testing.T) {
 			t.Errorf("high once preempting: %+v", j.Pending)
 		}
 	})
-	t.Run("at its guarantee", func(t *testing.T) {
-		h := newHarness(t, func(c *Config) { c.MinRuntime = 0 })
-		h.inventory("l4-1", "l4", "L4", 23034, 4)
-		h.st.ApplyQuota("qa", &contracts.TenantQuota{Pools: map[string]contracts.PoolQuota{"l4": {Guarantee: 2}}})
-		runFor(h, "qa", "qa1", 2, time.Hour)
-		runFor(h, "qb", "qb1", 2, time.Hour) // borrowed: qb has no guarantee
-		more := job("qa2", 1, "any")
-		more.Priority = contracts.PriorityBestEffort
-		more.Pool = "l4"
-		h.submit("qa", more)
-		h.cycle()
-		j, _ := h.st.Job("qa", "qa2")
-		if want := "tenant qa cannot reclaim from other tenants (2 GPUs held of a guarantee of 2 in pool l4"; !strings.Contains(j.Pending.Message, want) {
-			t.Errorf("qa2 pending %q, want it to say %q", j.Pending.Message, want)
-		}
-	})
+	// The note names the pool whether the quota names it or is "*" (every
+	// pool) and whether the job names its pool or not.
+	for _, tc := range []struct{ name, quotaPool, jobPool string }{
+		{"at its guarantee", "l4", "l4"},
+		{"at its guarantee, quota for every pool", contracts.QuotaAllPools, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(c *Config) { c.MinRuntime = 0 })
+			h.inventory("l4-1", "l4", "L4", 23034, 4)
+			h.st.ApplyQuota("qa", &contracts.TenantQuota{Pools: map[string]contracts.PoolQuota{tc.quotaPool: {Guarantee: 2}}})
+			runFor(h, "qa", "qa1", 2, time.Hour)
+			runFor(h, "qb", "qb1", 2, time.Hour) // borrowed: qb has no guarantee
+			more := job("qa2", 1, "any")
+			more.Priority = contracts.PriorityBestEffort
+			more.Pool = tc.jobPool
+			h.submit("qa", more)
+			h.cycle()
+			j, _ := h.st.Job("qa", "qa2")
+			if want := "tenant qa cannot reclaim from other tenants (2 GPUs held of a guarantee of 2 in pool l4"; !strings.Contains(j.Pending.Message, want) {
+				t.Errorf("qa2 pending %q, want it to say %q", j.Pending.Message, want)
+			}
+		})
+	}
 }

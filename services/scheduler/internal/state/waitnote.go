@@ -6,7 +6,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/services/scheduler/internal/backfill"
 	"github.com/gpuplane/gpuplane/services/scheduler/internal/fairshare"
 	"github.com/gpuplane/gpuplane/services/scheduler/internal/placement"
@@ -69,21 +68,7 @@ func (s *Store) notePreemptionLater(j *Job, r placement.Request, snap placement.
 // other tenants: only priority, inside the tenant, or freed capacity will
 // serve it. "" when that is not the case.
 func (s *Store) guaranteeNote(j *Job, b *fairshare.Book, r placement.Request) string {
-	q, ok := s.quotas[j.Tenant]
-	if !ok {
-		return ""
-	}
-	var pools []string
-	if r.Pool != "" {
-		pools = []string{r.Pool}
-	} else {
-		for p := range q.Pools {
-			if p != contracts.QuotaAllPools {
-				pools = append(pools, p)
-			}
-		}
-		slices.Sort(pools)
-	}
+	pools := s.quotaPools(j, r)
 	var at []string
 	need := r.GPU.MilliGPUs()
 	for _, p := range pools {
