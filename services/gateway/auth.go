@@ -69,10 +69,54 @@ type identities struct {
 	bindings                   map[string]contracts.RoleBindings // by subject
 	tokensReady, bindingsReady atomic.Bool
 	log                        *slog.Logger
+	// revs is the KV revision applied per bucket and key: an entry read
+	// directly (lookup) may be ahead of the watch, which must not then
+	// take the key back to an older value.
+	revs map[string]uint64
+	// tokensKV and bindingsKV serve lookup; nil until follow opened them.
+	tokensKV, bindingsKV atomic.Pointer[jetstream.KeyValue]
 }
 
 func newIdentities(log *slog.Logger) *identities {
-	return &identities{tokens: map[string]contracts.APIToken{}, bindings: map[string]contracts.RoleBindings{}, log: log}
+	return &identities{tokens: map[string]contracts.APIToken{}, bindings: map[string]contracts.RoleBindings{}, log: log,
+		revs: map[string]uint64{}}
+}
+
+// newer records rev for bucket/key and reports whether it is newer than
+// what was applied; id.mu is held.
+func (id *identities) newer(bucket, key string, rev uint64) bool {
+	k := bucket + "/" + key
+	if rev <= id.revs[k] {
+		return false
+	}
+	id.revs[k] = rev
+	return true
+}
+
+// lookup reads a token the watch has not brought yet (one just issued by
+// this or another replica: a client uses a token the moment it gets it)
+// and its subject's bindings straight from KV, and applies both. It
+// reports whether the token exists.
+func (id *identities) lookup(ctx context.Context, tokenID string) bool {
+	tkv, bkv := id.tokensKV.Load(), id.bindingsKV.Load()
+	if tkv == nil || bkv == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	e, err := (*tkv).Get(ctx, tokenID)
+	if err != nil {
+		return false
+	}
+	id.applyToken(e)
+	t, ok := id.token(tokenID)
+	if !ok {
+		return false
+	}
+	if b, err := (*bkv).Get(ctx, contracts.RoleBindingsKey(t.Subject)); err == nil {
+		id.applyBindings(b)
+	}
+	return true
 }
 
 // ready reports whether both buckets were read to their end: until then a
@@ -81,6 +125,14 @@ func (id *identities) ready() bool { return id.tokensReady.Load() && id.bindings
 
 // follow watches both buckets until ctx ends.
 func (id *identities) follow(ctx context.Context, b *bus.Bus) error {
+	for bucket, p := range map[string]*atomic.Pointer[jetstream.KeyValue]{
+		contracts.BucketAPITokens: &id.tokensKV, contracts.BucketRoleBindings: &id.bindingsKV} {
+		kv, err := b.KeyValue(ctx, bucket)
+		if err != nil {
+			return err
+		}
+		p.Store(&kv)
+	}
 	errs := make(chan error, 2)
 	go func() {
 		errs <- b.WatchKV(ctx, contracts.BucketAPITokens, id.applyToken, func() { id.tokensReady.Store(true) })
@@ -94,6 +146,9 @@ func (id *identities) follow(ctx context.Context, b *bus.Bus) error {
 func (id *identities) applyToken(e jetstream.KeyValueEntry) {
 	id.mu.Lock()
 	defer id.mu.Unlock()
+	if !id.newer(contracts.BucketAPITokens, e.Key(), e.Revision()) {
+		return
+	}
 	if e.Operation() != jetstream.KeyValuePut {
 		delete(id.tokens, e.Key())
 		return
@@ -116,6 +171,9 @@ func (id *identities) applyBindings(e jetstream.KeyValueEntry) {
 	}
 	id.mu.Lock()
 	defer id.mu.Unlock()
+	if !id.newer(contracts.BucketRoleBindings, e.Key(), e.Revision()) {
+		return
+	}
 	if e.Operation() != jetstream.KeyValuePut {
 		delete(id.bindings, subject)
 		return
@@ -186,7 +244,7 @@ func (a *authenticator) authenticate(r *http.Request) (Principal, *authError) {
 	raw = strings.TrimSpace(raw)
 	var p Principal
 	if strings.HasPrefix(raw, tokenPrefix) {
-		t, err := a.issuedToken(raw)
+		t, err := a.issuedToken(r.Context(), raw)
 		if err != nil {
 			return Principal{}, err
 		}
@@ -209,13 +267,16 @@ func (a *authenticator) authenticate(r *http.Request) (Principal, *authError) {
 
 // issuedToken checks a gpt_ token against its stored hash. Unknown,
 // revoked and wrong secrets are all invalid_token.
-func (a *authenticator) issuedToken(raw string) (contracts.APIToken, *authError) {
+func (a *authenticator) issuedToken(ctx context.Context, raw string) (contracts.APIToken, *authError) {
 	id, _, ok := strings.Cut(strings.TrimPrefix(raw, tokenPrefix), "_")
 	invalid := refused(contracts.ReasonInvalidToken, "the token is unknown, revoked or malformed")
 	if !ok || contracts.ValidateTokenID(id) != nil {
 		return contracts.APIToken{}, invalid
 	}
 	t, found := a.ids.token(id)
+	if !found && a.ids.lookup(ctx, id) {
+		t, found = a.ids.token(id)
+	}
 	sum := sha256.Sum256([]byte(raw))
 	want, err := hex.DecodeString(t.SHA256)
 	if !found || err != nil || subtle.ConstantTimeCompare(sum[:], want) != 1 {
