@@ -82,6 +82,39 @@ func newIdentities(log *slog.Logger) *identities {
 		revs: map[string]uint64{}}
 }
 
+// refresh applies what bucket now holds under key, after this gateway
+// wrote it: the next request (a list, a check of the roles just bound)
+// sees the write even while the watch is a few ms behind.
+func (id *identities) refresh(ctx context.Context, bucket, key string) {
+	p := &id.tokensKV
+	apply, forget := id.applyToken, func() { delete(id.tokens, key) }
+	if bucket == contracts.BucketRoleBindings {
+		p, apply = &id.bindingsKV, id.applyBindings
+		forget = func() {
+			if subject, err := contracts.SubjectOfKey(key); err == nil {
+				delete(id.bindings, subject)
+			}
+		}
+	}
+	kv := p.Load()
+	if kv == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	e, err := (*kv).Get(ctx, key)
+	switch {
+	case err == nil:
+		apply(e)
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		// Deleted: the watch's older put (if it comes late) was applied
+		// already or is older than the delete it brings next.
+		id.mu.Lock()
+		forget()
+		id.mu.Unlock()
+	}
+}
+
 // newer records rev for bucket/key and reports whether it is newer than
 // what was applied; id.mu is held.
 func (id *identities) newer(bucket, key string, rev uint64) bool {

@@ -163,6 +163,8 @@ func (s *server) createToken(w http.ResponseWriter, r *http.Request) {
 		s.internalError(w, "storing the token", err)
 		return
 	}
+	s.auth.ids.refresh(r.Context(), contracts.BucketRoleBindings, contracts.RoleBindingsKey(t.Subject))
+	s.auth.ids.refresh(r.Context(), contracts.BucketAPITokens, id)
 	s.recordAudit(r.Context(), auditEvent{Action: "token.create", Object: id, Outcome: "success", Key: "token:" + id})
 	s.log.Info("API token created", "token_id", id, "owner", p.Subject, "bindings", len(req.Bindings))
 	t.SHA256 = ""
@@ -216,6 +218,8 @@ func (s *server) revokeToken(w http.ResponseWriter, r *http.Request) {
 			s.log.Warn("revoked token's bindings not removed", "token_id", id, "err", err)
 		}
 	}
+	s.auth.ids.refresh(r.Context(), contracts.BucketAPITokens, id)
+	s.auth.ids.refresh(r.Context(), contracts.BucketRoleBindings, contracts.RoleBindingsKey(t.Subject))
 	s.recordAudit(r.Context(), auditEvent{Action: "token.revoke", Object: id, Outcome: "success", Key: "revoke:" + id})
 	s.log.Info("API token revoked", "token_id", id, "by", p.Subject)
 	t.SHA256 = ""
@@ -329,6 +333,7 @@ func (s *server) editBinding(w http.ResponseWriter, r *http.Request, req contrac
 			s.internalError(w, "writing role bindings", err)
 			return
 		}
+		s.auth.ids.refresh(r.Context(), contracts.BucketRoleBindings, key)
 		s.recordAudit(r.Context(), auditEvent{Action: action, Tenant: b.Tenant, Object: req.Subject, Outcome: "success"})
 		s.log.Info("role bindings changed", "action", action, "subject", req.Subject, "role", b.Role, "tenant", b.Tenant, "by", p.Subject)
 		writeJSON(w, http.StatusOK, rb)

@@ -64,3 +64,40 @@ func TestTokenUsableAtOnce(t *testing.T) {
 		t.Fatalf("a revoked token: %v, want invalid_token", aerr)
 	}
 }
+
+// TestRefreshAppliesOwnWrites: after the gateway writes an identity key,
+// refresh puts what KV holds into the cache (and a delete takes it out)
+// without waiting for the watch, which does not run here.
+func TestRefreshAppliesOwnWrites(t *testing.T) {
+	srv := natstest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "gateway", CredsFile: natstest.Service(t, srv, contracts.BusGateway),
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close(context.Background())
+	ids := newIdentities(slog.New(slog.DiscardHandler))
+	kv, err := b.KeyValue(ctx, contracts.BucketRoleBindings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids.bindingsKV.Store(&kv)
+	key := contracts.RoleBindingsKey("token:bob")
+	if err := putJSON(ctx, kv, key, contracts.RoleBindings{Subject: "token:bob",
+		Bindings: []contracts.Binding{{Role: contracts.RoleMember, Tenant: "acme"}}}); err != nil {
+		t.Fatal(err)
+	}
+	ids.refresh(ctx, contracts.BucketRoleBindings, key)
+	if got := ids.roles("token:bob"); len(got) != 1 || got[0].Tenant != "acme" {
+		t.Fatalf("after a write and refresh: %+v", got)
+	}
+	if err := kv.Delete(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	ids.refresh(ctx, contracts.BucketRoleBindings, key)
+	if got := ids.roles("token:bob"); len(got) != 0 {
+		t.Fatalf("after a delete and refresh: %+v", got)
+	}
+}
