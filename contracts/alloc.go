@@ -68,6 +68,11 @@ type Allocation struct {
 	// holds on its node (the request's, per machine).
 	CPUMilli  int64 `json:"cpuMilli,omitempty"`
 	MemoryMiB int64 `json:"memoryMiB,omitempty"`
+	// TraceParent is the W3C traceparent of the job's trace (the submit's),
+	// set by the scheduler: the plan, the ledger entries, the run and its
+	// usage are done long after the submit and by other services, and
+	// carry it so that each job stays one trace.
+	TraceParent string `json:"traceparent,omitempty"`
 }
 
 // GangPart says which part of a multi-machine job an allocation is. The
