@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -49,6 +50,19 @@ type Options struct {
 	Trust *natsauth.Trust
 	// TLS, when set, makes client connections TLS 1.3 only.
 	TLS *tls.Config
+	// ClusterName, when set, makes the server a member of that cluster:
+	// it listens for routes on Host:ClusterPort and connects to Routes.
+	// Every member must share the same Trust (operator and accounts) and
+	// have its own Name and StoreDir; JetStream then runs clustered and a
+	// stream may have up to as many replicas as there are members.
+	ClusterName string
+	// ClusterPort is the route listen port; -1 (the default when 0) picks
+	// a free one, which a restarted member cannot keep: a cluster whose
+	// members come back names its ports.
+	ClusterPort int
+	// Routes are the route URLs of the members (nats-route://host:port);
+	// a member may list its own, which the server ignores.
+	Routes []string
 	// OnViolation, when set, is called with each permissions violation
 	// and authorization failure the server reports (tests fail on the
 	// ones they did not provoke: a service needing a subject its identity
@@ -112,6 +126,12 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 	if o.SyncAlways {
 		opts.SyncAlways = true
 	}
+	if o.ClusterName != "" {
+		if err := cluster(opts, o); err != nil {
+			s.cleanup()
+			return nil, err
+		}
+	}
 	if o.Trust != nil {
 		if err := trust(opts, o.Trust); err != nil {
 			s.cleanup()
@@ -151,6 +171,31 @@ func Start(ctx context.Context, o Options) (*Server, error) {
 		return nil, errors.New("embedded nats server did not become ready")
 	}
 	return s, nil
+}
+
+// cluster sets opts up for membership of o.ClusterName. Routes carry no
+// credentials of their own: the members listen on loopback (or a private
+// network in deploy/, with TLS), and every member trusts the same
+// operator, so the system account that JetStream's meta group talks over
+// is the same on each.
+func cluster(opts *server.Options, o Options) error {
+	if o.Trust == nil {
+		return errors.New("nats cluster: members need a shared Trust")
+	}
+	opts.Cluster.Name = o.ClusterName
+	opts.Cluster.Host = o.Host
+	opts.Cluster.Port = o.ClusterPort
+	if opts.Cluster.Port == 0 {
+		opts.Cluster.Port = -1
+	}
+	for _, r := range o.Routes {
+		u, err := url.Parse(r)
+		if err != nil {
+			return fmt.Errorf("nats cluster: route %q: %w", r, err)
+		}
+		opts.Routes = append(opts.Routes, u)
+	}
+	return nil
 }
 
 // violationLogger passes the server's reports of refused access to report

@@ -35,16 +35,7 @@ func StartWith(t testing.TB, o natsserver.Options) *natsserver.Server {
 	if o.OnViolation == nil {
 		// A service under test that lacks a permission its work needs is
 		// a defect of contracts.Access: fail the test that saw it.
-		var mu sync.Mutex
-		done := false
-		t.Cleanup(func() { mu.Lock(); done = true; mu.Unlock() })
-		o.OnViolation = func(msg string) {
-			mu.Lock()
-			defer mu.Unlock()
-			if !done {
-				t.Errorf("nats refused access: %s", msg)
-			}
-		}
+		o.OnViolation = failOnViolation(t)
 	}
 	if o.Trust == nil {
 		tr, err := natsauth.New()
@@ -61,8 +52,9 @@ func StartWith(t testing.TB, o natsserver.Options) *natsserver.Server {
 	return s
 }
 
-// Creds returns the path of a creds file of id on s.
-func Creds(t testing.TB, s *natsserver.Server, id contracts.Identity) string {
+// Creds returns the path of a creds file of id on s (a server or a
+// cluster).
+func Creds(t testing.TB, s Minter, id contracts.Identity) string {
 	t.Helper()
 	p, err := s.Creds(id)
 	if err != nil {
@@ -73,26 +65,26 @@ func Creds(t testing.TB, s *natsserver.Server, id contracts.Identity) string {
 
 // Operator returns the operator's creds on s: every subject and the
 // stream administration, for a test's own set-up and observation.
-func Operator(t testing.TB, s *natsserver.Server) string {
+func Operator(t testing.TB, s Minter) string {
 	t.Helper()
 	return Creds(t, s, contracts.Identity{Name: "operator", Role: contracts.BusOperator})
 }
 
 // Service returns the creds of the service identity of role (named after
 // it) on s.
-func Service(t testing.TB, s *natsserver.Server, role contracts.BusRole) string {
+func Service(t testing.TB, s Minter, role contracts.BusRole) string {
 	t.Helper()
 	return Creds(t, s, contracts.Identity{Name: string(role), Role: role})
 }
 
 // Node returns the creds of node's agent on s.
-func Node(t testing.TB, s *natsserver.Server, node string) string {
+func Node(t testing.TB, s Minter, node string) string {
 	t.Helper()
 	return Creds(t, s, contracts.Identity{Name: "node-" + node, Role: contracts.BusNode, Scope: node})
 }
 
 // Tenant returns the creds of a client of tenant on s.
-func Tenant(t testing.TB, s *natsserver.Server, tenant string) string {
+func Tenant(t testing.TB, s Minter, tenant string) string {
 	t.Helper()
 	return Creds(t, s, contracts.Identity{Name: "tenant-" + tenant, Role: contracts.BusTenant, Scope: tenant})
 }
