@@ -49,8 +49,12 @@ func TestClusterSurvivesMemberLoss(t *testing.T) {
 		// A publish that meets the election after the leader's death
 		// fails with a timeout or no responders; the client retries as
 		// the services' publisher does, bounded by ctx.
+		// Each try has its own short bound: a request that went to the
+		// dead member gets no answer at all.
 		for {
-			_, err := js.Publish(ctx, fmt.Sprintf("r3.%d", i), []byte("x"), jetstream.WithMsgID(fmt.Sprint(i)))
+			pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+			_, err := js.Publish(pctx, fmt.Sprintf("r3.%d", i), []byte("x"), jetstream.WithMsgID(fmt.Sprint(i)))
+			pcancel()
 			if err == nil {
 				return
 			}
