@@ -686,7 +686,7 @@ func (s *Store) conclude(j *Job) {
 	var failed, lost, moved *part
 	for _, p := range j.parts {
 		switch {
-		case p.ended == nil:
+		case p.ended == nil, lostWith(p.ended.Reason) && p.ended.Outcome != contracts.OutcomeSucceeded:
 			lost = cmpPart(lost, p)
 		case movedBy(p.ended.Reason) && p.ended.Outcome != contracts.OutcomeSucceeded:
 			moved = cmpPart(moved, p)
@@ -704,7 +704,7 @@ func (s *Store) conclude(j *Job) {
 		}
 		if r != nil {
 			res := *r
-			if movedBy(res.Reason) {
+			if movedBy(res.Reason) || lostWith(res.Reason) {
 				res.Outcome, res.Reason = contracts.OutcomeCancelled, contracts.ReasonCancelled
 			}
 			s.end(j, res)
@@ -719,6 +719,12 @@ func (s *Store) conclude(j *Job) {
 		}
 	case failed != nil && failed.ended.Reason != contracts.ReasonGangIncomplete:
 		s.end(j, *failed.ended)
+	case lost != nil && lost.ended != nil:
+		// The run died with its node agent (a restart quicker than the
+		// heartbeat timeout): lost through no fault of its own, exactly
+		// as when the machine was declared lost, so requeued the same way.
+		reason := lost.ended.Reason
+		s.requeue(j, reason, fmt.Sprintf("the run of allocation %s on %s was lost (%s)", lost.alloc.ID, lost.alloc.NodeID, reason))
 	case lost != nil:
 		rel := lost.released
 		reason := cmpReason(rel.Reason, contracts.ReasonNodeLost)
@@ -743,6 +749,16 @@ func (s *Store) conclude(j *Job) {
 		}
 		s.end(j, *last)
 	}
+}
+
+// lostWith reports whether a run that ended with reason r was lost through
+// no fault of its own: its machine was declared lost (node_lost), or its
+// node agent restarted and found it gone (agent_restarted, when the agent
+// came back before the heartbeat timeout). Which of the two is reported
+// depends only on how long the agent was away, so both requeue the job
+// (the next attempt restores the job's latest checkpoint, as any does).
+func lostWith(r contracts.Reason) bool {
+	return r == contracts.ReasonNodeLost || r == contracts.ReasonAgentRestart
 }
 
 func cmpPart(cur, p *part) *part {
