@@ -20,6 +20,7 @@ import (
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 	"github.com/gpuplane/gpuplane/libs/service"
 	"github.com/gpuplane/gpuplane/services/monitor"
+	"github.com/gpuplane/gpuplane/services/monitor/internal/readmodel"
 )
 
 func TestConfigValidateReportsEveryProblem(t *testing.T) {
@@ -93,9 +94,9 @@ func TestMetricsFromStreams(t *testing.T) {
 	publish(t, b, contracts.SubjectDemand("h100"), "demand-h100", contracts.PoolDemand{Pool: "h100", Time: time.Now(),
 		PendingJobs: 3, PendingGPUs: 12, FreeGPUs: 1, TotalGPUs: 2})
 	// Telemetry before the start: only the last sample of each node counts.
-	publish(t, b, contracts.SubjectTelemetry("n3"), "tel-n3-1", telemetry("n3", "host-3", "a100", gpu(0, "GPU-3a", "A100-80GB", 1)))
+	publish(t, b, contracts.SubjectTelemetry("n3"), "tel-n3-1", telemetry("n3", "host-3", "a100", gpu(0, "GPU-n3-0", "A100-80GB", 1)))
 	publish(t, b, contracts.SubjectTelemetry("n3"), "tel-n3-2", telemetry("n3", "host-3", "a100", contracts.GPUSample{
-		Index: 0, UUID: "GPU-3a", Model: "A100-80GB", GPUUtil: 100, MemCopyUtil: 93.5, FBUsedMiB: 80000, FBFreeMiB: 1920,
+		Index: 0, UUID: "GPU-n3-0", Model: "A100-80GB", GPUUtil: 100, MemCopyUtil: 93.5, FBUsedMiB: 80000, FBFreeMiB: 1920,
 		TempC: 71, PowerW: 398.5, SMClockMHz: 1410, PowerLimitW: 400, ECCSBE: 2, ThrottleReasons: contracts.ThrottleSWPowerCap}))
 
 	addr := startMonitor(t, srv, time.Minute)
@@ -103,23 +104,27 @@ func TestMetricsFromStreams(t *testing.T) {
 
 	// Live telemetry: the second tick replaces the first.
 	publish(t, b, contracts.SubjectTelemetry("n1"), "tel-n1-1", telemetry("n1", "host-1", "h100",
-		gpu(0, "GPU-1a", "H100-80GB", 5), gpu(1, "GPU-1b", "H100-80GB", 5)))
+		gpu(0, "GPU-n1-0", "H100-80GB", 5), gpu(1, "GPU-n1-1", "H100-80GB", 5)))
 	publish(t, b, contracts.SubjectTelemetry("n1"), "tel-n1-2", telemetry("n1", "host-1", "h100",
-		contracts.GPUSample{Index: 0, UUID: "GPU-1a", Model: "H100-80GB", GPUUtil: 87, MemCopyUtil: 40.5,
+		contracts.GPUSample{Index: 0, UUID: "GPU-n1-0", Model: "H100-80GB", GPUUtil: 87, MemCopyUtil: 40.5,
 			FBUsedMiB: 61440, FBFreeMiB: 20480, TempC: 64, PowerW: 512.25, SMClockMHz: 1980, AllocationID: a1.ID,
 			PowerLimitW: 700, ECCDBE: 1, LastXID: 48},
-		contracts.GPUSample{Index: 1, UUID: "GPU-1b", Model: "H100-80GB", GPUUtil: 0, MemCopyUtil: 0,
+		contracts.GPUSample{Index: 1, UUID: "GPU-n1-1", Model: "H100-80GB", GPUUtil: 0, MemCopyUtil: 0,
 			FBUsedMiB: 0, FBFreeMiB: 81920, TempC: 31, PowerW: 70, SMClockMHz: 210}))
 
 	want := slices.Concat(
-		dcgmLines(`Hostname="host-1",UUID="GPU-1a",gpu="0",modelName="H100-80GB",pool="h100"`, "87", "40.5", "61440", "20480", "64", "512.25", "1980",
+		dcgmLines(`Hostname="host-1",UUID="GPU-n1-0",device="nvidia0",gpu="0",modelName="H100-80GB",pci_bus_id="00000000:18:00.0",pool="h100"`, "87", "40.5", "61440", "20480", "64", "512.25", "1980",
 			"700", "0", "1", "0", "48"),
-		dcgmLines(`Hostname="host-1",UUID="GPU-1b",gpu="1",modelName="H100-80GB",pool="h100"`, "0", "0", "0", "81920", "31", "70", "210",
+		dcgmLines(`Hostname="host-1",UUID="GPU-n1-1",device="nvidia1",gpu="1",modelName="H100-80GB",pci_bus_id="00000000:2A:00.0",pool="h100"`, "0", "0", "0", "81920", "31", "70", "210",
 			"0", "0", "0", "0", "0"),
-		dcgmLines(`Hostname="host-3",UUID="GPU-3a",gpu="0",modelName="A100-80GB",pool="a100"`, "100", "93.5", "80000", "1920", "71", "398.5", "1410",
+		dcgmLines(`Hostname="host-3",UUID="GPU-n3-0",device="nvidia0",gpu="0",modelName="A100-80GB",pci_bus_id="00000000:18:00.0",pool="a100"`, "100", "93.5", "80000", "1920", "71", "398.5", "1410",
 			"400", "2", "0", "4", "0"),
+		// No job was requeued or moved yet: every counter of each pool the
+		// inventory named is there at 0, so increase() sees the first event.
+		// No pool was scaled: no autoscaler counters.
+		zeroCounters("a100", "h100"),
 		[]string{
-			// One episode each of gpu_xid and gpu_ecc_dbe: GPU-1a.
+			// One episode each of gpu_xid and gpu_ecc_dbe: GPU-n1-0.
 			`gpuplane_alerts_firing{kind="gpu_ecc_dbe"} 1`,
 			`gpuplane_alerts_firing{kind="gpu_ecc_sbe_rising"} 0`,
 			`gpuplane_alerts_firing{kind="gpu_hot"} 0`,
@@ -148,12 +153,12 @@ func TestMetricsFromStreams(t *testing.T) {
 			`gpuplane_pool_gpu_util_1m{pool="h100"} 24.25`,
 			`gpuplane_pool_pending_gpus{pool="h100"} 12`,
 			`gpuplane_pool_pending_jobs{pool="h100"} 3`,
-			// Only GPU-1a's second sample was held by an allocation (acme's).
+			// Only GPU-n1-0's second sample was held by an allocation (acme's).
 			`gpuplane_tenant_gpu_util_1m{tenant="acme"} 87`,
 			`gpuplane_allocated_gpus{pool="a100"} 4`,
 			`gpuplane_allocated_gpus{pool="h100"} 2`,
-			`gpuplane_gpus_total{pool="a100"} 4`,
-			`gpuplane_gpus_total{pool="h100"} 2`,
+			`gpuplane_gpus{pool="a100"} 4`,
+			`gpuplane_gpus{pool="h100"} 2`,
 			`gpuplane_jobs{state="cancelled",tenant="beta"} 1`,
 			`gpuplane_jobs{state="queued",tenant="acme"} 1`,
 			`gpuplane_jobs{state="queued",tenant="beta"} 0`,
@@ -365,6 +370,24 @@ func dcgmLines(labels string, values ...string) []string {
 	return out
 }
 
+// zeroCounters are the job counter series of pools no job was requeued or
+// moved in: at 0 from the pool's first inventory.
+func zeroCounters(pools ...string) []string {
+	var out []string
+	for _, p := range pools {
+		out = append(out, `gpuplane_preemptions_total{pool="`+p+`"} 0`)
+		for _, r := range readmodel.RequeueReasons {
+			out = append(out, fmt.Sprintf(`gpuplane_job_requeues_total{pool=%q,reason=%q} 0`, p, r))
+		}
+		for _, r := range readmodel.MoveReasons {
+			for _, ev := range readmodel.MoveEvents {
+				out = append(out, fmt.Sprintf(`gpuplane_job_migrations_total{event=%q,pool=%q,reason=%q} 0`, ev, p, r))
+			}
+		}
+	}
+	return out
+}
+
 func eventually(t testing.TB, d time.Duration, what string, cond func() bool, state func() string) {
 	t.Helper()
 	deadline := time.Now().Add(d)
@@ -451,7 +474,8 @@ func readAlerts(t *testing.T, b *bus.Bus, kind string) []idAlert {
 func inventory(node, host, pool string, gpus int) contracts.NodeInventory {
 	inv := contracts.NodeInventory{SchemaVersion: 1, NodeID: node, Hostname: host, Pool: pool, MachineType: "m", Incarnation: "i1"}
 	for i := range gpus {
-		inv.GPUs = append(inv.GPUs, contracts.GPUInfo{Index: i, UUID: fmt.Sprintf("GPU-%s-%d", node, i), Model: "H100-80GB", Healthy: true})
+		inv.GPUs = append(inv.GPUs, contracts.GPUInfo{Index: i, UUID: fmt.Sprintf("GPU-%s-%d", node, i), Model: "H100-80GB", Healthy: true,
+			PCIBusID: fmt.Sprintf("00000000:%02X:00.0", []int{0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb}[i%8])})
 	}
 	return inv
 }

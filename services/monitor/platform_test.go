@@ -2,6 +2,7 @@ package monitor_test
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 	"github.com/gpuplane/gpuplane/services/monitor"
+	"github.com/gpuplane/gpuplane/services/monitor/internal/readmodel"
 )
 
 // TestPlatformMetricsAndDefragmentAlert feeds real events through the bus,
@@ -88,7 +90,10 @@ rules:
 	addr, _ := startMonitorWith(t, srv, cfg)
 	waitHealthy(t, addr)
 
-	want := []string{
+	// Every counter series of h100 is there, at 0 unless counted: the pool
+	// is known from its inventory, and as one the autoscaler acts on from
+	// its machine events.
+	want := withCounts(slices.Concat(zeroCounters("h100"), zeroScaled("h100")),
 		`gpuplane_job_migrations_total{event="migrated",pool="h100",reason="defragment"} 1`,
 		`gpuplane_job_migrations_total{event="migrating",pool="h100",reason="defragment"} 1`,
 		`gpuplane_job_requeues_total{pool="h100",reason="preempted"} 1`,
@@ -102,7 +107,7 @@ rules:
 		`gpuplane_pool_queue_depth{pool="h100",reason="none"} 1`,
 		`gpuplane_preemptions_total{pool="h100"} 1`,
 		`gpuplane_scale_decisions_total{direction="up",pool="h100"} 1`,
-	}
+	)
 	platform := func() []string {
 		var out []string
 		for _, l := range scrape(t, addr) {
@@ -156,4 +161,30 @@ rules:
 	if diff := cmp.Diff([]string{"alert/pool_fragmented/h100/1/firing", "alert/pool_fragmented/h100/1/resolved"}, ids); diff != "" {
 		t.Fatalf("alerts on the bus (-want +got):\n%s", diff)
 	}
+}
+
+// zeroScaled are the autoscaler's counter series of a pool it acts on, at 0.
+func zeroScaled(pools ...string) []string {
+	var out []string
+	for _, p := range pools {
+		for _, d := range readmodel.ScaleDirections {
+			out = append(out, fmt.Sprintf(`gpuplane_scale_decisions_total{direction=%q,pool=%q} 0`, d, p))
+		}
+		for _, k := range readmodel.MachineEventKinds {
+			out = append(out, fmt.Sprintf(`gpuplane_machine_events_total{kind=%q,pool=%q} 0`, k, p))
+		}
+	}
+	return out
+}
+
+// withCounts returns base with each series of lines set to the value lines
+// give it (added when base lacks it), sorted as scrape sorts.
+func withCounts(base []string, lines ...string) []string {
+	byName := map[string]string{}
+	for _, l := range slices.Concat(base, lines) {
+		byName[l[:strings.LastIndexByte(l, ' ')]] = l
+	}
+	out := slices.Collect(maps.Values(byName))
+	slices.Sort(out)
+	return out
 }

@@ -3,8 +3,8 @@
 // is no second copy of the state to keep in sync.
 //
 // GPU series use dcgm-exporter's names, units and labels (gpu, UUID,
-// modelName, Hostname) plus pool, so dashboards built for dcgm-exporter work
-// unchanged. Platform series are prefixed gpuplane_.
+// pci_bus_id, device, modelName, Hostname) plus pool, so dashboards built
+// for dcgm-exporter work unchanged. Platform series are prefixed gpuplane_.
 package metrics
 
 import (
@@ -34,7 +34,10 @@ type Windows interface {
 
 var _ Windows = (*rules.Engine)(nil)
 
-var gpuLabels = []string{"gpu", "UUID", "modelName", "Hostname", "pool"}
+// gpuLabels are dcgm-exporter's labels, in its order, and pool. device is
+// the GPU's device file name (nvidia<index>); pci_bus_id comes from the
+// node's inventory, "" until it arrives.
+var gpuLabels = []string{"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "pool"}
 
 // dcgm lists the dcgm-exporter gauges and the sample field each reads.
 // Types follow dcgm-exporter's default counters file: ECC totals are
@@ -79,7 +82,8 @@ var (
 		"GPUs of a pool held by committed allocations.", []string{"pool"}, nil)
 	tenantAllocatedDesc = prometheus.NewDesc("gpuplane_tenant_allocated_gpus",
 		"GPUs of a pool held by a tenant's committed allocations.", []string{"pool", "tenant"}, nil)
-	gpusTotalDesc = prometheus.NewDesc("gpuplane_gpus_total",
+	// A gauge: no _total, which names counters.
+	gpusDesc = prometheus.NewDesc("gpuplane_gpus",
 		"GPUs of a pool's live nodes (lost nodes excluded).", []string{"pool"}, nil)
 	nodesDesc = prometheus.NewDesc("gpuplane_nodes",
 		"Live nodes of a pool (lost nodes excluded).", []string{"pool"}, nil)
@@ -152,7 +156,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d.desc
 	}
 	for _, d := range []*prometheus.Desc{jobsDesc, queueDepthDesc, allocatedDesc, tenantAllocatedDesc,
-		gpusTotalDesc, nodesDesc, telemetryDesc, pendingJobsDesc, pendingGPUsDesc, freeGPUsDesc, allocRatioDesc,
+		gpusDesc, nodesDesc, telemetryDesc, pendingJobsDesc, pendingGPUsDesc, freeGPUsDesc, allocRatioDesc,
 		poolUtilDesc, nodeUtilDesc, tenantUtilDesc, alertsFiringDesc, queueDesc, fragmentationDesc, freeMilliDesc,
 		idleMilliDesc, requeuesDesc, preemptionsDesc, migrationsDesc, scaleDesc, machineEventsDesc, heartbeatAgeDesc} {
 		ch <- d
@@ -164,7 +168,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	now := c.now()
 	s := c.src.Snapshot(now.Add(-c.staleAfter))
 	for _, g := range s.GPUs {
-		labels := []string{strconv.Itoa(g.Sample.Index), g.Sample.UUID, g.Sample.Model, g.Hostname, g.Pool}
+		idx := strconv.Itoa(g.Sample.Index)
+		labels := []string{idx, g.Sample.UUID, g.PCIBusID, "nvidia" + idx, g.Sample.Model, g.Hostname, g.Pool}
 		for _, d := range dcgm {
 			ch <- prometheus.MustNewConstMetric(d.desc, d.typ, d.value(g.Sample), labels...)
 		}
@@ -184,7 +189,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, p := range s.Pools {
 		ch <- prometheus.MustNewConstMetric(allocatedDesc, prometheus.GaugeValue, float64(p.AllocatedGPUs), p.Pool)
-		ch <- prometheus.MustNewConstMetric(gpusTotalDesc, prometheus.GaugeValue, float64(p.GPUs), p.Pool)
+		ch <- prometheus.MustNewConstMetric(gpusDesc, prometheus.GaugeValue, float64(p.GPUs), p.Pool)
 		ch <- prometheus.MustNewConstMetric(nodesDesc, prometheus.GaugeValue, float64(p.Nodes), p.Pool)
 		if p.GPUs > 0 {
 			ch <- prometheus.MustNewConstMetric(allocRatioDesc, prometheus.GaugeValue, float64(p.AllocatedGPUs)/float64(p.GPUs), p.Pool)

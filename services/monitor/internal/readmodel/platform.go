@@ -50,11 +50,77 @@ type ops struct {
 	machines   map[poolKind]uint64 // machine events by pool and kind
 	decisions  map[string]bool     // decision IDs counted
 	machineIDs map[string]bool     // machine event IDs counted
+	// pools and scaled are the pools whose counters are initialised at 0
+	// (knowPool, knowScaled).
+	pools, scaled map[string]bool
 }
 
 func newOps() ops {
 	return ops{queued: map[poolReason]int{}, requeues: map[poolReason]uint64{}, moves: map[moveKey]uint64{},
-		scale: map[poolKind]uint64{}, machines: map[poolKind]uint64{}, decisions: map[string]bool{}, machineIDs: map[string]bool{}}
+		scale: map[poolKind]uint64{}, machines: map[poolKind]uint64{}, decisions: map[string]bool{}, machineIDs: map[string]bool{},
+		pools: map[string]bool{}, scaled: map[string]bool{}}
+}
+
+// The label values a counter series is initialised with at 0. A counter
+// whose series first appears at 1 hides its first event from increase()
+// and rate(): Prometheus has no earlier sample to subtract from, so after
+// two requeues a panel of increase(...[5m]) read 0. Each list names every
+// value the platform can count today.
+var (
+	// RequeueReasons are the reasons the scheduler requeues a job with
+	// (contracts.EventRequeued): a lost allocation, a stop to make room or
+	// to move it, a gang committed in part, a reservation's run-time
+	// promise broken.
+	RequeueReasons = []contracts.Reason{contracts.ReasonNodeLost, contracts.ReasonPreempted, contracts.ReasonGangIncomplete,
+		contracts.ReasonRunTimeExceeded, contracts.ReasonDrained, contracts.ReasonGPUUnhealthy, contracts.ReasonSpotInterruption,
+		contracts.ReasonOverheating, contracts.ReasonDefragment}
+	// MoveReasons are the reasons a job migrates with (contracts.Migration).
+	MoveReasons = []contracts.Reason{contracts.ReasonDrained, contracts.ReasonGPUUnhealthy, contracts.ReasonSpotInterruption,
+		contracts.ReasonOverheating, contracts.ReasonDefragment}
+	// MoveEvents are the two events of a move.
+	MoveEvents = []contracts.JobEventType{contracts.EventMigrating, contracts.EventMigrated}
+	// ScaleDirections are the directions of contracts.ScaleDecision.
+	ScaleDirections = []contracts.ScaleDirection{contracts.ScaleUp, contracts.ScaleDown}
+	// MachineEventKinds are the kinds of contracts.MachineEvent.
+	MachineEventKinds = []contracts.MachineEventKind{contracts.MachineRequested, contracts.MachineReady, contracts.MachineDraining,
+		contracts.MachineDeleted, contracts.MachineInterrupted, contracts.MachineReclaimed, contracts.MachineFailed}
+)
+
+// knowPool initialises the job counters of pool at 0 (once): requeues and
+// moves by every reason. A pool is known from the first inventory, node
+// event or demand that names it, before any job can have run there.
+func (o *ops) knowPool(pool string) {
+	if pool == "" || o.pools[pool] {
+		return
+	}
+	o.pools[pool] = true
+	for _, r := range RequeueReasons {
+		o.requeues[poolReason{pool, string(r)}] += 0
+	}
+	for _, r := range MoveReasons {
+		for _, ev := range MoveEvents {
+			o.moves[moveKey{pool, string(r), ev}] += 0
+		}
+	}
+}
+
+// knowScaled initialises the autoscaler's counters of pool at 0 (once):
+// decisions by direction and machine events by kind. Only a pool the
+// autoscaler acts on has them: it is known from its first machine event
+// (the refill to its minimum at start) or decision. A pool whose first
+// fact is a decision shows that decision at 1: nothing on the bus names
+// the pools with a scaling policy before the autoscaler acts on one.
+func (o *ops) knowScaled(pool string) {
+	if pool == "" || o.scaled[pool] {
+		return
+	}
+	o.scaled[pool] = true
+	for _, d := range ScaleDirections {
+		o.scale[poolKind{pool, string(d)}] += 0
+	}
+	for _, k := range MachineEventKinds {
+		o.machines[poolKind{pool, string(k)}] += 0
+	}
 }
 
 // applyJobEvent folds an event the state machine accepted (from j.state to
@@ -65,6 +131,7 @@ func (o *ops) applyJobEvent(j *job, ev contracts.JobEvent, to contracts.JobState
 	}
 	if p := placedPool(ev); p != "" {
 		j.placedPool = p
+		o.knowPool(p)
 	}
 	wasQueued := j.state == contracts.StateQueued
 	old := poolReason{j.pool, reasonLabel(j.reason)}
@@ -147,6 +214,7 @@ func (m *Model) ApplyScaleDecision(d contracts.ScaleDecision) {
 	if m.ops.decisions[id] {
 		return
 	}
+	m.ops.knowScaled(d.Pool)
 	m.ops.decisions[id] = true
 	m.ops.scale[poolKind{d.Pool, string(d.Direction)}]++
 }
@@ -163,6 +231,8 @@ func (m *Model) ApplyMachineEvent(e contracts.MachineEvent) {
 	if m.ops.machineIDs[id] {
 		return
 	}
+	m.ops.knowScaled(e.Pool)
+	m.ops.knowPool(e.Pool)
 	m.ops.machineIDs[id] = true
 	m.ops.machines[poolKind{e.Pool, string(e.Kind)}]++
 }

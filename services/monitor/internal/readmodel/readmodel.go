@@ -61,6 +61,9 @@ type GPU struct {
 	Hostname string
 	Pool     string
 	Sample   contracts.GPUSample
+	// PCIBusID is the GPU's PCI bus ID from its node's latest inventory
+	// ("" before the inventory names it): telemetry does not carry it.
+	PCIBusID string
 }
 
 type jobKey struct{ tenant, job string }
@@ -83,6 +86,8 @@ type node struct {
 	inventoryAt time.Time
 	// healthy is the health of each GPU, by UUID, from the inventory.
 	healthy map[string]bool
+	// pciBusID is the PCI bus ID of each GPU, by UUID, from the inventory.
+	pciBusID map[string]string
 }
 
 // New returns an empty model.
@@ -200,6 +205,7 @@ func (m *Model) ApplyDemand(d contracts.PoolDemand) {
 	if held, ok := m.demand[d.Pool]; ok && d.Time.Before(held.Time) {
 		return
 	}
+	m.ops.knowPool(d.Pool)
 	m.demand[d.Pool] = d
 }
 
@@ -215,12 +221,17 @@ func (m *Model) ApplyInventory(nodeID string, inv contracts.NodeInventory, at ti
 		return
 	}
 	n.pool, n.gpus = inv.Pool, len(inv.GPUs)
+	m.ops.knowPool(inv.Pool)
 	if at.After(n.inventoryAt) {
 		n.inventoryAt = at
 	}
 	n.healthy = make(map[string]bool, len(inv.GPUs))
+	n.pciBusID = make(map[string]string, len(inv.GPUs))
 	for _, g := range inv.GPUs {
 		n.healthy[g.UUID] = g.Healthy
+		if g.PCIBusID != "" {
+			n.pciBusID[g.UUID] = g.PCIBusID
+		}
 	}
 	m.nodes[nodeID] = n
 }
@@ -240,6 +251,7 @@ func (m *Model) ApplyNodeEvent(nodeID string, ev contracts.NodeEvent) {
 	if !ok {
 		n.pool = ev.Pool
 	}
+	m.ops.knowPool(n.pool)
 	switch ev.Kind {
 	case contracts.NodeLost:
 		n.lost = true
@@ -323,6 +335,7 @@ func (m *Model) Snapshot(freshSince time.Time) Snapshot {
 		if m.nodeSeen[g.NodeID].Before(freshSince) || m.departed(g.NodeID) {
 			continue
 		}
+		g.PCIBusID = m.nodes[g.NodeID].pciBusID[g.Sample.UUID]
 		s.GPUs = append(s.GPUs, g)
 	}
 	slices.SortFunc(s.GPUs, func(a, b GPU) int {

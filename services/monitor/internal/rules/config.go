@@ -182,9 +182,14 @@ func DefaultConfig() Config {
 		{Kind: "gpu_hot", Scope: ScopeGPU, Metric: MetricTempC, Agg: AggLast, Window: Duration(5 * time.Second),
 			Op: OpGT, Threshold: 85, Severity: "critical", Action: ActionDrainGPU,
 			Summary: "GPU above 85 °C"},
+		// A trend alone fires for every GPU warming up from idle (30 °C
+		// climbing towards a working 70-76 °C projects far past 85 °C):
+		// only a GPU already above 80 °C, still climbing for a minute,
+		// is on its way to overheating.
 		{Kind: "gpu_temp_rising", Scope: ScopeGPU, Metric: MetricTempC, Agg: AggLast, Window: Duration(2 * time.Minute),
-			Op: OpGT, Threshold: 85, Trend: Duration(5 * time.Minute), For: Duration(30 * time.Second), Severity: "warning",
-			Summary: "GPU temperature on course to pass 85 °C within 5 minutes"},
+			Op: OpGT, Threshold: 85, Trend: Duration(5 * time.Minute), For: Duration(time.Minute), Severity: "warning",
+			While:   []Condition{{Metric: MetricTempC, Op: OpGT, Threshold: 80}},
+			Summary: "GPU above 80 °C and on course to pass 85 °C within 5 minutes"},
 		{Kind: "gpu_xid", Scope: ScopeGPU, Metric: MetricXID, Agg: AggLast, Window: Duration(5 * time.Second),
 			Op: OpGT, Threshold: 0, Severity: "critical", Action: ActionGPUUnhealthy,
 			Summary: "GPU raised an XID error"},

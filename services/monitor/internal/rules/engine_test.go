@@ -2,6 +2,7 @@ package rules
 
 import (
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -145,14 +146,26 @@ func TestDefaultRules(t *testing.T) {
 		"gpu_temp_rising warns before gpu_hot, then yields to it": {
 			cfg: only("gpu_temp_rising", "gpu_hot"),
 			drive: func(d *driver) {
-				// 0.1 °C/s from 60 °C: +30 °C in 5 min, so 85 is on course
-				// from 11 s (two buckets give a slope), warned 30 s later;
-				// crossed after 250 s.
-				d.each(0, 260*s, "n1", "p", func(at time.Duration) []contracts.GPUSample {
-					return []contracts.GPUSample{g("G1", temp(60+at.Seconds()/10))}
+				// 0.05 °C/s from 76 °C: +15 °C in 5 min, so 85 is on course
+				// all along, but the GPU passes the 80 °C floor only after
+				// 80 s; warned a minute later; 85 crossed after 180 s.
+				d.each(0, 200*s, "n1", "p", func(at time.Duration) []contracts.GPUSample {
+					return []contracts.GPUSample{g("G1", temp(76+at.Seconds()/20))}
 				})
 			},
-			want: []string{"41s gpu_temp_rising G1 1 firing", "4m11s gpu_hot G1 1 firing", "4m11s gpu_temp_rising G1 1 resolved"},
+			want: []string{"2m21s gpu_temp_rising G1 1 firing", "3m1s gpu_hot G1 1 firing", "3m1s gpu_temp_rising G1 1 resolved"},
+		},
+		"gpu_temp_rising stays quiet while a GPU warms up from idle": {
+			cfg: only("gpu_temp_rising"),
+			drive: func(d *driver) {
+				// The simulated fleet's warm-up: from 32 °C towards a
+				// working 74 °C with a 40 s time constant. The trend alone
+				// projects 85 °C within 5 minutes for the first minute and
+				// more; the floor keeps it quiet.
+				d.each(0, 5*time.Minute, "n1", "p", func(at time.Duration) []contracts.GPUSample {
+					return []contracts.GPUSample{g("G1", temp(74-42*math.Exp(-at.Seconds()/40)))}
+				})
+			},
 		},
 		"gpu_temp_rising stays quiet when the rise is slow": {
 			cfg: only("gpu_temp_rising"),
