@@ -11,6 +11,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -214,9 +216,14 @@ func Connect(ctx context.Context, cfg Config) (*Bus, error) {
 // editing a stream is the operator's (a service that could edit one could
 // turn off DenyPurge). It is idempotent and retries while JetStream is not
 // yet available (a cluster still electing its meta leader).
+//
+// Each call has its own short bound inside ctx (see retryEach): on a fresh
+// cluster with several services provisioning at once, the meta leader
+// can leave a create unanswered, and the same call sent again succeeds at
+// once (issue 13, finding 1).
 func (b *Bus) EnsureStreams(ctx context.Context) error {
 	for _, sc := range contracts.Streams(b.opts) {
-		if err := retry(ctx, func() error {
+		if err := retryEach(ctx, func(ctx context.Context) error {
 			return b.ensureStream(ctx, sc)
 		}); err != nil {
 			return fmt.Errorf("bus: provision stream %s: %w", sc.Name, err)
@@ -230,18 +237,41 @@ func (b *Bus) ensureStream(ctx context.Context, sc jetstream.StreamConfig) error
 		_, err := b.js.CreateOrUpdateStream(ctx, sc)
 		return err
 	}
-	_, err := b.js.Stream(ctx, sc.Name)
-	if err == nil {
-		return nil
+	s, err := b.js.Stream(ctx, sc.Name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		s, err = b.js.CreateStream(ctx, sc)
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			// Another service created it first (or an earlier try of
+			// ours whose answer was lost): it is there, read it back.
+			s, err = b.js.Stream(ctx, sc.Name)
+		}
 	}
-	if !errors.Is(err, jetstream.ErrStreamNotFound) {
+	if err != nil {
 		return err
 	}
-	_, err = b.js.CreateStream(ctx, sc)
-	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		return nil // another service created it first
+	b.checkStream(sc, s.CachedInfo().Config)
+	return nil
+}
+
+// checkStream warns when a stream found in place differs from contracts'
+// config where it matters. A service may not change it (the operator's
+// provisioning does), so this is a warning to the operator, not a reason
+// to refuse to start.
+func (b *Bus) checkStream(want, got jetstream.StreamConfig) {
+	var drift []string
+	if !slices.Equal(want.Subjects, got.Subjects) {
+		drift = append(drift, fmt.Sprintf("subjects %v, want %v", got.Subjects, want.Subjects))
 	}
-	return err
+	if want.Replicas != got.Replicas {
+		drift = append(drift, fmt.Sprintf("replicas %d, want %d", got.Replicas, want.Replicas))
+	}
+	if want.Storage != got.Storage {
+		drift = append(drift, fmt.Sprintf("storage %s, want %s", got.Storage, want.Storage))
+	}
+	if len(drift) > 0 {
+		b.log.Warn("stream differs from its contract; the operator's provisioning updates it",
+			"stream", want.Name, "drift", strings.Join(drift, "; "))
+	}
 }
 
 // JetStream exposes the JetStream handle for what the bus does not wrap
@@ -278,18 +308,46 @@ func (b *Bus) Close(ctx context.Context) error {
 // retry runs fn until it succeeds, returns a non-transient error, or ctx
 // ends, backing off from 50 ms to 2 s.
 func retry(ctx context.Context, fn func() error) error {
+	return retryEach(ctx, func(context.Context) error { return fn() })
+}
+
+// Bounds of one JetStream administration call (create a stream, a bucket,
+// a consumer): the first try waits firstAttempt for its answer, each
+// further one twice as long up to maxAttempt, all inside the caller's ctx.
+const (
+	firstAttempt = 2 * time.Second
+	maxAttempt   = 10 * time.Second
+)
+
+// retryEach runs fn until it succeeds, returns a non-transient error, or
+// ctx ends. Each call gets its own deadline (firstAttempt, doubling to
+// maxAttempt): a request the server never answers (sent to a member that
+// died, or dropped by a busy meta leader) is sent again instead of
+// holding the caller until ctx ends. Between tries it backs off from
+// 50 ms to 2 s with jitter, so services started together do not retry in
+// step.
+func retryEach(ctx context.Context, fn func(ctx context.Context) error) error {
 	delay := 50 * time.Millisecond
+	attempt := firstAttempt
 	for {
-		err := fn()
+		actx, cancel := context.WithTimeout(ctx, attempt)
+		err := fn(actx)
+		cancel()
 		if err == nil || !transient(err) {
 			return err
 		}
+		if ctx.Err() != nil {
+			return errors.Join(err, ctx.Err())
+		}
+		// Full jitter on the upper half: [delay/2, delay).
+		wait := delay/2 + rand.N(delay/2)
 		select {
 		case <-ctx.Done():
 			return errors.Join(err, ctx.Err())
-		case <-time.After(delay):
+		case <-time.After(wait):
 		}
 		delay = min(delay*2, 2*time.Second)
+		attempt = min(attempt*2, maxAttempt)
 	}
 }
 

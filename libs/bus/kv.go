@@ -21,7 +21,8 @@ func (b *Bus) KeyValue(ctx context.Context, bucket string) (jetstream.KeyValue, 
 			continue
 		}
 		var kv jetstream.KeyValue
-		if err := retry(ctx, func() error {
+		// One bound per call, as for streams (EnsureStreams).
+		if err := retryEach(ctx, func(ctx context.Context) error {
 			var err error
 			if b.mode == ProvisionUpdate {
 				kv, err = b.js.CreateOrUpdateKeyValue(ctx, cfg)
