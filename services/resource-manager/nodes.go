@@ -2,9 +2,12 @@ package resourcemanager
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
@@ -95,7 +98,8 @@ func (s *server) onHeartbeatMsg(ctx context.Context, m *bus.Msg) error {
 	}
 	s.lifeMu.Lock()
 	defer s.lifeMu.Unlock()
-	if d, owed := s.tracker.Heartbeat(node, hb.Incarnation, s.cfg.Now()); owed {
+	s.hbSeq = max(s.hbSeq, m.StreamSeq)
+	if d, owed := s.tracker.Heartbeat(node, hb.Incarnation, m.StreamSeq, s.cfg.Now()); owed {
 		s.publishLifecycle(ctx, d)
 	}
 	return nil
@@ -160,6 +164,7 @@ func (s *server) livenessLoop(ctx context.Context) error {
 // of a lost node, whoever declared it lost and whenever it was committed.
 // Level-triggered: whatever fails is done at the next check.
 func (s *server) checkLiveness(ctx context.Context) {
+	s.judgeFeed(ctx)
 	s.lifeMu.Lock()
 	now := s.cfg.Now()
 	for _, d := range s.tracker.Due(now) {
@@ -183,4 +188,91 @@ func (s *server) checkLiveness(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// judgeFeed checks this manager's own heartbeat feed before any node is
+// judged by it, whenever a verdict hangs on it: a ready node has been
+// silent past the timeout, or no heartbeat of any node has come for
+// FeedGap. The HEARTBEATS stream is the witness: what it holds is what the
+// agents got through, whatever this manager's consumer delivered.
+//   - Connection down, or the stream not answering (no leader, timeout):
+//     judgment is held; the feed's return restarts every clock.
+//   - The stream holds a suspect's heartbeat newer than the last one
+//     delivered: the node is alive and the feed late (Refresh); on a quiet
+//     feed, any heartbeat newer than the last delivered holds judgment.
+//   - Otherwise the stream confirms the silence: a held judgment resumes
+//     (clocks restarted once), and suspects are lost at the next Due.
+//
+// The probes run without lifeMu: heartbeats keep being applied meanwhile.
+func (s *server) judgeFeed(ctx context.Context) {
+	s.lifeMu.Lock()
+	now := s.cfg.Now()
+	quiet := s.tracker.FeedQuiet(now)
+	suspects := s.tracker.Suspects(now)
+	lastSeq := s.hbSeq
+	s.lifeMu.Unlock()
+	if !quiet && len(suspects) == 0 {
+		return
+	}
+	trusted, refresh := s.probeFeed(ctx, quiet, lastSeq, suspects)
+	s.lifeMu.Lock()
+	defer s.lifeMu.Unlock()
+	now = s.cfg.Now()
+	switch {
+	case !trusted:
+		if !s.tracker.Held() {
+			s.log.Warn("heartbeat feed cannot be trusted: no node is judged until it is whole again", "suspects", len(suspects))
+		}
+		s.tracker.Hold()
+	default:
+		if s.tracker.Held() {
+			s.log.Info("heartbeat feed whole again: every node's clock restarts")
+		}
+		s.tracker.Resume(now)
+		for node, seq := range refresh {
+			s.tracker.Refresh(node, seq, now)
+		}
+	}
+}
+
+// probeTimeout bounds one probe of the HEARTBEATS stream.
+const probeTimeout = 2 * time.Second
+
+// probeFeed asks the stream (see judgeFeed). trusted is false when the
+// feed cannot be trusted; refresh holds, per suspect the stream knows
+// newer heartbeats of, the newest one's sequence.
+func (s *server) probeFeed(ctx context.Context, quiet bool, lastSeq uint64, suspects []liveness.Suspect) (trusted bool, refresh map[string]uint64) {
+	if !s.bus.Conn().IsConnected() {
+		return false, nil
+	}
+	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	// Stream info is answered by the stream's leader only: an error is a
+	// stream without one (an election after a server's death).
+	stream, err := s.bus.JetStream().Stream(pctx, contracts.StreamHeartbeats)
+	if err != nil {
+		return false, nil
+	}
+	info := stream.CachedInfo()
+	if info.Cluster != nil && info.Cluster.Leader == "" {
+		return false, nil
+	}
+	if quiet && info.State.LastSeq > lastSeq {
+		// Heartbeats are stored that the feed has not delivered.
+		return false, nil
+	}
+	refresh = map[string]uint64{}
+	for _, sp := range suspects {
+		msg, err := stream.GetLastMsgForSubject(pctx, contracts.SubjectHeartbeat(sp.ID))
+		switch {
+		case errors.Is(err, jetstream.ErrMsgNotFound):
+		case err != nil:
+			return false, nil
+		case msg.Sequence > max(sp.HeartbeatSeq, s.hbStart):
+			// Stored before this manager started listening, a heartbeat
+			// says nothing of now.
+			refresh[sp.ID] = msg.Sequence
+		}
+	}
+	return true, refresh
 }

@@ -68,6 +68,11 @@ type server struct {
 	// in stream order (rebuild, follow or catch-up): a message at or below
 	// it was applied already. Guarded by lifeMu.
 	nodesSeq map[string]uint64
+	// hbSeq is the HEARTBEATS sequence of the last heartbeat the feed
+	// delivered (judgeFeed). Guarded by lifeMu.
+	hbSeq uint64
+	// hbStart is the HEARTBEATS sequence the feed started after.
+	hbStart uint64
 
 	mu        sync.Mutex
 	led       *ledger.Ledger
@@ -151,10 +156,20 @@ func (s *server) run(ctx context.Context) error {
 		}, nil)
 	})
 	// Only heartbeats from now on: a restarted manager gives every node a
-	// fresh grace period instead of judging it by old heartbeats.
+	// fresh grace period instead of judging it by old heartbeats. The feed
+	// starts right after the stream's last heartbeat now, so that every
+	// heartbeat stored later is either delivered or seen missing by
+	// judgeFeed.
+	hbStart, err := s.heartbeatsLastSeq(ctx)
+	if err != nil {
+		return err
+	}
+	s.lifeMu.Lock()
+	s.hbSeq, s.hbStart = hbStart, hbStart
+	s.lifeMu.Unlock()
 	g.Go(func() error {
 		return s.bus.Follow(gctx, bus.FollowSpec{Stream: contracts.StreamHeartbeats,
-			FilterSubjects: []string{contracts.SubjectHeartbeatAll}, New: true}, s.onHeartbeatMsg, nil)
+			FilterSubjects: []string{contracts.SubjectHeartbeatAll}, StartSeq: hbStart + 1}, s.onHeartbeatMsg, nil)
 	})
 	// 3. Run facts from the start: an ended run whose release a previous
 	// life did not write is released now, before any plan is handled.
@@ -198,6 +213,25 @@ func (s *server) run(ctx context.Context) error {
 		return lg.Wait()
 	})
 	return g.Wait()
+}
+
+// heartbeatsLastSeq is the HEARTBEATS stream's last sequence, retried
+// until ctx ends while the stream has no leader.
+func (s *server) heartbeatsLastSeq(ctx context.Context) (uint64, error) {
+	delay := 50 * time.Millisecond
+	for {
+		stream, err := s.bus.JetStream().Stream(ctx, contracts.StreamHeartbeats)
+		if err == nil {
+			return stream.CachedInfo().State.LastSeq, nil
+		}
+		s.log.Warn("heartbeats stream unreadable; retrying", "err", err, "delay", delay)
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("heartbeats stream: %w", err)
+		case <-time.After(delay):
+		}
+		delay = min(delay*2, 2*time.Second)
+	}
 }
 
 var nodeSubjects = []string{contracts.SubjectInventoryAll, contracts.SubjectNodeLifecycleAll}

@@ -12,6 +12,26 @@
 //   - a heartbeat of a lost node is returned when its incarnation is the
 //     registered one, registered (with the new incarnation) otherwise.
 //
+// Silence is judged on the caller's heartbeat feed, which has outages of
+// its own: a NATS server dies, the HEARTBEATS stream elects a new leader,
+// the caller's consumer or connection is rebuilt, the caller is paused.
+// None of that is a node's silence, so a node is never blamed for a gap of
+// the feed itself (finding 2 of issue 13: one NATS node's death made every
+// node "lost" at once):
+//   - a gap of the whole feed (no heartbeat from any node for longer than
+//     half the timeout, well above the agents' interval) restarts every
+//     ready node's clock when the feed resumes;
+//   - the caller Holds judgment while it cannot trust its feed (its
+//     connection is down, the stream does not answer, or the stream holds
+//     a heartbeat the feed has not delivered) and Resumes when it can,
+//     which restarts the clocks too: nodes whose agents were held up by the
+//     same outage get a full timeout to get through;
+//   - a heartbeat the stream holds but the feed has not delivered yet is
+//     a heartbeat (Refresh).
+//
+// So a node is lost only when the feed is known to flow (or the stream is
+// known to hold nothing newer) and this node's heartbeats are missing.
+//
 // Every decided event's ID is contracts.NodeEventID(kind, node, seq) where
 // seq is the stream sequence of the node's previous lifecycle event (0 for
 // none): two replicas deciding the same transition from the same state
@@ -77,6 +97,9 @@ type Node struct {
 	LifecycleSeq uint64
 	// LastSeen is when the node was last heard from, on the caller's clock.
 	LastSeen time.Time
+	// HeartbeatSeq is the stream sequence of the node's last heartbeat
+	// received (0: none since the caller started).
+	HeartbeatSeq uint64
 }
 
 // Decision is a lifecycle event the tracker wants published; once stored,
@@ -91,12 +114,25 @@ type Decision struct {
 type Tracker struct {
 	timeout time.Duration
 	nodes   map[string]*Node
+	// feedAt is when the last heartbeat of any node arrived (zero: none
+	// yet); held is true while the caller cannot trust its feed.
+	feedAt time.Time
+	held   bool
+	// wholeAt is when the caller last confirmed that the stream held no
+	// heartbeat the feed had missed (Resume): a quiet feed confirmed whole
+	// is no gap.
+	wholeAt time.Time
 }
 
 // New returns a tracker declaring nodes lost after timeout without news.
 func New(timeout time.Duration) *Tracker {
 	return &Tracker{timeout: timeout, nodes: map[string]*Node{}}
 }
+
+// FeedGap is how long the whole heartbeat feed may be silent before the
+// tracker treats it as an outage of the feed: half the timeout (3 s of 6 s,
+// above the agents' 2 s interval, so a fleet of one node is not a gap).
+func (t *Tracker) FeedGap() time.Duration { return t.timeout / 2 }
 
 func (t *Tracker) node(id string) *Node {
 	n, ok := t.nodes[id]
@@ -166,12 +202,20 @@ func (t *Tracker) registration(n *Node, now time.Time) (Decision, bool) {
 	return t.decide(n, contracts.NodeRegistered, n.InventoryIncarnation, "inventory of a new incarnation", now), true
 }
 
-// Heartbeat records a heartbeat of a node's agent, received at now. A
-// heartbeat of a node without inventory is only remembered. It returns the
+// Heartbeat records a heartbeat of a node's agent, stored at stream
+// sequence seq and received at now. A heartbeat of a node without
+// inventory is only remembered. The first heartbeat after a gap of the
+// whole feed, or after a Hold, restarts every node's clock. It returns the
 // returned or registered event owed by a lost node.
-func (t *Tracker) Heartbeat(nodeID, incarnation string, now time.Time) (Decision, bool) {
+func (t *Tracker) Heartbeat(nodeID, incarnation string, seq uint64, now time.Time) (Decision, bool) {
+	if since := later(t.feedAt, t.wholeAt); t.held || (!since.IsZero() && now.Sub(since) > t.FeedGap()) {
+		t.held = false
+		t.Grace(now)
+	}
+	t.feedAt = now
 	n := t.node(nodeID)
 	n.LastSeen = now
+	n.HeartbeatSeq = max(n.HeartbeatSeq, seq)
 	if n.Status != Lost {
 		return Decision{}, false
 	}
@@ -213,14 +257,54 @@ func (t *Tracker) Apply(ev contracts.NodeEvent, seq uint64, now time.Time) bool 
 // manager has not been listening, which says nothing about the nodes.
 func (t *Tracker) Grace(now time.Time) {
 	for _, n := range t.nodes {
-		n.LastSeen = now
+		if n.LastSeen.Before(now) {
+			n.LastSeen = now
+		}
 	}
 }
 
+// FeedQuiet reports whether no heartbeat of any node has arrived for longer
+// than FeedGap: the caller then checks its feed (Hold or Resume) before
+// any node may be judged.
+func (t *Tracker) FeedQuiet(now time.Time) bool {
+	return now.Sub(t.feedAt) > t.FeedGap()
+}
+
+// Hold stops every loss while the caller cannot trust its feed; the
+// first heartbeat or Resume after it restarts every clock.
+func (t *Tracker) Hold() { t.held = true }
+
+// Held reports whether judgment is held.
+func (t *Tracker) Held() bool { return t.held }
+
+// Resume records that the feed is known whole at now (the stream answers
+// and holds nothing the feed missed). It ends a Hold, restarting every
+// node's clock at now.
+func (t *Tracker) Resume(now time.Time) {
+	t.wholeAt = later(t.wholeAt, now)
+	if t.held {
+		t.held = false
+		t.Grace(now)
+	}
+}
+
+// Refresh records that the stream holds a heartbeat of the node, at seq,
+// that the feed has not delivered: the node is alive, the feed is late.
+// It reports whether seq was newer than the node's last heartbeat.
+func (t *Tracker) Refresh(nodeID string, seq uint64, now time.Time) bool {
+	n, ok := t.nodes[nodeID]
+	if !ok || seq <= n.HeartbeatSeq {
+		return false
+	}
+	n.HeartbeatSeq = seq
+	n.LastSeen = now
+	return true
+}
+
 // Due returns, in node order, every event owed at now: registrations not
-// yet published, and lost for ready nodes silent for longer than the
-// timeout. Calling it again before the decisions are applied returns them
-// again: it is level-triggered.
+// yet published, and (unless judgment is held) lost for ready nodes
+// silent for longer than the timeout. Calling it again before the
+// decisions are applied returns them again: it is level-triggered.
 func (t *Tracker) Due(now time.Time) []Decision {
 	var out []Decision
 	for _, id := range t.Nodes() {
@@ -229,9 +313,29 @@ func (t *Tracker) Due(now time.Time) []Decision {
 			out = append(out, d)
 			continue
 		}
-		if n.Status == Ready && now.Sub(n.LastSeen) > t.timeout {
+		if !t.held && n.Status == Ready && now.Sub(n.LastSeen) > t.timeout {
 			out = append(out, t.decide(n, contracts.NodeLost, n.Incarnation,
 				fmt.Sprintf("no heartbeat for %s", now.Sub(n.LastSeen).Round(time.Millisecond)), now))
+		}
+	}
+	return out
+}
+
+// Suspect is a ready node silent for longer than the timeout: lost unless
+// the caller finds its feed at fault.
+type Suspect struct {
+	ID           string
+	HeartbeatSeq uint64
+}
+
+// Suspects returns, in node order, the ready nodes silent for longer than
+// the timeout at now, held or not.
+func (t *Tracker) Suspects(now time.Time) []Suspect {
+	var out []Suspect
+	for _, id := range t.Nodes() {
+		n := t.nodes[id]
+		if n.Status == Ready && now.Sub(n.LastSeen) > t.timeout {
+			out = append(out, Suspect{ID: id, HeartbeatSeq: n.HeartbeatSeq})
 		}
 	}
 	return out
@@ -247,4 +351,11 @@ func (t *Tracker) Lost() []string {
 	}
 	slices.SortFunc(out, strings.Compare)
 	return out
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }

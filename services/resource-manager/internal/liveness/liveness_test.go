@@ -70,7 +70,7 @@ func TestLifecycle(t *testing.T) {
 	// Heartbeats keep it alive through 3 s steps.
 	for range 5 {
 		now = now.Add(3 * time.Second)
-		if _, ok := tr.Heartbeat("n1", "i1", now); ok {
+		if _, ok := tr.Heartbeat("n1", "i1", 0, now); ok {
 			t.Fatal("heartbeat of a ready node decided something")
 		}
 		if due := tr.Due(now); len(due) != 0 {
@@ -96,7 +96,7 @@ func TestLifecycle(t *testing.T) {
 
 	// Same incarnation comes back: returned.
 	now = now.Add(time.Minute)
-	d, ok = tr.Heartbeat("n1", "i1", now)
+	d, ok = tr.Heartbeat("n1", "i1", 0, now)
 	if !ok || d.Event.Kind != contracts.NodeReturned {
 		t.Fatalf("heartbeat after lost: %+v %v, want returned", d, ok)
 	}
@@ -109,7 +109,7 @@ func TestLifecycle(t *testing.T) {
 	now = now.Add(7 * time.Second)
 	due = tr.Due(now)
 	p.publish(t, tr, due[0], now)
-	d, ok = tr.Heartbeat("n1", "i2", now)
+	d, ok = tr.Heartbeat("n1", "i2", 0, now)
 	if !ok || d.Event.Kind != contracts.NodeRegistered || d.Event.Incarnation != "i2" {
 		t.Fatalf("new-incarnation heartbeat after lost: %+v %v, want registered i2", d, ok)
 	}
@@ -155,7 +155,7 @@ func TestApplyIgnoresStaleAndCountsForeignEvents(t *testing.T) {
 	if n.Status != Lost || n.LifecycleSeq != 9 {
 		t.Fatalf("node = %+v, want lost at seq 9", n)
 	}
-	d, ok := tr.Heartbeat("n1", "i1", t0)
+	d, ok := tr.Heartbeat("n1", "i1", 0, t0)
 	if !ok || d.ID != contracts.NodeEventID(contracts.NodeReturned, "n1", 9) {
 		t.Fatalf("decision %+v, want returned seeded by seq 9", d)
 	}
@@ -178,10 +178,139 @@ func TestGraceAfterRestart(t *testing.T) {
 
 func TestHeartbeatWithoutInventoryRegistersNothing(t *testing.T) {
 	tr := New(time.Second)
-	if _, ok := tr.Heartbeat("n9", "i1", t0); ok {
+	if _, ok := tr.Heartbeat("n9", "i1", 0, t0); ok {
 		t.Fatal("heartbeat of an unknown node decided something")
 	}
 	if due := tr.Due(t0.Add(time.Hour)); len(due) != 0 {
 		t.Fatalf("Due = %v for a node that never sent an inventory", kinds(due))
+	}
+}
+
+// TestFeedOutageIsNotNodeSilence drives three ready nodes through outages
+// of the heartbeat feed itself (issue 13, finding 2): a node may be lost
+// only for its own silence while the feed is known to work.
+func TestFeedOutageIsNotNodeSilence(t *testing.T) {
+	type step struct {
+		at   time.Duration // since t0
+		op   string        // "hb", "hold", "resume", "refresh" or "due"
+		node string
+		seq  uint64
+		want []string // "due": the nodes Due declares lost
+	}
+	tests := map[string][]step{
+		"one node silent while the others flow is lost": {
+			{at: 2 * time.Second, op: "hb", node: "n1", seq: 10},
+			{at: 2 * time.Second, op: "hb", node: "n2", seq: 11},
+			{at: 4 * time.Second, op: "hb", node: "n1", seq: 12},
+			{at: 4 * time.Second, op: "hb", node: "n2", seq: 13},
+			{at: 6 * time.Second, op: "hb", node: "n1", seq: 14},
+			{at: 6 * time.Second, op: "hb", node: "n2", seq: 15},
+			{at: 6500 * time.Millisecond, op: "due", want: []string{"n3"}},
+		},
+		"a stalled feed blames no one; the clocks restart when it delivers": {
+			{at: time.Second, op: "hb", node: "n1", seq: 10},
+			{at: time.Second, op: "hb", node: "n2", seq: 11},
+			{at: time.Second, op: "hb", node: "n3", seq: 12},
+			// The stream's leader dies: nothing arrives for 9 s. The
+			// caller cannot reach the stream and holds.
+			{at: 5 * time.Second, op: "hold"},
+			{at: 8 * time.Second, op: "due"},
+			{at: 10 * time.Second, op: "due"},
+			// The feed resumes with n1 and n2; n3's agent is still
+			// reconnecting: it gets a full timeout from the resumption.
+			{at: 10 * time.Second, op: "hb", node: "n1", seq: 20},
+			{at: 10 * time.Second, op: "hb", node: "n2", seq: 21},
+			{at: 12 * time.Second, op: "hb", node: "n1", seq: 22},
+			{at: 12 * time.Second, op: "hb", node: "n2", seq: 23},
+			{at: 14 * time.Second, op: "hb", node: "n1", seq: 24},
+			{at: 14 * time.Second, op: "hb", node: "n2", seq: 25},
+			{at: 15900 * time.Millisecond, op: "due"},
+			{at: 16100 * time.Millisecond, op: "due", want: []string{"n3"}},
+		},
+		"a gap of the whole feed restarts the clocks even without a hold": {
+			{at: time.Second, op: "hb", node: "n1", seq: 10},
+			{at: time.Second, op: "hb", node: "n2", seq: 11},
+			{at: time.Second, op: "hb", node: "n3", seq: 12},
+			// Nothing for 4.5 s (more than half the timeout), then n1.
+			{at: 5500 * time.Millisecond, op: "hb", node: "n1", seq: 20},
+			{at: 7500 * time.Millisecond, op: "hb", node: "n1", seq: 21},
+			{at: 11 * time.Second, op: "due"},
+			{at: 11600 * time.Millisecond, op: "due", want: []string{"n2", "n3"}},
+		},
+		"a resumed feed that is whole but silent restarts the clocks once": {
+			{at: time.Second, op: "hb", node: "n1", seq: 10},
+			{at: 4 * time.Second, op: "hold"},
+			{at: 20 * time.Second, op: "due"},
+			{at: 20 * time.Second, op: "resume"},
+			{at: 25 * time.Second, op: "due"},
+			{at: 26100 * time.Millisecond, op: "due", want: []string{"n1", "n2", "n3"}},
+		},
+		"a heartbeat the stream holds but the feed has not delivered is a heartbeat": {
+			{at: time.Second, op: "hb", node: "n1", seq: 10},
+			{at: time.Second, op: "hb", node: "n2", seq: 11},
+			{at: time.Second, op: "hb", node: "n3", seq: 12},
+			{at: 3 * time.Second, op: "hb", node: "n1", seq: 13},
+			{at: 3 * time.Second, op: "hb", node: "n2", seq: 14},
+			{at: 5 * time.Second, op: "hb", node: "n1", seq: 15},
+			{at: 5 * time.Second, op: "hb", node: "n2", seq: 16},
+			{at: 7 * time.Second, op: "hb", node: "n1", seq: 17},
+			{at: 7 * time.Second, op: "hb", node: "n2", seq: 18},
+			// n3's newest stored heartbeat is the one already seen: no refresh.
+			{at: 7100 * time.Millisecond, op: "refresh", node: "n3", seq: 12},
+			{at: 7100 * time.Millisecond, op: "due", want: []string{"n3"}},
+			// A newer one is stored: alive.
+			{at: 7200 * time.Millisecond, op: "refresh", node: "n3", seq: 19},
+			{at: 7200 * time.Millisecond, op: "due"},
+		},
+		"a quiet feed the stream confirms whole is no gap": {
+			{at: time.Second, op: "hb", node: "n1", seq: 10},
+			{at: time.Second, op: "hb", node: "n2", seq: 11},
+			// n1 and n3 die; n2's agent is stopped for 4 s, and the
+			// caller checks the stream every 500 ms meanwhile.
+			{at: 4500 * time.Millisecond, op: "resume"},
+			{at: 5 * time.Second, op: "resume"},
+			{at: 5 * time.Second, op: "hb", node: "n2", seq: 12},
+			{at: 7 * time.Second, op: "hb", node: "n2", seq: 13},
+			{at: 7100 * time.Millisecond, op: "due", want: []string{"n1", "n3"}},
+		},
+		"every node silent on a working feed: all lost on time": {
+			{at: time.Second, op: "hb", node: "n1", seq: 10},
+			{at: time.Second, op: "hb", node: "n2", seq: 11},
+			{at: time.Second, op: "hb", node: "n3", seq: 12},
+			{at: 6900 * time.Millisecond, op: "due"},
+			{at: 7100 * time.Millisecond, op: "due", want: []string{"n1", "n2", "n3"}},
+		},
+	}
+	for name, steps := range tests {
+		t.Run(name, func(t *testing.T) {
+			tr := New(6 * time.Second)
+			for i, n := range []string{"n1", "n2", "n3"} {
+				tr.Inventory(inv(n, "i1"), t0)
+				tr.Apply(contracts.NodeEvent{Kind: contracts.NodeRegistered, NodeID: n, Incarnation: "i1"}, uint64(i+1), t0)
+			}
+			for _, s := range steps {
+				now := t0.Add(s.at)
+				switch s.op {
+				case "hb":
+					tr.Heartbeat(s.node, "i1", s.seq, now)
+				case "hold":
+					tr.Hold()
+				case "resume":
+					tr.Resume(now)
+				case "refresh":
+					tr.Refresh(s.node, s.seq, now)
+				case "due":
+					var got []string
+					for _, d := range tr.Due(now) {
+						if d.Event.Kind == contracts.NodeLost {
+							got = append(got, d.Event.NodeID)
+						}
+					}
+					if diff := cmp.Diff(s.want, got); diff != "" {
+						t.Fatalf("at %s: lost (-want +got):\n%s", s.at, diff)
+					}
+				}
+			}
+		})
 	}
 }
