@@ -40,6 +40,11 @@ type Config struct {
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 	Log *slog.Logger
+	// SitOut is how long a leader that stepped down (its lead returned
+	// ErrStepDown) waits before contending again, so that another
+	// contender, which polls every TTL/3, takes the released lease first.
+	// Default TTL.
+	SitOut time.Duration
 }
 
 // Elector contends for one lease key. Its methods are safe for concurrent
@@ -60,6 +65,9 @@ func New(cfg Config) (*Elector, error) {
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
+	}
+	if cfg.SitOut <= 0 {
+		cfg.SitOut = cfg.TTL
 	}
 	var errs []error
 	if cfg.KV == nil {
@@ -201,11 +209,19 @@ func (e *Elector) deadlineOf(t Term) (time.Time, bool) {
 	return e.deadline, e.rev != 0 && e.epoch == t.Epoch
 }
 
+// ErrStepDown, returned by a lead function (wrapped or joined), ends the
+// term but not Run: the lease is released at once and the contender sits
+// out Config.SitOut before contending again. A leader that holds the lease
+// but cannot do its work (a rebuild that does not finish) returns it, so
+// another replica leads instead of the lease being renewed for nothing.
+var ErrStepDown = errors.New("lease: leader stepped down")
+
 // Run contends until ctx ends. Each time it wins, it calls lead with a
 // context that is cancelled the moment the term ends (a lost renewal, or
 // the deadline passing without one) and waits for lead to return before
 // contending again. A lead that returns while still leader releases the
-// lease. Run returns nil when ctx ends, or lead's error.
+// lease. Run returns nil when ctx ends, or lead's error unless it is
+// ErrStepDown.
 func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context, t Term) error) error {
 	retry := time.NewTicker(e.cfg.TTL / 3)
 	defer retry.Stop()
@@ -214,17 +230,25 @@ func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context, t Term
 		if err != nil && ctx.Err() == nil {
 			e.cfg.Log.Warn("lease acquire failed; retrying", "key", e.cfg.Key, "err", err)
 		}
+		wait := retry.C
 		if ok {
 			e.cfg.Log.Info("leader", "key", e.cfg.Key, "epoch", t.Epoch, "holder", e.cfg.Holder)
-			if err := e.lead(ctx, t, lead); err != nil {
+			err := e.lead(ctx, t, lead)
+			switch {
+			case errors.Is(err, ErrStepDown):
+				e.cfg.Log.Warn("stepped down; contending again later", "key", e.cfg.Key, "epoch", t.Epoch,
+					"sit_out", e.cfg.SitOut, "err", err)
+				wait = time.After(e.cfg.SitOut)
+			case err != nil:
 				return err
+			default:
+				e.cfg.Log.Info("no longer leader", "key", e.cfg.Key, "epoch", t.Epoch)
 			}
-			e.cfg.Log.Info("no longer leader", "key", e.cfg.Key, "epoch", t.Epoch)
 		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-retry.C:
+		case <-wait:
 		}
 	}
 }

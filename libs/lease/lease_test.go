@@ -221,3 +221,81 @@ func TestRunHandsOverOnStop(t *testing.T) {
 	stopB()
 	wg.Wait()
 }
+
+// TestRunStepDownReleasesAndContendsAgain: a leader whose lead returns
+// ErrStepDown (it could not do its work) gives the lease up at once, so
+// another contender takes it at the next epoch, and keeps contending:
+// Run does not return, and it leads again once the lease is free.
+func TestRunStepDownReleasesAndContendsAgain(t *testing.T) {
+	kv := bucket(t)
+	const ttl = 300 * time.Millisecond
+	a, err := lease.New(lease.Config{KV: kv, Key: "k", Holder: "a", TTL: ttl, SitOut: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := lease.New(lease.Config{KV: kv, Key: "k", Holder: "b", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	terms := make(chan uint64, 4)
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() {
+		runErr <- a.Run(ctx, func(ctx context.Context, tm lease.Term) error {
+			terms <- tm.Epoch
+			if tm.Epoch == 1 {
+				return fmt.Errorf("rebuild not done: %w", lease.ErrStepDown)
+			}
+			<-ctx.Done()
+			return nil
+		})
+	}()
+	defer func() {
+		cancel()
+		if err := <-runErr; err != nil {
+			t.Errorf("Run returned %v after its context ended, want nil", err)
+		}
+	}()
+	if ep := <-terms; ep != 1 {
+		t.Fatalf("first term at epoch %d, want 1", ep)
+	}
+	// b takes the released lease while a sits out; b's own TTL is a
+	// minute, so only a release lets it in this early.
+	var tb lease.Term
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		term, ok, err := b.TryAcquire(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			tb = term
+			break
+		}
+		select {
+		case err := <-runErr:
+			t.Fatalf("Run returned %v after a step-down, want it to contend again", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the lease was not released after the step-down")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if tb.Epoch != 2 {
+		t.Errorf("b leads at epoch %d, want 2", tb.Epoch)
+	}
+	if err := b.Release(context.Background(), tb); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case ep := <-terms:
+		if ep != 3 {
+			t.Errorf("a leads again at epoch %d, want 3", ep)
+		}
+	case err := <-runErr:
+		t.Fatalf("Run returned %v, want it to lead again", err)
+	case <-time.After(15 * time.Second):
+		t.Fatal("a did not lead again once the lease was free")
+	}
+}
