@@ -253,7 +253,7 @@ func (s *scaler) evaluate(ctx context.Context, pool string) error {
 		return err
 	}
 	da, ok := s.demand[pool]
-	if !ok {
+	if !ok || !s.cfg.decides(pool) {
 		return nil
 	}
 	in := decide.Input{Demand: da.d, DemandSeq: da.seq, Max: s.cfg.maxNodes(pool), Cooldown: s.cfg.cooldown(pool), Now: s.cfg.Now()}

@@ -116,6 +116,18 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// decides reports whether demand for pool becomes scale decisions. With a
+// provider only the pools with a scaling policy (Pools) do: no one acts on
+// a decision for any other, and the monitor would count it as a scale-up
+// that never happens. Without one every pool does (decisions are advice).
+func (c Config) decides(pool string) bool {
+	if c.Provider == nil {
+		return true
+	}
+	_, ok := c.Pools[pool]
+	return ok
+}
+
 // cooldown is the least time between two scale-up decisions for pool.
 func (c Config) cooldown(pool string) time.Duration {
 	if p, ok := c.Pools[pool]; ok && p.UpCooldown > 0 {
