@@ -23,7 +23,16 @@ schemas:
 BINARIES := gpuplane gpuctl scheduler resource-manager monitor autoscaler billing gateway node-agent fleet-sim
 ARGS ?=
 
-.PHONY: run bench tools tilt tilt-ci
+.PHONY: run bench tools tilt tilt-ci chaos
+
+# The chaos suite's full tier (e2e/chaos): the production topology as
+# processes under seeded faults for CHAOS_DURATION (4m), 40 machines; a
+# random seed unless GPUPLANE_CHAOS_SEED is set, printed with the figures,
+# which also land in chaos.out. make test runs its small tier (seed 13).
+CHAOS_DURATION ?= 4m
+chaos:
+	set -o pipefail; GPUPLANE_CHAOS_FULL=1 CHAOS_DURATION=$(CHAOS_DURATION) \
+	  $(GO) test -count=1 -v -run '^TestChaos$$' -timeout 40m ./e2e/chaos/ 2>&1 | grep -v '^time=' | tee chaos.out
 
 # System-level and core benchmarks; results also land in bench.out.
 # BENCHTIME=5x for steadier figures (the end-to-end burst). The placement

@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -121,6 +122,7 @@ type platform struct {
 	js       jetstream.JetStream
 	gwToken  string
 	gateways []string
+	rec      *recorder
 }
 
 func startPlatform(t *testing.T, tr tier, bin, dir string) *platform {
@@ -132,7 +134,7 @@ func startPlatform(t *testing.T, tr tier, bin, dir string) *platform {
 	t.Logf("replicas: %v", reps)
 
 	env := append(os.Environ(), "GPUPLANE_NATS_URL="+p.nats.URLs(), "GPUPLANE_STREAM_REPLICAS=3",
-		"GPUPLANE_LOG_LEVEL=warn", "GPUPLANE_OTLP_ENDPOINT=")
+		"GPUPLANE_LOG_LEVEL="+cmp.Or(os.Getenv("CHAOS_LOG_LEVEL"), "warn"), "GPUPLANE_OTLP_ENDPOINT=")
 	add := func(name, kind string, role contracts.BusRole, args ...string) *svc {
 		creds := p.nats.credsFor(t, contracts.Identity{Name: name, Role: role})
 		s := &svc{proc: newProc(t, dir, name, kind, filepath.Join(bin, kind), args,
@@ -268,4 +270,23 @@ func httpOK(ctx context.Context, url string) bool {
 	_, _ = io.Copy(io.Discard, resp.Body)
 	_ = resp.Body.Close()
 	return resp.StatusCode == http.StatusOK
+}
+
+// logDir is where the processes' logs, configs and JetStream stores go:
+// kept after a failed run, or always with CHAOS_KEEP=1, and named in the
+// log; removed after a passing one.
+func logDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "gpuplane-chaos-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() || os.Getenv("CHAOS_KEEP") == "1" {
+			t.Logf("logs, configs and stores kept in %s", dir)
+			return
+		}
+		_ = os.RemoveAll(dir)
+	})
+	return dir
 }

@@ -92,6 +92,7 @@ type fault struct {
 
 	at, restored, recovered time.Time // recovered: probe answered (nats, gateway, monitor)
 	note                    string
+	leaked                  bool // a partition the cluster routed around
 }
 
 func (f *fault) nats() bool { return f.svc == "nats" }
@@ -146,7 +147,7 @@ func TestChaos(t *testing.T) {
 
 	bin := t.TempDir()
 	build(t, bin)
-	dir := t.TempDir()
+	dir := logDir(t)
 	began := time.Now()
 	p := startPlatform(t, tr, bin, dir)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -156,6 +157,7 @@ func TestChaos(t *testing.T) {
 	// through (a fresh cluster's slow start is finding 1 and 6 of issue
 	// 13; the supervisor restarts a service that gives up meanwhile).
 	rec := newRecorder()
+	p.rec = rec
 	waitFor(t, 4*time.Minute, "the services to provision the streams", func() (bool, string) {
 		for _, st := range []string{contracts.StreamJobs, contracts.StreamJobEvents, contracts.StreamAllocations, contracts.StreamRuns, contracts.StreamUsage, contracts.StreamHeartbeats} {
 			sctx, scancel := context.WithTimeout(ctx, 2*time.Second)
@@ -296,6 +298,11 @@ func TestChaos(t *testing.T) {
 	stops := slices.Clone(rec.stops)
 	requeues := maps(rec.requeues)
 	rec.mu.Unlock()
+	for _, f := range faults {
+		if f.leaked {
+			violate("harness: the partition at %s leaked: NATS node 0 kept a route to node %d", f.at.Format("15:04:05"), partitioned)
+		}
+	}
 	stoppedBy := map[string]int{}
 	for _, s := range stops {
 		var cause *fault
@@ -628,8 +635,17 @@ func (p *platform) inject(ctx context.Context, t *testing.T, rng *rand.Rand, f *
 		case "partition":
 			f.down = between(3000, 8000)
 			f.at = time.Now()
-			f.note = fmt.Sprintf("(%d links cut)", p.nats.cut())
-			time.Sleep(f.down)
+			f.note = fmt.Sprintf("(%d links cut", p.nats.cut())
+			// The partition is real only if the others lose node 2 too:
+			// routes it could reach them by outside the proxies would
+			// show here.
+			if _, ok := poll(f.down, func() (bool, string) { return !p.nats.routed(ctx, 0, partitioned), "" }); ok {
+				f.note += "; n0 has no route to n2)"
+			} else {
+				f.note += "; n0 still routes to n2: the partition leaked)"
+				f.leaked = true
+			}
+			time.Sleep(time.Until(f.at.Add(f.down)))
 			p.nats.heal()
 		}
 	case f.kind == "redis-kill":
@@ -680,6 +696,20 @@ func (p *platform) inject(ctx context.Context, t *testing.T, rng *rand.Rand, f *
 			f.recovered = time.Now()
 		} else {
 			f.note += " (never healthy again within 2m)"
+		}
+	}
+	// One fault at a time: the next waits until this one's service has
+	// produced output again, so that each recovery is its own fault's.
+	var nodes []string
+	if s := p.byName[f.target]; s != nil {
+		nodes = s.nodes
+	}
+	if p.rec.outputs(f.svc, nodes) != nil {
+		if _, ok := poll(30*time.Second, func() (bool, string) {
+			_, ok := firstAfter(p.rec.outputs(f.svc, nodes), f.restored)
+			return ok, ""
+		}); !ok {
+			f.note += " (no output 30s after it ended)"
 		}
 	}
 }

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -176,6 +177,33 @@ func (c *natsCluster) URLs() string {
 		u = append(u, n.clientURL)
 	}
 	return strings.Join(u, ",")
+}
+
+// routed reports whether node from has a route to node to now (its
+// /routez names it as a remote); true when it cannot tell.
+func (c *natsCluster) routed(ctx context.Context, from, to int) bool {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://127.0.0.1:%d/routez", c.nodes[from].httpPort), nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return true
+	}
+	defer resp.Body.Close()
+	var rz struct {
+		Routes []struct {
+			RemoteName string `json:"remote_name"`
+		} `json:"routes"`
+	}
+	if json.NewDecoder(resp.Body).Decode(&rz) != nil {
+		return true
+	}
+	for _, r := range rz.Routes {
+		if r.RemoteName == fmt.Sprintf("n%d", to) {
+			return true
+		}
+	}
+	return false
 }
 
 // credsFor mints id's creds file.
