@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -40,6 +41,13 @@ type Config struct {
 	// third of it). Replicas sharing Name elect one leader; a standby takes
 	// over at most LeaseTTL after a leader dies. Default 3 s.
 	LeaseTTL time.Duration
+	// RebuildTimeout bounds a new leader's rebuild: one that has not
+	// rebuilt its state from the streams by then steps down (releases the
+	// lease, so a standby takes over) and contends again after a lease
+	// TTL, with twice the bound the next time and four times after that,
+	// so a state that is merely large still gets rebuilt. 0 means five
+	// lease TTLs (15 s with the default TTL).
+	RebuildTimeout time.Duration
 	// Policy is the placement policy of pools without a PoolConfig in
 	// the gp-pools bucket.
 	Policy contracts.PlacementPolicy
@@ -53,6 +61,11 @@ type Config struct {
 	// CheckpointTimeout bounds the wait for the checkpoint a moved job is
 	// asked for before it is stopped anyway.
 	CheckpointTimeout time.Duration
+
+	// rebuildHook, when set (tests only), runs at the start of each
+	// rebuild with its bounded context, to stand in for a rebuild that
+	// does not finish.
+	rebuildHook func(ctx context.Context) error
 }
 
 // DefaultConfig returns the defaults, with the bus settings from the
@@ -86,6 +99,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.ResyncInterval, "resync-interval", c.ResyncInterval, "a cycle at least this often, even with no new fact")
 	fs.IntVar(&c.IntakeWorkers, "intake-workers", c.IntakeWorkers, "job requests handled in parallel (per-job order is kept)")
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "leader lease duration; a standby takes over at most this long after the leader dies")
+	fs.DurationVar(&c.RebuildTimeout, "rebuild-timeout", c.RebuildTimeout,
+		"a new leader that has not rebuilt its state within this long gives the lease up and tries again later (0: five lease TTLs)")
 	fs.Func("policy", "placement policy of pools without a gp-pools entry: binpack, spread, topology or fragaware (default "+string(c.Policy)+")",
 		func(v string) error {
 			c.Policy = contracts.PlacementPolicy(v)
@@ -132,8 +147,20 @@ func (c Config) Validate() error {
 	if c.PreemptGrace < 0 || c.MinRuntime < 0 || c.MaxReservations < 0 || c.CheckpointTimeout < 0 {
 		errs = append(errs, fmt.Errorf("preempt grace, min runtime, max reservations and checkpoint timeout must not be negative"))
 	}
+	if c.RebuildTimeout < 0 {
+		errs = append(errs, fmt.Errorf("rebuild timeout is %s; want 0 (five lease TTLs) or more", c.RebuildTimeout))
+	}
 	if c.LeaseTTL < 30*time.Millisecond || c.LeaseTTL > time.Minute {
 		errs = append(errs, fmt.Errorf("lease ttl is %s; want 30ms to 1m", c.LeaseTTL))
 	}
 	return errors.Join(errs...)
+}
+
+// rebuildBound is the first term's rebuild bound (RebuildTimeout, or five
+// lease TTLs).
+func (c Config) rebuildBound() time.Duration {
+	if c.RebuildTimeout > 0 {
+		return c.RebuildTimeout
+	}
+	return 5 * c.LeaseTTL
 }

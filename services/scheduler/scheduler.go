@@ -77,9 +77,22 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// Only the leader runs: a standby waits for the lease, then rebuilds
 	// from the streams like a restart would. Each term is a fresh
 	// scheduler, so nothing of a deposed term's state can leak into the
-	// next one.
+	// next one. A term whose rebuild does not finish in its bound steps
+	// down (lease.ErrStepDown): holding the lease without scheduling
+	// would keep a standby that might manage from leading (issue 13,
+	// finding 5). Each step-down in a row doubles the next bound, up to
+	// four times, so a large state still gets rebuilt somewhere.
+	stepDowns := 0
 	err = elector.Run(ctx, func(ctx context.Context, term lease.Term) error {
-		return newScheduler(cfg, rt.Bus, rt.Log.With("epoch", term.Epoch), term).run(ctx)
+		s := newScheduler(cfg, rt.Bus, rt.Log.With("epoch", term.Epoch), term)
+		s.rebuildBound = cfg.rebuildBound() << min(stepDowns, 2)
+		err := s.run(ctx)
+		if errors.Is(err, lease.ErrStepDown) {
+			stepDowns++
+		} else {
+			stepDowns = 0
+		}
+		return err
 	})
 	if ctx.Err() != nil {
 		return nil
@@ -102,6 +115,9 @@ type scheduler struct {
 	out    *outbox
 	demand *demandPublisher
 	budget *budgetGate
+	// rebuildBound is how long this term's rebuild may take before it
+	// steps down.
+	rebuildBound time.Duration
 
 	mu sync.Mutex // guards st
 	st *state.Store
@@ -109,7 +125,8 @@ type scheduler struct {
 
 func newScheduler(cfg Config, b *bus.Bus, log *slog.Logger, term lease.Term) *scheduler {
 	boot := strconv.FormatInt(time.Now().UnixNano(), 36)
-	s := &scheduler{cfg: cfg, term: term, epoch: term.Epoch, bus: b, log: log, wake: make(chan struct{}, 1)}
+	s := &scheduler{cfg: cfg, term: term, epoch: term.Epoch, bus: b, log: log, wake: make(chan struct{}, 1),
+		rebuildBound: cfg.rebuildBound()}
 	s.out = newOutbox(b, cfg.Publishers, log)
 	s.demand = newDemandPublisher(b, cfg.DemandInterval, cfg.Name, boot, log)
 	s.budget = newBudgetGate(b, log)
@@ -167,8 +184,32 @@ func (s *scheduler) run(ctx context.Context) error {
 
 // rebuild replays what the scheduler itself wrote, then starts following
 // the fact streams and returns once they have delivered what they held.
+// The follows run under ctx for the whole term; the replays and the wait
+// for the follows to catch up are bounded by s.rebuildBound, past which
+// rebuild returns lease.ErrStepDown.
 func (s *scheduler) rebuild(ctx context.Context, g *errgroup.Group) error {
 	start := time.Now()
+	bctx, cancel := context.WithTimeout(ctx, s.rebuildBound)
+	defer cancel()
+	if err := s.rebuildBounded(ctx, bctx, g); err != nil {
+		if ctx.Err() == nil && bctx.Err() != nil {
+			s.log.Warn("state not rebuilt in time; giving the lease up", "bound", s.rebuildBound, "err", err)
+			return fmt.Errorf("rebuild not done within %s: %w", s.rebuildBound, lease.ErrStepDown)
+		}
+		return err
+	}
+	s.log.Info("state rebuilt", "took", time.Since(start))
+	return nil
+}
+
+// rebuildBounded is rebuild's work: ctx is the term's, bctx its bounded
+// part.
+func (s *scheduler) rebuildBounded(ctx, bctx context.Context, g *errgroup.Group) error {
+	if s.cfg.rebuildHook != nil {
+		if err := s.cfg.rebuildHook(bctx); err != nil {
+			return err
+		}
+	}
 	replays := []struct {
 		spec  bus.FollowSpec
 		apply func(*bus.Msg) error
@@ -196,7 +237,7 @@ func (s *scheduler) rebuild(ctx context.Context, g *errgroup.Group) error {
 	}
 	for _, r := range replays {
 		n := 0
-		_, err := s.bus.Replay(ctx, r.spec, func(_ context.Context, m *bus.Msg) error {
+		_, err := s.bus.Replay(bctx, r.spec, func(_ context.Context, m *bus.Msg) error {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			n++
@@ -228,7 +269,7 @@ func (s *scheduler) rebuild(ctx context.Context, g *errgroup.Group) error {
 	// a cycle run blind could admit past a quota or place on a cordoned
 	// node.
 	for _, bucket := range adminBuckets {
-		if _, err := s.bus.KeyValue(ctx, bucket); err != nil {
+		if _, err := s.bus.KeyValue(bctx, bucket); err != nil {
 			return fmt.Errorf("bucket %s: %w", bucket, err)
 		}
 		g.Go(func() error {
@@ -242,12 +283,11 @@ func (s *scheduler) rebuild(ctx context.Context, g *errgroup.Group) error {
 	}
 	for range len(follows) + len(adminBuckets) {
 		select {
-		case <-ctx.Done():
-			return ctx.Err()
+		case <-bctx.Done():
+			return bctx.Err()
 		case <-caught:
 		}
 	}
-	s.log.Info("state rebuilt", "took", time.Since(start))
 	return nil
 }
 
