@@ -84,7 +84,7 @@ func (b *Bus) startBatch(ctx context.Context, spec ConsumerSpec, raws []jetstrea
 			attribute.String("messaging.system", "nats"),
 			attribute.String("messaging.consumer.group.name", spec.Durable),
 			attribute.Int("messaging.batch.message_count", len(msgs)),
-		))
+		), batchLinks(msgs))
 	return ctx, span, msgs
 }
 

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -78,6 +79,10 @@ type Bus struct {
 	prop   propagation.TextMapPropagator
 	opts   contracts.StreamOptions
 	mode   ProvisionMode
+	// attempts and nakOncePrefix: redelivery links and the EnvNakOnce
+	// test hook (carrier.go).
+	attempts      attempts
+	nakOncePrefix string
 	// denied holds the subjects the server refused this identity to
 	// publish on: a publish there fails for good instead of retrying as
 	// if the server were slow.
@@ -200,6 +205,7 @@ func Connect(ctx context.Context, cfg Config) (*Bus, error) {
 	b.nc, b.js, b.name, b.log = nc, js, cfg.Name, log
 	b.tracer = cfg.TracerProvider.Tracer("github.com/gpuplane/gpuplane/libs/bus")
 	b.prop = propagation.TraceContext{}
+	b.nakOncePrefix = os.Getenv(EnvNakOnce)
 	b.opts, b.mode = cfg.Streams, cfg.Provision
 	if !cfg.SkipProvision {
 		if err := b.EnsureStreams(ctx); err != nil {

@@ -1,8 +1,16 @@
 package bus
 
 import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // headerCarrier carries the W3C trace context in NATS headers. NATS header
@@ -23,4 +31,105 @@ func (c headerCarrier) Keys() []string {
 		keys = append(keys, k)
 	}
 	return keys
+}
+
+// Tracer is the bus's tracer, for the spans a service starts around its
+// own work (a job's plan, run or usage), so they share the bus's provider.
+func (b *Bus) Tracer() trace.Tracer { return b.tracer }
+
+// TraceContext is ctx continuing the trace m's headers carry (its
+// publisher's span): what a batch handler uses to put its work on one
+// message into that message's trace, since the batch's own span has
+// several parents and can be the child of none.
+func (m *Msg) TraceContext(ctx context.Context) context.Context {
+	return propagation.TraceContext{}.Extract(ctx, headerCarrier(m.Header))
+}
+
+// attempts remembers the span of each delivery that failed and was
+// redelivered, so that the next delivery's span links to it (a span with
+// two causes: the publish, its parent, and the attempt before). Bounded:
+// a message redelivered after a restart, or past the bound, links to its
+// publish instead.
+type attempts struct {
+	mu    sync.Mutex
+	spans map[string]trace.SpanContext // stream/seq -> the last failed attempt's span
+}
+
+const maxAttempts = 10000
+
+func attemptKey(m *Msg) string { return m.Stream + "/" + strconv.FormatUint(m.StreamSeq, 10) }
+
+// redeliveryLinks are the links of the span of m's delivery: none on the
+// first delivery; on a redelivery, the span of the attempt before when
+// this process saw it fail, else m's publish (its parent too: the link
+// says that this span is a retry, and a redelivery never starts a new
+// root).
+func (b *Bus) redeliveryLinks(ctx context.Context, m *Msg) trace.SpanStartOption {
+	if m.NumDelivered <= 1 {
+		return trace.WithLinks()
+	}
+	attrs := []attribute.KeyValue{attribute.String("gpuplane.link", "redelivery"),
+		attribute.Int64("messaging.nats.delivered", int64(m.NumDelivered))}
+	b.attempts.mu.Lock()
+	prev, ok := b.attempts.spans[attemptKey(m)]
+	b.attempts.mu.Unlock()
+	if !ok {
+		prev = trace.SpanContextFromContext(ctx)
+	}
+	if !prev.IsValid() {
+		return trace.WithLinks()
+	}
+	return trace.WithLinks(trace.Link{SpanContext: prev, Attributes: attrs})
+}
+
+// attempted records how m's delivery ended: a failure the next delivery
+// will link to, or success, which forgets it.
+func (b *Bus) attempted(m *Msg, span trace.Span, failed bool) {
+	b.attempts.mu.Lock()
+	defer b.attempts.mu.Unlock()
+	k := attemptKey(m)
+	if !failed {
+		delete(b.attempts.spans, k)
+		return
+	}
+	if b.attempts.spans == nil {
+		b.attempts.spans = map[string]trace.SpanContext{}
+	}
+	if len(b.attempts.spans) >= maxAttempts {
+		for old := range b.attempts.spans {
+			delete(b.attempts.spans, old)
+			break
+		}
+	}
+	b.attempts.spans[k] = span.SpanContext()
+}
+
+// EnvNakOnce names a subject prefix whose messages every consumer of this
+// process fails once (before its handler) and so gets again: a test hook
+// that forces a real redelivery (e2e's trace test). Never set it in
+// production.
+const EnvNakOnce = "GPUPLANE_TEST_NAK_ONCE"
+
+// errNakOnce is the failure EnvNakOnce injects.
+var errNakOnce = errors.New("first delivery refused by " + EnvNakOnce + " (test hook)")
+
+// nakOnce is the error of m's delivery under EnvNakOnce: errNakOnce on its
+// first delivery when its subject has the prefix, else nil.
+func (b *Bus) nakOnce(m *Msg) error {
+	if b.nakOncePrefix == "" || m.NumDelivered > 1 || !strings.HasPrefix(m.Subject, b.nakOncePrefix) {
+		return nil
+	}
+	return errNakOnce
+}
+
+// batchLinks links a batch's span to the publish of each of its messages
+// (up to 128): a batch has many causes and is the child of none of them.
+func batchLinks(msgs []*Msg) trace.SpanStartOption {
+	var links []trace.Link
+	for _, m := range msgs[:min(len(msgs), 128)] {
+		if sc := trace.SpanContextFromContext(m.TraceContext(context.Background())); sc.IsValid() {
+			links = append(links, trace.Link{SpanContext: sc})
+		}
+	}
+	return trace.WithLinks(links...)
 }

@@ -399,9 +399,14 @@ func (b *Bus) handle(ctx context.Context, spec ConsumerSpec, raw jetstream.Msg, 
 			attribute.String("messaging.message.id", m.ID()),
 			attribute.Int64("messaging.nats.sequence", int64(m.StreamSeq)),
 			attribute.Int64("messaging.nats.delivered", int64(m.NumDelivered)),
-		))
+		), b.redeliveryLinks(ctx, m))
 	defer span.End()
-	b.settle(ctx, spec, raw, m, span, safeCall(ctx, h, m), true)
+	err := b.nakOnce(m)
+	if err == nil {
+		err = safeCall(ctx, h, m)
+	}
+	b.attempted(m, span, err != nil)
+	b.settle(ctx, spec, raw, m, span, err, true)
 }
 
 // settle acknowledges, redelivers or dead-letters one handled message

@@ -15,6 +15,8 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/gpuplane/gpuplane/libs/telemetry"
+
 	"github.com/gpuplane/gpuplane/contracts"
 )
 
@@ -117,7 +119,7 @@ func (b *Bus) PublishRaw(ctx context.Context, subject, id string, data []byte, o
 			attribute.String("messaging.destination.name", subject),
 			attribute.String("messaging.message.id", id),
 			attribute.String("cloudevents.event_type", o.ceType),
-		))
+		), trace.WithAttributes(telemetry.Attrs(ctx)...))
 	defer span.End()
 
 	msg := nats.NewMsg(subject)

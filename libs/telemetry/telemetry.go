@@ -96,7 +96,7 @@ func NewTracing(ctx context.Context, c TraceConfig) (*Tracing, error) {
 	tp := sdktrace.NewTracerProvider(
 		sdktrace.WithBatcher(exp, sdktrace.WithBatchTimeout(500*time.Millisecond)),
 		sdktrace.WithResource(res),
-		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(ratio))),
+		sdktrace.WithSampler(Sampler(ratio)),
 	)
 	return &Tracing{Provider: tp, shutdown: tp.Shutdown}, nil
 }
