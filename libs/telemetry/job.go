@@ -145,3 +145,33 @@ func Attrs(ctx context.Context) []attribute.KeyValue {
 func JobContext(ctx context.Context, tp string, attrs ...attribute.KeyValue) context.Context {
 	return WithAttrs(WithTraceParent(ctx, tp), attrs...)
 }
+
+// PlanAttr names a scheduler's plan.
+func PlanAttr(planID string) attribute.KeyValue { return attribute.String("gpuplane.plan_id", planID) }
+
+// Annotate adds attrs to the span in ctx (a no-op without one): a handler
+// names the job a message was about once it has decoded it.
+func Annotate(ctx context.Context, attrs ...attribute.KeyValue) {
+	trace.SpanFromContext(ctx).SetAttributes(attrs...)
+}
+
+// StartJobSpan starts a span about one job in the job's trace (tp, the
+// traceparent remembered with the job, e.g. contracts.Allocation's), with
+// attrs on the span and on the returned context (for the publishes made
+// under it). What ctx's span was doing (a plan's delivery, a run's end, a
+// lost node) caused this work but is not the job's trace: it becomes a
+// link ("cause"), not the parent. Without a valid tp the span is simply a
+// child of ctx.
+func StartJobSpan(ctx context.Context, tracer trace.Tracer, name, tp string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+	opts := []trace.SpanStartOption{trace.WithAttributes(attrs...)}
+	cause := trace.SpanContextFromContext(ctx)
+	if sc := ParseTraceParent(tp); sc.IsValid() {
+		if cause.IsValid() && cause.SpanID() != sc.SpanID() {
+			opts = append(opts, trace.WithLinks(trace.Link{SpanContext: cause,
+				Attributes: []attribute.KeyValue{attribute.String("gpuplane.link", "cause")}}))
+		}
+		ctx = trace.ContextWithRemoteSpanContext(ctx, sc)
+	}
+	ctx, span := tracer.Start(WithAttrs(ctx, attrs...), name, opts...)
+	return ctx, span
+}

@@ -158,3 +158,34 @@ func TestHTTPServerSpan(t *testing.T) {
 		t.Errorf("InjectHTTP wrote %q", out.Header.Get("traceparent"))
 	}
 }
+
+// TestStartJobSpan: work done for a job because of something else (a
+// plan's delivery) is a child of the job's trace and links to its cause;
+// with no job trace known it is a plain child of its cause.
+func TestStartJobSpan(t *testing.T) {
+	tp, rec := recorder(t)
+	tr := tp.Tracer("test")
+	jctx, job := tr.Start(context.Background(), "submit")
+	remembered := TraceParent(jctx)
+	job.End()
+	cctx, cause := tr.Start(context.Background(), "process plan")
+	_, s := StartJobSpan(cctx, tr, "ledger committed", remembered, JobAttrs("acme", "j1")...)
+	s.End()
+	_, orphan := StartJobSpan(cctx, tr, "ledger released", "", JobAttrs("acme", "j2")...)
+	orphan.End()
+	cause.End()
+	byName := map[string]sdktrace.ReadOnlySpan{}
+	for _, sp := range rec.Ended() {
+		byName[sp.Name()] = sp
+	}
+	got := byName["ledger committed"]
+	if got.Parent().SpanID() != job.SpanContext().SpanID() || got.SpanContext().TraceID() != job.SpanContext().TraceID() {
+		t.Errorf("ledger span parent %v, want the job's span %v", got.Parent(), job.SpanContext())
+	}
+	if l := got.Links(); len(l) != 1 || l[0].SpanContext.SpanID() != cause.SpanContext().SpanID() {
+		t.Errorf("ledger span links %v, want one to its cause %v", l, cause.SpanContext())
+	}
+	if o := byName["ledger released"]; o.Parent().SpanID() != cause.SpanContext().SpanID() || len(o.Links()) != 0 {
+		t.Errorf("span without a job trace: parent %v links %v, want a plain child of its cause", o.Parent(), o.Links())
+	}
+}

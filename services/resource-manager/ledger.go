@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/telemetry"
 	"github.com/gpuplane/gpuplane/services/resource-manager/internal/ledger"
 )
 
@@ -96,6 +97,10 @@ var errGaveUp = errors.New("compare-and-set kept failing")
 // this call stored the entry. An error other than errGaveUp is transient.
 func (s *server) write(ctx context.Context, e contracts.LedgerEntry, check func() (ledger.Verdict, bool)) (v ledger.Verdict, wrote bool, err error) {
 	node := e.Allocation.NodeID
+	// The entry continues its job's trace; the plan or fact that caused it is a link.
+	ctx, span := telemetry.StartJobSpan(ctx, s.bus.Tracer(), "ledger "+string(e.Kind)+" "+e.Allocation.JobID, e.Allocation.TraceParent,
+		telemetry.AllocAttrs(e.Allocation.Tenant, e.Allocation.JobID, node, e.Allocation.Attempt)...)
+	defer span.End()
 	unlock := s.lockNode(node)
 	defer unlock()
 	log := s.log.With("node_id", node, "alloc_id", e.Allocation.ID, "kind", string(e.Kind))

@@ -31,6 +31,8 @@ type outbox struct {
 	pub    publisher
 	log    *slog.Logger
 	shards []*shard
+	// traces, when set, puts each publish in its job's trace.
+	traces *jobTraces
 }
 
 type shard struct {
@@ -147,8 +149,15 @@ func (o *outbox) drain(ctx context.Context, sh *shard, fail context.CancelCauseF
 // (and drain stops the scheduler).
 func (o *outbox) publish(ctx context.Context, p state.Publish) error {
 	delay := 100 * time.Millisecond
+	pctx := ctx
+	if o.traces != nil {
+		pctx = o.traces.jobContext(ctx, p.Key)
+	}
 	for attempt := 1; ; attempt++ {
-		_, err := o.pub.Publish(ctx, p.Subject, p.ID, p.Msg, bus.CESubject(p.Key))
+		_, err := o.pub.Publish(pctx, p.Subject, p.ID, p.Msg, bus.CESubject(p.Key))
+		if err == nil && o.traces != nil {
+			o.traces.published(p)
+		}
 		if err == nil || ctx.Err() != nil {
 			return err
 		}

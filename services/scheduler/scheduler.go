@@ -37,6 +37,7 @@ import (
 	"github.com/gpuplane/gpuplane/libs/bus"
 	"github.com/gpuplane/gpuplane/libs/lease"
 	"github.com/gpuplane/gpuplane/libs/service"
+	"github.com/gpuplane/gpuplane/libs/telemetry"
 	"github.com/gpuplane/gpuplane/services/scheduler/internal/state"
 )
 
@@ -121,13 +122,17 @@ type scheduler struct {
 
 	mu sync.Mutex // guards st
 	st *state.Store
+	// traces remembers each live job's trace (traces.go).
+	traces *jobTraces
 }
 
 func newScheduler(cfg Config, b *bus.Bus, log *slog.Logger, term lease.Term) *scheduler {
 	boot := strconv.FormatInt(time.Now().UnixNano(), 36)
 	s := &scheduler{cfg: cfg, term: term, epoch: term.Epoch, bus: b, log: log, wake: make(chan struct{}, 1),
 		rebuildBound: cfg.rebuildBound()}
+	s.traces = newJobTraces()
 	s.out = newOutbox(b, cfg.Publishers, log)
+	s.out.traces = s.traces
 	s.demand = newDemandPublisher(b, cfg.DemandInterval, cfg.Name, boot, log)
 	s.budget = newBudgetGate(b, log)
 	s.st = state.New(state.Config{Scheduler: cfg.Name, Boot: boot, MaxPlanBytes: cfg.MaxPlanBytes, Log: log,
@@ -220,6 +225,7 @@ func (s *scheduler) rebuildBounded(ctx, bctx context.Context, g *errgroup.Group)
 				return err
 			}
 			s.st.ReplayJobEvent(ev, m.StreamSeq, m.ID())
+			s.traces.replayed(m, ev)
 			return nil
 		}},
 		{bus.FollowSpec{Stream: contracts.StreamJobs, FilterSubjects: []string{contracts.SubjectCancelAll}}, func(m *bus.Msg) error {
@@ -492,6 +498,15 @@ func (s *scheduler) submit(ctx context.Context, m *bus.Msg) error {
 		return nil
 	}
 	p := sub.Publish
+	// The job's trace is this delivery's: what the scheduler publishes
+	// about the job later continues it (traces.go).
+	if tenant, job, ok := strings.Cut(p.Key, "/"); ok {
+		ctx = telemetry.WithAttrs(ctx, telemetry.JobAttrs(tenant, job)...)
+		telemetry.Annotate(ctx, telemetry.JobAttrs(tenant, job)...)
+		if ev, isEv := p.Msg.(contracts.JobEvent); !isEv || !ev.State.Terminal() {
+			s.traces.remember(p.Key, telemetry.TraceParent(ctx))
+		}
+	}
 	ack, err := s.bus.Publish(ctx, p.Subject, p.ID, p.Msg, bus.CESubject(p.Key))
 	if err != nil {
 		s.mu.Lock()
@@ -596,7 +611,10 @@ func (s *scheduler) cycles(ctx context.Context) error {
 				return nil
 			}
 			p.Epoch = s.epoch
-			if _, err := s.bus.Publish(ctx, contracts.SubjectPlan(s.cfg.Name), p.ID, p); err != nil {
+			pctx, endPlan := s.tracePlan(ctx, &p)
+			_, err := s.bus.Publish(pctx, contracts.SubjectPlan(s.cfg.Name), p.ID, p)
+			endPlan()
+			if err != nil {
 				if ctx.Err() != nil {
 					return nil
 				}
