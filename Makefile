@@ -2,10 +2,10 @@
 # not cross module boundaries at a workspace root, so modules are listed).
 SHELL := /bin/bash
 GO ?= go
-MODULES := contracts libs e2e $(sort $(wildcard services/*))
+MODULES := contracts libs e2e deploy $(sort $(wildcard services/*))
 PKGS := $(addsuffix /...,$(addprefix ./,$(MODULES)))
 
-.PHONY: test lint build schemas
+.PHONY: test lint build schemas images
 test: lint
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 	@# The trace replay check skips under -race (40 s there, 3 s without).
@@ -69,3 +69,11 @@ tilt: tools
 
 tilt-ci: tools
 	TILT_WEB_MODE=prod .tools/bin/tilt ci --port 0 --timeout 10m
+
+# OCI images of every service, NATS and Redis, built with no container
+# daemon into build/images/<name> (OCI layouts), reproducibly; updates the
+# digests deploy/kubernetes pins (deploy/kubernetes/images). Commit those
+# with the tree they were built from. Slow (every binary with -trimpath):
+# not part of make test, whose deploy tests build one small image.
+images:
+	cd deploy && GOWORK=off $(GO) run ./cmd/images -root ..

@@ -1,0 +1,256 @@
+// Command images builds gpuplane's OCI images with no container daemon
+// (`make images`): each service's binary (static, except the node agent's
+// cgo build for go-nvml), the exec probe, and a distroless-style base made
+// from this machine's files, written as OCI image layouts under -out, one
+// folder per service. It then writes the kustomize component that pins the
+// Kubernetes manifests to these images by digest.
+//
+//	go run ./cmd/images -root .. -out ../build/images
+//
+// Push a layout with its digest kept, e.g.
+// `skopeo copy --preserve-digests oci:build/images/scheduler docker://REGISTRY/gpuplane/scheduler`.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gpuplane/gpuplane/deploy/internal/images"
+)
+
+// Service is one image: the binary and where it comes from.
+type Service struct {
+	Name string
+	// Build compiles the binary; ignored when Host is set.
+	Build images.GoBuild
+	// Host is a binary of this machine's (Debian's redis-server), taken
+	// with the shared libraries it links; the image is then as
+	// reproducible as that package's version.
+	Host string
+}
+
+// Services are the images `make images` builds, one per Deployment or
+// DaemonSet of deploy/kubernetes.
+func Services(root string) []Service {
+	svc := func(name string, cgo bool) Service {
+		return Service{Name: name, Build: images.GoBuild{
+			ModuleDir: filepath.Join(root, "services", name), Package: "./cmd/" + name, Cgo: cgo}}
+	}
+	return []Service{
+		svc("scheduler", false),
+		svc("resource-manager", false),
+		svc("monitor", false),
+		svc("autoscaler", false),
+		svc("billing", false),
+		svc("gateway", false),
+		svc("node-agent", true),
+		// NATS from the module version every other part pins.
+		{Name: "nats-server", Build: images.GoBuild{ModuleDir: filepath.Join(root, "deploy"), Package: "github.com/nats-io/nats-server/v2"}},
+		{Name: "redis", Host: "/usr/bin/redis-server"},
+	}
+}
+
+// ImagePrefix names every image: gpuplane/<service>.
+const ImagePrefix = "gpuplane/"
+
+func main() {
+	root := flag.String("root", "..", "repository root")
+	out := flag.String("out", "", "folder of the OCI layouts (default <root>/build/images)")
+	component := flag.String("component", "", "kustomize component to write the digests into (default <root>/deploy/kubernetes/images/kustomization.yaml); \"-\" for none")
+	only := flag.String("only", "", "comma-separated services to build (default all); the component then keeps the others' digests")
+	ca := flag.String("ca", "/etc/ssl/certs/ca-certificates.crt", "CA bundle copied into the base")
+	flag.Parse()
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if *out == "" {
+		*out = filepath.Join(*root, "build", "images")
+	}
+	if *component == "" {
+		*component = filepath.Join(*root, "deploy", "kubernetes", "images", "kustomization.yaml")
+	}
+	if err := run(ctx, log, *root, *out, *component, *only, *ca); err != nil {
+		log.Error("images", "err", err)
+		os.Exit(1)
+	}
+}
+
+// Epoch is SOURCE_DATE_EPOCH, or the Unix epoch when unset.
+func Epoch() (time.Time, error) {
+	v := os.Getenv("SOURCE_DATE_EPOCH")
+	if v == "" {
+		return time.Unix(0, 0).UTC(), nil
+	}
+	s, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("SOURCE_DATE_EPOCH %q: %w", v, err)
+	}
+	return time.Unix(s, 0).UTC(), nil
+}
+
+func run(ctx context.Context, log *slog.Logger, root, out, component, only, ca string) error {
+	epoch, err := Epoch()
+	if err != nil {
+		return err
+	}
+	base, err := images.BaseFiles(ca)
+	if err != nil {
+		return err
+	}
+	work, err := os.MkdirTemp("", "gpuplane-images-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	probe := filepath.Join(work, "gpuplane-probe")
+	if err := ProbeBuild(root).Build(ctx, probe); err != nil {
+		return err
+	}
+	probeData, err := os.ReadFile(probe)
+	if err != nil {
+		return err
+	}
+	digests := map[string]string{}
+	if component != "-" {
+		d, err := ReadComponent(component)
+		switch {
+		case err == nil:
+			digests = d
+		case !errors.Is(err, os.ErrNotExist):
+			return err
+		}
+	}
+	want := map[string]bool{}
+	for s := range strings.SplitSeq(only, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			want[s] = true
+		}
+	}
+	for _, s := range Services(root) {
+		if len(want) > 0 && !want[s.Name] {
+			continue
+		}
+		if s.Host != "" {
+			if _, err := os.Stat(s.Host); err != nil {
+				log.Warn("image skipped, its digest kept: install the package that has it", "name", ImagePrefix+s.Name, "err", err)
+				continue
+			}
+		}
+		start := time.Now()
+		spec, err := ServiceSpec(ctx, s, work, base, probeData, epoch)
+		if err != nil {
+			return err
+		}
+		img, err := images.Image(spec)
+		if err != nil {
+			return err
+		}
+		d, err := images.WriteLayout(filepath.Join(out, s.Name), spec.Name, img)
+		if err != nil {
+			return err
+		}
+		digests[spec.Name] = d.String()
+		log.Info("image", "name", spec.Name, "digest", d.String(), "layout", filepath.Join(out, s.Name), "took", time.Since(start).Round(time.Millisecond))
+	}
+	if component == "-" {
+		return nil
+	}
+	return WriteComponent(component, digests)
+}
+
+// ProbeBuild builds gpuplane-probe from this module.
+func ProbeBuild(root string) images.GoBuild {
+	return images.GoBuild{ModuleDir: filepath.Join(root, "deploy"), Package: "./cmd/gpuplane-probe"}
+}
+
+// ServiceSpec builds s's binary under work and describes its image.
+func ServiceSpec(ctx context.Context, s Service, work string, base []images.File, probe []byte, epoch time.Time) (images.Spec, error) {
+	bin := filepath.Join(work, s.Name)
+	if s.Host != "" {
+		bin = s.Host
+	} else if err := s.Build.Build(ctx, bin); err != nil {
+		return images.Spec{}, err
+	}
+	data, err := os.ReadFile(bin)
+	if err != nil {
+		return images.Spec{}, err
+	}
+	var extra []images.File
+	if s.Build.Cgo || s.Host != "" {
+		if extra, err = images.SharedLibs(ctx, bin); err != nil {
+			return images.Spec{}, err
+		}
+	}
+	path := "/usr/local/bin/" + s.Name
+	return images.Spec{
+		Name:  ImagePrefix + s.Name,
+		Base:  base,
+		Extra: extra,
+		Binaries: []images.File{
+			{Path: path, Data: data, Mode: 0o755},
+			{Path: "/usr/local/bin/gpuplane-probe", Data: probe, Mode: 0o755},
+		},
+		Entrypoint: []string{path},
+		Epoch:      epoch,
+		Labels: map[string]string{
+			"org.opencontainers.image.title":  ImagePrefix + s.Name,
+			"org.opencontainers.image.source": "https://github.com/gpuplane/gpuplane",
+		},
+	}, nil
+}
+
+const componentHeader = `# Generated by ` + "`make images`" + ` (deploy/cmd/images): the digest of each image as
+# built from the committed tree. Do not edit; the base's kustomization
+# includes this component so every container refers to its image by digest.
+apiVersion: kustomize.config.k8s.io/v1alpha1
+kind: Component
+images:
+`
+
+// WriteComponent writes the kustomize component pinning each image name
+// to its digest, sorted by name.
+func WriteComponent(path string, digests map[string]string) error {
+	names := make([]string, 0, len(digests))
+	for n := range digests {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	var b strings.Builder
+	b.WriteString(componentHeader)
+	for _, n := range names {
+		fmt.Fprintf(&b, "- name: %s\n  digest: %s\n", n, digests[n])
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// ReadComponent reads back what WriteComponent wrote.
+func ReadComponent(path string) (map[string]string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	digests := map[string]string{}
+	var name string
+	for line := range strings.SplitSeq(string(data), "\n") {
+		line = strings.TrimSpace(line)
+		if v, ok := strings.CutPrefix(line, "- name: "); ok {
+			name = v
+		} else if v, ok := strings.CutPrefix(line, "digest: "); ok && name != "" {
+			digests[name] = v
+		}
+	}
+	return digests, nil
+}
