@@ -12,6 +12,14 @@ const BucketLeases = "gp-leases"
 // SubjectPlan(name): its replicas all share name and contend for this key.
 func LeaseKeyScheduler(name string) string { return "scheduler." + name }
 
+// LeaseKeyResourceManager is the lease of the one resource manager that
+// writes the ledger and decides node lifecycle; its replicas are standbys.
+const LeaseKeyResourceManager = "resource-manager"
+
+// LeaseKeyAutoscaler is the lease of the one autoscaler that acts on the
+// provider and writes scale decisions; its replicas are standbys.
+const LeaseKeyAutoscaler = "autoscaler"
+
 // Lease is the value of a leader lease. Epoch is the fencing token: it
 // grows by one each time leadership changes hands and never goes back, so
 // a reader refuses work stamped with an older epoch (RefusedStaleEpoch).

@@ -41,6 +41,14 @@ type Config struct {
 	// PlanBatch is how many plans a replica pulls at once. Small, so that
 	// replicas share a burst rather than one taking it all. Default 32.
 	PlanBatch int
+	// LeaseTTL is how long the leader's lease (contracts.LeaseKeyResource
+	// Manager) lasts unrenewed: only the lease holder consumes plans, writes
+	// the ledger and decides node lifecycle; the other replicas wait, then
+	// rebuild from the streams and take over at most LeaseTTL after the
+	// leader dies or freezes. 0 runs without election: every replica is
+	// active and the ledger's compare-and-set alone keeps their writes
+	// exclusive. Default 3 s (half the heartbeat timeout).
+	LeaseTTL time.Duration
 	// Now is the clock liveness and entry times read; default time.Now.
 	Now func() time.Time
 	// Failpoint arms a crash drill (failpoint.go); DefaultConfig reads it
@@ -59,6 +67,7 @@ func DefaultConfig() Config {
 		CommitAttempts:    8,
 		CommitParallelism: 32,
 		PlanBatch:         32,
+		LeaseTTL:          3 * time.Second,
 		Now:               time.Now,
 		Failpoint:         failpointFromEnv(),
 	}
@@ -74,6 +83,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.CommitParallelism, "commit-parallelism", c.CommitParallelism, "nodes of one plan committed concurrently")
 	fs.IntVar(&c.CommitAttempts, "commit-attempts", c.CommitAttempts, "compare-and-set attempts of one ledger write before giving up")
 	fs.IntVar(&c.PlanBatch, "plan-batch", c.PlanBatch, "plans pulled at once by this replica")
+	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "leader lease duration: one replica leads, a standby takes over at most this long after it dies (0: no election, every replica active)")
 }
 
 // Validate reports every problem of c at once. A nil Now is allowed and
@@ -100,6 +110,9 @@ func (c Config) Validate() error {
 	}
 	if c.CommitAttempts < 1 {
 		errs = append(errs, fmt.Errorf("commit attempts is %d; want >= 1", c.CommitAttempts))
+	}
+	if c.LeaseTTL != 0 && (c.LeaseTTL < 30*time.Millisecond || c.LeaseTTL > time.Minute) {
+		errs = append(errs, fmt.Errorf("lease ttl is %s; want 0 (no election) or 30ms to 1m", c.LeaseTTL))
 	}
 	if c.PlanBatch < 1 {
 		errs = append(errs, fmt.Errorf("plan batch is %d; want >= 1", c.PlanBatch))

@@ -127,6 +127,14 @@ func (s *server) write(ctx context.Context, e contracts.LedgerEntry, check func(
 		if e.Kind == contracts.LedgerCommitted {
 			s.failpoint(FailAfterVerify)
 		}
+		if !s.leading() {
+			// Checked last, right before the publish: a leader frozen
+			// past its lease finds it over here when it thaws. What
+			// slips between this check and the publish meets the
+			// compare-and-set.
+			log.Warn("ledger write refused: lease term over", "expected_seq", last)
+			return v, false, errDeposed
+		}
 		ack, err := s.bus.Publish(ctx, subject, id, e, bus.ExpectLastSubjectSeq(last), bus.CESubject(e.Allocation.ID))
 		switch {
 		case errors.Is(err, bus.ErrWrongLastSequence):

@@ -110,6 +110,10 @@ func (s *server) onHeartbeatMsg(ctx context.Context, m *bus.Msg) error {
 // level-triggered and comes again at the next liveness check.
 func (s *server) publishLifecycle(ctx context.Context, d liveness.Decision) {
 	node := d.Event.NodeID
+	if !s.leading() {
+		s.log.Warn("node event refused: lease term over", "node_id", node, "kind", string(d.Event.Kind))
+		return
+	}
 	// The ledger takes the decision before it is announced: whoever reads
 	// "registered" may send a plan for the node at once, and whoever reads
 	// "lost" must not find it still taking allocations.

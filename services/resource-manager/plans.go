@@ -158,6 +158,11 @@ func (s *server) refuse(ctx context.Context, planID string, i int, a contracts.A
 		Reason: v.Reason, Message: v.Message, Time: s.cfg.Now(),
 	}
 	id := contracts.RefusalID(planID, key)
+	if !s.leading() {
+		// A refusal is final for its item: a deposed leader's, judged on
+		// what it knew before it froze, must not be the answer.
+		return errDeposed
+	}
 	if _, err := s.bus.Publish(ctx, contracts.SubjectRefused(a.Tenant), id, r, bus.CESubject(a.JobID)); err != nil {
 		return err
 	}

@@ -16,10 +16,11 @@ import (
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
+	resourcemanager "github.com/gpuplane/gpuplane/services/resource-manager"
 )
 
-// TestTwoReplicasNeverHoldADeviceTwice runs two resource managers on one
-// server, sharing the plans consumer, on a burst of plans that fight over
+// TestTwoReplicasNeverHoldADeviceTwice runs two active resource managers
+// (no lease) on one server, sharing the plans consumer, on a burst of plans that fight over
 // few GPUs while an agent ends every run it is given at once, so devices are
 // released and re-committed all the time and both replicas race on commits
 // and releases. The ledger, replayed independently at the end, must show no
@@ -33,8 +34,17 @@ func TestTwoReplicasNeverHoldADeviceTwice(t *testing.T) {
 	h := newHarness(t)
 	nodes := []string{"n0", "n1", "n2", "n3"}
 	const gpus = 4
-	a := h.start(h.config("rm-a"))
-	b := h.start(h.config("rm-b"))
+	// Without election (LeaseTTL 0) both replicas are active: the ledger's
+	// compare-and-set alone must keep them exclusive. It is also the
+	// fence behind the lease: a deposed leader that slips a write past
+	// its term check is one such racing writer.
+	active := func(name string) resourcemanager.Config {
+		cfg := h.config(name)
+		cfg.LeaseTTL = 0
+		return cfg
+	}
+	a := h.start(active("rm-a"))
+	b := h.start(active("rm-b"))
 	h.ready(h100, gpus, nodes...)
 
 	// The agent: every committed allocation's run ends at once, reported

@@ -6,14 +6,27 @@
 // inventories and heartbeats. See README.md for the pipeline.
 //
 // Everything it knows is rebuilt from the streams at start (ALLOCATIONS,
-// NODES, RUNS); several replicas may run at once: they share the plans
-// consumer and the ledger's compare-and-set keeps their writes exclusive.
+// NODES, RUNS). Replicas are active/standby on a lease
+// (contracts.LeaseKeyResourceManager): only the holder consumes plans,
+// writes the ledger and decides node lifecycle; a standby takes over at
+// most LeaseTTL after the leader stops renewing, rebuilding from the
+// streams as a restart does. Fencing, so that a frozen ex-leader that
+// thaws cannot act on what it knew: every ledger and lifecycle publish is
+// made only while the term is valid on the leader's own, conservative
+// clock (checked under the node lock right before the publish), and every
+// ledger write is a compare-and-set on the node's subject, so a write
+// that slipped past that check is refused by JetStream as soon as the new
+// leader has written to the node, and otherwise was verified against
+// everything the node's subject holds. With LeaseTTL 0 every replica is
+// active and the compare-and-set alone keeps their writes exclusive.
 package resourcemanager
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -21,6 +34,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/lease"
 	"github.com/gpuplane/gpuplane/libs/service"
 	"github.com/gpuplane/gpuplane/services/resource-manager/internal/ledger"
 	"github.com/gpuplane/gpuplane/services/resource-manager/internal/liveness"
@@ -44,12 +58,51 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer rt.Close()
-	s := newServer(cfg, rt.Bus, rt.Log)
-	if err := s.run(ctx); err != nil && ctx.Err() == nil {
+	if cfg.LeaseTTL == 0 {
+		if err := newServer(cfg, rt.Bus, rt.Log).run(ctx); err != nil && ctx.Err() == nil {
+			return fmt.Errorf("%s: %w", ServiceName, err)
+		}
+		return nil
+	}
+	kv, err := rt.Bus.KeyValue(ctx, contracts.BucketLeases)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("%s: %w", ServiceName, err)
+	}
+	holder := cfg.Name + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	elector, err := lease.New(lease.Config{KV: kv, Key: contracts.LeaseKeyResourceManager,
+		Holder: holder, TTL: cfg.LeaseTTL, Log: rt.Log})
+	if err != nil {
+		return fmt.Errorf("%s: %w", ServiceName, err)
+	}
+	rt.Log.Info("standby: contending for the lease", "key", contracts.LeaseKeyResourceManager, "holder", holder)
+	// Each term is a fresh server rebuilt from the streams: nothing a
+	// deposed term knew leaks into the next.
+	err = elector.Run(ctx, func(ctx context.Context, term lease.Term) error {
+		s := newServer(cfg, rt.Bus, rt.Log.With("epoch", term.Epoch))
+		s.term = term
+		return s.run(ctx)
+	})
+	if err != nil && ctx.Err() == nil {
 		return fmt.Errorf("%s: %w", ServiceName, err)
 	}
 	return nil
 }
+
+// fence is the leadership term a server acts under.
+type fence interface {
+	Valid() bool
+}
+
+// errDeposed: this server's lease term is over; it publishes nothing
+// more.
+var errDeposed = errors.New("lease term over: a deposed leader writes nothing")
+
+// leading reports whether this server may publish now: always without a
+// lease, while its term is valid with one.
+func (s *server) leading() bool { return s.term == nil || s.term.Valid() }
 
 // server is one running resource manager.
 //
@@ -61,6 +114,9 @@ type server struct {
 	cfg Config
 	bus *bus.Bus
 	log *slog.Logger
+	// term is the lease term this server leads under; nil without
+	// election (LeaseTTL 0).
+	term fence
 
 	lifeMu  sync.Mutex
 	tracker *liveness.Tracker
