@@ -11,6 +11,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/telemetry"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/logship"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/runner"
 )
@@ -172,6 +173,7 @@ func (a *agent) onLedger(ctx context.Context, m *bus.Msg) error {
 	if err := m.Decode(&e); err != nil {
 		return bus.Permanent(err)
 	}
+	telemetry.Annotate(ctx, telemetry.AllocAttrs(e.Allocation.Tenant, e.Allocation.JobID, e.Allocation.NodeID, e.Allocation.Attempt)...)
 	id := e.Allocation.ID
 	switch {
 	case id == "":
@@ -580,8 +582,18 @@ func (a *agent) shutdown() {
 }
 
 func (a *agent) publishEnded(ctx context.Context, alloc contracts.Allocation, res contracts.RunResult) error {
+	// The run may have left a.active already: carry its job's trace here.
+	ctx = telemetry.WithTraceParent(ctx, alloc.TraceParent)
 	return a.publishRun(ctx, contracts.RunEvent{Kind: contracts.RunEnded, AllocationID: alloc.ID, Tenant: alloc.Tenant,
 		JobID: alloc.JobID, Attempt: alloc.Attempt, Devices: alloc.Devices, Time: res.EndedAt, Result: &res})
+}
+
+// traceParent is the run's job trace, "" for no run.
+func (r *activeRun) traceParent() string {
+	if r == nil {
+		return ""
+	}
+	return r.alloc.TraceParent
 }
 
 // publishRun publishes a run fact and records it.
@@ -592,6 +604,14 @@ func (a *agent) publishRun(ctx context.Context, ev contracts.RunEvent) error {
 	if ev.Kind == contracts.RunCheckpointed && ev.Checkpoint != nil {
 		id = contracts.RunCheckpointID(ev.AllocationID, ev.Checkpoint.Name)
 	}
+	// A run fact continues its job's trace (the allocation's), whatever
+	// goroutine reports it (a run's watcher, recovery after a restart).
+	a.mu.Lock()
+	tp := a.active[ev.AllocationID].traceParent()
+	a.mu.Unlock()
+	ctx, span := telemetry.StartJobSpan(ctx, a.bus.Tracer(), "run "+string(ev.Kind)+" "+ev.JobID, tp,
+		telemetry.AllocAttrs(ev.Tenant, ev.JobID, ev.NodeID, ev.Attempt)...)
+	defer span.End()
 	if _, err := a.bus.Publish(ctx, contracts.SubjectRuns(a.cfg.NodeID), id, ev, bus.CESubject(ev.AllocationID)); err != nil {
 		return fmt.Errorf("publish run %s of %s: %w", ev.Kind, ev.AllocationID, err)
 	}
