@@ -17,8 +17,7 @@ import (
 // asked for the pattern: middleware between here and the mux hands the
 // mux a copy of the request). A handler adds its own attributes (a job's
 // ID and tenant) with trace.SpanFromContext.
-func HTTPServer(tp trace.TracerProvider, h http.Handler, routes *http.ServeMux) http.Handler {
-	tracer := tp.Tracer("github.com/gpuplane/gpuplane/libs/telemetry/http")
+func HTTPServer(tracer trace.Tracer, h http.Handler, routes *http.ServeMux) http.Handler {
 	prop := propagation.TraceContext{}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx := prop.Extract(r.Context(), propagation.HeaderCarrier(r.Header))

@@ -115,7 +115,7 @@ func TestHTTPServerSpan(t *testing.T) {
 	copying := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), attrsKey{}, nil)))
 	})
-	srv := httptest.NewServer(HTTPServer(tp, copying, mux))
+	srv := httptest.NewServer(HTTPServer(tp.Tracer("http"), copying, mux))
 	defer srv.Close()
 
 	const caller = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

@@ -16,6 +16,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/telemetry"
 )
 
 // Paging of GET .../jobs.
@@ -129,7 +130,9 @@ func (s *server) handler() http.Handler {
 	// auditRequests is outside authentication, so a refused login or
 	// token is recorded with its source and trace; auditPrincipal inside
 	// it hands the principal back for the record (audit_http.go).
-	return s.observe(s.auditRequests(mux, s.authenticateMiddleware(auditPrincipal(mux))))
+	// The server span is outermost, so the audit record and every message
+	// a request publishes carry its trace (the caller's, from traceparent).
+	return telemetry.HTTPServer(s.bus.Tracer(), s.observe(s.auditRequests(mux, s.authenticateMiddleware(auditPrincipal(mux)))), mux)
 }
 
 // observe logs each request and turns a panic into a 500 APIError, so a
@@ -278,7 +281,8 @@ func (s *server) submitJob(w http.ResponseWriter, r *http.Request) {
 	}
 	// A retried submit (same job ID) is one operation in the audit trail.
 	auditOperation(r.Context(), req.ID, req.ID)
-	ctx, cancel := context.WithTimeout(r.Context(), publishTimeout)
+	telemetry.Annotate(r.Context(), telemetry.JobAttrs(tenant, req.ID)...)
+	ctx, cancel := context.WithTimeout(telemetry.WithAttrs(r.Context(), telemetry.JobAttrs(tenant, req.ID)...), publishTimeout)
 	defer cancel()
 	ack, err := s.bus.PublishRaw(ctx, contracts.SubjectSubmit(tenant), contracts.SubmitMsgID(tenant, req.ID), data,
 		bus.CEType(contracts.CEType(req)), bus.CESubject(req.ID))
@@ -322,7 +326,8 @@ func (s *server) cancelJob(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("job %s is already %s", id, st.State), nil)
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), publishTimeout)
+	telemetry.Annotate(r.Context(), telemetry.JobAttrs(tenant, id)...)
+	ctx, cancel := context.WithTimeout(telemetry.WithAttrs(r.Context(), telemetry.JobAttrs(tenant, id)...), publishTimeout)
 	defer cancel()
 	ack, err := s.bus.Publish(ctx, contracts.SubjectCancel(tenant), contracts.CancelMsgID(tenant, id),
 		contracts.CancelRequest{SchemaVersion: contracts.SchemaVersion, JobID: id, Reason: reason}, bus.CESubject(id))
