@@ -46,6 +46,8 @@ type client struct {
 	// err is a problem found while building the client (an unreadable CA
 	// file), reported by the first call.
 	err error
+	// traceID is the W3C trace every request carries (trace.go).
+	traceID string
 }
 
 func newClient(base string) *client {
@@ -90,6 +92,7 @@ func (c *client) call(ctx context.Context, method, path string, query url.Values
 // GPUPLANE_TOKEN, else the token `gpuctl login` stored for this gateway.
 func (a *app) newClient() *client {
 	c := newClient(a.gateway)
+	c.traceID = newTraceID(a.traceParent)
 	c.token = a.token
 	if c.token == "" && a.configDir != "" {
 		if creds, err := LoadCredentials(a.configDir); err == nil {
@@ -171,6 +174,7 @@ func (c *client) sendOnce(ctx context.Context, method, u string, body []byte, he
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
+	setTraceParent(req, c.traceID)
 	res, err := c.hc.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("gateway %s unreachable: %w", c.base, err)

@@ -111,6 +111,8 @@ type common struct {
 	token string
 	// configDir holds the credentials (ConfigDir); "" when there is none.
 	configDir string
+	// traceParent is TRACEPARENT: the caller's trace, which requests join.
+	traceParent string
 }
 
 func defaults(getenv env) common {
@@ -127,6 +129,8 @@ func defaults(getenv env) common {
 		output: "table",
 		caCert: getenv("GPUPLANE_CA_CERT"),
 		token:  getenv("GPUPLANE_TOKEN"),
+		// The caller's trace, if it is in one (trace.go).
+		traceParent: getenv(EnvTraceParent),
 	}
 	// The last login names the default gateway and tenant.
 	c.configDir, _ = ConfigDir(getenv)
