@@ -391,8 +391,13 @@ func checkBus(t *testing.T, r *rendered) {
 				wantKey = "" // a file of the machine's, not a secret's
 			}
 			checkMounted(t, cid, w.pod.Spec, c, creds, wantKey)
+			flags := serviceFlags(t, w.name)
 			for _, a := range c.Args {
-				if strings.HasPrefix(a, "-replicas") || strings.HasPrefix(a, "-nats") {
+				k, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+				if !strings.HasPrefix(a, "-") || !flags[k] {
+					t.Errorf("%s: %s is not a flag of %s", cid, a, w.name)
+				}
+				if k == "replicas" || k == "nats" || k == "nats-ca" || k == "creds" {
 					t.Errorf("%s: %s overrides the shared bus settings", cid, a)
 				}
 			}
