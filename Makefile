@@ -72,8 +72,10 @@ tilt-ci: tools
 
 # OCI images of every service, NATS and Redis, built with no container
 # daemon into build/images/<name> (OCI layouts), reproducibly; updates the
-# digests deploy/kubernetes pins (deploy/kubernetes/images). Commit those
-# with the tree they were built from. Slow (every binary with -trimpath):
+# digests deploy/kubernetes pins (deploy/kubernetes/images). It builds the
+# sources of commit REV (default HEAD; REV= for the working tree), so the
+# digests committed belong to a commit. Slow (every binary with -trimpath):
 # not part of make test, whose deploy tests build one small image.
+REV ?= HEAD
 images:
-	cd deploy && GOWORK=off $(GO) run ./cmd/images -root ..
+	cd deploy && GOWORK=off $(GO) run ./cmd/images -root .. -rev '$(REV)'

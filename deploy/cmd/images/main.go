@@ -5,19 +5,25 @@
 // folder per service. It then writes the kustomize component that pins the
 // Kubernetes manifests to these images by digest.
 //
-//	go run ./cmd/images -root .. -out ../build/images
+//	go run ./cmd/images -root .. -rev HEAD
+//
+// (-rev builds a commit's sources, not the working tree: the digests written
+// then belong to that commit, whatever else is being edited.)
 //
 // Push a layout with its digest kept, e.g.
 // `skopeo copy --preserve-digests oci:build/images/scheduler docker://REGISTRY/gpuplane/scheduler`.
 package main
 
 import (
+	"archive/tar"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"slices"
@@ -69,6 +75,7 @@ func main() {
 	component := flag.String("component", "", "kustomize component to write the digests into (default <root>/deploy/kubernetes/images/kustomization.yaml); \"-\" for none")
 	only := flag.String("only", "", "comma-separated services to build (default all); the component then keeps the others' digests")
 	ca := flag.String("ca", "/etc/ssl/certs/ca-certificates.crt", "CA bundle copied into the base")
+	rev := flag.String("rev", "", "build the sources of this git revision (git archive), not the working tree: the digests then belong to a commit, whatever is being edited")
 	flag.Parse()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -79,10 +86,83 @@ func main() {
 	if *component == "" {
 		*component = filepath.Join(*root, "deploy", "kubernetes", "images", "kustomization.yaml")
 	}
-	if err := run(ctx, log, *root, *out, *component, *only, *ca); err != nil {
+	src := *root
+	if *rev != "" {
+		dir, err := os.MkdirTemp("", "gpuplane-src-")
+		if err != nil {
+			log.Error("images", "err", err)
+			os.Exit(1)
+		}
+		defer os.RemoveAll(dir)
+		if err := exportRev(ctx, *root, *rev, dir); err != nil {
+			log.Error("images", "err", err)
+			os.Exit(1)
+		}
+		log.Info("building a git revision", "rev", *rev, "dir", dir)
+		src = dir
+	}
+	if err := run(ctx, log, src, *out, *component, *only, *ca); err != nil {
 		log.Error("images", "err", err)
 		os.Exit(1)
 	}
+}
+
+// exportRev writes the tree of git revision rev of the repository at root
+// into dir (git archive), so a build reads exactly that commit's sources.
+func exportRev(ctx context.Context, root, rev, dir string) error {
+	cmd := exec.CommandContext(ctx, "git", "-C", root, "archive", "--format=tar", rev)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	tr := tar.NewReader(out)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			_ = cmd.Wait()
+			return fmt.Errorf("git archive %s: %w: %s", rev, err, stderr.String())
+		}
+		p := filepath.Join(dir, filepath.FromSlash(h.Name))
+		if !strings.HasPrefix(p, filepath.Clean(dir)+string(filepath.Separator)) {
+			return fmt.Errorf("git archive %s: entry %q leaves the folder", rev, h.Name)
+		}
+		switch h.Typeflag {
+		case tar.TypeDir:
+			err = os.MkdirAll(p, 0o755)
+		case tar.TypeReg:
+			err = writeFile(p, tr, os.FileMode(h.Mode)&0o777)
+		case tar.TypeSymlink:
+			err = os.Symlink(h.Linkname, p)
+		}
+		if err != nil {
+			_ = cmd.Wait()
+			return fmt.Errorf("git archive %s: %w", rev, err)
+		}
+	}
+	if err := cmd.Wait(); err != nil {
+		return fmt.Errorf("git archive %s: %w: %s", rev, err, stderr.String())
+	}
+	return nil
+}
+
+func writeFile(path string, r io.Reader, mode os.FileMode) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(f, r)
+	return errors.Join(err, f.Close())
 }
 
 // Epoch is SOURCE_DATE_EPOCH, or the Unix epoch when unset.
