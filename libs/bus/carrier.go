@@ -12,6 +12,9 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/telemetry"
 )
 
 // headerCarrier carries the W3C trace context in NATS headers. NATS header
@@ -139,4 +142,49 @@ func batchLinks(msgs []*Msg) trace.SpanStartOption {
 		}
 	}
 	return trace.WithLinks(links...)
+}
+
+// jobAttrs are the job attributes (telemetry.JobAttrs, and the node) of a
+// message about one job, read from its subject and CloudEvents subject
+// (an allocation ID is tenant/job/attempt): the span of its delivery, and
+// the publishes its handler makes, are then found by Jaeger's tag search
+// without every handler naming the job. None for other messages.
+func jobAttrs(m *Msg) []attribute.KeyValue {
+	tok := strings.Split(m.Subject, ".")
+	if len(tok) < 3 || tok[0] != "gp" {
+		return nil
+	}
+	ce := m.Header.Get(contracts.HeaderCESubject)
+	var tenant, job, node string
+	switch {
+	case tok[1] == "jobs" && len(tok) == 4 && (tok[2] == "submit" || tok[2] == "cancel"):
+		tenant, job = tok[3], ce
+	case tok[1] == "jobs" && len(tok) == 5 && tok[2] == "events":
+		tenant, job = tok[3], tok[4]
+	case tok[1] == "logs" && len(tok) == 5:
+		tenant, job, node = tok[2], tok[3], tok[4]
+	case (tok[1] == "alloc" && tok[2] == "ledger" && len(tok) == 4) || (tok[1] == "runs" && len(tok) == 3):
+		node = tok[len(tok)-1]
+		parts := strings.SplitN(ce, "/", 3)
+		if len(parts) < 2 {
+			return nil
+		}
+		tenant, job = parts[0], parts[1]
+	case tok[1] == "usage" && len(tok) == 3:
+		parts := strings.SplitN(ce, "/", 3)
+		if len(parts) < 2 || parts[0] != tok[2] {
+			return nil
+		}
+		tenant, job = parts[0], parts[1]
+	default:
+		return nil
+	}
+	if tenant == "" || job == "" {
+		return nil
+	}
+	attrs := telemetry.JobAttrs(tenant, job)
+	if node != "" {
+		attrs = append(attrs, attribute.String(telemetry.AttrNode, node))
+	}
+	return attrs
 }

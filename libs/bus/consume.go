@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/telemetry"
 )
 
 // Msg is one message delivered from a stream.
@@ -390,7 +391,9 @@ func (b *Bus) workers(spec ConsumerSpec, settle func(jetstream.Msg)) (dispatch f
 func (b *Bus) handle(ctx context.Context, spec ConsumerSpec, raw jetstream.Msg, h Handler) {
 	m := newMsg(raw)
 	ctx = b.prop.Extract(ctx, headerCarrier(m.Header))
-	ctx, span := b.tracer.Start(ctx, "process "+m.Subject,
+	attrs := jobAttrs(m)
+	ctx = telemetry.WithAttrs(ctx, attrs...)
+	ctx, span := b.tracer.Start(ctx, "process "+m.Subject, trace.WithAttributes(attrs...),
 		trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(
 			attribute.String("messaging.system", "nats"),
