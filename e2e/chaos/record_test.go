@@ -42,11 +42,17 @@ type recorder struct {
 	heartbeats     map[string][]time.Time
 	stops          []stopFact
 	requeues       map[contracts.Reason]int
+	// live and maxHeld count whole GPUs per tenant and pool over the
+	// ledger's timeline, for the quota check.
+	live    map[string]contracts.Allocation
+	held    map[[2]string]int
+	maxHeld map[[2]string]int
 }
 
 func newRecorder() *recorder {
 	return &recorder{firstScheduled: map[string]time.Time{}, last: map[string]contracts.JobEvent{},
-		heartbeats: map[string][]time.Time{}, requeues: map[contracts.Reason]int{}}
+		heartbeats: map[string][]time.Time{}, requeues: map[contracts.Reason]int{},
+		live: map[string]contracts.Allocation{}, held: map[[2]string]int{}, maxHeld: map[[2]string]int{}}
 }
 
 func stamp(m jetstream.Msg) time.Time {
@@ -112,11 +118,25 @@ func (r *recorder) follow(t *testing.T, ctx context.Context, nc *nats.Conn, js j
 		at := stamp(m)
 		r.mu.Lock()
 		defer r.mu.Unlock()
+		a := e.Allocation
+		k := [2]string{a.Tenant, a.Pool}
+		switch e.Kind {
+		case contracts.LedgerCommitted:
+			if _, dup := r.live[a.ID]; !dup {
+				r.live[a.ID] = a
+				r.held[k] += len(a.Devices)
+				r.maxHeld[k] = max(r.maxHeld[k], r.held[k])
+			}
+		case contracts.LedgerReleased:
+			if _, ok := r.live[a.ID]; ok {
+				delete(r.live, a.ID)
+				r.held[k] -= len(a.Devices)
+			}
+		}
 		switch {
 		case e.Kind == contracts.LedgerCommitted:
 			r.committed = append(r.committed, at)
 		case e.Reason == contracts.ReasonNodeLost || e.Reason == contracts.ReasonAgentRestart:
-			a := e.Allocation
 			r.stops = append(r.stops, stopFact{at: at, what: "release", job: a.Tenant + "/" + a.JobID, alloc: a.ID, node: a.NodeID, reason: e.Reason})
 		}
 	})

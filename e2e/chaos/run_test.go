@@ -41,7 +41,26 @@ type job struct {
 	submitErr error
 }
 
-var tenants = []string{"acme", "globex", "initech", "umbrella"}
+var tenants = []string{"acme", "globex", "initech", quotaTenant}
+
+// quotaTenant may hold at most quotaMax GPUs in each pool; the suite
+// checks it never held more over the ledger's timeline, faults included.
+const (
+	quotaTenant = "umbrella"
+	quotaMax    = 12
+)
+
+// setQuota stores quotaTenant's quota, as the gateway's PUT would.
+func (p *platform) setQuota(ctx context.Context) error {
+	kv, err := p.js.KeyValue(ctx, contracts.BucketQuotas)
+	if err != nil {
+		return err
+	}
+	m := float64(quotaMax)
+	b, _ := json.Marshal(contracts.TenantQuota{Tenant: quotaTenant, Pools: map[string]contracts.PoolQuota{contracts.QuotaAllPools: {Max: &m}}})
+	_, err = kv.Put(ctx, quotaTenant, b)
+	return err
+}
 
 // workload draws the jobs of a run: steady arrivals at tr.rate over the
 // warm-up and fault phases, simulated runs of 8-GPU machine shapes, gangs
@@ -75,6 +94,11 @@ func workload(rng *rand.Rand, tr tier) []*job {
 			j.kind = "sim"
 			j.req.Run.Duration = contracts.Duration(time.Duration(300+rng.IntN(2700)) * time.Millisecond)
 		}
+		if j.tenant == quotaTenant && j.kind == "gang" {
+			// Within its quota in one pool: a gang of two halves of at
+			// most 4 GPUs.
+			j.req.Resources.GPU.Count = min(j.req.Resources.GPU.Count, 8)
+		}
 		if rng.IntN(20) == 0 {
 			j.cancel = time.Duration(100+rng.IntN(3000)) * time.Millisecond
 		}
@@ -92,7 +116,8 @@ type fault struct {
 
 	at, restored, recovered time.Time // recovered: probe answered (nats, gateway, monitor)
 	note                    string
-	leaked                  bool // a partition the cluster routed around
+	leaked                  bool          // a partition the cluster routed around
+	stall                   time.Duration // longest gap between scheduled events after it
 }
 
 func (f *fault) nats() bool { return f.svc == "nats" }
@@ -192,6 +217,9 @@ func TestChaos(t *testing.T) {
 		}
 		return missing == 0 && ev.State == contracts.StateSucceeded, fmt.Sprintf("%d machines unheard, canary %s", missing, ev.State)
 	})
+	if err := p.setQuota(ctx); err != nil {
+		t.Fatalf("quota of %s: %v", quotaTenant, err)
+	}
 	upAfter := time.Since(began)
 	var startExits []string
 	for _, s := range p.svcs {
@@ -291,6 +319,21 @@ func TestChaos(t *testing.T) {
 		}
 	}
 
+	// Quota: the tenant with a bound never held more than it, in any pool.
+	rec.mu.Lock()
+	for k, n := range rec.maxHeld {
+		if k[0] == quotaTenant && n > quotaMax {
+			violate("quota: %s held %d GPUs in pool %s at once, its max is %d", k[0], n, k[1], quotaMax)
+		}
+	}
+	quotaPeak := map[string]int{}
+	for k, n := range rec.maxHeld {
+		if k[0] == quotaTenant {
+			quotaPeak[k[1]] = n
+		}
+	}
+	rec.mu.Unlock()
+
 	// No run stopped by a NATS node's loss: a machine declared lost, or a
 	// run ended as its agent's, while the last fault before it was one of
 	// NATS.
@@ -332,6 +375,7 @@ func TestChaos(t *testing.T) {
 	say("jobs: %d submitted (%d gang, %d checkpoint, %d command, %d cancelled by the suite), end states %v, requeues %v",
 		len(jobs), count(jobs, "gang"), count(jobs, "checkpoint"), count(jobs, "command"), countCancel(jobs), states, requeues)
 	say("oracle: %s; billed %.1f GPU-s, runs used %.1f GPU-s", rep.Summary(), float64(billedGPUms)/1000, float64(ranGPUms)/1000)
+	say("quota: %s (max %d GPUs per pool) peaked at %v", quotaTenant, quotaMax, quotaPeak)
 	byKind := map[string]int{}
 	for _, f := range faults {
 		byKind[f.kind+" "+f.svc]++
@@ -351,6 +395,24 @@ func TestChaos(t *testing.T) {
 				f.kind, f.target, f.at.Format("15:04:05"), f.svc, after.Seconds(), round(f.down)))
 		}
 	}
+	// Stall: the longest time without a scheduled event from each fault
+	// to the next (or the end of the workload): what the fault cost the
+	// whole platform, not only its own service.
+	stalls := map[string][]time.Duration{}
+	workEnd := workStart.Add(tr.warmup + tr.faults)
+	for i, f := range faults {
+		until := workEnd
+		if i+1 < len(faults) {
+			until = faults[i+1].at
+		}
+		g := longestGap(rec.outputs("scheduler", nil), f.at, until)
+		f.stall = g
+		stalls[f.kind+" "+f.svc] = append(stalls[f.kind+" "+f.svc], g)
+		if g > f.down+recoveryBound {
+			slow = append(slow, fmt.Sprintf("%s %s at %s: nothing scheduled for %.1fs (down %s)",
+				f.kind, f.target, f.at.Format("15:04:05"), g.Seconds(), round(f.down)))
+		}
+	}
 	var svcNames []string
 	for k := range recov {
 		svcNames = append(svcNames, k)
@@ -359,10 +421,20 @@ func TestChaos(t *testing.T) {
 	for _, k := range svcNames {
 		say("recovery %-16s (fault -> first useful output) %s", k, fmtPct(recov[k]))
 	}
+	var stallNames []string
+	for k := range stalls {
+		stallNames = append(stallNames, k)
+	}
+	sort.Strings(stallNames)
+	for _, k := range stallNames {
+		say("longest scheduling gap after %-26s %s", k, fmtPct(stalls[k]))
+	}
 	say("recovery beyond the bound of %s after the fault ended: %d%s", recoveryBound, len(slow), bullet(slow))
 	warm, hot := p.latencies(rec, jobs, workStart, faultStart)
 	say("submit -> scheduled, warm-up (no faults): %s", fmtPct(warm))
 	say("submit -> scheduled, fault phase:         %s", fmtPct(hot))
+	say("timeline (5 s windows from the first submit; faults marked *): jobs scheduled / p50 submit -> scheduled of the jobs submitted then%s",
+		bullet(p.timeline(rec, jobs, faults, workStart, faultEnd)))
 	var exits []string
 	for _, s := range p.svcs {
 		exits = append(exits, s.unexpectedExits()...)
@@ -583,9 +655,9 @@ func (p *platform) runFaults(ctx context.Context, t *testing.T, rng *rand.Rand, 
 			tpl = templates[order[i]]
 		}
 		f := tpl
-		p.inject(ctx, t, rng, &f)
+		p.inject(ctx, t, rng, &f, end)
 		done = append(done, &f)
-		t.Logf("fault %d: %s %s down %s %s", len(done), f.kind, f.target, round(f.down), f.note)
+		t.Logf("fault %d at %s: %s %s down %s %s", len(done), f.at.Format("15:04:05.000"), f.kind, f.target, round(f.down), f.note)
 		time.Sleep(time.Duration(1000+rng.IntN(2000)) * time.Millisecond)
 	}
 	return done
@@ -604,7 +676,7 @@ func (p *platform) pick(rng *rand.Rand, kind string) *svc {
 
 // inject applies f, holds it for its down time, undoes it, and for the
 // NATS, gateway and monitor faults waits for the probe.
-func (p *platform) inject(ctx context.Context, t *testing.T, rng *rand.Rand, f *fault) {
+func (p *platform) inject(ctx context.Context, t *testing.T, rng *rand.Rand, f *fault, end time.Time) {
 	between := func(lo, hi int) time.Duration { return time.Duration(lo+rng.IntN(hi-lo)) * time.Millisecond }
 	var probe func() bool
 	switch {
@@ -698,18 +770,21 @@ func (p *platform) inject(ctx context.Context, t *testing.T, rng *rand.Rand, f *
 			f.note += " (never healthy again within 2m)"
 		}
 	}
-	// One fault at a time: the next waits until this one's service has
-	// produced output again, so that each recovery is its own fault's.
+	// One fault at a time: while jobs still arrive, the next waits until
+	// this one's service, and the scheduler, have produced output again,
+	// so that each recovery and stall is its own fault's.
 	var nodes []string
 	if s := p.byName[f.target]; s != nil {
 		nodes = s.nodes
 	}
-	if p.rec.outputs(f.svc, nodes) != nil {
-		if _, ok := poll(30*time.Second, func() (bool, string) {
-			_, ok := firstAfter(p.rec.outputs(f.svc, nodes), f.restored)
-			return ok, ""
+	if wait := min(30*time.Second, time.Until(end)); wait > 0 {
+		if _, ok := poll(wait, func() (bool, string) {
+			_, sched := firstAfter(p.rec.outputs("scheduler", nil), f.restored)
+			mine := p.rec.outputs(f.svc, nodes)
+			_, own := firstAfter(mine, f.restored)
+			return sched && (own || mine == nil), ""
 		}); !ok {
-			f.note += " (no output 30s after it ended)"
+			f.note += fmt.Sprintf(" (no output %s after it ended)", round(wait))
 		}
 	}
 }
@@ -766,4 +841,73 @@ func (p *platform) billingEqualsRunFacts(rep *oracle.Report) []string {
 	}
 	sort.Strings(v)
 	return v
+}
+
+// timeline is, per 5 s window of the run, how many scheduled events came
+// and the median submit -> scheduled of the jobs submitted in it, with the
+// faults that began in it: where a stall sits and what preceded it.
+func (p *platform) timeline(rec *recorder, jobs []*job, faults []*fault, start, end time.Time) []string {
+	const w = 5 * time.Second
+	n := int(end.Sub(start)/w) + 1
+	sched := make([]int, n)
+	lat := make([][]time.Duration, n)
+	marks := make([][]string, n)
+	idx := func(t time.Time) int { return int(t.Sub(start) / w) }
+	rec.mu.Lock()
+	for _, at := range rec.scheduled {
+		if i := idx(at); i >= 0 && i < n {
+			sched[i]++
+		}
+	}
+	for _, j := range jobs {
+		if at, ok := rec.firstScheduled[j.tenant+"/"+j.id]; ok && !j.submitted.IsZero() {
+			if i := idx(j.submitted); i >= 0 && i < n {
+				lat[i] = append(lat[i], at.Sub(j.submitted))
+			}
+		}
+	}
+	rec.mu.Unlock()
+	for _, f := range faults {
+		if i := idx(f.at); i >= 0 && i < n {
+			marks[i] = append(marks[i], fmt.Sprintf("*%s %s %s", f.kind, f.target, round(f.down)))
+		}
+	}
+	var out []string
+	var row []string
+	for i := range n {
+		p50, _, _ := percentiles(lat[i])
+		cell := fmt.Sprintf("+%3ds %3d/%-7s", i*5, sched[i], round(p50))
+		if len(marks[i]) > 0 {
+			out = append(out, strings.Join(append(row, cell+" "+strings.Join(marks[i], ", ")), " | "))
+			row = nil
+			continue
+		}
+		row = append(row, cell)
+		if len(row) == 4 {
+			out = append(out, strings.Join(row, " | "))
+			row = nil
+		}
+	}
+	if len(row) > 0 {
+		out = append(out, strings.Join(row, " | "))
+	}
+	return out
+}
+
+// longestGap is the longest time in [from, to) without a time of ts (in
+// any order), the edges counting as events.
+func longestGap(ts []time.Time, from, to time.Time) time.Duration {
+	var in []time.Time
+	for _, x := range ts {
+		if !x.Before(from) && x.Before(to) {
+			in = append(in, x)
+		}
+	}
+	slices.SortFunc(in, func(a, b time.Time) int { return a.Compare(b) })
+	prev, g := from, time.Duration(0)
+	for _, x := range append(in, to) {
+		g = max(g, x.Sub(prev))
+		prev = x
+	}
+	return g
 }
