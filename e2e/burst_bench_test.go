@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -13,6 +14,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/natsserver"
+	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
+	"github.com/gpuplane/gpuplane/services/gpuplane"
 	"github.com/gpuplane/gpuplane/services/node-agent/fleet"
 )
 
@@ -27,9 +31,14 @@ pools:
 
 // BenchmarkBurst measures a burst of 1,000 one-GPU jobs from submit (an
 // async JetStream publish per job) to the scheduled event, through the whole
-// platform on an embedded JetStream. Beside it, in the same run, the raw
-// JetStream publish rate of as many messages of the same size to a
-// file-backed stream: the ceiling any bus-based control plane works under.
+// platform. R1 runs it on one embedded JetStream server with R1 streams;
+// R3-sync-always on a 3-member cluster in this process
+// (natstest.StartCluster) with R3 streams and every member fsyncing each
+// write (sync_interval: always), production's settings, so one run gives
+// the cost of both (issue 13): R3 reports its ratio to R1 (jobs/s-vs-R1). Beside
+// each, in the same run, the raw JetStream publish rate of as many
+// messages of the same size to a file-backed stream of the same
+// replicas: the ceiling any bus-based control plane works under.
 //
 //	make bench   (or: go test -run '^$' -bench Burst -benchtime 1x ./e2e/)
 func BenchmarkBurst(b *testing.B) {
@@ -38,25 +47,44 @@ func BenchmarkBurst(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	for i := 0; i < b.N; i++ {
-		b.StopTimer()
-		s := startStack(b, &fl)
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		waitNodes(b, ctx, s, len(fl.Machines()))
-		waitReady(b, ctx, s, fmt.Sprintf("warmup-%d", i))
-		baseline := rawPublishRate(b, ctx, s.js, jobs)
-		b.StartTimer()
-		r := burst(b, ctx, s, fmt.Sprintf("b%d", i), jobs)
-		b.StopTimer()
-		cancel()
-		b.ReportMetric(r.jobsPerSec, "jobs/s")
-		b.ReportMetric(r.p50.Seconds()*1000, "p50-ms")
-		b.ReportMetric(r.p99.Seconds()*1000, "p99-ms")
-		b.ReportMetric(baseline, "raw-publish/s")
-		b.ReportMetric(r.jobsPerSec/baseline, "ratio-to-raw")
-		b.Logf("%d jobs submit→scheduled: %.0f jobs/s, p50 %s, p99 %s, max %s (last queued after %s, last scheduled after %s); raw JetStream publish %.0f msg/s (ratio %.3f)",
-			jobs, r.jobsPerSec, r.p50.Round(time.Millisecond), r.p99.Round(time.Millisecond), r.max.Round(time.Millisecond),
-			r.intake.Round(time.Millisecond), r.total.Round(time.Millisecond), baseline, r.jobsPerSec/baseline)
+	results := map[string]burstResult{}
+	for _, topo := range []struct {
+		name  string
+		start func(b *testing.B) (*stack, int)
+	}{
+		{"R1", func(b *testing.B) (*stack, int) { return startStack(b, &fl), 1 }},
+		{"R3-sync-always", func(b *testing.B) (*stack, int) { return clusterStack(b, &fl, true), 3 }},
+	} {
+		b.Run(topo.name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				s, replicas := topo.start(b)
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+				waitNodes(b, ctx, s, len(fl.Machines()))
+				waitReady(b, ctx, s, fmt.Sprintf("warmup-%d", i))
+				baseline := rawPublishRate(b, ctx, s.js, jobs, replicas)
+				b.StartTimer()
+				r := burst(b, ctx, s, fmt.Sprintf("b%d", i), jobs)
+				b.StopTimer()
+				cancel()
+				r.raw = baseline
+				results[topo.name] = r
+				b.ReportMetric(r.jobsPerSec, "jobs/s")
+				b.ReportMetric(r.p50.Seconds()*1000, "p50-ms")
+				b.ReportMetric(r.p99.Seconds()*1000, "p99-ms")
+				b.ReportMetric(baseline, "raw-publish/s")
+				b.ReportMetric(r.jobsPerSec/baseline, "ratio-to-raw")
+				b.Logf("%d jobs submit→scheduled: %.0f jobs/s, p50 %s, p99 %s, max %s (last queued after %s, last scheduled after %s); raw JetStream publish %.0f msg/s (ratio %.3f)",
+					jobs, r.jobsPerSec, r.p50.Round(time.Millisecond), r.p99.Round(time.Millisecond), r.max.Round(time.Millisecond),
+					r.intake.Round(time.Millisecond), r.total.Round(time.Millisecond), baseline, r.jobsPerSec/baseline)
+				if r1, ok := results["R1"]; ok && topo.name != "R1" {
+					b.ReportMetric(r.jobsPerSec/r1.jobsPerSec, "jobs/s-vs-R1")
+					b.Logf("cost against R1, same machine, same run: %.0f vs %.0f jobs/s (%.2fx), p50 %s vs %s, p99 %s vs %s; raw publish %.0f vs %.0f msg/s (%.2fx)",
+						r.jobsPerSec, r1.jobsPerSec, r.jobsPerSec/r1.jobsPerSec, r.p50.Round(time.Millisecond), r1.p50.Round(time.Millisecond),
+						r.p99.Round(time.Millisecond), r1.p99.Round(time.Millisecond), r.raw, r1.raw, r.raw/r1.raw)
+				}
+			}
+		})
 	}
 }
 
@@ -66,6 +94,8 @@ type burstResult struct {
 	intake, total time.Duration
 	jobsPerSec    float64
 	p50, p99, max time.Duration
+	// raw is the raw publish rate measured beside it (msg/s).
+	raw float64
 }
 
 func burst(b *testing.B, ctx context.Context, s *stack, prefix string, n int) burstResult {
@@ -157,11 +187,13 @@ func burst(b *testing.B, ctx context.Context, s *stack, prefix string, n int) bu
 }
 
 // rawPublishRate publishes n messages of a job request's size to a
-// file-backed stream of its own, async with message IDs as the platform
-// does, and returns messages per second until the last ack.
-func rawPublishRate(b *testing.B, ctx context.Context, js jetstream.JetStream, n int) float64 {
+// file-backed stream of its own with the given replicas, async with
+// message IDs as the platform does, and returns messages per second until
+// the last ack.
+func rawPublishRate(b *testing.B, ctx context.Context, js jetstream.JetStream, n, replicas int) float64 {
 	b.Helper()
-	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "BENCH_RAW", Subjects: []string{"bench.raw.>"}, Storage: jetstream.FileStorage}); err != nil {
+	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "BENCH_RAW", Subjects: []string{"bench.raw.>"},
+		Storage: jetstream.FileStorage, Replicas: replicas}); err != nil {
 		b.Fatal(err)
 	}
 	body := make([]byte, 160)
@@ -225,4 +257,144 @@ func waitNodes(b *testing.B, ctx context.Context, s *stack, n int) {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// clusterStack runs the platform on a fresh 3-member cluster
+// (natstest.StartCluster) with R3 streams and buckets, as production
+// runs it; syncAlways makes every member fsync each write
+// (sync_interval: always, as deploy/ sets).
+func clusterStack(b testing.TB, fl *fleet.Fleet, syncAlways bool, tune ...func(*gpuplane.Config)) *stack {
+	b.Helper()
+	c := natstest.StartClusterWith(b, 3, natsserver.Options{SyncAlways: syncAlways})
+	return startStack(b, fl, append([]func(*gpuplane.Config){func(cfg *gpuplane.Config) {
+		cfg.NATS = &gpuplane.ExternalNATS{URL: c.URLs(), Trust: c.Trust, Replicas: 3}
+	}}, tune...)...)
+}
+
+// coldFleet is the fault test's fleet of issue 13: 40 eight-GPU machines.
+const coldFleet = `
+machineTypes:
+  hgx-h100-8: {gpuModel: H100-80GB, gpuCount: 8, nvlink: true}
+pools:
+  - {name: cold, machineType: hgx-h100-8, count: 40, zone: zone-a, priceClass: on-demand}
+`
+
+// BenchmarkColdStart (issue 13, finding 6) starts the platform on a
+// fresh 3-member R3 cluster and, as soon as the gateway answers and the
+// nodes are registered, submits one-GPU jobs at a steady 5.6 jobs/s (the
+// fault test's rate) for 20 s. It reports submit→scheduled p50, p99 and
+// max, and how long the first plan waited for the resource manager's
+// first ledger entry. Nothing is asserted: the figures are the point.
+//
+//	go test -run '^$' -bench ColdStart -benchtime 1x ./e2e/
+func BenchmarkColdStart(b *testing.B) {
+	const rate, jobs = 5.6, 112
+	fl, err := fleet.Parse([]byte(coldFleet))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		s := clusterStack(b, &fl, os.Getenv("GPUPLANE_BENCH_SYNC") != "")
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		waitNodes(b, ctx, s, len(fl.Machines()))
+		var mu sync.Mutex
+		var firstPlan, firstCommit time.Time
+		for subject, at := range map[string]*time.Time{contracts.SubjectPlansAll: &firstPlan, contracts.SubjectLedgerAll: &firstCommit} {
+			sub, err := s.nc.Subscribe(subject, func(*nats.Msg) {
+				mu.Lock()
+				if at.IsZero() {
+					*at = time.Now()
+				}
+				mu.Unlock()
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer sub.Unsubscribe()
+		}
+		b.StartTimer()
+		r := steady(b, ctx, s, fmt.Sprintf("c%d", i), jobs, rate)
+		b.StopTimer()
+		cancel()
+		mu.Lock()
+		settle := firstCommit.Sub(firstPlan)
+		mu.Unlock()
+		b.ReportMetric(r.p50.Seconds()*1000, "p50-ms")
+		b.ReportMetric(r.p99.Seconds()*1000, "p99-ms")
+		b.ReportMetric(r.max.Seconds()*1000, "max-ms")
+		b.ReportMetric(settle.Seconds()*1000, "first-plan-settled-ms")
+		b.Logf("cold start on 3 nodes, R3: %d jobs at %.1f/s submit→scheduled p50 %s, p99 %s, max %s; first plan settled after %s",
+			jobs, rate, r.p50.Round(time.Millisecond), r.p99.Round(time.Millisecond), r.max.Round(time.Millisecond),
+			settle.Round(time.Millisecond))
+	}
+}
+
+// steady submits n one-GPU jobs at rate per second, each a synchronous
+// JetStream publish as the gateway makes, and returns the submit→scheduled
+// latencies once all are scheduled.
+func steady(b *testing.B, ctx context.Context, s *stack, prefix string, n int, rate float64) burstResult {
+	b.Helper()
+	var mu sync.Mutex
+	scheduledAt := make(map[string]time.Time, n)
+	done := make(chan struct{})
+	sub, err := s.nc.Subscribe(contracts.SubjectTenantJobEvents("bench"), func(m *nats.Msg) {
+		if m.Header.Get(contracts.HeaderCEType) != "io.gpuplane.job.scheduled.v1" {
+			return
+		}
+		now := time.Now()
+		id := m.Subject[len("gp.jobs.events.bench."):]
+		mu.Lock()
+		defer mu.Unlock()
+		if _, seen := scheduledAt[id]; !seen {
+			scheduledAt[id] = now
+			if len(scheduledAt) == n {
+				close(done)
+			}
+		}
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	submittedAt := make(map[string]time.Time, n)
+	tick := time.NewTicker(time.Duration(float64(time.Second) / rate))
+	defer tick.Stop()
+	start := time.Now()
+	for i := range n {
+		id := fmt.Sprintf("%s-%04d", prefix, i)
+		body, _ := json.Marshal(contracts.JobRequest{ID: id,
+			Resources: contracts.Resources{GPU: contracts.GPURequest{Count: 1, Model: "H100-80GB"}},
+			Run:       contracts.RunSpec{Duration: contracts.Duration(10 * time.Minute)}})
+		mu.Lock()
+		submittedAt[id] = time.Now()
+		mu.Unlock()
+		if _, err := s.submitBus(ctx, "bench", contracts.SubmitMsgID("bench", id), body); err != nil {
+			b.Fatal(err)
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			b.Fatal(ctx.Err())
+		}
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		mu.Lock()
+		b.Fatalf("only %d of %d jobs scheduled: %v", len(scheduledAt), n, ctx.Err())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	lat := make([]time.Duration, 0, n)
+	var last time.Time
+	for id, t := range scheduledAt {
+		lat = append(lat, t.Sub(submittedAt[id]))
+		if t.After(last) {
+			last = t
+		}
+	}
+	slices.Sort(lat)
+	return burstResult{total: last.Sub(start), jobsPerSec: float64(n) / last.Sub(start).Seconds(),
+		p50: lat[len(lat)/2], p99: lat[len(lat)*99/100], max: lat[len(lat)-1]}
 }

@@ -89,6 +89,22 @@ type Config struct {
 	// Monitor, when set, adjusts the monitor's configuration after its
 	// defaults (tests pass a rules file with short durations).
 	Monitor func(*monitor.Config)
+	// NATS, when set, is a NATS (cluster) already running to use instead
+	// of the embedded server: tests and benchmarks run the platform on
+	// natstest.StartCluster with R3 streams, as production does.
+	NATS *ExternalNATS
+}
+
+// ExternalNATS is a running NATS the platform uses instead of starting
+// its own.
+type ExternalNATS struct {
+	// URL lists the servers' client URLs, comma separated.
+	URL string
+	// Trust is the operator and accounts the servers trust; the
+	// platform's creds are minted from it.
+	Trust *natsauth.Trust
+	// Replicas of every stream and bucket (1, 3 or 5).
+	Replicas int
 }
 
 // AutoscalePool is one pool the autoscaler manages on the simulated
@@ -207,6 +223,9 @@ func (p *autoscalePools) Set(s string) error {
 // Validate reports every problem at once.
 func (c Config) Validate() error {
 	var errs []error
+	if c.NATS != nil && (c.NATS.URL == "" || c.NATS.Trust == nil) {
+		errs = append(errs, errors.New("external nats: want a URL and its trust"))
+	}
 	if c.NATSPort == 0 || c.NATSPort < -1 || c.NATSPort > 65535 {
 		errs = append(errs, fmt.Errorf("nats port %d: want 1-65535 or -1", c.NATSPort))
 	}
@@ -308,34 +327,42 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Endpoints
 	// credentials) is kept in the data directory, every service connects
 	// as its own identity, and the operator's, an admin's and the demo
 	// tenant's creds are left in creds/ for people and the nats CLI.
-	trust, err := natsauth.LoadOrCreate(filepath.Join(root, "trust"))
-	if err != nil {
+	var trust *natsauth.Trust
+	if cfg.NATS != nil {
+		trust = cfg.NATS.Trust
+	} else if trust, err = natsauth.LoadOrCreate(filepath.Join(root, "trust")); err != nil {
 		return err
 	}
 	creds, err := trust.WriteAll(filepath.Join(root, "creds"), cfg.Identities)
 	if err != nil {
 		return err
 	}
-	srv, err := natsserver.Start(ctx, natsserver.Options{Port: cfg.NATSPort, StoreDir: filepath.Join(root, "nats"), Trust: trust})
-	if err != nil {
+	natsURL, streams := "", contracts.StreamOptions{Replicas: 1}
+	if cfg.NATS != nil {
+		natsURL, streams.Replicas = cfg.NATS.URL, max(cfg.NATS.Replicas, 1)
+	} else {
+		srv, err := natsserver.Start(ctx, natsserver.Options{Port: cfg.NATSPort, StoreDir: filepath.Join(root, "nats"), Trust: trust})
+		if err != nil {
+			return err
+		}
+		defer srv.Shutdown()
+		natsURL = srv.URL()
+	}
+	if err := provision(ctx, natsURL, creds["operator"], streams, log); err != nil {
 		return err
 	}
-	defer srv.Shutdown()
-	if err := provision(ctx, srv.URL(), creds["operator"], log); err != nil {
-		return err
-	}
-	admin, demo, err := localLogins(ctx, srv.URL(), creds["operator"], filepath.Join(root, "tokens"), log)
+	admin, demo, err := localLogins(ctx, natsURL, creds["operator"], streams, filepath.Join(root, "tokens"), log)
 	if err != nil {
 		return err
 	}
 
-	busCfg := service.BusConfig{NATSURL: srv.URL(), Replicas: 1, OTLPEndpoint: cfg.OTLPEndpoint}
+	busCfg := service.BusConfig{NATSURL: natsURL, Replicas: streams.Replicas, OTLPEndpoint: cfg.OTLPEndpoint}
 	as := func(name string) service.BusConfig {
 		c := busCfg
 		c.Creds = creds[name]
 		return c
 	}
-	ep := Endpoints{NATSURL: srv.URL(), DataDir: root, RunLogDir: cfg.AgentLogDir, Fleet: fl, Autoscale: cfg.Autoscale,
+	ep := Endpoints{NATSURL: natsURL, DataDir: root, RunLogDir: cfg.AgentLogDir, Fleet: fl, Autoscale: cfg.Autoscale,
 		Creds: creds, CredsDir: filepath.Join(root, "creds"), AdminToken: admin, DemoToken: demo, TokensDir: filepath.Join(root, "tokens")}
 	var machines *simMachines
 	if len(cfg.Autoscale) > 0 {
@@ -431,13 +458,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Endpoints
 // operator, before any service starts: services may only create what is
 // missing, so a changed stream config (a new DenyPurge, say) reaches an
 // existing data directory only through here.
-func provision(ctx context.Context, url, creds string, log *slog.Logger) error {
-	b, err := bus.Connect(ctx, bus.Config{URL: url, Name: "provision", CredsFile: creds, Logger: log})
+func provision(ctx context.Context, url, creds string, streams contracts.StreamOptions, log *slog.Logger) error {
+	b, err := bus.Connect(ctx, bus.Config{URL: url, Name: "provision", CredsFile: creds, Logger: log, Streams: streams})
 	if err != nil {
 		return fmt.Errorf("provision: %w", err)
 	}
 	defer b.Close(ctx)
-	for _, kv := range contracts.KeyValues(contracts.StreamOptions{Replicas: 1}) {
+	for _, kv := range contracts.KeyValues(streams) {
 		if _, err := b.KeyValue(ctx, kv.Bucket); err != nil {
 			return fmt.Errorf("provision: %w", err)
 		}
@@ -488,8 +515,10 @@ func envOr(k, d string) string {
 // platform admin and a member of the demo tenant acme. Their IDs are
 // fixed, so each start replaces the secrets of the last one. The secrets
 // are written to dir (0600) for people and scripts.
-func localLogins(ctx context.Context, url, creds, dir string, log *slog.Logger) (admin, demo string, err error) {
-	b, err := bus.Connect(ctx, bus.Config{URL: url, Name: "logins", CredsFile: creds, Logger: log})
+func localLogins(ctx context.Context, url, creds string, streams contracts.StreamOptions, dir string, log *slog.Logger) (admin, demo string, err error) {
+	// The operator's connect updates every stream to streams: the same
+	// replicas as provision, or it would scale R3 down.
+	b, err := bus.Connect(ctx, bus.Config{URL: url, Name: "logins", CredsFile: creds, Logger: log, Streams: streams})
 	if err != nil {
 		return "", "", fmt.Errorf("local logins: %w", err)
 	}

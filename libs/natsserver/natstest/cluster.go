@@ -253,6 +253,20 @@ func (c *Cluster) StreamLeader(stream string) int {
 	return -1
 }
 
+// ConsumerLeader is the index of the member leading the durable consumer
+// of stream, or -1 while it has none.
+func (c *Cluster) ConsumerLeader(stream, consumer string) int {
+	acc := c.Trust.AccountPublicKey()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i, s := range c.Servers {
+		if !c.down[i] && s.JetStreamIsConsumerLeader(acc, stream, consumer) {
+			return i
+		}
+	}
+	return -1
+}
+
 // WaitReady waits (at most 30 s, then fails t) until JetStream has a meta
 // leader that counts every running member as a peer and every running
 // member is current with it.
