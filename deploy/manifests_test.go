@@ -521,6 +521,11 @@ func checkNodeAgent(t *testing.T, r *rendered) {
 		if !slices.ContainsFunc(spec.Tolerations, func(tl corev1.Toleration) bool { return tl.Key == "nvidia.com/gpu" }) {
 			t.Error("node-agent: does not tolerate the nvidia.com/gpu taint")
 		}
+		// The runs share the machine's network; the bus names must still
+		// resolve from it.
+		if !spec.HostNetwork || spec.DNSPolicy != corev1.DNSClusterFirstWithHostNet {
+			t.Errorf("node-agent: hostNetwork %v with DNS policy %q, want the host's network and ClusterFirstWithHostNet", spec.HostNetwork, spec.DNSPolicy)
+		}
 		c := spec.Containers[0]
 		if !slices.Contains(c.Args, "-backend=nvml") {
 			t.Errorf("node-agent: args %v lack -backend=nvml", c.Args)
