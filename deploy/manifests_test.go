@@ -20,6 +20,8 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
@@ -104,18 +106,24 @@ type workload struct {
 	replicas   int32
 	selector   *metav1.LabelSelector
 	pod        corev1.PodTemplateSpec
+	// claims are a StatefulSet's volume claim templates, volumes too.
+	claims []string
 }
 
 func (r *rendered) workloads() []workload {
 	var ws []workload
 	for _, d := range r.deployments {
-		ws = append(ws, workload{"Deployment", d.Name, *d.Spec.Replicas, d.Spec.Selector, d.Spec.Template})
+		ws = append(ws, workload{"Deployment", d.Name, *d.Spec.Replicas, d.Spec.Selector, d.Spec.Template, nil})
 	}
 	for _, s := range r.statefulSets {
-		ws = append(ws, workload{"StatefulSet", s.Name, *s.Spec.Replicas, s.Spec.Selector, s.Spec.Template})
+		var claims []string
+		for _, c := range s.Spec.VolumeClaimTemplates {
+			claims = append(claims, c.Name)
+		}
+		ws = append(ws, workload{"StatefulSet", s.Name, *s.Spec.Replicas, s.Spec.Selector, s.Spec.Template, claims})
 	}
 	for _, d := range r.daemonSets {
-		ws = append(ws, workload{"DaemonSet", d.Name, 0, d.Spec.Selector, d.Spec.Template})
+		ws = append(ws, workload{"DaemonSet", d.Name, 0, d.Spec.Selector, d.Spec.Template, nil})
 	}
 	return ws
 }
@@ -186,6 +194,7 @@ func checkWorkloads(t *testing.T, r *rendered, production bool) {
 				}
 			}
 			checkSecurity(t, cid, w.name == "node-agent", spec.SecurityContext, c.SecurityContext)
+			checkReferences(t, cid, w, c)
 		}
 		if w.replicas > 1 {
 			checkPDB(t, r, id, w)
@@ -201,6 +210,55 @@ func checkWorkloads(t *testing.T, r *rendered, production bool) {
 		t.Error("no node-agent DaemonSet")
 	}
 	checkImageComponent(t, images)
+}
+
+// checkReferences: what the API server would refuse or a pod would fail
+// on, though it decodes: a mount of a volume the pod lacks, a probe on a
+// port the container does not name, invalid names.
+func checkReferences(t *testing.T, cid string, w workload, c corev1.Container) {
+	t.Helper()
+	vols := map[string]bool{}
+	for _, v := range w.pod.Spec.Volumes {
+		vols[v.Name] = true
+	}
+	for _, n := range w.claims {
+		vols[n] = true
+	}
+	for _, m := range c.VolumeMounts {
+		if !vols[m.Name] {
+			t.Errorf("%s: mounts volume %q, which the pod does not have", cid, m.Name)
+		}
+	}
+	ports := map[string]bool{}
+	for _, p := range c.Ports {
+		ports[p.Name] = true
+		for _, msg := range validation.IsValidPortName(p.Name) {
+			t.Errorf("%s: port name %q: %s", cid, p.Name, msg)
+		}
+	}
+	for _, p := range []*corev1.Probe{c.StartupProbe, c.ReadinessProbe, c.LivenessProbe} {
+		if p == nil {
+			continue
+		}
+		var port *intstr.IntOrString
+		switch {
+		case p.HTTPGet != nil:
+			port = &p.HTTPGet.Port
+		case p.TCPSocket != nil:
+			port = &p.TCPSocket.Port
+		}
+		if port != nil && port.Type == intstr.String && !ports[port.StrVal] {
+			t.Errorf("%s: probe on port %q, which the container does not name", cid, port.StrVal)
+		}
+	}
+	for _, e := range c.Env {
+		for _, msg := range validation.IsEnvVarName(e.Name) {
+			t.Errorf("%s: env %q: %s", cid, e.Name, msg)
+		}
+	}
+	for _, msg := range validation.IsDNS1123Label(c.Name) {
+		t.Errorf("%s: container name: %s", cid, msg)
+	}
 }
 
 // checkSecurity: every container but the node agent runs as 65532, not
