@@ -38,7 +38,7 @@ require (
 	github.com/gpuplane/gpuplane/services/billing v0.0.0 // indirect
 	github.com/gpuplane/gpuplane/services/gateway v0.0.0 // indirect
 	github.com/gpuplane/gpuplane/services/monitor v0.0.0
-	github.com/gpuplane/gpuplane/services/resource-manager v0.0.0 // indirect
+	github.com/gpuplane/gpuplane/services/resource-manager v0.0.0
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.30.0 // indirect
 	github.com/invopop/jsonschema v0.13.0 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
