@@ -303,8 +303,32 @@ func (a *agent) publishHeartbeat(ctx context.Context, seq uint64) {
 		Runs:          a.running(),
 	}
 	id := "hb/" + a.cfg.NodeID + "/" + a.incarnation + "/" + strconv.FormatUint(seq, 10)
-	if _, err := a.bus.Publish(ctx, contracts.SubjectHeartbeat(a.cfg.NodeID), id, hb); err != nil && ctx.Err() == nil {
-		a.log.Warn("heartbeat not published", "seq", seq, "err", err)
+	// Each try waits for its ack at most half an interval, and tries go
+	// on until the tick's context ends: a publish sent to a NATS server
+	// that died with it is never acked, and waiting out the bus's usual
+	// 5 s for that ack (longer than two intervals) would leave the node
+	// silent past the resource manager's heartbeat timeout, while the
+	// reconnected connection could have carried the retry at once. The
+	// message ID makes every retry one heartbeat in the stream.
+	try := max(a.cfg.HeartbeatInterval/2, 250*time.Millisecond)
+	for {
+		tctx, cancel := context.WithTimeout(ctx, try)
+		_, err := a.bus.Publish(tctx, contracts.SubjectHeartbeat(a.cfg.NodeID), id, hb, bus.NoRetry())
+		cancel()
+		switch {
+		case err == nil || ctx.Err() != nil:
+			return
+		case errors.Is(err, bus.ErrPermissionDenied):
+			a.log.Warn("heartbeat not published", "seq", seq, "err", err)
+			return
+		}
+		a.log.Debug("heartbeat publish failed; retrying", "seq", seq, "err", err)
+		select {
+		case <-ctx.Done():
+			a.log.Warn("heartbeat not published", "seq", seq, "err", err)
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
 }
 
