@@ -25,6 +25,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/services/autoscaler/cloud"
 	"github.com/gpuplane/gpuplane/services/gpuplane"
 	"github.com/gpuplane/gpuplane/services/node-agent/fleet"
 )
@@ -413,7 +414,9 @@ func TestJobIsOneTraceInJaeger(t *testing.T) {
 	if len(deliveries) != 2 {
 		t.Fatalf("%d scheduler deliveries of the submit, want 2 (the first refused by %s)", len(deliveries), bus.EnvNakOnce)
 	}
-	slices.SortFunc(deliveries, func(a, b jSpan) int { return strings.Compare(a.tag("messaging.nats.delivered"), b.tag("messaging.nats.delivered")) })
+	slices.SortFunc(deliveries, func(a, b jSpan) int {
+		return strings.Compare(a.tag("messaging.nats.delivered"), b.tag("messaging.nats.delivered"))
+	})
 	first, second := deliveries[0], deliveries[1]
 	if first.tag("messaging.nats.delivered") != "1" || second.tag("messaging.nats.delivered") != "2" {
 		t.Errorf("deliveries %q and %q, want 1 and 2", first.tag("messaging.nats.delivered"), second.tag("messaging.nats.delivered"))
@@ -451,4 +454,76 @@ func TestJobIsOneTraceInJaeger(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestScaleDecisionIsTraced: a burst that does not fit a pool makes the
+// autoscaler decide a scale-up, and the decision is a span in Jaeger (with
+// the pool, the direction, the node counts and the reason), the child of
+// the scheduler's demand it was taken on (at once or on a later tick) and
+// the parent of the decision's publish: one trace from demand to decision.
+func TestScaleDecisionIsTraced(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts Jaeger and the whole platform")
+	}
+	j := startJaeger(t)
+	const pool = "traced"
+	start := time.Now()
+	s := startStack(t, autoscaledFleet(pool, cloud.OnDemand), withScheduler(time.Second, time.Second),
+		withAutoscale(5*time.Second, gpuplane.AutoscalePool{Name: pool, MachineType: "hgx-h100-4", PriceClass: cloud.OnDemand,
+			Min: 1, Max: 2, ProvisionDelay: 500 * time.Millisecond, UpCooldown: 2 * time.Second, DownCooldown: time.Second, IdleFor: 2 * time.Second}),
+		func(c *gpuplane.Config) { c.OTLPEndpoint = j.otlp })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for i := range 2 {
+		s.submitJob(t, ctx, "acme", fourH100(fmt.Sprintf("scale-%d", i), pool, 5*time.Second, false))
+	}
+	// Every decision is a span; one prompted by a demand (not by the
+	// periodic re-evaluation) is that demand's child, in its trace.
+	var decisions int
+	var problems []string
+	waitFor(t, 45*time.Second, "a scale-up decision traced from the demand that prompted it", func() (bool, string) {
+		found, err := j.findTraces("autoscaler", map[string]string{"gpuplane.pool": pool, "gpuplane.direction": "up"}, start)
+		if err != nil {
+			return false, err.Error()
+		}
+		decisions, problems = 0, nil
+		for _, tr := range found {
+			byID := map[string]jSpan{}
+			for _, sp := range tr.Spans {
+				byID[sp.SpanID] = sp
+			}
+			parentOf := func(sp jSpan) (jSpan, bool) {
+				for _, r := range sp.References {
+					if r.RefType == "CHILD_OF" {
+						p, ok := byID[r.SpanID]
+						return p, ok
+					}
+				}
+				return jSpan{}, false
+			}
+			for _, d := range tr.Spans {
+				if d.OperationName != "scale up "+pool {
+					continue
+				}
+				decisions++
+				if d.tag("gpuplane.decision_id") == "" || d.tag("gpuplane.why") == "" || d.tag("gpuplane.desired_nodes") <= d.tag("gpuplane.current_nodes") {
+					problems = append(problems, fmt.Sprintf("decision span tags %+v: want its ID, reason and growing node counts", d.Tags))
+				}
+				published := false
+				for _, sp := range tr.Spans {
+					if p, ok := parentOf(sp); ok && p.SpanID == d.SpanID && sp.OperationName == "publish "+contracts.SubjectScale(pool) {
+						published = true
+					}
+				}
+				if !published {
+					problems = append(problems, "no publish of decision "+d.tag("gpuplane.decision_id")+" under its span")
+				}
+				cause, ok := parentOf(d)
+				if ok && cause.OperationName == "publish "+contracts.SubjectDemand(pool) && tr.Processes[cause.ProcessID].ServiceName == "scheduler" {
+					return len(problems) == 0, strings.Join(problems, "; ")
+				}
+			}
+		}
+		return false, fmt.Sprintf("%d decision spans, none the child of the scheduler's demand publish; %v", decisions, problems)
+	})
 }

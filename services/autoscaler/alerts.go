@@ -5,8 +5,13 @@ import (
 	"fmt"
 	"strings"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/telemetry"
 )
 
 // scaleUpAlert is a firing alert asking a pool for more machines.
@@ -125,7 +130,15 @@ func (s *scaler) evaluateAlert(ctx context.Context, pool string) error {
 // publishDecision publishes d under its ID and records it as the pool's
 // last decision. The caller holds s.mu.
 func (s *scaler) publishDecision(ctx context.Context, d contracts.ScaleDecision) error {
+	// The decision's span, a child of what prompted it (a demand or an
+	// alert); its publish is the span's child.
+	ctx, span := s.bus.Tracer().Start(ctx, "scale "+string(d.Direction)+" "+d.Pool, trace.WithAttributes(
+		attribute.String(telemetry.AttrPool, d.Pool), attribute.String("gpuplane.decision_id", d.ID),
+		attribute.String("gpuplane.direction", string(d.Direction)), attribute.Int("gpuplane.current_nodes", d.CurrentNodes),
+		attribute.Int("gpuplane.desired_nodes", d.DesiredNodes), attribute.String("gpuplane.why", d.Reason)))
+	defer span.End()
 	if _, err := s.bus.Publish(ctx, contracts.SubjectScale(d.Pool), d.ID, d, bus.CESubject(d.Pool)); err != nil {
+		span.SetStatus(codes.Error, err.Error())
 		if ctx.Err() != nil {
 			return nil
 		}

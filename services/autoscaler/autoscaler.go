@@ -33,11 +33,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
-	"github.com/gpuplane/gpuplane/libs/service"
+	"github.com/gpuplane/gpuplane/libs/telemetry"
 	"github.com/gpuplane/gpuplane/services/autoscaler/internal/actuate"
 	"github.com/gpuplane/gpuplane/services/autoscaler/internal/decide"
 	"github.com/gpuplane/gpuplane/services/autoscaler/internal/fleet"
@@ -49,26 +51,10 @@ const Name = "autoscaler"
 // reevaluateEvery is how often every pool's latest demand is decided again.
 const reevaluateEvery = time.Second
 
-// Run runs the autoscaler until ctx ends; it returns nil on a clean shutdown.
-func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
-	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("%s: %w", Name, err)
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
-	if log == nil {
-		log = slog.Default()
-	}
-	rt, err := service.Start(ctx, Name, cfg.Bus, log)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return err
-	}
-	defer rt.Close()
-	s := newScaler(cfg, rt.Bus, rt.Log)
+// serve runs one autoscaler (the leader's, with a lease: see lease.go)
+// on b until ctx ends.
+func serve(ctx context.Context, cfg Config, b *bus.Bus, log *slog.Logger) error {
+	s := newScaler(cfg, b, log)
 	if err := s.restoreDecisions(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -186,6 +172,9 @@ func newScaler(cfg Config, b *bus.Bus, log *slog.Logger) *scaler {
 type demandAt struct {
 	d   contracts.PoolDemand
 	seq uint64
+	// tp is the demand's trace: a decision taken on it, at once or on a
+	// later tick, is a span in that trace.
+	tp string
 }
 
 func (s *scaler) onNode(m *bus.Msg) {
@@ -227,7 +216,7 @@ func (s *scaler) onDemand(ctx context.Context, m *bus.Msg) error {
 	d.Pool = pool
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.demand[pool] = demandAt{d: d, seq: m.StreamSeq}
+	s.demand[pool] = demandAt{d: d, seq: m.StreamSeq, tp: telemetry.TraceParent(ctx)}
 	return s.evaluate(ctx, pool)
 }
 
@@ -256,6 +245,7 @@ func (s *scaler) evaluate(ctx context.Context, pool string) error {
 	if !ok || !s.cfg.decides(pool) {
 		return nil
 	}
+	ctx = telemetry.WithTraceParent(ctx, da.tp)
 	in := decide.Input{Demand: da.d, DemandSeq: da.seq, Max: s.cfg.maxNodes(pool), Cooldown: s.cfg.cooldown(pool), Now: s.cfg.Now()}
 	if p, ok := s.fleet.Pool(pool); ok {
 		in.Machine = decide.Machine{Type: p.MachineType, GPUs: p.GPUs, Model: p.Model,
@@ -280,6 +270,11 @@ func (s *scaler) evaluate(ctx context.Context, pool string) error {
 		if s.why[pool] != out.Why {
 			s.why[pool] = out.Why
 			s.log.Info("no scale decision", "pool", pool, "why", out.Why)
+			// A change of mind is worth a span; the same "no" every tick is not.
+			_, span := s.bus.Tracer().Start(ctx, "no scale decision "+pool, trace.WithAttributes(
+				attribute.String(telemetry.AttrPool, pool), attribute.String("gpuplane.why", out.Why),
+				attribute.Int64("gpuplane.demand_seq", int64(da.seq))))
+			span.End()
 		}
 		return nil
 	}
