@@ -23,7 +23,7 @@ schemas:
 BINARIES := gpuplane gpuctl scheduler resource-manager monitor autoscaler billing gateway node-agent fleet-sim
 ARGS ?=
 
-.PHONY: run bench tools tilt tilt-ci chaos
+.PHONY: run bench tools jaeger tilt tilt-ci chaos
 
 # The chaos suite's full tier (e2e/chaos): the production topology as
 # processes under seeded faults for CHAOS_DURATION (4m), 40 machines; a
@@ -63,6 +63,10 @@ build:
 
 tools:
 	tilt/install-tools.sh --with-tilt
+
+# Jaeger alone (also built by tools): what e2e's trace test and .ci/run need.
+jaeger:
+	tilt/install-tools.sh --with-jaeger
 
 tilt: tools
 	TILT_WEB_MODE=prod .tools/bin/tilt up --port 0
