@@ -39,7 +39,6 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
-	"github.com/gpuplane/gpuplane/libs/service"
 	"github.com/gpuplane/gpuplane/libs/telemetry"
 	"github.com/gpuplane/gpuplane/services/autoscaler/internal/actuate"
 	"github.com/gpuplane/gpuplane/services/autoscaler/internal/decide"
@@ -52,26 +51,10 @@ const Name = "autoscaler"
 // reevaluateEvery is how often every pool's latest demand is decided again.
 const reevaluateEvery = time.Second
 
-// Run runs the autoscaler until ctx ends; it returns nil on a clean shutdown.
-func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
-	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("%s: %w", Name, err)
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
-	if log == nil {
-		log = slog.Default()
-	}
-	rt, err := service.Start(ctx, Name, cfg.Bus, log)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return err
-	}
-	defer rt.Close()
-	s := newScaler(cfg, rt.Bus, rt.Log)
+// serve runs one autoscaler (the leader's, with a lease: see lease.go)
+// on b until ctx ends.
+func serve(ctx context.Context, cfg Config, b *bus.Bus, log *slog.Logger) error {
+	s := newScaler(cfg, b, log)
 	if err := s.restoreDecisions(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil

@@ -52,6 +52,15 @@ type Config struct {
 	// ActuateEvery is how often the pools are reconciled with the
 	// provider when nothing kicks them (default 1s). Not a flag.
 	ActuateEvery time.Duration
+	// LeaseTTL is how long the leader's lease lasts unrenewed (lease.go):
+	// one replica leads, a standby takes over at most this long after it
+	// dies or freezes. 0 runs without election (a single instance).
+	// Default 3 s.
+	LeaseTTL time.Duration
+	// Instance names this replica on the bus (connection name and
+	// CloudEvents source); default "autoscaler". Replicas may set their
+	// own (the pod name) to tell their writes apart.
+	Instance string
 }
 
 // Pool is the scaling policy of one pool (see actuate.Pool).
@@ -71,7 +80,7 @@ type watcher interface {
 func DefaultConfig() Config {
 	return Config{Bus: service.DefaultBusConfig(), MaxNodes: map[string]int{}, DefaultMaxNodes: 8,
 		Cooldown: 30 * time.Second, Now: time.Now, BreakerOpenFor: time.Minute, ActuateEvery: time.Second,
-		NodeLostGrace: actuate.DefaultLostGrace}
+		NodeLostGrace: actuate.DefaultLostGrace, LeaseTTL: 3 * time.Second, Instance: Name}
 }
 
 // RegisterFlags adds the autoscaler's flags to fs, defaulting to c.
@@ -81,6 +90,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.DefaultMaxNodes, "default-max-nodes", c.DefaultMaxNodes, "node maximum of pools not named in -max-nodes")
 	fs.DurationVar(&c.Cooldown, "cooldown", c.Cooldown, "least time between two scale decisions for one pool")
 	fs.DurationVar(&c.NodeLostGrace, "node-lost-grace", c.NodeLostGrace, "how long a running machine's node agent may be lost before the machine is deleted as dead and replaced")
+	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "leader lease duration: one replica acts, a standby takes over at most this long after it dies (0: no election)")
+	fs.StringVar(&c.Instance, "name", c.Instance, "this replica's connection name and CloudEvents source")
 	fs.DurationVar(&c.BreakerOpenFor, "breaker-open-for", c.BreakerOpenFor, "how long a tripped provider circuit breaker refuses calls before probing again")
 }
 
@@ -109,6 +120,14 @@ func (c Config) Validate() error {
 	}
 	if c.NodeLostGrace < 0 {
 		errs = append(errs, fmt.Errorf("node-lost-grace is %s; want >= 0 (0 takes the default)", c.NodeLostGrace))
+	}
+	if c.LeaseTTL != 0 && (c.LeaseTTL < 30*time.Millisecond || c.LeaseTTL > time.Minute) {
+		errs = append(errs, fmt.Errorf("lease ttl is %s; want 0 (no election) or 30ms to 1m", c.LeaseTTL))
+	}
+	if c.Instance != "" {
+		if err := contracts.ValidateID(c.Instance); err != nil {
+			errs = append(errs, fmt.Errorf("name: %w", err))
+		}
 	}
 	if c.Cooldown < 0 {
 		errs = append(errs, fmt.Errorf("cooldown is %s; want >= 0", c.Cooldown))
