@@ -173,7 +173,7 @@ func TestComponentRoundTrip(t *testing.T) {
 		"gpuplane/scheduler": "sha256:" + string(slices.Repeat([]byte("a"), 64)),
 		"gpuplane/billing":   "sha256:" + string(slices.Repeat([]byte("b"), 64)),
 	}
-	if err := WriteComponent(path, want); err != nil {
+	if err := WriteComponent(path, want, "the working tree"); err != nil {
 		t.Fatal(err)
 	}
 	got, err := ReadComponent(path)
