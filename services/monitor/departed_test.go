@@ -45,11 +45,16 @@ func TestDepartedNodeSilenceResolvesOnce(t *testing.T) {
 	if resolved.id != "alert/node_silent/n1/1/resolved" || !strings.Contains(resolved.Message, "left") {
 		t.Fatalf("resolution = %+v; want n1's episode 1 resolved as departed", resolved)
 	}
+	// Nor does Prometheus' node_silent see it: a machine that left has no
+	// telemetry age.
+	if age, ok := telemetryAge(t, addr, "n1"); ok {
+		t.Errorf("departed n1 still has a telemetry age (%v s): Prometheus' node_silent would fire for it", age)
+	}
 
 	// n1's ID on a new machine: sends once, then falls silent again.
 	publish(t, b, contracts.SubjectTelemetry("n1"), "n1-back", telemetry("n1", "host-9", "h100", gpu(0, "GPU-9a", "H100-80GB", 50)))
 	eventually(t, 10*time.Second, "n1's new GPU exported", func() bool {
-		return strings.Contains(strings.Join(scrape(t, addr), "\n"), `Hostname="host-9"`)
+		return strings.Contains(strings.Join(scrape(t, addr), "\n"), `DCGM_FI_DEV_GPU_UTIL{Hostname="host-9"`)
 	}, func() string { return strings.Join(scrape(t, addr), "\n") })
 	eventually(t, 10*time.Second, "node_silent firing for n1 back", func() bool {
 		alerts = readAlerts(t, b, "node_silent")

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -177,9 +178,21 @@ func TestMetricsFromStreams(t *testing.T) {
 	slices.Sort(want)
 	var got []string
 	eventually(t, 10*time.Second, "metrics to match", func() bool {
-		got = scrape(t, addr)
+		got = slices.DeleteFunc(scrape(t, addr), func(l string) bool {
+			return strings.HasPrefix(l, "gpuplane_node_telemetry_age_seconds") // a clock, checked below
+		})
 		return cmp.Equal(want, got)
 	}, func() string { return cmp.Diff(want, got) })
+	// Every node that sent telemetry has its age exported (n2 is lost, not
+	// silent: it never sent any).
+	for _, n := range []string{"n1", "n3"} {
+		if _, ok := telemetryAge(t, addr, n); !ok {
+			t.Errorf("no telemetry age for %s", n)
+		}
+	}
+	if _, ok := telemetryAge(t, addr, "n2"); ok {
+		t.Error("a telemetry age for n2, which sent none")
+	}
 
 	body := get(t, "http://"+addr+"/metrics")
 	for _, help := range []string{"# TYPE DCGM_FI_DEV_GPU_UTIL gauge", "# TYPE gpuplane_telemetry_messages_total counter",
@@ -212,11 +225,15 @@ func TestNodeSilentFiresOnceAndResolvesOnce(t *testing.T) {
 		first.Labels["pool"] != "h100" || first.Labels["hostname"] != "host-1" || first.Value < silentAfter.Seconds() {
 		t.Fatalf("first alert = %+v", first)
 	}
-	// The silent node's GPUs are gone from /metrics; the talking node's stay.
+	// The silent node's GPUs are gone from /metrics; the talking node's
+	// stay; the silence itself is exported (Prometheus' node_silent).
 	eventually(t, 5*time.Second, "n1's GPU series to disappear", func() bool {
 		lines := strings.Join(scrape(t, addr), "\n")
-		return !strings.Contains(lines, `Hostname="host-1"`) && strings.Contains(lines, `Hostname="host-2"`)
+		return !strings.Contains(lines, `DCGM_FI_DEV_GPU_UTIL{Hostname="host-1"`) && strings.Contains(lines, `DCGM_FI_DEV_GPU_UTIL{Hostname="host-2"`)
 	}, func() string { return strings.Join(scrape(t, addr), "\n") })
+	if age, ok := telemetryAge(t, addr, "n1"); !ok || age < silentAfter.Seconds() {
+		t.Errorf("n1's telemetry age = %v (exported %v); want at least %v", age, ok, silentAfter.Seconds())
+	}
 
 	// Restart while the episode is open. JetStream would hide a re-fired
 	// alert under the same message ID, so shorten its memory first: a
@@ -234,7 +251,7 @@ func TestNodeSilentFiresOnceAndResolvesOnce(t *testing.T) {
 
 	// Barrier: n1's GPUs are back, so every check since resolution ran.
 	eventually(t, 5*time.Second, "n1's GPU series to come back", func() bool {
-		return strings.Contains(strings.Join(scrape(t, addr), "\n"), `Hostname="host-1"`)
+		return strings.Contains(strings.Join(scrape(t, addr), "\n"), `DCGM_FI_DEV_GPU_UTIL{Hostname="host-1"`)
 	}, func() string { return "" })
 	alerts = readAlerts(t, b, "node_silent")
 	var ids []string
@@ -368,6 +385,22 @@ func dcgmLines(labels string, values ...string) []string {
 		out = append(out, n+"{"+labels+"} "+values[i])
 	}
 	return out
+}
+
+// telemetryAge is gpuplane_node_telemetry_age_seconds of node, false when
+// it is not exported.
+func telemetryAge(t testing.TB, addr, node string) (float64, bool) {
+	t.Helper()
+	for _, l := range scrape(t, addr) {
+		if strings.HasPrefix(l, "gpuplane_node_telemetry_age_seconds{") && strings.Contains(l, `node="`+node+`"`) {
+			v, err := strconv.ParseFloat(l[strings.LastIndexByte(l, ' ')+1:], 64)
+			if err != nil {
+				t.Fatalf("%s: %v", l, err)
+			}
+			return v, true
+		}
+	}
+	return 0, false
 }
 
 // zeroCounters are the job counter series of pools no job was requeued or

@@ -127,6 +127,9 @@ var (
 	heartbeatAgeDesc = prometheus.NewDesc("gpuplane_node_heartbeat_age_seconds",
 		"Seconds since a node's agent last sent a heartbeat (every 2 s by default; 3 missed make the node lost), "+
 			"for nodes heard from and not since deleted or reclaimed.", []string{"node", "pool"}, nil)
+	telemetryAgeDesc = prometheus.NewDesc("gpuplane_node_telemetry_age_seconds",
+		"Seconds since a node last sent telemetry (every second by default), for nodes heard from and not since "+
+			"deleted or reclaimed: a machine that left on purpose is gone, not silent.", []string{"node", "Hostname", "pool"}, nil)
 	alertsFiringDesc = prometheus.NewDesc("gpuplane_alerts_firing",
 		"Open alert episodes of each rule.", []string{"kind"}, nil)
 )
@@ -158,7 +161,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{jobsDesc, queueDepthDesc, allocatedDesc, tenantAllocatedDesc,
 		gpusDesc, nodesDesc, telemetryDesc, pendingJobsDesc, pendingGPUsDesc, freeGPUsDesc, allocRatioDesc,
 		poolUtilDesc, nodeUtilDesc, tenantUtilDesc, alertsFiringDesc, queueDesc, fragmentationDesc, freeMilliDesc,
-		idleMilliDesc, requeuesDesc, preemptionsDesc, migrationsDesc, scaleDesc, machineEventsDesc, heartbeatAgeDesc} {
+		idleMilliDesc, requeuesDesc, preemptionsDesc, migrationsDesc, scaleDesc, machineEventsDesc, heartbeatAgeDesc,
+		telemetryAgeDesc} {
 		ch <- d
 	}
 }
@@ -207,6 +211,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	collectPlatform(ch, s)
 	for _, h := range s.Heartbeats {
 		ch <- prometheus.MustNewConstMetric(heartbeatAgeDesc, prometheus.GaugeValue, h.Age(now).Seconds(), h.Node, h.Pool)
+	}
+	for _, n := range s.Telemetry {
+		ch <- prometheus.MustNewConstMetric(telemetryAgeDesc, prometheus.GaugeValue, n.Age(now).Seconds(), n.Node, n.Hostname, n.Pool)
 	}
 	if c.win == nil {
 		return

@@ -92,6 +92,35 @@ func (m *Model) Heartbeats() []NodeHeartbeat {
 	return m.heartbeats()
 }
 
+// NodeTelemetry is when a node expected to be alive last sent telemetry.
+type NodeTelemetry struct {
+	Node, Hostname, Pool string
+	Last                 time.Time
+}
+
+// Age is how long before now the telemetry was sent, never negative.
+func (n NodeTelemetry) Age(now time.Time) time.Duration { return max(now.Sub(n.Last), 0) }
+
+// telemetry lists, by node, every node that sent telemetry and has not
+// left cleanly since: a machine deleted or reclaimed is not silent, it is
+// gone. The caller holds m.mu.
+func (m *Model) telemetry() []NodeTelemetry {
+	hosts := make(map[string]GPU, len(m.nodeSeen))
+	for _, g := range m.gpus {
+		hosts[g.NodeID] = g
+	}
+	out := make([]NodeTelemetry, 0, len(m.nodeSeen))
+	for id, at := range m.nodeSeen {
+		if m.departed(id) {
+			continue
+		}
+		g := hosts[id]
+		out = append(out, NodeTelemetry{Node: id, Hostname: cmp.Or(g.Hostname, id), Pool: g.Pool, Last: at})
+	}
+	slices.SortFunc(out, func(a, b NodeTelemetry) int { return cmp.Compare(a.Node, b.Node) })
+	return out
+}
+
 // departed reports whether the node left and has not been heard from since
 // (no heartbeat, telemetry nor inventory stamped after it left). The
 // caller holds m.mu.

@@ -297,6 +297,9 @@ type Snapshot struct {
 	// Heartbeats are the latest heartbeats of the nodes expected to be
 	// alive, by node.
 	Heartbeats []NodeHeartbeat
+	// Telemetry is when each node expected to be alive last sent
+	// telemetry, by node: the nodes node_silent watches.
+	Telemetry []NodeTelemetry
 }
 
 // JobCount is how many jobs of a tenant are in one state.
@@ -385,5 +388,6 @@ func (m *Model) Snapshot(freshSince time.Time) Snapshot {
 	s.Queue = m.ops.queue()
 	s.Counters = m.ops.counters()
 	s.Heartbeats = m.heartbeats()
+	s.Telemetry = m.telemetry()
 	return s
 }
