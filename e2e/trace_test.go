@@ -8,16 +8,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"net/url"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -29,210 +22,6 @@ import (
 	"github.com/gpuplane/gpuplane/services/gpuplane"
 	"github.com/gpuplane/gpuplane/services/node-agent/fleet"
 )
-
-// EnvRequireJaeger makes the trace test fail instead of skipping when the
-// Jaeger binary is missing (.ci/run sets it after building Jaeger).
-const EnvRequireJaeger = "GPUPLANE_REQUIRE_JAEGER"
-
-// jaegerBinary is the Jaeger v2 binary tilt/install-tools.sh builds
-// (GPUPLANE_JAEGER_BIN overrides it), or "" when there is none.
-func jaegerBinary(t *testing.T) string {
-	t.Helper()
-	bin := os.Getenv("GPUPLANE_JAEGER_BIN")
-	if bin == "" {
-		bin = filepath.Join("..", ".tools", "bin", "jaeger")
-	}
-	if _, err := os.Stat(bin); err != nil {
-		if os.Getenv(EnvRequireJaeger) == "1" {
-			t.Fatalf("%s=1 and no Jaeger binary at %s (build it with `make tools` or tilt/install-tools.sh --with-jaeger)", EnvRequireJaeger, bin)
-		}
-		t.Skipf("no Jaeger binary at %s: build it with tilt/install-tools.sh --with-jaeger", bin)
-	}
-	abs, err := filepath.Abs(bin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return abs
-}
-
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
-}
-
-// jaeger is a running Jaeger: OTLP/HTTP at otlp (host:port), the query
-// API at api (a base URL).
-type jaeger struct {
-	otlp, api string
-}
-
-// startJaeger runs Jaeger with tilt/jaeger.yaml (loopback, in memory) on
-// free ports until the test ends.
-func startJaeger(t *testing.T) *jaeger {
-	t.Helper()
-	bin := jaegerBinary(t)
-	cfg, err := os.ReadFile(filepath.Join("..", "tilt", "jaeger.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ports := map[string]string{}
-	text := string(cfg)
-	for _, p := range []string{"4317", "4318", "16685", "16686"} {
-		ports[p] = freePort(t)
-		text = strings.ReplaceAll(text, "127.0.0.1:"+p, "127.0.0.1:"+ports[p])
-	}
-	dir := t.TempDir()
-	path := filepath.Join(dir, "jaeger.yaml")
-	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	logf, err := os.Create(filepath.Join(dir, "jaeger.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "--config=file:"+path)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		_ = logf.Close()
-		if t.Failed() {
-			if b, err := os.ReadFile(logf.Name()); err == nil {
-				t.Logf("jaeger log:\n%s", tail(string(b), 4000))
-			}
-		}
-	})
-	j := &jaeger{otlp: "127.0.0.1:" + ports["4318"], api: "http://127.0.0.1:" + ports["16686"]}
-	waitFor(t, 60*time.Second, "Jaeger's query API", func() (bool, string) {
-		select {
-		case err := <-exited:
-			b, _ := os.ReadFile(logf.Name())
-			t.Fatalf("jaeger exited: %v\n%s", err, tail(string(b), 4000))
-		default:
-		}
-		resp, err := http.Get(j.api + "/api/services")
-		if err != nil {
-			return false, err.Error()
-		}
-		_ = resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, resp.Status
-	})
-	return j
-}
-
-func tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
-}
-
-// The Jaeger query API's model (v1 JSON, what /api/traces returns).
-type jTrace struct {
-	TraceID   string              `json:"traceID"`
-	Spans     []jSpan             `json:"spans"`
-	Processes map[string]jProcess `json:"processes"`
-}
-
-type jSpan struct {
-	TraceID       string `json:"traceID"`
-	SpanID        string `json:"spanID"`
-	OperationName string `json:"operationName"`
-	References    []struct {
-		RefType string `json:"refType"`
-		TraceID string `json:"traceID"`
-		SpanID  string `json:"spanID"`
-	} `json:"references"`
-	Tags      []jTag `json:"tags"`
-	ProcessID string `json:"processID"`
-}
-
-type jTag struct {
-	Key   string `json:"key"`
-	Value any    `json:"value"`
-}
-
-type jProcess struct {
-	ServiceName string `json:"serviceName"`
-}
-
-func (s jSpan) tag(key string) string {
-	for _, t := range s.Tags {
-		if t.Key == key {
-			return fmt.Sprint(t.Value)
-		}
-	}
-	return ""
-}
-
-func (j *jaeger) get(path string, q url.Values, out any) error {
-	resp, err := http.Get(j.api + path + "?" + q.Encode())
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s: %s", path, resp.Status, b)
-	}
-	return json.Unmarshal(b, out)
-}
-
-// findTraces is Jaeger's search: the traces with a span of service tagged
-// with every tag.
-func (j *jaeger) findTraces(service string, tags map[string]string, since time.Time) ([]jTrace, error) {
-	tj, _ := json.Marshal(tags)
-	var res struct {
-		Data []jTrace `json:"data"`
-	}
-	err := j.get("/api/traces", url.Values{"service": {service}, "tags": {string(tj)}, "limit": {"100"},
-		"start": {strconv.FormatInt(since.UnixMicro(), 10)}, "end": {strconv.FormatInt(time.Now().Add(time.Minute).UnixMicro(), 10)}}, &res)
-	return res.Data, err
-}
-
-func (j *jaeger) trace(id string) (jTrace, error) {
-	var res struct {
-		Data []jTrace `json:"data"`
-	}
-	if err := j.get("/api/traces/"+id, nil, &res); err != nil {
-		return jTrace{}, err
-	}
-	if len(res.Data) != 1 {
-		return jTrace{}, fmt.Errorf("trace %s: %d traces", id, len(res.Data))
-	}
-	return res.Data[0], nil
-}
-
-func (j *jaeger) services() ([]string, error) {
-	var res struct {
-		Data []string `json:"data"`
-	}
-	err := j.get("/api/services", nil, &res)
-	return res.Data, err
-}
-
-func (j *jaeger) operations(service string) ([]string, error) {
-	var res struct {
-		Data []string `json:"data"`
-	}
-	err := j.get("/api/services/"+url.PathEscape(service)+"/operations", nil, &res)
-	return res.Data, err
-}
 
 // traceFleet is one machine of two GPUs.
 const traceFleet = `machineTypes:
@@ -258,18 +47,19 @@ func serviceOf(name string) string {
 	return name
 }
 
-// TestJobIsOneTraceInJaeger submits a job through the gateway with a W3C
+// TestJobIsOneTraceInJaeger submits jobs through the gateway with a W3C
 // traceparent (as gpuctl sends one), with the whole platform exporting to
-// a real Jaeger, waits until it succeeded and was billed, and reads its
-// trace back through Jaeger's API: one trace, the caller's, holding spans
-// of the gateway, scheduler, resource manager, node agent and billing;
-// found by the job's ID and tenant in every one of those services and by
-// no other trace; the submit's first delivery is refused once
-// (bus.EnvNakOnce) and its redelivery is a child of the gateway's publish
-// with a link to the refused attempt, not a new root; the only span
-// whose parent is not in the trace is the gateway's server span (its
-// parent is the caller's); and telemetry and heartbeat publishes are not
-// traced at all.
+// a real Jaeger, waits until they succeeded and were billed, and reads
+// their traces back through Jaeger's API. Each job is one trace, the
+// caller's, holding spans of the gateway, scheduler, resource manager,
+// node agent and billing; found by the job's ID and tenant in every one of
+// those services and by no other trace; the only span whose parent is not
+// in it is the gateway's server span (its parent is the caller's). The
+// submit's first delivery is refused once (bus.EnvNakOnce): its
+// redelivery is a child of the gateway's publish with a link to the
+// refused attempt, not a new root. The second job is hit by an XID on its
+// GPU while it runs, moves and succeeds: still one trace. Telemetry and
+// heartbeat publishes are not traced at all.
 func TestJobIsOneTraceInJaeger(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts Jaeger and the whole platform")
@@ -285,126 +75,62 @@ func TestJobIsOneTraceInJaeger(t *testing.T) {
 	s := startStack(t, &fl, func(c *gpuplane.Config) {
 		c.OTLPEndpoint = j.otlp
 	})
-	jobs := s.watchJobs(t)
-	const tenant, jobID = "acme", "traced-1"
-	billed := make(chan struct{})
-	var once bool
+	h := s.watchHistory(t)
+	const tenant, plain, faulted = "acme", "traced-1", "traced-xid"
+	billed := map[string]chan struct{}{plain: make(chan struct{}), faulted: make(chan struct{})}
 	s.tail(t, contracts.StreamUsage, []string{contracts.SubjectUsage(tenant)}, func(m jetstream.Msg) {
 		var rec contracts.UsageRecord
-		if json.Unmarshal(m.Data(), &rec) == nil && rec.JobID == jobID && rec.Final && !once {
-			once = true
-			close(billed)
+		if json.Unmarshal(m.Data(), &rec) != nil || !rec.Final {
+			return
+		}
+		if ch, ok := billed[rec.JobID]; ok {
+			select {
+			case <-ch:
+			default:
+				close(ch)
+			}
 		}
 	})
-
-	var tid [16]byte
-	var sid [8]byte
-	_, _ = rand.Read(tid[:])
-	_, _ = rand.Read(sid[:])
-	traceID, callerSpan := hex.EncodeToString(tid[:]), hex.EncodeToString(sid[:])
-	body := fmt.Sprintf(`{"id":%q,"resources":{"gpu":{"count":1,"model":"any"}},"run":{"duration":"1s"}}`, jobID)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.ep.GatewayURL+"/v1/tenants/"+tenant+"/jobs", bytes.NewReader([]byte(body)))
-	if err != nil {
-		t.Fatal(err)
+
+	plainTrace, callerSpan := submitTraced(t, ctx, s, tenant, plain, "1s")
+	faultedTrace, _ := submitTraced(t, ctx, s, tenant, faulted, "6s")
+	run := h.awaitState(t, time.Minute, tenant+"/"+faulted, contracts.StateRunning)
+	injectFault(t, ctx, s, run.Placement.NodeID, contracts.Fault{ID: "trace-xid", Kind: contracts.FaultXID,
+		GPU: run.Placement.Devices[0].UUID, Code: contracts.DefaultFaultXID})
+	for _, job := range []string{plain, faulted} {
+		h.awaitState(t, time.Minute, tenant+"/"+job, contracts.StateSucceeded)
+		select {
+		case <-billed[job]:
+		case <-ctx.Done():
+			t.Fatalf("%s: its usage was never billed", job)
+		}
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("traceparent", "00-"+traceID+"-"+callerSpan+"-01")
-	resp, err := authClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
+	var attempts []int
+	for _, ev := range h.of(tenant + "/" + faulted) {
+		if ev.Type == contracts.EventRunning {
+			attempts = append(attempts, ev.Attempt)
+		}
 	}
-	rb, _ := io.ReadAll(resp.Body)
-	_ = resp.Body.Close()
-	if resp.StatusCode != http.StatusAccepted {
-		t.Fatalf("submit: %s %s", resp.Status, rb)
-	}
-	waitFor(t, 60*time.Second, "the job to succeed", func() (bool, string) {
-		ev, ok := jobs.get(tenant + "/" + jobID)
-		return ok && ev.State == contracts.StateSucceeded, fmt.Sprintf("%+v", ev)
-	})
-	select {
-	case <-billed:
-	case <-ctx.Done():
-		t.Fatal("the job's usage was never billed")
+	if len(attempts) < 2 {
+		t.Errorf("%s ran %d times (%v): the XID did not move it", faulted, len(attempts), h.types(tenant+"/"+faulted))
 	}
 
-	// The batch processors flush every half second; wait until the trace
-	// holds the last step (billing's usage publish).
-	var tr jTrace
-	waitFor(t, 30*time.Second, "the job's whole trace in Jaeger", func() (bool, string) {
-		tr, err = j.trace(traceID)
-		if err != nil {
-			return false, err.Error()
-		}
-		have := map[string]bool{}
-		usage := false
-		for _, sp := range tr.Spans {
-			have[serviceOf(tr.Processes[sp.ProcessID].ServiceName)] = true
-			usage = usage || strings.HasPrefix(sp.OperationName, "publish "+contracts.SubjectUsage(tenant))
-		}
-		for _, svc := range jobServices {
-			if !have[svc] {
-				return false, fmt.Sprintf("no %s span yet among %d", svc, len(tr.Spans))
-			}
-		}
-		return usage, "no usage publish yet"
-	})
-
-	// One trace, the caller's, everything under the gateway's span.
-	byID := map[string]jSpan{}
-	perService := map[string]int{}
-	for _, sp := range tr.Spans {
-		byID[sp.SpanID] = sp
-		perService[tr.Processes[sp.ProcessID].ServiceName]++
-	}
-	var roots []string
-	for _, sp := range tr.Spans {
-		if sp.TraceID != traceID {
-			t.Errorf("span %s %q is in trace %s", sp.SpanID, sp.OperationName, sp.TraceID)
-		}
-		parent := ""
-		for _, r := range sp.References {
-			if r.RefType == "CHILD_OF" {
-				parent = r.SpanID
-			}
-		}
-		if _, ok := byID[parent]; !ok {
-			roots = append(roots, fmt.Sprintf("%s %q (parent %q)", tr.Processes[sp.ProcessID].ServiceName, sp.OperationName, parent))
-		}
-	}
-	if len(roots) != 1 || !strings.Contains(roots[0], `gateway "POST /v1/tenants/{tenant}/jobs"`) || !strings.Contains(roots[0], callerSpan) {
-		t.Errorf("spans whose parent is not in the trace: %v; want only the gateway's server span, child of the caller's", roots)
-	}
-	t.Logf("trace %s: %d spans, per service %v", traceID, len(tr.Spans), perService)
-
-	// Found by job and tenant in every service, and no other trace is.
-	services, err := j.services()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, svc := range services {
-		if !slices.Contains(jobServices, serviceOf(svc)) {
-			continue
-		}
-		for _, tags := range []map[string]string{{"gpuplane.job_id": jobID}, {"gpuplane.job_id": jobID, "gpuplane.tenant": tenant}} {
-			found, err := j.findTraces(svc, tags, start)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var ids []string
-			for _, f := range found {
-				ids = append(ids, f.TraceID)
-			}
-			if len(ids) != 1 || ids[0] != traceID {
-				t.Errorf("search %s %v: traces %v, want only %s", svc, tags, ids, traceID)
-			}
-		}
+	tr := wholeTrace(t, j, plainTrace, tenant)
+	ftr := wholeTrace(t, j, faultedTrace, tenant)
+	for _, c := range []struct {
+		job string
+		tr  jTrace
+	}{{plain, tr}, {faulted, ftr}} {
+		oneRoot(t, c.tr)
+		searchFindsOnly(t, j, tenant, c.job, c.tr.TraceID, start)
+		t.Logf("%s: trace %s, %d spans, per service %v", c.job, c.tr.TraceID, len(c.tr.Spans), perService(c.tr))
 	}
 
 	// The refused submit and its redelivery: both children of the
 	// gateway's publish; the redelivery links to the refused attempt.
+	byID := spansByID(tr)
 	var deliveries []jSpan
 	for _, sp := range tr.Spans {
 		if sp.OperationName == "process "+contracts.SubjectSubmit(tenant) {
@@ -422,15 +148,9 @@ func TestJobIsOneTraceInJaeger(t *testing.T) {
 		t.Errorf("deliveries %q and %q, want 1 and 2", first.tag("messaging.nats.delivered"), second.tag("messaging.nats.delivered"))
 	}
 	for _, d := range deliveries {
-		var parent string
-		for _, r := range d.References {
-			if r.RefType == "CHILD_OF" {
-				parent = r.SpanID
-			}
-		}
-		if p, ok := byID[parent]; !ok || p.OperationName != "publish "+contracts.SubjectSubmit(tenant) ||
+		if p, ok := byID[parentID(d)]; !ok || p.OperationName != "publish "+contracts.SubjectSubmit(tenant) ||
 			tr.Processes[p.ProcessID].ServiceName != "gateway" {
-			t.Errorf("delivery %s: parent %q, want the gateway's publish", d.tag("messaging.nats.delivered"), parent)
+			t.Errorf("delivery %s: parent %q, want the gateway's publish", d.tag("messaging.nats.delivered"), parentID(d))
 		}
 	}
 	linked := false
@@ -440,8 +160,15 @@ func TestJobIsOneTraceInJaeger(t *testing.T) {
 	if !linked {
 		t.Errorf("redelivery references %+v: no link to the refused delivery %s", second.References, first.SpanID)
 	}
+	if root := rootOf(tr); !strings.Contains(root, callerSpan) {
+		t.Errorf("root %s: want the gateway's server span under the caller's span %s", root, callerSpan)
+	}
 
 	// Telemetry and heartbeats are sampled away.
+	services, err := j.services()
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, svc := range services {
 		ops, err := j.operations(svc)
 		if err != nil {
@@ -453,6 +180,155 @@ func TestJobIsOneTraceInJaeger(t *testing.T) {
 				t.Errorf("service %s traced %q", svc, op)
 			}
 		}
+	}
+}
+
+// submitTraced submits a one-GPU job of duration d through the gateway in
+// a new trace of the caller's; it returns the trace ID and the caller's
+// span ID.
+func submitTraced(t *testing.T, ctx context.Context, s *stack, tenant, jobID, d string) (traceID, callerSpan string) {
+	t.Helper()
+	var tid [16]byte
+	var sid [8]byte
+	_, _ = rand.Read(tid[:])
+	_, _ = rand.Read(sid[:])
+	traceID, callerSpan = hex.EncodeToString(tid[:]), hex.EncodeToString(sid[:])
+	body := fmt.Sprintf(`{"id":%q,"resources":{"gpu":{"count":1,"model":"any"}},"run":{"duration":%q}}`, jobID, d)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.ep.GatewayURL+"/v1/tenants/"+tenant+"/jobs", bytes.NewReader([]byte(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("traceparent", "00-"+traceID+"-"+callerSpan+"-01")
+	resp, err := authClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		t.Fatalf("submit %s: %s %s", jobID, resp.Status, rb)
+	}
+	return traceID, callerSpan
+}
+
+// wholeTrace waits until Jaeger holds the trace with a span of every one
+// of jobServices and billing's usage publish (the last step), and returns
+// it. The services' batch processors flush every half second.
+func wholeTrace(t *testing.T, j *jaeger, traceID, tenant string) jTrace {
+	t.Helper()
+	var tr jTrace
+	waitFor(t, 30*time.Second, "trace "+traceID+" whole in Jaeger", func() (bool, string) {
+		var err error
+		tr, err = j.trace(traceID)
+		if err != nil {
+			return false, err.Error()
+		}
+		have := map[string]bool{}
+		usage := false
+		for _, sp := range tr.Spans {
+			have[serviceOf(tr.Processes[sp.ProcessID].ServiceName)] = true
+			usage = usage || strings.HasPrefix(sp.OperationName, "publish "+contracts.SubjectUsage(tenant))
+		}
+		for _, svc := range jobServices {
+			if !have[svc] {
+				return false, fmt.Sprintf("no %s span yet among %d", svc, len(tr.Spans))
+			}
+		}
+		return usage, "no usage publish yet"
+	})
+	for _, sp := range tr.Spans {
+		if sp.TraceID != traceID {
+			t.Errorf("span %s %q is in trace %s", sp.SpanID, sp.OperationName, sp.TraceID)
+		}
+	}
+	return tr
+}
+
+func spansByID(tr jTrace) map[string]jSpan {
+	byID := map[string]jSpan{}
+	for _, sp := range tr.Spans {
+		byID[sp.SpanID] = sp
+	}
+	return byID
+}
+
+func parentID(sp jSpan) string {
+	for _, r := range sp.References {
+		if r.RefType == "CHILD_OF" {
+			return r.SpanID
+		}
+	}
+	return ""
+}
+
+func perService(tr jTrace) map[string]int {
+	n := map[string]int{}
+	for _, sp := range tr.Spans {
+		n[tr.Processes[sp.ProcessID].ServiceName]++
+	}
+	return n
+}
+
+// roots are the spans of tr whose parent is not in it.
+func roots(tr jTrace) []string {
+	byID := spansByID(tr)
+	var out []string
+	for _, sp := range tr.Spans {
+		if _, ok := byID[parentID(sp)]; !ok {
+			out = append(out, fmt.Sprintf("%s %q (parent %q)", tr.Processes[sp.ProcessID].ServiceName, sp.OperationName, parentID(sp)))
+		}
+	}
+	return out
+}
+
+func rootOf(tr jTrace) string {
+	if r := roots(tr); len(r) > 0 {
+		return r[0]
+	}
+	return ""
+}
+
+// oneRoot: the only span whose parent is not in the trace is the
+// gateway's server span of the submit.
+func oneRoot(t *testing.T, tr jTrace) {
+	t.Helper()
+	r := roots(tr)
+	if len(r) != 1 || !strings.Contains(r[0], `gateway "POST /v1/tenants/{tenant}/jobs"`) {
+		t.Errorf("trace %s: spans whose parent is not in it: %v; want only the gateway's server span", tr.TraceID, r)
+	}
+}
+
+// searchFindsOnly: Jaeger's tag search by job (and by job and tenant)
+// finds exactly the job's trace in every service of the job.
+func searchFindsOnly(t *testing.T, j *jaeger, tenant, jobID, traceID string, since time.Time) {
+	t.Helper()
+	services, err := j.services()
+	if err != nil {
+		t.Fatal(err)
+	}
+	searched := 0
+	for _, svc := range services {
+		if !slices.Contains(jobServices, serviceOf(svc)) {
+			continue
+		}
+		searched++
+		for _, tags := range []map[string]string{{"gpuplane.job_id": jobID}, {"gpuplane.job_id": jobID, "gpuplane.tenant": tenant}} {
+			found, err := j.findTraces(svc, tags, since)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ids []string
+			for _, f := range found {
+				ids = append(ids, f.TraceID)
+			}
+			if len(ids) != 1 || ids[0] != traceID {
+				t.Errorf("search %s %v: traces %v, want only %s", svc, tags, ids, traceID)
+			}
+		}
+	}
+	if searched < len(jobServices) {
+		t.Errorf("Jaeger knows services %v: want all of %v", services, jobServices)
 	}
 }
 

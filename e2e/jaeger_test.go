@@ -1,0 +1,222 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// EnvRequireJaeger makes the trace test fail instead of skipping when the
+// Jaeger binary is missing (.ci/run sets it after building Jaeger).
+const EnvRequireJaeger = "GPUPLANE_REQUIRE_JAEGER"
+
+// jaegerBinary is the Jaeger v2 binary tilt/install-tools.sh builds
+// (GPUPLANE_JAEGER_BIN overrides it), or "" when there is none.
+func jaegerBinary(t *testing.T) string {
+	t.Helper()
+	bin := os.Getenv("GPUPLANE_JAEGER_BIN")
+	if bin == "" {
+		bin = filepath.Join("..", ".tools", "bin", "jaeger")
+	}
+	if _, err := os.Stat(bin); err != nil {
+		if os.Getenv(EnvRequireJaeger) == "1" {
+			t.Fatalf("%s=1 and no Jaeger binary at %s (build it with `make tools` or tilt/install-tools.sh --with-jaeger)", EnvRequireJaeger, bin)
+		}
+		t.Skipf("no Jaeger binary at %s: build it with tilt/install-tools.sh --with-jaeger", bin)
+	}
+	abs, err := filepath.Abs(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return abs
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+}
+
+// jaeger is a running Jaeger: OTLP/HTTP at otlp (host:port), the query
+// API at api (a base URL).
+type jaeger struct {
+	otlp, api string
+}
+
+// startJaeger runs Jaeger with tilt/jaeger.yaml (loopback, in memory) on
+// free ports until the test ends.
+func startJaeger(t *testing.T) *jaeger {
+	t.Helper()
+	bin := jaegerBinary(t)
+	cfg, err := os.ReadFile(filepath.Join("..", "tilt", "jaeger.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ports := map[string]string{}
+	text := string(cfg)
+	for _, p := range []string{"4317", "4318", "16685", "16686"} {
+		ports[p] = freePort(t)
+		text = strings.ReplaceAll(text, "127.0.0.1:"+p, "127.0.0.1:"+ports[p])
+	}
+	dir := t.TempDir()
+	path := filepath.Join(dir, "jaeger.yaml")
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	logf, err := os.Create(filepath.Join(dir, "jaeger.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "--config=file:"+path)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		_ = logf.Close()
+		if t.Failed() {
+			if b, err := os.ReadFile(logf.Name()); err == nil {
+				t.Logf("jaeger log:\n%s", tail(string(b), 4000))
+			}
+		}
+	})
+	j := &jaeger{otlp: "127.0.0.1:" + ports["4318"], api: "http://127.0.0.1:" + ports["16686"]}
+	waitFor(t, 60*time.Second, "Jaeger's query API", func() (bool, string) {
+		select {
+		case err := <-exited:
+			b, _ := os.ReadFile(logf.Name())
+			t.Fatalf("jaeger exited: %v\n%s", err, tail(string(b), 4000))
+		default:
+		}
+		resp, err := http.Get(j.api + "/api/services")
+		if err != nil {
+			return false, err.Error()
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, resp.Status
+	})
+	return j
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+// The Jaeger query API's model (v1 JSON, what /api/traces returns).
+type jTrace struct {
+	TraceID   string              `json:"traceID"`
+	Spans     []jSpan             `json:"spans"`
+	Processes map[string]jProcess `json:"processes"`
+}
+
+type jSpan struct {
+	TraceID       string `json:"traceID"`
+	SpanID        string `json:"spanID"`
+	OperationName string `json:"operationName"`
+	References    []struct {
+		RefType string `json:"refType"`
+		TraceID string `json:"traceID"`
+		SpanID  string `json:"spanID"`
+	} `json:"references"`
+	Tags      []jTag `json:"tags"`
+	ProcessID string `json:"processID"`
+}
+
+type jTag struct {
+	Key   string `json:"key"`
+	Value any    `json:"value"`
+}
+
+type jProcess struct {
+	ServiceName string `json:"serviceName"`
+}
+
+func (s jSpan) tag(key string) string {
+	for _, t := range s.Tags {
+		if t.Key == key {
+			return fmt.Sprint(t.Value)
+		}
+	}
+	return ""
+}
+
+func (j *jaeger) get(path string, q url.Values, out any) error {
+	resp, err := http.Get(j.api + path + "?" + q.Encode())
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s: %s", path, resp.Status, b)
+	}
+	return json.Unmarshal(b, out)
+}
+
+// findTraces is Jaeger's search: the traces with a span of service tagged
+// with every tag.
+func (j *jaeger) findTraces(service string, tags map[string]string, since time.Time) ([]jTrace, error) {
+	tj, _ := json.Marshal(tags)
+	var res struct {
+		Data []jTrace `json:"data"`
+	}
+	err := j.get("/api/traces", url.Values{"service": {service}, "tags": {string(tj)}, "limit": {"100"},
+		"start": {strconv.FormatInt(since.UnixMicro(), 10)}, "end": {strconv.FormatInt(time.Now().Add(time.Minute).UnixMicro(), 10)}}, &res)
+	return res.Data, err
+}
+
+func (j *jaeger) trace(id string) (jTrace, error) {
+	var res struct {
+		Data []jTrace `json:"data"`
+	}
+	if err := j.get("/api/traces/"+id, nil, &res); err != nil {
+		return jTrace{}, err
+	}
+	if len(res.Data) != 1 {
+		return jTrace{}, fmt.Errorf("trace %s: %d traces", id, len(res.Data))
+	}
+	return res.Data[0], nil
+}
+
+func (j *jaeger) services() ([]string, error) {
+	var res struct {
+		Data []string `json:"data"`
+	}
+	err := j.get("/api/services", nil, &res)
+	return res.Data, err
+}
+
+func (j *jaeger) operations(service string) ([]string, error) {
+	var res struct {
+		Data []string `json:"data"`
+	}
+	err := j.get("/api/services/"+url.PathEscape(service)+"/operations", nil, &res)
+	return res.Data, err
+}
