@@ -300,7 +300,8 @@ func concrete(expr string) string {
 //     drain_gpu, and it migrates (overheating);
 //   - a critical 4-GPU job preempts the best-effort one (preempted);
 //   - two whole-machine jobs in burst: one waits, the autoscaler scales
-//     the pool up, and both succeed.
+//     the pool up, both succeed, and it scales back down: the machine that
+//     left raises nothing (no node_silent, no node_lost).
 //
 // Then every dashboard expression must answer with data, above 0 at some
 // point of the scenario (the SBE panel aside: no fault makes single-bit
@@ -321,9 +322,9 @@ func TestPrometheusSeesTheScenario(t *testing.T) {
 	s := startStack(t, fl, withScheduler(time.Second, time.Second), func(c *gpuplane.Config) {
 		c.Autoscale = []gpuplane.AutoscalePool{{Name: burst, MachineType: "hgx-h100-4", PriceClass: cloud.OnDemand,
 			Min: 1, Max: 2, ProvisionDelay: 500 * time.Millisecond, UpCooldown: time.Second,
-			// No scale-down within the test: a machine that leaves takes
-			// its GPU series with it.
-			DownCooldown: time.Hour, IdleFor: time.Hour}}
+			// Back down soon after the burst: a machine that leaves on
+			// purpose takes its series with it and must raise nothing.
+			DownCooldown: time.Second, IdleFor: 2 * time.Second}}
 		c.Autoscaler = func(ac *autoscaler.Config) { ac.ActuateEvery = 250 * time.Millisecond }
 	})
 	h := s.watchHistory(t)
@@ -419,6 +420,9 @@ func TestPrometheusSeesTheScenario(t *testing.T) {
 	if len(ops.ups()) == 0 {
 		t.Fatalf("no scale-up decision for %s: %s", burst, ops.summary())
 	}
+	waitFor(t, time.Minute, "the burst pool back at its minimum", func() (bool, string) {
+		return len(ops.events(contracts.MachineDeleted)) >= 1, ops.summary()
+	})
 	for _, k := range []string{"acme/xid-victim", "globex/hot-victim"} {
 		if ev, _ := h.last(k); ev.Placement != nil && slices.ContainsFunc(ev.Placement.Devices, func(d contracts.DeviceRef) bool {
 			return d.UUID == xidGPU || d.UUID == hotGPU
@@ -442,6 +446,8 @@ func TestPrometheusSeesTheScenario(t *testing.T) {
 		`sum(gpuplane_scale_decisions_total{pool="burst",direction="up"})`:                    float64(len(ops.ups())),
 		`sum(gpuplane_machine_events_total{pool="burst",kind="ready"}) - 1`:                   1, // the minimum's machine was there before
 		`sum(gpuplane_machine_events_total{pool="burst",kind="requested"}) - 1`:               1,
+		`gpuplane_machine_events_total{pool="burst",kind="draining"}`:                         1,
+		`gpuplane_machine_events_total{pool="burst",kind="deleted"}`:                          1,
 		// The DBE's XID 48 came after the XID 79: the last XID.
 		`count(DCGM_FI_DEV_XID_ERRORS{UUID="` + xidGPU + `"} == 48)`:      1,
 		`count(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL{UUID="` + xidGPU + `"} > 0)`: 1,
