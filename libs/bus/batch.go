@@ -99,7 +99,7 @@ func (b *Bus) settleBatch(ctx context.Context, spec ConsumerSpec, raws []jetstre
 		if errs != nil {
 			err = errs[i]
 		}
-		b.settle(ctx, spec, raw, msgs[i], span, err, false)
+		b.settle(ctx, spec, raw, msgs[i], span, err)
 	}
 }
 

@@ -2,6 +2,7 @@ package bus_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -87,4 +88,131 @@ func TestConcurrentProvisioningOnAFreshCluster(t *testing.T) {
 			t.Errorf("bucket %s has %d replicas, want 3", kv.Bucket, r)
 		}
 	}
+}
+
+// clusterBus connects to url (one member or a list) as the operator, with
+// R3 streams.
+func clusterBus(t *testing.T, c *natstest.Cluster, url, name string) *bus.Bus {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := bus.Connect(ctx, bus.Config{URL: url, Name: name, CredsFile: natstest.Operator(t, c),
+		Streams: contracts.StreamOptions{Replicas: 3}})
+	if err != nil {
+		t.Fatalf("connect %s: %v", name, err)
+	}
+	t.Cleanup(func() { _ = b.Close(context.Background()) })
+	return b
+}
+
+// TestConsumerKeepsUpAcrossLeaderChanges (issue 13, finding 6): a durable
+// consumer's leader changes (elections at a cold start, a member lost or
+// restarted) and the consumer goes on at once. Before, the bus waited for
+// the server to confirm each ack; the confirmation of an ack that met a
+// change of leader never came, and the consumer stood still for nats.go's
+// 5 s API timeout before its next message: ten changes of leader took
+// about 35 s. Then the member leading the consumer dies and the consumer,
+// connected to another member, goes on.
+func TestConsumerKeepsUpAcrossLeaderChanges(t *testing.T) {
+	c := natstest.StartCluster(t, 3)
+	op := clusterBus(t, c, c.URLs(), "operator")
+	// The consumer's connection is to member 0 alone, which stays up.
+	cb := clusterBus(t, c, c.URL(0), "consumer")
+	subject := contracts.SubjectAlert("resume")
+	const durable = "resume-test"
+	got := make(chan string, 64)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- cb.Consume(ctx, bus.ConsumerSpec{Stream: contracts.StreamOps, Durable: durable,
+			FilterSubjects: []string{subject}}, func(_ context.Context, m *bus.Msg) error {
+			got <- m.ID()
+			return nil
+		})
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Consume: %v", err)
+		}
+	}()
+	n := 0
+	// deliver publishes one message and waits until the consumer handled
+	// it (a lost ack redelivers an earlier one meanwhile: skipped).
+	deliver := func(dctx context.Context) {
+		t.Helper()
+		n++
+		id := fmt.Sprintf("m%d", n)
+		if _, err := op.Publish(dctx, subject, id, map[string]int{"n": n}); err != nil {
+			t.Fatalf("publish %s: %v", id, err)
+		}
+		for {
+			select {
+			case g := <-got:
+				if g == id {
+					return
+				}
+			case <-dctx.Done():
+				t.Fatalf("%s not handled: %v", id, dctx.Err())
+			}
+		}
+	}
+	stepDown := func() int {
+		t.Helper()
+		before := c.ConsumerLeader(contracts.StreamOps, durable)
+		if _, err := op.Conn().Request("$JS.API.CONSUMER.LEADER.STEPDOWN."+contracts.StreamOps+"."+durable, nil, 5*time.Second); err != nil {
+			t.Fatalf("consumer step-down: %v", err)
+		}
+		return waitLeader(t, func() int {
+			if l := c.ConsumerLeader(contracts.StreamOps, durable); l != before {
+				return l
+			}
+			return -1
+		})
+	}
+	first, cancelFirst := context.WithTimeout(context.Background(), 30*time.Second)
+	deliver(first)
+	cancelFirst()
+
+	// Ten changes of leader, a message after each: the old bus stood
+	// still 5 s after most of them. 20 s is not a timing assertion,
+	// only a bound well above what the changes themselves take.
+	changes, cancelChanges := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancelChanges()
+	leader := -1
+	for range 10 {
+		leader = stepDown()
+		deliver(changes)
+	}
+	for range 10 {
+		if leader != 0 {
+			break
+		}
+		leader = stepDown()
+		deliver(changes)
+	}
+	if leader == 0 {
+		t.Fatal("the consumer's leadership stayed on member 0")
+	}
+
+	// The leader dies; the consumer's own member stays up.
+	c.Kill(leader)
+	waitLeader(t, func() int { return c.ConsumerLeader(contracts.StreamOps, durable) })
+	after, cancelAfter := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancelAfter()
+	deliver(after)
+}
+
+// waitLeader polls f (at most 30 s) until it returns an index >= 0.
+func waitLeader(t *testing.T, f func() int) int {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if i := f(); i >= 0 {
+			return i
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	t.Fatal("no leader within 30s")
+	return -1
 }

@@ -54,7 +54,7 @@ func (m *Msg) InProgress() error {
 }
 
 // Handler handles one message. Its error decides the message's fate:
-//   - nil: the message is acknowledged (double ack: the server confirmed it).
+//   - nil: the message is acknowledged (see settle).
 //   - an error wrapped with Permanent: the message can never succeed; it is
 //     copied to the dead-letter subject and terminated. A handler that owes
 //     someone an answer (a rejected event) publishes it before returning.
@@ -409,22 +409,26 @@ func (b *Bus) handle(ctx context.Context, spec ConsumerSpec, raw jetstream.Msg, 
 		err = safeCall(ctx, h, m)
 	}
 	b.attempted(m, span, err != nil)
-	b.settle(ctx, spec, raw, m, span, err, true)
+	b.settle(ctx, spec, raw, m, span, err)
 }
 
 // settle acknowledges, redelivers or dead-letters one handled message
-// according to the handler's error (see Handler). A double ack waits for
-// the server to confirm it; a plain one does not (a lost ack is a
-// redelivery, which an idempotent handler shrugs off).
-func (b *Bus) settle(ctx context.Context, spec ConsumerSpec, raw jetstream.Msg, m *Msg, span trace.Span, err error, double bool) {
+// according to the handler's error (see Handler).
+//
+// The ack is a plain one: it does not wait for the server to confirm it.
+// A lost ack is a redelivery, which an idempotent handler shrugs off, and
+// waiting would not prevent it (a confirmation that does not come is
+// given up on too). Waiting did cost: the confirmation comes from the
+// consumer's leader, and one that changed meanwhile (a cluster electing at
+// a cold start, a member lost or restarted) never answers, so each
+// consumer stood still for nats.go's 5 s API timeout before its next
+// message (issue 13, finding 6); on R3 every ack also waited for its
+// replication.
+func (b *Bus) settle(ctx context.Context, spec ConsumerSpec, raw jetstream.Msg, m *Msg, span trace.Span, err error) {
 	log := b.log.With("subject", m.Subject, "stream_seq", m.StreamSeq, "consumer", spec.Durable)
 	switch {
 	case err == nil:
-		ack := raw.Ack
-		if double {
-			ack = func() error { return raw.DoubleAck(ctx) }
-		}
-		if aerr := ack(); aerr != nil && ctx.Err() == nil {
+		if aerr := raw.Ack(); aerr != nil && ctx.Err() == nil {
 			// The work is done and idempotent: a redelivery is harmless.
 			log.Warn("ack failed; message may be redelivered", "err", aerr)
 		}
