@@ -20,6 +20,10 @@ const LeaseKeyResourceManager = "resource-manager"
 // provider and writes scale decisions; its replicas are standbys.
 const LeaseKeyAutoscaler = "autoscaler"
 
+// LeaseKeyMonitor is the lease of the one monitor replica that publishes
+// alerts; every replica serves metrics.
+const LeaseKeyMonitor = "monitor"
+
 // Lease is the value of a leader lease. Epoch is the fencing token: it
 // grows by one each time leadership changes hands and never goes back, so
 // a reader refuses work stamped with an older epoch (RefusedStaleEpoch).

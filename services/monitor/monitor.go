@@ -26,6 +26,7 @@
 package monitor
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -41,6 +42,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/lease"
 	"github.com/gpuplane/gpuplane/libs/service"
 	"github.com/gpuplane/gpuplane/libs/telemetry"
 	"github.com/gpuplane/gpuplane/services/monitor/internal/metrics"
@@ -71,12 +73,20 @@ type Config struct {
 	// OnListen, if set, is called with the bound HTTP address once the
 	// listener is open. Not a flag.
 	OnListen func(addr string)
+	// Instance names this replica on the bus (connection name and
+	// CloudEvents source of its alerts); default "monitor".
+	Instance string
+	// LeaseTTL is how long the alerting lease lasts unrenewed (lease.go):
+	// every replica serves /metrics, only the lease holder publishes
+	// alerts. 0 runs without election (a single instance). Default 3 s.
+	LeaseTTL time.Duration
 }
 
 // DefaultConfig returns the defaults, with the bus settings from the
 // environment.
 func DefaultConfig() Config {
-	return Config{Bus: service.DefaultBusConfig(), Addr: "127.0.0.1:9400", SilentAfter: 3 * time.Second, EvalInterval: time.Second}
+	return Config{Bus: service.DefaultBusConfig(), Addr: "127.0.0.1:9400", SilentAfter: 3 * time.Second, EvalInterval: time.Second,
+		Instance: Name, LeaseTTL: 3 * time.Second}
 }
 
 // RegisterFlags adds the monitor's flags to fs, defaulting to c.
@@ -86,6 +96,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.SilentAfter, "silent-after", c.SilentAfter, "raise node_silent when a node sends no telemetry for this long")
 	fs.StringVar(&c.RulesFile, "rules", c.RulesFile, "alert rules file (YAML or JSON); empty for the built-in rules")
 	fs.DurationVar(&c.EvalInterval, "eval-interval", c.EvalInterval, "how often alert rules are evaluated")
+	fs.StringVar(&c.Instance, "name", c.Instance, "this replica's connection name and CloudEvents source")
+	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "alerting lease duration: every replica serves /metrics, one publishes alerts; a standby takes over at most this long after it dies (0: no election)")
 }
 
 // Validate reports every problem at once.
@@ -96,6 +108,14 @@ func (c Config) Validate() error {
 	}
 	if c.SilentAfter <= 0 {
 		errs = append(errs, fmt.Errorf("silent-after is %s; want > 0", c.SilentAfter))
+	}
+	if c.LeaseTTL != 0 && (c.LeaseTTL < 30*time.Millisecond || c.LeaseTTL > time.Minute) {
+		errs = append(errs, fmt.Errorf("lease ttl is %s; want 0 (no election) or 30ms to 1m", c.LeaseTTL))
+	}
+	if c.Instance != "" {
+		if err := contracts.ValidateID(c.Instance); err != nil {
+			errs = append(errs, fmt.Errorf("name: %w", err))
+		}
 	}
 	if c.EvalInterval <= 0 {
 		errs = append(errs, fmt.Errorf("eval-interval is %s; want > 0", c.EvalInterval))
@@ -128,7 +148,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if log == nil {
 		log = slog.Default()
 	}
-	rt, err := service.Start(ctx, Name, cfg.Bus, log)
+	rt, err := service.Start(ctx, cmp.Or(cfg.Instance, Name), cfg.Bus, log)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -180,6 +200,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	m.follow(g, gctx, "heartbeats", bus.FollowSpec{Stream: contracts.StreamHeartbeats,
 		FilterSubjects: []string{contracts.SubjectHeartbeatAll}, LastPerSubject: true}, m.onHeartbeat)
 	m.watchNodeAdmin(g, gctx)
+	if cfg.LeaseTTL > 0 {
+		m.follow(g, gctx, "alerts", bus.FollowSpec{Stream: contracts.StreamOps,
+			FilterSubjects: m.alertSubjects(), StartSeq: m.alertsSeq + 1}, m.onLeaderAlert)
+		g.Go(func() error { return m.contend(gctx) })
+	}
 	g.Go(func() error { return m.alertLoop(gctx) })
 	// Serve only once every follower is counted: /healthz reads the count.
 	g.Go(func() error {
@@ -217,6 +242,12 @@ type monitor struct {
 	// HTTP server starts and never changes after.
 	followers int
 	caughtUp  atomic.Int32
+	// term is the alerting lease term held now; nil while standby
+	// (lease.go). Unused without election.
+	term atomic.Pointer[lease.Term]
+	// alertsSeq is the OPS sequence of the last alert restoreAlerts read:
+	// a standby follows the leader's alerts from there (lease.go).
+	alertsSeq uint64
 }
 
 // follow starts one ordered read of a stream into the read model. A message
@@ -424,42 +455,56 @@ func (m *monitor) onNode(msg *bus.Msg) error {
 // autoscaler's spot_interruption and billing's budget alerts share the
 // stream (and may be many), and are none of the monitor's episodes.
 func (m *monitor) restoreAlerts(ctx context.Context) error {
-	subjects := []string{contracts.SubjectAlert(silence.Kind)}
-	for _, k := range m.rules.Kinds() {
-		subjects = append(subjects, contracts.SubjectAlert(k))
-	}
 	n := 0
-	_, err := m.bus.Replay(ctx, bus.FollowSpec{Stream: contracts.StreamOps,
-		FilterSubjects: subjects}, func(_ context.Context, msg *bus.Msg) error {
-		var a contracts.Alert
-		if err := msg.Decode(&a); err != nil {
-			m.log.Warn("skipping undecodable alert", "subject", msg.Subject, "stream_seq", msg.StreamSeq, "err", err)
-			return nil
+	last, err := m.bus.Replay(ctx, bus.FollowSpec{Stream: contracts.StreamOps,
+		FilterSubjects: m.alertSubjects()}, func(_ context.Context, msg *bus.Msg) error {
+		if m.restoreAlert(msg) {
+			n++
 		}
-		// The subject is the trusted source of the kind.
-		a.Kind = contracts.Token(msg.Subject, 2)
-		var err error
-		if a.Kind == silence.Kind {
-			err = m.silent.Restore(a)
-		} else {
-			var ours bool
-			ours, err = m.rules.Restore(a)
-			if !ours {
-				return nil
-			}
-		}
-		if err != nil {
-			m.log.Warn("skipping alert", "subject", msg.Subject, "stream_seq", msg.StreamSeq, "err", err)
-			return nil
-		}
-		n++
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("replay alerts: %w", err)
 	}
+	m.alertsSeq = last
 	m.log.Debug("alerts restored", "alerts", n)
 	return nil
+}
+
+// alertSubjects are the subjects of the monitor's own alert kinds.
+func (m *monitor) alertSubjects() []string {
+	subjects := []string{contracts.SubjectAlert(silence.Kind)}
+	for _, k := range m.rules.Kinds() {
+		subjects = append(subjects, contracts.SubjectAlert(k))
+	}
+	return subjects
+}
+
+// restoreAlert folds one published alert of the monitor's kinds into the
+// silence detector or the rules engine; it reports whether it was one.
+func (m *monitor) restoreAlert(msg *bus.Msg) bool {
+	var a contracts.Alert
+	if err := msg.Decode(&a); err != nil {
+		m.log.Warn("skipping undecodable alert", "subject", msg.Subject, "stream_seq", msg.StreamSeq, "err", err)
+		return false
+	}
+	// The subject is the trusted source of the kind.
+	a.Kind = contracts.Token(msg.Subject, 2)
+	var err error
+	if a.Kind == silence.Kind {
+		err = m.silent.Restore(a)
+	} else {
+		var ours bool
+		ours, err = m.rules.Restore(a)
+		if !ours {
+			return false
+		}
+	}
+	if err != nil {
+		m.log.Warn("skipping alert", "subject", msg.Subject, "stream_seq", msg.StreamSeq, "err", err)
+		return false
+	}
+	return true
 }
 
 // alertLoop checks for silent nodes a few times per SilentAfter, evaluates
@@ -495,6 +540,9 @@ func (m *monitor) alertLoop(ctx context.Context) error {
 				continue
 			}
 			m.model.Forget(now.Add(-m.cfg.SilentAfter))
+			if !m.alerting() {
+				continue // the leader checks and publishes; see lease.go
+			}
 			for _, c := range m.silent.Check(now) {
 				a := c.Alert()
 				if _, err := m.bus.Publish(ctx, contracts.SubjectAlert(silence.Kind), c.ID(), a, bus.CESubject(c.Node)); err != nil {
@@ -526,6 +574,9 @@ func (m *monitor) evaluate(ctx context.Context, now time.Time) error {
 		for _, h := range m.model.Heartbeats() {
 			m.rules.IngestNode(h.Node, h.Pool, now, rules.NodeValues{HeartbeatAge: h.Age(now)})
 		}
+	}
+	if !m.alerting() {
+		return nil // the windows are fed; the leader evaluates (lease.go)
 	}
 	for _, tr := range m.rules.Evaluate(now) {
 		if _, err := m.bus.Publish(ctx, contracts.SubjectAlert(tr.Kind), tr.ID(), tr.Alert(), bus.CESubject(tr.Key)); err != nil {
