@@ -187,8 +187,12 @@ func (j *jaeger) findTraces(service string, tags map[string]string, since time.T
 	var res struct {
 		Data []jTrace `json:"data"`
 	}
-	err := j.get("/api/traces", url.Values{"service": {service}, "tags": {string(tj)}, "limit": {"100"},
-		"start": {strconv.FormatInt(since.UnixMicro(), 10)}, "end": {strconv.FormatInt(time.Now().Add(time.Minute).UnixMicro(), 10)}}, &res)
+	q := url.Values{"service": {service}, "limit": {"10000"},
+		"start": {strconv.FormatInt(since.UnixMicro(), 10)}, "end": {strconv.FormatInt(time.Now().Add(time.Minute).UnixMicro(), 10)}}
+	if len(tags) > 0 {
+		q.Set("tags", string(tj))
+	}
+	err := j.get("/api/traces", q, &res)
 	return res.Data, err
 }
 
