@@ -310,6 +310,9 @@ func concrete(expr string) string {
 // cause must have fired: gpu_xid and gpu_ecc_dbe on the XID GPU, gpu_hot
 // on the overheated one, none from the GPUs warming up under their jobs.
 func TestPrometheusSeesTheScenario(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts Prometheus and the whole platform")
+	}
 	prom, _ := prometheusTools(t)
 	const burst = "burst"
 	fl := &fleet.Fleet{
