@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -447,7 +448,10 @@ func checkBus(t *testing.T, r *rendered) {
 			wantKey := w.name + ".creds"
 			if w.name == "node-agent" {
 				wantKey = "" // a file of the machine's, not a secret's
+			} else if role, ok := identities(t)[w.name]; !ok || role != w.name {
+				t.Errorf("%s: deploy/identities.yaml has no identity %s with role %s (gpuplane-creds would mint no %s)", cid, w.name, w.name, wantKey)
 			}
+			checkListenPort(t, cid, c)
 			checkMounted(t, cid, w.pod.Spec, c, creds, wantKey)
 			flags := serviceFlags(t, w.name)
 			for _, a := range c.Args {
@@ -460,6 +464,50 @@ func checkBus(t *testing.T, r *rendered) {
 				}
 			}
 			checkProbeCommand(t, cid, c)
+		}
+	}
+}
+
+// identities reads deploy/identities.yaml: name -> role. The creds
+// secret is what gpuplane-creds mints from it, one <name>.creds each.
+func identities(t *testing.T) map[string]string {
+	t.Helper()
+	data, err := os.ReadFile("identities.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d struct {
+		Identities []struct {
+			Name  string `json:"name"`
+			Role  string `json:"role"`
+			Scope string `json:"scope"`
+		} `json:"identities"`
+	}
+	if err := yaml.Unmarshal(data, &d); err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]string{}
+	for _, id := range d.Identities {
+		ids[id.Name] = id.Role
+	}
+	return ids
+}
+
+// checkListenPort: a service told to listen (-addr) listens on a port its
+// container declares, so probes and Services reach it.
+func checkListenPort(t *testing.T, cid string, c corev1.Container) {
+	t.Helper()
+	for _, a := range c.Args {
+		addr, ok := strings.CutPrefix(a, "-addr=")
+		if !ok {
+			continue
+		}
+		_, port, _ := strings.Cut(addr, ":")
+		if !slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return strconv.Itoa(int(p.ContainerPort)) == port }) {
+			t.Errorf("%s: listens on %s, a port the container does not declare", cid, addr)
+		}
+		if strings.HasPrefix(addr, "127.") || strings.HasPrefix(addr, "localhost") {
+			t.Errorf("%s: listens on loopback only (%s): probes and Services cannot reach it", cid, addr)
 		}
 	}
 }

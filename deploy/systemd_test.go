@@ -218,8 +218,16 @@ func checkUnit(t *testing.T, path string) {
 	}
 	creds := map[string]bool{}
 	for _, lc := range u["Service"]["LoadCredential"] {
-		id, _, _ := strings.Cut(lc, ":")
+		id, path, _ := strings.Cut(lc, ":")
 		creds[id] = true
+		// The creds file gpuplane-creds mints for the identity of this
+		// service's name and role (deploy/identities.yaml).
+		if name, ok := strings.CutPrefix(path, "/etc/gpuplane/creds/"); ok {
+			name = strings.TrimSuffix(name, ".creds")
+			if role, ok := identities(t)[name]; !ok || name != svc || role != svc {
+				t.Errorf("LoadCredential %s: want /etc/gpuplane/creds/%s.creds of an identity %s with role %s", lc, svc, svc, svc)
+			}
+		}
 	}
 	flags := serviceFlags(t, svc)
 	for _, a := range exec[1:] {
