@@ -32,7 +32,7 @@ ARGS ?=
 CHAOS_DURATION ?= 4m
 chaos:
 	set -o pipefail; GPUPLANE_CHAOS_FULL=1 CHAOS_DURATION=$(CHAOS_DURATION) \
-	  $(GO) test -count=1 -v -run '^TestChaos$$' -timeout 40m ./e2e/chaos/ 2>&1 | grep -v '^time=' | tee chaos.out
+	  $(GO) test -count=1 -v -run '^TestChaos$$' -timeout 40m ./e2e/chaos/ 2>&1 | grep --line-buffered -v '^time=' | tee chaos.out
 
 # System-level and core benchmarks; results also land in bench.out.
 # BENCHTIME=5x for steadier figures (the end-to-end burst). The placement

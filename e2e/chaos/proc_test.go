@@ -4,10 +4,12 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -71,8 +73,8 @@ func (p *proc) startLocked() error {
 		p.mu.Lock()
 		own := p.cmd == cmd // not killed by the suite
 		if own {
-			p.exits = append(p.exits, fmt.Sprintf("%s (start #%d) exited on its own at %s: %v",
-				p.name, p.starts, time.Now().Format("15:04:05.000"), err))
+			p.exits = append(p.exits, fmt.Sprintf("%s (start #%d) exited on its own at %s: %v%s",
+				p.name, p.starts, time.Now().Format("15:04:05.000"), err, p.lastError()))
 			p.cmd = nil
 		}
 		closing := p.closing
@@ -176,6 +178,21 @@ func (p *proc) tail(n int) string {
 	return strings.Join(lines, "\n")
 }
 
+// lastError is the last error line of the log, which says why a service
+// exited, cut to 200 characters; empty when there is none.
+func (p *proc) lastError() string {
+	lines := strings.Split(p.tail(20), "\n")
+	for _, l := range slices.Backward(lines) {
+		if strings.Contains(l, "level=ERROR") || strings.Contains(l, "[FTL]") {
+			if len(l) > 200 {
+				l = l[:200]
+			}
+			return ": " + l
+		}
+	}
+	return ""
+}
+
 // newProc makes a proc logging to dir/<name>.log.
 func newProc(t *testing.T, dir, name, kind, bin string, args, env []string) *proc {
 	t.Helper()
@@ -214,13 +231,21 @@ func build(t *testing.T, dir string) {
 	t.Logf("built the services and nats-server in %.1fs", time.Since(start).Seconds())
 }
 
-// freePort returns a port free on 127.0.0.1 now.
+// freePort returns a port free on 127.0.0.1 now, below Linux's ephemeral
+// range (32768-60999): a port from that range, freed by a killed process,
+// can be taken as the source port of any outgoing connection before the
+// process comes back to listen on it again ("address already in use").
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 1000 {
+		port := 20000 + rand.IntN(12000)
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		_ = ln.Close()
+		return port
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	t.Fatal("no free port in 20000-31999")
+	return 0
 }
