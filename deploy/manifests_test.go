@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -582,6 +583,13 @@ func checkNATS(t *testing.T, r *rendered) {
 			if got := env[fmt.Sprintf("GPUPLANE_NATS_ROUTE_%d", i)].Value; got != want {
 				t.Errorf("nats: route %d is %q, want %q", i, got, want)
 			}
+		}
+		if ps := c.Lifecycle; ps == nil || ps.PreStop == nil || ps.PreStop.Exec == nil ||
+			!slices.Equal(ps.PreStop.Exec.Command, []string{"/usr/local/bin/nats-server", "--signal", "ldm=1"}) {
+			t.Error("nats: no preStop hook putting the server in lame duck mode")
+		}
+		if g := s.Spec.Template.Spec.TerminationGracePeriodSeconds; g == nil || time.Duration(*g)*time.Second <= lameDuck {
+			t.Errorf("nats: termination grace %v does not leave lame duck mode its %v", g, lameDuck)
 		}
 		if k := env["GPUPLANE_JS_KEY"]; k.ValueFrom == nil || k.ValueFrom.SecretKeyRef == nil {
 			t.Error("nats: the JetStream key is not read from a secret")

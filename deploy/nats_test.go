@@ -285,4 +285,12 @@ func checkServerOptions(t *testing.T, o *server.Options) {
 	if o.Cluster.Name == "" {
 		t.Error("no cluster name")
 	}
+	if o.LameDuckDuration+o.LameDuckGracePeriod != lameDuck {
+		t.Errorf("lame duck %v + %v, want %v (the stop timeouts of deploy/ are sized for it)", o.LameDuckDuration, o.LameDuckGracePeriod, lameDuck)
+	}
 }
+
+// lameDuck is how long a stopping server takes to hand its clients over
+// and exit (lame_duck_duration + lame_duck_grace_period); systemd's
+// TimeoutStopSec and the pod's termination grace must exceed it.
+const lameDuck = 40 * time.Second

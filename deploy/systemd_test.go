@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // unit is a parsed systemd unit: section -> key -> values in order.
@@ -188,6 +189,12 @@ func checkUnit(t *testing.T, path string) {
 			}
 		}
 		sandbox["ProtectSystem"], sandbox["NoNewPrivileges"], sandbox["CapabilityBoundingSet"] = "strict", "yes", ""
+		if u.get("Service", "KillSignal") != "SIGUSR2" {
+			t.Error("nats-server is not stopped in lame duck mode (KillSignal=SIGUSR2)")
+		}
+		if d, err := time.ParseDuration(u.get("Service", "TimeoutStopSec")); err != nil || d <= lameDuck {
+			t.Errorf("TimeoutStopSec %q does not leave lame duck mode its %v", u.get("Service", "TimeoutStopSec"), lameDuck)
+		}
 	case "node-agent":
 		// Root, a lighter sandbox (its runs inherit it), and runs that
 		// outlive a restart of the agent.
