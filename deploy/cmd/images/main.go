@@ -32,6 +32,8 @@ import (
 	"strings"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
 	"github.com/gpuplane/gpuplane/deploy/internal/images"
 )
 
@@ -44,6 +46,10 @@ type Service struct {
 	// with the shared libraries it links; the image is then as
 	// reproducible as that package's version.
 	Host string
+	// Smoke are arguments with which the entrypoint exits 0 at once (its
+	// help or version): run from the image as the image's user, they
+	// prove the image starts (see smoke).
+	Smoke []string
 }
 
 // Services are the images `make images` builds, one per Deployment or
@@ -51,7 +57,7 @@ type Service struct {
 func Services(root string) []Service {
 	svc := func(name string, cgo bool) Service {
 		return Service{Name: name, Build: images.GoBuild{
-			ModuleDir: filepath.Join(root, "services", name), Package: "./cmd/" + name, Cgo: cgo}}
+			ModuleDir: filepath.Join(root, "services", name), Package: "./cmd/" + name, Cgo: cgo}, Smoke: []string{"-h"}}
 	}
 	return []Service{
 		svc("scheduler", false),
@@ -62,8 +68,9 @@ func Services(root string) []Service {
 		svc("gateway", false),
 		svc("node-agent", true),
 		// NATS from the module version every other part pins.
-		{Name: "nats-server", Build: images.GoBuild{ModuleDir: filepath.Join(root, "deploy"), Package: "github.com/nats-io/nats-server/v2"}},
-		{Name: "redis", Host: "/usr/bin/redis-server"},
+		{Name: "nats-server", Build: images.GoBuild{ModuleDir: filepath.Join(root, "deploy"), Package: "github.com/nats-io/nats-server/v2"},
+			Smoke: []string{"--version"}},
+		{Name: "redis", Host: "/usr/bin/redis-server", Smoke: []string{"--version"}},
 	}
 }
 
@@ -251,6 +258,9 @@ func run(ctx context.Context, log *slog.Logger, root, out, component, only, ca, 
 		if err != nil {
 			return err
 		}
+		if err := smoke(ctx, log, img, s.Smoke); err != nil {
+			return fmt.Errorf("image %s does not start: %w", spec.Name, err)
+		}
 		digests[spec.Name] = d.String()
 		log.Info("image", "name", spec.Name, "digest", d.String(), "layout", filepath.Join(out, s.Name), "took", time.Since(start).Round(time.Millisecond))
 	}
@@ -258,6 +268,33 @@ func run(ctx context.Context, log *slog.Logger, root, out, component, only, ca, 
 		return nil
 	}
 	return WriteComponent(component, digests, source)
+}
+
+// smoke runs the image's entrypoint with args from the unpacked image, as
+// its user (images.Run), when this process is root; otherwise it says it
+// did not.
+func smoke(ctx context.Context, log *slog.Logger, img v1.Image, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	if os.Geteuid() != 0 {
+		log.Warn("start check skipped: it needs root (chroot, another user)")
+		return nil
+	}
+	dir, err := os.MkdirTemp("", "gpuplane-rootfs-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	if err := images.Unpack(img, dir); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if out, err := images.Run(ctx, img, dir, args...); err != nil {
+		return fmt.Errorf("%v: %w\n%s", args, err, out)
+	}
+	return nil
 }
 
 // ProbeBuild builds gpuplane-probe from this module.
