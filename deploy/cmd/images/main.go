@@ -52,8 +52,8 @@ type Service struct {
 	Smoke []string
 }
 
-// Services are the images `make images` builds, one per Deployment or
-// DaemonSet of deploy/kubernetes.
+// Services are the images `make images` builds, one per workload of
+// deploy/kubernetes (TestManifests checks the manifests use exactly these).
 func Services(root string) []Service {
 	svc := func(name string, cgo bool) Service {
 		return Service{Name: name, Build: images.GoBuild{
