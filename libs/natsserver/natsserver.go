@@ -63,6 +63,11 @@ type Options struct {
 	// Routes are the route URLs of the members (nats-route://host:port);
 	// a member may list its own, which the server ignores.
 	Routes []string
+	// ClusterAdvertise is the route address the member tells the others
+	// to reach it at ("host:port"), instead of its listen address. A test
+	// cluster whose routes pass through proxies names one nobody listens
+	// on, so that no member learns a way around the proxies.
+	ClusterAdvertise string
 	// OnViolation, when set, is called with each permissions violation
 	// and authorization failure the server reports (tests fail on the
 	// ones they did not provoke: a service needing a subject its identity
@@ -188,6 +193,7 @@ func cluster(opts *server.Options, o Options) error {
 	if opts.Cluster.Port == 0 {
 		opts.Cluster.Port = -1
 	}
+	opts.Cluster.Advertise = o.ClusterAdvertise
 	for _, r := range o.Routes {
 		u, err := url.Parse(r)
 		if err != nil {

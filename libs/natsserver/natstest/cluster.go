@@ -35,6 +35,10 @@ type Cluster struct {
 	// Restart replaces it.
 	Servers []*natsserver.Server
 
+	// proxies[i][j] carries the routes member i opens to member j
+	// (WithPartitions); nil otherwise.
+	proxies [][]*routeProxy
+
 	mu       sync.Mutex
 	opts     []natsserver.Options
 	down     []bool
@@ -54,8 +58,12 @@ func StartCluster(t testing.TB, n int) *Cluster {
 // StartClusterWith starts an n-member cluster whose members share o's
 // settings (SyncAlways, MaxMemory, Trust, OnViolation); names, ports,
 // store directories and routes are the cluster's own.
-func StartClusterWith(t testing.TB, n int, o natsserver.Options) *Cluster {
+func StartClusterWith(t testing.TB, n int, o natsserver.Options, opts ...ClusterOption) *Cluster {
 	t.Helper()
+	var cc clusterConfig
+	for _, opt := range opts {
+		opt(&cc)
+	}
 	if n < 1 {
 		t.Fatalf("StartCluster: %d members", n)
 	}
@@ -86,6 +94,18 @@ func StartClusterWith(t testing.TB, n int, o natsserver.Options) *Cluster {
 		credsDir: filepath.Join(t.TempDir(), "creds"),
 		creds:    map[contracts.Identity]string{},
 	}
+	t.Cleanup(c.shutdown)
+	if cc.partitions {
+		c.proxies = make([][]*routeProxy, n)
+		for i := range n {
+			c.proxies[i] = make([]*routeProxy, n)
+			for j := range n {
+				if j != i {
+					c.proxies[i][j] = newRouteProxy(t, fmt.Sprintf("127.0.0.1:%d", ports[n+j]))
+				}
+			}
+		}
+	}
 	for i := range n {
 		mo := o
 		mo.Host = "127.0.0.1"
@@ -94,10 +114,22 @@ func StartClusterWith(t testing.TB, n int, o natsserver.Options) *Cluster {
 		mo.ClusterName = "gpuplane-test"
 		mo.ClusterPort = ports[n+i]
 		mo.Routes = routes
+		if c.proxies != nil {
+			// Member i reaches each other member only through its
+			// proxy, and advertises a route address nobody listens on:
+			// a member told of another by gossip must not connect to
+			// it around the proxies (its one try is refused).
+			mo.Routes = nil
+			for j := range n {
+				if j != i {
+					mo.Routes = append(mo.Routes, "nats-route://"+c.proxies[i][j].addr())
+				}
+			}
+			mo.ClusterAdvertise = "127.0.0.1:1"
+		}
 		mo.StoreDir = t.TempDir()
 		c.opts[i] = mo
 	}
-	t.Cleanup(c.shutdown)
 	// Members start together: each waits for its routes, and a member
 	// started alone would not see the others until they exist anyway.
 	var wg sync.WaitGroup
@@ -318,4 +350,11 @@ func (c *Cluster) shutdown() {
 		wg.Go(s.Shutdown)
 	}
 	wg.Wait()
+	for _, row := range c.proxies {
+		for _, p := range row {
+			if p != nil {
+				p.close()
+			}
+		}
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gpuplane/gpuplane/libs/natsauth"
+	"github.com/gpuplane/gpuplane/libs/natsserver"
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 )
 
@@ -121,4 +122,97 @@ func waitFor(t *testing.T, f func() int) int {
 	}
 	t.Fatal("no leader within 30s")
 	return -1
+}
+
+// TestPartitionCutsAMemberOff: the member leading an R3 stream, cut off
+// from the others while it keeps running, no longer stores anything (a
+// publish through it gets no ack), the two others elect a new leader and
+// go on storing, and once healed the member catches up.
+func TestPartitionCutsAMemberOff(t *testing.T) {
+	c := natstest.StartClusterWith(t, 3, natsserver.Options{}, natstest.WithPartitions())
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	opts, err := natsauth.ClientOptions(natstest.Operator(t, c))
+	if err != nil {
+		t.Fatal(err)
+	}
+	connect := func(i int) jetstream.JetStream {
+		t.Helper()
+		// One member only, no failover: the test says where it talks.
+		nc, err := nats.Connect(c.URL(i), append(opts, nats.DontRandomize(), nats.NoReconnect())...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return js
+	}
+	js0 := connect(0)
+	if _, err := js0.CreateStream(ctx, jetstream.StreamConfig{Name: "PART", Subjects: []string{"part.>"}, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	publish := func(js jetstream.JetStream, i int, within time.Duration) error {
+		pctx, pcancel := context.WithTimeout(ctx, within)
+		defer pcancel()
+		for {
+			actx, acancel := context.WithTimeout(pctx, time.Second)
+			_, err := js.Publish(actx, fmt.Sprintf("part.%d", i), []byte("x"), jetstream.WithMsgID(fmt.Sprint(i)))
+			acancel()
+			if err == nil || pctx.Err() != nil {
+				return err
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	for i := range 5 {
+		if err := publish(js0, i, 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	leader := waitFor(t, func() int { return c.StreamLeader("PART") })
+	other := (leader + 1) % 3
+	jsLeader, jsOther := connect(leader), connect(other)
+
+	c.Partition(leader)
+	if err := publish(jsLeader, 100, 3*time.Second); err == nil {
+		t.Error("a publish through the cut-off member was stored")
+	}
+	// The majority elects a new leader (after its election timeout) and
+	// stores again.
+	for i := 5; i < 10; i++ {
+		if err := publish(jsOther, i, 45*time.Second); err != nil {
+			t.Fatalf("publish %d on the majority side: %v", i, err)
+		}
+	}
+	if msgs := storedOn(t, c, leader, "PART"); msgs >= 10 {
+		t.Errorf("the cut-off member holds %d messages; it cannot have received the majority's", msgs)
+	}
+
+	c.Heal(leader)
+	for ctx.Err() == nil && storedOn(t, c, leader, "PART") != 10 {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if msgs := storedOn(t, c, leader, "PART"); msgs != 10 {
+		t.Fatalf("the healed member holds %d messages, want 10", msgs)
+	}
+}
+
+// storedOn is how many messages member i's own copy of stream holds.
+func storedOn(t *testing.T, c *natstest.Cluster, i int, stream string) uint64 {
+	t.Helper()
+	jsz, err := c.Servers[i].Jsz(&server.JSzOptions{Account: c.Trust.AccountPublicKey(), Streams: true})
+	if err != nil {
+		return 0
+	}
+	for _, a := range jsz.AccountDetails {
+		for _, st := range a.Streams {
+			if st.Name == stream {
+				return st.State.Msgs
+			}
+		}
+	}
+	return 0
 }
