@@ -197,7 +197,8 @@ func checkUnit(t *testing.T, path string) {
 		}
 	case "node-agent":
 		// Root, a lighter sandbox (its runs inherit it), and runs that
-		// outlive a restart of the agent.
+		// outlive a restart of the agent: no private /tmp either, which
+		// systemd would remove under them.
 		if u.get("Service", "KillMode") != "process" {
 			t.Error("KillMode is not process: restarting the agent would kill its runs")
 		}
@@ -207,7 +208,7 @@ func checkUnit(t *testing.T, path string) {
 		if sd := u.get("Service", "StateDirectory"); sd != "gpuplane" || !slices.Contains(exec, "-log-dir=/var/lib/gpuplane/runs") {
 			t.Errorf("run state is not in the unit's StateDirectory (%q)", sd)
 		}
-		sandbox["ProtectSystem"] = "full"
+		sandbox["ProtectSystem"], sandbox["PrivateTmp"] = "full", "no"
 	default:
 		sandbox["ProtectSystem"], sandbox["NoNewPrivileges"], sandbox["CapabilityBoundingSet"] = "strict", "yes", ""
 		sandbox["DynamicUser"], sandbox["PrivateDevices"], sandbox["ProtectHome"] = "yes", "yes", "yes"
