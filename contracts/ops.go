@@ -207,12 +207,24 @@ type UsageRecord struct {
 
 // UsageSegment is what a usage record says about its segment and its price.
 type UsageSegment struct {
-	// Segment numbers an allocation's records from 0; Final marks the last.
+	// Segment numbers an allocation's records from 0; Final marks the last
+	// segment of a bill. A provisional bill that is voided has its own
+	// final record; the bill that replaces it numbers on after the voids.
 	Segment int  `json:"segment,omitempty"`
 	Final   bool `json:"final,omitempty"`
 	// Reason the allocation was released (run_ended, cancelled_by_user,
-	// node_lost, ...): a preempted or lost run bills up to its release.
-	Reason  Reason      `json:"reason,omitempty"`
+	// node_lost, ...).
+	Reason Reason `json:"reason,omitempty"`
+	// Provisional marks the records of a run billed to the time the
+	// resource manager released it as node_lost: the end of the run as its
+	// agent observed it is the truth, and when the agent reports it (on its
+	// return) billing voids these records and bills that end instead.
+	Provisional bool `json:"provisional,omitempty"`
+	// Voids names the record (its ID) this one cancels: the same segment
+	// with every quantity and cost negated (Seconds, GPUMillis, GPUSeconds
+	// and the costs are that record's, times -1), so sums over records are
+	// sums over what stands. Only provisional records are ever voided.
+	Voids   string      `json:"voids,omitempty"`
 	Devices []DeviceRef `json:"devices,omitempty"`
 	// Seconds is End − Start in whole seconds.
 	Seconds int64 `json:"seconds,omitempty"`

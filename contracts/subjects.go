@@ -94,6 +94,16 @@ func SubjectRefused(tenant string) string { return "gp.alloc.refused." + tenant 
 // SubjectRuns is where a node agent publishes run facts.
 func SubjectRuns(nodeID string) string { return "gp.runs." + nodeID }
 
+// NodeOfRunsSubject is the node whose run facts subject (SubjectRuns) this
+// is; an error for any other subject.
+func NodeOfRunsSubject(subject string) (string, error) {
+	node, ok := strings.CutPrefix(subject, "gp.runs.")
+	if !ok || node == "" || strings.ContainsAny(node, ".*> ") {
+		return "", fmt.Errorf("subject %q is not a node's run facts subject", subject)
+	}
+	return node, nil
+}
+
 // SubjectInventory is where a node agent publishes its inventory.
 func SubjectInventory(nodeID string) string { return "gp.nodes.inventory." + nodeID }
 

@@ -2,6 +2,7 @@
 // pipeline, the rounding rules and the failure modes.
 //
 //	ALLOCATIONS gp.alloc.ledger.* ──durable billing-ledger──▶ biller ──CAS──▶ gp.usage.<tenant> (USAGE)
+//	RUNS gp.runs.* (ended facts) ──durable billing-runs──────┘
 //	      price book (KV gp-pricebook), node inventories, job requests ──┘
 //	USAGE ──durable billing-usage-<generation>, batches──▶ projector ──▶ Store (memory or Redis)
 //	budgets (KV gp-budgets) + Store ──▶ budget watcher ──▶ KV gp-budget-status, gp.alerts.budget
@@ -38,6 +39,11 @@ const Name = "billing"
 
 // Consumer is the durable consumer billing reads the ledger with.
 const Consumer = "billing-ledger"
+
+// RunsConsumer is the durable consumer billing reads the agents' run facts
+// with: an ended fact is the truth of how long a run held its devices,
+// and corrects a run billed provisionally to a node_lost release.
+const RunsConsumer = "billing-runs"
 
 // maxDeliver is how often a ledger entry that fails for a transient reason
 // (bus outage, an inventory not read yet) is tried before it is
@@ -184,6 +190,14 @@ func run(ctx context.Context, cfg Config, rt *service.Runtime, store Store) erro
 	g.Go(func() error {
 		err := b.Consume(gctx, bus.ConsumerSpec{Stream: contracts.StreamAllocations, Durable: Consumer,
 			FilterSubjects: []string{contracts.SubjectLedgerAll}, MaxDeliver: maxDeliver}, bl.Handle)
+		if err != nil {
+			return fmt.Errorf("%s: %w", Name, err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		err := b.Consume(gctx, bus.ConsumerSpec{Stream: contracts.StreamRuns, Durable: RunsConsumer,
+			FilterSubjects: []string{contracts.SubjectRunsAll}, MaxDeliver: maxDeliver}, bl.HandleRun)
 		if err != nil {
 			return fmt.Errorf("%s: %w", Name, err)
 		}

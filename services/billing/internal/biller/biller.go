@@ -12,13 +12,36 @@
 // again from there. An allocation billed in part (a crash between two
 // segments) is resumed from the end of its last segment, so segments never
 // overlap or leave a gap, whatever the price book says by then.
+//
+// What a run is billed to is the end of the run as its node agent observed
+// it. Two inputs carry it: a released ledger entry (the resource manager
+// copies the agent's ended fact into it) and the agent's ended fact itself
+// on RUNS, which billing also follows. A release for a lost node
+// (node_lost) is the one exception: the resource manager wrote its end (the
+// time it gave up on the node), not the agent. Billing does not wait for
+// the agent, which may never come back: it bills the release at once,
+// marked provisional, and when the agent reports the run's end (back after
+// the node was declared lost, or reported before the release but read
+// after it) it voids the provisional records and bills the agent's end.
+// Every decision is a function of what USAGE holds for the allocation, so
+// any order of release, ended fact, redeliveries and restarts converges on
+// the same net bill:
+//
+//	USAGE holds          release node_lost      agent's end (fact or other release)
+//	nothing              bill provisional       bill it
+//	provisional, part    resume provisional     void, bill it
+//	provisional, final   nothing                same span: nothing; else void, bill it
+//	voids, or a bill     nothing                resume it (nothing when final)
 package biller
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
@@ -63,14 +86,23 @@ const maxAttempts = 5
 // allocation is what USAGE holds of one allocation.
 type allocation struct {
 	next  int       // segments published: the next segment's number
-	until time.Time // end of the last published segment
-	final bool      // the last segment is published
+	until time.Time // end of the last segment of the standing bill; zero once a bill is voided
+	final bool      // the standing bill is published to its last segment
+	// provisional: the standing bill ends at a node_lost release, not at
+	// the agent's end of the run; open are its records, kept to void them.
+	provisional bool
+	open        []contracts.UsageRecord
+	// voiding: voids have been published; the agent's end is what stands
+	// now, whatever comes later.
+	voiding bool
 }
 
-// Biller meters ledger entries. It is not safe for concurrent use: Rebuild
-// runs first, then Handle one message at a time (bus.Consume's contract).
+// Biller meters ledger entries and run facts. Rebuild runs first; then
+// Handle and HandleRun may be called from one goroutine each (the two
+// consumers): they take turns on one lock.
 type Biller struct {
 	cfg    Config
+	mu     sync.Mutex
 	allocs map[string]*allocation
 	last   map[string]uint64 // usage subject → last sequence applied
 	until  time.Time         // end of the latest segment in USAGE
@@ -111,27 +143,75 @@ func (b *Biller) Handle(ctx context.Context, m *bus.Msg) error {
 	if err := m.Decode(&e); err != nil {
 		return bus.Permanent(err)
 	}
-	_, _, ok, err := meter.Span(e)
-	if err != nil {
-		return bus.Permanent(err)
-	}
-	if !ok {
+	if e.Kind != contracts.LedgerReleased {
 		return nil
 	}
-	a := e.Allocation
+	if _, _, _, err := meter.Span(e); err != nil {
+		return bus.Permanent(err)
+	}
+	// A node_lost release ends the run when the resource manager gave up
+	// on the node; every other release carries the agent's own end.
+	return b.bill(ctx, m, basis{entry: e, provisional: e.Reason == contracts.ReasonNodeLost})
+}
+
+// HandleRun meters the agent's ended fact of a run (a bus.Handler on
+// RUNS): the truth of what the run held, whatever the ledger said first.
+// Other facts are acked.
+func (b *Biller) HandleRun(ctx context.Context, m *bus.Msg) error {
+	var ev contracts.RunEvent
+	if err := m.Decode(&ev); err != nil {
+		return bus.Permanent(err)
+	}
+	if ev.Kind != contracts.RunEnded || ev.Result == nil {
+		return nil
+	}
+	if node, err := contracts.NodeOfRunsSubject(m.Subject); err != nil || node != ev.NodeID {
+		// An agent may only publish on its own node's subject: a fact that
+		// names another node bills nothing.
+		return bus.Permanent(fmt.Errorf("run fact for node %q on %s", ev.NodeID, m.Subject))
+	}
+	e := EntryOfRun(ev)
+	if _, _, _, err := meter.Span(e); err != nil {
+		return bus.Permanent(err)
+	}
+	return b.bill(ctx, m, basis{entry: e})
+}
+
+// EntryOfRun is the release an ended fact amounts to for billing: the
+// allocation as far as the agent knows it (its pool is the node's), with
+// the reason the resource manager gives such a release.
+func EntryOfRun(ev contracts.RunEvent) contracts.LedgerEntry {
+	reason := contracts.ReasonRunEnded
+	if ev.Result.Reason == contracts.ReasonCancelled {
+		reason = contracts.ReasonCancelled
+	}
+	res := *ev.Result
+	return contracts.LedgerEntry{SchemaVersion: contracts.SchemaVersion, Kind: contracts.LedgerReleased,
+		Allocation: contracts.Allocation{ID: ev.AllocationID, Tenant: ev.Tenant, JobID: ev.JobID, Attempt: ev.Attempt,
+			NodeID: ev.NodeID, Devices: ev.Devices},
+		Time: ev.Time, Reason: reason, Run: &res}
+}
+
+// basis is what to bill an allocation on: a release, or an ended fact as
+// one; provisional when its end is the resource manager's, not the agent's.
+type basis struct {
+	entry       contracts.LedgerEntry
+	provisional bool
+}
+
+// bill brings what USAGE holds of bs's allocation in line with bs,
+// publishing each record with a compare-and-set on the tenant's subject.
+func (b *Biller) bill(ctx context.Context, m *bus.Msg, bs basis) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	a := bs.entry.Allocation
 	subj := contracts.SubjectUsage(a.Tenant)
-	log := b.cfg.Log.With("tenant", a.Tenant, "job_id", a.JobID, "allocation_id", a.ID, "stream_seq", m.StreamSeq)
+	log := b.cfg.Log.With("tenant", a.Tenant, "job_id", a.JobID, "allocation_id", a.ID, "subject", m.Subject,
+		"stream_seq", m.StreamSeq)
 	for range maxAttempts {
-		in, done, err := b.input(ctx, e)
-		if err != nil || done {
+		recs, err := b.plan(ctx, bs)
+		if err != nil || len(recs) == 0 {
 			return err
-		}
-		recs, err := meter.Meter(in)
-		if err != nil {
-			return bus.Permanent(err)
-		}
-		if len(recs) == 0 {
-			return nil
 		}
 		moved := false
 		for _, rec := range recs {
@@ -140,7 +220,7 @@ func (b *Biller) Handle(ctx context.Context, m *bus.Msg) error {
 			switch {
 			case errors.Is(err, bus.ErrWrongLastSequence), err == nil && ack.Duplicate:
 				// Something landed on the subject that we have not read:
-				// read it, then meter again from what is billed.
+				// read it, then decide again from what is billed.
 				if err := b.catchUp(ctx, subj); err != nil {
 					return err
 				}
@@ -149,8 +229,9 @@ func (b *Biller) Handle(ctx context.Context, m *bus.Msg) error {
 				return err
 			default:
 				b.record(rec, subj, ack.Sequence)
-				log.Info("billed", "segment", rec.Segment, "final", rec.Final, "gpus", rec.GPUs, "seconds", rec.Seconds,
-					"price_version", rec.PriceVersion, "cost_micros", rec.CostMicros, "usage_seq", ack.Sequence)
+				log.Info("billed", "segment", rec.Segment, "final", rec.Final, "provisional", rec.Provisional,
+					"voids", rec.Voids, "gpus", rec.GPUs, "seconds", rec.Seconds, "price_version", rec.PriceVersion,
+					"cost_micros", rec.CostMicros, "usage_seq", ack.Sequence)
 			}
 			if moved {
 				break
@@ -164,14 +245,90 @@ func (b *Biller) Handle(ctx context.Context, m *bus.Msg) error {
 	return fmt.Errorf("usage subject %s kept moving over %d attempts", subj, maxAttempts)
 }
 
-// input is what to meter of e now; done when its allocation is billed.
-func (b *Biller) input(ctx context.Context, e contracts.LedgerEntry) (meter.Input, bool, error) {
+// plan is what to publish for bs given what USAGE holds of its allocation
+// (the table in the package comment); nothing when it is billed as it
+// should be.
+func (b *Biller) plan(ctx context.Context, bs basis) ([]contracts.UsageRecord, error) {
+	e := bs.entry
+	st := b.allocs[e.Allocation.ID]
+	if bs.provisional {
+		if st != nil && (!st.provisional || st.final) {
+			return nil, nil // billed: provisionally to the end, or on the agent's end
+		}
+		recs, err := b.meter(ctx, e, st)
+		for i := range recs {
+			recs[i].Provisional = true
+		}
+		return recs, err
+	}
+	if st == nil || len(st.open) == 0 {
+		if st != nil && st.final {
+			return nil, nil
+		}
+		return b.meter(ctx, e, st)
+	}
+	// A provisional bill stands (in part, or being voided).
+	if st.provisional && st.final && sameSpan(st.open, e) {
+		return nil, nil // the agent's end falls in the same whole second
+	}
+	voids := make([]contracts.UsageRecord, 0, len(st.open))
+	for i, rec := range st.open {
+		voids = append(voids, meter.Void(rec, st.next+i, e.Time))
+	}
+	// The bill that replaces it keeps the release's reason (node_lost) and
+	// numbers on after the voids, from the run's start.
+	e.Reason = cmp.Or(st.open[0].Reason, e.Reason)
+	after := &allocation{next: st.next + len(voids)}
+	recs, err := b.meter(ctx, e, after)
+	if err != nil {
+		return nil, err
+	}
+	return append(voids, recs...), nil
+}
+
+// sameSpan reports whether a provisional bill's records cover exactly the
+// whole seconds e's run touched.
+func sameSpan(open []contracts.UsageRecord, e contracts.LedgerEntry) bool {
+	from, to, ok, err := meter.Span(e)
+	if err != nil || !ok {
+		return false
+	}
+	first, last := open[0], open[0]
+	for _, r := range open {
+		if r.Segment < first.Segment {
+			first = r
+		}
+		if r.Segment > last.Segment {
+			last = r
+		}
+	}
+	return first.Start.Equal(from) && last.End.Equal(to) && last.GPUs == len(e.Allocation.Devices)
+}
+
+// meter meters e from where st's bill stands (from the run's start when
+// st is nil or was voided).
+func (b *Biller) meter(ctx context.Context, e contracts.LedgerEntry, st *allocation) ([]contracts.UsageRecord, error) {
+	if _, _, ok, err := meter.Span(e); err != nil {
+		return nil, bus.Permanent(err)
+	} else if !ok {
+		return nil, nil // a run that never started bills nothing, whatever is known of its node
+	}
+	in, err := b.input(ctx, e, st)
+	if err != nil {
+		return nil, err
+	}
+	recs, err := meter.Meter(in)
+	if err != nil {
+		return nil, bus.Permanent(err)
+	}
+	return recs, nil
+}
+
+// input is what to meter of e, resuming st's bill.
+func (b *Biller) input(ctx context.Context, e contracts.LedgerEntry, st *allocation) (meter.Input, error) {
 	a := e.Allocation
 	in := meter.Input{Entry: e}
-	if st := b.allocs[a.ID]; st != nil {
-		if st.final {
-			return in, true, nil
-		}
+	if st != nil {
 		in.From, in.Segment = st.until, st.next
 	}
 	node, ok := b.cfg.Nodes.Node(a.NodeID)
@@ -179,20 +336,20 @@ func (b *Biller) input(ctx context.Context, e contracts.LedgerEntry) (meter.Inpu
 		// Agents publish their inventory before anything is placed on
 		// them: billing has not read it yet. Wait for it rather than
 		// guess a price class.
-		return in, false, fmt.Errorf("node %s: no inventory seen yet, its price class is unknown", a.NodeID)
+		return in, fmt.Errorf("node %s: no inventory seen yet, its price class is unknown", a.NodeID)
 	}
 	in.Node = node
 	book, err := b.cfg.Prices.Get(ctx)
 	if err != nil {
-		return in, false, err
+		return in, err
 	}
 	in.Book = book
 	if hasResourceRates(book) {
 		if in.CPUMilli, in.MemoryMiB, err = b.cfg.Requests.Resources(ctx, a.Tenant, a.JobID); err != nil {
-			return in, false, err
+			return in, err
 		}
 	}
-	return in, false, nil
+	return in, nil
 }
 
 func hasResourceRates(b contracts.PriceBook) bool {
@@ -233,6 +390,24 @@ func (b *Biller) record(rec contracts.UsageRecord, subj string, seq uint64) {
 		b.allocs[rec.AllocationID] = st
 	}
 	st.next = max(st.next, rec.Segment+1)
+	b.last[subj] = max(b.last[subj], seq)
+	if rec.Voids != "" {
+		st.voiding, st.provisional = true, false
+		st.open = slices.DeleteFunc(st.open, func(r contracts.UsageRecord) bool { return r.ID == rec.Voids })
+		if len(st.open) == 0 {
+			st.until, st.final = time.Time{}, false
+		}
+		return
+	}
+	if rec.Provisional {
+		if st.voiding {
+			return // a provisional record after voids: never written, ignore
+		}
+		st.provisional = true
+		st.open = append(st.open, rec)
+	} else {
+		st.provisional, st.open = false, nil
+	}
 	if rec.End.After(st.until) {
 		st.until = rec.End
 	}
@@ -241,5 +416,4 @@ func (b *Biller) record(rec contracts.UsageRecord, subj string, seq uint64) {
 	if rec.End.After(b.until) {
 		b.until = rec.End
 	}
-	b.last[subj] = max(b.last[subj], seq)
 }

@@ -284,3 +284,18 @@ func model(devs []contracts.DeviceRef) string {
 	slices.Sort(models)
 	return strings.Join(models, "+")
 }
+
+// Void is the record, numbered segment, that cancels rec: rec's segment
+// with every quantity and cost negated, so a sum over an allocation's
+// records counts rec no more. Rates, price version and bounds stay rec's,
+// so the void falls in the same day, month, invoice line and price as rec.
+func Void(rec contracts.UsageRecord, segment int, now time.Time) contracts.UsageRecord {
+	v := rec
+	v.ID = contracts.UsageSegmentID(rec.AllocationID, segment)
+	v.Segment, v.Final, v.Provisional, v.Voids = segment, false, false, rec.ID
+	v.Time = now
+	v.Seconds, v.GPUMillis, v.GPUSeconds = -rec.Seconds, -rec.GPUMillis, -rec.GPUSeconds
+	v.GPUCostMicros, v.CPUCostMicros, v.MemoryCostMicros = -rec.GPUCostMicros, -rec.CPUCostMicros, -rec.MemoryCostMicros
+	v.CostMicros, v.OnDemandCostMicros = -rec.CostMicros, -rec.OnDemandCostMicros
+	return v
+}
