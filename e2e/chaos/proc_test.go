@@ -36,8 +36,9 @@ type proc struct {
 	done    chan struct{}
 	stopped bool // SIGSTOPped now
 	starts  int
-	exits   []string // exits on its own
-	closing bool     // the suite is tearing down: no restarts
+	started time.Time // of the current (or last) incarnation
+	exits   []string  // exits on its own
+	closing bool      // the suite is tearing down: no restarts
 }
 
 func (p *proc) logf(format string, args ...any) {
@@ -55,6 +56,7 @@ func (p *proc) startLocked() error {
 		return fmt.Errorf("%s already running", p.name)
 	}
 	p.starts++
+	p.started = time.Now()
 	p.logf("start #%d", p.starts)
 	cmd := exec.Command(p.bin, p.args...)
 	cmd.Env = p.env

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -141,6 +142,7 @@ func (p *platform) faultTemplates() []fault {
 	for _, k := range []string{"scheduler", "resource-manager", "billing", "fleet-sim"} {
 		fs = append(fs, fault{kind: "sigstop", target: k, svc: k})
 	}
+	fs = append(fs, fault{kind: "sigkill-long", target: "fleet-sim", svc: "fleet-sim"})
 	fs = append(fs,
 		fault{kind: "sigkill", target: "nats", svc: "nats"},
 		fault{kind: "sigstop", target: "nats", svc: "nats"},
@@ -737,11 +739,33 @@ func (p *platform) inject(ctx context.Context, t *testing.T, rng *rand.Rand, f *
 		}
 	default:
 		s := p.pick(rng, f.svc)
+		// A freeze hits the leader where there is one (the worst case:
+		// the standby must take over and the thawed leader be fenced);
+		// a kill hits it one time in two.
+		if f.kind == "sigstop" || rng.IntN(2) == 0 {
+			if l := p.leader(ctx, f.svc); l != nil {
+				s = l
+				f.note = "(the leader)"
+			}
+		}
 		f.target = s.name
 		if s.probe != "" {
 			probe = func() bool { return httpOK(ctx, s.probe) }
 		}
 		switch f.kind {
+		case "sigkill-long":
+			// Longer than the resource manager's 6 s heartbeat timeout:
+			// the machines are lost, their runs requeued, and the agent
+			// that comes back reports how they really ended (finding 3).
+			f.down = between(7000, 10000)
+			f.at = time.Now()
+			if err := s.kill(); err != nil {
+				t.Error(err)
+			}
+			time.Sleep(f.down)
+			if err := s.start(); err != nil {
+				f.note = err.Error()
+			}
 		case "sigkill":
 			f.down = between(200, 2000)
 			f.at = time.Now()
@@ -910,4 +934,53 @@ func longestGap(ts []time.Time, from, to time.Time) time.Duration {
 		prev = x
 	}
 	return g
+}
+
+// leaseKeys are the lease keys of the services that run active/standby.
+var leaseKeys = map[string]string{
+	"scheduler":        contracts.LeaseKeyScheduler("scheduler"),
+	"resource-manager": contracts.LeaseKeyResourceManager,
+	"autoscaler":       contracts.LeaseKeyAutoscaler,
+	"monitor":          contracts.LeaseKeyMonitor,
+}
+
+// leader is the replica of kind holding its lease now, or nil. A holder
+// ends with its process's start time in base-36 nanoseconds: the leader is
+// the replica started last before that time.
+func (p *platform) leader(ctx context.Context, kind string) *svc {
+	key, ok := leaseKeys[kind]
+	if !ok {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	kv, err := p.js.KeyValue(ctx, contracts.BucketLeases)
+	if err != nil {
+		return nil
+	}
+	e, err := kv.Get(ctx, key)
+	if err != nil {
+		return nil
+	}
+	var l contracts.Lease
+	if json.Unmarshal(e.Value(), &l) != nil || time.Now().After(l.Expires) {
+		return nil
+	}
+	i := strings.LastIndex(l.Holder, "-")
+	ns, err := strconv.ParseInt(l.Holder[i+1:], 36, 64)
+	if err != nil {
+		return nil
+	}
+	since := time.Unix(0, ns)
+	var best *svc
+	var bestAt time.Time
+	for _, s := range p.svcs {
+		s.mu.Lock()
+		at, up := s.started, s.cmd != nil
+		s.mu.Unlock()
+		if s.kind == kind && up && !at.After(since) && at.After(bestAt) {
+			best, bestAt = s, at
+		}
+	}
+	return best
 }
