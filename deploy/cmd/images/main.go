@@ -67,6 +67,10 @@ func Services(root string) []Service {
 		svc("billing", false),
 		svc("gateway", false),
 		svc("node-agent", true),
+		// The dev overlay's simulated fleet (the node agent's code, many
+		// machines on one connection), for clusters without GPUs.
+		{Name: "fleet-sim", Build: images.GoBuild{ModuleDir: filepath.Join(root, "services", "node-agent"), Package: "./cmd/fleet-sim", Cgo: true},
+			Smoke: []string{"-h"}},
 		// NATS from the module version every other part pins.
 		{Name: "nats-server", Build: images.GoBuild{ModuleDir: filepath.Join(root, "deploy"), Package: "github.com/nats-io/nats-server/v2"},
 			Smoke: []string{"--version"}},
