@@ -9,6 +9,10 @@
 //     two live allocations; every run started at most once.
 //   - Metering: each run that ran is billed exactly once, for GPUs × the
 //     whole seconds it held its devices, in contiguous segments.
+//   - Billing equals the run facts (CheckBillingMatchesRuns): per run, the
+//     GPU-seconds billed, net of voided provisional records, are the GPUs ×
+//     the whole seconds between the start and the end its agent reported,
+//     whatever order the release and the ended fact came in.
 package oracle
 
 import (
@@ -357,17 +361,22 @@ func BilledSpan(start, end time.Time) (time.Time, time.Time) {
 }
 
 // CheckMetering verifies that every run that ran is billed exactly once:
-// its allocation's records are segments 0..n-1, contiguous, the last one
-// final, together covering the whole seconds the run touched (BilledSpan
-// of RunSpan), each billing GPUs × its own seconds; and that nothing else
-// is billed. It returns the billed and the expected GPU-milliseconds.
+// its allocation's records are numbered 0..n-1; what stands of them (the
+// records neither voiding nor voided: a provisional bill replaced by the
+// agent's end) is contiguous, its last record final, together covering the
+// whole seconds the run touched (BilledSpan of RunSpan), each billing GPUs ×
+// its own seconds; and that nothing else is billed. It returns the billed
+// (net of voids) and the expected GPU-milliseconds.
 func (r *Report) CheckMetering() (billed, expected int64) {
 	for id, run := range r.Runs {
 		start, end, ok := r.RunSpan(id)
 		if !ok {
 			continue
 		}
-		if rel, released := r.Released[id]; released && run.Ended > 0 && rel.Run != nil && !rel.Run.EndedAt.Equal(run.EndedAt) {
+		// A node_lost release's end is the resource manager's, not the
+		// agent's: billing corrects it when the agent reports.
+		if rel, released := r.Released[id]; released && run.Ended > 0 && rel.Run != nil && rel.Reason != contracts.ReasonNodeLost &&
+			!rel.Run.EndedAt.Equal(run.EndedAt) {
 			r.violate("metering: run %s ended at %s, its release says %s", id, run.EndedAt, rel.Run.EndedAt)
 		}
 		from, to := BilledSpan(start, end)
@@ -383,36 +392,156 @@ func (r *Report) CheckMetering() (billed, expected int64) {
 		}
 		var got int64
 		for i, u := range recs {
-			secs := int64(u.End.Sub(u.Start) / time.Second)
-			switch {
-			case u.Segment != i:
+			if u.Segment != i {
 				r.violate("metering: run %s: record %d of %d is segment %d (billed twice, or a segment missing)", id, i, len(recs), u.Segment)
-			case i > 0 && !u.Start.Equal(recs[i-1].End):
-				r.violate("metering: run %s: segment %d starts at %s, the previous ended at %s", id, i, u.Start, recs[i-1].End)
-			case u.Final != (i == len(recs)-1):
-				r.violate("metering: run %s: segment %d of %d final=%v", id, i, len(recs), u.Final)
-			case u.Seconds != secs || u.GPUMillis != int64(run.GPUs)*secs*1000:
-				r.violate("metering: run %s: segment %d bills %d s and %d GPU-ms over %s..%s with %d GPUs", id, i, u.Seconds, u.GPUMillis, u.Start, u.End, run.GPUs)
 			}
 			got += u.GPUMillis
 		}
-		if !recs[0].Start.Equal(from) || !recs[len(recs)-1].End.Equal(to) {
+		standing := Standing(recs)
+		for i, u := range standing {
+			secs := int64(u.End.Sub(u.Start) / time.Second)
+			switch {
+			case i > 0 && !u.Start.Equal(standing[i-1].End):
+				r.violate("metering: run %s: segment %d starts at %s, the previous ended at %s", id, u.Segment, u.Start, standing[i-1].End)
+			case u.Final != (i == len(standing)-1):
+				r.violate("metering: run %s: segment %d of %d standing final=%v", id, u.Segment, len(standing), u.Final)
+			case u.Seconds != secs || u.GPUMillis != int64(run.GPUs)*secs*1000:
+				r.violate("metering: run %s: segment %d bills %d s and %d GPU-ms over %s..%s with %d GPUs", id, u.Segment, u.Seconds, u.GPUMillis, u.Start, u.End, run.GPUs)
+			}
+		}
+		switch {
+		case len(standing) == 0:
+			if want > 0 {
+				r.violate("metering: run %s: every record voided, nothing bills its %d GPU-ms", id, want)
+			}
+		case !standing[0].Start.Equal(from) || !standing[len(standing)-1].End.Equal(to):
 			r.violate("metering: run %s billed %s..%s, it held its devices %s..%s (billed span %s..%s)", id,
-				recs[0].Start, recs[len(recs)-1].End, start, end, from, to)
+				standing[0].Start, standing[len(standing)-1].End, start, end, from, to)
 		}
 		if got != want {
 			r.violate("metering: run %s billed %d GPU-ms, ran %d", id, got, want)
 		}
 	}
 	for id, recs := range r.Usage {
+		var net int64
 		for _, u := range recs {
-			billed += u.GPUMillis
+			net += u.GPUMillis
 		}
-		if _, _, ok := r.RunSpan(id); !ok {
+		billed += net
+		if _, _, ok := r.RunSpan(id); !ok && net != 0 {
 			r.violate("metering: %s billed but never ran (or never ended)", id)
 		}
 	}
 	return billed, expected
+}
+
+// Standing are the records of one allocation that stand, in segment
+// order: neither a void nor voided by one. A provisional bill that the
+// agent's end replaced is voided record by record.
+func Standing(recs []contracts.UsageRecord) []contracts.UsageRecord {
+	voided := map[string]bool{}
+	for _, u := range recs {
+		if u.Voids != "" {
+			voided[u.Voids] = true
+		}
+	}
+	var out []contracts.UsageRecord
+	for _, u := range recs {
+		if u.Voids == "" && !voided[u.ID] {
+			out = append(out, u)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Segment < out[j].Segment })
+	return out
+}
+
+// BillingMismatch is a run whose bill is not what its run facts say.
+type BillingMismatch struct {
+	AllocationID string
+	// Billed is the GPU-milliseconds USAGE bills, net of voids; Ran is
+	// GPUs × the whole seconds of the run's span.
+	Billed, Ran int64
+	// Start and End are the run's span; From is "ended fact" when its
+	// agent reported the end, "release" when only the release tells it (a
+	// machine that never came back).
+	Start, End time.Time
+	From       string
+	// Why says what is wrong when the sums agree but the bill does not
+	// stand on the facts (a provisional bill of other seconds left
+	// standing, a void of something that was not provisional).
+	Why string
+}
+
+// CheckBillingMatchesRuns checks billing against the run facts, run by
+// run, exactly: net of voids, each run is billed its GPUs × the whole
+// seconds [floor(start), ceil(end)) of the start and end its agent
+// reported (the release's end only for a run whose agent never reported
+// one); a provisional bill (to a node_lost release) stands only when no
+// ended fact says otherwise; each void cancels one provisional record
+// exactly; nothing is billed for a run that never ran. It adds a
+// "billing:" violation per mismatch and returns the mismatches; the chaos
+// suite counts them. Call it once USAGE has caught up (the release and
+// the ended fact of every run are in).
+func (r *Report) CheckBillingMatchesRuns() []BillingMismatch {
+	var out []BillingMismatch
+	ids := make([]string, 0, len(r.Runs)+len(r.Usage))
+	for id := range r.Runs {
+		ids = append(ids, id)
+	}
+	for id := range r.Usage {
+		if r.Runs[id] == nil {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		recs := r.Usage[id]
+		var billed int64
+		byID := map[string]contracts.UsageRecord{}
+		why := ""
+		for _, u := range recs {
+			billed += u.GPUMillis
+			if u.Voids != "" {
+				v, ok := byID[u.Voids]
+				switch {
+				case !ok || !v.Provisional:
+					why = fmt.Sprintf("%s voids %s, not an earlier provisional record", u.ID, u.Voids)
+				case u.GPUMillis != -v.GPUMillis || u.CostMicros != -v.CostMicros || !u.Start.Equal(v.Start) || !u.End.Equal(v.End):
+					why = fmt.Sprintf("%s does not negate %s", u.ID, u.Voids)
+				}
+			}
+			byID[u.ID] = u
+		}
+		run := r.Runs[id]
+		start, end, ok := r.RunSpan(id)
+		m := BillingMismatch{AllocationID: id, Billed: billed, Start: start, End: end, From: "release"}
+		if run != nil && run.Ended > 0 {
+			m.From = "ended fact"
+		}
+		if ok {
+			from, to := BilledSpan(start, end)
+			m.Ran = int64(run.GPUs) * int64(to.Sub(from)/time.Second) * 1000
+		}
+		if m.From == "ended fact" && why == "" {
+			for _, u := range Standing(recs) {
+				if from, to := BilledSpan(start, end); u.Provisional && (u.Start.Before(from) || u.End.After(to)) {
+					why = fmt.Sprintf("provisional %s (%s..%s) stands against the agent's end %s", u.ID, u.Start, u.End, end)
+				}
+			}
+		}
+		if m.Billed == m.Ran && why == "" {
+			continue
+		}
+		m.Why = why
+		out = append(out, m)
+		suffix := ""
+		if why != "" {
+			suffix = ": " + why
+		}
+		r.violate("billing: run %s billed %d GPU-ms, its run facts (%s, %s..%s) say %d%s", id, m.Billed, m.From,
+			start.Format(time.RFC3339Nano), end.Format(time.RFC3339Nano), m.Ran, suffix)
+	}
+	return out
 }
 
 // Summary counts jobs by state, for logs.
