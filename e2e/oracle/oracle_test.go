@@ -40,7 +40,7 @@ func lostReport(end time.Time, recs ...contracts.UsageRecord) *Report {
 	r.Runs[lostID] = run
 	r.Released[lostID] = contracts.LedgerEntry{Kind: contracts.LedgerReleased, Reason: contracts.ReasonNodeLost,
 		Allocation: contracts.Allocation{ID: lostID, Tenant: "acme", JobID: "j1", Attempt: 1},
-		Run: &contracts.RunResult{Outcome: contracts.OutcomeFailed, StartedAt: t0, EndedAt: release, Reason: contracts.ReasonNodeLost}}
+		Run:        &contracts.RunResult{Outcome: contracts.OutcomeFailed, StartedAt: t0, EndedAt: release, Reason: contracts.ReasonNodeLost}}
 	if len(recs) > 0 {
 		r.Usage[lostID] = recs
 	}
@@ -61,9 +61,9 @@ func TestBillingMatchesRuns(t *testing.T) {
 			seg(0, 0, 24, true, true, ""), seg(1, 0, 24, false, false, contracts.UsageSegmentID(lostID, 0)), seg(2, 0, 32, true, false, "")), ""},
 		"agent's end before the release, provisional voided": {lostReport(earlier,
 			seg(0, 0, 24, true, true, ""), seg(1, 0, 24, false, false, contracts.UsageSegmentID(lostID, 0)), seg(2, 0, 11, true, false, "")), ""},
-		"ended fact read first: billed once": {lostReport(later, seg(0, 0, 32, true, false, "")), ""},
+		"ended fact read first: billed once":        {lostReport(later, seg(0, 0, 32, true, false, "")), ""},
 		"agent never came back: the release stands": {lostReport(time.Time{}, seg(0, 0, 24, true, true, "")), ""},
-		"the agent's end in the release's second": {lostReport(t0.Add(23*time.Second), seg(0, 0, 24, true, true, "")), ""},
+		"the agent's end in the release's second":   {lostReport(t0.Add(23*time.Second), seg(0, 0, 24, true, true, "")), ""},
 		"billed to the release (the issue)": {lostReport(later, seg(0, 0, 24, true, true, "")),
 			"billed 48000 GPU-ms, its run facts (ended fact"},
 		"billed to the release, marked final": {lostReport(later, seg(0, 0, 24, true, false, "")),
