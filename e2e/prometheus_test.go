@@ -474,6 +474,15 @@ func TestPrometheusSeesTheScenario(t *testing.T) {
 		}
 	}
 
+	// No decision for h100, a pool with no scaling policy; every GPU
+	// series carries dcgm-exporter's device and pci_bus_id.
+	for _, e := range []string{`gpuplane_scale_decisions_total{pool="h100"}`,
+		`DCGM_FI_DEV_GPU_UTIL{device!~"nvidia[0-9]+"}`, `DCGM_FI_DEV_GPU_UTIL{pci_bus_id!~"[0-9A-F]{8}:[0-9A-F]{2}:[0-9A-F]{2}[.][0-9]"}`} {
+		if ss, err := p.query(e, start, time.Second); err != nil || len(ss) > 0 {
+			t.Errorf("%s: %d series (%v); want none", e, len(ss), err)
+		}
+	}
+
 	// Every dashboard expression runs and answers with data, above 0 at
 	// some point of the scenario.
 	end := time.Now()
