@@ -5,6 +5,7 @@
 package deploy_test
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"os"
@@ -135,15 +136,29 @@ var digestRef = regexp.MustCompile(`^gpuplane/[a-z0-9-]+@sha256:[0-9a-f]{64}$`)
 // TestManifests renders each overlay and checks the invariants production
 // relies on.
 func TestManifests(t *testing.T) {
+	used := map[string]bool{}
 	for _, overlay := range []string{"production", "dev"} {
 		t.Run(overlay, func(t *testing.T) {
 			r := render(t, overlay)
-			checkWorkloads(t, r, overlay == "production")
+			maps.Copy(used, checkWorkloads(t, r, overlay == "production"))
 			checkBus(t, r)
 			checkNATS(t, r)
 			checkNodeAgent(t, r)
+			if _, ok := r.workload("fleet-sim"); ok != (overlay == "dev") {
+				t.Errorf("fleet-sim present: %v; want it in dev only", ok)
+			}
 		})
 	}
+	checkImageComponent(t, used)
+}
+
+func (r *rendered) workload(name string) (workload, bool) {
+	for _, w := range r.workloads() {
+		if w.name == name {
+			return w, true
+		}
+	}
+	return workload{}, false
 }
 
 // wantReplicas is each replicated workload's least replica count: the
@@ -153,7 +168,16 @@ var wantReplicas = map[string]int32{
 	"billing": 2, "monitor": 2, "gateway": 3, "nats": 3, "redis": 1,
 }
 
-func checkWorkloads(t *testing.T, r *rendered, production bool) {
+// devOnly are the workloads of the dev overlay alone, with their replicas
+// (one simulated fleet: two would speak for the same machines).
+var devOnly = map[string]int32{"fleet-sim": 1}
+
+// identityOf names the identity (deploy/identities.yaml) whose creds a
+// workload uses, where it is not the workload's own name.
+var identityOf = map[string]string{"fleet-sim": "fleet"}
+
+// checkWorkloads checks every workload and returns the images they use.
+func checkWorkloads(t *testing.T, r *rendered, production bool) map[string]bool {
 	images := map[string]bool{}
 	seen := map[string]bool{}
 	for _, w := range r.workloads() {
@@ -161,6 +185,9 @@ func checkWorkloads(t *testing.T, r *rendered, production bool) {
 		seen[w.name] = true
 		if w.kind != "DaemonSet" {
 			want, ok := wantReplicas[w.name]
+			if !ok && !production {
+				want, ok = devOnly[w.name]
+			}
 			if !ok {
 				t.Errorf("%s: unexpected workload", id)
 			} else if w.replicas < want {
@@ -211,7 +238,7 @@ func checkWorkloads(t *testing.T, r *rendered, production bool) {
 	if !seen["node-agent"] {
 		t.Error("no node-agent DaemonSet")
 	}
-	checkImageComponent(t, images)
+	return images
 }
 
 // checkReferences: what the API server would refuse or a pod would fail
@@ -365,7 +392,7 @@ func checkAntiAffinity(t *testing.T, id string, w workload, required bool) {
 }
 
 // checkImageComponent: the generated component pins exactly the images
-// the manifests use.
+// the overlays use, together.
 func checkImageComponent(t *testing.T, used map[string]bool) {
 	t.Helper()
 	data, err := os.ReadFile("kubernetes/images/kustomization.yaml")
@@ -449,8 +476,12 @@ func checkBus(t *testing.T, r *rendered) {
 			wantKey := w.name + ".creds"
 			if w.name == "node-agent" {
 				wantKey = "" // a file of the machine's, not a secret's
-			} else if role, ok := identities(t)[w.name]; !ok || role != w.name {
-				t.Errorf("%s: deploy/identities.yaml has no identity %s with role %s (gpuplane-creds would mint no %s)", cid, w.name, w.name, wantKey)
+			} else {
+				id := cmp.Or(identityOf[w.name], w.name)
+				wantKey = id + ".creds"
+				if role, ok := identities(t)[id]; !ok || role != id {
+					t.Errorf("%s: deploy/identities.yaml has no identity %s with role %s (gpuplane-creds would mint no %s)", cid, id, id, wantKey)
+				}
 			}
 			checkListenPort(t, cid, c)
 			checkMounted(t, cid, w.pod.Spec, c, creds, wantKey)

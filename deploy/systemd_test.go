@@ -59,12 +59,18 @@ func parseUnit(t *testing.T, path string) unit {
 
 // serviceFlags returns the flag names a service registers: the first
 // string literal of every fs.<Kind>(...) call in the RegisterFlags methods
-// of its package and of libs/service (the bus flags every service has).
+// of its package and of libs/service (the bus flags every service has),
+// and of every flag.<Kind>(...) call elsewhere (a main's own flags).
 // Read from the source, so this module does not import the services.
 func serviceFlags(t *testing.T, name string) map[string]bool {
 	t.Helper()
 	flags := map[string]bool{}
-	dirs := []string{filepath.Join("..", "services", name), filepath.Join("..", "libs", "service")}
+	src := filepath.Join("..", "services", name)
+	if name == "fleet-sim" {
+		// A command of the node agent's module, its flags in main.
+		src = filepath.Join("..", "services", "node-agent", "cmd", "fleet-sim")
+	}
+	dirs := []string{src, filepath.Join("..", "libs", "service")}
 	for _, dir := range dirs {
 		fset := token.NewFileSet()
 		pkgs, err := parser.ParseDir(fset, dir, func(fi os.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
@@ -75,15 +81,21 @@ func serviceFlags(t *testing.T, name string) map[string]bool {
 			for _, file := range pkg.Files {
 				for _, decl := range file.Decls {
 					fn, ok := decl.(*ast.FuncDecl)
-					if !ok || fn.Name.Name != "RegisterFlags" || fn.Body == nil {
+					if !ok || fn.Body == nil {
 						continue
+					}
+					// fs.X in a RegisterFlags method, or the flag package's
+					// own functions in a main.
+					recv := "fs"
+					if fn.Name.Name != "RegisterFlags" {
+						recv = "flag"
 					}
 					ast.Inspect(fn.Body, func(n ast.Node) bool {
 						call, ok := n.(*ast.CallExpr)
 						if !ok {
 							return true
 						}
-						if sel, ok := call.Fun.(*ast.SelectorExpr); !ok || !isIdent(sel.X, "fs") {
+						if sel, ok := call.Fun.(*ast.SelectorExpr); !ok || !isIdent(sel.X, recv) || sel.Sel.Name == "Parse" {
 							return true
 						}
 						for _, a := range call.Args {
