@@ -253,3 +253,67 @@ func consumersDrained(ctx context.Context, js jetstream.JetStream) (bool, string
 	sort.Strings(parts)
 	return len(parts) == 0, strings.Join(parts, "; ")
 }
+
+// consumerDetail describes every durable consumer with work pending on
+// the streams the services consume: pending, unacknowledged, pull
+// requests waiting (0 with work pending: no client is pulling) and the
+// consumer's leader. It is what a stall is waiting on.
+func consumerDetail(ctx context.Context, js jetstream.JetStream) string {
+	var parts []string
+	for _, st := range []string{contracts.StreamJobs, contracts.StreamPlans, contracts.StreamAllocations, contracts.StreamRuns, contracts.StreamNodes} {
+		sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		stream, err := js.Stream(sctx, st)
+		if err != nil {
+			cancel()
+			parts = append(parts, fmt.Sprintf("%s: %v", st, err))
+			continue
+		}
+		infos := stream.ListConsumers(sctx)
+		for ci := range infos.Info() {
+			if ci.Config.Durable == "" || ci.NumPending+uint64(ci.NumAckPending) == 0 {
+				continue
+			}
+			leader := ""
+			if ci.Cluster != nil {
+				leader = ci.Cluster.Leader
+			}
+			parts = append(parts, fmt.Sprintf("%s/%s pending %d unacked %d waiting-pulls %d leader %s",
+				st, ci.Name, ci.NumPending, ci.NumAckPending, ci.NumWaiting, leader))
+		}
+		if err := infos.Err(); err != nil {
+			parts = append(parts, fmt.Sprintf("%s: %v", st, err))
+		}
+		cancel()
+	}
+	sort.Strings(parts)
+	if len(parts) == 0 {
+		return "no durable consumer has work pending"
+	}
+	return strings.Join(parts, "; ")
+}
+
+// watchStalls logs, once per stall, what the consumers wait on when no
+// job has been scheduled for 8 s while some job is open, until ctx ends.
+func (r *recorder) watchStalls(ctx context.Context, t *testing.T, js jetstream.JetStream, open func() int) {
+	var logged time.Time // the last scheduled event a stall was logged for
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second): // a check a second
+		}
+		r.mu.Lock()
+		last := time.Time{}
+		if n := len(r.scheduled); n > 0 {
+			last = r.scheduled[n-1]
+		}
+		r.mu.Unlock()
+		if time.Since(last) < 8*time.Second || last.Equal(logged) {
+			continue
+		}
+		if n := open(); n > 0 {
+			logged = last
+			t.Logf("stall: nothing scheduled for %.0fs with %d jobs open: %s", time.Since(last).Seconds(), n, consumerDetail(ctx, js))
+		}
+	}
+}

@@ -38,8 +38,15 @@ type job struct {
 	viaGateway bool
 	cancel     time.Duration // > 0: cancel this long after submit
 
-	submitted time.Time // first submit attempt
+	mu        sync.Mutex // submitted, for the stall watcher
+	submitted time.Time  // first submit attempt
 	submitErr error
+}
+
+func (j *job) submittedAt() time.Time {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.submitted
 }
 
 var tenants = []string{"acme", "globex", "initech", quotaTenant}
@@ -236,6 +243,22 @@ func TestChaos(t *testing.T) {
 	wg.Go(func() { p.runWorkload(ctx, jobs, workStart) })
 	var faults []*fault
 	wg.Go(func() { faults = p.runFaults(ctx, t, frng, faultStart, faultStart.Add(tr.faults)) })
+	stallCtx, stopStalls := context.WithCancel(ctx)
+	var stallWG sync.WaitGroup
+	stallWG.Go(func() {
+		rec.watchStalls(stallCtx, t, p.js, func() int {
+			n := 0
+			for _, j := range jobs {
+				if at := j.submittedAt(); !at.IsZero() && time.Since(at) > time.Second {
+					if ev, ok := rec.lastState(j.tenant + "/" + j.id); !ok || ev.State == contracts.StateQueued {
+						n++
+					}
+				}
+			}
+			return n
+		})
+	})
+	defer func() { stopStalls(); stallWG.Wait() }()
 	wg.Wait()
 	faultEnd := time.Now()
 	p.restoreAll(t)
@@ -546,9 +569,11 @@ func (p *platform) recovery(rec *recorder, f *fault) (time.Duration, bool) {
 // ID: a retry is deduplicated) for up to a minute across NATS faults and
 // gateway restarts.
 func (p *platform) submit(ctx context.Context, j *job) {
+	j.mu.Lock()
 	if j.submitted.IsZero() {
 		j.submitted = time.Now()
 	}
+	j.mu.Unlock()
 	body, _ := json.Marshal(j.req)
 	deadline := time.Now().Add(time.Minute)
 	var err error
