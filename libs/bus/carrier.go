@@ -95,6 +95,9 @@ func (b *Bus) redeliveryLinks(ctx context.Context, m *Msg) trace.SpanStartOption
 // attempted records how m's delivery ended: a failure the next delivery
 // will link to, or success, which forgets it.
 func (b *Bus) attempted(m *Msg, span trace.Span, failed bool) {
+	if !failed && m.NumDelivered <= 1 {
+		return // the common case: nothing was remembered, no lock taken
+	}
 	b.attempts.mu.Lock()
 	defer b.attempts.mu.Unlock()
 	k := attemptKey(m)
