@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/telemetry"
 	"github.com/gpuplane/gpuplane/services/resource-manager/internal/ledger"
 )
 
@@ -158,6 +159,10 @@ func (s *server) refuse(ctx context.Context, planID string, i int, a contracts.A
 		Reason: v.Reason, Message: v.Message, Time: s.cfg.Now(),
 	}
 	id := contracts.RefusalID(planID, key)
+	// The refusal is about the item's job: in its trace, the plan a link.
+	ctx, span := telemetry.StartJobSpan(ctx, s.bus.Tracer(), "refuse "+a.JobID, a.TraceParent,
+		telemetry.AllocAttrs(a.Tenant, a.JobID, a.NodeID, a.Attempt)...)
+	defer span.End()
 	if !s.leading() {
 		// A refusal is final for its item: a deposed leader's, judged on
 		// what it knew before it froze, must not be the answer.
