@@ -557,3 +557,155 @@ func consumerStats(ctx context.Context, js jetstream.JetStream) string {
 	sort.Strings(parts)
 	return strings.Join(parts, "; ")
 }
+
+// TestAgentRestartRequeuesLikeNodeLoss kills the fleet (every node agent
+// and the simulated runs inside it) under running jobs twice: once back
+// before the resource manager's heartbeat timeout, once after it. The same
+// fault used to end jobs differently by timing alone (issue 13, finding
+// 4): back late, node_lost requeued them; back early, the agents'
+// agent_restarted ends failed them. Now every lost run is requeued in both
+// timings, a checkpointable job restores its checkpoint, nothing fails;
+// and billing equals the agents' run facts for every run (finding 3), the
+// node_lost releases' provisional bills corrected by the agents' ends.
+func TestAgentRestartRequeuesLikeNodeLoss(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the services as processes")
+	}
+	bin := t.TempDir()
+	buildServices(t, bin)
+	ns := natstest.Start(t)
+	tmp := t.TempDir()
+	fleetPath := filepath.Join(tmp, "fleet.yaml")
+	if err := os.WriteFile(fleetPath, []byte(crashFleet), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	order := []string{"fleet-sim", "resource-manager", "scheduler", "billing"}
+	children := startChildren(t, bin, tmp, ns, order, map[string][]string{
+		"fleet-sim": {"-fleet", fleetPath, "-log-dir", t.TempDir(), "-checkpoint-dir", t.TempDir()},
+	})
+	s := connectClient(t, ns.URL(), natstest.Operator(t, ns), "e2e-agent-restart-client")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	waitStreams(t, ctx, s.js, contracts.StreamJobs, contracts.StreamJobEvents, contracts.StreamAllocations, contracts.StreamRuns, contracts.StreamUsage)
+	h := s.watchHistory(t)
+	fleetSim := children["fleet-sim"]
+
+	phases := []struct {
+		name string
+		down time.Duration
+		// want is the reason the lost runs must be requeued with; in the
+		// early phase a slow start of the fleet may still let the
+		// timeout pass for some machines.
+		want []contracts.Reason
+	}{
+		{"back before the heartbeat timeout", 300 * time.Millisecond, []contracts.Reason{contracts.ReasonAgentRestart, contracts.ReasonNodeLost}},
+		{"back after the heartbeat timeout", 10 * time.Second, []contracts.Reason{contracts.ReasonNodeLost}},
+	}
+	byReason := map[string]map[contracts.Reason]int{}
+	for p, phase := range phases {
+		var jobs []submitted
+		for i := range 6 {
+			req := contracts.JobRequest{ID: fmt.Sprintf("p%d-%d", p, i),
+				Resources: contracts.Resources{GPU: contracts.GPURequest{Count: 2, Model: contracts.GPUModelAny}},
+				Run:       contracts.RunSpec{Duration: contracts.Duration(8 * time.Second), Checkpoint: i%2 == 0}}
+			jobs = append(jobs, submitted{tenant: "acme", id: req.ID, req: req})
+			body, _ := json.Marshal(req)
+			if _, err := s.submitBus(ctx, "acme", contracts.SubmitMsgID("acme", req.ID), body); err != nil {
+				t.Fatalf("submit %s: %v", req.ID, err)
+			}
+		}
+		// Every job runs, and the checkpointable ones write a checkpoint.
+		for _, j := range jobs {
+			run := h.awaitState(t, time.Minute, "acme/"+j.id, contracts.StateRunning)
+			if !j.req.Run.Checkpoint {
+				continue
+			}
+			cmd := contracts.NodeCommand{SchemaVersion: contracts.SchemaVersion, Kind: contracts.CommandCheckpointRun,
+				AllocationID: run.Placement.AllocationID, Tenant: "acme", JobID: j.id, Attempt: 1, Time: time.Now().UTC()}
+			body, _ := json.Marshal(cmd)
+			msg := nats.NewMsg(contracts.SubjectNodeCommands(run.Placement.NodeID))
+			msg.Data = body
+			msg.Header.Set(jetstream.MsgIDHeader, contracts.CheckpointCommandID(cmd.AllocationID, 1))
+			if _, err := s.js.PublishMsg(ctx, msg); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, j := range jobs {
+			if j.req.Run.Checkpoint {
+				waitFor(t, 30*time.Second, "a checkpoint of "+j.id, func() (bool, string) {
+					return len(s.checkpoints(t, "acme", j.id)) > 0, "none reported"
+				})
+			}
+		}
+		if err := fleetSim.kill(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(phase.down) // the outage under test
+		if err := fleetSim.start(); err != nil {
+			t.Fatal(err)
+		}
+		byReason[phase.name] = map[contracts.Reason]int{}
+		for _, j := range jobs {
+			key := "acme/" + j.id
+			end := h.await(t, 2*time.Minute, key, "the end", func(ev contracts.JobEvent) bool { return ev.State.Terminal() })
+			rq := h.of(key)
+			requeues := 0
+			for _, ev := range rq {
+				if ev.Type == contracts.EventRequeued {
+					requeues++
+					byReason[phase.name][ev.Reason]++
+					if !slices.Contains(phase.want, ev.Reason) {
+						t.Errorf("%s: %s requeued with %s, want one of %v", phase.name, key, ev.Reason, phase.want)
+					}
+				}
+			}
+			if end.Type != contracts.EventSucceeded || requeues != 1 || end.Attempt != 2 {
+				t.Errorf("%s: %s ended %s (%s) at attempt %d after %d requeues; want succeeded at attempt 2 after one (events %s)",
+					phase.name, key, end.Type, end.Reason, end.Attempt, requeues, h.types(key))
+			}
+			if j.req.Run.Checkpoint {
+				out, _ := s.runOutput(t, "acme", j.id)
+				if second := out[contracts.AllocationID("acme", j.id, 2)]; !strings.Contains(second, "restored from") {
+					t.Errorf("%s: %s attempt 2 did not restore its checkpoint; its output: %q", phase.name, key, second)
+				}
+			}
+		}
+		t.Logf("%s (down %s): requeued by reason %v", phase.name, phase.down, byReason[phase.name])
+	}
+	if byReason[phases[0].name][contracts.ReasonAgentRestart] == 0 {
+		t.Errorf("the fleet came back too late for any agent to report agent_restarted (%v): the early timing was not tested", byReason[phases[0].name])
+	}
+
+	// Billing: every run billed exactly what its agent reported.
+	var rep *oracle.Report
+	waitFor(t, time.Minute, "billing to equal the run facts", func() (bool, string) {
+		var err error
+		if rep, err = oracle.Check(ctx, s.nc); err != nil {
+			return false, err.Error()
+		}
+		mismatches := rep.CheckBillingMatchesRuns()
+		return len(mismatches) == 0, fmt.Sprintf("%d runs billed otherwise: %+v", len(mismatches), mismatches)
+	})
+	billed, expected := rep.CheckMetering()
+	if err := rep.Err(); err != nil {
+		t.Fatal(err)
+	}
+	voids := 0
+	for _, recs := range rep.Usage {
+		for _, u := range recs {
+			if u.Voids != "" {
+				voids++
+			}
+		}
+	}
+	if voids == 0 {
+		t.Error("no provisional bill was corrected: the late timing did not exercise the node_lost releases")
+	}
+	for _, name := range order {
+		for _, e := range children[name].unexpectedExits() {
+			t.Error(e)
+		}
+	}
+	t.Logf("oracle: %s; billed %.1f GPU-s = the agents' run time × GPUs (%.1f), %d provisional records voided",
+		rep.Summary(), float64(billed)/1000, float64(expected)/1000, voids)
+}
