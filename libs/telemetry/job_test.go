@@ -150,6 +150,17 @@ func TestHTTPServerSpan(t *testing.T) {
 		t.Errorf("status attribute %d, want 202", status)
 	}
 
+	// Health probes are not traced.
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {})
+	if resp, err := http.Get(srv.URL + "/healthz"); err != nil {
+		t.Fatal(err)
+	} else {
+		_ = resp.Body.Close()
+	}
+	if n := len(rec.Ended()); n != 1 {
+		t.Errorf("%d spans after a health probe, want still 1", n)
+	}
+
 	// InjectHTTP is what a client (gpuctl) sends.
 	ctx := trace.ContextWithSpanContext(context.Background(), s.SpanContext())
 	out, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
