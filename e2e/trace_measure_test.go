@@ -99,5 +99,14 @@ func TestMeasureTraces(t *testing.T) {
 		}
 		t.Logf("MEASURE %s: %d traces, %d spans", job, len(ids), spans)
 	}
+	if os.Getenv("GPUPLANE_TRACE_MEASURE_DEBUG") != "" {
+		kinds := map[string]int{}
+		for _, tr := range all {
+			if r := roots(tr); len(r) > 0 {
+				kinds[r[0]]++
+			}
+		}
+		t.Logf("DEBUG roots: %v", kinds)
+	}
 	t.Logf("MEASURE all traces over %s: %d, of which telemetry/heartbeat only: %d; services %v", time.Since(start).Round(time.Second), len(all), noise, services)
 }
