@@ -92,10 +92,13 @@ func startNATS(t *testing.T, bin, dir string) *natsCluster {
 				routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", m.routePort))
 			}
 		}
-		if i == partitioned {
-			// What the others learn of node 2 by gossip is its proxy too.
-			advertise = fmt.Sprintf("\n  advertise: %q", inbound.Addr())
-		}
+		// Every route is configured (each node names both peers), so no
+		// node needs gossip to find the others; a gossiped route URL would
+		// be dialled directly, past node 2's proxies (a partition that
+		// leaks). Advertising port 1, where nothing listens, makes any such
+		// implicit route fail at once.
+		advertise = "\n  advertise: \"127.0.0.1:1\""
+
 		store := filepath.Join(dir, fmt.Sprintf("n%d", i))
 		conf := fmt.Sprintf(`# chaos suite node %d: deploy/nats/nats-server.conf's shape on loopback,
 # without TLS (the suite tests faults, not certificates).
