@@ -102,3 +102,27 @@ func TestLostRunOfACancelledJobIsCancelled(t *testing.T) {
 		t.Fatalf("cancelled job whose run was lost ended %s (%s), want cancelled (events %v)", e.Type, e.Reason, h.types("acme", "j1"))
 	}
 }
+
+// TestLostGangPartRequeuesTheGang: one machine of a gang loses its run to
+// an agent restart; the other part is stopped (gang_incomplete) and the
+// whole gang is requeued as the next attempt, as for a lost node.
+func TestLostGangPartRequeuesTheGang(t *testing.T) {
+	h := newHarness(t)
+	parts := gangOf2(h)
+	for _, p := range parts {
+		h.commit(p)
+		h.started(p, h.now)
+	}
+	lost := contracts.RunResult{Outcome: contracts.OutcomeFailed, ExitCode: -1, StartedAt: h.now, EndedAt: h.now,
+		Reason: contracts.ReasonAgentRestart}
+	h.ended(parts[0], lost)
+	h.release(parts[0], contracts.ReasonRunEnded, &lost)
+	if stops := h.commandsFor(parts[1].ID); len(stops) != 1 || stops[0].Reason != contracts.ReasonGangIncomplete {
+		t.Fatalf("the surviving part got %+v, want one gang_incomplete stop", stops)
+	}
+	h.ended(parts[1], contracts.RunResult{Outcome: contracts.OutcomeCancelled, Reason: contracts.ReasonGangIncomplete, StartedAt: h.now, EndedAt: h.now})
+	h.release(parts[1], contracts.ReasonGangIncomplete, nil)
+	if e := h.last("a", "g"); e.Type != contracts.EventRequeued || e.Attempt != 2 || e.Reason != contracts.ReasonAgentRestart {
+		t.Fatalf("gang after a part was lost: %s attempt %d reason %s (events %v)", e.Type, e.Attempt, e.Reason, h.types("a", "g"))
+	}
+}
