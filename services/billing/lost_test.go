@@ -312,3 +312,51 @@ func show(recs []contracts.UsageRecord) string {
 	}
 	return b.String()
 }
+
+// TestLostRunsBilledByTwoReplicas: two billing replicas share the
+// consumers, so the release of a run and its ended fact are often handled
+// by different replicas at the same moment; the compare-and-set on the
+// tenant's usage subject still leaves one net bill per run, the agent's.
+func TestLostRunsBilledByTwoReplicas(t *testing.T) {
+	h := newLostHarness(t, func() billing.Store { return billing.NewMemoryStore() })
+	second := billing.NewMemoryStore()
+	start(t, h.srv, second)
+	ctx := context.Background()
+	var allocs []contracts.Allocation
+	for i := range 12 {
+		a := alloc("acme", fmt.Sprintf("pair%d", i), 1, "n1", 2)
+		allocs = append(allocs, a)
+		end := lostEnds["agent ends it after the release"]
+		if i%2 == 1 {
+			end = lostEnds["it ended before the release"]
+		}
+		fact := endedFact(a, end.end, end.outcome, end.reason)
+		// Alternate the order; nothing waits in between.
+		if i%3 == 0 {
+			if _, err := h.b.Publish(ctx, contracts.SubjectRuns("n1"), contracts.RunEventID(contracts.RunEnded, a.ID), fact); err != nil {
+				t.Fatal(err)
+			}
+		}
+		publishLedger(t, h.b, "", releaseLost(a))
+		if i%3 != 0 {
+			if _, err := h.b.Publish(ctx, contracts.SubjectRuns("n1"), contracts.RunEventID(contracts.RunEnded, a.ID), fact); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	h.settle(t)
+	for i, a := range allocs {
+		secs := int64(32)
+		if i%2 == 1 {
+			secs = 11
+		}
+		h.checkBilled(t, a, secs, false)
+		waitFor(t, "the second replica's store", func() (bool, string) {
+			tot, err := second.Job(ctx, a.Tenant, a.JobID)
+			if err != nil {
+				return false, err.Error()
+			}
+			return tot.GPUMillis == int64(len(a.Devices))*secs*1000, fmt.Sprintf("%s: %+v", a.ID, tot)
+		})
+	}
+}
