@@ -23,9 +23,10 @@
 // Checks, after a drain: every job ended (succeeded, or cancelled when the
 // suite cancelled it; nothing stuck, nothing lost), the e2e oracle (G1: no
 // GPU given twice; J1: no job run twice; metering), billing equal to the
-// agents' run facts for every run, and no run stopped (machine lost, agent
-// restarted) while the last fault was a NATS node's. Each is a violation;
-// the test fails on any.
+// agents' run facts run by run (oracle.CheckBillingMatchesRuns), a tenant's
+// quota never exceeded, and no run stopped (machine lost, agent restarted)
+// while the last fault was a NATS node's. Each is a violation; the test
+// fails on any.
 //
 // Figures: seed, jobs, faults by kind, violations, recovery per service
 // (fault -> its first useful output: the scheduler's next scheduled

@@ -314,7 +314,8 @@ func TestChaos(t *testing.T) {
 		violate("billing: %s a minute after the consumers drained", msg)
 	}
 	billedGPUms, ranGPUms := rep.CheckMetering()
-	violations = append(violations, p.billingEqualsRunFacts(rep)...)
+	// Billing equals the run facts, run by run (it adds its violations).
+	mismatches := rep.CheckBillingMatchesRuns()
 	violations = append(violations, rep.Violations...)
 
 	// Every job ended as asked: succeeded, or cancelled when it was.
@@ -399,7 +400,8 @@ func TestChaos(t *testing.T) {
 	say("up %.1fs after start; services restarted by the supervisor at start-up: %d", upAfter.Seconds(), len(startExits))
 	say("jobs: %d submitted (%d gang, %d checkpoint, %d command, %d cancelled by the suite), end states %v, requeues %v",
 		len(jobs), count(jobs, "gang"), count(jobs, "checkpoint"), count(jobs, "command"), countCancel(jobs), states, requeues)
-	say("oracle: %s; billed %.1f GPU-s, runs used %.1f GPU-s", rep.Summary(), float64(billedGPUms)/1000, float64(ranGPUms)/1000)
+	say("oracle: %s; billed %.1f GPU-s, runs used %.1f GPU-s; runs whose billing differs from their run facts: %d",
+		rep.Summary(), float64(billedGPUms)/1000, float64(ranGPUms)/1000, len(mismatches))
 	say("quota: %s (max %d GPUs per pool) peaked at %v", quotaTenant, quotaMax, quotaPeak)
 	byKind := map[string]int{}
 	for _, f := range faults {
@@ -865,33 +867,6 @@ func (p *platform) restoreAll(t *testing.T) {
 			}
 		}
 	}
-}
-
-// billingEqualsRunFacts checks, for every run that ran, that its usage
-// records bill exactly GPUs × the whole seconds between the run's start
-// and end as its agent reported them (the RUNS stream), and that the
-// release's run times agree with those facts. oracle.CheckMetering
-// already checks the records against oracle.RunSpan; this names the
-// runs whose agent's facts and release disagree, the shape of finding 3.
-func (p *platform) billingEqualsRunFacts(rep *oracle.Report) []string {
-	var v []string
-	for id, run := range rep.Runs {
-		if run.Ended == 0 || run.StartedAt.IsZero() {
-			continue
-		}
-		from, to := oracle.BilledSpan(run.StartedAt, run.EndedAt)
-		want := int64(run.GPUs) * int64(to.Sub(from)/time.Second) * 1000
-		var got int64
-		for _, u := range rep.Usage[id] {
-			got += u.GPUMillis
-		}
-		if got != want {
-			v = append(v, fmt.Sprintf("billing≠run facts: run %s (%d GPUs, %s..%s by its agent) billed %.0f GPU-s, ran %.0f GPU-s",
-				id, run.GPUs, run.StartedAt.Format("15:04:05.000"), run.EndedAt.Format("15:04:05.000"), float64(got)/1000, float64(want)/1000))
-		}
-	}
-	sort.Strings(v)
-	return v
 }
 
 // timeline is, per 5 s window of the run, how many scheduled events came
