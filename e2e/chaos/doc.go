@@ -42,6 +42,8 @@
 // faults, 8 machines); `make chaos` the full one (GPUPLANE_CHAOS_FULL=1:
 // random seed, printed; CHAOS_DURATION of faults, default 4m; 40 machines).
 // GPUPLANE_CHAOS_SEED replays a seed (the faults and workload it draws;
-// the timing of a loaded machine is not replayed). Without redis-server
+// the timing of a loaded machine is not replayed). CHAOS_SRC=<dir> builds
+// the services from another checkout (git archive of an older commit), for
+// before/after figures with one suite and one seed. Without redis-server
 // the suite skips, unless GPUPLANE_REQUIRE_REDIS=1.
 package chaos

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -221,7 +222,10 @@ func build(t *testing.T, dir string) {
 		"./services/autoscaler/cmd/autoscaler",
 		"./services/gateway/cmd/gateway",
 		"./services/node-agent/cmd/fleet-sim")
-	cmd.Dir = "../.." // the repository root, from e2e/chaos
+	// CHAOS_SRC builds the services from another checkout (a commit
+	// exported with git archive): the same suite and seed before and
+	// after a fix.
+	cmd.Dir = cmp.Or(os.Getenv("CHAOS_SRC"), "../..") // the repository root, from e2e/chaos
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build of the services: %v\n%s", err, out)
 	}
