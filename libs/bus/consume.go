@@ -204,7 +204,9 @@ func (b *Bus) consume(ctx context.Context, spec ConsumerSpec, loop func(jetstrea
 	delay := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		var cons jetstream.Consumer
-		err := retry(ctx, func() error {
+		// One bound per try (retryEach): a create lost on a busy or
+		// electing cluster is sent again after 2 s, not nats.go's 5.
+		err := retryEach(ctx, func(ctx context.Context) error {
 			var err error
 			cons, err = b.js.CreateOrUpdateConsumer(ctx, spec.Stream, cfg)
 			return err

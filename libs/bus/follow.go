@@ -122,7 +122,10 @@ func (b *Bus) read(ctx context.Context, spec FollowSpec, fn func(context.Context
 		}
 	}
 	var cons jetstream.Consumer
-	if err := retry(ctx, func() error {
+	// Each try has its own bound (retryEach): on a cluster still electing,
+	// or busy creating what every service asks for at once, a create can
+	// go unanswered, and nats.go's default wait is 5 s per request.
+	if err := retryEach(ctx, func(ctx context.Context) error {
 		var err error
 		cons, err = b.js.OrderedConsumer(ctx, spec.Stream, cfg)
 		return err
@@ -169,22 +172,26 @@ func (b *Bus) read(ctx context.Context, spec FollowSpec, fn func(context.Context
 }
 
 // lastSeq is the sequence of the last message matching spec's filters now,
-// or 0 when there is none.
+// or 0 when there is none. Its reads are retried, each with its own bound
+// (retryEach), like every JetStream request a service starts with.
 func (b *Bus) lastSeq(ctx context.Context, spec FollowSpec) (uint64, error) {
-	var stream jetstream.Stream
-	if err := retry(ctx, func() error {
+	var last uint64
+	err := retryEach(ctx, func(ctx context.Context) error {
 		var err error
-		stream, err = b.js.Stream(ctx, spec.Stream)
+		last, err = b.lastSeqOnce(ctx, spec)
 		return err
-	}); err != nil {
+	})
+	return last, err
+}
+
+func (b *Bus) lastSeqOnce(ctx context.Context, spec FollowSpec) (uint64, error) {
+	stream, err := b.js.Stream(ctx, spec.Stream)
+	if err != nil {
 		return 0, fmt.Errorf("bus: stream %s: %w", spec.Stream, err)
 	}
 	filters := spec.FilterSubjects
 	if len(filters) == 0 {
-		info, err := stream.Info(ctx)
-		if err != nil {
-			return 0, fmt.Errorf("bus: stream %s info: %w", spec.Stream, err)
-		}
+		info := stream.CachedInfo()
 		if info.State.Msgs == 0 {
 			return 0, nil
 		}
