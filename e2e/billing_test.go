@@ -439,6 +439,7 @@ func TestBillingOverASimulatedDay(t *testing.T) {
 		return ran > 0 && billed == ran, fmt.Sprintf("%d runs over, %d billed to the end", ran, billed)
 	})
 	billedMs, expectedMs := rep.CheckMetering()
+	rep.CheckBillingMatchesRuns()
 	if err := rep.Err(); err != nil {
 		t.Fatal(err)
 	}

@@ -473,6 +473,7 @@ func TestServicesSurviveKill9(t *testing.T) {
 	})
 	billedAll := time.Now()
 	billed, expected := rep.CheckMetering()
+	rep.CheckBillingMatchesRuns()
 	if err := rep.Err(); err != nil {
 		t.Fatal(err)
 	}
