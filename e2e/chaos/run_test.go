@@ -144,10 +144,7 @@ func (p *platform) faultTemplates() []fault {
 	}
 	sort.Strings(names)
 	for _, k := range names {
-		fs = append(fs, fault{kind: "sigkill", target: k, svc: k})
-	}
-	for _, k := range []string{"scheduler", "resource-manager", "billing", "fleet-sim"} {
-		fs = append(fs, fault{kind: "sigstop", target: k, svc: k})
+		fs = append(fs, fault{kind: "sigkill", target: k, svc: k}, fault{kind: "sigstop", target: k, svc: k})
 	}
 	fs = append(fs, fault{kind: "sigkill-long", target: "fleet-sim", svc: "fleet-sim"})
 	fs = append(fs,
