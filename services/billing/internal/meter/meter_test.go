@@ -201,3 +201,24 @@ func TestMeterRefusesMalformedEntries(t *testing.T) {
 		}
 	}
 }
+
+// TestVoidNegatesItsRecord: a void is its record's segment with every
+// quantity and cost negated, so the two sum to nothing in every total
+// (same day, price version, class and pool), under the next segment's ID.
+func TestVoidNegatesItsRecord(t *testing.T) {
+	start := time.Date(2026, 11, 26, 10, 41, 51, 0, time.UTC)
+	rec := contracts.UsageRecord{ID: contracts.UsageSegmentID("acme/j1/1", 0), AllocationID: "acme/j1/1", Tenant: "acme",
+		Pool: "h100", GPUs: 2, Start: start, End: start.Add(24 * time.Second), GPUMillis: 48_000, GPUSeconds: 48,
+		UsageSegment: contracts.UsageSegment{Final: true, Provisional: true, Reason: contracts.ReasonNodeLost, Seconds: 24,
+			PriceVersion: "v1", GPURateMicros: 3_000_000, GPUCostMicros: 40_000, CPUCostMicros: 3, MemoryCostMicros: 2,
+			CostMicros: 40_005, OnDemandCostMicros: 40_005}}
+	at := start.Add(time.Minute)
+	v := Void(rec, 1, at)
+	want := rec
+	want.ID, want.Segment, want.Final, want.Provisional, want.Voids, want.Time = contracts.UsageSegmentID("acme/j1/1", 1), 1, false, false, rec.ID, at
+	want.Seconds, want.GPUMillis, want.GPUSeconds = -24, -48_000, -48
+	want.GPUCostMicros, want.CPUCostMicros, want.MemoryCostMicros, want.CostMicros, want.OnDemandCostMicros = -40_000, -3, -2, -40_005, -40_005
+	if diff := cmp.Diff(want, v); diff != "" {
+		t.Errorf("void (-want +got):\n%s", diff)
+	}
+}
