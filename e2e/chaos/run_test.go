@@ -673,7 +673,26 @@ func (p *platform) runFaults(ctx context.Context, t *testing.T, rng *rand.Rand, 
 		time.Sleep(d) // the warm-up runs without faults
 	}
 	templates := p.faultTemplates()
-	order := rng.Perm(len(templates))
+	// The first round alternates a fault of NATS or Redis with one of a
+	// service, each kind in seeded order, so that even the small tier's
+	// ten or so faults take a NATS node down, partition it and lose Redis.
+	var infra, services []int
+	for _, i := range rng.Perm(len(templates)) {
+		if svc := templates[i].svc; svc == "nats" || svc == "redis" {
+			infra = append(infra, i)
+		} else {
+			services = append(services, i)
+		}
+	}
+	var order []int
+	for len(infra)+len(services) > 0 {
+		for _, q := range []*[]int{&infra, &services} {
+			if len(*q) > 0 {
+				order = append(order, (*q)[0])
+				*q = (*q)[1:]
+			}
+		}
+	}
 	var done []*fault
 	for i := 0; time.Now().Before(end) && ctx.Err() == nil; i++ {
 		tpl := templates[rng.IntN(len(templates))]
