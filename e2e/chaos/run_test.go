@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"slices"
@@ -362,7 +363,7 @@ func TestChaos(t *testing.T) {
 	// NATS.
 	rec.mu.Lock()
 	stops := slices.Clone(rec.stops)
-	requeues := maps(rec.requeues)
+	requeues := maps.Clone(rec.requeues)
 	rec.mu.Unlock()
 	for _, f := range faults {
 		if f.leaked {
@@ -490,14 +491,6 @@ func countCancel(jobs []*job) int {
 		}
 	}
 	return n
-}
-
-func maps[K comparable, V any](m map[K]V) map[K]V {
-	c := make(map[K]V, len(m))
-	for k, v := range m {
-		c[k] = v
-	}
-	return c
 }
 
 func bullet(s []string) string {
