@@ -44,9 +44,9 @@ type Config struct {
 	// RebuildTimeout bounds a new leader's rebuild: one that has not
 	// rebuilt its state from the streams by then steps down (releases the
 	// lease, so a standby takes over) and contends again after a lease
-	// TTL, with twice the bound the next time and four times after that,
-	// so a state that is merely large still gets rebuilt. 0 means five
-	// lease TTLs (15 s with the default TTL).
+	// TTL, with the bound doubled for each step-down in a row (up to 64
+	// times), so a state that is merely large still gets rebuilt. 0 means
+	// five lease TTLs (15 s with the default TTL).
 	RebuildTimeout time.Duration
 	// Policy is the placement policy of pools without a PoolConfig in
 	// the gp-pools bucket.
@@ -156,11 +156,13 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// rebuildBound is the first term's rebuild bound (RebuildTimeout, or five
-// lease TTLs).
-func (c Config) rebuildBound() time.Duration {
-	if c.RebuildTimeout > 0 {
-		return c.RebuildTimeout
+// rebuildBound is the rebuild bound of a term that follows stepDowns
+// step-downs in a row: RebuildTimeout (or five lease TTLs), doubled for
+// each, at most 64 times.
+func (c Config) rebuildBound(stepDowns int) time.Duration {
+	base := c.RebuildTimeout
+	if base <= 0 {
+		base = 5 * c.LeaseTTL
 	}
-	return 5 * c.LeaseTTL
+	return base << min(max(stepDowns, 0), 6)
 }

@@ -79,3 +79,28 @@ func TestLeaderThatCannotRebuildGivesTheLeaseUp(t *testing.T) {
 		}
 	}
 }
+
+// TestRebuildBoundGrowsWithStepDowns: the bound doubles for each
+// step-down in a row, so a state larger than the first bound is rebuilt
+// by a later term instead of every term giving up on it.
+func TestRebuildBoundGrowsWithStepDowns(t *testing.T) {
+	tests := []struct {
+		timeout, ttl time.Duration
+		stepDowns    int
+		want         time.Duration
+	}{
+		{0, 3 * time.Second, 0, 15 * time.Second},
+		{0, 3 * time.Second, 1, 30 * time.Second},
+		{0, 3 * time.Second, 2, time.Minute},
+		{0, 3 * time.Second, 6, 16 * time.Minute},
+		{0, 3 * time.Second, 40, 16 * time.Minute},
+		{10 * time.Second, 3 * time.Second, 0, 10 * time.Second},
+		{10 * time.Second, 3 * time.Second, 3, 80 * time.Second},
+	}
+	for _, tt := range tests {
+		c := Config{RebuildTimeout: tt.timeout, LeaseTTL: tt.ttl}
+		if got := c.rebuildBound(tt.stepDowns); got != tt.want {
+			t.Errorf("timeout %s, ttl %s, %d step-downs: bound %s, want %s", tt.timeout, tt.ttl, tt.stepDowns, got, tt.want)
+		}
+	}
+}

@@ -81,12 +81,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// next one. A term whose rebuild does not finish in its bound steps
 	// down (lease.ErrStepDown): holding the lease without scheduling
 	// would keep a standby that might manage from leading (issue 13,
-	// finding 5). Each step-down in a row doubles the next bound, up to
-	// four times, so a large state still gets rebuilt somewhere.
+	// finding 5). Each step-down in a row doubles the next bound (up to
+	// 64 times), so a large state still gets rebuilt somewhere.
 	stepDowns := 0
 	err = elector.Run(ctx, func(ctx context.Context, term lease.Term) error {
 		s := newScheduler(cfg, rt.Bus, rt.Log.With("epoch", term.Epoch), term)
-		s.rebuildBound = cfg.rebuildBound() << min(stepDowns, 2)
+		s.rebuildBound = cfg.rebuildBound(stepDowns)
 		err := s.run(ctx)
 		if errors.Is(err, lease.ErrStepDown) {
 			stepDowns++
@@ -129,7 +129,7 @@ type scheduler struct {
 func newScheduler(cfg Config, b *bus.Bus, log *slog.Logger, term lease.Term) *scheduler {
 	boot := strconv.FormatInt(time.Now().UnixNano(), 36)
 	s := &scheduler{cfg: cfg, term: term, epoch: term.Epoch, bus: b, log: log, wake: make(chan struct{}, 1),
-		rebuildBound: cfg.rebuildBound()}
+		rebuildBound: cfg.rebuildBound(0)}
 	s.traces = newJobTraces()
 	s.out = newOutbox(b, cfg.Publishers, log)
 	s.out.traces = s.traces
