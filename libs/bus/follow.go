@@ -147,9 +147,49 @@ func (b *Bus) read(ctx context.Context, spec FollowSpec, fn func(context.Context
 	if err != nil {
 		return fmt.Errorf("bus: read %s: %w", spec.Stream, err)
 	}
-	defer it.Stop()
+	// nats.go rebuilds an ordered consumer inside Next (after a gap, or a
+	// NATS server's death), retrying without looking at ctx and under a
+	// lock that Stop takes too: on a 3-server cluster about one server
+	// death in five kept a rebuild failing for more than 40 s, and the
+	// read (with the service's shutdown) could not end. Next runs in a
+	// pump, so that a read whose ctx ends returns at once; a rebuild in
+	// progress is then stopped in the background.
+	type next struct {
+		raw jetstream.Msg
+		err error
+	}
+	nexts, quit := make(chan next), make(chan struct{})
+	stopInBackground := false
+	defer func() {
+		close(quit)
+		if stopInBackground {
+			go it.Stop()
+		} else {
+			it.Stop()
+		}
+	}()
+	go func() {
+		for {
+			raw, err := it.Next(jetstream.NextContext(ctx))
+			select {
+			case nexts <- next{raw, err}:
+			case <-quit:
+				return
+			}
+			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return
+			}
+		}
+	}()
 	for {
-		raw, err := it.Next(jetstream.NextContext(ctx))
+		var n next
+		select {
+		case n = <-nexts:
+		case <-ctx.Done():
+			stopInBackground = true
+			return ctx.Err()
+		}
+		raw, err := n.raw, n.err
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
