@@ -131,3 +131,33 @@ func countMsgs(t *testing.T, b *bus.Bus, stream, filter string) int {
 	}
 	return n
 }
+
+// TestStalledFeedIsReplaced: a feed found behind the stream for longer
+// than the heartbeat timeout asks for a new consumer; one that catches up
+// in time does not.
+func TestStalledFeedIsReplaced(t *testing.T) {
+	s := newServer(DefaultConfig(), nil, slog.New(slog.DiscardHandler))
+	t0 := time.Now()
+	for _, at := range []time.Duration{0, 3 * time.Second, 6 * time.Second} {
+		s.watchLag(true, t0.Add(at))
+	}
+	select {
+	case <-s.refeed:
+		t.Fatal("a new feed asked for after 6 s behind; the timeout is 6 s")
+	default:
+	}
+	s.watchLag(false, t0.Add(6500*time.Millisecond)) // it caught up
+	s.watchLag(true, t0.Add(7*time.Second))
+	s.watchLag(true, t0.Add(13*time.Second))
+	select {
+	case <-s.refeed:
+		t.Fatal("a new feed asked for though the lag restarted at 7 s")
+	default:
+	}
+	s.watchLag(true, t0.Add(13100*time.Millisecond))
+	select {
+	case <-s.refeed:
+	default:
+		t.Fatal("no new feed after 6.1 s behind the stream")
+	}
+}

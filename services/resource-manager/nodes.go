@@ -218,10 +218,11 @@ func (s *server) judgeFeed(ctx context.Context) {
 	if !quiet && len(suspects) == 0 {
 		return
 	}
-	trusted, refresh := s.probeFeed(ctx, quiet, lastSeq, suspects)
+	trusted, behind, refresh := s.probeFeed(ctx, quiet, lastSeq, suspects)
 	s.lifeMu.Lock()
 	defer s.lifeMu.Unlock()
 	now = s.cfg.Now()
+	s.watchLag(behind, now)
 	switch {
 	case !trusted:
 		if !s.tracker.Held() {
@@ -243,11 +244,12 @@ func (s *server) judgeFeed(ctx context.Context) {
 const probeTimeout = 2 * time.Second
 
 // probeFeed asks the stream (see judgeFeed). trusted is false when the
-// feed cannot be trusted; refresh holds, per suspect the stream knows
+// feed cannot be trusted; behind is true when the stream holds heartbeats
+// the feed has not delivered; refresh holds, per suspect the stream knows
 // newer heartbeats of, the newest one's sequence.
-func (s *server) probeFeed(ctx context.Context, quiet bool, lastSeq uint64, suspects []liveness.Suspect) (trusted bool, refresh map[string]uint64) {
+func (s *server) probeFeed(ctx context.Context, quiet bool, lastSeq uint64, suspects []liveness.Suspect) (trusted, behind bool, refresh map[string]uint64) {
 	if !s.bus.Conn().IsConnected() {
-		return false, nil
+		return false, false, nil
 	}
 	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
@@ -255,15 +257,15 @@ func (s *server) probeFeed(ctx context.Context, quiet bool, lastSeq uint64, susp
 	// stream without one (an election after a server's death).
 	stream, err := s.bus.JetStream().Stream(pctx, contracts.StreamHeartbeats)
 	if err != nil {
-		return false, nil
+		return false, false, nil
 	}
 	info := stream.CachedInfo()
 	if info.Cluster != nil && info.Cluster.Leader == "" {
-		return false, nil
+		return false, false, nil
 	}
 	if quiet && info.State.LastSeq > lastSeq {
 		// Heartbeats are stored that the feed has not delivered.
-		return false, nil
+		return false, true, nil
 	}
 	refresh = map[string]uint64{}
 	for _, sp := range suspects {
@@ -271,12 +273,12 @@ func (s *server) probeFeed(ctx context.Context, quiet bool, lastSeq uint64, susp
 		switch {
 		case errors.Is(err, jetstream.ErrMsgNotFound):
 		case err != nil:
-			return false, nil
+			return false, false, nil
 		case msg.Sequence > max(sp.HeartbeatSeq, s.hbStart):
 			// Stored before this manager started listening, a heartbeat
 			// says nothing of now.
 			refresh[sp.ID] = msg.Sequence
 		}
 	}
-	return true, refresh
+	return true, len(refresh) > 0, refresh
 }

@@ -129,6 +129,12 @@ type server struct {
 	hbSeq uint64
 	// hbStart is the HEARTBEATS sequence the feed started after.
 	hbStart uint64
+	// lagSince is when judgeFeed first found the stream holding
+	// heartbeats the feed had not delivered, in the current stretch of
+	// such findings (zero: the feed is not behind). Guarded by lifeMu.
+	lagSince time.Time
+	// refeed asks heartbeatFeed for a new consumer (feed.go).
+	refeed chan struct{}
 
 	mu        sync.Mutex
 	led       *ledger.Ledger
@@ -151,6 +157,7 @@ func newServer(cfg Config, b *bus.Bus, log *slog.Logger) *server {
 		nodeLocks: map[string]*sync.Mutex{},
 		refused:   map[string]bool{},
 		epochs:    map[string]uint64{},
+		refeed:    make(chan struct{}, 1),
 	}
 }
 
@@ -223,10 +230,7 @@ func (s *server) run(ctx context.Context) error {
 	s.lifeMu.Lock()
 	s.hbSeq, s.hbStart = hbStart, hbStart
 	s.lifeMu.Unlock()
-	g.Go(func() error {
-		return s.bus.Follow(gctx, bus.FollowSpec{Stream: contracts.StreamHeartbeats,
-			FilterSubjects: []string{contracts.SubjectHeartbeatAll}, StartSeq: hbStart + 1}, s.onHeartbeatMsg, nil)
-	})
+	g.Go(func() error { return s.heartbeatFeed(gctx, hbStart+1) })
 	// 3. Run facts from the start: an ended run whose release a previous
 	// life did not write is released now, before any plan is handled.
 	// WatchKV calls ready once, even when a broken watch is resumed.
