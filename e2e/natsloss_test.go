@@ -244,4 +244,3 @@ func simUUID(t *testing.T, ctx context.Context, b *bus.Bus, node string, gpu int
 	})
 	return uuid
 }
-
