@@ -241,6 +241,37 @@ func (h *harness) heartbeat(node, incarnation string) {
 		contracts.Heartbeat{SchemaVersion: 1, NodeID: node, Incarnation: incarnation, Seq: seq, Time: h.clock.Now()})
 }
 
+// heartbeatFed publishes a heartbeat and waits until the managers'
+// heartbeat feeds (their ordered consumers of HEARTBEATS) have delivered
+// it: a test that moves the fake clock right after a heartbeat would
+// otherwise move it before the heartbeat is applied, which a manager must
+// take for a gap of its feed.
+func (h *harness) heartbeatFed(node, incarnation string) {
+	h.t.Helper()
+	seq := hbSeq.Add(1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ack, err := h.bus.Publish(ctx, contracts.SubjectHeartbeat(node), fmt.Sprintf("hb/%s/%s/%d", node, incarnation, seq),
+		contracts.Heartbeat{SchemaVersion: 1, NodeID: node, Incarnation: incarnation, Seq: seq, Time: h.clock.Now()})
+	if err != nil {
+		h.t.Fatalf("publish heartbeat: %v", err)
+	}
+	h.eventually("the heartbeat delivered to the managers", func() bool {
+		stream, err := h.bus.JetStream().Stream(ctx, contracts.StreamHeartbeats)
+		if err != nil {
+			return false
+		}
+		fed := 0
+		for info := range stream.ListConsumers(ctx).Info() {
+			if info.Delivered.Stream < ack.Sequence {
+				return false
+			}
+			fed++
+		}
+		return fed > 0
+	})
+}
+
 // item is a plan item for tenant acme.
 func item(job string, attempt int, node, model string, gpus ...int) contracts.Allocation {
 	a := contracts.Allocation{ID: contracts.AllocationID("acme", job, attempt), Tenant: "acme", JobID: job,

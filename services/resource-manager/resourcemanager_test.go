@@ -175,18 +175,18 @@ func TestNodeLostReleasesAndReturns(t *testing.T) {
 	h.runEvent("n1", contracts.RunEnded, a0, &contracts.RunResult{Outcome: contracts.OutcomeSucceeded}, "")
 	h.eventually("a0 released", func() bool { return h.has(a0.ID, contracts.LedgerReleased) })
 
-	// n2 registers 2 s later than n1 and keeps sending heartbeats every
-	// 2 s: the feed flows (a gap of the whole feed would restart n1's
-	// clock, see liveness), only n1 is silent.
+	// n2 registers 2 s later than n1 and keeps sending heartbeats: the
+	// feed flows (a gap of the whole feed would restart n1's clock, see
+	// liveness), only n1 is silent.
 	h.clock.Advance(2 * time.Second)
 	h.ready(h100, 2, "n2")
 	h.plan("p1b", item("j2", 1, "n2", h100, 0))
 	h.eventually("commit on n2", func() bool { return h.has("acme/j2/1", contracts.LedgerCommitted) })
-	for range 2 {
-		h.clock.Advance(2 * time.Second)
-		h.heartbeat("n2", "i1")
+	for range 10 {
+		h.clock.Advance(500 * time.Millisecond)
+		h.heartbeatFed("n2", "i1")
 	}
-	h.clock.Advance(time.Second) // n1 silent 7 s > 6 s; n2 1 s
+	h.clock.Advance(time.Second) // n1 silent 8 s > 6 s; n2 1 s
 	h.eventually("n1 lost and its allocation released", func() bool {
 		return h.hasNodeEvent("n1", contracts.NodeLost, "i1") && h.has(a1.ID, contracts.LedgerReleased)
 	})
