@@ -47,7 +47,10 @@ type Config struct {
 	// rebuild from the streams and take over at most LeaseTTL after the
 	// leader dies or freezes. 0 runs without election: every replica is
 	// active and the ledger's compare-and-set alone keeps their writes
-	// exclusive. Default 3 s (half the heartbeat timeout).
+	// exclusive. Default 10 s: longer than the election that follows a
+	// NATS server's death (4 to 9 s after a SIGKILL), during which the
+	// lease cannot be renewed; a 3 s lease made every such death a
+	// failover and a rebuild of the whole ledger.
 	LeaseTTL time.Duration
 	// Now is the clock liveness and entry times read; default time.Now.
 	Now func() time.Time
@@ -67,7 +70,7 @@ func DefaultConfig() Config {
 		CommitAttempts:    8,
 		CommitParallelism: 32,
 		PlanBatch:         32,
-		LeaseTTL:          3 * time.Second,
+		LeaseTTL:          10 * time.Second,
 		Now:               time.Now,
 		Failpoint:         failpointFromEnv(),
 	}

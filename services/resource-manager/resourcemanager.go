@@ -280,7 +280,11 @@ func (s *server) run(ctx context.Context) error {
 func (s *server) heartbeatsLastSeq(ctx context.Context) (uint64, error) {
 	delay := 50 * time.Millisecond
 	for {
-		stream, err := s.bus.JetStream().Stream(ctx, contracts.StreamHeartbeats)
+		// Each try has its own bound: a request that went to a server
+		// dying with it is never answered.
+		sctx, cancel := context.WithTimeout(ctx, probeTimeout)
+		stream, err := s.bus.JetStream().Stream(sctx, contracts.StreamHeartbeats)
+		cancel()
 		if err == nil {
 			return stream.CachedInfo().State.LastSeq, nil
 		}
