@@ -25,10 +25,11 @@ import (
 
 // recoveryBound is how long after a fault ends (the process is back, or
 // thawed, or the partition healed) its service must produce useful output
-// again: the scheduler's lease (3 s) plus the resource manager's
-// heartbeat timeout (6 s), plus a second to start. A replicated service
-// whose other replica carries on recovers at once.
-const recoveryBound = 10 * time.Second
+// again: the longest lease (the resource manager's 10 s, longer than a
+// NATS election; the scheduler's is 3 s, the heartbeat timeout 6 s) plus
+// 2 s to start and rebuild. A replicated service whose other replica
+// carries on recovers at once.
+const recoveryBound = 12 * time.Second
 
 // job is one job of the workload, drawn up front from the seed.
 type job struct {
