@@ -215,22 +215,23 @@ func TestNATSClusterConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	var stream jetstream.Stream
-	// The meta group elects a leader once the routes are up: retry the
-	// create (bounded by ctx) until it has one.
-	for {
+	// The meta group elects a leader once the routes are up, and a request
+	// sent before that is not answered: each try has its own bound, and
+	// the tries are bounded by ctx.
+	err = retry(ctx, func(ctx context.Context) (err error) {
 		stream, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "DEPLOY", Subjects: []string{"deploy.>"}, Replicas: 3})
-		if err == nil || ctx.Err() != nil {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return err
+	})
 	if err != nil {
 		t.Fatalf("R3 stream: %v", err)
 	}
-	if _, err := js.Publish(ctx, "deploy.a", []byte("1")); err != nil {
+	if err := retry(ctx, func(ctx context.Context) error {
+		_, err := js.Publish(ctx, "deploy.a", []byte("1"), jetstream.WithMsgID("a"))
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	info, err := stream.Info(ctx)
@@ -248,8 +249,13 @@ func TestNATSClusterConfig(t *testing.T) {
 			break
 		}
 	}
+	// A write the old leader took as it went may go unanswered: it is
+	// sent again under the same ID, which the stream keeps once.
 	for i := range 10 {
-		if _, err := js.Publish(ctx, "deploy.b", []byte{byte(i)}, jetstream.WithRetryAttempts(50), jetstream.WithRetryWait(200*time.Millisecond)); err != nil {
+		if err := retry(ctx, func(ctx context.Context) error {
+			_, err := js.Publish(ctx, "deploy.b", []byte{byte(i)}, jetstream.WithMsgID(fmt.Sprintf("b%d", i)))
+			return err
+		}); err != nil {
 			t.Fatalf("write %d with one server of three down: %v", i, err)
 		}
 	}
@@ -259,6 +265,24 @@ func TestNATSClusterConfig(t *testing.T) {
 	}
 	if info.State.Msgs != 11 {
 		t.Fatalf("stream holds %d messages, want 11", info.State.Msgs)
+	}
+}
+
+// retry calls f with a 5 s bound per try until it succeeds or ctx ends,
+// 200 ms apart.
+func retry(ctx context.Context, f func(context.Context) error) error {
+	for {
+		tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := f(tctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %w)", ctx.Err(), err)
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 }
 
