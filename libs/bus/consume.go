@@ -270,10 +270,22 @@ type puller struct {
 	log    *slog.Logger
 }
 
+// pullExpiry bounds how long a pull request may sit on a consumer leader
+// that is no longer there (see pull).
+const pullExpiry = 5 * time.Second
+
 // pull starts pulling from cons and keeping held messages alive; stop ends
 // both.
 func (b *Bus) pull(ctx context.Context, cons jetstream.Consumer, spec ConsumerSpec) (*puller, error) {
-	it, err := cons.Messages(jetstream.PullMaxMessages(spec.Batch))
+	// A pull request lives on the consumer's leader. When that leader
+	// changes (a NATS server dies, or a healed partition makes it step
+	// down) the request is gone without a word, and nats.go only notices
+	// after two missed idle heartbeats: with the default 30 s expiry
+	// (15 s heartbeat) the consumer stood still for up to 30 s with work
+	// pending and no pull waiting (seen in the chaos suite). A 5 s expiry
+	// (2.5 s heartbeat) bounds that to about 5 s for one small request
+	// per consumer every 5 s.
+	it, err := cons.Messages(jetstream.PullMaxMessages(spec.Batch), jetstream.PullExpiry(pullExpiry))
 	if err != nil {
 		return nil, err
 	}
