@@ -1,9 +1,11 @@
 package bus
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -29,6 +31,10 @@ type FollowSpec struct {
 	// (contracts.NodeReplayPrefix). Two reads with one prefix must not
 	// run at once on the same stream.
 	NamePrefix string
+	// StallAfter bounds how long the read may deliver nothing while the
+	// stream holds a matching message past its position before its
+	// consumer is replaced; 0 means DefaultStallAfter.
+	StallAfter time.Duration
 }
 
 // Replay calls fn for every message the stream holds now that matches the
@@ -88,9 +94,164 @@ func (b *Bus) Follow(ctx context.Context, spec FollowSpec, fn func(context.Conte
 	return err
 }
 
+// DefaultStallAfter is how long an ordered read may deliver nothing while
+// its stream holds a matching message past its position before the bus
+// replaces its consumer (FollowSpec.StallAfter). It is above the time
+// nats.go's own rebuild takes after a NATS server's death when it works
+// (an election, one to three seconds), so the two do not race in the
+// common case, and far below the 40 s and more it takes when it does not.
+const DefaultStallAfter = 5 * time.Second
+
+// readPos is where a read stands: the last sequence handed to its
+// handler, and when it last moved or was found caught up with its stream.
+type readPos struct {
+	mu sync.Mutex
+	// next is the first sequence the read still needs: after the last
+	// one handed to fn once started, and 0 while unknown (a read of new
+	// messages whose consumer does not exist yet).
+	next     uint64
+	started  bool
+	progress time.Time
+	// busy is set while fn runs: a slow handler is not a stall, and its
+	// context must not end under it. replacing is set once the consumer
+	// is given up: fn is not called again until the next one starts.
+	busy, replacing bool
+}
+
+func (p *readPos) isBusy() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.busy
+}
+
+func (p *readPos) get() (next uint64, started bool, progress time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.next, p.started, p.progress
+}
+
 // read runs an ordered consumer and calls fn for each message until fn
 // says stop, fn fails, or ctx ends.
+//
+// nats.go rebuilds an ordered consumer by itself after a gap or a NATS
+// server's death, but not always in time: on a 3-server cluster about one
+// server death in five kept its rebuild failing for more than 40 s (each
+// create waits up to 10 s, its back-off grows to 10 s), and a consumer
+// created on a fresh cluster whose first pulls go unanswered waits for
+// two missed heartbeats (30 s) before it is rebuilt. So read watches its
+// own consumer (watchStall): once it has delivered nothing for
+// spec.StallAfter while the stream holds a matching message past the last
+// one delivered, the consumer is abandoned and a new one starts right
+// after that message. fn sees every sequence once and in order: a
+// replaced consumer is stopped before the next starts, and a sequence at
+// or before the last delivered one is skipped.
 func (b *Bus) read(ctx context.Context, spec FollowSpec, fn func(context.Context, *Msg) (stop bool, err error)) error {
+	stallAfter := cmp.Or(spec.StallAfter, DefaultStallAfter)
+	pos := &readPos{progress: time.Now()}
+	switch {
+	case spec.New:
+	case spec.StartSeq > 0 && !spec.LastPerSubject:
+		pos.next = spec.StartSeq
+	default:
+		pos.next = 1
+	}
+	deliver := func(ctx context.Context, m *Msg) (bool, error) {
+		pos.mu.Lock()
+		skip := pos.replacing || pos.started && m.StreamSeq < pos.next
+		pos.busy = !skip
+		pos.mu.Unlock()
+		if skip {
+			// Delivered before, or by a consumer given up: the next
+			// one starts at pos.next.
+			return false, nil
+		}
+		stop, err := fn(ctx, m)
+		pos.mu.Lock()
+		pos.next, pos.started, pos.progress, pos.busy = m.StreamSeq+1, true, time.Now(), false
+		pos.mu.Unlock()
+		return stop, err
+	}
+	cur := spec
+	for replaced := 0; ; replaced++ {
+		rctx, cancel := context.WithCancel(ctx)
+		stalled := make(chan struct{})
+		watching := make(chan struct{})
+		go func() {
+			defer close(watching)
+			if b.watchStall(rctx, spec, stallAfter, pos) {
+				close(stalled)
+				cancel()
+			}
+		}()
+		err := b.readOnce(rctx, cur, deliver, pos)
+		cancel()
+		<-watching
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		select {
+		case <-stalled:
+		default:
+			return err
+		}
+		next, started, _ := pos.get()
+		b.log.Warn("bus: ordered read stalled behind its stream; replacing its consumer",
+			"stream", spec.Stream, "next_seq", next, "stall", stallAfter, "replaced", replaced+1)
+		if started || spec.New && next > 0 {
+			// Resume at the first sequence not yet handed to fn. A read
+			// of the last message per subject that delivered none yet
+			// starts over as asked: it has lost nothing.
+			cur.New, cur.LastPerSubject, cur.StartSeq = false, false, next
+		}
+		pos.mu.Lock()
+		pos.progress, pos.replacing = time.Now(), false
+		pos.mu.Unlock()
+	}
+}
+
+// watchStall reports true once the read at pos has delivered nothing for
+// stallAfter while the stream holds a matching message past pos, and
+// false when ctx ends first. It asks the stream only when the read has
+// been quiet for stallAfter/2: a read that delivers costs nothing.
+func (b *Bus) watchStall(ctx context.Context, spec FollowSpec, stallAfter time.Duration, pos *readPos) bool {
+	tick := time.NewTicker(stallAfter / 4)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tick.C:
+		}
+		if _, _, progress := pos.get(); time.Since(progress) < stallAfter/2 || pos.isBusy() {
+			continue
+		}
+		lctx, cancel := context.WithTimeout(ctx, stallAfter)
+		last, err := b.lastSeqOnce(lctx, spec)
+		cancel()
+		if err != nil {
+			// The stream cannot be asked (no leader, a lost
+			// connection): a new consumer could not be created either.
+			continue
+		}
+		pos.mu.Lock()
+		behind := pos.next > 0 && last >= pos.next
+		if !behind {
+			pos.progress = time.Now()
+		}
+		stalled := behind && !pos.busy && time.Since(pos.progress) >= stallAfter
+		pos.replacing = stalled
+		pos.mu.Unlock()
+		if stalled {
+			return true
+		}
+	}
+}
+
+// readOnce reads through one ordered consumer (that nats.go may rebuild)
+// until fn says stop, fn fails, or ctx ends. A read of new messages sets
+// pos.next to where its consumer starts, so watchStall can tell whether
+// it is behind before it delivers.
+func (b *Bus) readOnce(ctx context.Context, spec FollowSpec, fn func(context.Context, *Msg) (stop bool, err error), pos *readPos) error {
 	// A short inactive threshold lets the server drop the ephemeral
 	// consumer soon after the reader stops (the default is 5 minutes); an
 	// ordered consumer recreates itself if a slow reader trips it.
@@ -131,6 +292,15 @@ func (b *Bus) read(ctx context.Context, spec FollowSpec, fn func(context.Context
 		return err
 	}); err != nil {
 		return fmt.Errorf("bus: ordered consumer on %s: %w", spec.Stream, err)
+	}
+	if info := cons.CachedInfo(); info != nil && spec.New {
+		// A read of new messages starts after the stream's last message
+		// at its creation: the server reports it as delivered.
+		pos.mu.Lock()
+		if !pos.started && pos.next == 0 {
+			pos.next = info.Delivered.Stream + 1
+		}
+		pos.mu.Unlock()
 	}
 	if spec.NamePrefix != "" {
 		// The next read with this prefix starts from _1 again: remove
