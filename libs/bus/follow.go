@@ -137,8 +137,9 @@ func (p *readPos) get() (next uint64, started bool, progress time.Time) {
 // server's death, but not always in time: on a 3-server cluster about one
 // server death in five kept its rebuild failing for more than 40 s (each
 // create waits up to 10 s, its back-off grows to 10 s), and a consumer
-// created on a fresh cluster whose first pulls go unanswered waits for
-// two missed heartbeats (30 s) before it is rebuilt. So read watches its
+// on a member that died, or created on a fresh cluster whose first pulls
+// go unanswered, delivers nothing until nats.go misses its heartbeats
+// (about 10 s in libs/bus's cluster tests). So read watches its
 // own consumer (watchStall): once it has delivered nothing for
 // spec.StallAfter while the stream holds a matching message past the last
 // one delivered, the consumer is abandoned and a new one starts right
