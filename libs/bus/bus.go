@@ -360,6 +360,9 @@ func retryEach(ctx context.Context, fn func(ctx context.Context) error) error {
 // transient reports whether a JetStream call failed for a reason that
 // waiting can fix: no responders, a timeout, a disconnect, a leaderless
 // cluster.
+// jsErrNoSuitablePeers is JetStream's JSClusterNoPeersErrF.
+const jsErrNoSuitablePeers jetstream.ErrorCode = 10005
+
 func transient(err error) bool {
 	if errors.Is(err, ErrPermissionDenied) {
 		return false
@@ -374,7 +377,11 @@ func transient(err error) bool {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		// 503: JetStream temporarily unavailable (no leader / catching up).
-		return apiErr.Code == 503
+		// 10005: no suitable peers, as the meta leader says while it
+		// still counts a member offline (on a fresh cluster, or one
+		// whose member just restarted); a misconfigured replica count
+		// keeps failing until the caller's deadline.
+		return apiErr.Code == 503 || apiErr.ErrorCode == jsErrNoSuitablePeers
 	}
 	return false
 }
