@@ -182,25 +182,40 @@ func (a *agent) run(ctx context.Context) error {
 	for _, g := range gpus {
 		a.byUUID[g.UUID] = g
 	}
-	if err := a.rebuild(ctx); err != nil {
-		return err
-	}
-	if err := a.recoverRuns(ctx); err != nil {
-		return err
-	}
-	if err := a.publishInventory(ctx, a.nextInventoryVersion()); err != nil {
-		return err
-	}
-	a.log.Info("node agent started", "incarnation", a.incarnation, "backend", a.backend.Kind(), "gpus", len(gpus))
-
 	// A machine_death fault ends every loop with ErrMachineDied.
 	ctx, a.health.die = context.WithCancelCause(ctx)
 	defer a.health.die(nil)
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
 	g, gctx := errgroup.WithContext(ctx)
+	// Heartbeats start before the rebuild: the machine and its runs are
+	// alive while a restarted agent replays its ledger and adopts the runs
+	// it left behind, and on a busy cluster (or twenty agents of one
+	// fleet process restarting at once) that replay outlasted the
+	// resource manager's heartbeat timeout: every machine was declared
+	// lost and its live runs stopped after a one-second agent restart
+	// (seen in the chaos suite). Nobody reads a heartbeat's Runs for
+	// anything but display, so the empty list while recovering is fine.
+	g.Go(func() error { return a.every(gctx, a.cfg.HeartbeatInterval, a.publishHeartbeat) })
+	startErr := func(err error) error {
+		stop()
+		_ = g.Wait()
+		return err
+	}
+	if err := a.rebuild(gctx); err != nil {
+		return startErr(err)
+	}
+	if err := a.recoverRuns(gctx); err != nil {
+		return startErr(err)
+	}
+	if err := a.publishInventory(gctx, a.nextInventoryVersion()); err != nil {
+		return startErr(err)
+	}
+	a.log.Info("node agent started", "incarnation", a.incarnation, "backend", a.backend.Kind(), "gpus", len(gpus))
+
 	if hw, ok := a.backend.(HealthWatcher); ok {
 		g.Go(func() error { return a.watchHealth(gctx, hw) })
 	}
-	g.Go(func() error { return a.every(gctx, a.cfg.HeartbeatInterval, a.publishHeartbeat) })
 	// NODES ages messages out (7 days): the inventory is republished well
 	// within that, so a service restarted long after this agent still
 	// finds the node. Version 1 went out above.

@@ -13,6 +13,7 @@ import (
 	"github.com/gpuplane/gpuplane/libs/bus"
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 	nodeagent "github.com/gpuplane/gpuplane/services/node-agent"
+	"github.com/gpuplane/gpuplane/services/node-agent/internal/runner"
 )
 
 // dyingServer stands between an agent and its NATS server and plays the
@@ -155,4 +156,39 @@ func TestHeartbeatsOutliveTheirServersDeath(t *testing.T) {
 				gap.Round(time.Millisecond), died.Format(time.RFC3339Nano), timeout)
 		}
 	}
+}
+
+// slowRecovery is a local runner whose recovery of a previous agent's runs
+// waits until released: a restarted agent with a long replay ahead of it.
+type slowRecovery struct {
+	*runner.Local
+	release chan struct{}
+}
+
+func (s slowRecovery) Recover() ([]runner.Leftover, error) {
+	<-s.release
+	return s.Local.Recover()
+}
+
+// TestHeartbeatsWhileRecovering: a restarted agent heartbeats while it is
+// still recovering the runs it left behind. It used to start heartbeating
+// only once recovered; a replay longer than the resource manager's
+// heartbeat timeout (twenty agents of one fleet restarting on a busy
+// cluster took 10 s) had every machine declared lost and its live runs
+// stopped after a one-second restart.
+func TestHeartbeatsWhileRecovering(t *testing.T) {
+	b := connect(t)
+	const node = "recovering-01"
+	cfg := testConfig(t, node)
+	release := make(chan struct{})
+	cfg.Runner = slowRecovery{Local: &runner.Local{LogDir: cfg.LogDir}, release: release}
+	inv := record[contracts.NodeInventory](t, b, contracts.StreamNodes, contracts.SubjectInventory(node))
+	hb := record[contracts.Heartbeat](t, b, contracts.StreamHeartbeats, contracts.SubjectHeartbeat(node))
+	startAgent(t, b, cfg)
+	eventually(t, "heartbeats while the runs are recovered", func() bool { return len(hb.all()) >= 3 })
+	if n := len(inv.all()); n != 0 {
+		t.Fatalf("%d inventories before recovery finished; want none", n)
+	}
+	close(release)
+	eventually(t, "the inventory once recovered", func() bool { return len(inv.all()) >= 1 })
 }
