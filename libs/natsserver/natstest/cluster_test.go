@@ -38,10 +38,7 @@ func TestClusterSurvivesMemberLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "R3TEST", Subjects: []string{"r3.>"}, Replicas: 3})
-	if err != nil {
-		t.Fatalf("create R3 stream: %v", err)
-	}
+	s := createStream(ctx, t, js, jetstream.StreamConfig{Name: "R3TEST", Subjects: []string{"r3.>"}, Replicas: 3})
 	if got := len(s.CachedInfo().Cluster.Replicas) + 1; got != 3 {
 		t.Fatalf("stream has %d copies, want 3", got)
 	}
@@ -151,9 +148,7 @@ func TestPartitionCutsAMemberOff(t *testing.T) {
 		return js
 	}
 	js0 := connect(0)
-	if _, err := js0.CreateStream(ctx, jetstream.StreamConfig{Name: "PART", Subjects: []string{"part.>"}, Replicas: 3}); err != nil {
-		t.Fatal(err)
-	}
+	createStream(ctx, t, js0, jetstream.StreamConfig{Name: "PART", Subjects: []string{"part.>"}, Replicas: 3})
 	publish := func(js jetstream.JetStream, i int, within time.Duration) error {
 		pctx, pcancel := context.WithTimeout(ctx, within)
 		defer pcancel()
@@ -215,4 +210,25 @@ func storedOn(t *testing.T, c *natstest.Cluster, i int, stream string) uint64 {
 		}
 	}
 	return 0
+}
+
+// createStream creates cfg, giving each try its own bound: on a cluster
+// this fresh a request can go unanswered (the meta leader is still
+// settling) and nats.go then waits out the whole context, as libs/bus's
+// provisioning learned (issue 13, finding 1). A create repeated with the
+// same config is answered with the stream.
+func createStream(ctx context.Context, t *testing.T, js jetstream.JetStream, cfg jetstream.StreamConfig) jetstream.Stream {
+	t.Helper()
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		s, err := js.CreateStream(cctx, cfg)
+		cancel()
+		if err == nil {
+			return s
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("create stream %s: %v", cfg.Name, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
