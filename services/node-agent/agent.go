@@ -182,6 +182,7 @@ func (a *agent) run(ctx context.Context) error {
 	for _, g := range gpus {
 		a.byUUID[g.UUID] = g
 	}
+	parent := ctx
 	// A machine_death fault ends every loop with ErrMachineDied.
 	ctx, a.health.die = context.WithCancelCause(ctx)
 	defer a.health.die(nil)
@@ -200,6 +201,9 @@ func (a *agent) run(ctx context.Context) error {
 	startErr := func(err error) error {
 		stop()
 		_ = g.Wait()
+		if parent.Err() != nil {
+			return nil // told to stop while starting: a stop, not a failure
+		}
 		return err
 	}
 	if err := a.rebuild(gctx); err != nil {
