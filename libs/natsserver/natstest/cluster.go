@@ -160,7 +160,17 @@ func failOnViolation(t testing.TB) func(string) {
 	return func(msg string) {
 		mu.Lock()
 		defer mu.Unlock()
-		if !done {
+		switch {
+		case done:
+		case strings.Contains(msg, "authentication error"):
+			// Creds this server's operator never signed: a stranger, not
+			// one of the test's identities overstepping. Test packages run
+			// side by side, and a client of another package's server
+			// (killed, restarted) reconnects to a port this server was
+			// then given; it failed an unrelated e2e test in CI. Our own
+			// identities' creds always authenticate, or nothing would run.
+			t.Logf("nats refused a stranger: %s", msg)
+		default:
 			t.Errorf("nats refused access: %s", msg)
 		}
 	}
