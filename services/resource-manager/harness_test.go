@@ -314,6 +314,29 @@ func (h *harness) eventually(what string, cond func() bool) {
 	h.t.Fatalf("timed out waiting for %s", what)
 }
 
+// eventuallyAdvancing waits, bounded, for cond; while it does not hold, it
+// moves the fake clock on by half a heartbeat interval at a time, calling
+// each first (to keep the nodes that should live heartbeating). It is for
+// verdicts that a held judgment may postpone by a timeout.
+func (h *harness) eventuallyAdvancing(what string, each func(), cond func() bool) {
+	h.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for next := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		h.mu.Lock()
+		ok := cond()
+		h.mu.Unlock()
+		if ok {
+			return
+		}
+		if time.Now().After(next) {
+			each()
+			h.clock.Advance(500 * time.Millisecond)
+			next = time.Now().Add(time.Second)
+		}
+	}
+	h.t.Fatalf("timed out waiting for %s", what)
+}
+
 // The accessors below are called with h.mu held (inside eventually) or
 // through the locking wrappers.
 
