@@ -21,6 +21,11 @@ type jobQuery struct {
 	State contracts.JobState
 	// Limit is the most jobs returned; the newest (by CreatedAt) first.
 	Limit int
+	// After is the last job of the previous page: only jobs after it in
+	// the list's order are returned. It is a job ID, not an offset, so a
+	// job submitted between two pages shifts nothing: it is newer, and
+	// sorts before the cursor.
+	After string
 }
 
 // readModel is the gateway's view of jobs and usage, folded from JOB_EVENTS
@@ -112,23 +117,33 @@ func (m *memoryModel) Job(_ context.Context, tenant, job string) (contracts.JobS
 
 func (m *memoryModel) Jobs(_ context.Context, tenant string, q jobQuery) ([]contracts.JobStatus, error) {
 	m.mu.RLock()
+	var cursor *contracts.JobStatus
+	if q.After != "" {
+		if cursor = m.jobs[tenant][q.After]; cursor == nil {
+			m.mu.RUnlock()
+			return nil, fmt.Errorf("after %s/%s: %w", tenant, q.After, errUnknownJob)
+		}
+	}
 	out := make([]contracts.JobStatus, 0, len(m.jobs[tenant]))
 	for _, st := range m.jobs[tenant] {
-		if q.State == contracts.StateNew || st.State == q.State {
+		if (q.State == contracts.StateNew || st.State == q.State) && (cursor == nil || listOrder(*cursor, *st) < 0) {
 			out = append(out, *st)
 		}
 	}
 	m.mu.RUnlock()
-	slices.SortFunc(out, func(a, b contracts.JobStatus) int {
-		if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
-			return c
-		}
-		return cmp.Compare(a.JobID, b.JobID)
-	})
+	slices.SortFunc(out, listOrder)
 	if q.Limit > 0 && len(out) > q.Limit {
 		out = out[:q.Limit]
 	}
 	return out, nil
+}
+
+// listOrder is the order of a job list: newest first, ties by ID.
+func listOrder(a, b contracts.JobStatus) int {
+	if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
+		return c
+	}
+	return cmp.Compare(a.JobID, b.JobID)
 }
 
 func (m *memoryModel) Usage(_ context.Context, tenant string) (contracts.UsageSummary, error) {

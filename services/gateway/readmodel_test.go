@@ -103,6 +103,10 @@ func TestReadModelListsNewestFirst(t *testing.T) {
 				"queued":    {jobQuery{State: contracts.StateQueued}, []string{"d", "a", "b"}},
 				"cancelled": {jobQuery{State: contracts.StateCancelled, Limit: 5}, []string{"c"}},
 				"running":   {jobQuery{State: contracts.StateRunning}, []string{}},
+				// Paging: the jobs after the cursor, whatever its state.
+				"after":        {jobQuery{After: "c", Limit: 1}, []string{"a"}},
+				"queued after": {jobQuery{State: contracts.StateQueued, After: "c"}, []string{"a", "b"}},
+				"after last":   {jobQuery{After: "b"}, []string{}},
 			}
 			for name, tt := range tests {
 				if diff := cmp.Diff(tt.want, ids(tt.q)); diff != "" {

@@ -364,7 +364,9 @@ func (s *server) getJob(w http.ResponseWriter, r *http.Request) {
 }
 
 // listJobs answers a tenant's jobs, newest first: ?state= keeps one state,
-// ?limit= (1 to 1000, default 100) bounds the page.
+// ?limit= (1 to 1000, default 100) bounds the page, ?after=ID (the last job
+// of the previous page) starts it after that job: a page shorter than its
+// limit is the last.
 func (s *server) listJobs(w http.ResponseWriter, r *http.Request) {
 	tenant, ok := tenant(w, r)
 	if !ok {
@@ -387,6 +389,13 @@ func (s *server) listJobs(w http.ResponseWriter, r *http.Request) {
 		}
 		q.Limit = n
 	}
+	// ?after= is the last job of the previous page (paging).
+	if v := r.URL.Query().Get("after"); v != "" {
+		if err := contracts.ValidateID(v); err != nil {
+			fields = append(fields, contracts.FieldError{Field: "after", Reason: contracts.ReasonInvalidID, Message: err.Error()})
+		}
+		q.After = v
+	}
 	if len(fields) > 0 {
 		writeError(w, http.StatusBadRequest, contracts.ReasonInvalidValue, "invalid query parameters", fields)
 		return
@@ -395,6 +404,12 @@ func (s *server) listJobs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	jobs, err := s.model.Jobs(r.Context(), tenant, q)
+	if errors.Is(err, errUnknownJob) {
+		msg := fmt.Sprintf("after %q: tenant %s has no such job", q.After, tenant)
+		writeError(w, http.StatusBadRequest, contracts.ReasonInvalidValue, msg,
+			[]contracts.FieldError{{Field: "after", Reason: contracts.ReasonUnknownJob, Message: msg}})
+		return
+	}
 	if err != nil {
 		s.internalError(w, "read model", err)
 		return
