@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -162,9 +163,7 @@ func (s *Store) keepMove(j *Job) {
 func (s *Store) migrated(j *Job) {
 	m := *j.moved
 	m.RestoredFrom = j.lastCheckpoint
-	to := strings.Join(nodesOf(placementsOf(j)), ", ")
-	from := strings.Join(nodesOf(m.From), ", ")
-	msg := fmt.Sprintf("moved from %s (attempt %d) to %s (%s)", from, m.FromAttempt, to, m.Reason)
+	msg := movedMessage(m.From, placementsOf(j), m.FromAttempt, m.Reason)
 	if m.RestoredFrom != "" {
 		msg += "; restored checkpoint " + m.RestoredFrom
 	} else {
@@ -177,12 +176,86 @@ func (s *Store) migrated(j *Job) {
 	}
 }
 
-func nodesOf(pl []contracts.Placement) []string {
-	out := make([]string, len(pl))
-	for i, p := range pl {
-		out[i] = p.NodeID
+// movedMessage says where a move took a job. A move is decided per
+// device, not per machine: a hot or sick GPU, or one GPU's drain, moves
+// the job off that GPU, and the next attempt may well run on another GPU
+// of the same machine. Naming machines alone then read "moved from
+// h100-01 to h100-01": the devices are named, and a move within one
+// machine says so. An attempt that landed on the very devices it left
+// (the hold was lifted before it was placed) says it is back there.
+func movedMessage(from, to []contracts.Placement, fromAttempt int, reason contracts.Reason) string {
+	fromNodes, toNodes := nodesOf(from), nodesOf(to)
+	switch {
+	case slices.Equal(fromNodes, toNodes) && slices.Equal(uuidsOf(from), uuidsOf(to)):
+		return fmt.Sprintf("back on %s, where attempt %d ran (%s)", where(to), fromAttempt, reason)
+	case len(fromNodes) == 1 && slices.Equal(fromNodes, toNodes):
+		return fmt.Sprintf("moved within %s from %s (attempt %d) to %s (%s)", fromNodes[0], gpusOf(from), fromAttempt,
+			gpusOf(to), reason)
 	}
+	return fmt.Sprintf("moved from %s (attempt %d) to %s (%s)", where(from), fromAttempt, where(to), reason)
+}
+
+// nodesOf returns the distinct nodes of pl, sorted.
+func nodesOf(pl []contracts.Placement) []string {
+	out := make([]string, 0, len(pl))
+	for _, p := range pl {
+		out = append(out, p.NodeID)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// uuidsOf returns the devices of pl by UUID (a MIG instance's own), sorted.
+func uuidsOf(pl []contracts.Placement) []string {
+	var out []string
+	for _, p := range pl {
+		for _, d := range p.Devices {
+			id := d.UUID
+			if d.MIG != nil {
+				id = d.MIG.UUID
+			}
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
 	return out
+}
+
+// where names each node of pl with its devices: "n1 GPUs 0,1, n2 GPU 3".
+func where(pl []contracts.Placement) string {
+	parts := make([]string, 0, len(pl))
+	for _, node := range nodesOf(pl) {
+		var on []contracts.Placement
+		for _, p := range pl {
+			if p.NodeID == node {
+				on = append(on, p)
+			}
+		}
+		parts = append(parts, node+" "+gpusOf(on))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// gpusOf names the devices of pl by index, as gpuctl shows them: "GPU
+// 0", "GPUs 0,1", a MIG instance or a share with its profile or limits.
+func gpusOf(pl []contracts.Placement) string {
+	var idx []string
+	for _, p := range pl {
+		for _, d := range p.Devices {
+			s := strconv.Itoa(d.Index)
+			switch {
+			case d.MIG != nil:
+				s += " (MIG " + d.MIG.Profile + ")"
+			case d.Share != nil:
+				s += " (shared)"
+			}
+			idx = append(idx, s)
+		}
+	}
+	if len(idx) == 1 {
+		return "GPU " + idx[0]
+	}
+	return "GPUs " + strings.Join(idx, ",")
 }
 
 // checkEvicting advances the jobs being moved whose checkpoint wait ran

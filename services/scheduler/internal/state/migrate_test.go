@@ -2,6 +2,7 @@ package state
 
 import (
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -253,5 +254,78 @@ func TestMigrationCutShortByTheReclaim(t *testing.T) {
 	h.started(next[0], h.now)
 	if ev := h.last("a", "j"); ev.Type != contracts.EventMigrated || ev.Reason != contracts.ReasonSpotInterruption || ev.Migration.Checkpointed {
 		t.Fatalf("%+v %+v", ev, ev.Migration)
+	}
+}
+
+// TestMigratedSaysWhereTheJobWent: a move is decided per device, so a job
+// moved off one hot GPU may run next on another GPU of the same machine.
+// The migrated message named machines only and read "moved from n1 to n1";
+// it names the devices, says a move within one machine is one, and says
+// an attempt placed back on the devices it left (the hold was lifted
+// before the next placement) is back there.
+func TestMigratedSaysWhereTheJobWent(t *testing.T) {
+	hotGPU0 := &contracts.NodeAdmin{NodeID: "n1", GPUs: map[string]contracts.GPUHold{
+		"n1-gpu0": {Cordoned: true, Drain: true, Cause: contracts.ReasonOverheating}}}
+	tests := []struct {
+		name  string
+		gpus  int  // GPUs of n1, the only node at first
+		other bool // n2 joins before the move
+		hold  *contracts.NodeAdmin
+		lift  bool // the hold is lifted before the next placement
+		want  func(next contracts.Allocation) string
+	}{
+		{"another GPU of the same machine", 2, false, hotGPU0, false, func(contracts.Allocation) string {
+			return "moved within n1 from GPU 0 (attempt 1) to GPU 1 (overheating); restarted: no checkpoint"
+		}},
+		{"another machine", 1, true, &contracts.NodeAdmin{NodeID: "n1", Cordoned: true, Drain: true},
+			false, func(next contracts.Allocation) string {
+				return "moved from n1 GPU 0 (attempt 1) to n2 GPU " + strconv.Itoa(next.Devices[0].Index) +
+					" (node_drained); restarted: no checkpoint"
+			}},
+		{"back on the same GPU", 1, false, hotGPU0, true, func(contracts.Allocation) string {
+			return "back on n1 GPU 0, where attempt 1 ran (overheating); restarted: no checkpoint"
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			h.inventory("n1", "p", "H100-80GB", 81920, tc.gpus)
+			h.submit("a", job("j", 1, "any"))
+			h.cycle()
+			a := h.item("a", "j")
+			if a.NodeID != "n1" || a.Devices[0].UUID != "n1-gpu0" {
+				t.Fatalf("attempt 1 on %s %+v, want n1-gpu0", a.NodeID, a.Devices)
+			}
+			h.commit(a)
+			h.started(a, h.now)
+			if tc.other {
+				h.inventory("n2", "p", "H100-80GB", 81920, 2)
+			}
+			h.fact(func(s *Store) []Publish { s.ApplyNodeAdmin("n1", tc.hold); return nil })
+			h.cycle()
+			if ev := h.last("a", "j"); ev.Type != contracts.EventMigrating {
+				t.Fatalf("after the hold: %+v", ev)
+			}
+			h.ended(a, contracts.RunResult{Outcome: contracts.OutcomeCancelled, Reason: h.last("a", "j").Reason,
+				StartedAt: h.now, EndedAt: h.now})
+			h.release(a, h.last("a", "j").Reason, nil)
+			if tc.lift {
+				h.fact(func(s *Store) []Publish { s.ApplyNodeAdmin("n1", nil); return nil })
+			}
+			h.cycle()
+			next := h.items("a", "j", 2)
+			if len(next) != 1 {
+				t.Fatalf("attempt 2 not planned: %+v", next)
+			}
+			h.commit(next[0])
+			h.started(next[0], h.now)
+			ev := h.last("a", "j")
+			if ev.Type != contracts.EventMigrated {
+				t.Fatalf("after attempt 2 started: %+v", ev)
+			}
+			if want := tc.want(next[0]); ev.Message != want {
+				t.Fatalf("migrated message\n got %q\nwant %q", ev.Message, want)
+			}
+		})
 	}
 }
