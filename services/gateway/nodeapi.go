@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
@@ -33,10 +34,22 @@ func nodeID(w http.ResponseWriter, r *http.Request) (string, bool) {
 }
 
 // knownNode answers 404 unknown_node and returns false for a node no agent
-// has published an inventory of.
+// has published an inventory of, or whose machine the autoscaler deleted
+// or its provider reclaimed since (the message says which).
 func (s *server) knownNode(w http.ResponseWriter, id string) (contracts.NodeStatus, bool) {
 	st, ok := s.nodes.node(id)
-	if !ok {
+	switch gone, removed := s.nodes.gone(id); {
+	case ok:
+	case removed:
+		// Not a lost node: its machine left the fleet on purpose.
+		by := "deleted by the autoscaler"
+		if gone.Kind == contracts.MachineReclaimed {
+			by = "reclaimed by its provider"
+		}
+		writeError(w, http.StatusNotFound, contracts.ReasonUnknownNode,
+			fmt.Sprintf("no node %s: its machine %s was %s at %s (%s)", id, gone.MachineID, by,
+				gone.Time.UTC().Format(time.RFC3339), gone.Message), nil)
+	default:
 		writeError(w, http.StatusNotFound, contracts.ReasonUnknownNode,
 			fmt.Sprintf("no node %s (a node appears once its agent has published an inventory)", id), nil)
 	}

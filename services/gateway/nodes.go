@@ -6,17 +6,21 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
 )
 
 // nodeModel is the gateway's view of the fleet: the latest inventory and
-// lifecycle fact of each node, folded from the NODES stream. It is
-// rebuilt from the stream at every start. Applies are idempotent by stream
-// sequence, so a replay or a redelivery changes nothing.
+// lifecycle fact of each node, folded from the NODES stream, less the
+// machines the autoscaler deleted or the provider took back (their
+// machine events, on OPS). It is rebuilt from the streams at every start.
+// Applies are idempotent by stream sequence or time, so a replay or a
+// redelivery changes nothing.
 type nodeModel struct {
 	mu    sync.RWMutex
 	nodes map[string]*nodeEntry
@@ -36,6 +40,19 @@ type nodeHold struct {
 type nodeEntry struct {
 	status          contracts.NodeStatus
 	invSeq, lifeSeq uint64
+	// gone is the last machine event that took the node's machine away
+	// (deleted, reclaimed); nil while none did.
+	gone *contracts.MachineEvent
+}
+
+// removed reports whether the node's machine was taken away after its
+// last inventory: the agent of a machine that went on purpose stops
+// heartbeating, and the resource manager's verdict on that silence,
+// lost, is not what happened to it. A later inventory (the same node ID
+// on a new machine) brings the node back. The two facts come from two
+// streams, so they are ordered by their times.
+func (e *nodeEntry) removed() bool {
+	return e.gone != nil && !e.status.Time.After(e.gone.Time)
 }
 
 func newNodeModel() *nodeModel {
@@ -92,6 +109,35 @@ func (m *nodeModel) applyLifecycle(ev contracts.NodeEvent, seq uint64) bool {
 	return true
 }
 
+// applyMachineEvent records a machine event that took a node's machine
+// away (deleted, reclaimed); any other kind, or one that names no node,
+// changes nothing. It reports whether it changed the model.
+func (m *nodeModel) applyMachineEvent(ev contracts.MachineEvent) bool {
+	if (ev.Kind != contracts.MachineDeleted && ev.Kind != contracts.MachineReclaimed) || ev.NodeID == "" {
+		return false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e := m.entry(ev.NodeID)
+	if e.gone != nil && !ev.Time.After(e.gone.Time) {
+		return false
+	}
+	e.gone = &ev
+	return true
+}
+
+// gone returns the machine event that took a node away, when the node is
+// not listed for that reason.
+func (m *nodeModel) gone(id string) (contracts.MachineEvent, bool) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	e, ok := m.nodes[id]
+	if !ok || !e.removed() {
+		return contracts.MachineEvent{}, false
+	}
+	return *e.gone, true
+}
+
 // entry returns the node's entry, creating it; m.mu is held for writing.
 func (m *nodeModel) entry(id string) *nodeEntry {
 	e := m.nodes[id]
@@ -102,24 +148,25 @@ func (m *nodeModel) entry(id string) *nodeEntry {
 	return e
 }
 
-// node returns a node that has published an inventory.
+// node returns a node that has published an inventory and whose machine
+// was not taken away since.
 func (m *nodeModel) node(id string) (contracts.NodeStatus, bool) {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	e, ok := m.nodes[id]
-	if !ok || e.invSeq == 0 {
+	if !ok || e.invSeq == 0 || e.removed() {
 		return contracts.NodeStatus{}, false
 	}
 	return m.withHold(e.status), true
 }
 
-// list returns the nodes with an inventory, of one pool ("" for all),
-// ordered by ID.
+// list returns the nodes with an inventory whose machine was not taken
+// away, of one pool ("" for all), ordered by ID.
 func (m *nodeModel) list(pool string) []contracts.NodeStatus {
 	m.mu.RLock()
 	out := make([]contracts.NodeStatus, 0, len(m.nodes))
 	for _, e := range m.nodes {
-		if e.invSeq > 0 && (pool == "" || e.status.Pool == pool) {
+		if e.invSeq > 0 && !e.removed() && (pool == "" || e.status.Pool == pool) {
 			out = append(out, m.withHold(e.status))
 		}
 	}
@@ -129,19 +176,51 @@ func (m *nodeModel) list(pool string) []contracts.NodeStatus {
 }
 
 // followNodes folds the last inventory and lifecycle fact of every node,
-// then each new one, until ctx ends. Only the latest of each subject is
-// the truth, so the replay starts with the last message per subject
-// rather than every inventory a node ever published.
+// then each new one, and the autoscaler's machine events, until ctx ends.
+// Only the latest of each node subject is the truth, so that replay
+// starts with the last message per subject rather than every inventory a
+// node ever published; machine events are per pool, so they are all
+// read. The nodes are ready once both reads have caught up: a machine
+// scaled down before a restart must not show meanwhile.
 func (in *ingester) followNodes(ctx context.Context) error {
-	spec := bus.FollowSpec{
-		Stream:         contracts.StreamNodes,
-		FilterSubjects: []string{contracts.SubjectInventoryAll, contracts.SubjectNodeLifecycleAll},
-		LastPerSubject: true,
+	var caught atomic.Int32
+	ready := func(stream string) func() {
+		return func() {
+			in.log.Info("nodes caught up", "stream", stream)
+			if caught.Add(1) == 2 {
+				in.nodesReady.Store(true)
+			}
+		}
 	}
-	return in.bus.Follow(ctx, spec, in.applyNode, func() {
-		in.nodesReady.Store(true)
-		in.log.Info("nodes caught up", "stream", contracts.StreamNodes)
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		spec := bus.FollowSpec{
+			Stream:         contracts.StreamNodes,
+			FilterSubjects: []string{contracts.SubjectInventoryAll, contracts.SubjectNodeLifecycleAll},
+			LastPerSubject: true,
+		}
+		return in.bus.Follow(gctx, spec, in.applyNode, ready(contracts.StreamNodes))
 	})
+	g.Go(func() error {
+		spec := bus.FollowSpec{Stream: contracts.StreamOps, FilterSubjects: []string{contracts.SubjectMachinesAll}}
+		return in.bus.Follow(gctx, spec, in.applyMachine, ready(contracts.StreamOps))
+	})
+	return g.Wait()
+}
+
+// applyMachine never fails: a machine event it cannot use is logged and
+// skipped.
+func (in *ingester) applyMachine(_ context.Context, m *bus.Msg) error {
+	var ev contracts.MachineEvent
+	if err := m.Decode(&ev); err != nil || (ev.NodeID != "" && contracts.ValidateID(ev.NodeID) != nil) {
+		in.log.Warn("skipping a machine event that does not decode or names no valid node", "subject", m.Subject,
+			"stream_seq", m.StreamSeq, "node_id", ev.NodeID, "err", err)
+		return nil
+	}
+	if in.nodes.applyMachineEvent(ev) {
+		in.log.Debug("node's machine gone", "node_id", ev.NodeID, "kind", string(ev.Kind), "stream_seq", m.StreamSeq)
+	}
+	return nil
 }
 
 // followNodeAdmin folds the node holds of BucketNodeAdmin into the node
