@@ -19,6 +19,7 @@ lint:
 
 schemas:
 	cd contracts && $(GO) run ./cmd/schemagen -out schema
+	cd contracts/openapi && $(GO) generate
 
 BINARIES := gpuplane gpuctl scheduler resource-manager monitor autoscaler billing gateway node-agent fleet-sim
 ARGS ?=

@@ -46,9 +46,10 @@ import (
 const tokenPrefix = "gpt_"
 
 // publicPaths are served without credentials: the health probe, the console
-// page (its API calls need a token), what a client needs to log in, and
-// the login itself.
-var publicPaths = map[string]bool{"/healthz": true, "/": true, "/v1/auth/config": true, "/v1/login": true}
+// page (its API calls need a token), what a client needs to log in, the
+// login itself, and the API's description.
+var publicPaths = map[string]bool{"/healthz": true, "/": true, "/v1/auth/config": true, "/v1/login": true,
+	"/v1/openapi.json": true}
 
 // authError is a refused authentication: 401 with a reason.
 type authError struct {

@@ -99,6 +99,7 @@ func startGateway(t *testing.T, mutate func(*Config), before func(h *harness)) *
 	case <-time.After(waitFor):
 		t.Fatal("gateway did not listen in time")
 	}
+	h.hc.Transport = h.checkOpenAPI(h.hc.Transport) // every response is held to the OpenAPI document
 	h.eventually("healthz 200", func() bool {
 		status, _ := h.do(http.MethodGet, "/healthz", "", nil)
 		return status == http.StatusOK

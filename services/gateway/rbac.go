@@ -58,6 +58,7 @@ var (
 // complete; a route missing here is platform-admin only.
 var accessRules = map[string]access{
 	"GET /healthz":           public,
+	"GET /v1/openapi.json":   public,
 	"GET /{$}":               public,
 	"GET /v1/auth/config":    public,
 	"POST /v1/login":         public,

@@ -28,6 +28,7 @@ type matrixRoute struct {
 
 var matrix = []matrixRoute{
 	{"GET", "/healthz", "/healthz", "", need{"public", ""}},
+	{"GET", "/v1/openapi.json", "/v1/openapi.json", "", need{"public", ""}},
 	{"GET", "/{$}", "/", "", need{"public", ""}},
 	{"GET", "/v1/auth/config", "/v1/auth/config", "", need{"public", ""}},
 	{"POST", "/v1/login", "/v1/login", `{}`, need{"public", ""}},

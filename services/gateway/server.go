@@ -123,6 +123,7 @@ func (s *server) handler() http.Handler {
 	route("/v1/audit", map[string]http.HandlerFunc{http.MethodGet: s.listAudit})
 	route("/v1/audit/verify", map[string]http.HandlerFunc{http.MethodGet: s.verifyAudit})
 	route("/healthz", map[string]http.HandlerFunc{http.MethodGet: s.healthz})
+	route("/v1/openapi.json", map[string]http.HandlerFunc{http.MethodGet: s.openapiDoc})
 	route("/{$}", map[string]http.HandlerFunc{http.MethodGet: s.console})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, contracts.ReasonNotFound, fmt.Sprintf("no such path %s", r.URL.Path), nil)

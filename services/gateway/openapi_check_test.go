@@ -1,0 +1,432 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/getkin/kin-openapi/openapi3filter"
+	"github.com/getkin/kin-openapi/routers"
+
+	"github.com/gpuplane/gpuplane/contracts/openapi"
+)
+
+// Every response the gateway's tests receive through the harness's client
+// (startGateway) is checked against the OpenAPI document the gateway
+// serves (contracts/openapi): its status must be one the operation
+// declares, its Content-Type one that status declares, a JSON body valid
+// against its schema (kin-openapi's openapi3filter, JSON Schema 2020-12),
+// each server-sent event's data a valid JobEvent named by its type; a
+// path that is no route must be 404, a method a path does not list 405
+// with the Allow header the document implies. A mismatch fails the test
+// that produced it. TestMain reports which (operation, status) pairs the
+// package's tests exercised.
+
+// apiSpec is the document, loaded once for the package.
+var apiSpec = sync.OnceValues(func() (*specIndex, error) {
+	loader := openapi3.NewLoader()
+	doc, err := loader.LoadFromData(openapi.Gateway)
+	if err != nil {
+		return nil, fmt.Errorf("load the OpenAPI document: %w", err)
+	}
+	if err := doc.Validate(loader.Context); err != nil {
+		return nil, fmt.Errorf("the OpenAPI document is not valid: %w", err)
+	}
+	return newSpecIndex(doc), nil
+})
+
+// specIndex finds a request's operation the way the gateway routes it: a
+// ServeMux with the document's paths, per method and once more without
+// one (the 405 answer).
+type specIndex struct {
+	doc *openapi3.T
+	mux *http.ServeMux
+	// ops is each operation by "METHOD path" as the document writes it.
+	ops map[string]specOp
+	// allow is the Allow header each path's 405 must carry.
+	allow map[string]string
+}
+
+type specOp struct {
+	method, path string
+	item         *openapi3.PathItem
+	op           *openapi3.Operation
+}
+
+// muxPattern is a document path as ServeMux writes it: "/" is the console
+// alone, not every path.
+func muxPattern(path string) string {
+	if path == "/" {
+		return "/{$}"
+	}
+	return path
+}
+
+func newSpecIndex(doc *openapi3.T) *specIndex {
+	ix := &specIndex{doc: doc, mux: http.NewServeMux(), ops: map[string]specOp{}, allow: map[string]string{}}
+	noop := func(http.ResponseWriter, *http.Request) {}
+	for path, item := range doc.Paths.Map() {
+		methods := slices.Sorted(maps.Keys(item.Operations()))
+		for _, m := range methods {
+			ix.ops[m+" "+path] = specOp{method: m, path: path, item: item, op: item.GetOperation(m)}
+			ix.mux.HandleFunc(m+" "+muxPattern(path), noop)
+		}
+		ix.mux.HandleFunc(muxPattern(path), noop)
+		if slices.Contains(methods, http.MethodGet) {
+			methods = append(methods, http.MethodHead)
+		}
+		ix.allow[path] = strings.Join(methods, ", ")
+	}
+	return ix
+}
+
+// match returns the operation of r ("METHOD path" as documented), or the
+// documented path whose other methods r asks for (405), or neither (404).
+func (ix *specIndex) match(r *http.Request) (op specOp, methodNotAllowed string, found bool) {
+	_, pattern := ix.mux.Handler(r)
+	if pattern == "" {
+		return specOp{}, "", false
+	}
+	method, path, hasMethod := strings.Cut(pattern, " ")
+	if !hasMethod {
+		path = method
+	}
+	if path == "/{$}" {
+		path = "/"
+	}
+	if !hasMethod {
+		return specOp{}, path, false
+	}
+	return ix.ops[method+" "+path], "", true
+}
+
+// exercised counts each (operation, status) the package's tests saw.
+var exercised = struct {
+	sync.Mutex
+	n map[string]map[int]int
+}{n: map[string]map[int]int{}}
+
+func markExercised(key string, status int) {
+	exercised.Lock()
+	defer exercised.Unlock()
+	if exercised.n[key] == nil {
+		exercised.n[key] = map[int]int{}
+	}
+	exercised.n[key][status]++
+}
+
+// openapiCheck is the validating transport.
+type openapiCheck struct {
+	base http.RoundTripper
+	ix   *specIndex
+
+	mu       sync.Mutex
+	failures []string
+	// closed is set once the failures were reported: a stream frame read
+	// after its test ended is not reported to a finished test.
+	closed bool
+}
+
+// checkOpenAPI wraps the harness's transport so that every response is
+// checked; what does not match fails h's test when it ends.
+func (h *harness) checkOpenAPI(base http.RoundTripper) http.RoundTripper {
+	h.t.Helper()
+	ix, err := apiSpec()
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	c := &openapiCheck{base: base, ix: ix}
+	h.t.Cleanup(func() {
+		for _, f := range c.report() {
+			h.t.Errorf("OpenAPI mismatch: %s", f)
+		}
+	})
+	return c
+}
+
+func (c *openapiCheck) fail(format string, args ...any) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.closed {
+		c.failures = append(c.failures, fmt.Sprintf(format, args...))
+	}
+}
+
+// report returns the failures so far and drops any later one.
+func (c *openapiCheck) report() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	return c.failures
+}
+
+func (c *openapiCheck) RoundTrip(r *http.Request) (*http.Response, error) {
+	res, err := c.base.RoundTrip(r)
+	if err != nil {
+		return res, err
+	}
+	c.check(r, res)
+	return res, nil
+}
+
+// check checks one response; a body it reads is put back for the test.
+func (c *openapiCheck) check(r *http.Request, res *http.Response) {
+	what := fmt.Sprintf("%s %s: %d", r.Method, r.URL.RequestURI(), res.StatusCode)
+	op, otherMethods, found := c.ix.match(r)
+	switch {
+	case otherMethods != "":
+		markExercised("(other methods) "+otherMethods, res.StatusCode)
+		if res.StatusCode != http.StatusMethodNotAllowed {
+			c.fail("%s: the document has no %s on %s, so the gateway must answer 405", what, r.Method, otherMethods)
+		}
+		if got, want := res.Header.Get("Allow"), c.ix.allow[otherMethods]; got != want {
+			c.fail("%s: Allow %q, but the document's methods of %s make %q", what, got, otherMethods, want)
+		}
+		c.checkError(what, res)
+		return
+	case !found:
+		markExercised("(no route)", res.StatusCode)
+		if res.StatusCode != http.StatusNotFound {
+			c.fail("%s: the document has no such path, so the gateway must answer 404", what)
+		}
+		c.checkError(what, res)
+		return
+	}
+	key := op.method + " " + op.path
+	markExercised(key, res.StatusCode)
+	resp := op.op.Responses.Status(res.StatusCode)
+	if resp == nil || resp.Value == nil {
+		c.fail("%s: status %d is not declared for %s (declared: %v)", what, res.StatusCode, key, declared(op.op))
+		return
+	}
+	ct := res.Header.Get("Content-Type")
+	content := resp.Value.Content
+	if len(content) > 0 && r.Method != http.MethodHead && content.Get(ct) == nil {
+		c.fail("%s: Content-Type %q is not declared for %s %d (declared: %v)", what, ct, key, res.StatusCode,
+			slices.Sorted(maps.Keys(content)))
+		return
+	}
+	mt, _, _ := strings.Cut(ct, ";")
+	switch {
+	case r.Method == http.MethodHead:
+		// No body; the status is all there is to check.
+	case mt == "application/json":
+		body, err := io.ReadAll(res.Body)
+		res.Body.Close()
+		res.Body = io.NopCloser(bytes.NewReader(body))
+		if err != nil {
+			return // the test sees the same error
+		}
+		c.validate(what, op, res, body)
+	case mt == "text/event-stream":
+		res.Body = &sseCheck{ReadCloser: res.Body, c: c, what: what, ix: c.ix, key: key}
+	}
+}
+
+// validate runs openapi3filter's response validation: the declared
+// headers and the body against its schema.
+func (c *openapiCheck) validate(what string, op specOp, res *http.Response, body []byte) {
+	in := &openapi3filter.ResponseValidationInput{
+		RequestValidationInput: &openapi3filter.RequestValidationInput{
+			Request: res.Request,
+			Route:   &routers.Route{Spec: c.ix.doc, Path: op.path, PathItem: op.item, Method: op.method, Operation: op.op},
+		},
+		Status:  res.StatusCode,
+		Header:  res.Header,
+		Options: &openapi3filter.Options{IncludeResponseStatus: true, MultiError: true},
+	}
+	in.SetBodyBytes(body)
+	if res.Request == nil { // a response made up by a test of this checker
+		in.RequestValidationInput.Request = &http.Request{Method: op.method}
+	}
+	if err := openapi3filter.ValidateResponse(context.Background(), in); err != nil {
+		c.fail("%s: %v; body %s", what, err, truncate(body, 600))
+	}
+}
+
+// checkError checks an answer outside every operation: an APIError body.
+func (c *openapiCheck) checkError(what string, res *http.Response) {
+	body, err := io.ReadAll(res.Body)
+	res.Body.Close()
+	res.Body = io.NopCloser(bytes.NewReader(body))
+	if err != nil {
+		return
+	}
+	schema := c.ix.doc.Components.Schemas["APIError"]
+	var v any
+	if ct := res.Header.Get("Content-Type"); ct != "application/json" {
+		c.fail("%s: Content-Type %q, want application/json (an APIError)", what, ct)
+	} else if err := json.Unmarshal(body, &v); err != nil {
+		c.fail("%s: body is not JSON: %v", what, err)
+	} else if err := schema.Value.VisitJSON(v, openapi3.EnableJSONSchema2020()); err != nil {
+		c.fail("%s: body is not an APIError: %v; body %s", what, err, truncate(body, 600))
+	}
+}
+
+func declared(op *openapi3.Operation) []string {
+	return slices.Sorted(maps.Keys(op.Responses.Map()))
+}
+
+func truncate(b []byte, n int) string {
+	if len(b) > n {
+		return string(b[:n]) + "..."
+	}
+	return string(b)
+}
+
+// sseCheck checks each server-sent event as the test reads it: comments
+// pass; an event has an event name, a numeric id and data that is a
+// JobEvent (the document's x-sse dataSchema) of that type.
+type sseCheck struct {
+	io.ReadCloser
+	c         *openapiCheck
+	ix        *specIndex
+	what, key string
+	buf       []byte
+}
+
+func (s *sseCheck) Read(p []byte) (int, error) {
+	n, err := s.ReadCloser.Read(p)
+	s.buf = append(s.buf, p[:n]...)
+	for {
+		i := bytes.Index(s.buf, []byte("\n\n"))
+		if i < 0 {
+			break
+		}
+		s.frame(string(s.buf[:i]))
+		s.buf = s.buf[i+2:]
+	}
+	return n, err
+}
+
+func (s *sseCheck) frame(f string) {
+	var event, id, data string
+	for line := range strings.SplitSeq(f, "\n") {
+		name, value, _ := strings.Cut(line, ":")
+		value = strings.TrimPrefix(value, " ")
+		switch name {
+		case "": // a comment
+		case "event":
+			event = value
+		case "id":
+			id = value
+		case "data":
+			data += value
+		default:
+			s.c.fail("%s: stream line %q is no server-sent event field", s.what, line)
+		}
+	}
+	if event == "" && id == "" && data == "" {
+		return
+	}
+	markExercised(s.key, -1) // -1: an event frame
+	if _, err := strconv.ParseUint(id, 10, 64); err != nil {
+		s.c.fail("%s: event id %q is not a stream sequence", s.what, id)
+	}
+	var v any
+	if err := json.Unmarshal([]byte(data), &v); err != nil {
+		s.c.fail("%s: event data is not JSON: %v", s.what, err)
+		return
+	}
+	schema := s.ix.eventSchema(s.key)
+	if schema == nil {
+		s.c.fail("%s: the document names no x-sse dataSchema for %s", s.what, s.key)
+		return
+	}
+	if err := schema.VisitJSON(v, openapi3.EnableJSONSchema2020()); err != nil {
+		s.c.fail("%s: event data does not match its schema: %v; data %s", s.what, err, truncate([]byte(data), 600))
+	}
+	if m, _ := v.(map[string]any); m["type"] != event {
+		s.c.fail("%s: event %q carries a JobEvent of type %v", s.what, event, m["type"])
+	}
+}
+
+// eventSchema is the schema the x-sse extension of an operation's 200
+// text/event-stream names.
+func (ix *specIndex) eventSchema(key string) *openapi3.Schema {
+	op := ix.ops[key]
+	mt := op.op.Responses.Status(http.StatusOK).Value.Content.Get("text/event-stream")
+	if mt == nil {
+		return nil
+	}
+	x, _ := mt.Extensions["x-sse"].(map[string]any)
+	ref, _ := x["dataSchema"].(string)
+	name, ok := strings.CutPrefix(ref, "#/components/schemas/")
+	if !ok || ix.doc.Components.Schemas[name] == nil {
+		return nil
+	}
+	return ix.doc.Components.Schemas[name].Value
+}
+
+// TestMain runs the package's tests, then reports the (operation, status)
+// pairs they exercised and the declared ones they did not; the report
+// also goes to $GATEWAY_OPENAPI_REPORT when set.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if report := exercisedReport(); report != "" {
+		fmt.Print(report)
+		if f := os.Getenv("GATEWAY_OPENAPI_REPORT"); f != "" {
+			_ = os.WriteFile(f, []byte(report), 0o644)
+		}
+	}
+	os.Exit(code)
+}
+
+func exercisedReport() string {
+	ix, err := apiSpec()
+	exercised.Lock()
+	defer exercised.Unlock()
+	if err != nil || len(exercised.n) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	pairs, missing := 0, 0
+	fmt.Fprintln(&b, "OpenAPI responses exercised by these tests (status×count; events: server-sent event frames):")
+	for _, key := range slices.Sorted(maps.Keys(ix.ops)) {
+		seen := exercised.n[key]
+		var got, not []string
+		for _, st := range slices.Sorted(maps.Keys(seen)) {
+			if st == -1 {
+				got = append(got, fmt.Sprintf("events×%d", seen[st]))
+				continue
+			}
+			got = append(got, fmt.Sprintf("%d×%d", st, seen[st]))
+			pairs++
+		}
+		for _, st := range declared(ix.ops[key].op) {
+			n, _ := strconv.Atoi(st)
+			if seen[n] == 0 {
+				not = append(not, st)
+				missing++
+			}
+		}
+		fmt.Fprintf(&b, "  %-52s %s", key, strings.Join(got, " "))
+		if len(not) > 0 {
+			fmt.Fprintf(&b, "   (not exercised: %s)", strings.Join(not, " "))
+		}
+		fmt.Fprintln(&b)
+	}
+	for _, key := range slices.Sorted(maps.Keys(exercised.n)) {
+		if _, ok := ix.ops[key]; !ok {
+			var got []string
+			for _, st := range slices.Sorted(maps.Keys(exercised.n[key])) {
+				got = append(got, fmt.Sprintf("%d×%d", st, exercised.n[key][st]))
+			}
+			fmt.Fprintf(&b, "  %-52s %s\n", key, strings.Join(got, " "))
+		}
+	}
+	fmt.Fprintf(&b, "OpenAPI: %d (operation, status) pairs exercised over %d operations; %d declared pairs not exercised\n",
+		pairs, len(ix.ops), missing)
+	return b.String()
+}
