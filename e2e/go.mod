@@ -34,6 +34,7 @@ require (
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/google/go-tpm v0.9.8 // indirect
 	github.com/google/uuid v1.6.0 // indirect
+	github.com/gpuplane/gpuplane/sdk/go v0.0.0 // indirect
 	github.com/gpuplane/gpuplane/services/autoscaler v0.0.0
 	github.com/gpuplane/gpuplane/services/billing v0.0.0 // indirect
 	github.com/gpuplane/gpuplane/services/gateway v0.0.0 // indirect
@@ -94,3 +95,5 @@ replace (
 )
 
 replace github.com/gpuplane/gpuplane/services/gpuctl => ../services/gpuctl
+
+replace github.com/gpuplane/gpuplane/sdk/go => ../sdk/go

@@ -4,14 +4,12 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"net/http"
-	"net/url"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/sdk/go/gpuplane"
 )
 
 // auditCmd reads the audit trail (GET /v1/audit), or checks its hash chain
@@ -38,17 +36,12 @@ func (a *app) auditCmd(fs *flag.FlagSet) func(context.Context, []string, []strin
 		if verify {
 			return a.auditVerify(ctx)
 		}
-		q := url.Values{}
+		q := gpuplane.AuditQuery{Action: action, Actor: actor, Outcome: outcome, Since: since, Until: until, Limit: limit, After: after}
 		// Like every command, audit is about the tenant (--tenant, the
 		// environment's or the login's); --all reads everything the
 		// caller may, and --tenant _platform the platform's records.
 		if !all {
-			q.Set("tenant", a.tenant)
-		}
-		for k, v := range map[string]string{"action": action, "actor": actor, "outcome": outcome} {
-			if v != "" {
-				q.Set(k, v)
-			}
+			q.Tenant = a.tenant
 		}
 		for k, v := range map[string]string{"since": since, "until": until} {
 			if v == "" {
@@ -59,17 +52,16 @@ func (a *app) auditCmd(fs *flag.FlagSet) func(context.Context, []string, []strin
 					return a.usageErr("audit", "--%s %q: want an RFC 3339 time or a duration such as 1h", k, v)
 				}
 			}
-			q.Set(k, v)
 		}
 		if limit < 1 || limit > 1000 {
 			return a.usageErr("audit", "--limit %d: want 1 to 1000", limit)
 		}
-		q.Set("limit", strconv.Itoa(limit))
-		if after > 0 {
-			q.Set("after", strconv.FormatUint(after, 10))
+		c, err := a.api()
+		if err != nil {
+			return a.fail("audit", err)
 		}
-		var list contracts.AuditList
-		if err := a.newClient().call(ctx, http.MethodGet, "/v1/audit", q, nil, &list); err != nil {
+		list, err := c.Audit(ctx, q)
+		if err != nil {
 			return a.fail("audit", err)
 		}
 		if a.output == "json" {
@@ -104,8 +96,12 @@ func (a *app) printAudit(list contracts.AuditList) {
 
 // auditVerify checks the chain and exits 1 when it does not hold.
 func (a *app) auditVerify(ctx context.Context) int {
-	var v contracts.AuditVerification
-	if err := a.newClient().call(ctx, http.MethodGet, "/v1/audit/verify", nil, nil, &v); err != nil {
+	c, err := a.api()
+	if err != nil {
+		return a.fail("audit", err)
+	}
+	v, err := c.VerifyAudit(ctx)
+	if err != nil {
 		return a.fail("audit", err)
 	}
 	if a.output == "json" {

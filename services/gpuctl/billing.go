@@ -4,12 +4,9 @@ import (
 	"context"
 	"encoding/csv"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"maps"
-	"net/http"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/sdk/go/gpuplane"
 )
 
 // The billing commands: prices (the price book), budget, invoice; usage is
@@ -33,10 +31,13 @@ func (a *app) pricesCmd(fs *flag.FlagSet) func(context.Context, []string, []stri
 		if len(pos) != 1 || len(trailing) > 0 || (pos[0] != "get" && pos[0] != "set") {
 			return a.usageErr("prices", "want \"prices get\" or \"prices set -f FILE\"")
 		}
-		c := a.newClient()
+		c, err := a.api()
+		if err != nil {
+			return a.fail("prices "+pos[0], err)
+		}
 		var doc contracts.PriceBookDoc
 		if pos[0] == "get" {
-			if err := c.call(ctx, http.MethodGet, "/v1/pricebook", nil, nil, &doc); err != nil {
+			if doc, err = c.PriceBook(ctx); err != nil {
 				return a.fail("prices get", err)
 			}
 		} else {
@@ -50,14 +51,15 @@ func (a *app) pricesCmd(fs *flag.FlagSet) func(context.Context, []string, []stri
 			if data, err = resolveEffective(data, time.Now()); err != nil {
 				return a.fail("prices set", err)
 			}
-			if _, err := contracts.DecodePriceBook(data); err != nil {
+			book, err := contracts.DecodePriceBook(data)
+			if err != nil {
 				return a.fail("prices set", checkedError(err, "invalid price book"))
 			}
-			var q url.Values
+			var rev *uint64
 			if revision > 0 {
-				q = url.Values{"revision": {strconv.FormatUint(revision, 10)}}
+				rev = gpuplane.Revision(revision)
 			}
-			if err := c.call(ctx, http.MethodPut, "/v1/pricebook", q, data, &doc); err != nil {
+			if doc, err = c.SetPriceBook(ctx, book, rev); err != nil {
 				return a.fail("prices set", err)
 			}
 		}
@@ -116,15 +118,16 @@ func (a *app) budgetCmd(fs *flag.FlagSet) func(context.Context, []string, []stri
 		if err := contracts.ValidateTenant(a.tenant); err != nil {
 			return a.usageErr("budget", "%v", err)
 		}
-		c := a.newClient()
-		path := tenantPath(a.tenant, "budget")
+		c, err := a.api()
+		if err != nil {
+			return a.fail("budget "+pos[0], err)
+		}
 		var doc contracts.BudgetDoc
-		var err error
 		switch pos[0] {
 		case "get":
-			err = c.call(ctx, http.MethodGet, path, nil, nil, &doc)
+			doc, err = c.Budget(ctx, a.tenant)
 		case "delete":
-			err = c.call(ctx, http.MethodDelete, path, nil, nil, &doc)
+			doc, err = c.DeleteBudget(ctx, a.tenant)
 		case "set":
 			var data []byte
 			if file != "" {
@@ -135,10 +138,11 @@ func (a *app) budgetCmd(fs *flag.FlagSet) func(context.Context, []string, []stri
 				body := map[string]string{"period": period, "limit": limit, "policy": policy}
 				data, _ = json.Marshal(body)
 			}
-			if _, verr := contracts.DecodeBudget(data, a.tenant); verr != nil {
+			b, verr := contracts.DecodeBudget(data, a.tenant)
+			if verr != nil {
 				return a.fail("budget set", checkedError(verr, "invalid budget"))
 			}
-			err = c.call(ctx, http.MethodPut, path, nil, data, &doc)
+			doc, err = c.SetBudget(ctx, a.tenant, b)
 		}
 		if err != nil {
 			return a.fail("budget "+pos[0], err)
@@ -167,11 +171,36 @@ func (a *app) printBudget(doc contracts.BudgetDoc) {
 	if st.Exceeded {
 		state = "EXCEEDED"
 	}
-	fmt.Fprintf(a.stdout, "%s: spent %s of %s %s (%.1f%%), %s; alerts sent at %v%%\n", st.PeriodName,
-		contracts.Money(st.SpentMicros).CentString(), contracts.Money(st.LimitMicros).CentString(), st.Currency, st.Percent(), state, st.Alerted)
+	fmt.Fprintf(a.stdout, "%s: spent %s of %s %s (%.1f%%), %s; %s\n", st.PeriodName,
+		contracts.Money(st.SpentMicros).CentString(), contracts.Money(st.LimitMicros).CentString(), st.Currency, st.Percent(), state,
+		alerts(st.Alerted))
 	if st.Exceeded && st.Policy == contracts.PolicySpotOnly {
 		fmt.Fprintf(a.stdout, "admitted now: priority best-effort, or a spot pool (%s)\n", strings.Join(st.SpotPools, ", "))
 	}
+}
+
+// alerts says which of the budget's alert levels (contracts.BudgetThresholds)
+// have alerted this period: "no alert sent yet (alerts at 50%, 80%, 100%)",
+// "alerts sent at 50%, 80% (of 50%, 80%, 100%)".
+func alerts(sent []int) string {
+	levels := percents(contracts.BudgetThresholds)
+	if len(sent) == 0 {
+		return "no alert sent yet (alerts at " + levels + ")"
+	}
+	what := "alerts sent at "
+	if len(sent) == 1 {
+		what = "alert sent at "
+	}
+	return what + percents(sent) + " (of " + levels + ")"
+}
+
+// percents is "50%, 80%, 100%".
+func percents(ps []int) string {
+	parts := make([]string, len(ps))
+	for i, p := range ps {
+		parts[i] = strconv.Itoa(p) + "%"
+	}
+	return strings.Join(parts, ", ")
 }
 
 // invoiceCmd prints the tenant's invoice for --period.
@@ -191,8 +220,12 @@ func (a *app) invoiceCmd(fs *flag.FlagSet) func(context.Context, []string, []str
 		if _, _, err := contracts.ParsePeriod(period); err != nil {
 			return a.usageErr("invoice", "%v", err)
 		}
-		var inv contracts.Invoice
-		if err := a.newClient().call(ctx, http.MethodGet, tenantPath(a.tenant, "invoice"), url.Values{"period": {period}}, nil, &inv); err != nil {
+		c, err := a.api()
+		if err != nil {
+			return a.fail("invoice", err)
+		}
+		inv, err := c.Invoice(ctx, a.tenant, period)
+		if err != nil {
 			return a.fail("invoice", err)
 		}
 		switch a.output {
@@ -260,11 +293,7 @@ func gpuHours(ms int64) string { return strconv.FormatFloat(float64(ms)/3_600_00
 // checkedError presents a document refused before sending as the gateway
 // would have answered it.
 func checkedError(err error, what string) error {
-	ve, ok := errors.AsType[*contracts.ValidationError](err)
-	if !ok {
-		return err
-	}
-	return &apiError{Body: contracts.APIErrorBody{Reason: ve.Reason, Message: what + " (checked before sending)", Fields: ve.Fields}}
+	return gpuplane.ValidationError(err, what+" (checked before sending)")
 }
 
 // resolveEffective replaces an effectiveFrom of "now", or "+DURATION"

@@ -1,134 +1,34 @@
 package gpuctl
 
-import (
-	"encoding/json"
-	"errors"
-	"fmt"
-	"io/fs"
-	"os"
-	"path/filepath"
-	"strings"
-	"time"
-)
+import "github.com/gpuplane/gpuplane/sdk/go/gpuplane"
 
-// Credentials are what `gpuctl login` stores, per gateway, in
-// CredentialsFile: a bearer token and how it was obtained. The file is
-// written with 0600 permissions in a 0700 directory: it holds secrets.
-type Credentials struct {
-	// Current is the gateway used when neither --gateway nor
-	// GPUPLANE_GATEWAY names one: the last one logged in to.
-	Current  string                `json:"current,omitempty"`
-	Gateways map[string]Credential `json:"gateways"`
-}
+// The credentials `gpuctl login` stores are the Go client's (package
+// gpuplane), so that a program using the client and gpuctl share one
+// login; these names keep gpuctl's API for its callers (the all-in-one
+// stores the local admin's login through them).
 
-// Credential is one gateway's login.
-type Credential struct {
-	Token string `json:"token"`
-	// Method is how the token was obtained: token, ldap or oidc.
-	Method  string `json:"method"`
-	Subject string `json:"subject,omitempty"`
-	// Tenant is the default tenant with this gateway (make run sets it).
-	Tenant    string    `json:"tenant,omitempty"`
-	ExpiresAt time.Time `json:"expiresAt,omitzero"`
-	// CACert is a PEM file of the CA that signed the gateway's TLS
-	// certificate, when it is not a public one.
-	CACert string `json:"caCert,omitempty"`
-}
+// Credentials are the stored logins, per gateway (gpuplane.Credentials).
+type Credentials = gpuplane.Credentials
 
-// ConfigDir is gpuctl's configuration directory: $GPUPLANE_CONFIG_DIR, or
-// gpuplane under the user's configuration directory
-// (os.UserConfigDir: ~/.config/gpuplane on Linux).
-func ConfigDir(getenv func(string) string) (string, error) {
-	if d := getenv("GPUPLANE_CONFIG_DIR"); d != "" {
-		return d, nil
-	}
-	base, err := os.UserConfigDir()
-	if err != nil {
-		return "", fmt.Errorf("no configuration directory: %w (set GPUPLANE_CONFIG_DIR)", err)
-	}
-	return filepath.Join(base, "gpuplane"), nil
-}
+// Credential is one gateway's login (gpuplane.Credential).
+type Credential = gpuplane.Credential
+
+// ConfigDir is gpuctl's configuration directory (gpuplane.ConfigDir).
+func ConfigDir(getenv func(string) string) (string, error) { return gpuplane.ConfigDir(getenv) }
 
 // CredentialsFile is the credentials file in dir.
-func CredentialsFile(dir string) string { return filepath.Join(dir, "credentials.json") }
-
-// normalizeGateway is the key of a gateway: its URL without a trailing
-// slash.
-func normalizeGateway(u string) string { return strings.TrimRight(u, "/") }
+func CredentialsFile(dir string) string { return gpuplane.CredentialsFile(dir) }
 
 // LoadCredentials reads the credentials in dir; a missing file is empty.
-func LoadCredentials(dir string) (Credentials, error) {
-	c := Credentials{Gateways: map[string]Credential{}}
-	data, err := os.ReadFile(CredentialsFile(dir))
-	if errors.Is(err, fs.ErrNotExist) {
-		return c, nil
-	}
-	if err != nil {
-		return c, fmt.Errorf("credentials: %w", err)
-	}
-	if err := json.Unmarshal(data, &c); err != nil {
-		return c, fmt.Errorf("credentials %s: %w", CredentialsFile(dir), err)
-	}
-	if c.Gateways == nil {
-		c.Gateways = map[string]Credential{}
-	}
-	return c, nil
-}
+func LoadCredentials(dir string) (Credentials, error) { return gpuplane.LoadCredentials(dir) }
 
 // SaveCredential stores cred for gateway in dir and makes gateway the
-// current one. The file is replaced atomically and is never readable by
-// others, not even for a moment.
+// current one (gpuplane.SaveCredential).
 func SaveCredential(dir, gateway string, cred Credential) error {
-	c, err := LoadCredentials(dir)
-	if err != nil {
-		return err
-	}
-	gateway = normalizeGateway(gateway)
-	c.Gateways[gateway], c.Current = cred, gateway
-	return writeCredentials(dir, c)
+	return gpuplane.SaveCredential(dir, gateway, cred)
 }
 
 // RemoveCredential forgets gateway's login.
-func RemoveCredential(dir, gateway string) error {
-	c, err := LoadCredentials(dir)
-	if err != nil {
-		return err
-	}
-	delete(c.Gateways, normalizeGateway(gateway))
-	return writeCredentials(dir, c)
-}
+func RemoveCredential(dir, gateway string) error { return gpuplane.RemoveCredential(dir, gateway) }
 
-func writeCredentials(dir string, c Credentials) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("credentials: %w", err)
-	}
-	// A directory made earlier (by hand, or by another tool) may be open
-	// to others: it holds secrets, so it is the owner's alone.
-	if err := os.Chmod(dir, 0o700); err != nil {
-		return fmt.Errorf("credentials: %w", err)
-	}
-	data, err := json.MarshalIndent(c, "", "  ")
-	if err != nil {
-		return err
-	}
-	f, err := os.CreateTemp(dir, ".credentials-*")
-	if err != nil {
-		return fmt.Errorf("credentials: %w", err)
-	}
-	defer os.Remove(f.Name()) // after the rename, a no-op
-	if err := f.Chmod(0o600); err != nil {
-		f.Close()
-		return fmt.Errorf("credentials: %w", err)
-	}
-	if _, err := f.Write(append(data, '\n')); err != nil {
-		f.Close()
-		return fmt.Errorf("credentials: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("credentials: %w", err)
-	}
-	if err := os.Rename(f.Name(), CredentialsFile(dir)); err != nil {
-		return fmt.Errorf("credentials: %w", err)
-	}
-	return nil
-}
+func normalizeGateway(u string) string { return gpuplane.NormalizeGateway(u) }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,8 +27,12 @@ func (a *app) describeCmd(*flag.FlagSet) func(context.Context, []string, []strin
 		if err := checkNames(a.tenant, id); err != nil {
 			return a.usageErr("describe", "%v", err)
 		}
-		var d contracts.JobDescription
-		if err := a.newClient().call(ctx, http.MethodGet, tenantPath(a.tenant, "jobs", id, "describe"), nil, nil, &d); err != nil {
+		c, err := a.api()
+		if err != nil {
+			return a.fail("describe", err)
+		}
+		d, err := c.DescribeJob(ctx, a.tenant, id)
+		if err != nil {
 			return a.fail("describe", err)
 		}
 		if a.output == "json" {

@@ -27,6 +27,7 @@ require (
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/google/go-tpm v0.9.8 // indirect
 	github.com/google/uuid v1.6.0 // indirect
+	github.com/gpuplane/gpuplane/sdk/go v0.0.0
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.30.0 // indirect
 	github.com/invopop/jsonschema v0.13.0 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
@@ -72,3 +73,5 @@ replace (
 	// Tests only: gpuctl's tests run against a real gateway.
 	github.com/gpuplane/gpuplane/services/gateway => ../gateway
 )
+
+replace github.com/gpuplane/gpuplane/sdk/go => ../../sdk/go

@@ -16,6 +16,8 @@ import (
 	"os"
 	"slices"
 	"strings"
+
+	"github.com/gpuplane/gpuplane/sdk/go/gpuplane"
 )
 
 // Exit codes.
@@ -176,6 +178,8 @@ type app struct {
 	stdout, stderr io.Writer
 	// stdin is where login reads a password (os.Stdin in the binary).
 	stdin io.Reader
+	// traceID is the W3C trace of every request of this command (trace.go).
+	traceID string
 }
 
 // command is one subcommand: it registers its flags, then runs with the
@@ -298,11 +302,11 @@ func (a *app) usageErr(cmd, format string, args ...any) int {
 func (a *app) fail(cmd string, err error) int {
 	var b strings.Builder
 	fmt.Fprintf(&b, "gpuctl %s: %v\n", cmd, err)
-	if ae, ok := errors.AsType[*apiError](err); ok {
-		if ae.Status == 401 && cmd != "login" {
+	if ae, ok := gpuplane.AsAPIError(err); ok {
+		if ae.StatusCode == 401 && cmd != "login" {
 			fmt.Fprintf(&b, "  log in with gpuctl login (or set GPUPLANE_TOKEN)\n")
 		}
-		for _, f := range ae.Body.Fields {
+		for _, f := range ae.Fields {
 			if f.Field != "" {
 				fmt.Fprintf(&b, "  %s: %s: %s\n", f.Field, f.Reason, f.Message)
 			} else {

@@ -3,13 +3,10 @@ package gpuctl
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
 	"os"
 	"slices"
 	"strings"
@@ -64,8 +61,12 @@ func (a *app) loginCmd(fs *flag.FlagSet) func(context.Context, []string, []strin
 			return a.fail("login", errors.New("empty token"))
 		}
 		a.token = cred.Token
-		var who contracts.WhoAmI
-		if err := a.newClient().call(ctx, http.MethodGet, "/v1/whoami", nil, nil, &who); err != nil {
+		c, err := a.api()
+		if err != nil {
+			return a.fail("login", err)
+		}
+		who, err := c.WhoAmI(ctx)
+		if err != nil {
 			return a.fail("login", err)
 		}
 		cred.Subject, cred.CACert = who.Subject, a.caCert
@@ -138,14 +139,13 @@ func (a *app) ldapLogin(ctx context.Context, user, passwordFile string) (Credent
 	if err != nil {
 		return Credential{}, fmt.Errorf("reading the password: %w", err)
 	}
-	body, err := json.Marshal(contracts.LoginRequest{Username: user, Password: password})
+	c, err := a.api()
 	if err != nil {
 		return Credential{}, err
 	}
-	c := a.newClient()
-	c.token = "" // a login sends no older credentials
-	var res contracts.LoginResponse
-	if err := c.call(ctx, http.MethodPost, "/v1/login", nil, body, &res); err != nil {
+	// A login sends no older credentials.
+	res, err := c.Login(ctx, user, password)
+	if err != nil {
 		return Credential{}, err
 	}
 	return Credential{Token: res.Token, Method: "ldap", ExpiresAt: res.ExpiresAt}, nil
@@ -156,10 +156,12 @@ func (a *app) ldapLogin(ctx context.Context, user, passwordFile string) (Credent
 // verifies. asked is whether --oidc was given (else it is the default,
 // and its absence is reported with the other methods).
 func (a *app) oidcLogin(ctx context.Context, asked bool) (Credential, error) {
-	c := a.newClient()
-	c.token = ""
-	var cfg contracts.AuthConfig
-	if err := c.call(ctx, http.MethodGet, "/v1/auth/config", nil, nil, &cfg); err != nil {
+	c, err := a.api()
+	if err != nil {
+		return Credential{}, err
+	}
+	cfg, err := c.AuthConfig(ctx)
+	if err != nil {
 		return Credential{}, err
 	}
 	if cfg.OIDC == nil {
@@ -172,7 +174,7 @@ func (a *app) oidcLogin(ctx context.Context, asked bool) (Credential, error) {
 		}
 		return Credential{}, fmt.Errorf("the gateway has no OIDC login: use %s", methods)
 	}
-	octx := oidc.ClientContext(ctx, c.hc)
+	octx := oidc.ClientContext(ctx, c.HTTPClient())
 	provider, err := oidc.NewProvider(octx, cfg.OIDC.Issuer)
 	if err != nil {
 		return Credential{}, fmt.Errorf("identity provider %s: %w", cfg.OIDC.Issuer, err)
@@ -181,7 +183,7 @@ func (a *app) oidcLogin(ctx context.Context, asked bool) (Credential, error) {
 	if oc.Endpoint.DeviceAuthURL == "" {
 		return Credential{}, fmt.Errorf("identity provider %s offers no device-code flow", cfg.OIDC.Issuer)
 	}
-	octx = context.WithValue(ctx, oauth2.HTTPClient, c.hc)
+	octx = context.WithValue(ctx, oauth2.HTTPClient, c.HTTPClient())
 	da, err := oc.DeviceAuth(octx)
 	if err != nil {
 		return Credential{}, fmt.Errorf("device authorization: %w", err)
@@ -226,8 +228,12 @@ func (a *app) whoamiCmd(fs *flag.FlagSet) func(context.Context, []string, []stri
 		if !a.noPositional("whoami", pos, trailing) {
 			return ExitUsage
 		}
-		var who contracts.WhoAmI
-		if err := a.newClient().call(ctx, http.MethodGet, "/v1/whoami", nil, nil, &who); err != nil {
+		c, err := a.api()
+		if err != nil {
+			return a.fail("whoami", err)
+		}
+		who, err := c.WhoAmI(ctx)
+		if err != nil {
 			return a.fail("whoami", err)
 		}
 		return a.show(who, func() {
@@ -247,15 +253,17 @@ func (a *app) tokenCmd(fs *flag.FlagSet) func(context.Context, []string, []strin
 		if len(pos) == 0 || len(trailing) > 0 {
 			return a.usageErr("token", "%s", usage)
 		}
-		c := a.newClient()
+		c, err := a.api()
+		if err != nil {
+			return a.fail("token", err)
+		}
 		switch {
 		case pos[0] == "create" && len(pos) == 1:
 			if name == "" {
 				return a.usageErr("token create", "--name is required")
 			}
-			body, _ := json.Marshal(contracts.TokenRequest{Name: name, TTL: ttl, Bindings: []contracts.Binding{a.binding(role)}})
-			var res contracts.TokenCreated
-			if err := c.call(ctx, http.MethodPost, "/v1/tokens", nil, body, &res); err != nil {
+			res, err := c.CreateToken(ctx, contracts.TokenRequest{Name: name, TTL: ttl, Bindings: []contracts.Binding{a.binding(role)}})
+			if err != nil {
 				return a.fail("token create", err)
 			}
 			return a.show(res, func() {
@@ -263,8 +271,8 @@ func (a *app) tokenCmd(fs *flag.FlagSet) func(context.Context, []string, []strin
 				fmt.Fprintln(a.stderr, "The secret is shown only this once; use it as GPUPLANE_TOKEN or with gpuctl login --token -.")
 			})
 		case pos[0] == "list" && len(pos) == 1:
-			var list contracts.TokenList
-			if err := c.call(ctx, http.MethodGet, "/v1/tokens", nil, nil, &list); err != nil {
+			list, err := c.Tokens(ctx)
+			if err != nil {
 				return a.fail("token list", err)
 			}
 			return a.show(list, func() {
@@ -280,8 +288,8 @@ func (a *app) tokenCmd(fs *flag.FlagSet) func(context.Context, []string, []strin
 				tw.Flush()
 			})
 		case pos[0] == "revoke" && len(pos) == 2:
-			var t contracts.APIToken
-			if err := c.call(ctx, http.MethodDelete, "/v1/tokens/"+url.PathEscape(pos[1]), nil, nil, &t); err != nil {
+			t, err := c.RevokeToken(ctx, pos[1])
+			if err != nil {
 				return a.fail("token revoke", err)
 			}
 			return a.show(t, func() { fmt.Fprintf(a.stdout, "token %s revoked\n", t.ID) })
@@ -309,7 +317,10 @@ func (a *app) roleCmd(fs *flag.FlagSet) func(context.Context, []string, []string
 		if len(pos) == 0 || len(trailing) > 0 {
 			return a.usageErr("role", "%s", usage)
 		}
-		c := a.newClient()
+		c, err := a.api()
+		if err != nil {
+			return a.fail("role", err)
+		}
 		switch {
 		case (pos[0] == "bind" || pos[0] == "unbind") && len(pos) == 2:
 			if role == "" {
@@ -317,28 +328,22 @@ func (a *app) roleCmd(fs *flag.FlagSet) func(context.Context, []string, []string
 			}
 			b := a.binding(role)
 			var rb contracts.RoleBindings
-			var err error
 			if pos[0] == "bind" {
-				body, _ := json.Marshal(contracts.BindingRequest{Subject: pos[1], Role: b.Role, Tenant: b.Tenant})
-				err = c.call(ctx, http.MethodPost, "/v1/roles", nil, body, &rb)
+				rb, err = c.BindRole(ctx, pos[1], b)
 			} else {
-				q := url.Values{"subject": {pos[1]}, "role": {b.Role}}
-				if b.Tenant != "" {
-					q.Set("tenant", b.Tenant)
-				}
-				err = c.call(ctx, http.MethodDelete, "/v1/roles", q, nil, &rb)
+				rb, err = c.UnbindRole(ctx, pos[1], b)
 			}
 			if err != nil {
 				return a.fail("role "+pos[0], err)
 			}
 			return a.show(rb, func() { fmt.Fprintf(a.stdout, "%s: %s\n", rb.Subject, bindingsText(rb.Bindings)) })
 		case pos[0] == "list" && len(pos) == 1:
-			q := url.Values{"tenant": {a.tenant}}
+			tenant := a.tenant
 			if all {
-				q = nil
+				tenant = ""
 			}
-			var list contracts.BindingList
-			if err := c.call(ctx, http.MethodGet, "/v1/roles", q, nil, &list); err != nil {
+			list, err := c.Roles(ctx, tenant)
+			if err != nil {
 				return a.fail("role list", err)
 			}
 			return a.show(list, func() {

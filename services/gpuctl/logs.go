@@ -6,11 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
 	"strconv"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/sdk/go/gpuplane"
 )
 
 func (a *app) logsCmd(fs *flag.FlagSet) func(context.Context, []string, []string) int {
@@ -39,61 +38,84 @@ func (a *app) logsCmd(fs *flag.FlagSet) func(context.Context, []string, []string
 		if rank < 0 || rank >= contracts.MaxNodesPerJob {
 			return a.usageErr("logs", "--rank %d: want a machine's rank, a number from 0 to %d", rank, contracts.MaxNodesPerJob-1)
 		}
-		q := url.Values{}
-		if attempt != "" {
-			q.Set("attempt", attempt)
+		opts := gpuplane.LogOptions{Rank: rank, Follow: follow, AllAttempts: attempt == "all"}
+		if n, err := strconv.Atoi(attempt); err == nil {
+			opts.Attempt = n
 		}
 		rankSet := false
 		fs.Visit(func(f *flag.Flag) { rankSet = rankSet || f.Name == "rank" })
-		if rankSet {
-			q.Set("rank", strconv.Itoa(rank))
-		}
-		if follow {
-			q.Set("follow", "true")
-		}
-		return a.logs(ctx, id, q, follow)
+		return a.logs(ctx, id, opts, rankSet)
 	}
 }
 
 // logs copies the run's output to stdout as it arrives, then reports on
 // stderr what the trailers say: missing ranges and the exit code (of the
-// machine asked for with q's rank, when it names one). It
-// fails when the stream breaks, or when a follow ends without the end of
-// the output (the run's machine died, the gateway shut down).
-func (a *app) logs(ctx context.Context, id string, q url.Values, follow bool) int {
-	// No request timeout: a follow lasts as long as the run.
-	res, err := a.newClient().send(ctx, http.MethodGet, tenantPath(a.tenant, "jobs", id, "logs"), q, nil,
-		http.Header{"Accept": {"text/plain"}})
+// machine asked for, when --rank named one). It fails when the stream
+// breaks, or when a follow ends without the end of the output (the run's
+// machine died, the gateway shut down). No output at all is said on
+// stderr, with the job's state, rather than printed as nothing.
+func (a *app) logs(ctx context.Context, id string, opts gpuplane.LogOptions, rankSet bool) int {
+	c, err := a.api()
 	if err != nil {
 		return a.fail("logs", err)
 	}
-	defer res.Body.Close()
-	if res.StatusCode != http.StatusOK {
-		data, _ := io.ReadAll(io.LimitReader(res.Body, 1<<20))
-		return a.fail("logs", answerError(res.StatusCode, data))
+	if opts.Follow {
+		// The gateway waits for a job not started yet: say so, or the
+		// wait looks like a hang.
+		if st, err := c.Job(ctx, a.tenant, id); err == nil && notStarted(st.State) {
+			fmt.Fprintf(a.stderr, "gpuctl logs: job %s is %s: waiting for its output\n", id, st.State)
+		}
 	}
-	if _, err := io.Copy(a.stdout, res.Body); err != nil {
+	// No request timeout: a follow lasts as long as the run.
+	l, err := c.Logs(ctx, a.tenant, id, opts)
+	if err != nil {
+		return a.fail("logs", err)
+	}
+	defer l.Close()
+	n, err := io.Copy(a.stdout, l)
+	if err != nil {
 		if ctx.Err() != nil {
 			return a.fail("logs", ctx.Err())
 		}
 		return a.fail("logs", fmt.Errorf("output stream broken: %w", err))
 	}
-	shown := res.Header.Get(contracts.HeaderLogAttempt)
-	if gaps := res.Trailer.Get(contracts.TrailerLogGaps); gaps != "" {
+	if n == 0 {
+		a.noOutput(ctx, c, id)
+	}
+	if gaps := l.Gaps(); gaps != "" {
 		fmt.Fprintf(a.stderr, "gpuctl logs: output never received, by byte range: %s\n", gaps)
 	}
-	if code := res.Trailer.Get(contracts.TrailerExitCode); code != "" {
+	if code, ok := l.ExitCode(); ok {
 		what := "the run"
-		if n, err := strconv.Atoi(shown); err == nil {
+		if n, err := strconv.Atoi(l.Attempt()); err == nil {
 			what = fmt.Sprintf("attempt %d", n)
 		}
-		if r := q.Get("rank"); r != "" {
-			what += " on rank " + r
+		if rankSet {
+			what += " on rank " + strconv.Itoa(opts.Rank)
 		}
-		fmt.Fprintf(a.stderr, "gpuctl logs: %s exited with code %s\n", what, code)
+		fmt.Fprintf(a.stderr, "gpuctl logs: %s exited with code %d\n", what, code)
 	}
-	if follow && res.Trailer.Get(contracts.TrailerLogComplete) != "true" {
+	if opts.Follow && !l.Complete() {
 		return a.fail("logs", errors.New("the output ended without its end-of-output mark: the run was lost (its node died), never started, or the gateway shut down"))
 	}
 	return ExitOK
+}
+
+// notStarted: the job has not run yet, so it has no output yet.
+func notStarted(s contracts.JobState) bool {
+	return s == contracts.StateNew || s == contracts.StateQueued || s == contracts.StateScheduled
+}
+
+// noOutput says on stderr why nothing was printed: the job has not
+// written anything yet, or it ended without writing anything.
+func (a *app) noOutput(ctx context.Context, c *gpuplane.Client, id string) {
+	st, err := c.Job(ctx, a.tenant, id)
+	switch {
+	case err != nil:
+		fmt.Fprintf(a.stderr, "gpuctl logs: no output for job %s\n", id)
+	case st.State.Terminal():
+		fmt.Fprintf(a.stderr, "gpuctl logs: job %s wrote no output (state %s)\n", id, st.State)
+	default:
+		fmt.Fprintf(a.stderr, "gpuctl logs: no output yet for job %s (state %s)\n", id, st.State)
+	}
 }

@@ -58,10 +58,11 @@ func TestLogsRank(t *testing.T) {
 		args           []string
 		stdout, stderr string
 	}{
-		"default":  {[]string{"logs", "g"}, "rank zero\n", "gpuctl logs: attempt 1 exited with code 0\n"},
-		"rank 0":   {[]string{"logs", "g", "--rank", "0"}, "rank zero\n", "gpuctl logs: attempt 1 on rank 0 exited with code 0\n"},
-		"rank 1":   {[]string{"logs", "--rank", "1", "g"}, "rank one\n", ""},
-		"single 0": {[]string{"logs", "single", "--rank", "0"}, "", ""},
+		"default": {[]string{"logs", "g"}, "rank zero\n", "gpuctl logs: attempt 1 exited with code 0\n"},
+		"rank 0":  {[]string{"logs", "g", "--rank", "0"}, "rank zero\n", "gpuctl logs: attempt 1 on rank 0 exited with code 0\n"},
+		"rank 1":  {[]string{"logs", "--rank", "1", "g"}, "rank one\n", ""},
+		// Running, nothing written yet: said, not printed as nothing.
+		"single 0": {[]string{"logs", "single", "--rank", "0"}, "", "gpuctl logs: no output yet for job single (state running)\n"},
 	} {
 		if code, out, errOut := h.run(tt.args...); code != ExitOK || out != tt.stdout || errOut != tt.stderr {
 			t.Errorf("%s: code %d stdout %q stderr %q; want 0 %q %q", name, code, out, errOut, tt.stdout, tt.stderr)

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"net/http"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -20,14 +18,17 @@ func (a *app) nodesCmd(fs *flag.FlagSet) func(context.Context, []string, []strin
 	var pool string
 	fs.StringVar(&pool, "pool", "", "only nodes of this pool")
 	return func(ctx context.Context, pos, trailing []string) int {
-		c := a.newClient()
+		c, err := a.api()
+		if err != nil {
+			return a.fail("nodes", err)
+		}
 		switch {
 		case len(pos) == 1 && len(trailing) == 0:
 			if err := contracts.ValidateID(pos[0]); err != nil {
 				return a.usageErr("nodes", "%v", err)
 			}
-			var st contracts.NodeStatus
-			if err := c.call(ctx, http.MethodGet, "/v1/nodes/"+url.PathEscape(pos[0]), nil, nil, &st); err != nil {
+			st, err := c.Node(ctx, pos[0])
+			if err != nil {
 				return a.fail("nodes", err)
 			}
 			if a.output == "json" {
@@ -38,12 +39,8 @@ func (a *app) nodesCmd(fs *flag.FlagSet) func(context.Context, []string, []strin
 		case len(pos)+len(trailing) > 1:
 			return a.usageErr("nodes", "want at most one node ID, got %d arguments", len(pos)+len(trailing))
 		}
-		q := url.Values{}
-		if pool != "" {
-			q.Set("pool", pool)
-		}
-		var list contracts.NodeList
-		if err := c.call(ctx, http.MethodGet, "/v1/nodes", q, nil, &list); err != nil {
+		list, err := c.Nodes(ctx, pool)
+		if err != nil {
 			return a.fail("nodes", err)
 		}
 		if a.output == "json" {

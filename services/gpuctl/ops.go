@@ -2,11 +2,8 @@ package gpuctl
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
-	"net/http"
-	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -49,12 +46,12 @@ func (a *app) faultCmd(fs *flag.FlagSet) func(context.Context, []string, []strin
 		}
 		// The rest (a GPU the node has, code only with xid) is the
 		// gateway's to check: it knows the node.
-		body, err := json.Marshal(req)
+		c, err := a.api()
 		if err != nil {
 			return a.fail("fault", err)
 		}
-		var res contracts.FaultResponse
-		if err := a.newClient().call(ctx, http.MethodPost, "/v1/nodes/"+url.PathEscape(node)+"/faults", nil, body, &res); err != nil {
+		res, err := c.InjectFault(ctx, node, req)
+		if err != nil {
 			return a.fail("fault", err)
 		}
 		if a.output == "json" {
@@ -94,8 +91,12 @@ func (a *app) checkpointCmd(*flag.FlagSet) func(context.Context, []string, []str
 		if err := checkNames(a.tenant, id); err != nil {
 			return a.usageErr("checkpoint", "%v", err)
 		}
-		var res contracts.CheckpointResponse
-		if err := a.newClient().call(ctx, http.MethodPost, tenantPath(a.tenant, "jobs", id, "checkpoint"), nil, nil, &res); err != nil {
+		c, err := a.api()
+		if err != nil {
+			return a.fail("checkpoint", err)
+		}
+		res, err := c.CheckpointJob(ctx, a.tenant, id)
+		if err != nil {
 			return a.fail("checkpoint", err)
 		}
 		if a.output == "json" {

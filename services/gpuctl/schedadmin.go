@@ -7,14 +7,13 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"net/http"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/sdk/go/gpuplane"
 )
 
 // The scheduling administration commands: quota, pool, cordon, drain and
@@ -38,10 +37,13 @@ func (a *app) quotaCmd(fs *flag.FlagSet) func(context.Context, []string, []strin
 		if len(pos) != 1 || len(trailing) > 0 || !slices.Contains([]string{"get", "list", "set", "delete"}, pos[0]) {
 			return a.usageErr("quota", `want "quota get", "quota list", "quota set [--pool P] [--guarantee G] [--max M] [--weight W] [--strict-fifo]" or "quota delete"`)
 		}
-		c := a.newClient()
+		c, err := a.api()
+		if err != nil {
+			return a.fail("quota "+pos[0], err)
+		}
 		if pos[0] == "list" {
-			var list contracts.QuotaList
-			if err := c.call(ctx, http.MethodGet, "/v1/quotas", nil, nil, &list); err != nil {
+			list, err := c.Quotas(ctx)
+			if err != nil {
 				return a.fail("quota list", err)
 			}
 			return a.show(list, func() { a.printQuotas(list.Quotas) })
@@ -49,14 +51,12 @@ func (a *app) quotaCmd(fs *flag.FlagSet) func(context.Context, []string, []strin
 		if err := contracts.ValidateTenant(a.tenant); err != nil {
 			return a.usageErr("quota", "%v", err)
 		}
-		path := "/v1/quotas/" + url.PathEscape(a.tenant)
 		var doc contracts.QuotaDoc
-		var err error
 		switch pos[0] {
 		case "get":
-			err = c.call(ctx, http.MethodGet, path, nil, nil, &doc)
+			doc, err = c.Quota(ctx, a.tenant)
 		case "delete":
-			err = c.call(ctx, http.MethodDelete, path, nil, nil, &doc)
+			doc, err = c.DeleteQuota(ctx, a.tenant)
 		case "set":
 			set := map[string]bool{}
 			fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -76,8 +76,8 @@ func (a *app) quotaCmd(fs *flag.FlagSet) func(context.Context, []string, []strin
 			case set["pool"] && !set["guarantee"] && !set["max"]:
 				return a.usageErr("quota set", "--pool names where --guarantee or --max apply: give one of them")
 			default:
-				var cur contracts.QuotaDoc
-				if err := c.call(ctx, http.MethodGet, path, nil, nil, &cur); err != nil {
+				cur, err := c.Quota(ctx, a.tenant)
+				if err != nil {
 					return a.fail("quota set", err)
 				}
 				q := contracts.TenantQuota{}
@@ -113,16 +113,13 @@ func (a *app) quotaCmd(fs *flag.FlagSet) func(context.Context, []string, []strin
 					q.Pools[pool] = pq
 				}
 				data, _ = json.Marshal(q)
-				rev = &cur.Revision
+				rev = gpuplane.Revision(cur.Revision)
 			}
-			if _, verr := contracts.DecodeTenantQuota(data, a.tenant); verr != nil {
+			q, verr := contracts.DecodeTenantQuota(data, a.tenant)
+			if verr != nil {
 				return a.fail("quota set", checkedError(verr, "invalid quota"))
 			}
-			var q url.Values
-			if rev != nil {
-				q = url.Values{"revision": {strconv.FormatUint(*rev, 10)}}
-			}
-			err = c.call(ctx, http.MethodPut, path, q, data, &doc)
+			doc, err = c.SetQuota(ctx, a.tenant, q, rev)
 		}
 		if err != nil {
 			return a.fail("quota "+pos[0], err)
@@ -199,13 +196,16 @@ func (a *app) poolCmd(fs *flag.FlagSet) func(context.Context, []string, []string
 		if len(pos) < 1 || len(pos) > 2 || len(trailing) > 0 || !slices.Contains([]string{"get", "list", "set", "delete"}, pos[0]) {
 			return a.usageErr("pool", "%s", usage)
 		}
-		c := a.newClient()
+		c, err := a.api()
+		if err != nil {
+			return a.fail("pool "+pos[0], err)
+		}
 		if len(pos) == 1 {
 			if pos[0] != "get" && pos[0] != "list" {
 				return a.usageErr("pool", "%s", usage)
 			}
-			var list contracts.PoolList
-			if err := c.call(ctx, http.MethodGet, "/v1/pools", nil, nil, &list); err != nil {
+			list, err := c.Pools(ctx)
+			if err != nil {
 				return a.fail("pool get", err)
 			}
 			return a.show(list, func() { a.printPools(list.Pools) })
@@ -214,23 +214,22 @@ func (a *app) poolCmd(fs *flag.FlagSet) func(context.Context, []string, []string
 		if err := contracts.ValidatePool(pool); err != nil {
 			return a.usageErr("pool", "%v", err)
 		}
-		path := "/v1/pools/" + url.PathEscape(pool)
 		var doc contracts.PoolDoc
-		var err error
 		switch pos[0] {
 		case "get", "list":
-			err = c.call(ctx, http.MethodGet, path, nil, nil, &doc)
+			doc, err = c.Pool(ctx, pool)
 		case "delete":
-			err = c.call(ctx, http.MethodDelete, path, nil, nil, &doc)
+			doc, err = c.DeletePool(ctx, pool)
 		case "set":
 			if policy == "" {
 				return a.usageErr("pool set", "--policy is required: one of %s", strings.Join(names, ", "))
 			}
 			data, _ := json.Marshal(contracts.PoolConfig{Policy: contracts.PlacementPolicy(policy)})
-			if _, verr := contracts.DecodePoolConfig(data, pool); verr != nil {
+			cfg, verr := contracts.DecodePoolConfig(data, pool)
+			if verr != nil {
 				return a.fail("pool set", checkedError(verr, "invalid pool config"))
 			}
-			err = c.call(ctx, http.MethodPut, path, nil, data, &doc)
+			doc, err = c.SetPool(ctx, pool, cfg, nil)
 		}
 		if err != nil {
 			return a.fail("pool "+pos[0], err)
@@ -279,19 +278,23 @@ func holdCmd(verb string) func(*app, *flag.FlagSet) func(context.Context, []stri
 					return a.usageErr(verb, "--gpu: invalid GPU UUID %q: want a UUID that gpuctl nodes NODE lists (GPU-...)", gpu)
 				}
 			}
-			var body []byte
 			if reason != "" {
-				body, _ = json.Marshal(contracts.NodeAdminRequest{Reason: reason})
+				body, _ := json.Marshal(contracts.NodeAdminRequest{Reason: reason})
 				if _, err := contracts.DecodeNodeAdminRequest(body); err != nil {
 					return a.fail(verb, checkedError(err, "invalid "+verb))
 				}
 			}
-			path := "/v1/nodes/" + url.PathEscape(node) + "/" + verb
-			if gpu != "" {
-				path = "/v1/nodes/" + url.PathEscape(node) + "/gpus/" + url.PathEscape(gpu) + "/" + verb
+			c, err := a.api()
+			if err != nil {
+				return a.fail(verb, err)
 			}
 			var st contracts.NodeStatus
-			if err := a.newClient().call(ctx, http.MethodPost, path, nil, body, &st); err != nil {
+			if gpu != "" {
+				st, err = c.HoldGPU(ctx, node, gpu, gpuplane.Hold(verb), reason)
+			} else {
+				st, err = c.HoldNode(ctx, node, gpuplane.Hold(verb), reason)
+			}
+			if err != nil {
 				return a.fail(verb, err)
 			}
 			if a.output == "json" {

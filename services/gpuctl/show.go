@@ -6,8 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"maps"
-	"net/http"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -15,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/sdk/go/gpuplane"
 )
 
 // timeLayout is how tables show times (local time zone).
@@ -29,8 +28,12 @@ func (a *app) getCmd(*flag.FlagSet) func(context.Context, []string, []string) in
 		if err := checkNames(a.tenant, id); err != nil {
 			return a.usageErr("get", "%v", err)
 		}
-		var st contracts.JobStatus
-		if err := a.newClient().call(ctx, http.MethodGet, tenantPath(a.tenant, "jobs", id), nil, nil, &st); err != nil {
+		c, err := a.api()
+		if err != nil {
+			return a.fail("get", err)
+		}
+		st, err := c.Job(ctx, a.tenant, id)
+		if err != nil {
 			return a.fail("get", err)
 		}
 		if a.output == "json" {
@@ -82,6 +85,8 @@ func (a *app) listCmd(fs *flag.FlagSet) func(context.Context, []string, []string
 	var limit int
 	fs.StringVar(&state, "state", "", "only jobs in this state: queued, scheduled, running, succeeded, failed, cancelled or rejected")
 	fs.IntVar(&limit, "limit", 0, "at most this many jobs, newest first (gateway default 100, at most 1000)")
+	var after string
+	fs.StringVar(&after, "after", "", "the page after this job (the next page: the last ID listed)")
 	return func(ctx context.Context, pos, trailing []string) int {
 		if !a.noPositional("list", pos, trailing) {
 			return ExitUsage
@@ -89,17 +94,15 @@ func (a *app) listCmd(fs *flag.FlagSet) func(context.Context, []string, []string
 		if err := contracts.ValidateTenant(a.tenant); err != nil {
 			return a.usageErr("list", "%v", err)
 		}
-		q := url.Values{}
-		if state != "" {
-			q.Set("state", state)
-		}
-		if limit != 0 {
-			q.Set("limit", strconv.Itoa(limit))
-		}
-		var list contracts.JobList
-		if err := a.newClient().call(ctx, http.MethodGet, tenantPath(a.tenant, "jobs"), q, nil, &list); err != nil {
+		c, err := a.api()
+		if err != nil {
 			return a.fail("list", err)
 		}
+		page, err := c.ListJobs(ctx, a.tenant, gpuplane.ListOptions{State: contracts.JobState(state), Limit: limit, After: after})
+		if err != nil {
+			return a.fail("list", err)
+		}
+		list := contracts.JobList{Jobs: page.Jobs}
 		if a.output == "json" {
 			return a.printJSON(list)
 		}
@@ -119,6 +122,9 @@ func (a *app) listCmd(fs *flag.FlagSet) func(context.Context, []string, []string
 		if len(list.Jobs) == 0 {
 			fmt.Fprintf(a.stdout, "no jobs for tenant %s\n", a.tenant)
 		}
+		if page.Next != "" {
+			fmt.Fprintf(a.stdout, "more jobs may follow: --after %s\n", page.Next)
+		}
 		return ExitOK
 	}
 }
@@ -131,8 +137,12 @@ func (a *app) usageCmd(*flag.FlagSet) func(context.Context, []string, []string) 
 		if err := contracts.ValidateTenant(a.tenant); err != nil {
 			return a.usageErr("usage", "%v", err)
 		}
-		var sum contracts.UsageSummary
-		if err := a.newClient().call(ctx, http.MethodGet, tenantPath(a.tenant, "usage"), nil, nil, &sum); err != nil {
+		c, err := a.api()
+		if err != nil {
+			return a.fail("usage", err)
+		}
+		sum, err := c.Usage(ctx, a.tenant)
+		if err != nil {
 			return a.fail("usage", err)
 		}
 		switch a.output {

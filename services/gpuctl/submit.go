@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net/http"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -20,6 +18,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/sdk/go/gpuplane"
 )
 
 // busTimeout bounds connecting to NATS and one publish with --via bus
@@ -452,12 +451,7 @@ func withID(doc []byte, id string) ([]byte, error) {
 // localError presents a validation failure found before sending anything
 // as the gateway would have answered it.
 func localError(err error) error {
-	ve, ok := errors.AsType[*contracts.ValidationError](err)
-	if !ok {
-		return err
-	}
-	return &apiError{Body: contracts.APIErrorBody{Reason: ve.Reason,
-		Message: "invalid job request (checked before sending)", Fields: ve.Fields}}
+	return gpuplane.ValidationError(err, "invalid job request (checked before sending)")
 }
 
 // submit sends a validated request over the chosen transport.
@@ -465,9 +459,13 @@ func (a *app) submit(ctx context.Context, req contracts.JobRequest, doc []byte) 
 	if a.via == viaBus {
 		return a.publish(ctx, contracts.SubjectSubmit(a.tenant), contracts.SubmitMsgID(a.tenant, req.ID), req.ID, doc, contracts.CEType(req))
 	}
-	var res contracts.SubmitResponse
-	err := a.newClient().call(ctx, http.MethodPost, tenantPath(a.tenant, "jobs"), nil, doc, &res)
-	return res, err
+	c, err := a.api()
+	if err != nil {
+		return contracts.SubmitResponse{}, err
+	}
+	// The document as written (its ID set by withID, so a retry of the
+	// request is the same job).
+	return c.SubmitJSON(ctx, a.tenant, doc)
 }
 
 func (a *app) cancelCmd(fs *flag.FlagSet) func(context.Context, []string, []string) int {
@@ -490,11 +488,10 @@ func (a *app) cancelCmd(fs *flag.FlagSet) func(context.Context, []string, []stri
 			data, _ := json.Marshal(cr)
 			res, err = a.publish(ctx, contracts.SubjectCancel(a.tenant), contracts.CancelMsgID(a.tenant, id), id, data, contracts.CEType(cr))
 		} else {
-			var q url.Values
-			if reason != "" {
-				q = url.Values{"reason": {reason}}
+			var c *gpuplane.Client
+			if c, err = a.api(); err == nil {
+				res, err = c.CancelJob(ctx, a.tenant, id, reason)
 			}
-			err = a.newClient().call(ctx, http.MethodDelete, tenantPath(a.tenant, "jobs", id), q, nil, &res)
 		}
 		if err != nil {
 			return a.fail("cancel", err)

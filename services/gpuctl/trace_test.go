@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gpuplane/gpuplane/sdk/go/gpuplane"
 )
 
 // TestRequestsCarryTraceParent: every request gpuctl sends carries a W3C
@@ -39,11 +41,15 @@ func TestRequestsCarryTraceParent(t *testing.T) {
 			env := map[string]string{"GPUPLANE_GATEWAY": srv.URL, "GPUPLANE_CONFIG_DIR": t.TempDir(),
 				"GPUPLANE_TOKEN": "t", "GPUPLANE_TENANT": "acme", EnvTraceParent: tc.inherited}
 			a := &app{common: defaults(func(k string) string { return env[k] })}
-			c := a.newClient()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
+			// Two clients of one command, as login makes: one trace.
 			for range 2 {
-				if err := c.call(ctx, http.MethodGet, tenantPath("acme", "jobs"), nil, nil, nil); err != nil {
+				c, err := a.api()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := c.ListJobs(ctx, "acme", gpuplane.ListOptions{}); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -1,26 +1,19 @@
 package gpuctl
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"io"
-	"net/http"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/sdk/go/gpuplane"
 )
-
-// maxStreamFailures is how many times in a row watch reconnects to a lost
-// event stream (resuming with Last-Event-ID) before giving up.
-const maxStreamFailures = 5
 
 func (a *app) watchCmd(*flag.FlagSet) func(context.Context, []string, []string) int {
 	return func(ctx context.Context, pos, trailing []string) int {
@@ -106,89 +99,22 @@ func eventLine(ev contracts.JobEvent) string {
 	return b.String()
 }
 
-// watchGateway follows the gateway's per-job event stream, reconnecting
-// with Last-Event-ID when it breaks before the job ends.
+// watchGateway follows the gateway's per-job event stream; the client
+// reconnects with Last-Event-ID when it breaks before the job ends.
 func (a *app) watchGateway(ctx context.Context, id string, w *watcher) error {
-	c := a.newClient()
-	path := tenantPath(a.tenant, "jobs", id, "events")
-	var last uint64
-	failures := 0
-	for {
-		progressed := false
-		done, err := c.events(ctx, path, last, func(ev contracts.JobEvent, seq uint64, raw []byte) bool {
-			last, progressed = seq, true
-			return w.see(ev, seq, raw)
-		})
-		if done {
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if ae, ok := errors.AsType[*apiError](err); ok && ae.Status != http.StatusServiceUnavailable {
+	c, err := a.api()
+	if err != nil {
+		return err
+	}
+	for ev, err := range c.Watch(ctx, a.tenant, id, gpuplane.WatchOptions{}) {
+		if err != nil {
 			return err
 		}
-		if progressed {
-			failures = 0
-		}
-		if failures++; failures > maxStreamFailures {
-			return fmt.Errorf("event stream lost %d times: %w", failures, err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Duration(failures) * 500 * time.Millisecond):
+		if w.see(ev.Event, ev.Seq, ev.Raw) {
+			return nil
 		}
 	}
-}
-
-// events reads one server-sent event stream, after stream sequence last,
-// calling fn for each event until fn reports the job terminal (done).
-func (c *client) events(ctx context.Context, path string, last uint64, fn func(ev contracts.JobEvent, seq uint64, raw []byte) bool) (done bool, err error) {
-	h := http.Header{"Accept": {"text/event-stream"}}
-	if last > 0 {
-		h.Set("Last-Event-ID", strconv.FormatUint(last, 10))
-	}
-	res, err := c.send(ctx, http.MethodGet, path, nil, nil, h)
-	if err != nil {
-		return false, err
-	}
-	defer res.Body.Close()
-	if res.StatusCode != http.StatusOK {
-		data, _ := io.ReadAll(io.LimitReader(res.Body, 1<<20))
-		return false, answerError(res.StatusCode, data)
-	}
-	sc := bufio.NewScanner(res.Body)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	var id string
-	var data []string
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" {
-			if len(data) > 0 {
-				raw := []byte(strings.Join(data, "\n"))
-				var ev contracts.JobEvent
-				seq, serr := strconv.ParseUint(id, 10, 64)
-				if json.Unmarshal(raw, &ev) == nil && serr == nil && fn(ev, seq, raw) {
-					return true, nil
-				}
-			}
-			id, data = "", nil
-			continue
-		}
-		field, value, _ := strings.Cut(line, ":")
-		value = strings.TrimPrefix(value, " ")
-		switch field {
-		case "id":
-			id = value
-		case "data":
-			data = append(data, value)
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return false, fmt.Errorf("event stream: %w", err)
-	}
-	return false, errors.New("event stream ended before the job did")
+	return nil
 }
 
 // watchBus reads the job's subject of JOB_EVENTS from its first message

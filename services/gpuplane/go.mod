@@ -37,6 +37,7 @@ require (
 	github.com/google/go-tpm v0.9.8 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/gpuplane/gpuplane/contracts v0.0.0
+	github.com/gpuplane/gpuplane/sdk/go v0.0.0 // indirect
 	github.com/gpuplane/gpuplane/services/gpuctl v0.0.0
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.30.0 // indirect
 	github.com/invopop/jsonschema v0.13.0 // indirect
@@ -92,3 +93,5 @@ replace (
 )
 
 replace github.com/gpuplane/gpuplane/services/gpuctl => ../../services/gpuctl
+
+replace github.com/gpuplane/gpuplane/sdk/go => ../../sdk/go
