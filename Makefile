@@ -7,7 +7,11 @@ PKGS := $(addsuffix /...,$(addprefix ./,$(MODULES)))
 
 .PHONY: test lint build schemas images
 test: lint
-	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+	@# go test without -v prints "ok" for a package and hides why its tests
+	@# skipped; a test that skips for a missing tool (e2e's trace tests
+	@# without Jaeger) appends its reason to GPUPLANE_SKIP_REPORT, shown here.
+	skips=$$(mktemp); GPUPLANE_SKIP_REPORT=$$skips $(GO) test -race -count=1 -timeout 20m $(PKGS); rc=$$?; \
+	  if [ -s $$skips ]; then echo "== skipped for a missing tool:"; cat $$skips; fi; rm -f $$skips; exit $$rc
 	@# The trace replay check skips under -race (40 s there, 3 s without).
 	set -o pipefail; $(GO) test -count=1 -run 'TestReproducesPaper' -v ./services/scheduler/internal/fragsim/ | grep -E '^(---|ok|FAIL|PASS)|unallocated'
 

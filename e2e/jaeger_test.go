@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/url"
@@ -21,25 +23,66 @@ import (
 // Jaeger binary is missing (.ci/run sets it after building Jaeger).
 const EnvRequireJaeger = "GPUPLANE_REQUIRE_JAEGER"
 
+// EnvSkipReport names a file each test that skips for a missing tool
+// appends one line to: `make test` runs go test without -v, which prints
+// only "ok" for a package and hides every skip's reason, so the Makefile
+// prints this file after the run.
+const EnvSkipReport = "GPUPLANE_SKIP_REPORT"
+
 // jaegerBinary is the Jaeger v2 binary tilt/install-tools.sh builds
-// (GPUPLANE_JAEGER_BIN overrides it), or "" when there is none.
+// (GPUPLANE_JAEGER_BIN overrides it). Without it the test skips, saying
+// why where `make test` shows it, or fails under GPUPLANE_REQUIRE_JAEGER=1.
 func jaegerBinary(t *testing.T) string {
 	t.Helper()
-	bin := os.Getenv("GPUPLANE_JAEGER_BIN")
-	if bin == "" {
-		bin = filepath.Join("..", ".tools", "bin", "jaeger")
-	}
-	if _, err := os.Stat(bin); err != nil {
+	bin, why := findJaeger()
+	if why != "" {
 		if os.Getenv(EnvRequireJaeger) == "1" {
-			t.Fatalf("%s=1 and no Jaeger binary at %s (build it with `make tools` or tilt/install-tools.sh --with-jaeger)", EnvRequireJaeger, bin)
+			t.Fatalf("%s=1 and %s", EnvRequireJaeger, why)
 		}
-		t.Skipf("no Jaeger binary at %s: build it with tilt/install-tools.sh --with-jaeger", bin)
+		skipFor(t, why)
 	}
-	abs, err := filepath.Abs(bin)
-	if err != nil {
-		t.Fatal(err)
+	return bin
+}
+
+// findJaeger returns the Jaeger binary's absolute path, or why there is
+// none usable: the path looked at (and where it came from), what is wrong
+// with it, and how to build it.
+func findJaeger() (bin, why string) {
+	bin, from := os.Getenv("GPUPLANE_JAEGER_BIN"), "GPUPLANE_JAEGER_BIN"
+	if bin == "" {
+		bin, from = filepath.Join("..", ".tools", "bin", "jaeger"), "the default; GPUPLANE_JAEGER_BIN overrides it"
 	}
-	return abs
+	if abs, err := filepath.Abs(bin); err == nil {
+		bin = abs
+	}
+	const build = "build it with `make jaeger` (tilt/install-tools.sh --with-jaeger; about 5.5 min the first time)"
+	fi, err := os.Stat(bin)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return "", fmt.Sprintf("no Jaeger binary at %s (%s): %s", bin, from, build)
+	case err != nil:
+		return "", fmt.Sprintf("Jaeger binary at %s (%s) unreadable: %v; %s", bin, from, err, build)
+	case fi.IsDir() || fi.Mode().Perm()&0o111 == 0:
+		return "", fmt.Sprintf("%s (%s) is not an executable file: %s", bin, from, build)
+	}
+	return bin, ""
+}
+
+// skipFor skips t for why, and appends the reason to the file named by
+// GPUPLANE_SKIP_REPORT, where `make test` shows it.
+func skipFor(t *testing.T, why string) {
+	t.Helper()
+	if path := os.Getenv(EnvSkipReport); path != "" {
+		f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+		if err == nil {
+			_, err = fmt.Fprintf(f, "SKIP e2e %s: %s\n", t.Name(), why)
+			err = errors.Join(err, f.Close())
+		}
+		if err != nil {
+			t.Logf("%s: %v", EnvSkipReport, err)
+		}
+	}
+	t.Skip(why)
 }
 
 func freePort(t *testing.T) string {
