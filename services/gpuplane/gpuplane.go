@@ -7,6 +7,7 @@ package gpuplane
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"flag"
 	"fmt"
@@ -50,8 +51,8 @@ type Config struct {
 	// listen; port 0 picks a free port.
 	GatewayAddr string
 	MetricsAddr string
-	// FleetFile describes the simulated fleet (YAML); empty means the
-	// default fleet.
+	// FleetFile describes the simulated fleet (YAML); empty means
+	// DefaultFleet.
 	FleetFile string
 	// Identities are the bus identities to mint creds for (see
 	// deploy/identities.yaml); the default is that file's content. It
@@ -163,7 +164,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.NATSPort, "nats-port", c.NATSPort, "embedded NATS port on 127.0.0.1, -1 for any free port (env GPUPLANE_NATS_PORT)")
 	fs.StringVar(&c.GatewayAddr, "gateway-addr", c.GatewayAddr, "gateway listen address (env GPUPLANE_GATEWAY_ADDR)")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "monitor /metrics listen address (env GPUPLANE_METRICS_ADDR)")
-	fs.StringVar(&c.FleetFile, "fleet", c.FleetFile, "simulated fleet YAML; empty for the default fleet (env GPUPLANE_FLEET)")
+	fs.StringVar(&c.FleetFile, "fleet", c.FleetFile, "simulated fleet YAML; empty for the built-in one (services/gpuplane/fleet.yaml; env GPUPLANE_FLEET)")
 	fs.StringVar(&c.OTLPEndpoint, "otlp", c.OTLPEndpoint, "OTLP/HTTP endpoint host:port for traces (env GPUPLANE_OTLP_ENDPOINT)")
 	fs.StringVar(&c.AgentLogDir, "run-logs", c.AgentLogDir, "directory for the output of runs; empty for a temporary one")
 	if c.GpuctlConfigDir == "" {
@@ -477,9 +478,23 @@ func loadFleet(cfg Config) (fleet.Fleet, error) {
 		return *cfg.Fleet, nil
 	}
 	if cfg.FleetFile == "" {
-		return fleet.Default(), nil
+		return DefaultFleet()
 	}
 	return fleet.Load(cfg.FleetFile)
+}
+
+//go:embed fleet.yaml
+var defaultFleet []byte
+
+// DefaultFleet is the simulated fleet of `make run` (fleet.yaml, compiled
+// in): shaped so that every step of the README's tour finds what it asks
+// for, a MIG machine and spot capacity included.
+func DefaultFleet() (fleet.Fleet, error) {
+	f, err := fleet.Parse(defaultFleet)
+	if err != nil {
+		return fleet.Fleet{}, fmt.Errorf("default fleet: %w", err)
+	}
+	return f, nil
 }
 
 // runFleet runs the simulated node agents on one shared connection. They

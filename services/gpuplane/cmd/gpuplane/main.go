@@ -26,9 +26,16 @@ func main() {
 	fs := flag.NewFlagSet("gpuplane", flag.ExitOnError)
 	cfg.RegisterFlags(fs)
 	_ = fs.Parse(os.Args[1:])
+	// Ctrl-C (SIGINT) and SIGTERM cancel ctx: Run stops the runs, the
+	// services and the NATS server, removes a temporary data directory,
+	// and returns nil, so the process exits 0 (service.Main); `make run`
+	// runs this binary itself rather than through go run, which exits 1
+	// when interrupted whatever its program does.
 	service.Main("gpuplane", func(ctx context.Context, log *slog.Logger) error {
-		return gpuplane.Run(ctx, cfg, log, func(ep gpuplane.Endpoints) {
-			printBanner(ep, cfg.GpuctlConfigDir)
+		var dataDir string
+		err := gpuplane.Run(ctx, cfg, log, func(ep gpuplane.Endpoints) {
+			dataDir = ep.DataDir
+			fmt.Print(banner(ep, cfg.GpuctlConfigDir))
 			// The nats CLI reaches the bus as the demo tenant, the admin
 			// or the operator with --context gpuplane-acme and so on.
 			if dir, err := os.UserConfigDir(); err == nil {
@@ -37,24 +44,52 @@ func main() {
 				}
 			}
 		})
+		if err == nil && ctx.Err() != nil && dataDir != "" {
+			kept := "its data is kept in " + dataDir
+			if cfg.DataDir == "" {
+				kept = "its temporary data directory is removed"
+			}
+			fmt.Printf("gpuplane stopped: runs stopped, services drained, NATS shut down; %s\n", kept)
+		}
+		return err
 	})
 }
 
-func printBanner(ep gpuplane.Endpoints, gpuctlDir string) {
+// banner is what the binary prints once everything listens; the README
+// quotes it (TestREADMEBanner keeps the two equal).
+func banner(ep gpuplane.Endpoints, gpuctlDir string) string {
 	login := "gpuctl login --token $(cat " + ep.TokensDir + "/admin.token)"
 	if gpuctlDir != "" {
 		login = "gpuctl is logged in as the local platform admin (" + gpuctl.CredentialsFile(gpuctlDir) + ")"
 	}
-	pools := map[string]int{}
+	type pool struct {
+		gpus      int
+		mig, spot bool
+	}
+	pools := map[string]*pool{}
 	machines, gpus := 0, 0
 	for _, m := range ep.Fleet.Machines() {
 		machines++
 		gpus += m.GPUCount
-		pools[m.Pool] += m.GPUCount
+		p := pools[m.Pool]
+		if p == nil {
+			p = &pool{}
+			pools[m.Pool] = p
+		}
+		p.gpus += m.GPUCount
+		p.mig = p.mig || m.MIGEnabled
+		p.spot = p.spot || m.PriceClass == "spot"
 	}
 	names := make([]string, 0, len(pools))
-	for p, n := range pools {
-		names = append(names, fmt.Sprintf("%s (%d GPUs)", p, n))
+	for name, p := range pools {
+		what := fmt.Sprintf("%d GPUs", p.gpus)
+		if p.spot {
+			what = fmt.Sprintf("%d spot GPUs", p.gpus)
+		}
+		if p.mig {
+			what += " in MIG mode"
+		}
+		names = append(names, fmt.Sprintf("%s (%s)", name, what))
 	}
 	sort.Strings(names)
 	var scaled []string
@@ -64,7 +99,7 @@ func printBanner(ep gpuplane.Endpoints, gpuctlDir string) {
 	if len(scaled) == 0 {
 		scaled = []string{"none (-autoscale)"}
 	}
-	fmt.Printf(`
+	return fmt.Sprintf(`
 gpuplane is up
   NATS      %s   (data in %s)
   gateway   %s   (web console at /, REST API under /v1)
@@ -80,5 +115,6 @@ Try:  gpuctl submit --tenant acme --gpus 2 --model H100-80GB --duration 20s
       nats --context gpuplane-acme sub 'gp.jobs.events.acme.>'    (contexts gpuplane-acme, -admin, -operator)
 Press Ctrl-C to stop.
 
-`, ep.NATSURL, ep.DataDir, ep.GatewayURL, ep.MetricsURL, machines, gpus, strings.Join(names, ", "), strings.Join(scaled, ", "), ep.CredsDir, login, ep.TokensDir, ep.TokensDir)
+`, ep.NATSURL, ep.DataDir, ep.GatewayURL, ep.MetricsURL, machines, gpus, strings.Join(names, ", "),
+		strings.Join(scaled, ", "), ep.CredsDir, login, ep.TokensDir, ep.TokensDir)
 }
