@@ -81,6 +81,13 @@ func (s *scaler) runActuation(ctx context.Context) error {
 				return nil
 			}
 			d.Pool = contracts.Token(m.Subject, 3)
+			if _, managed := s.cfg.Pools[d.Pool]; !managed {
+				// Decided by an autoscaler without a provider, or before
+				// this one's pools were configured: a pool it does not
+				// manage is normal, read again at every term's replay.
+				s.log.Debug("decision for a pool without a scaling policy: not acted on", "pool", d.Pool, "id", d.ID)
+				return nil
+			}
 			if err := act.Apply(d); err != nil {
 				s.log.Warn("decision not acted on", "subject", m.Subject, "stream_seq", m.StreamSeq, "err", err)
 			}

@@ -242,7 +242,18 @@ func (s *scaler) evaluate(ctx context.Context, pool string) error {
 		return err
 	}
 	da, ok := s.demand[pool]
-	if !ok || !s.cfg.decides(pool) {
+	if !ok {
+		return nil
+	}
+	if !s.cfg.decides(pool) {
+		// A pool without a scaling policy is a fleet as configured, not
+		// a fault: said once, and again only after the pool's reason
+		// changed, like any other "no".
+		why := fmt.Sprintf("pool %s has no scaling policy: its demand is left to the machines it has", pool)
+		if s.why[pool] != why {
+			s.why[pool] = why
+			s.log.Info("no scale decision", "pool", pool, "why", why)
+		}
 		return nil
 	}
 	ctx = telemetry.WithTraceParent(ctx, da.tp)
