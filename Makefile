@@ -2,7 +2,7 @@
 # not cross module boundaries at a workspace root, so modules are listed).
 SHELL := /bin/bash
 GO ?= go
-MODULES := contracts libs e2e deploy $(sort $(wildcard services/*))
+MODULES := contracts libs e2e deploy sdk/go $(sort $(wildcard services/*))
 PKGS := $(addsuffix /...,$(addprefix ./,$(MODULES)))
 
 .PHONY: test lint build schemas images

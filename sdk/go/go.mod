@@ -2,22 +2,97 @@ module github.com/gpuplane/gpuplane/sdk/go
 
 go 1.26.0
 
-require github.com/gpuplane/gpuplane/contracts v0.0.0
+require (
+	github.com/google/go-cmp v0.7.0
+	github.com/gpuplane/gpuplane/contracts v0.0.0
+)
+
+require (
+	github.com/Azure/go-ntlmssp v0.1.1 // indirect
+	github.com/NVIDIA/go-nvml v0.13.0-1 // indirect
+	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
+	github.com/beorn7/perks v1.0.1 // indirect
+	github.com/cenkalti/backoff/v5 v5.0.3 // indirect
+	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/coreos/go-oidc/v3 v3.21.0 // indirect
+	github.com/dgryski/go-rendezvous v0.0.0-20200823014737-9f7001d12a5f // indirect
+	github.com/go-asn1-ber/asn1-ber v1.5.8 // indirect
+	github.com/go-jose/go-jose/v4 v4.1.9 // indirect
+	github.com/go-ldap/ldap/v3 v3.4.15 // indirect
+	github.com/go-logr/logr v1.4.4 // indirect
+	github.com/go-logr/stdr v1.2.2 // indirect
+	github.com/google/go-tpm v0.9.8 // indirect
+	github.com/google/uuid v1.6.0 // indirect
+	github.com/gpuplane/gpuplane/services/autoscaler v0.0.0 // indirect
+	github.com/gpuplane/gpuplane/services/billing v0.0.0 // indirect
+	github.com/gpuplane/gpuplane/services/gateway v0.0.0 // indirect
+	github.com/gpuplane/gpuplane/services/gpuctl v0.0.0 // indirect
+	github.com/gpuplane/gpuplane/services/monitor v0.0.0 // indirect
+	github.com/gpuplane/gpuplane/services/resource-manager v0.0.0 // indirect
+	github.com/gpuplane/gpuplane/services/scheduler v0.0.0 // indirect
+	github.com/grpc-ecosystem/grpc-gateway/v2 v2.30.0 // indirect
+	github.com/minio/highwayhash v1.0.4 // indirect
+	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/nats-io/jwt/v2 v2.8.2 // indirect
+	github.com/nats-io/nats-server/v2 v2.15.2 // indirect
+	github.com/prometheus/client_golang v1.23.2 // indirect
+	github.com/prometheus/client_model v0.6.2 // indirect
+	github.com/prometheus/common v0.66.1 // indirect
+	github.com/prometheus/procfs v0.16.1 // indirect
+	github.com/redis/go-redis/v9 v9.17.2 // indirect
+	github.com/sony/gobreaker/v2 v2.4.0 // indirect
+	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
+	go.opentelemetry.io/otel v1.47.0 // indirect
+	go.opentelemetry.io/otel/exporters/otlp/otlptrace v1.47.0 // indirect
+	go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp v1.47.0 // indirect
+	go.opentelemetry.io/otel/log v1.47.0 // indirect
+	go.opentelemetry.io/otel/metric v1.47.0 // indirect
+	go.opentelemetry.io/otel/sdk v1.47.0 // indirect
+	go.opentelemetry.io/otel/trace v1.47.0 // indirect
+	go.opentelemetry.io/proto/otlp v1.11.0 // indirect
+	go.yaml.in/yaml/v2 v2.4.2 // indirect
+	golang.org/x/net v0.60.0 // indirect
+	golang.org/x/oauth2 v0.38.0 // indirect
+	golang.org/x/sync v0.24.0 // indirect
+	golang.org/x/text v0.43.0 // indirect
+	golang.org/x/time v0.16.0 // indirect
+	google.golang.org/genproto/googleapis/api v0.0.0-20260928230214-8a89bd6388cc // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260928230214-8a89bd6388cc // indirect
+	google.golang.org/grpc v1.83.2 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
+)
 
 require (
 	github.com/bahlo/generic-list-go v0.2.0 // indirect
 	github.com/buger/jsonparser v1.1.1 // indirect
+	github.com/gpuplane/gpuplane/libs v0.0.0
+	github.com/gpuplane/gpuplane/services/gpuplane v0.0.0
+	github.com/gpuplane/gpuplane/services/node-agent v0.0.0
 	github.com/invopop/jsonschema v0.13.0 // indirect
-	github.com/klauspost/compress v1.20.0 // indirect
+	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/mailru/easyjson v0.7.7 // indirect
 	github.com/nats-io/nats.go v1.55.0 // indirect
 	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/oklog/ulid/v2 v2.1.1 // indirect
 	github.com/wk8/go-ordered-map/v2 v2.1.8 // indirect
-	golang.org/x/crypto v0.57.0 // indirect
-	golang.org/x/sys v0.48.0 // indirect
+	golang.org/x/crypto v0.58.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
 )
 
-replace github.com/gpuplane/gpuplane/contracts => ../../contracts
+replace (
+	github.com/gpuplane/gpuplane/contracts => ../../contracts
+	// Tests only: the examples and tests run against the all-in-one
+	// platform (services/gpuplane), started in-process.
+	github.com/gpuplane/gpuplane/libs => ../../libs
+	github.com/gpuplane/gpuplane/services/autoscaler => ../../services/autoscaler
+	github.com/gpuplane/gpuplane/services/billing => ../../services/billing
+	github.com/gpuplane/gpuplane/services/gateway => ../../services/gateway
+	github.com/gpuplane/gpuplane/services/gpuctl => ../../services/gpuctl
+	github.com/gpuplane/gpuplane/services/gpuplane => ../../services/gpuplane
+	github.com/gpuplane/gpuplane/services/monitor => ../../services/monitor
+	github.com/gpuplane/gpuplane/services/node-agent => ../../services/node-agent
+	github.com/gpuplane/gpuplane/services/resource-manager => ../../services/resource-manager
+	github.com/gpuplane/gpuplane/services/scheduler => ../../services/scheduler
+)

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
 )
@@ -20,7 +21,8 @@ type LogOptions struct {
 	// from 0 (a single-machine job has only 0).
 	Rank int
 	// Follow goes on as the run writes, until the attempt ends: a job not
-	// started yet is waited for.
+	// started yet is waited for, and so is one just submitted that the
+	// gateway does not know yet (up to JobAppearTimeout).
 	Follow bool
 }
 
@@ -72,13 +74,27 @@ func (c *Client) Logs(ctx context.Context, tenant, id string, opts LogOptions) (
 	if opts.Follow {
 		q.Set("follow", "true")
 	}
-	res, err := c.do(ctx, request{method: http.MethodGet, path: tenantPath(tenant, "jobs", id, "logs"), query: q,
-		header: http.Header{"Accept": {"text/plain"}}, idempotent: true, stream: true})
+	r := request{method: http.MethodGet, path: tenantPath(tenant, "jobs", id, "logs"), query: q,
+		header: http.Header{"Accept": {"text/plain"}}, idempotent: true, stream: true}
+	res, err := c.do(ctx, r)
+	// A job submitted a moment ago is not in the gateway's read model
+	// until the scheduler has queued it: a follow waits for it too, a
+	// little (a mistyped ID is still an error).
+	for deadline, wait := time.Now().Add(JobAppearTimeout), 50*time.Millisecond; opts.Follow && ReasonOf(err) == contracts.ReasonUnknownJob && time.Now().Before(deadline); wait = min(2*wait, time.Second) {
+		if serr := sleepCtx(ctx, wait); serr != nil {
+			return nil, err
+		}
+		res, err = c.do(ctx, r)
+	}
 	if err != nil {
 		return nil, err
 	}
 	return &LogStream{res: res}, nil
 }
+
+// JobAppearTimeout is how long a follow of a job the gateway does not know
+// waits for it to appear (a submit the scheduler has not queued yet).
+const JobAppearTimeout = 10 * time.Second
 
 // ReadLogs is the output of a run so far (no follow), read whole.
 func (c *Client) ReadLogs(ctx context.Context, tenant, id string, opts LogOptions) (string, error) {
