@@ -213,7 +213,10 @@ func TestTypedErrors(t *testing.T) {
 			status: http.StatusForbidden, reason: contracts.ReasonForbidden, is: gpuplane.IsForbidden,
 		},
 		"an admin call": {
-			call:   func() error { _, err := demo.SetPool(ctx, "l4", contracts.PoolConfig{Policy: "spread"}, nil); return err },
+			call: func() error {
+				_, err := demo.SetPool(ctx, "l4", contracts.PoolConfig{Policy: "spread"}, nil)
+				return err
+			},
 			status: http.StatusForbidden, reason: contracts.ReasonForbidden, is: gpuplane.IsForbidden,
 		},
 		"a bad token": {
