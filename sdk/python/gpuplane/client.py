@@ -22,7 +22,7 @@ import ssl
 import time
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Optional, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, TypeVar, Union
 
 from . import auth
 from .errors import APIError, ConfigurationError, TransportError, WaitTimeout, api_error
@@ -30,6 +30,8 @@ from .models import (GPURequest, JobDescription, JobEvent, JobList, JobRequest, 
                      SubmitResponse, UsageSummary, from_dict, to_dict)
 
 __all__ = ["Client", "Submission", "new_job_id"]
+
+T = TypeVar("T")
 
 # Statuses a retry can cure: the request was not carried out, or carrying
 # it out again is harmless (every call of this client is idempotent).
@@ -232,12 +234,26 @@ class Client:
         return self._json("GET", self._job_path(tenant, job_id), JobStatus)
 
     def list_jobs(self, *, tenant: Optional[str] = None, state: Optional[str] = None,
-                  limit: Optional[int] = None) -> list[JobStatus]:
-        """The tenant's jobs, newest first: one page of at most limit (1 to
-        1000, the gateway's default 100), of one state when state is set."""
+                  limit: Optional[int] = None, after: Optional[str] = None) -> list[JobStatus]:
+        """One page of the tenant's jobs, newest first: at most limit (1 to
+        1000; the gateway's default is 100), of one state when state is
+        set, starting after the job ID after (the last of the previous
+        page). A page shorter than its limit is the last; iter_jobs walks
+        them all."""
         page = self._json("GET", f"/v1/tenants/{_q(self._tenant(tenant))}/jobs", JobList,
-                          query={"state": state, "limit": limit})
+                          query={"state": state, "limit": limit, "after": after})
         return list(page.jobs)
+
+    def iter_jobs(self, *, tenant: Optional[str] = None, state: Optional[str] = None,
+                  page_size: int = 100) -> Iterator[JobStatus]:
+        """Every job of the tenant, newest first, fetched a page at a time."""
+        after: Optional[str] = None
+        while True:
+            page = self.list_jobs(tenant=tenant, state=state, limit=page_size, after=after)
+            yield from page
+            if len(page) < page_size:
+                return
+            after = page[-1].job_id
 
     # client.list(...) reads as the API's verb; list_jobs is the same call.
     list = list_jobs
@@ -352,31 +368,35 @@ class Client:
                     rank: Optional[int] = None, read_timeout: Optional[float] = None) -> Iterator[str]:
         """The output as it is written, until the run ends (the gateway ends
         the answer at the run's end of output). Text arrives in pieces as
-        the run writes them, not in lines. The answer cannot resume in the
-        middle, so a broken connection raises TransportError; the exit
-        code is the job's (get()), as the log's trailers are beyond
-        http.client."""
+        the run writes them, not in lines. The request is sent at once, so
+        an error answer (404: no such job yet) raises here. The answer
+        cannot resume in the middle, so a broken connection raises
+        TransportError; the exit code is the job's (get()), as the log's
+        trailers are beyond http.client."""
         st, _ = self._send("GET", self._job_path(tenant, job_id, "/logs"),
                            query={"attempt": attempt, "rank": rank, "follow": "true"},
                            headers={"Accept": "text/plain"}, timeout=read_timeout, stream=True)
-        resp = st.resp
-        dec = codecs.getincrementaldecoder("utf-8")("replace")
-        try:
-            while True:
-                try:
-                    chunk = resp.read1(65536)
-                except (OSError, http.client.HTTPException) as e:
-                    raise TransportError(f"following the output of {job_id}: {e!r}") from e
-                if not chunk:
-                    tail = dec.decode(b"", final=True)
-                    if tail:
-                        yield tail
-                    return
-                text = dec.decode(chunk)
-                if text:
-                    yield text
-        finally:
-            st.conn.close()
+        return _read_text(st, job_id)
+
+
+def _read_text(st: _Stream, job_id: str) -> Iterator[str]:
+    dec = codecs.getincrementaldecoder("utf-8")("replace")
+    try:
+        while True:
+            try:
+                chunk = st.resp.read1(65536)
+            except (OSError, http.client.HTTPException) as e:
+                raise TransportError(f"following the output of {job_id}: {e!r}") from e
+            if not chunk:
+                tail = dec.decode(b"", final=True)
+                if tail:
+                    yield tail
+                return
+            text = dec.decode(chunk)
+            if text:
+                yield text
+    finally:
+        st.conn.close()
 
 
 def _sse(resp: http.client.HTTPResponse, before_read: Callable[[], None]) -> Iterator[tuple[int, str]]:
@@ -412,7 +432,14 @@ def _sse(resp: http.client.HTTPResponse, before_read: Callable[[], None]) -> Ite
 
 class Submission:
     """An accepted submit: the request is on the bus, and the job's ID is
-    known. ``wait()`` follows it to its end."""
+    known. ``wait()`` follows it to its end.
+
+    The gateway knows a job only once the scheduler has queued (or
+    rejected) it, a moment after the submit: until then its reads answer
+    404. The methods here wait for that moment (at most appear_timeout
+    seconds) instead, since this job was accepted."""
+
+    appear_timeout = 30.0
 
     def __init__(self, client: Client, response: SubmitResponse) -> None:
         self.client = client
@@ -421,27 +448,43 @@ class Submission:
         self.job_id = response.job_id
         # True when the gateway had the request already (a repeat).
         self.duplicate = response.duplicate
+        self._known = False
 
     def __repr__(self) -> str:
         return f"Submission(tenant={self.tenant!r}, job_id={self.job_id!r}, duplicate={self.duplicate})"
 
+    def _when_known(self, call: Callable[[], T]) -> T:
+        deadline = time.monotonic() + self.appear_timeout
+        pause = 0.02
+        while True:
+            try:
+                out = call()
+                self._known = True
+                return out
+            except APIError as e:
+                if self._known or e.status != 404 or time.monotonic() >= deadline:
+                    raise
+            self.client.sleep(pause)
+            pause = min(pause * 2, 0.5)
+
     def wait(self, timeout: Optional[float] = None) -> JobStatus:
         return self.client.wait(self.job_id, tenant=self.tenant, timeout=timeout)
-
-    def get(self) -> JobStatus:
-        return self.client.get(self.job_id, tenant=self.tenant)
 
     def watch(self, timeout: Optional[float] = None) -> Iterator[JobEvent]:
         return self.client.watch(self.job_id, tenant=self.tenant, timeout=timeout)
 
+    def get(self) -> JobStatus:
+        return self._when_known(lambda: self.client.get(self.job_id, tenant=self.tenant))
+
     def describe(self) -> JobDescription:
-        return self.client.describe(self.job_id, tenant=self.tenant)
+        return self._when_known(lambda: self.client.describe(self.job_id, tenant=self.tenant))
 
     def logs(self) -> str:
-        return self.client.logs(self.job_id, tenant=self.tenant)
+        return self._when_known(lambda: self.client.logs(self.job_id, tenant=self.tenant))
 
     def follow_logs(self) -> Iterator[str]:
-        return self.client.follow_logs(self.job_id, tenant=self.tenant)
+        # follow_logs sends its request at once: a 404 is retried here.
+        return self._when_known(lambda: self.client.follow_logs(self.job_id, tenant=self.tenant))
 
     def cancel(self, reason: Optional[str] = None) -> SubmitResponse:
-        return self.client.cancel(self.job_id, tenant=self.tenant, reason=reason)
+        return self._when_known(lambda: self.client.cancel(self.job_id, tenant=self.tenant, reason=reason))

@@ -145,6 +145,19 @@ class GatewayTest(unittest.TestCase):
         self.assertEqual((first.duplicate, again.duplicate), (False, True))
         self.assertEqual(again.wait(timeout=WAIT).attempt, 1)
 
+    def test_list_pages_through_every_job(self) -> None:
+        ids = [self.client.submit(id=f"py-page-{i}", gpus=1, model="L4", duration="1s").job_id for i in range(5)]
+        for i in ids:
+            self.client.wait(i, timeout=WAIT)
+        everything = [j.job_id for j in self.client.list(limit=1000)]
+        self.assertTrue(set(ids) <= set(everything), everything)
+        paged = [j.job_id for j in self.client.iter_jobs(page_size=2)]
+        self.assertEqual(paged, everything, "pages of 2 must give the one list, in order, once each")
+        self.assertEqual(len(self.client.list(limit=2, after=everything[0])), 2)
+        with self.assertRaises(gpuplane.InvalidRequestError) as cm:
+            self.client.list(after="no-such-job")
+        self.assertEqual(cm.exception.field_reasons(), {"after": "unknown_job"})
+
     def test_errors_by_status(self) -> None:
         cases: list[tuple[str, gpuplane.Client, type, int, str]] = [
             ("unknown job", self.client, gpuplane.NotFoundError, 404, "unknown_job"),
