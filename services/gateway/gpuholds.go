@@ -158,7 +158,7 @@ func (s *server) releaseGPU(w http.ResponseWriter, r *http.Request) {
 	}
 	st, known := s.nodes.node(node)
 	if !known {
-		st = contracts.NodeStatus{NodeInventory: contracts.NodeInventory{NodeID: node}}
+		st = contracts.NodeStatus{NodeInventory: contracts.NodeInventory{NodeID: node, GPUs: []contracts.GPUInfo{}}} // gpus: [], not null
 	}
 	s.editHold(w, r, node, uuid, "uncordon", req.Reason, st, func(cur *contracts.NodeAdmin) (*contracts.NodeAdmin, bool, *holdRefusal) {
 		if cur != nil {

@@ -162,7 +162,8 @@ func TestLogsAttemptSelection(t *testing.T) {
 	h.runJob("j1", now)
 	h.publishEvent(contracts.JobEvent{Type: contracts.EventRequeued, Tenant: "acme", JobID: "j1", Attempt: 2, Time: now, Reason: contracts.ReasonNodeLost})
 	h.publishEvent(contracts.JobEvent{Type: contracts.EventScheduled, Tenant: "acme", JobID: "j1", Attempt: 2, Time: now,
-		Placement: &contracts.Placement{AllocationID: contracts.AllocationID("acme", "j1", 2), NodeID: "node-2", Pool: "h100"}})
+		Placement: &contracts.Placement{AllocationID: contracts.AllocationID("acme", "j1", 2), NodeID: "node-2", Pool: "h100",
+			Devices: []contracts.DeviceRef{{Index: 0, UUID: "GPU-0", Model: "H100-80GB"}}}})
 	h.publishEvent(contracts.JobEvent{Type: contracts.EventRunning, Tenant: "acme", JobID: "j1", Attempt: 2, Time: now})
 	h.waitState("j1", contracts.StateRunning, 2)
 	// Attempt 2's output is published first: the stream order must not
@@ -363,7 +364,7 @@ func (h *harness) scheduleGang(job string, attempt int, at time.Time) {
 	var parts []contracts.Placement
 	for rank := range 2 {
 		parts = append(parts, contracts.Placement{AllocationID: contracts.AllocationPartID("acme", job, attempt, rank),
-			NodeID: "node-" + strconv.Itoa(rank+1), Pool: "h100"})
+			NodeID: "node-" + strconv.Itoa(rank+1), Pool: "h100", Devices: []contracts.DeviceRef{{Index: 0, UUID: "GPU-0", Model: "H100-80GB"}}})
 	}
 	h.publishEvent(contracts.JobEvent{Type: contracts.EventScheduled, Tenant: "acme", JobID: job, Attempt: attempt, Time: at,
 		Placement: &parts[0], Placements: parts})

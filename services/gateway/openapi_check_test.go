@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net/http"
 	"os"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -136,6 +137,15 @@ type openapiCheck struct {
 	// closed is set once the failures were reported: a stream frame read
 	// after its test ended is not reported to a finished test.
 	closed bool
+	// canned is set by the checker's own test, whose made-up responses
+	// are not the gateway's and stay out of the exercised report.
+	canned bool
+}
+
+func (c *openapiCheck) exercised(key string, status int) {
+	if !c.canned {
+		markExercised(key, status)
+	}
 }
 
 // checkOpenAPI wraps the harness's transport so that every response is
@@ -183,28 +193,40 @@ func (c *openapiCheck) RoundTrip(r *http.Request) (*http.Response, error) {
 // check checks one response; a body it reads is put back for the test.
 func (c *openapiCheck) check(r *http.Request, res *http.Response) {
 	what := fmt.Sprintf("%s %s: %d", r.Method, r.URL.RequestURI(), res.StatusCode)
+	// Outside the operations, an unauthenticated request is refused
+	// before routing (401), as it is while the identities load (503).
+	refused := res.StatusCode == http.StatusUnauthorized || res.StatusCode == http.StatusServiceUnavailable
 	op, otherMethods, found := c.ix.match(r)
 	switch {
+	case cleanPath(r.URL.Path) != r.URL.Path:
+		// ServeMux redirects a path with // or /./ to its clean form.
+		c.exercised("(unclean path)", res.StatusCode)
+		redirect := res.StatusCode == http.StatusMovedPermanently || res.StatusCode == http.StatusTemporaryRedirect ||
+			res.StatusCode == http.StatusPermanentRedirect
+		if !redirect && !refused || redirect && res.Header.Get("Location") == "" {
+			c.fail("%s: an unclean path must be redirected to %s (Location), or refused 401", what, cleanPath(r.URL.Path))
+		}
+		return
 	case otherMethods != "":
-		markExercised("(other methods) "+otherMethods, res.StatusCode)
-		if res.StatusCode != http.StatusMethodNotAllowed {
+		c.exercised("(other methods) "+otherMethods, res.StatusCode)
+		if res.StatusCode != http.StatusMethodNotAllowed && !refused {
 			c.fail("%s: the document has no %s on %s, so the gateway must answer 405", what, r.Method, otherMethods)
 		}
-		if got, want := res.Header.Get("Allow"), c.ix.allow[otherMethods]; got != want {
+		if got, want := res.Header.Get("Allow"), c.ix.allow[otherMethods]; res.StatusCode == http.StatusMethodNotAllowed && got != want {
 			c.fail("%s: Allow %q, but the document's methods of %s make %q", what, got, otherMethods, want)
 		}
 		c.checkError(what, res)
 		return
 	case !found:
-		markExercised("(no route)", res.StatusCode)
-		if res.StatusCode != http.StatusNotFound {
+		c.exercised("(no route)", res.StatusCode)
+		if res.StatusCode != http.StatusNotFound && !refused {
 			c.fail("%s: the document has no such path, so the gateway must answer 404", what)
 		}
 		c.checkError(what, res)
 		return
 	}
 	key := op.method + " " + op.path
-	markExercised(key, res.StatusCode)
+	c.exercised(key, res.StatusCode)
 	resp := op.op.Responses.Status(res.StatusCode)
 	if resp == nil || resp.Value == nil {
 		c.fail("%s: status %d is not declared for %s (declared: %v)", what, res.StatusCode, key, declared(op.op))
@@ -253,6 +275,19 @@ func (c *openapiCheck) validate(what string, op specOp, res *http.Response, body
 	if err := openapi3filter.ValidateResponse(context.Background(), in); err != nil {
 		c.fail("%s: %v; body %s", what, err, truncate(body, 600))
 	}
+}
+
+// cleanPath is ServeMux's canonical form of a path: path.Clean, keeping
+// a trailing slash.
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	np := path.Clean(p)
+	if strings.HasSuffix(p, "/") && np != "/" {
+		np += "/"
+	}
+	return np
 }
 
 // checkError checks an answer outside every operation: an APIError body.
@@ -330,7 +365,7 @@ func (s *sseCheck) frame(f string) {
 	if event == "" && id == "" && data == "" {
 		return
 	}
-	markExercised(s.key, -1) // -1: an event frame
+	s.c.exercised(s.key, -1) // -1: an event frame
 	if _, err := strconv.ParseUint(id, 10, 64); err != nil {
 		s.c.fail("%s: event id %q is not a stream sequence", s.what, id)
 	}

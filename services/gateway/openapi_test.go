@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"maps"
@@ -9,7 +10,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/contracts/openapi"
 )
 
@@ -77,4 +80,92 @@ func mustGet(t *testing.T, url string, headers ...string) *http.Request {
 		req.Header.Set(headers[i], headers[i+1])
 	}
 	return req
+}
+
+// roundTripFunc answers a request with a canned response.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestOpenAPICheckCatchesMismatches feeds the validating transport
+// responses that break the document in each way it checks, and ones that
+// keep it, so a checker that let everything through fails here.
+func TestOpenAPICheckCatchesMismatches(t *testing.T) {
+	ix, err := apiSpec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := json.Marshal(contracts.JobEvent{SchemaVersion: contracts.SchemaVersion, Type: contracts.EventQueued,
+		Tenant: "acme", JobID: "j1", State: contracts.StateQueued, Time: time.Date(2026, 11, 3, 10, 0, 0, 0, time.UTC)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const apiErr = `{"error":{"reason":"not_found","message":"no"}}`
+	tests := map[string]struct {
+		method, path string
+		status       int
+		header       []string // name, value pairs
+		body         string
+		want         string // "" when the response keeps the document
+	}{
+		"healthz ok":           {"GET", "/healthz", 200, []string{"Content-Type", "application/json"}, `{"status":"ok"}`, ""},
+		"undeclared status":    {"GET", "/healthz", 418, []string{"Content-Type", "application/json"}, apiErr, "status 418 is not declared"},
+		"body off its schema":  {"GET", "/v1/tenants/acme/jobs/j1", 200, []string{"Content-Type", "application/json"}, `{"jobId":5}`, "doesn't match schema"},
+		"error body off":       {"GET", "/v1/tenants/acme/jobs/j1", 404, []string{"Content-Type", "application/json"}, `{"reason":"x"}`, "doesn't match schema"},
+		"undeclared type":      {"GET", "/v1/tenants/acme/jobs/j1", 200, []string{"Content-Type", "text/plain"}, `hi`, `Content-Type "text/plain" is not declared`},
+		"405 with its Allow":   {"PUT", "/healthz", 405, []string{"Content-Type", "application/json", "Allow", "GET, HEAD"}, apiErr, ""},
+		"405 with wrong Allow": {"PUT", "/healthz", 405, []string{"Content-Type", "application/json", "Allow", "GET"}, apiErr, `make "GET, HEAD"`},
+		"listed method, 405":   {"GET", "/healthz", 405, []string{"Content-Type", "application/json"}, apiErr, "status 405 is not declared"},
+		"no route, 404":        {"GET", "/v2/x", 404, []string{"Content-Type", "application/json"}, apiErr, ""},
+		"no route, 200":        {"GET", "/v2/x", 200, []string{"Content-Type", "application/json"}, apiErr, "must answer 404"},
+		"no route, no token": {"GET", "/v2/x", 401, []string{"Content-Type", "application/json",
+			"WWW-Authenticate", `Bearer realm="gpuplane"`}, apiErr, ""},
+		"unclean path redirected": {"POST", "/v1/nodes/n1/gpus//cordon", 307, []string{"Location", "/v1/nodes/n1/gpus/cordon"}, "", ""},
+		"unclean path answered":   {"POST", "/v1/nodes/n1/gpus//cordon", 200, []string{"Content-Type", "application/json"}, "{}", "must be redirected"},
+		"401 without WWW-Authenticate": {"GET", "/v1/nodes", 401, []string{"Content-Type", "application/json"}, apiErr,
+			`header "WWW-Authenticate"`},
+		"401 with WWW-Authenticate": {"GET", "/v1/nodes", 401, []string{"Content-Type", "application/json",
+			"WWW-Authenticate", `Bearer realm="gpuplane"`}, apiErr, ""},
+		"head of a GET": {"HEAD", "/v1/nodes", 200, []string{"Content-Type", "application/json"}, "", ""},
+		"events ok": {"GET", "/v1/tenants/acme/events", 200, []string{"Content-Type", "text/event-stream"},
+			": stream open\n\nevent: queued\nid: 7\ndata: " + string(ev) + "\n\n", ""},
+		"event id not a sequence": {"GET", "/v1/tenants/acme/events", 200, []string{"Content-Type", "text/event-stream"},
+			"event: queued\nid: x\ndata: " + string(ev) + "\n\n", "not a stream sequence"},
+		"event data off its schema": {"GET", "/v1/tenants/acme/jobs/j1/events", 200, []string{"Content-Type", "text/event-stream"},
+			"event: queued\nid: 7\ndata: {\"type\":\"queued\"}\n\n", "does not match its schema"},
+		"event named after another type": {"GET", "/v1/tenants/acme/events", 200, []string{"Content-Type", "text/event-stream"},
+			"event: running\nid: 7\ndata: " + string(ev) + "\n\n", "carries a JobEvent of type queued"},
+		"logs as text": {"GET", "/v1/tenants/acme/jobs/j1/logs?follow=true", 200, []string{"Content-Type", "text/plain; charset=utf-8"}, "out\n", ""},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			c := &openapiCheck{ix: ix, canned: true, base: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				res := &http.Response{StatusCode: tt.status, Header: http.Header{}, Request: r,
+					Body: io.NopCloser(strings.NewReader(tt.body))}
+				for i := 0; i+1 < len(tt.header); i += 2 {
+					res.Header.Set(tt.header[i], tt.header[i+1])
+				}
+				return res, nil
+			})}
+			req, err := http.NewRequestWithContext(t.Context(), tt.method, "http://gw"+tt.path, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := c.RoundTrip(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(res.Body) // the stream's frames are checked as they are read
+			if string(body) != tt.body {
+				t.Fatalf("the test read %q, not the body sent %q", body, tt.body)
+			}
+			got := strings.Join(c.report(), "\n")
+			switch {
+			case tt.want == "" && got != "":
+				t.Fatalf("a response that keeps the document was refused: %s", got)
+			case tt.want != "" && !strings.Contains(got, tt.want):
+				t.Fatalf("failures %q, want one saying %q", got, tt.want)
+			}
+		})
+	}
 }

@@ -515,7 +515,7 @@ func (s *server) uncordonNode(w http.ResponseWriter, r *http.Request) {
 		s.knownNode(w, node) // answers 404 unknown_node
 		return
 	case !known:
-		st = contracts.NodeStatus{NodeInventory: contracts.NodeInventory{NodeID: node}}
+		st = contracts.NodeStatus{NodeInventory: contracts.NodeInventory{NodeID: node, GPUs: []contracts.GPUInfo{}}} // gpus: [], not null
 	}
 	st.Admin = nil
 	if rev == 0 {

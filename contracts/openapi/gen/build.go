@@ -421,7 +421,8 @@ func build() ([]byte, error) {
 				"A 202 means a request is on the bus; what became of it arrives as job events.\n\n" +
 				"Beyond each operation's own answers: a method a path does not list is 405 method_not_allowed with an " +
 				"Allow header naming the methods it does (a GET route answers HEAD too); a path that is no route is " +
-				"404 not_found. A W3C traceparent header joins the caller's trace. A state-changing request (any method " +
+				"404 not_found; a path with // or /./ is redirected (301, 307) to its clean form. Outside the open " +
+				"paths a request without valid credentials is 401 before any of these. A W3C traceparent header joins the caller's trace. A state-changing request (any method " +
 				"but GET) may carry an Idempotency-Key header: a retry with the same key (or, for a job's submit and " +
 				"cancel, the same job ID) is recorded once in the audit trail.",
 			"license": obj{"name": "Apache-2.0", "identifier": "Apache-2.0"},
