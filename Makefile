@@ -5,7 +5,7 @@ GO ?= go
 MODULES := contracts libs e2e deploy sdk/go $(sort $(wildcard services/*))
 PKGS := $(addsuffix /...,$(addprefix ./,$(MODULES)))
 
-.PHONY: test lint build schemas images
+.PHONY: test test-python lint build schemas images
 test: lint
 	@# go test without -v prints "ok" for a package and hides why its tests
 	@# skipped; a test that skips for a missing tool (e2e's trace tests
@@ -14,6 +14,13 @@ test: lint
 	  if [ -s $$skips ]; then echo "== skipped for a missing tool:"; cat $$skips; fi; rm -f $$skips; exit $$rc
 	@# The trace replay check skips under -race (40 s there, 3 s without).
 	set -o pipefail; $(GO) test -count=1 -run 'TestReproducesPaper' -v ./services/scheduler/internal/fragsim/ | grep -E '^(---|ok|FAIL|PASS)|unallocated'
+	$(MAKE) --no-print-directory test-python
+
+# The Python SDK's tests (sdk/python, standard library only) under Debian's
+# python3, against the all-in-one binary built once here (about 15 s).
+test-python:
+	d=$$(mktemp -d); trap 'rm -rf "$$d"' EXIT; $(GO) build -o "$$d/gpuplane" ./services/gpuplane/cmd/gpuplane && \
+	  cd sdk/python && GPUPLANE_BIN="$$d/gpuplane" timeout 300 python3 -m unittest discover -s tests
 
 lint:
 	@out=$$(gofmt -l $(MODULES)); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
