@@ -1,7 +1,6 @@
 package gpuctl
 
 import (
-	"fmt"
 	"net/http"
 
 	"github.com/gpuplane/gpuplane/sdk/go/gpuplane"
@@ -28,9 +27,5 @@ func (a *app) api() (*gpuplane.Client, error) {
 	if a.caCert != "" {
 		opts = append(opts, gpuplane.WithCACertFile(a.caCert))
 	}
-	c, err := gpuplane.New(a.gateway, opts...)
-	if err != nil {
-		return nil, fmt.Errorf("--ca-cert or --gateway: %w", err)
-	}
-	return c, nil
+	return gpuplane.New(a.gateway, opts...)
 }

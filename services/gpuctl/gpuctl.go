@@ -46,7 +46,8 @@ Commands:
                                          --depends-on a,b, --expected 2h, --placement-timeout 30m
   get ID                                 show one job
   describe ID                            everything about one job: why it is pending, where it runs, its events
-  list [--state S] [--limit N]           list the tenant's jobs, newest first
+  list [--state S] [--limit N] [--after ID]
+                                         list the tenant's jobs, newest first; --after the last ID shown: the next page
   cancel ID [--reason TEXT]              ask to cancel a job
   watch ID                               print the job's events until it ends (exit 0 only if it succeeded)
   logs ID [-f] [--attempt N|all] [--rank N]
