@@ -118,7 +118,7 @@ class Client:
         """Exponential backoff with jitter: between half and all of
         backoff*2^attempt (capped), never below Retry-After (capped at a
         minute)."""
-        d = min(self.max_backoff, self.backoff * (2 ** attempt))
+        d = min(self.max_backoff, self.backoff * float(2 ** attempt))
         d = d / 2 + self.random() * d / 2
         if retry_after is not None:
             d = max(d, min(retry_after, 60.0))
@@ -180,14 +180,14 @@ class Client:
                 continue
             raise err
 
-    def _json(self, method: str, path: str, cls: type, *, query: Optional[Mapping[str, Any]] = None,
-              body: Any = None) -> Any:
+    def _json(self, method: str, path: str, cls: type[T], *, query: Optional[Mapping[str, Any]] = None,
+              body: Any = None) -> T:
+        """A call answered with a JSON object, decoded into cls."""
         data = None if body is None else json.dumps(body).encode("utf-8")
         _, ans = self._send(method, path, query=query, body=data)
         assert ans is not None
         try:
-            doc = json.loads(ans.body.decode("utf-8"))
-            return doc if cls is dict else from_dict(cls, doc)
+            return from_dict(cls, json.loads(ans.body.decode("utf-8")))
         except ValueError as e:
             raise TransportError(f"{method} {path}: the answer is not a {cls.__name__}: {e}") from e
 
@@ -202,7 +202,10 @@ class Client:
     def health(self) -> dict[str, Any]:
         """GET /healthz: {"status": "ok"} once the gateway is ready; an
         UnavailableError (after the retries) while it catches up."""
-        return self._json("GET", "/healthz", dict)
+        _, ans = self._send("GET", "/healthz")
+        assert ans is not None
+        doc: dict[str, Any] = json.loads(ans.body.decode("utf-8"))
+        return doc
 
     def submit(self, request: Optional[JobRequest] = None, *, tenant: Optional[str] = None,
                id: Optional[str] = None, name: str = "", gpus: int = 1, model: str = "",

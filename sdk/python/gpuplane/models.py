@@ -43,7 +43,7 @@ def _j(name: str, **kw: Any) -> Any:
     return field(metadata={"json": name}, **kw)
 
 
-def json_name(f: dataclasses.Field) -> str:
+def json_name(f: dataclasses.Field[Any]) -> str:
     """The JSON property of a dataclass field."""
     if "json" in f.metadata:
         return str(f.metadata["json"])
@@ -51,7 +51,7 @@ def json_name(f: dataclasses.Field) -> str:
     return head + "".join(p.capitalize() for p in rest)
 
 
-def is_required(f: dataclasses.Field) -> bool:
+def is_required(f: dataclasses.Field[Any]) -> bool:
     """Whether the contract requires the field: it has no default, or the
     client fills it in before sending (a job request's ID)."""
     no_default = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
@@ -402,7 +402,7 @@ MODELS: tuple[type, ...] = (
 )
 
 
-def wire_fields(cls: type) -> list[dataclasses.Field]:
+def wire_fields(cls: type) -> list[dataclasses.Field[Any]]:
     """The fields of cls that travel in its JSON (not transport ones)."""
     return [f for f in dataclasses.fields(cls) if not f.metadata.get("transport")]
 

@@ -32,7 +32,7 @@ class ResolveTest(unittest.TestCase):
 
     def test_order(self) -> None:
         cfg = {"GPUPLANE_CONFIG_DIR": self.gpuctl}
-        cases = [
+        cases: list[tuple[str, dict[str, str], dict[str, str], auth.Settings]] = [
             ("the login alone", {}, cfg,
              auth.Settings("https://gw.example:8443", "tok-current", "acme", "/etc/ca.pem")),
             ("XDG_CONFIG_HOME finds the same file", {}, {"XDG_CONFIG_HOME": self.dir},

@@ -159,7 +159,7 @@ class GatewayTest(unittest.TestCase):
         self.assertEqual(cm.exception.field_reasons(), {"after": "unknown_job"})
 
     def test_errors_by_status(self) -> None:
-        cases: list[tuple[str, gpuplane.Client, type, int, str]] = [
+        cases: list[tuple[str, gpuplane.Client, type[gpuplane.APIError], int, str]] = [
             ("unknown job", self.client, gpuplane.NotFoundError, 404, "unknown_job"),
             ("bad token", gpuplane.Client(self.platform.gateway, token="gpt_nobody_x", tenant="acme", env={},
                                           retries=0), gpuplane.UnauthenticatedError, 401, "invalid_token"),

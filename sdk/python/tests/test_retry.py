@@ -160,7 +160,7 @@ class RetryTest(unittest.TestCase):
 
     def test_submission_waits_for_the_job_to_appear(self) -> None:
         # Right after a submit the gateway does not know the job yet.
-        unknown = (404, api_error("unknown_job", "tenant acme has no job x"), {})
+        unknown: tuple[int, dict[str, Any], dict[str, str]] = (404, api_error("unknown_job", "tenant acme has no job x"), {})
         s = self.stub([(202, ACCEPTED, {}), unknown, unknown, (200, {"status": "ok"}, {})])
         c, slept = self.client(s)
         sub = c.submit(id="x", duration="1s")

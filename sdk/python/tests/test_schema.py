@@ -61,13 +61,14 @@ def schema_shape(prop: dict[str, Any], defs: dict[str, dict[str, Any]]) -> Shape
         return ("map", schema_shape(prop["additionalProperties"], defs))
     if t == "string":
         return "time" if prop.get("format") == "date-time" else "str"
-    return {"integer": "int", "number": "float", "boolean": "bool"}[t]
+    return {"integer": "int", "number": "float", "boolean": "bool"}[str(t)]
 
 
 def openapi_components() -> dict[str, dict[str, Any]]:
     """components/schemas of the gateway's OpenAPI document."""
     with open(os.path.join(CONTRACTS, "openapi", "gateway.openapi.json"), encoding="utf-8") as f:
-        return json.load(f)["components"]["schemas"]
+        comps: dict[str, dict[str, Any]] = json.load(f)["components"]["schemas"]
+    return comps
 
 
 def py_shape(tp: Any) -> Shape:
@@ -82,7 +83,7 @@ def py_shape(tp: Any) -> Shape:
     if tp is datetime:
         return "time"
     if dataclasses.is_dataclass(tp):
-        return tp.__schema__  # type: ignore[attr-defined]
+        return str(getattr(tp, "__schema__"))
     return {int: "int", float: "float", str: "str", bool: "bool"}[tp]
 
 
