@@ -22,7 +22,7 @@ import ssl
 import time
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Optional, TypeVar, Union
+from typing import Any, Callable, Generator, Iterator, Mapping, Optional, TypeVar, Union
 
 from . import auth
 from .errors import APIError, ConfigurationError, TransportError, WaitTimeout, api_error
@@ -277,7 +277,7 @@ class Client:
     # --- event streams ---
 
     def watch(self, job_id: str, *, tenant: Optional[str] = None, last_event_id: int = 0,
-              timeout: Optional[float] = None) -> Iterator[JobEvent]:
+              timeout: Optional[float] = None) -> Generator[JobEvent, None, None]:
         """The job's events, history first, ending after the terminal one.
         A dropped stream is reopened with Last-Event-ID: no event is lost
         or repeated. With timeout, WaitTimeout is raised when the job is
@@ -285,13 +285,16 @@ class Client:
         deadline = None if timeout is None else time.monotonic() + timeout
         return self._events(self._job_path(tenant, job_id, "/events"), last_event_id, True, deadline)
 
-    def watch_tenant(self, *, tenant: Optional[str] = None, last_event_id: int = 0) -> Iterator[JobEvent]:
+    def watch_tenant(self, *, tenant: Optional[str] = None, last_event_id: int = 0,
+                     timeout: Optional[float] = None) -> Generator[JobEvent, None, None]:
         """Every event of the tenant's jobs, history first, without end
-        (reconnecting as watch does); stop iterating to close it."""
-        return self._events(f"/v1/tenants/{_q(self._tenant(tenant))}/events", last_event_id, False, None)
+        (reconnecting as watch does); stop iterating (or close() it) to
+        close the stream. With timeout, WaitTimeout ends it then."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return self._events(f"/v1/tenants/{_q(self._tenant(tenant))}/events", last_event_id, False, deadline)
 
     def _events(self, path: str, last: int, until_terminal: bool,
-                deadline: Optional[float]) -> Iterator[JobEvent]:
+                deadline: Optional[float]) -> Generator[JobEvent, None, None]:
         broken = 0  # reconnections in a row without an event
         while True:
             read_timeout = self.stream_read_timeout
@@ -368,7 +371,7 @@ class Client:
         return ans.body.decode("utf-8", "replace")
 
     def follow_logs(self, job_id: str, *, tenant: Optional[str] = None, attempt: Union[int, str, None] = None,
-                    rank: Optional[int] = None, read_timeout: Optional[float] = None) -> Iterator[str]:
+                    rank: Optional[int] = None, read_timeout: Optional[float] = None) -> Generator[str, None, None]:
         """The output as it is written, until the run ends (the gateway ends
         the answer at the run's end of output). Text arrives in pieces as
         the run writes them, not in lines. The request is sent at once, so
@@ -382,7 +385,7 @@ class Client:
         return _read_text(st, job_id)
 
 
-def _read_text(st: _Stream, job_id: str) -> Iterator[str]:
+def _read_text(st: _Stream, job_id: str) -> Generator[str, None, None]:
     dec = codecs.getincrementaldecoder("utf-8")("replace")
     try:
         while True:
@@ -473,7 +476,7 @@ class Submission:
     def wait(self, timeout: Optional[float] = None) -> JobStatus:
         return self.client.wait(self.job_id, tenant=self.tenant, timeout=timeout)
 
-    def watch(self, timeout: Optional[float] = None) -> Iterator[JobEvent]:
+    def watch(self, timeout: Optional[float] = None) -> Generator[JobEvent, None, None]:
         return self.client.watch(self.job_id, tenant=self.tenant, timeout=timeout)
 
     def get(self) -> JobStatus:
@@ -485,7 +488,7 @@ class Submission:
     def logs(self) -> str:
         return self._when_known(lambda: self.client.logs(self.job_id, tenant=self.tenant))
 
-    def follow_logs(self) -> Iterator[str]:
+    def follow_logs(self) -> Generator[str, None, None]:
         # follow_logs sends its request at once: a 404 is retried here.
         return self._when_known(lambda: self.client.follow_logs(self.job_id, tenant=self.tenant))
 

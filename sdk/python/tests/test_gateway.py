@@ -158,6 +158,29 @@ class GatewayTest(unittest.TestCase):
             self.client.list(after="no-such-job")
         self.assertEqual(cm.exception.field_reasons(), {"after": "unknown_job"})
 
+    def test_watch_tenant_sees_every_job(self) -> None:
+        subs = [self.client.submit(gpus=1, model="L4", duration="1s") for _ in range(2)]
+        waiting = {s.job_id for s in subs}
+        last = 0
+        stream = self.client.watch_tenant(timeout=WAIT)
+        for ev in stream:
+            self.assertGreater(ev.seq, last)
+            last = ev.seq
+            if ev.type == "succeeded":
+                waiting.discard(ev.job_id)
+            if not waiting:
+                break
+        stream.close()  # an endless stream ends when its reader stops
+        # Resuming after the last event seen gives only what came later.
+        later = self.client.submit(gpus=1, model="L4", duration="1s")
+        resumed = self.client.watch_tenant(last_event_id=last, timeout=WAIT)
+        for ev in resumed:
+            self.assertGreater(ev.seq, last)
+            if ev.job_id == later.job_id:
+                break
+        resumed.close()
+        self.assertEqual(ev.job_id, later.job_id)
+
     def test_errors_by_status(self) -> None:
         cases: list[tuple[str, gpuplane.Client, type[gpuplane.APIError], int, str]] = [
             ("unknown job", self.client, gpuplane.NotFoundError, 404, "unknown_job"),
