@@ -18,7 +18,7 @@ import (
 	"time"
 )
 
-// DefaultRequestTimeout bounds one attempt of a call that is not a stream.
+// DefaultRequestTimeout bounds a call that is not a stream, retries included.
 const DefaultRequestTimeout = 30 * time.Second
 
 // maxAnswer bounds the JSON answer read (an invoice of a busy tenant is
@@ -120,8 +120,9 @@ func WithRetry(p RetryPolicy) Option {
 	return func(c *Client) error { c.retry = p; return nil }
 }
 
-// WithRequestTimeout bounds each attempt of a call that is not a stream
-// (default DefaultRequestTimeout; 0: only the context bounds it).
+// WithRequestTimeout bounds a call that is not a stream, its retries
+// included (default DefaultRequestTimeout; 0: only the context bounds
+// it). Watch and Logs are bounded by their context alone.
 func WithRequestTimeout(d time.Duration) Option {
 	return func(c *Client) error { c.timeout = d; return nil }
 }

@@ -1,6 +1,7 @@
 package gpuplane_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -396,4 +397,45 @@ func tenantPathOf(tenant string, elems ...string) string {
 		p += "/" + e
 	}
 	return p
+}
+
+// TestWatchTenantResumes: the tenant's event stream, cut in the middle of
+// an event, resumes after the last whole one; it goes on until its
+// context ends, which ends the sequence with the context's error.
+func TestWatchTenantResumes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), waitFor)
+	defer cancel()
+	p := newProxy(t)
+	c := client(t, p.srv.URL, gpuplane.WithToken(adminToken), fast)
+	const tenant = "watch-tenant"
+	p.on(http.MethodGet, tenantPathOf(tenant, "events"), cutStream)
+	if _, err := c.Submit(ctx, tenant, job("t1", time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	var last uint64
+	var end error
+	for ev, err := range c.WatchTenant(ctx, tenant, gpuplane.WatchOptions{}) {
+		if err != nil {
+			end = err
+			break
+		}
+		if ev.Seq <= last {
+			t.Errorf("event %d after %d", ev.Seq, last)
+		}
+		last = ev.Seq
+		got = append(got, string(ev.Event.Type))
+		if ev.Event.Type == contracts.EventSucceeded {
+			cancel()
+		}
+	}
+	if !errors.Is(end, context.Canceled) {
+		t.Errorf("the watch ended with %v, want the context's end", end)
+	}
+	if diff := cmp.Diff([]string{"queued", "scheduled", "running", "succeeded"}, got); diff != "" {
+		t.Errorf("tenant events (-want +got):\n%s", diff)
+	}
+	if ids := p.lastEventIDs(); len(ids) < 2 || ids[1] == "" {
+		t.Errorf("Last-Event-ID of each connection %q: want the reconnect to resume", ids)
+	}
 }

@@ -219,3 +219,31 @@ func ExampleClient_Nodes() {
 	// l4-01 l4 4 L4
 	// l4-02 l4 4 L4
 }
+
+// Use the login gpuctl stored (gpuctl login), as gpuctl does: the token
+// is read from the credentials file at each request.
+func ExampleStoredLogin() {
+	ctx := context.Background()
+	// gpuctl's configuration directory: gpuplane.ConfigDir(os.Getenv)
+	// (~/.config/gpuplane); a fresh one here, where gpuctl login would
+	// have stored the demo user's token.
+	dir, err := os.MkdirTemp("", "gpuctl-config-*")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	if err := gpuplane.SaveCredential(dir, gatewayURL, gpuplane.Credential{Token: demoToken, Method: "token"}); err != nil {
+		log.Fatal(err)
+	}
+	c, err := gpuplane.New(gatewayURL, gpuplane.WithTokenSource(gpuplane.StoredLogin(dir, gatewayURL)))
+	if err != nil {
+		log.Fatal(err)
+	}
+	who, err := c.WhoAmI(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(who.Subject, who.Bindings[0].Role, "of", who.Bindings[0].Tenant)
+	// Output:
+	// token:demo-acme member of acme
+}
