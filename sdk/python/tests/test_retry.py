@@ -146,6 +146,19 @@ class RetryTest(unittest.TestCase):
                                                                    reason="out_of_range", message="gpu count is 0")])
         self.assertEqual((len(s.requests), slept), (1, []))
 
+    def test_submit_takes_a_request_or_its_arguments(self) -> None:
+        s = self.stub([(202, ACCEPTED, {})])
+        c, _ = self.client(s)
+        req = gpuplane.JobRequest(resources=gpuplane.Resources(gpu=gpuplane.GPURequest(count=1)),
+                                  run=gpuplane.RunSpec(duration="1s"))
+        with self.assertRaises(TypeError):
+            c.submit(req, gpus=2)
+        self.assertEqual(s.requests, [])
+        c.submit(req)
+        # The ID the client made is on the request, and is what was sent.
+        self.assertRegex(req.id, r"^[0-9A-HJKMNP-TV-Z]{26}$")
+        self.assertEqual(json.loads(s.requests[0][3])["id"], req.id)
+
     def test_connection_refused(self) -> None:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
