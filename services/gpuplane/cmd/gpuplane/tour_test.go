@@ -191,16 +191,23 @@ func (p *platform) field(t *testing.T, label string) string {
 }
 
 // cleanEnv is the environment without the GPUPLANE_ variables of whoever
-// runs the tests, so the tour sees what a newcomer's shell has.
+// runs the tests, so the tour sees what a newcomer's shell has. A binary
+// built with -race sleeps 1 s at exit by default (GORACE atexit_sleep_ms),
+// which would add 40 s to the tour's 40 gpuctl commands.
 func cleanEnv() []string {
 	var env []string
+	gorace := "atexit_sleep_ms=0"
 	for _, kv := range os.Environ() {
+		if v, ok := strings.CutPrefix(kv, "GORACE="); ok {
+			gorace = v + " " + gorace
+			continue
+		}
 		if !strings.HasPrefix(kv, "GPUPLANE_") && !strings.HasPrefix(kv, "TRACEPARENT=") &&
 			!strings.HasPrefix(kv, "XDG_CONFIG_HOME=") {
 			env = append(env, kv)
 		}
 	}
-	return env
+	return append(env, "GORACE="+gorace)
 }
 
 func tail(s string, n int) string {
@@ -283,7 +290,7 @@ func tourCommands(t *testing.T, doc string) []tourCommand {
 		code, _, _ := strings.Cut(last, " #")
 		if strings.HasSuffix(strings.TrimSpace(code), "&") {
 			c.background = true
-			script[len(script)-1] = strings.TrimSuffix(strings.TrimSpace(code), "&")
+			script[len(script)-1] = strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(code), "&"))
 		}
 		c.script = strings.Join(script, "\n")
 		cmds = append(cmds, c)
@@ -492,5 +499,64 @@ func TestSignalStopsCleanly(t *testing.T) {
 	}
 	if _, err := os.Stat(dataDir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("temporary data directory %s: %v, want it removed", dataDir, err)
+	}
+}
+
+// TestTourConvention holds the README's convention as TestREADMETour
+// reads it: commands (continued lines and here-documents included), their
+// "(exit N)", a trailing "&", and the output lines right under them.
+func TestTourConvention(t *testing.T) {
+	doc := "intro\n```sh\nnot-in-the-tour\n```\n<!-- tour: how -->\n```sh\n" +
+		"# a comment\n" +
+		"gpuctl submit --id a   # submit\n" +
+		"#   job a submitted (tenant ..., JOBS #...)\n" +
+		"#   second line\n" +
+		"\n" +
+		"#   not output: a blank line came between\n" +
+		"gpuctl watch a &       # in the background\n" +
+		"gpuctl submit --gpus 0 \\\n  --id bad   # fails (exit 1)\n" +
+		"#   out_of_range\n" +
+		"cat > f <<'YAML'\nid: x\n#   inside\nYAML\n" +
+		"```\ntext\n<!-- end of the tour -->\n```sh\nafter\n```\n"
+	got := tourCommands(t, doc)
+	want := []tourCommand{
+		{line: 8, script: "gpuctl submit --id a   # submit", want: []string{"job a submitted (tenant ..., JOBS #...)", "second line"}},
+		{line: 13, script: "gpuctl watch a", background: true},
+		{line: 14, script: "gpuctl submit --gpus 0 \\\n  --id bad   # fails (exit 1)", exit: 1, want: []string{"out_of_range"}},
+		{line: 17, script: "cat > f <<'YAML'\nid: x\n#   inside\nYAML"},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %d commands %+v, want %d", len(got), got, len(want))
+	}
+	for i := range want {
+		g, w := got[i], want[i]
+		if g.line != w.line || g.script != w.script || g.exit != w.exit || g.background != w.background ||
+			strings.Join(g.want, "|") != strings.Join(w.want, "|") {
+			t.Errorf("command %d: got %+v, want %+v", i, g, w)
+		}
+	}
+}
+
+func TestTourOutputMatches(t *testing.T) {
+	out := []string{"17:44:06.717 queued attempt=1", "17:44:06.722 scheduled attempt=1 node=h100-03   gpus=0",
+		"GPU  UUID  HEALTH", "0    GPU-15  UNHEALTHY"}
+	for _, tc := range []struct {
+		want string
+		from int
+		ok   bool
+		next int
+	}{
+		{"... queued attempt=1", 0, true, 1},
+		{"... scheduled attempt=1 node=h100-03 gpus=0", 0, true, 2},
+		{"... scheduled attempt=1 node=h100-... gpus=0", 0, true, 2},
+		{"... scheduled attempt=1 node=h100-01 gpus=0", 0, false, 0},
+		{"... queued attempt=1", 1, false, 1}, // in order: not before from
+		{"0 ... GPU-15 ... UNHEALTHY", 0, true, 4},
+		{"UNHEALTHY ... GPU-15", 0, false, 0}, // fragments in order
+	} {
+		ok, next := matches(tc.want, out, tc.from)
+		if ok != tc.ok || next != tc.next {
+			t.Errorf("matches(%q, from %d) = %v, %d; want %v, %d", tc.want, tc.from, ok, next, tc.ok, tc.next)
+		}
 	}
 }
