@@ -92,6 +92,9 @@ func ExampleClient_Watch() {
 		if err != nil {
 			log.Fatal(err)
 		}
+		if ev.Event.Type == contracts.EventPending {
+			continue // still queued, waiting for GPUs: ev.Event.Reason says why
+		}
 		line := string(ev.Event.Type)
 		if ev.Event.ExitCode != nil {
 			line += fmt.Sprintf(" (exit %d)", *ev.Event.ExitCode)
