@@ -89,11 +89,12 @@ type Machine struct {
 	MIGLayout     []string
 }
 
-// Default is the fleet of `make run` (deploy/fleet/default.yaml): two
-// 8×H100 NVLink machines for training in zone-a, two 8×A100 in zone-b,
-// four 4×L4 spot machines for inference in zone-b, tainted so that work
-// that fits elsewhere stays off spot capacity (PreferNoSchedule: a job that
-// only fits an L4 still lands there without a toleration).
+// Default is fleet-sim's fleet (deploy/fleet/default.yaml; make run's is
+// services/gpuplane/fleet.yaml): two 8×H100 NVLink machines for training
+// in zone-a, two 8×A100 in zone-b, four 4×L4 spot machines for inference
+// in zone-b, tainted so that work that fits elsewhere stays off spot
+// capacity (PreferNoSchedule: a job that only fits an L4 still lands there
+// without a toleration).
 func Default() Fleet {
 	return Fleet{
 		MachineTypes: map[string]MachineType{
