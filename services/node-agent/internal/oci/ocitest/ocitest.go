@@ -1,0 +1,116 @@
+// Package ocitest gives tests a real runc and a busybox image built on the
+// spot, so container runs are tested for real: no registry, no mock.
+package ocitest
+
+import (
+	"debug/elf"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/gpuplane/gpuplane/services/node-agent/internal/oci"
+)
+
+// RequireEnv makes a missing runc, busybox or root a failure instead of a
+// skip: CI sets it, where .ci/run installs both and runs as root.
+const RequireEnv = "GPUPLANE_REQUIRE_RUNC"
+
+// Runtime returns runc with a state root of the test's own. It skips the
+// test, saying why, where containers cannot run (not root, no runc), and
+// fails it instead when GPUPLANE_REQUIRE_RUNC=1.
+func Runtime(t testing.TB) oci.Runtime {
+	t.Helper()
+	unable := func(why string) {
+		t.Helper()
+		if os.Getenv(RequireEnv) == "1" {
+			t.Fatalf("%s, and %s=1 requires container tests to run", why, RequireEnv)
+		}
+		t.Skipf("container tests skipped: %s (install runc and busybox-static and run as root; %s=1 makes this a failure)", why, RequireEnv)
+	}
+	if os.Geteuid() != 0 {
+		unable("not root: runc needs root to create containers")
+	}
+	rt, err := oci.LookRuntime("", filepath.Join(t.TempDir(), "runc"))
+	if err != nil {
+		unable(err.Error())
+	}
+	if _, err := Busybox(); err != nil {
+		unable(err.Error())
+	}
+	return rt
+}
+
+// Busybox is the path of a statically linked busybox (Debian's
+// busybox-static), which runs in an image holding nothing else.
+func Busybox() (string, error) {
+	for _, p := range []string{"/bin/busybox", "/usr/bin/busybox"} {
+		f, err := elf.Open(p)
+		if err != nil {
+			continue
+		}
+		static := true
+		for _, prog := range f.Progs {
+			if prog.Type == elf.PT_INTERP {
+				static = false // needs a dynamic loader the image lacks
+			}
+		}
+		_ = f.Close()
+		if static {
+			return p, nil
+		}
+	}
+	return "", errors.New("no statically linked busybox in /bin or /usr/bin (Debian: busybox-static)")
+}
+
+// Image builds a busybox image root in a directory of the test: busybox
+// and its applets' links in /bin, /etc/passwd and /etc/group with root,
+// nobody and app (1000:1000), a world-writable /tmp. Its config runs sh
+// as root (the runtime must not).
+func Image(t testing.TB) oci.Image {
+	t.Helper()
+	bb, err := Busybox()
+	if err != nil {
+		t.Fatalf("busybox: %v", err)
+	}
+	root := filepath.Join(t.TempDir(), "rootfs")
+	for _, d := range []string{"bin", "etc", "tmp", "proc", "sys", "dev", "home/app", "data", "scratch", "signal"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(filepath.Join(root, "tmp"), 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	// /work is any user's to write: where the root is the run's own
+	// (overlay) a job writes there, and never into the image.
+	if err := os.Mkdir(filepath.Join(root, "work"), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(root, "work"), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(bb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "bin/busybox"), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, applet := range []string{"sh", "ps", "cat", "id", "sleep", "ls", "echo", "touch", "test", "grep", "wc", "trap", "kill", "hostname", "mount", "true", "false", "env", "head", "tr"} {
+		if err := os.Symlink("busybox", filepath.Join(root, "bin", applet)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	files := map[string]string{
+		"etc/passwd": "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/home/app:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",
+		"etc/group":  "root:x:0:\napp:x:1000:\nstaff:x:50:app\nnogroup:x:65534:\n",
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(root, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return oci.Image{Ref: "test/busybox:latest", Digest: "sha256:test", RootFS: root, Cmd: []string{"/bin/sh"},
+		Env: []string{"PATH=/bin", "IMAGE_VAR=image"}}
+}
