@@ -100,7 +100,10 @@ func TestOpenAPICheckCatchesMismatches(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const apiErr = `{"error":{"reason":"not_found","message":"no"}}`
+	const (
+		apiErr    = `{"error":{"reason":"not_found","message":"no"}}`
+		submitted = `{"tenant":"acme","jobId":"j1","stream":"JOBS","sequence":1,"duplicate":false}`
+	)
 	tests := map[string]struct {
 		method, path string
 		status       int
@@ -135,6 +138,11 @@ func TestOpenAPICheckCatchesMismatches(t *testing.T) {
 			"event: queued\nid: 7\ndata: {\"type\":\"queued\"}\n\n", "does not match its schema"},
 		"event named after another type": {"GET", "/v1/tenants/acme/events", 200, []string{"Content-Type", "text/event-stream"},
 			"event: running\nid: 7\ndata: " + string(ev) + "\n\n", "carries a JobEvent of type queued"},
+		"accepted body the document refuses": {"POST", "/v1/tenants/acme/jobs", 202, []string{"Content-Type", "application/json"},
+			submitted, "accepted a request the document refuses"},
+		"accepted query the document refuses": {"GET", "/v1/tenants/acme/jobs?limit=0", 200, []string{"Content-Type", "application/json"},
+			`{"jobs":[]}`, "accepted a request the document refuses"},
+		"refused body": {"POST", "/v1/tenants/acme/jobs", 400, []string{"Content-Type", "application/json"}, apiErr, ""},
 		"logs as text": {"GET", "/v1/tenants/acme/jobs/j1/logs?follow=true", 200, []string{"Content-Type", "text/plain; charset=utf-8"}, "out\n", ""},
 	}
 	for name, tt := range tests {
@@ -147,7 +155,11 @@ func TestOpenAPICheckCatchesMismatches(t *testing.T) {
 				}
 				return res, nil
 			})}
-			req, err := http.NewRequestWithContext(t.Context(), tt.method, "http://gw"+tt.path, nil)
+			var sent io.Reader
+			if tt.method == http.MethodPost {
+				sent = strings.NewReader(`{"resources":"all of them"}`) // no run, resources not an object
+			}
+			req, err := http.NewRequestWithContext(t.Context(), tt.method, "http://gw"+tt.path, sent)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -116,7 +116,7 @@ func operations(s *schemaSet) []op {
 				"The job ID makes the submit idempotent: a retried POST with the same ID is reported as a duplicate " +
 				"(duplicate: true), not a second job. A request without an ID gets a generated one. " +
 				"202 means the request is on the bus; what became of it arrives as job events.",
-			body: "JobRequest", ok: http.StatusAccepted, okBody: jsonBody("SubmitResponse"), okDesc: "The request is on the bus.",
+			body: "JobSubmission", ok: http.StatusAccepted, okBody: jsonBody("SubmitResponse"), okDesc: "The request is on the bus.",
 			errors: map[int]string{400: errBody, 413: errTooLarge, 415: errMedia, 503: "The bus did not take the request (unavailable); retry with the same job ID."}},
 		{method: http.MethodGet, path: tenantPath("/jobs"), id: "listJobs", tag: "jobs",
 			summary: "List a tenant's jobs, newest first",
@@ -387,6 +387,10 @@ func gpuHold(path, id, summary, desc string) op {
 func build() ([]byte, error) {
 	set, err := buildSchemas()
 	if err != nil {
+		return nil, err
+	}
+	if err := set.derive("JobSubmission", "JobRequest", "id",
+		"A JobRequest as POST .../jobs takes it: the id may be left out, and the gateway generates one (a ULID)."); err != nil {
 		return nil, err
 	}
 	ops := operations(set)

@@ -156,3 +156,26 @@ func (s *schemaSet) property(component, prop string) map[string]any {
 	delete(out, "description") // the field's, not the parameter's
 	return out
 }
+
+// derive adds component name: a copy of component from whose required
+// list optional is dropped, for a body the gateway completes before it
+// decodes it as the published type.
+func (s *schemaSet) derive(name, from, optional, comment string) error {
+	def, ok := s.defs[from].(map[string]any)
+	if !ok {
+		return fmt.Errorf("derive %s: no component %s", name, from)
+	}
+	b, err := json.Marshal(def)
+	if err != nil {
+		return err
+	}
+	var out map[string]any
+	if err := json.Unmarshal(b, &out); err != nil {
+		return err
+	}
+	req, _ := out["required"].([]any)
+	out["required"] = slices.DeleteFunc(req, func(r any) bool { return r == optional })
+	out["$comment"] = comment + " Derived from " + from + " by the generator."
+	s.defs[name] = out
+	return nil
+}
