@@ -191,6 +191,11 @@ var Buckets = []BucketAccess{
 	{Bucket: BucketRoleBindings, Writers: roles(BusGateway, BusAdmin), Readers: roles(BusGateway, BusAdmin)},
 	{Bucket: BucketAPITokens, Writers: roles(BusGateway, BusAdmin), Readers: roles(BusGateway, BusAdmin)},
 	{Bucket: BucketQuotaGrants, Writers: roles(BusGateway, BusAdmin), Readers: roles(BusGateway, BusAdmin)},
+	// Tenants' registry logins (runtime.go): secrets that only the node
+	// agents (and the simulated fleet's, which run containers in `make
+	// run`) read, to pull private images; only a platform administrator
+	// on the bus writes them. No service, not even the gateway, reads them.
+	{Bucket: BucketRegistryCredentials, Writers: roles(BusAdmin), Readers: roles(BusNode, BusFleet)},
 }
 
 // NodeConsumer is the durable consumer name of node's agent (one per

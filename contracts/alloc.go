@@ -73,6 +73,12 @@ type Allocation struct {
 	// usage are done long after the submit and by other services, and
 	// carry it so that each job stays one trace.
 	TraceParent string `json:"traceparent,omitempty"`
+	// Runtime is the policy of the allocation's pool (PoolConfig.Runtime)
+	// as the scheduler applied it, the platform's default filled in: the
+	// agent runs the allocation under it (host network, mount roots) and
+	// refuses a launch it does not allow (CheckRuntime), without reading
+	// the pools bucket itself.
+	Runtime *PoolRuntime `json:"runtime,omitempty"`
 }
 
 // GangPart says which part of a multi-machine job an allocation is. The
@@ -182,6 +188,10 @@ const (
 	// RunCheckpointed reports a complete checkpoint of a running job (see
 	// Checkpoint); a run may report many.
 	RunCheckpointed RunKind = "checkpointed"
+	// RunPulling reports the progress of the pull of a container run's
+	// image (Pull), before it starts: a few reports per pull (its
+	// start, about every tenth of it, its end), each RunPullingID.
+	RunPulling RunKind = "pulling"
 )
 
 // Checkpoint is a complete checkpoint a run wrote, following the protocol
@@ -242,6 +252,8 @@ type RunEvent struct {
 	PID int `json:"pid,omitempty"`
 	// Checkpoint is set on checkpointed.
 	Checkpoint *Checkpoint `json:"checkpoint,omitempty"`
+	// Pull is set on pulling.
+	Pull *PullProgress `json:"pull,omitempty"`
 }
 
 // RunCheckpointID is the Nats-Msg-Id of a checkpointed fact.

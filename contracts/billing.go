@@ -67,6 +67,8 @@ func KeyValues(o StreamOptions) []jetstream.KeyValueConfig {
 		kv(BucketRoleBindings, "role bindings per subject", 16),
 		kv(BucketAPITokens, "API and session tokens (hashes only)", 1),
 		kv(BucketQuotaGrants, "quota each tenant was granted by a platform admin", 16),
+		// Secrets: no history, so a replaced password is gone.
+		kv(BucketRegistryCredentials, "registry logins per tenant (secrets: node agents read them)", 1),
 	}
 }
 

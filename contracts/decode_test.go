@@ -51,15 +51,29 @@ var corpusCases = []corpusCase{
 		file: "job-request.json",
 		base: `{"schemaVersion":1,"id":"job-1","tenant":"acme","name":"train","priority":"high","pool":"gpu-a",
 			"resources":{"gpu":{"count":2,"model":"L4","memoryMiB":1024,"nodes":1,"topology":"nvlink"},"cpuMilli":1000,"memoryMiB":2048},
-			"run":{"duration":"30s","command":["python","train.py"],"env":{"A":"1"},"exitCode":0,"checkpoint":true},
+			"run":{"duration":"30s","command":["python","train.py"],"args":["--epochs","3"],"env":{"A":"1"},"exitCode":0,"checkpoint":true,
+				"image":"ghcr.io/acme/train:v3","workingDir":"/work","mounts":[{"source":"/data/imagenet","target":"/data","readOnly":true}],
+				"shmSizeMiB":1024,"user":"1000:1000"},
 			"labels":{"team":"ml"},"nodeSelector":{"zone":"a"},
 			"tolerations":[{"key":"spot","operator":"Equal","value":"true","effect":"NoSchedule"}],
 			"dependsOn":["job-0"],"placementTimeout":"5m","expectedRunTime":"1m"}`,
 		decode: func(b []byte) error { _, err := DecodeJobRequest(b, "acme"); return err },
 		contextual: []FieldError{
-			{Field: "tenant", Reason: ReasonTenantMismatch},                 // must equal the subject's tenant
-			{Field: "run", Reason: ReasonMissingField},                      // duration or command
-			{Field: "run.env", Reason: ReasonConflictingRun},                // env only with a command
+			{Field: "tenant", Reason: ReasonTenantMismatch},         // must equal the subject's tenant
+			{Field: "run", Reason: ReasonMissingField},              // duration, command or image
+			{Field: "run.env", Reason: ReasonConflictingRun},        // env only with a command or an image
+			{Field: "run.image", Reason: ReasonImageInvalid},        // a reference name.ParseReference takes
+			{Field: "run.exitCode", Reason: ReasonConflictingRun},   // a simulated run's, not an image's
+			{Field: "run.args", Reason: ReasonConflictingRun},       // args follow a command or an image
+			{Field: "run.workingDir", Reason: ReasonConflictingRun}, // container fields need an image
+			{Field: "run.mounts", Reason: ReasonConflictingRun},
+			{Field: "run.shmSizeMiB", Reason: ReasonConflictingRun},
+			{Field: "run.user", Reason: ReasonConflictingRun},
+			{Field: "run.shmSizeMiB", Reason: ReasonOutOfRange},             // at most the run's memory limit
+			{Field: "run.command", Reason: ReasonOutOfRange},                // command and args bounded together
+			{Field: "run.mounts[0].source", Reason: ReasonMountNotAllowed},  // not the host's /proc, /sys or /dev
+			{Field: "run.mounts[0].target", Reason: ReasonMountNotAllowed},  // nor over the container's
+			{Field: "run.mounts[1].target", Reason: ReasonInvalidValue},     // two mounts on one target
 			{Field: "run.command", Reason: ReasonInvalidValue},              // the program (command[0]) is not empty
 			{Field: "resources.gpu.models", Reason: ReasonConflictingRun},   // model or models
 			{Field: "resources.gpu.count", Reason: ReasonOutOfRange},        // one GPU for a MIG instance or a share
@@ -83,6 +97,10 @@ var corpusCases = []corpusCase{
 			`{"id":"j","labels":{"` + strings.Repeat("k", 300) + `":"v"},"resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`,
 			`{"id":"j","nodeSelector":{"` + strings.Repeat("k", 300) + `":"v"},"resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`,
 			`{"id":"j","resources":{"gpu":{"count":1}},"run":{"command":["x"],"env":{"A=B":"1"}}}`,
+			`{"id":"j","resources":{"gpu":{"count":1}},"run":{"duration":"1s","env":{"A":"1"},"args":["a"]}}`,
+			`{"id":"j","resources":{"gpu":{"count":1}},"run":{"image":"busybox","mounts":[{"source":"/proc/1","target":"/dev/x"}]}}`,
+			`{"id":"j","resources":{"gpu":{"count":1}},"run":{"image":"busybox","mounts":[{"source":"/a","target":"/x"},{"source":"/b","target":"/x"}]}}`,
+			`{"id":"j","resources":{"gpu":{"count":1}},"run":{"image":"busybox","command":["` + strings.Repeat(`x","`, 200) + `y"],"args":["` + strings.Repeat(`x","`, 200) + `y"]}}`,
 		},
 	},
 	{
@@ -129,12 +147,15 @@ var corpusCases = []corpusCase{
 		},
 	},
 	{
-		file:   "pool-config.json",
-		base:   `{"schemaVersion":1,"pool":"gpu-a","policy":"spread","updatedAt":"2026-11-01T00:00:00Z"}`,
+		file: "pool-config.json",
+		base: `{"schemaVersion":1,"pool":"gpu-a","policy":"spread","updatedAt":"2026-11-01T00:00:00Z",
+			"runtime":{"allowHostCommands":true,"mountRoots":["/data","/scratch"],"hostNetwork":true}}`,
 		decode: func(b []byte) error { _, err := DecodePoolConfig(b, "gpu-a"); return err },
 		contextual: []FieldError{
-			{Field: "pool", Reason: ReasonInvalidValue}, // the pool it is stored for
+			{Field: "pool", Reason: ReasonInvalidValue},                     // the pool it is stored for
+			{Field: "runtime.mountRoots[0]", Reason: ReasonMountNotAllowed}, // not /proc, /sys, /dev
 		},
+		extra: []string{`{"policy":"spread","runtime":{"mountRoots":["/dev/shm"]}}`},
 	},
 	{
 		// The gateway checks the GPU against the node's inventory.

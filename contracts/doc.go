@@ -16,6 +16,7 @@
 //	Queued     --failed-->     Failed       it can never run (e.g. a dependency failed)
 //	Scheduled  --running-->    Running      the node agent started the run
 //	Scheduled  --migrating-->  Scheduled    being moved off its devices (no state change)
+//	Scheduled  --pulling-->    Scheduled    the node agent pulls the run's image (no state change)
 //	Scheduled  --requeued-->   Queued       the allocation was lost before start (attempt+1)
 //	Scheduled  --cancelled-->  Cancelled
 //	Scheduled  --failed-->     Failed       the run could not be launched

@@ -53,11 +53,15 @@ const (
 	// devices; Migration names where it came from and the checkpoint it
 	// restored (none: it restarted).
 	EventMigrated JobEventType = "migrated"
+	// EventPulling: the node agent is pulling the image of a scheduled
+	// container run; Pull says how far it has come. The state does not
+	// change.
+	EventPulling JobEventType = "pulling"
 )
 
 // JobEventTypes lists every event type, for schema generation and docs.
 var JobEventTypes = []JobEventType{EventQueued, EventRejected, EventPending, EventScheduled,
-	EventRunning, EventSucceeded, EventFailed, EventCancelled, EventRequeued, EventMigrating, EventMigrated}
+	EventRunning, EventSucceeded, EventFailed, EventCancelled, EventRequeued, EventMigrating, EventMigrated, EventPulling}
 
 // transitions is the state machine of the package comment: from state, on
 // event, to state.
@@ -77,6 +81,7 @@ var transitions = map[JobState]map[JobEventType]JobState{
 	},
 	StateScheduled: {
 		EventMigrating: StateScheduled,
+		EventPulling:   StateScheduled,
 		EventRunning:   StateRunning,
 		EventRequeued:  StateQueued,
 		EventCancelled: StateCancelled,
@@ -144,6 +149,8 @@ type JobEvent struct {
 	EndedAt   *time.Time `json:"endedAt,omitempty"`
 	// Migration describes a move (migrating, migrated).
 	Migration *Migration `json:"migration,omitempty"`
+	// Pull is how far the pull of the run's image has come (pulling).
+	Pull *PullProgress `json:"pull,omitempty"`
 }
 
 // Migration is how a job is moved: on migrating, the plan (checkpoint

@@ -149,13 +149,34 @@ type GPURequest struct {
 	Topology Topology `json:"topology,omitempty" jsonschema:"enum=,enum=nvlink,enum=zone"`
 }
 
-// RunSpec says what to run: a simulated run of Duration, or a real Command
-// (argv) with Env. Exactly one of Duration and Command is set. A command may
-// also set Duration as a time limit.
+// RunSpec says what to run: a simulated run of Duration, a container image
+// (Image, with Command and Args overriding its ENTRYPOINT and CMD as in
+// Kubernetes), or a host command (Command with Args appended) where the
+// pool allows host commands (PoolRuntime). A simulated run sets Duration
+// alone; a container or a command may also set Duration as a time limit.
+// runtime.go holds the container fields' rules.
 type RunSpec struct {
 	Duration Duration          `json:"duration,omitempty" jsonschema:"description=Go duration such as 30s; a simulated run's length or a command's time limit"`
 	Command  []string          `json:"command,omitempty"`
 	Env      map[string]string `json:"env,omitempty"`
+	// Image is an OCI image reference, by tag or digest
+	// ("ghcr.io/acme/train:v3", "busybox",
+	// "registry.example:5000/x@sha256:..."); the run is a container.
+	Image string `json:"image,omitempty" jsonschema:"description=OCI image reference (tag or digest); the run is a container of it"`
+	// Args replace the image's CMD; without an image they follow Command.
+	Args []string `json:"args,omitempty"`
+	// WorkingDir is the container's working directory (default the
+	// image's).
+	WorkingDir string `json:"workingDir,omitempty"`
+	// Mounts are host paths of the pool's mount roots the container sees.
+	Mounts []Mount `json:"mounts,omitempty"`
+	// ShmSizeMiB is the size of the container's /dev/shm (default
+	// DefaultShmSizeMiB).
+	ShmSizeMiB int64 `json:"shmSizeMiB,omitempty"`
+	// User is who the container's process runs as: "uid[:gid]" or a
+	// name[:group] of the image (default the image's user, and never
+	// root by default).
+	User string `json:"user,omitempty"`
 	// ExitCode is the exit code a simulated run ends with (default 0).
 	ExitCode int `json:"exitCode,omitempty"`
 	// Checkpoint declares that the job implements the checkpoint protocol
@@ -366,26 +387,28 @@ func (r *JobRequest) Validate(subjectTenant string) error {
 	case run.Duration.D() > MaxJobDuration:
 		add("run.duration", ReasonOutOfRange, "duration %s exceeds the limit of %s", run.Duration.D(), MaxJobDuration)
 	}
-	if len(run.Command) == 0 && run.Duration == 0 {
-		add("run", ReasonMissingField, "set run.duration for a simulated run or run.command for a real one")
+	if len(run.Command) == 0 && run.Duration == 0 && run.Image == "" {
+		add("run", ReasonMissingField, "set run.duration for a simulated run, run.image for a container or run.command for a host command")
 	}
-	if len(run.Command) > MaxCommandArgs {
-		add("run.command", ReasonOutOfRange, "command has %d arguments, limit is %d", len(run.Command), MaxCommandArgs)
-	} else if len(run.Command) > 0 {
+	// Command and args are one argv, bounded together.
+	if n := len(run.Command) + len(run.Args); n > MaxCommandArgs {
+		add("run.command", ReasonOutOfRange, "command and args have %d arguments, limit is %d", n, MaxCommandArgs)
+	} else if n > 0 {
 		size := 0
-		for _, a := range run.Command {
+		for _, a := range run.Argv() {
 			size += len(a)
 		}
-		if run.Command[0] == "" {
+		if len(run.Command) > 0 && run.Command[0] == "" {
 			add("run.command", ReasonInvalidValue, "command[0] (the program) is empty")
 		}
 		if size > MaxCommandBytes {
-			add("run.command", ReasonOutOfRange, "command is %d bytes, limit is %d", size, MaxCommandBytes)
+			add("run.command", ReasonOutOfRange, "command and args are %d bytes, limit is %d", size, MaxCommandBytes)
 		}
 	}
-	if len(run.Command) == 0 && len(run.Env) > 0 {
-		add("run.env", ReasonConflictingRun, "env is only meaningful with a command")
+	if len(run.Command) == 0 && run.Image == "" && len(run.Env) > 0 {
+		add("run.env", ReasonConflictingRun, "env is only meaningful with a command or an image")
 	}
+	run.validateContainer(r.Resources.MemoryMiB, add)
 	if len(run.Env) > MaxEnvVars {
 		add("run.env", ReasonOutOfRange, "env has %d variables, limit is %d", len(run.Env), MaxEnvVars)
 	}

@@ -22,6 +22,15 @@ func TestDecodeJobRequestAcceptsValid(t *testing.T) {
 		"duration fraction": `{"id":"a","resources":{"gpu":{"count":1,"model":"any"}},"run":{"duration":"2.5s"}}`,
 		"schema version 1":  `{"schemaVersion":1,"id":"A_b-9","resources":{"gpu":{"count":64}},"run":{"duration":"1h"}}`,
 		"best-effort class": `{"id":"a","priority":"best-effort","pool":"h100","resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`,
+		"image alone":       `{"id":"a","resources":{"gpu":{"count":1}},"run":{"image":"busybox"}}`,
+		"image by digest":   `{"id":"a","resources":{"gpu":{"count":1}},"run":{"image":"registry.example:5000/acme/train@sha256:` + strings.Repeat("ab", 32) + `"}}`,
+		"image, everything": `{"id":"a","resources":{"gpu":{"count":1},"memoryMiB":4096},"run":{"image":"ghcr.io/acme/train:v3","command":["python"],"args":["train.py"],` +
+			`"env":{"A":"1"},"workingDir":"/work","user":"1000:1000","shmSizeMiB":4096,"duration":"1h",` +
+			`"mounts":[{"source":"/data/imagenet","target":"/data","readOnly":true},{"source":"/scratch/a","target":"/scratch"}]}}`,
+		"image, args only":  `{"id":"a","resources":{"gpu":{"count":1}},"run":{"image":"busybox","args":["sleep","1"]}}`,
+		"user by name":      `{"id":"a","resources":{"gpu":{"count":1}},"run":{"image":"busybox","user":"nobody:nogroup"}}`,
+		"working dir /":     `{"id":"a","resources":{"gpu":{"count":1}},"run":{"image":"busybox","workingDir":"/"}}`,
+		"host cmd and args": `{"id":"a","resources":{"gpu":{"count":1}},"run":{"command":["sh","-c"],"args":["true"]}}`,
 	}
 	for name, body := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -78,6 +87,33 @@ func TestDecodeJobRequestRejectsWithSpecificReason(t *testing.T) {
 		"bad pool":           {`{"id":"a","pool":"H100.x","resources":{"gpu":{"count":1}},"run":{"duration":"1s"}}`, "acme", ReasonInvalidValue, "pool"},
 		"exit code 300":      {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"duration":"1s","exitCode":300}}`, "acme", ReasonOutOfRange, "run.exitCode"},
 		"negative cpu":       {`{"id":"a","resources":{"gpu":{"count":1},"cpuMilli":-4},"run":{"duration":"1s"}}`, "acme", ReasonOutOfRange, "resources.cpuMilli"},
+		// Containers (issue 14).
+		"image not a ref":       {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"image":"Not A Ref"}}`, "acme", ReasonImageInvalid, "run.image"},
+		"image upper case":      {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"image":"Acme/Train:v1"}}`, "acme", ReasonImageInvalid, "run.image"},
+		"image bad digest":      {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"image":"busybox@sha256:abc"}}`, "acme", ReasonImageInvalid, "run.image"},
+		"image bad tag":         {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"image":"busybox:"}}`, "acme", ReasonImageInvalid, "run.image"},
+		"image spaces":          {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"image":" busybox"}}`, "acme", ReasonImageInvalid, "run.image"},
+		"image with exitCode":   {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"image":"busybox","exitCode":3}}`, "acme", ReasonConflictingRun, "run.exitCode"},
+		"mounts without image":  {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"command":["x"],"mounts":[{"source":"/data","target":"/data"}]}}`, "acme", ReasonConflictingRun, "run.mounts"},
+		"user without image":    {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"command":["x"],"user":"1000"}}`, "acme", ReasonConflictingRun, "run.user"},
+		"shm without image":     {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"command":["x"],"shmSizeMiB":64}}`, "acme", ReasonConflictingRun, "run.shmSizeMiB"},
+		"workdir without image": {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"command":["x"],"workingDir":"/w"}}`, "acme", ReasonConflictingRun, "run.workingDir"},
+		"args without command":  {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"duration":"1s","args":["x"]}}`, "acme", ReasonConflictingRun, "run.args"},
+		"relative source":       {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"image":"busybox","mounts":[{"source":"data","target":"/data"}]}}`, "acme", ReasonInvalidValue, "run.mounts[0].source"},
+		"dotdot source":         {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"image":"busybox","mounts":[{"source":"/data/../etc","target":"/data"}]}}`, "acme", ReasonInvalidValue, "run.mounts[0].source"},
+		"relative target":       {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"image":"busybox","mounts":[{"source":"/data","target":"data"}]}}`, "acme", ReasonInvalidValue, "run.mounts[0].target"},
+		"target is root":        {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"image":"busybox","mounts":[{"source":"/data","target":"/"}]}}`, "acme", ReasonInvalidValue, "run.mounts[0].target"},
+		"mount onto /proc":      {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"image":"busybox","mounts":[{"source":"/data","target":"/proc"}]}}`, "acme", ReasonMountNotAllowed, "run.mounts[0].target"},
+		"mount onto /dev/shm":   {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"image":"busybox","mounts":[{"source":"/data","target":"/dev/shm"}]}}`, "acme", ReasonMountNotAllowed, "run.mounts[0].target"},
+		"mount host /sys":       {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"image":"busybox","mounts":[{"source":"/sys/fs","target":"/x"}]}}`, "acme", ReasonMountNotAllowed, "run.mounts[0].source"},
+		"mount host /dev":       {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"image":"busybox","mounts":[{"source":"/dev","target":"/x"}]}}`, "acme", ReasonMountNotAllowed, "run.mounts[0].source"},
+		"two mounts one target": {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"image":"busybox","mounts":[{"source":"/a","target":"/x"},{"source":"/b","target":"/x"}]}}`, "acme", ReasonInvalidValue, "run.mounts[1].target"},
+		"user bad format":       {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"image":"busybox","user":"1000:1000:1"}}`, "acme", ReasonInvalidValue, "run.user"},
+		"user upper case":       {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"image":"busybox","user":"Root"}}`, "acme", ReasonInvalidValue, "run.user"},
+		"shm negative":          {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"image":"busybox","shmSizeMiB":-1}}`, "acme", ReasonOutOfRange, "run.shmSizeMiB"},
+		"shm absurd":            {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"image":"busybox","shmSizeMiB":2000000}}`, "acme", ReasonOutOfRange, "run.shmSizeMiB"},
+		"shm over memory":       {`{"id":"a","resources":{"gpu":{"count":1},"memoryMiB":1024},"run":{"image":"busybox","shmSizeMiB":2048}}`, "acme", ReasonOutOfRange, "run.shmSizeMiB"},
+		"workdir relative":      {`{"id":"a","resources":{"gpu":{"count":1}},"run":{"image":"busybox","workingDir":"work"}}`, "acme", ReasonInvalidValue, "run.workingDir"},
 		// null is a value of its own, refused where the schema does not allow it.
 		"null resources gpu": {`{"id":"a","resources":{"gpu":null},"run":{"duration":"1s"}}`, "acme", ReasonInvalidType, "resources.gpu"},
 		// The schema takes a duration as a string only.

@@ -88,6 +88,11 @@ type NodeInventory struct {
 	CPUMilli  int64     `json:"cpuMilli"`
 	MemoryMiB int64     `json:"memoryMiB"`
 	GPUs      []GPUInfo `json:"gpus"`
+	// Images are the container images the node holds in its cache: each by
+	// its manifest digest ("sha256:...") and by every reference it was
+	// pulled as, in ImageRef's form. The scheduler prefers, all else
+	// equal, a node that holds a job's image (its locality score).
+	Images []string `json:"images,omitempty"`
 	// Incarnation changes every time the agent process starts, so consumers
 	// can tell a restart from a redelivery.
 	Incarnation string    `json:"incarnation"`

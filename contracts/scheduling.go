@@ -231,7 +231,10 @@ type PoolConfig struct {
 	SchemaVersion int             `json:"schemaVersion,omitempty"`
 	Pool          string          `json:"pool"`
 	Policy        PlacementPolicy `json:"policy"`
-	UpdatedAt     time.Time       `json:"updatedAt,omitzero"`
+	// Runtime is what the pool's machines may run (host commands,
+	// mounts, host network); nil: the platform's default, images only.
+	Runtime   *PoolRuntime `json:"runtime,omitempty"`
+	UpdatedAt time.Time    `json:"updatedAt,omitzero"`
 }
 
 // Validate checks a pool configuration stored for pool.
@@ -247,6 +250,9 @@ func (c PoolConfig) Validate(pool string) error {
 		errs = append(errs, FieldError{Field: "policy", Reason: ReasonInvalidValue,
 			Message: fmt.Sprintf("unknown policy %q; want one of %v", c.Policy, PlacementPolicies)})
 	}
+	c.Runtime.validate(func(field string, reason Reason, format string, args ...any) {
+		errs = append(errs, FieldError{Field: field, Reason: reason, Message: fmt.Sprintf(format, args...)})
+	})
 	return newValidationError(errs)
 }
 

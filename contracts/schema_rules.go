@@ -81,6 +81,34 @@ func (RunSpec) JSONSchemaExtend(s *jsonschema.Schema) {
 	prop(s, "command").MaxItems = count(MaxCommandArgs)
 	prop(s, "env").MaxProperties = count(MaxEnvVars)
 	bound(prop(s, "exitCode"), 0, 255)
+	img := prop(s, "image")
+	img.MaxLength = count(MaxImageRefBytes)
+	img.Pattern = `^\S+$`
+	args := prop(s, "args")
+	args.MaxItems = count(MaxCommandArgs)
+	wd := prop(s, "workingDir")
+	wd.Pattern = "^(/|" + cleanPathPattern[1:len(cleanPathPattern)-1] + ")?$"
+	wd.MaxLength = count(MaxPathBytes)
+	prop(s, "mounts").MaxItems = count(MaxMounts)
+	bound(prop(s, "shmSizeMiB"), 0, MaxShmSizeMiB)
+	prop(s, "user").Pattern = optionalPattern(userPattern)
+}
+
+// JSONSchemaExtend states Mount's paths.
+func (Mount) JSONSchemaExtend(s *jsonschema.Schema) {
+	for _, name := range []string{"source", "target"} {
+		p := prop(s, name)
+		p.Pattern = cleanPathPattern
+		p.MaxLength = count(MaxPathBytes)
+	}
+}
+
+// JSONSchemaExtend states PoolRuntime's bounds.
+func (PoolRuntime) JSONSchemaExtend(s *jsonschema.Schema) {
+	roots := prop(s, "mountRoots")
+	roots.MaxItems = count(MaxMountRoots)
+	roots.Items.Pattern = cleanPathPattern
+	roots.Items.MaxLength = count(MaxPathBytes)
 }
 
 // JSONSchemaExtend states the taint effects a toleration may name.

@@ -65,6 +65,7 @@ require (
 require (
 	github.com/bahlo/generic-list-go v0.2.0 // indirect
 	github.com/buger/jsonparser v1.1.1 // indirect
+	github.com/google/go-containerregistry v0.22.1 // indirect
 	github.com/gpuplane/gpuplane/libs v0.0.0
 	github.com/gpuplane/gpuplane/services/gpuplane v0.0.0
 	github.com/gpuplane/gpuplane/services/node-agent v0.0.0
@@ -75,6 +76,7 @@ require (
 	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/oklog/ulid/v2 v2.1.1 // indirect
+	github.com/opencontainers/go-digest v1.0.0 // indirect
 	github.com/wk8/go-ordered-map/v2 v2.1.8 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
