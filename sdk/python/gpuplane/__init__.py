@@ -13,8 +13,9 @@ from .errors import (APIError, ConfigurationError, ConflictError, GpuplaneError,
                      NotFoundError, PermissionDeniedError, RateLimitedError, ServerError, TransportError,
                      UnauthenticatedError, UnavailableError, WaitTimeout)
 from .models import (TERMINAL_STATES, APIErrorBody, DeviceRef, EventSummary, FieldError, GPURequest, GPUShare, Job,
-                     JobDescription, JobEvent, JobList, JobRequest, JobStatus, MIGInstance, Migration, PendingStatus,
-                     Placement, Resources, RunSpec, SubmitResponse, Toleration, UsageRecord, UsageSummary)
+                     JobDescription, JobEvent, JobList, JobRequest, JobStatus, MIGInstance, Migration, Mount,
+                     PendingStatus, Placement, PullProgress, Resources, RunSpec, SubmitResponse, Toleration,
+                     UsageRecord, UsageSummary)
 
 __all__ = [
     "Client", "Submission", "new_job_id",
@@ -22,7 +23,7 @@ __all__ = [
     "PermissionDeniedError", "RateLimitedError", "ServerError", "TransportError", "UnauthenticatedError",
     "UnavailableError", "WaitTimeout",
     "TERMINAL_STATES", "APIErrorBody", "DeviceRef", "EventSummary", "FieldError", "GPURequest", "GPUShare", "Job",
-    "JobDescription", "JobEvent", "JobList", "JobRequest", "JobStatus", "MIGInstance", "Migration",
-    "PendingStatus", "Placement", "Resources", "RunSpec", "SubmitResponse", "Toleration", "UsageRecord",
-    "UsageSummary",
+    "JobDescription", "JobEvent", "JobList", "JobRequest", "JobStatus", "MIGInstance", "Migration", "Mount",
+    "PendingStatus", "Placement", "PullProgress", "Resources", "RunSpec", "SubmitResponse", "Toleration",
+    "UsageRecord", "UsageSummary",
 ]

@@ -94,13 +94,30 @@ class Resources:
 
 
 @dataclass(kw_only=True)
+class Mount:
+    """A host path (under one of the pool's mount roots) in a container."""
+
+    __schema__ = "Mount"
+    source: str
+    target: str
+    read_only: bool = False
+
+
+@dataclass(kw_only=True)
 class RunSpec:
-    """A simulated run (duration) or a real command."""
+    """A simulated run (duration), a real command, or a container of an
+    OCI image (image, args, working_dir, mounts, shm_size_mib, user)."""
 
     __schema__ = "RunSpec"
     duration: str = ""
     command: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    image: str = ""
+    args: list[str] = field(default_factory=list)
+    working_dir: str = ""
+    mounts: list[Mount] = field(default_factory=list)
+    shm_size_mib: int = _j("shmSizeMiB", default=0)
+    user: str = ""
     exit_code: int = 0
     checkpoint: bool = False
 
@@ -185,6 +202,17 @@ class Migration:
 
 
 @dataclass(kw_only=True)
+class PullProgress:
+    """How far the pull of a container run's image has come (bytes)."""
+
+    __schema__ = "PullProgress"
+    image: str
+    digest: str = ""
+    done: int
+    total: int
+
+
+@dataclass(kw_only=True)
 class FieldError:
     """One problem of a request: the field (a JSON path such as
     ``resources.gpu.count``), its stable reason code and a message."""
@@ -218,6 +246,7 @@ class JobEvent:
     started_at: Optional[datetime] = None
     ended_at: Optional[datetime] = None
     migration: Optional[Migration] = None
+    pull: Optional[PullProgress] = None
     # The JOB_EVENTS stream sequence of the event: the SSE id, what a
     # reconnecting watch resumes after. Not part of the message.
     seq: int = field(default=0, metadata={"transport": True})
@@ -396,8 +425,8 @@ class APIErrorBody:
 
 # Every class that mirrors a contract type, for the schema test.
 MODELS: tuple[type, ...] = (
-    GPUShare, GPURequest, Resources, RunSpec, Toleration, JobRequest, MIGInstance, DeviceRef,
-    Placement, Migration, FieldError, JobEvent, SubmitResponse, JobStatus, JobList, PendingStatus,
+    GPUShare, GPURequest, Resources, Mount, RunSpec, Toleration, JobRequest, MIGInstance, DeviceRef,
+    Placement, Migration, PullProgress, FieldError, JobEvent, SubmitResponse, JobStatus, JobList, PendingStatus,
     EventSummary, JobDescription, UsageRecord, UsageSummary, APIErrorBody,
 )
 
