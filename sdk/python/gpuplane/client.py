@@ -209,23 +209,25 @@ class Client:
 
     def submit(self, request: Optional[JobRequest] = None, *, tenant: Optional[str] = None,
                id: Optional[str] = None, name: str = "", gpus: Optional[int] = None, model: str = "",
-               duration: str = "", command: Optional[list[str]] = None, env: Optional[dict[str, str]] = None,
+               duration: str = "", command: Optional[list[str]] = None, image: str = "",
+               args: Optional[list[str]] = None, env: Optional[dict[str, str]] = None,
                priority: str = "", pool: str = "", checkpoint: bool = False,
                labels: Optional[dict[str, str]] = None, depends_on: Optional[list[str]] = None) -> "Submission":
         """Submits a job: either a JobRequest, or the keyword arguments of
-        a simple one (gpus of model running command, or a simulated run of
-        duration). The job ID is generated here when none is given, so the
+        a simple one (gpus of model running command, a container of image
+        with args, or a simulated run of duration). The job ID is generated here when none is given, so the
         retries of this call are one job; submitting the same ID again is
         the same job too (``duplicate`` is then true). A generated ID is
         set on the request given."""
-        simple = (name, gpus, model, duration, command, env, priority, pool, checkpoint, labels, depends_on)
+        simple = (name, gpus, model, duration, command, image, args, env, priority, pool, checkpoint, labels,
+                  depends_on)
         if request is not None and any(v not in (None, "", False) for v in simple):
             raise TypeError("submit takes a JobRequest or the keyword arguments of one, not both")
         if request is None:
             request = JobRequest(id=id or "", name=name, priority=priority, pool=pool,
                                  resources=Resources(gpu=GPURequest(count=1 if gpus is None else gpus, model=model)),
-                                 run=RunSpec(duration=duration, command=list(command or []), env=dict(env or {}),
-                                             checkpoint=checkpoint),
+                                 run=RunSpec(duration=duration, command=list(command or []), image=image,
+                                             args=list(args or []), env=dict(env or {}), checkpoint=checkpoint),
                                  labels=dict(labels or {}), depends_on=list(depends_on or []))
         elif id:
             request.id = id

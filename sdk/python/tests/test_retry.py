@@ -158,6 +158,12 @@ class RetryTest(unittest.TestCase):
         # The ID the client made is on the request, and is what was sent.
         self.assertRegex(req.id, r"^[0-9A-HJKMNP-TV-Z]{26}$")
         self.assertEqual(json.loads(s.requests[0][3])["id"], req.id)
+        # The keyword arguments make the same document.
+        c.submit(id="c1", gpus=2, model="H100-80GB", image="nvcr.io/nvidia/pytorch:24.01-py3", args=["python", "t.py"],
+                 env={"A": "1"}, priority="high")
+        self.assertEqual(json.loads(s.requests[1][3]), {
+            "id": "c1", "priority": "high", "resources": {"gpu": {"count": 2, "model": "H100-80GB"}},
+            "run": {"image": "nvcr.io/nvidia/pytorch:24.01-py3", "args": ["python", "t.py"], "env": {"A": "1"}}})
 
     def test_connection_refused(self) -> None:
         with socket.socket() as sock:
