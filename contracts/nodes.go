@@ -22,7 +22,27 @@ type GPUInfo struct {
 	MIGEnabled bool `json:"migEnabled,omitempty"`
 	// MIGInstances are the MIG devices that exist on this GPU now.
 	MIGInstances []MIGInstance `json:"migInstances,omitempty"`
+	// MPS is the state of the GPU's MPS control daemon, which enforces
+	// the shares (GPUShare) of it; "" where the agent runs no MPS (a
+	// simulated machine).
+	MPS MPSState `json:"mps,omitempty" jsonschema:"enum=,enum=none,enum=up,enum=down"`
 }
+
+// MPSState is the state of a GPU's MPS control daemon: the agent starts
+// one before the first share of the GPU launches and stops it once the
+// GPU holds no share.
+type MPSState string
+
+const (
+	// MPSNone: no share holds the GPU and no daemon runs.
+	MPSNone MPSState = "none"
+	// MPSUp: the daemon runs; shares of the GPU launch.
+	MPSUp MPSState = "up"
+	// MPSDown: a share needs the daemon and it is not running (it did not
+	// start, or it died and is being restarted): new shares of the GPU
+	// fail with ReasonMPSUnavailable.
+	MPSDown MPSState = "down"
+)
 
 // MIGInstance is one MIG device (a GPU instance with its compute instance)
 // of a GPU. Start and Size are its placement on the parent in memory
