@@ -11,7 +11,11 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
+	"time"
 
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
 	"github.com/gpuplane/gpuplane/libs/service"
 	"github.com/gpuplane/gpuplane/services/gpuctl"
 	"github.com/gpuplane/gpuplane/services/gpuplane"
@@ -33,9 +37,9 @@ func main() {
 	// when interrupted whatever its program does.
 	service.Main("gpuplane", func(ctx context.Context, log *slog.Logger) error {
 		var dataDir string
+		var printed sync.WaitGroup
 		err := gpuplane.Run(ctx, cfg, log, func(ep gpuplane.Endpoints) {
 			dataDir = ep.DataDir
-			fmt.Print(banner(ep, cfg.GpuctlConfigDir))
 			// The nats CLI reaches the bus as the demo tenant, the admin
 			// or the operator with --context gpuplane-acme and so on.
 			if dir, err := os.UserConfigDir(); err == nil {
@@ -43,7 +47,14 @@ func main() {
 					log.Warn("nats CLI contexts not written", "err", err)
 				}
 			}
+			// Not in this callback: the gateway serves once it returns.
+			printed.Go(func() {
+				if waitForFleet(ctx, ep, fleetWait, log) {
+					fmt.Print(banner(ep, cfg.GpuctlConfigDir))
+				}
+			})
 		})
+		printed.Wait()
 		if err == nil && ctx.Err() != nil && dataDir != "" {
 			kept := "its data is kept in " + dataDir
 			if cfg.DataDir == "" {
@@ -53,6 +64,59 @@ func main() {
 		}
 		return err
 	})
+}
+
+// fleetWait bounds how long the banner waits for the fleet to register.
+const fleetWait = 60 * time.Second
+
+// waitForFleet waits until the resource manager has registered every
+// machine of the static fleet (a lifecycle event on NODES), so that the
+// first command typed after the banner finds the whole fleet: a job
+// submitted before would land on whichever machines came first, and the
+// README's tour names machines. Past within it says which are missing and
+// lets the banner out anyway. False when ctx ended first.
+func waitForFleet(ctx context.Context, ep gpuplane.Endpoints, within time.Duration, log *slog.Logger) bool {
+	want := map[string]bool{}
+	for _, m := range ep.Fleet.Machines() {
+		want[m.NodeID] = true
+	}
+	wctx, cancel := context.WithTimeout(ctx, within)
+	defer cancel()
+	b, err := bus.Connect(wctx, bus.Config{URL: ep.NATSURL, Name: "gpuplane-banner", CredsFile: ep.Creds["admin"], Logger: log})
+	if err != nil {
+		log.Warn("not waiting for the fleet to register", "err", err)
+		return ctx.Err() == nil
+	}
+	defer b.Close(context.Background())
+	registered := map[string]bool{}
+	for {
+		_, err := b.Replay(wctx, bus.FollowSpec{Stream: contracts.StreamNodes, FilterSubjects: []string{contracts.SubjectNodeLifecycleAll}},
+			func(_ context.Context, m *bus.Msg) error {
+				var ev contracts.NodeEvent
+				if m.Decode(&ev) == nil && (ev.Kind == contracts.NodeRegistered || ev.Kind == contracts.NodeReturned) {
+					registered[ev.NodeID] = true
+				}
+				return nil
+			})
+		missing := 0
+		for id := range want {
+			if !registered[id] {
+				missing++
+			}
+		}
+		if err == nil && missing == 0 {
+			return true
+		}
+		select {
+		case <-wctx.Done():
+			if ctx.Err() != nil {
+				return false
+			}
+			log.Warn("not every machine of the fleet registered in time", "within", within, "missing", missing, "err", err)
+			return true
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // banner is what the binary prints once everything listens; the README

@@ -466,9 +466,9 @@ func readmeBanner(t *testing.T, doc string) []string {
 	return strings.Split(strings.TrimSpace(block), "\n")
 }
 
-// TestSignalStopsCleanly: SIGTERM (systemd, kill) ends the binary as
-// Ctrl-C does, exit 0 after a clean shutdown, and a temporary data
-// directory is removed.
+// TestSignalStopsCleanly: the banner comes once the fleet is registered;
+// SIGTERM (systemd, kill) ends the binary as Ctrl-C does, exit 0 after a
+// clean shutdown, and a temporary data directory is removed.
 func TestSignalStopsCleanly(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: starts the whole platform")
@@ -489,6 +489,13 @@ func TestSignalStopsCleanly(t *testing.T) {
 	}
 	if !strings.HasPrefix(dataDir, tmp) {
 		t.Fatalf("data directory %q, want a temporary one under %s", dataDir, tmp)
+	}
+	// The banner waits for the fleet: its machine is registered already.
+	var out, errOut bytes.Buffer
+	env := map[string]string{"GPUPLANE_CONFIG_DIR": filepath.Join(tmp, "gpuctl")}
+	if code := gpuctl.Run(context.Background(), []string{"nodes"}, &out, &errOut, func(k string) string { return env[k] }); code != gpuctl.ExitOK ||
+		!regexp.MustCompile(`(?m)^static-01 .* registered `).MatchString(out.String()) {
+		t.Errorf("gpuctl nodes right after the banner: exit %d, %s%s; want static-01 registered", code, out.String(), errOut.String())
 	}
 	code, rest := p.stop(t, syscall.SIGTERM)
 	if code != 0 {
