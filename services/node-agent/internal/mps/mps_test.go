@@ -195,7 +195,7 @@ func TestAShareIsRefusedWhenTheDaemonCannotStart(t *testing.T) {
 func TestRestartsAreBounded(t *testing.T) {
 	c := mpstest.New(t)
 	s := newSupervisor(t, c, mpstest.Root(t)) // MaxRestarts 3
-	l, err := s.Hold(gpuA)                // a re-adopted share: holds, never waits
+	l, err := s.Hold(gpuA)                    // a re-adopted share: holds, never waits
 	if err != nil {
 		t.Fatal(err)
 	}
