@@ -152,6 +152,8 @@ type Cache struct {
 	index  string
 	salt   string // of the credential fingerprints; set by New, then read only
 
+	bg sync.WaitGroup // pulls, which may outlive their waiters
+
 	mu    sync.Mutex
 	idx   index
 	meta  map[string]meta   // cached images by digest
@@ -404,6 +406,7 @@ func (c *Cache) Acquire(ctx context.Context, ref string, auth Auth, progress fun
 		pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		p = &pull{key: top, done: make(chan struct{}), waiters: map[*waiter]bool{}, cancel: cancel}
 		c.pulls[top] = p
+		c.bg.Add(1)
 		go c.runPull(pctx, p, byDigest, auth)
 	}
 	p.waiters[w] = true
@@ -659,6 +662,12 @@ func (c *Cache) discard(dirs []string) {
 			c.log.Warn("image cache: evicted image not deleted (the next start deletes it)", "dir", d, "err", err)
 		}
 	}
+}
+
+// Close waits for the pulls in progress, which end soon after their last
+// waiter gives up. The cache is not used after.
+func (c *Cache) Close() {
+	c.bg.Wait()
 }
 
 // Images lists the cached images, the most recently used first.

@@ -50,9 +50,10 @@ type waiter struct {
 // still there (so no eviction can come between the unpack and the runs
 // that asked for it) and runs the garbage collection its size may need.
 func (c *Cache) runPull(ctx context.Context, p *pull, ref name.Digest, auth Auth) {
+	defer c.bg.Done()
 	defer p.cancel()
 	start := c.cfg.Now()
-	m, err := c.fetch(ctx, ref, auth, p)
+	m, pinned, err := c.fetch(ctx, ref, auth, p)
 	if err != nil {
 		err = classify(ref.String(), err)
 	}
@@ -76,20 +77,31 @@ func (c *Cache) runPull(ctx context.Context, p *pull, ref name.Digest, auth Auth
 		}
 		w.img, w.release, w.err = c.holdLocked(m.Digest)
 	}
+	if pinned {
+		c.unpinLocked(m.Digest)
+	}
 	var victims []string
 	if err == nil {
 		victims = c.evictLocked()
 		c.saveIndexOrLogLocked()
 	}
 	c.mu.Unlock()
-	close(p.done)
-	c.discard(victims)
 	if err != nil {
 		c.log.Warn("image pull failed", "image", ref.String(), "err", err)
-		return
+	} else {
+		c.log.Info("image pulled", "image", ref.String(), "digest", m.Digest,
+			"download_bytes", m.Download, "bytes", m.Size, "took", c.cfg.Now().Sub(start))
 	}
-	c.log.Info("image pulled", "image", ref.String(), "digest", m.Digest,
-		"download_bytes", m.Download, "bytes", m.Size, "took", c.cfg.Now().Sub(start))
+	close(p.done)
+	// The waiters need not wait for the deletion of what was evicted.
+	c.discard(victims)
+}
+
+// unpinLocked drops fetch's pin. Lock should be held.
+func (c *Cache) unpinLocked(d string) {
+	if c.holds[d]--; c.holds[d] <= 0 {
+		delete(c.holds, d)
+	}
 }
 
 // report passes progress to the waiters, at most about fifty times a
@@ -114,57 +126,64 @@ func (c *Cache) report(p *pull, done, total int64) {
 }
 
 // fetch downloads the image ref names for Platform and unpacks it into
-// images/, or finds it there (an index seen for the first time may
-// point at an image already cached).
-func (c *Cache) fetch(ctx context.Context, ref name.Digest, auth Auth, p *pull) (meta, error) {
+// images/, or finds it there (an index seen for the first time may point
+// at an image already cached): then it is pinned (held without a lease)
+// so that no eviction takes it before runPull holds it for the waiters.
+func (c *Cache) fetch(ctx context.Context, ref name.Digest, auth Auth, p *pull) (_ meta, pinned bool, _ error) {
 	desc, err := remote.Get(ref, c.options(ctx, auth)...)
 	if err != nil {
-		return meta{}, err
+		return meta{}, false, err
 	}
 	img, err := desc.Image()
 	if err != nil {
 		if strings.Contains(err.Error(), "no child with platform") {
-			return meta{}, fmt.Errorf("%w: %s: no %s/%s image in the index", ErrNotFound, ref, Platform.OS, Platform.Architecture)
+			return meta{}, false, fmt.Errorf("%w: %s: no %s/%s image in the index", ErrNotFound, ref, Platform.OS, Platform.Architecture)
 		}
-		return meta{}, err
+		return meta{}, false, err
 	}
 	d, err := img.Digest()
 	if err != nil {
-		return meta{}, err
+		return meta{}, false, err
 	}
 	digest := d.String()
-	if m, err := readMeta(c.imageDir(digest)); err == nil {
-		return m, nil
+	c.mu.Lock()
+	m, cached := c.meta[digest]
+	if cached {
+		c.holds[digest]++
+	}
+	c.mu.Unlock()
+	if cached {
+		return m, true, nil
 	}
 	cf, err := img.ConfigFile()
 	if err != nil {
-		return meta{}, err
+		return meta{}, false, err
 	}
 	if (cf.OS != "" && cf.OS != Platform.OS) || (cf.Architecture != "" && cf.Architecture != Platform.Architecture) {
-		return meta{}, fmt.Errorf("%w: %s is a %s/%s image; this machine runs %s/%s",
+		return meta{}, false, fmt.Errorf("%w: %s is a %s/%s image; this machine runs %s/%s",
 			ErrNotFound, ref, cf.OS, cf.Architecture, Platform.OS, Platform.Architecture)
 	}
 	layers, err := img.Layers()
 	if err != nil {
-		return meta{}, err
+		return meta{}, false, err
 	}
 	var total int64
 	for _, l := range layers {
 		n, err := l.Size()
 		if err != nil {
-			return meta{}, err
+			return meta{}, false, err
 		}
 		total += n
 	}
 
 	tmp, err := os.MkdirTemp(c.tmp, d.Hex+".")
 	if err != nil {
-		return meta{}, err
+		return meta{}, false, err
 	}
 	defer os.RemoveAll(tmp) // a no-op once renamed into place
 	rootfs := filepath.Join(tmp, "rootfs")
 	if err := os.Mkdir(rootfs, 0o755); err != nil {
-		return meta{}, err
+		return meta{}, false, err
 	}
 	var done int64
 	c.report(p, 0, total)
@@ -174,29 +193,29 @@ func (c *Cache) fetch(ctx context.Context, ref name.Digest, auth Auth, p *pull) 
 			c.report(p, done, total)
 		})
 		if err != nil {
-			return meta{}, fmt.Errorf("layer %d of %d: %w", i+1, len(layers), err)
+			return meta{}, false, fmt.Errorf("layer %d of %d: %w", i+1, len(layers), err)
 		}
 	}
 	c.report(p, total, total)
 	size, err := diskUsage(rootfs)
 	if err != nil {
-		return meta{}, err
+		return meta{}, false, err
 	}
-	m := meta{
+	m = meta{
 		Digest: digest, Entrypoint: cf.Config.Entrypoint, Cmd: cf.Config.Cmd, Env: cf.Config.Env,
 		User: cf.Config.User, WorkingDir: cf.Config.WorkingDir, Size: size, Download: total, Pulled: c.cfg.Now().UTC(),
 	}
 	b, err := json.Marshal(m)
 	if err != nil {
-		return meta{}, err
+		return meta{}, false, err
 	}
 	if err := os.WriteFile(filepath.Join(tmp, "image.json"), b, 0o600); err != nil {
-		return meta{}, err
+		return meta{}, false, err
 	}
 	if err := commit(tmp, c.imageDir(digest)); err != nil {
-		return meta{}, err
+		return meta{}, false, err
 	}
-	return m, nil
+	return m, false, nil
 }
 
 // commit makes the unpacked image in tmp durable, then visible under final

@@ -15,13 +15,16 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/compression"
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
 
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/image"
 )
@@ -163,7 +166,14 @@ type tarEntry struct {
 	uid, gid int
 }
 
+// layerOf is an uncompressed layer: quick to build and unpack under -race.
 func layerOf(t testing.TB, entries ...tarEntry) v1.Layer {
+	t.Helper()
+	return layerAs(t, "none", entries...)
+}
+
+// layerAs is a layer compressed with comp: none, gzip or zstd.
+func layerAs(t testing.TB, comp string, entries ...tarEntry) v1.Layer {
 	t.Helper()
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
@@ -186,7 +196,14 @@ func layerOf(t testing.TB, entries ...tarEntry) v1.Layer {
 		t.Fatal(err)
 	}
 	b := buf.Bytes()
-	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil })
+	var opts []tarball.LayerOption
+	switch comp {
+	case "none":
+		return static.NewLayer(b, types.OCIUncompressedLayer)
+	case "zstd":
+		opts = append(opts, tarball.WithCompression(compression.ZStd), tarball.WithMediaType(types.OCILayerZStd))
+	}
+	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(b)), nil }, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,30 +222,51 @@ func symlink(n, target string) tarEntry {
 // layer with /bin/busybox and its links, a layer of data, and a layer
 // that deletes some of it with whiteouts (one plain, one opaque), plus a
 // last layer with id, so that images of different ids differ.
+//
+// Images are built once per id and test binary: compressing and hashing
+// busybox is most of this package's test time under -race.
 func busyboxImage(t testing.TB, id string) v1.Image {
+	t.Helper()
+	return busyboxImageAs(t, id, "none")
+}
+
+// busyboxImageAs is busyboxImage with layers compressed with comp.
+func busyboxImageAs(t testing.TB, id, comp string) v1.Image {
+	t.Helper()
+	if img, ok := builtImages.Load(id + "/" + comp); ok {
+		return img.(v1.Image)
+	}
+	img := buildBusyboxImage(t, id, comp)
+	builtImages.Store(id+"/"+comp, img)
+	return img
+}
+
+var builtImages sync.Map // id/compression → v1.Image
+
+func buildBusyboxImage(t testing.TB, id, comp string) v1.Image {
 	t.Helper()
 	bb, err := os.ReadFile("/bin/busybox")
 	if err != nil {
 		t.Skipf("no /bin/busybox to build test images from (apt-get install busybox-static): %v", err)
 	}
-	base := layerOf(t,
+	base := layerAs(t, comp,
 		dir("bin/"), dir("etc/"), dir("tmp/"),
 		tarEntry{name: "bin/busybox", typ: tar.TypeReg, mode: 0o755, body: bb},
 		symlink("bin/sh", "busybox"), symlink("bin/ls", "/bin/busybox"),
 		file("etc/passwd", "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n"),
 	)
-	data := layerOf(t,
+	data := layerAs(t, comp,
 		dir("etc/"), file("etc/removed", "gone soon\n"), file("etc/kept", "still here\n"),
 		dir("data/"), dir("data/old/"), file("data/old/a", "a\n"), dir("data/old/sub/"), file("data/old/sub/b", "b\n"),
 		tarEntry{name: "data/owned", typ: tar.TypeReg, mode: 0o4750, body: []byte("setuid\n"), uid: 1000, gid: 1001},
 		tarEntry{name: "bin/hardlinked", typ: tar.TypeLink, linkname: "bin/busybox"},
 	)
-	whiteouts := layerOf(t,
+	whiteouts := layerAs(t, comp,
 		file("etc/.wh.removed", ""),
 		file("data/old/new", "new\n"),
 		file("data/old/.wh..wh..opq", ""),
 	)
-	last := layerOf(t, file("id", id+"\n"))
+	last := layerAs(t, comp, file("id", id+"\n"))
 	img, err := mutate.AppendLayers(empty.Image, base, data, whiteouts, last)
 	if err != nil {
 		t.Fatal(err)
