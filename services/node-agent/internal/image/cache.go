@@ -68,6 +68,11 @@ type Config struct {
 	Log *slog.Logger
 	// Now is the clock of last-use times; nil means time.Now.
 	Now func() time.Time
+	// Changed, when not nil, is called after what Images returns has
+	// changed (an image pulled or evicted, a new reference to one): the
+	// agent republishes its inventory's locality report. It is called
+	// without the cache's lock held and must not block.
+	Changed func()
 }
 
 // Image is an image in the cache, as a run uses it.
@@ -393,10 +398,13 @@ func (c *Cache) Acquire(ctx context.Context, ref string, auth Auth, progress fun
 	c.mu.Lock()
 	if d, ok := c.imageOfLocked(top); ok {
 		// The registry has just accepted these credentials for ref.
-		c.recordLocked(names, top, d, fp)
+		newRef := c.recordLocked(names, top, d, fp)
 		img, release, err := c.holdLocked(d)
 		c.saveIndexOrLogLocked()
 		c.mu.Unlock()
+		if newRef {
+			c.changed()
+		}
 		return img, release, err
 	}
 	p := c.pulls[top]
@@ -508,18 +516,27 @@ func (c *Cache) imageOfLocked(top string) (string, bool) {
 }
 
 // recordLocked notes that names resolve to top, which stands for image,
-// and that the registry accepted fp for them. Lock should be held.
-func (c *Cache) recordLocked(names []string, top, image, fp string) {
+// and that the registry accepted fp for them; it reports whether a
+// reference is new or moved. Lock should be held.
+func (c *Cache) recordLocked(names []string, top, image, fp string) (moved bool) {
 	for _, n := range names {
 		e := c.idx.Refs[n]
 		if e == nil || e.Digest != top || e.Image != image {
 			// New, or a tag that moved: grants were for the old content.
 			e = &refEntry{Digest: top, Image: image}
 			c.idx.Refs[n] = e
+			moved = true
 		}
 		if !slices.Contains(e.Granted, fp) {
 			e.Granted = append(e.Granted, fp)
 		}
+	}
+	return moved
+}
+
+func (c *Cache) changed() {
+	if c.cfg.Changed != nil {
+		c.cfg.Changed()
 	}
 }
 
@@ -656,7 +673,12 @@ func (c *Cache) evictLocked() []string {
 	return victims
 }
 
+// discard deletes what evictLocked took out of sight, and says that the
+// cache changed.
 func (c *Cache) discard(dirs []string) {
+	if len(dirs) > 0 {
+		c.changed()
+	}
 	for _, d := range dirs {
 		if err := os.RemoveAll(d); err != nil {
 			c.log.Warn("image cache: evicted image not deleted (the next start deletes it)", "dir", d, "err", err)

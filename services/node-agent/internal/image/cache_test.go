@@ -484,3 +484,45 @@ func TestOfflineFromCache(t *testing.T) {
 		}
 	}
 }
+
+// TestChangedSaysWhenImagesChange: Config.Changed (the agent's cue to
+// republish its inventory) follows what Images lists: a pull, a new
+// reference, an eviction; not a cache hit.
+func TestChangedSaysWhenImagesChange(t *testing.T) {
+	reg := startRegistry(t)
+	digestRef := reg.push(t, "team/busybox:1", busyboxImage(t, "one"), image.Auth{})
+	reg.push(t, "team/busybox:latest", busyboxImage(t, "one"), image.Auth{})
+	var changes atomic.Int32
+	// A limit of one byte: an image goes as soon as no run holds it.
+	c := newCache(t, image.Config{MaxBytes: 1, Changed: func() { changes.Add(1) }})
+	var releases []func()
+	hold := func(ref string) func() {
+		return func() {
+			_, release := acquire(t, c, ref, image.Auth{})
+			releases = append(releases, release)
+		}
+	}
+	steps := []struct {
+		what string
+		do   func()
+		want int32
+	}{
+		{"a pull", hold(reg.host + "/team/busybox:1"), 1},
+		{"a hit by digest", hold(digestRef), 1},
+		{"a new tag of the image", hold(reg.host + "/team/busybox:latest"), 2},
+		{"all released: evicted", func() {
+			for _, r := range releases {
+				r()
+			}
+		}, 3},
+	}
+	for _, s := range steps {
+		s.do()
+		if got := changes.Load(); got != s.want {
+			t.Fatalf("after %s: %d changes, want %d", s.what, got, s.want)
+		}
+	}
+	if len(c.Images()) != 0 {
+		t.Errorf("Images() = %+v after the eviction", c.Images())
+	}
+}

@@ -93,6 +93,9 @@ func (c *Cache) runPull(ctx context.Context, p *pull, ref name.Digest, auth Auth
 			"download_bytes", m.Download, "bytes", m.Size, "took", c.cfg.Now().Sub(start))
 	}
 	close(p.done)
+	if err == nil {
+		c.changed()
+	}
 	// The waiters need not wait for the deletion of what was evicted.
 	c.discard(victims)
 }
