@@ -113,8 +113,8 @@ func TestOpenAPICheckCatchesMismatches(t *testing.T) {
 	}{
 		"healthz ok":           {"GET", "/healthz", 200, []string{"Content-Type", "application/json"}, `{"status":"ok"}`, ""},
 		"undeclared status":    {"GET", "/healthz", 418, []string{"Content-Type", "application/json"}, apiErr, "status 418 is not declared"},
-		"body off its schema":  {"GET", "/v1/tenants/acme/jobs/j1", 200, []string{"Content-Type", "application/json"}, `{"jobId":5}`, "doesn't match schema"},
-		"error body off":       {"GET", "/v1/tenants/acme/jobs/j1", 404, []string{"Content-Type", "application/json"}, `{"reason":"x"}`, "doesn't match schema"},
+		"body off its schema":  {"GET", "/v1/tenants/acme/jobs/j1", 200, []string{"Content-Type", "application/json"}, `{"jobId":5}`, "doesn't match its schema"},
+		"error body off":       {"GET", "/v1/tenants/acme/jobs/j1", 404, []string{"Content-Type", "application/json"}, `{"reason":"x"}`, "doesn't match its schema"},
 		"undeclared type":      {"GET", "/v1/tenants/acme/jobs/j1", 200, []string{"Content-Type", "text/plain"}, `hi`, `Content-Type "text/plain" is not declared`},
 		"405 with its Allow":   {"PUT", "/healthz", 405, []string{"Content-Type", "application/json", "Allow", "GET, HEAD"}, apiErr, ""},
 		"405 with wrong Allow": {"PUT", "/healthz", 405, []string{"Content-Type", "application/json", "Allow", "GET"}, apiErr, `make "GET, HEAD"`},
