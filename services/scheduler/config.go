@@ -51,6 +51,11 @@ type Config struct {
 	// Policy is the placement policy of pools without a PoolConfig in
 	// the gp-pools bucket.
 	Policy contracts.PlacementPolicy
+	// AllowHostCommands lets pools without a runtime policy of their own
+	// (PoolConfig.Runtime in gp-pools) run host commands: jobs without
+	// an image, run as the node agent's user. Default false: such pools
+	// run container images only. `make run`'s all-in-one sets it.
+	AllowHostCommands bool
 	// PreemptGrace is a preempted or drained job's time to checkpoint
 	// and exit before it is killed.
 	PreemptGrace time.Duration
@@ -106,6 +111,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 			c.Policy = contracts.PlacementPolicy(v)
 			return nil
 		})
+	fs.BoolVar(&c.AllowHostCommands, "allow-host-commands", c.AllowHostCommands,
+		"pools without a runtime policy of their own (gp-pools) run host commands too, not only container images")
 	fs.DurationVar(&c.PreemptGrace, "preempt-grace", c.PreemptGrace, "a preempted or drained job's time to checkpoint and exit before it is killed")
 	fs.DurationVar(&c.MinRuntime, "min-runtime", c.MinRuntime, "a started job is not preempted before it ran this long")
 	fs.DurationVar(&c.CheckpointTimeout, "checkpoint-timeout", c.CheckpointTimeout, "how long a moved job's requested checkpoint is waited for before it is stopped anyway")

@@ -136,7 +136,7 @@ func newScheduler(cfg Config, b *bus.Bus, log *slog.Logger, term lease.Term) *sc
 	s.demand = newDemandPublisher(b, cfg.DemandInterval, cfg.Name, boot, log)
 	s.budget = newBudgetGate(b, log)
 	s.st = state.New(state.Config{Scheduler: cfg.Name, Boot: boot, MaxPlanBytes: cfg.MaxPlanBytes, Log: log,
-		Wake: s.markDirty, Admit: s.budget.Admit, Policy: cfg.Policy, PreemptGrace: cfg.PreemptGrace,
+		Wake: s.markDirty, Admit: s.budget.Admit, Policy: cfg.Policy, AllowHostCommands: cfg.AllowHostCommands, PreemptGrace: cfg.PreemptGrace,
 		MinRuntime: cfg.MinRuntime, MaxReservations: cfg.MaxReservations, CheckpointTimeout: cfg.CheckpointTimeout})
 	return s
 }

@@ -53,6 +53,8 @@ func admits(n *Node, r Request) bool {
 		return false
 	case r.Pool != "" && n.Pool != r.Pool:
 		return false
+	case r.PoolRuns != nil && !r.PoolRuns(n.Pool):
+		return false
 	case n.CPUMilliFree < r.CPUMilli || n.MemoryMiBFree < r.MemoryMiB:
 		return false
 	case !contracts.Selected(r.Selector, n.Labels):

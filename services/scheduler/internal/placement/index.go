@@ -52,6 +52,8 @@ type Placer struct {
 	gen    uint64
 	poolAt []uint64 // generation poolOK was asked for, by pool id
 	poolIs []bool
+	runsAt []uint64 // generation poolRuns was asked for, by pool id
+	runsIs []bool
 
 	frag      []*fragsim.FragAware // by pool id, built on first use
 	fragModel *fragsim.Models
@@ -277,6 +279,8 @@ func NewPlacer(snap Snapshot, opt Options) *Placer {
 	}
 	p.poolAt = make([]uint64, len(p.pools.list))
 	p.poolIs = make([]bool, len(p.pools.list))
+	p.runsAt = make([]uint64, len(p.pools.list))
+	p.runsIs = make([]bool, len(p.pools.list))
 	p.frag = make([]*fragsim.FragAware, len(p.pools.list))
 	return p
 }

@@ -227,8 +227,23 @@ func (p *Placer) refresh(s *shape) {
 	s.cursor = len(p.live)
 }
 
-// poolOK asks r.AllowPool about a pool, once per request.
+// poolRuns asks r.PoolRuns about a pool, once per request.
+func (p *Placer) poolRuns(r *Request, pool int32) bool {
+	if r.PoolRuns == nil {
+		return true
+	}
+	if p.runsAt[pool] != p.gen {
+		p.runsAt[pool] = p.gen
+		p.runsIs[pool] = r.PoolRuns(p.pools.list[pool])
+	}
+	return p.runsIs[pool]
+}
+
+// poolOK asks r.PoolRuns and r.AllowPool about a pool, once per request.
 func (p *Placer) poolOK(r *Request, pool int32) bool {
+	if !p.poolRuns(r, pool) {
+		return false
+	}
 	if r.AllowPool == nil {
 		return true
 	}
@@ -273,13 +288,33 @@ func (p *Placer) firstEligible(c *class, r *Request, limit int32) int32 {
 	return -1
 }
 
+// firstPreferred is the first member of c (below limit, when limit >= 0)
+// that passes nodeOK and r.Prefer, or -1.
+func (p *Placer) firstPreferred(c *class, r *Request, limit int32) int32 {
+	if r.CPUMilli > c.maxCPU || r.MemoryMiB > c.maxMem {
+		return -1
+	}
+	for _, ord := range c.members {
+		if limit >= 0 && ord >= limit {
+			return -1
+		}
+		if r.Prefer(p.nodes[ord].src.ID) && p.nodeOK(ord, r) {
+			return ord
+		}
+	}
+	return -1
+}
+
 // best is the first node, in node order, among the best-ranked classes of
 // one policy's list of tier tier that have an eligible member; -1 if none.
-// It drops the emptied classes it passes over.
-func (p *Placer) best(s *shape, pol int, tier int8, r *Request) int32 {
+// With r.Prefer, the first preferred such node instead when there is one
+// (preferred says so). It drops the emptied classes it passes over.
+func (p *Placer) best(s *shape, pol int, tier int8, r *Request) (best int32, preferred bool) {
 	list := s.lists[pol]
 	w, i := 0, 0
-	found, best := false, int32(-1)
+	found := false
+	best = -1
+	pref := int32(-1)
 	var score float64
 	for ; i < len(list); i++ {
 		e := list[i]
@@ -303,22 +338,31 @@ func (p *Placer) best(s *shape, pol int, tier int8, r *Request) int32 {
 		if ord := p.firstEligible(c, r, best); ord >= 0 {
 			found, score, best = true, e.score, ord
 		}
+		if r.Prefer != nil && found && e.score == score {
+			if ord := p.firstPreferred(c, r, pref); ord >= 0 {
+				pref = ord
+			}
+		}
 	}
 	if w < i {
 		n := copy(list[w:], list[i:])
 		s.lists[pol] = list[:w+n]
 	}
-	return best
+	if pref >= 0 {
+		return pref, true
+	}
+	return best, false
 }
 
 // searchOne is the node for a one-machine request, or -1.
 func (p *Placer) searchOne(s *shape, r *Request) int32 {
 	p.refresh(s)
 	for tier := int8(0); tier <= 1; tier++ {
-		best := int32(-1)
+		best, bestPref := int32(-1), false
 		for pol := range s.lists {
-			if ord := p.best(s, pol, tier, r); ord >= 0 && (best < 0 || ord < best) {
-				best = ord
+			ord, pref := p.best(s, pol, tier, r)
+			if ord >= 0 && (best < 0 || pref && !bestPref || pref == bestPref && ord < best) {
+				best, bestPref = ord, pref
 			}
 		}
 		if best >= 0 {

@@ -101,6 +101,17 @@ type Request struct {
 	// AllowPool says whether the tenant's quota leaves headroom in a pool;
 	// nil allows every pool. Place calls it at most once per pool.
 	AllowPool func(pool string) bool
+	// PoolRuns says whether a pool's runtime policy runs the job (a host
+	// command only where the pool allows them, mounts only from its
+	// roots: contracts.CheckRuntime); nil runs it everywhere. Place calls
+	// it at most once per pool.
+	PoolRuns func(pool string) bool
+	// Prefer marks the nodes that already hold the job's image: among
+	// nodes of equal rank (the policy's score, tier and pool order), a
+	// preferred one is taken before the first in node order. It never
+	// outweighs a better score, so locality costs no fragmentation. nil
+	// prefers none.
+	Prefer func(node string) bool
 	// Exclude names nodes the job must not use at all (nodes a moved job
 	// freed); nil excludes none.
 	Exclude map[string]bool

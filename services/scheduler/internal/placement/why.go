@@ -106,6 +106,7 @@ func (p *Placer) explain(r *Request) Pending {
 	var (
 		hw, capable, usable, gpuFit, fit     int
 		cordoned, tainted, unselected, quota int
+		runtime                              int
 		reserved                             int
 		capMax, blockMax                     = -1, -1
 		capNode, blockNode, cpuNode          string
@@ -142,6 +143,9 @@ func (p *Placer) explain(r *Request) Pending {
 			continue
 		case f.tier > 1:
 			tainted += size
+			continue
+		case !p.poolRuns(r, c.pool):
+			runtime += size
 			continue
 		case !p.poolOK(r, c.pool):
 			quota += size
@@ -233,6 +237,7 @@ func (p *Placer) explain(r *Request) Pending {
 	}
 	add(cordoned, "cordoned")
 	add(tainted, "tainted NoSchedule (not tolerated)")
+	add(runtime, "in a pool whose runtime policy does not run it (host commands or mounts)")
 	add(quota, "in a pool without quota headroom")
 	add(unselected, "not matching the node selector")
 	add(reserved, "reserved for jobs ahead")

@@ -306,6 +306,12 @@ func (s *Store) items(j *Job, d placement.Decision) []*contracts.Allocation {
 			JobID: j.ID, Attempt: j.Attempt, NodeID: p.NodeID, Pool: p.Pool, Devices: p.Devices,
 			Priority: j.Request.Priority, Run: j.Request.Run, Scheduler: s.cfg.Scheduler,
 			CPUMilli: j.Request.Resources.CPUMilli, MemoryMiB: j.Request.Resources.MemoryMiB}
+		if run := j.Request.Run; run.IsContainer() || run.IsHostCommand() {
+			// The agent runs it under the pool's policy as placed here.
+			rt := *s.runtimeOf(p.Pool)
+			rt.MountRoots = slices.Clone(rt.MountRoots)
+			a.Runtime = &rt
+		}
 		if gang != nil {
 			a.Gang = &contracts.GangPart{Rank: i, Size: len(gang), Nodes: gang}
 		}
@@ -319,7 +325,8 @@ func (s *Store) request(j *Job, ahead int) placement.Request {
 	req := j.Request
 	return placement.Request{Tenant: j.Tenant, Ahead: ahead, GPU: req.Resources.GPU,
 		CPUMilli: req.Resources.CPUMilli, MemoryMiB: req.Resources.MemoryMiB, Pool: req.Pool,
-		Selector: req.NodeSelector, Tolerations: req.Tolerations}
+		Selector: req.NodeSelector, Tolerations: req.Tolerations,
+		PoolRuns: s.poolRuns(req.Run), Prefer: s.prefer(req.Run)}
 }
 
 // timeOut fails a job not placed within its placement timeout.

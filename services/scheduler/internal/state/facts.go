@@ -24,6 +24,9 @@ type cluster struct {
 	// (admission.go).
 	sizes    cardSizes
 	migKinds map[migKind]int
+	// imageNodes counts the nodes whose inventory lists each image
+	// (runtime.go): locality is looked for only when some node holds it.
+	imageNodes map[string]int
 	// claims are devices held for preemptors (by job key) until they
 	// commit or give up: what their victims free goes to them alone.
 	claims map[string]*claim
@@ -59,6 +62,9 @@ type nodeState struct {
 	suspect      bool
 	suspectGPUs  map[string]bool
 	suspectUntil time.Time
+	// images are the images its inventory lists, normalized
+	// (inventoryImages).
+	images map[string]bool
 }
 
 // suspectBackoff is how long a refused node or device sits out when no
@@ -71,7 +77,7 @@ const unlimited = int64(1) << 50
 func newCluster() *cluster {
 	return &cluster{nodes: map[string]*nodeState{}, allocs: map[string]contracts.Allocation{},
 		plans: map[string]*contracts.Allocation{}, claims: map[string]*claim{}, sizes: cardSizes{},
-		migKinds: map[migKind]int{}}
+		migKinds: map[migKind]int{}, imageNodes: map[string]int{}}
 }
 
 func (c *cluster) node(id string) *nodeState {
@@ -305,6 +311,7 @@ func (s *Store) ApplyInventory(inv contracts.NodeInventory) {
 	}
 	c.sizes.add(c.migKinds, n.inv, -1)
 	c.sizes.add(c.migKinds, &inv, +1)
+	c.indexImages(n, inventoryImages(inv.Images))
 	n.inv = &inv
 	n.clear()
 	s.cfg.Wake()
@@ -532,6 +539,9 @@ func (s *Store) runFact(r contracts.RunEvent) {
 			t := r.Time
 			p.started = &t
 		}
+	case contracts.RunPulling:
+		s.pullingEvent(j, p, r)
+		return
 	case contracts.RunCheckpointed:
 		t := r.Time
 		p.checkpointed = &t

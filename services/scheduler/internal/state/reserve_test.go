@@ -193,6 +193,7 @@ func TestReservationHoldsOnlyWhatItsJobNeeds(t *testing.T) {
 		req.Resources.GPU.MIGProfile = "1g.10gb"
 		req.Run.Duration = 0 // unknown run time: respects every reservation
 		req.Run.Command = []string{"train"}
+		req.Run.Image = "acme/train:v1" // a container: the default pool runs images only
 		if sub := h.submit("qa", req); sub.Outcome != "queued" {
 			t.Fatalf("slice%d: %s %+v", i, sub.Outcome, h.last("qa", req.ID))
 		}

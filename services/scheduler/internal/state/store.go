@@ -67,6 +67,10 @@ type Config struct {
 	MinRuntime time.Duration
 	// Policy is the placement policy of pools without a PoolConfig.
 	Policy contracts.PlacementPolicy
+	// AllowHostCommands is the runtime policy of pools without one of
+	// their own (PoolConfig.Runtime): whether they run host commands.
+	// False, the default, runs images only there (runtime.go).
+	AllowHostCommands bool
 	// MaxReservations bounds the backfill reservations one cycle makes;
 	// 0 makes none (no backfill protection). It has no default here: the
 	// service's flag has one, and a zero must mean what it says.
@@ -179,6 +183,8 @@ type part struct {
 	checkpointed *time.Time
 	askedSent    bool
 	askedDone    bool
+	// pulls counts the pulling facts of its run (the seq of their events).
+	pulls int
 }
 
 // done reports whether the part no longer runs: its run ended, or its
@@ -556,6 +562,9 @@ func (s *Store) Submit(subject string, data []byte, streamSeq uint64) Submission
 		return s.reject(tenant, req.ID, streamSeq, err)
 	}
 	if err := s.checkShareFits(norm); err != nil {
+		return s.reject(tenant, req.ID, streamSeq, err)
+	}
+	if err := s.checkRuntime(norm); err != nil {
 		return s.reject(tenant, req.ID, streamSeq, err)
 	}
 	if s.cfg.Admit != nil {
