@@ -40,6 +40,8 @@ type submitFlags struct {
 	name, model, priority, pool, duration    string
 	mig, share, topology, cpu, memory        string
 	expected, placementTimeout               string
+	image, workdir, user, shm                string
+	mounts, env                              listFlag
 	gpus, nodes, exitCode                    int
 	gpuMemory                                int64
 	checkpoint                               bool
@@ -82,6 +84,12 @@ func (f *submitFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.placementTimeout, "placement-timeout", "", "fail the job if it is not placed within this time (e.g. 30m)")
 	fs.StringVar(&f.duration, "duration", "30s", "a simulated run's length; with a command after --, a time limit (only when given)")
 	fs.IntVar(&f.exitCode, "exit-code", 0, "exit code the simulated run ends with")
+	fs.StringVar(&f.image, "image", "", "run in a container of this OCI image (a tag or a digest); a command after -- replaces its ENTRYPOINT")
+	fs.StringVar(&f.workdir, "workdir", "", "the container's working directory (default the image's)")
+	fs.StringVar(&f.user, "user", "", "run the container as UID[:GID] or a NAME[:GROUP] of the image (default the image's user)")
+	fs.StringVar(&f.shm, "shm-size", "", "size of the container's /dev/shm: MiB (1024) or with a unit (1Gi)")
+	fs.Var(&f.mounts, "mount", "mount a host path of the pool's mount roots: SOURCE:TARGET[:ro] (repeatable)")
+	fs.Var(&f.env, "env", "an environment variable of the run, KEY=VALUE (repeatable, or comma-separated)")
 	fs.BoolVar(&f.checkpoint, "checkpoint", false, "the job implements the checkpoint protocol (SIGUSR1, GPUPLANE_CHECKPOINT_DIR; see FLOWS.md)")
 }
 
@@ -197,8 +205,45 @@ func (f *submitFlags) request(durationSet bool, command []string) ([]byte, error
 	if len(command) > 0 {
 		run["command"] = command
 	}
-	if len(command) == 0 || durationSet {
+	// A simulated run's length by default; for a command or an image, a
+	// time limit only when asked for.
+	if len(command) == 0 && f.image == "" || durationSet {
 		run["duration"] = f.duration
+	}
+	if f.image != "" {
+		run["image"] = f.image
+	}
+	if f.workdir != "" {
+		run["workingDir"] = f.workdir
+	}
+	if f.user != "" {
+		run["user"] = f.user
+	}
+	if f.shm != "" {
+		mib, err := parseMiB(f.shm)
+		errs = append(errs, err)
+		run["shmSizeMiB"] = mib
+	}
+	if len(f.mounts) > 0 {
+		mounts := make([]contracts.Mount, 0, len(f.mounts))
+		for _, m := range f.mounts {
+			mount, err := parseMount(m)
+			errs = append(errs, err)
+			mounts = append(mounts, mount)
+		}
+		run["mounts"] = mounts
+	}
+	if len(f.env) > 0 {
+		env := map[string]string{}
+		for _, kv := range f.env {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok || k == "" {
+				errs = append(errs, fmt.Errorf("--env %q: want KEY=VALUE", kv))
+				continue
+			}
+			env[k] = v
+		}
+		run["env"] = env
 	}
 	if f.checkpoint {
 		run["checkpoint"] = true
@@ -241,6 +286,22 @@ func (f *submitFlags) request(durationSet bool, command []string) ([]byte, error
 		return nil, err
 	}
 	return json.Marshal(doc)
+}
+
+// parseMount reads --mount SOURCE:TARGET[:ro|:rw]; the paths are checked
+// with the rest of the request (and the source against the pool's roots
+// by the scheduler).
+func parseMount(s string) (contracts.Mount, error) {
+	parts := strings.Split(s, ":")
+	m := contracts.Mount{}
+	switch {
+	case len(parts) == 3 && (parts[2] == "ro" || parts[2] == "rw"):
+		m.ReadOnly = parts[2] == "ro"
+	case len(parts) != 2:
+		return m, fmt.Errorf("--mount %q: want SOURCE:TARGET or SOURCE:TARGET:ro", s)
+	}
+	m.Source, m.Target = parts[0], parts[1]
+	return m, nil
 }
 
 // parseShare reads --share MEMORY:PERCENT.
