@@ -25,8 +25,9 @@ type op struct {
 	tag          string
 	summary      string
 	description  string
-	// public operations need no credentials (the gateway's publicPaths).
-	public bool
+	// public operations need no credentials (the gateway's publicPaths);
+	// self ones are open to any authenticated caller and never 403.
+	public, self bool
 	// query and header parameters; path parameters come from the path.
 	params []obj
 	// body is the request body's component schema; bodyOptional when
@@ -99,12 +100,11 @@ func operations(s *schemaSet) []op {
 			// What each event of the stream is; OpenAPI 3.1 has no
 			// keyword for the items of a stream (3.2's itemSchema).
 			"x-sse": obj{
-				"event":       "the JobEvent's type (queued, scheduled, running, succeeded, ...)",
-				"id":          "the event's JOB_EVENTS stream sequence: send it back as Last-Event-ID to resume",
-				"data":        "the JobEvent as one line of JSON",
-				"dataSchema":  componentRef("JobEvent"),
-				"comments":    "': stream open' first, then ': heartbeat' every heartbeat interval while idle",
-				"contentType": "application/json",
+				"event":      "the JobEvent's type (queued, scheduled, running, succeeded, ...)",
+				"id":         "the event's JOB_EVENTS stream sequence: send it back as Last-Event-ID to resume",
+				"data":       "the JobEvent as one line of JSON",
+				"dataSchema": componentRef("JobEvent"),
+				"comments":   "': stream open' first, then ': heartbeat' every heartbeat interval while idle",
 			},
 		}}
 	}
@@ -298,10 +298,10 @@ func operations(s *schemaSet) []op {
 			errors: map[int]string{400: "The body is not the expected JSON object (invalid_json).",
 				401: "User name or password refused (login_failed).", 404: "LDAP login is not configured (method_disabled).",
 				413: errTooLarge, 415: errMedia, 503: "The directory cannot be reached, or the audit trail is down (unavailable)."}},
-		{method: http.MethodGet, path: "/v1/whoami", id: "whoami", tag: "identity",
+		{method: http.MethodGet, path: "/v1/whoami", id: "whoami", tag: "identity", self: true,
 			summary: "Who the caller is, and its role bindings",
 			ok:      http.StatusOK, okBody: jsonBody("WhoAmI")},
-		{method: http.MethodGet, path: "/v1/tokens", id: "listTokens", tag: "identity",
+		{method: http.MethodGet, path: "/v1/tokens", id: "listTokens", tag: "identity", self: true,
 			summary: "The caller's API tokens and sessions (a platform admin's: every one), without hashes",
 			ok:      http.StatusOK, okBody: jsonBody("TokenList")},
 		{method: http.MethodPost, path: "/v1/tokens", id: "createToken", tag: "identity",
@@ -310,11 +310,11 @@ func operations(s *schemaSet) []op {
 			body:        "TokenRequest", ok: http.StatusCreated, okBody: jsonBody("TokenCreated"),
 			errors: map[int]string{400: "The body is not the expected JSON object (invalid_json), or a field is not valid (invalid_value, invalid_duration).",
 				413: errTooLarge, 415: errMedia}},
-		{method: http.MethodDelete, path: "/v1/tokens/{id}", id: "revokeToken", tag: "identity",
+		{method: http.MethodDelete, path: "/v1/tokens/{id}", id: "revokeToken", tag: "identity", self: true,
 			summary: "Revoke a token (and its bindings)",
 			ok:      http.StatusOK, okBody: jsonBody("APIToken"),
 			errors: map[int]string{404: "The caller has no such token (someone else's is not found either) (not_found).", 503: errKVUnavail}},
-		{method: http.MethodGet, path: "/v1/roles", id: "listRoles", tag: "identity",
+		{method: http.MethodGet, path: "/v1/roles", id: "listRoles", tag: "identity", self: true,
 			summary: "The role bindings the caller may see",
 			params:  []obj{tenantQuery},
 			ok:      http.StatusOK, okBody: jsonBody("BindingList")},
@@ -446,6 +446,15 @@ func build() ([]byte, error) {
 		"paths":    paths,
 		"components": obj{
 			"schemas": set.defs,
+			// Answers outside every operation, which the info
+			// describes; named here for clients and readers.
+			"responses": obj{
+				"MethodNotAllowed": obj{"description": "The path exists, the method does not (method_not_allowed).",
+					"headers": obj{"Allow": obj{"required": true, "schema": str(),
+						"description": "The path's methods, sorted, HEAD after them when GET is one: \"GET, POST, HEAD\"."}},
+					"content": jsonBody("APIError")},
+				"NotFound": obj{"description": "No route has this path (not_found).", "content": jsonBody("APIError")},
+			},
 			"securitySchemes": obj{"bearer": obj{"type": "http", "scheme": "bearer",
 				"description": "Authorization: Bearer <token>: an API token or LDAP session the gateway issued " +
 					"(gpt_<id>_<secret>; POST /v1/tokens, POST /v1/login), or an ID token (JWT) of the configured OIDC " +
@@ -471,13 +480,16 @@ func (o op) operation(set *schemaSet) (obj, error) {
 		switch name {
 		case "tenant":
 			p["schema"] = set.property("JobRequest", "tenant")
+			p["description"] = "The tenant."
 		case "id":
 			p["schema"] = set.property("JobRequest", "id")
 			p["description"] = "A job's ID, or a token's ID on /v1/tokens/{id}."
 		case "node":
 			p["schema"] = set.property("NodeInventory", "nodeId")
+			p["description"] = "A node's ID, as its agent announces it."
 		case "pool":
 			p["schema"] = set.property("PoolConfig", "pool")
+			p["description"] = "A node pool."
 		case "uuid":
 			p["schema"] = obj{"type": "string"}
 			p["description"] = "A GPU's UUID (GPU-...), as GET /v1/nodes/{node} lists it."
@@ -524,7 +536,9 @@ func (o op) operation(set *schemaSet) (obj, error) {
 	if !o.public {
 		or(http.StatusUnauthorized, "No credentials, or a token that is malformed, unknown, revoked or expired "+
 			"(unauthenticated, invalid_token, token_expired).")
-		or(http.StatusForbidden, "The caller's roles do not allow this (forbidden).")
+		if !o.self {
+			or(http.StatusForbidden, "The caller's roles do not allow this (forbidden).")
+		}
 		or(http.StatusServiceUnavailable, "The gateway is still reading its identity buckets (unavailable); retry shortly.")
 	}
 	if tenantScoped {
