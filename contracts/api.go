@@ -80,6 +80,9 @@ type JobStatus struct {
 	// migrated: done); Migrations counts the moves completed.
 	Migration  *Migration `json:"migration,omitempty"`
 	Migrations int        `json:"migrations,omitempty"`
+	// Pull is how far the pull of the run's image has come, while the
+	// job is scheduled and its image is pulled (pulling events).
+	Pull *PullProgress `json:"pull,omitempty"`
 	// LastSeq is the JOB_EVENTS sequence of the last event applied.
 	LastSeq uint64 `json:"lastSeq"`
 }
@@ -134,6 +137,12 @@ func (s *JobStatus) Apply(ev JobEvent, seq uint64) error {
 	}
 	if ev.Type == EventMigrated {
 		s.Migrations++
+	}
+	switch {
+	case ev.Type == EventPulling && ev.Pull != nil:
+		s.Pull = ev.Pull
+	case ev.Type != EventPulling:
+		s.Pull = nil // the pull is over (running), or the attempt is
 	}
 	return nil
 }

@@ -22,6 +22,9 @@ func TestTransition(t *testing.T) {
 		{StateQueued, EventRejected, StateQueued, false},
 		{StateScheduled, EventRunning, StateRunning, true},
 		{StateScheduled, EventRequeued, StateQueued, true},
+		{StateScheduled, EventPulling, StateScheduled, true},
+		{StateQueued, EventPulling, StateQueued, false},
+		{StateRunning, EventPulling, StateRunning, false},
 		{StateRunning, EventSucceeded, StateSucceeded, true},
 		{StateRunning, EventRequeued, StateQueued, true},
 		{StateRunning, EventQueued, StateRunning, false},
@@ -110,5 +113,33 @@ func TestJobStatusFollowsAMigration(t *testing.T) {
 	}
 	if _, err := Transition(StateQueued, EventMigrated); err == nil {
 		t.Fatal("migrated accepted for a queued job")
+	}
+}
+
+// TestJobStatusShowsThePull: a pulling event's progress is the status's
+// until the run starts.
+func TestJobStatusShowsThePull(t *testing.T) {
+	var s JobStatus
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	events := []JobEvent{
+		{Type: EventQueued, Attempt: 1},
+		{Type: EventScheduled, Attempt: 1},
+		{Type: EventPulling, Attempt: 1, Pull: &PullProgress{Image: "busybox", Done: 1, Total: 4}},
+		{Type: EventPulling, Attempt: 1, Pull: &PullProgress{Image: "busybox", Done: 3, Total: 4}},
+	}
+	for i, ev := range events {
+		ev.Time = at
+		if err := s.Apply(ev, uint64(i+1)); err != nil {
+			t.Fatalf("event %d: %v", i, err)
+		}
+	}
+	if s.State != StateScheduled || s.Pull == nil || s.Pull.Done != 3 {
+		t.Fatalf("status %+v: want scheduled with the last pull's progress", s)
+	}
+	if err := s.Apply(JobEvent{Type: EventRunning, Attempt: 1, Time: at}, 5); err != nil {
+		t.Fatal(err)
+	}
+	if s.Pull != nil {
+		t.Fatalf("a running job still shows a pull: %+v", s.Pull)
 	}
 }
