@@ -106,6 +106,11 @@ type agent struct {
 	runs     sync.WaitGroup // one per watched run
 
 	health healthState // GPU health facts, injected faults, pause, death (health.go)
+
+	// images is the image cache of container runs (images.go);
+	// imagesChanged asks for the inventory again.
+	images        *imageStore
+	imagesChanged chan struct{}
 }
 
 // runFacts is what gp.runs.<node> holds about one allocation.
@@ -118,12 +123,14 @@ type runFacts struct {
 func newAgent(cfg Config, b *bus.Bus, log *slog.Logger) (*agent, error) {
 	a := &agent{
 		cfg: cfg, bus: b, log: log, backend: cfg.Backend, runner: cfg.Runner,
-		incarnation: newIncarnation(),
-		facts:       map[string]*runFacts{},
-		released:    map[string]contracts.Reason{},
-		stops:       map[string]contracts.NodeCommand{},
-		active:      map[string]*activeRun{},
+		incarnation:   newIncarnation(),
+		facts:         map[string]*runFacts{},
+		released:      map[string]contracts.Reason{},
+		stops:         map[string]contracts.NodeCommand{},
+		active:        map[string]*activeRun{},
+		imagesChanged: make(chan struct{}, 1),
 	}
+	a.images = newImageStore(cfg, log.With("component", "image-cache"), a.onImagesChange)
 	if a.feed = cfg.Feed; a.feed == nil {
 		a.feed = NewBusFeed(b, cfg.NodeID, 0)
 	}
@@ -209,6 +216,12 @@ func (a *agent) run(ctx context.Context) error {
 	if err := a.rebuild(gctx); err != nil {
 		return startErr(err)
 	}
+	// Before re-adoption, which reclaims the images its runs hold. A cache
+	// that does not open fails container runs, not the machine.
+	if err := a.images.openExisting(); err != nil {
+		a.log.Error("image cache of the previous agent not opened", "err", err)
+	}
+	defer a.images.close()
 	if err := a.recoverRuns(gctx); err != nil {
 		return startErr(err)
 	}
@@ -234,6 +247,7 @@ func (a *agent) run(ctx context.Context) error {
 		})
 	})
 	g.Go(func() error { return a.every(gctx, a.cfg.TelemetryInterval, a.publishTelemetry) })
+	g.Go(func() error { return a.republishOnImagesChange(gctx) })
 	g.Go(func() error {
 		return a.feed.Consume(gctx, contracts.StreamAllocations, contracts.SubjectLedger(a.cfg.NodeID), a.onLedger)
 	})
@@ -288,6 +302,7 @@ func (a *agent) publishInventory(ctx context.Context, version int) error {
 		CPUMilli:      a.cfg.CPUMilli,
 		MemoryMiB:     a.cfg.MemoryMiB,
 		GPUs:          a.inventoryGPUs(),
+		Images:        a.images.inventory(),
 		Incarnation:   a.incarnation,
 		Time:          a.cfg.Now(),
 	}

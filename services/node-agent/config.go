@@ -116,6 +116,13 @@ type Config struct {
 	// and commands; nil means the bus, with the agent's own durable
 	// consumers. A fleet shares one Feed among its agents.
 	Feed Feed
+
+	// ImageDir holds the image cache of container runs (internal/image);
+	// "" means LogDir/images. ImageCacheMaxBytes bounds it: past it, the
+	// least recently used images no run holds are deleted; 0 means half
+	// the file system that holds it.
+	ImageDir           string
+	ImageCacheMaxBytes int64
 }
 
 // DefaultConfig is an agent for a simulated 8×H100 machine named after
@@ -217,6 +224,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LogDir, "log-dir", c.LogDir, "directory for run logs and run state; empty means a new temporary directory")
 	fs.StringVar(&c.CheckpointDir, "checkpoint-dir", c.CheckpointDir, "root of the jobs' checkpoint directories; empty means <log-dir>/checkpoints")
 	fs.DurationVar(&c.StopGrace, "stop-grace", c.StopGrace, "grace between SIGTERM and SIGKILL when stopping a run")
+	fs.StringVar(&c.ImageDir, "image-dir", c.ImageDir, "directory of the container image cache; empty means <log-dir>/images")
+	fs.Int64Var(&c.ImageCacheMaxBytes, "image-cache-bytes", c.ImageCacheMaxBytes, "size limit of the image cache (the least recently used images no run holds go first); 0 means half its file system")
 }
 
 // Validate reports every problem of the agent's own settings at once. The
