@@ -164,7 +164,9 @@ func startPlatform(t *testing.T, tr tier, bin, dir string) *platform {
 		add(replica("resource-manager", i), "resource-manager", contracts.BusResourceManager, "-name", replica("resource-manager", i))
 	}
 	for i := range reps["scheduler"] {
-		add(replica("scheduler", i), "scheduler", contracts.BusScheduler) // one -name: one lease
+		// One -name: one lease. The workload has host commands, which
+		// pools without a runtime policy run only with -allow-host-commands.
+		add(replica("scheduler", i), "scheduler", contracts.BusScheduler, "-allow-host-commands")
 	}
 	for i := range reps["billing"] {
 		add(replica("billing", i), "billing", contracts.BusBilling, "-redis", p.redis.addr())

@@ -404,6 +404,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Endpoints
 	run("resource-manager", func(ctx context.Context) error { return resourcemanager.Run(ctx, rm, log) })
 
 	sc := scheduler.DefaultConfig()
+	// The all-in-one runs host commands as well as images (the README
+	// tour's jobs are commands); a production pool runs images only unless
+	// its runtime policy says otherwise (issue 14).
+	sc.AllowHostCommands = true
 	if cfg.Scheduler != nil {
 		cfg.Scheduler(&sc)
 	}
