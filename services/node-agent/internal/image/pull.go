@@ -107,11 +107,11 @@ func (c *Cache) unpinLocked(d string) {
 	}
 }
 
-// report passes progress to the waiters, at most about fifty times a
-// pull (and at its start and end): each call may become an event on the
-// bus.
+// report passes progress to the waiters at the pull's start and end and
+// about every tenth of it in between (no more often than every MiB): each
+// call may become a pulling fact on the bus (contracts.RunPulling).
 func (c *Cache) report(p *pull, done, total int64) {
-	if done != 0 && done != total && done-p.reported < max(total/50, 1<<20) {
+	if done != 0 && done != total && done-p.reported < max(total/10, 1<<20) {
 		return
 	}
 	p.reported = done
