@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"maps"
@@ -526,8 +527,10 @@ func (ix *specIndex) eventSchema(key string) string {
 }
 
 // TestMain runs the package's tests, then reports the (operation, status)
-// pairs they exercised and the declared ones they did not; the report
-// also goes to $GATEWAY_OPENAPI_REPORT when set.
+// pairs they exercised and the declared ones they did not (shown with -v,
+// or written to $GATEWAY_OPENAPI_REPORT). When the whole package ran and
+// passed, every documented operation must have had its success answer
+// checked: a route added to the document without a test of it fails.
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if report := exercisedReport(); report != "" {
@@ -535,8 +538,31 @@ func TestMain(m *testing.M) {
 		if f := os.Getenv("GATEWAY_OPENAPI_REPORT"); f != "" {
 			_ = os.WriteFile(f, []byte(report), 0o644)
 		}
+		whole := flag.Lookup("test.run").Value.String() == "" && flag.Lookup("test.skip").Value.String() == ""
+		if missing := untestedSuccesses(); code == 0 && whole && !testing.Short() && len(missing) > 0 {
+			fmt.Printf("FAIL: no test of this package got the success answer of %s, so the OpenAPI check never saw it\n",
+				strings.Join(missing, ", "))
+			code = 1
+		}
 	}
 	os.Exit(code)
+}
+
+// untestedSuccesses lists the operations whose 2xx answer no test saw.
+func untestedSuccesses() []string {
+	ix, err := apiSpec()
+	if err != nil {
+		return nil
+	}
+	exercised.Lock()
+	defer exercised.Unlock()
+	var out []string
+	for _, key := range slices.Sorted(maps.Keys(ix.ops)) {
+		if !slices.ContainsFunc(slices.Collect(maps.Keys(exercised.n[key])), func(st int) bool { return st/100 == 2 }) {
+			out = append(out, key)
+		}
+	}
+	return out
 }
 
 func exercisedReport() string {
