@@ -36,6 +36,7 @@ import (
 	"github.com/gpuplane/gpuplane/libs/service"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/catalog"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/device"
+	"github.com/gpuplane/gpuplane/services/node-agent/internal/mps"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/nvmlgpu"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/runner"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/sim"
@@ -107,6 +108,11 @@ type agent struct {
 
 	health healthState // GPU health facts, injected faults, pause, death (health.go)
 
+	// mps keeps the MPS daemons of GPUs that hold shares, nil where the
+	// agent runs none (mps.go); mpsChanged asks for the inventory again.
+	mps        *mps.Supervisor
+	mpsChanged chan struct{}
+
 	// images is the image cache of container runs (images.go);
 	// imagesChanged asks for the inventory again.
 	images        *imageStore
@@ -128,6 +134,7 @@ func newAgent(cfg Config, b *bus.Bus, log *slog.Logger) (*agent, error) {
 		released:      map[string]contracts.Reason{},
 		stops:         map[string]contracts.NodeCommand{},
 		active:        map[string]*activeRun{},
+		mpsChanged:    make(chan struct{}, 1),
 		imagesChanged: make(chan struct{}, 1),
 	}
 	a.images = newImageStore(cfg, log.With("component", "image-cache"), a.onImagesChange)
@@ -154,6 +161,10 @@ func newAgent(cfg Config, b *bus.Bus, log *slog.Logger) (*agent, error) {
 			log.Info("run logs in a temporary directory", "dir", dir)
 		}
 		a.runner = &runner.Local{LogDir: dir, CheckpointDir: cfg.CheckpointDir}
+	}
+	var err error
+	if a.mps, err = newMPS(cfg, log, a.onMPSChange); err != nil {
+		return nil, err
 	}
 	if a.backend == nil && cfg.BackendKind == BackendNVML {
 		// Opened last: nothing after it can fail and leave NVML open.
@@ -216,6 +227,7 @@ func (a *agent) run(ctx context.Context) error {
 	if err := a.rebuild(gctx); err != nil {
 		return startErr(err)
 	}
+	defer a.mps.Close() // after shutdown: the runs' ends give their MPS holds back
 	// Before re-adoption, which reclaims the images its runs hold. A cache
 	// that does not open fails container runs, not the machine.
 	if err := a.images.openExisting(); err != nil {
@@ -224,6 +236,11 @@ func (a *agent) run(ctx context.Context) error {
 	defer a.images.close()
 	if err := a.recoverRuns(gctx); err != nil {
 		return startErr(err)
+	}
+	// Every share still running holds its GPU's daemon now: the others
+	// are left from shares that ended while no agent ran.
+	if err := a.mps.Sweep(gctx); err != nil && gctx.Err() == nil {
+		a.log.Warn("MPS daemons left by the previous agent not all looked at", "err", err)
 	}
 	if err := a.publishInventory(gctx, a.nextInventoryVersion()); err != nil {
 		return startErr(err)
@@ -247,6 +264,7 @@ func (a *agent) run(ctx context.Context) error {
 		})
 	})
 	g.Go(func() error { return a.every(gctx, a.cfg.TelemetryInterval, a.publishTelemetry) })
+	g.Go(func() error { return a.republishOnMPSChange(gctx) })
 	g.Go(func() error { return a.republishOnImagesChange(gctx) })
 	g.Go(func() error {
 		return a.feed.Consume(gctx, contracts.StreamAllocations, contracts.SubjectLedger(a.cfg.NodeID), a.onLedger)
@@ -301,7 +319,7 @@ func (a *agent) publishInventory(ctx context.Context, version int) error {
 		Topology:      a.machine.Topology,
 		CPUMilli:      a.cfg.CPUMilli,
 		MemoryMiB:     a.cfg.MemoryMiB,
-		GPUs:          a.inventoryGPUs(),
+		GPUs:          a.withMPS(a.inventoryGPUs()),
 		Images:        a.images.inventory(),
 		Incarnation:   a.incarnation,
 		Time:          a.cfg.Now(),

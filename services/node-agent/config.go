@@ -117,6 +117,15 @@ type Config struct {
 	// consumers. A fleet shares one Feed among its agents.
 	Feed Feed
 
+	// MPSControl is the MPS control program the agent runs, one daemon
+	// per GPU that holds shares, so their limits are enforced
+	// (internal/mps): "" means nvidia-cuda-mps-control on an NVML machine
+	// and no MPS on a simulated one, where a stand-in makes the same path
+	// run. MPSDir holds each GPU's pipe and log directories; "" means
+	// DefaultMPSDir.
+	MPSControl string
+	MPSDir     string
+
 	// ImageDir holds the image cache of container runs (internal/image);
 	// "" means LogDir/images. ImageCacheMaxBytes bounds it: past it, the
 	// least recently used images no run holds are deleted; 0 means half
@@ -224,8 +233,10 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.LogDir, "log-dir", c.LogDir, "directory for run logs and run state; empty means a new temporary directory")
 	fs.StringVar(&c.CheckpointDir, "checkpoint-dir", c.CheckpointDir, "root of the jobs' checkpoint directories; empty means <log-dir>/checkpoints")
 	fs.DurationVar(&c.StopGrace, "stop-grace", c.StopGrace, "grace between SIGTERM and SIGKILL when stopping a run")
+	fs.StringVar(&c.MPSControl, "mps-control", c.MPSControl, "MPS control program run for every GPU that holds shares; empty means nvidia-cuda-mps-control with -backend nvml, none with sim")
 	fs.StringVar(&c.ImageDir, "image-dir", c.ImageDir, "directory of the container image cache; empty means <log-dir>/images")
 	fs.Int64Var(&c.ImageCacheMaxBytes, "image-cache-bytes", c.ImageCacheMaxBytes, "size limit of the image cache (the least recently used images no run holds go first); 0 means half its file system")
+	fs.StringVar(&c.MPSDir, "mps-dir", c.MPSDir, "directory of the GPUs' MPS pipe and log directories; empty means "+DefaultMPSDir)
 }
 
 // Validate reports every problem of the agent's own settings at once. The

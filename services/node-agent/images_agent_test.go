@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
@@ -63,4 +64,25 @@ func TestInventoryListsCachedImages(t *testing.T) {
 		all := inv.all()
 		return len(all) > 0 && slices.Equal(all[0].Images, want)
 	})
+}
+
+// TestPullingFactsAreNotStarts: an agent that dies while it pulls a run's
+// image has published pulling facts and no started fact; the next agent
+// must still start the run when its commit is delivered again.
+func TestPullingFactsAreNotStarts(t *testing.T) {
+	b := connect(t)
+	const node = "img-pull"
+	runs := record[contracts.RunEvent](t, b, contracts.StreamRuns, contracts.SubjectRuns(node))
+	a := allocation(node, "pulled", contracts.RunSpec{Duration: contracts.Duration(200 * time.Millisecond)}, 0)
+	// What the agent that died left on the stream.
+	ev := contracts.RunEvent{SchemaVersion: contracts.SchemaVersion, Kind: contracts.RunPulling, AllocationID: a.ID,
+		Tenant: a.Tenant, JobID: a.JobID, Attempt: a.Attempt, NodeID: node, Devices: a.Devices, Time: time.Now(),
+		Pull: &contracts.PullProgress{Image: "registry.example/team/app:1", Done: 1 << 20, Total: 8 << 20}}
+	if _, err := b.Publish(context.Background(), contracts.SubjectRuns(node), contracts.RunPullingID(a.ID, 0), ev); err != nil {
+		t.Fatal(err)
+	}
+	startAgent(t, b, testConfig(t, node))
+	ledger(t, b, contracts.LedgerCommitted, a, "")
+	waitStarted(t, runs, a.ID)
+	waitEnded(t, runs, a.ID)
 }

@@ -28,6 +28,8 @@ type helperAgent struct {
 	LogDir        string
 	CheckpointDir string
 	StopGrace     time.Duration
+	MPSControl    string // the stand-in MPS control program, "" for none
+	MPSDir        string
 }
 
 func TestMain(m *testing.M) {
@@ -55,7 +57,8 @@ func runHelperAgent(spec string) int {
 	}
 	defer b.Close(context.Background())
 	cfg := nodeagent.Config{NodeID: h.NodeID, Pool: "test", GPUModel: "H100-80GB", GPUCount: 8, NVLink: true,
-		HeartbeatInterval: tick, TelemetryInterval: tick, StopGrace: h.StopGrace, LogDir: h.LogDir, CheckpointDir: h.CheckpointDir}
+		HeartbeatInterval: tick, TelemetryInterval: tick, StopGrace: h.StopGrace, LogDir: h.LogDir, CheckpointDir: h.CheckpointDir,
+		MPSControl: h.MPSControl, MPSDir: h.MPSDir}
 	if err := nodeagent.RunWithBus(ctx, cfg, b, log); err != nil {
 		fmt.Fprintln(os.Stderr, "helper agent:", err)
 		return 1

@@ -119,6 +119,11 @@ func (a *agent) takeOver(ctx context.Context, l runner.Leftover) error {
 
 	run := newActiveRun(alloc)
 	run.recovered, run.proc, run.checkpoint = true, l.Proc, info.RestoredFrom
+	select {
+	case <-l.Proc.Done():
+	default:
+		a.holdMPS(run) // a share still running keeps its GPU's daemon
+	}
 	run.startedAt = info.StartedAt
 	if f != nil && f.started != nil {
 		run.startedAt = f.started.Time

@@ -125,8 +125,13 @@ func (a *agent) replayRuns(ctx context.Context) error {
 	return nil
 }
 
-// recordFact notes a published run fact; a.mu must be held.
+// recordFact notes a published run fact; a.mu must be held. A pulling
+// fact is not one: a run whose image was being pulled has not started,
+// and an agent that finds only pulling facts must still start it.
 func (a *agent) recordFact(ev contracts.RunEvent) {
+	if ev.Kind == contracts.RunPulling {
+		return
+	}
 	f := a.facts[ev.AllocationID]
 	if f == nil {
 		f = &runFacts{}

@@ -87,6 +87,9 @@ func Env(l Launch) []string {
 	env[EnvTenant] = l.Tenant
 	env[EnvJobID] = l.JobID
 	env[EnvAttempt] = strconv.Itoa(l.Attempt)
+	if l.MPSPipeDir != "" {
+		env["CUDA_MPS_PIPE_DIRECTORY"] = l.MPSPipeDir // where the share's MPS daemon listens
+	}
 	if l.CheckpointDir != "" {
 		env[EnvCheckpointDir] = l.CheckpointDir
 	}

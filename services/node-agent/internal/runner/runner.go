@@ -56,6 +56,11 @@ type Launch struct {
 	// Gang is set when the run is one part of a job spanning several
 	// machines (GPUPLANE_GANG_RANK, _SIZE, _NODES).
 	Gang *contracts.GangPart `json:"gang,omitempty"`
+	// MPSPipeDir is the pipe directory of the MPS control daemon of the
+	// GPU a share runs on (CUDA_MPS_PIPE_DIRECTORY of a host command; a
+	// container's is Container.MPSPipeDir), "" for a run without shares
+	// or a machine without MPS.
+	MPSPipeDir string `json:"mpsPipeDir,omitempty"`
 }
 
 // Exit is how a run ended.
