@@ -13,6 +13,7 @@ import (
 	"github.com/gpuplane/gpuplane/libs/bus"
 	"github.com/gpuplane/gpuplane/libs/telemetry"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/logship"
+	"github.com/gpuplane/gpuplane/services/node-agent/internal/mps"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/runner"
 )
 
@@ -41,6 +42,9 @@ type activeRun struct {
 	ckptCmds   map[string]bool
 	// poke makes the run's watcher look at its log and checkpoints now.
 	poke chan struct{}
+	// mps are the run's holds on the MPS daemons of its shared GPUs
+	// (mps.go), given back when it ends.
+	mps []*mps.Lease
 }
 
 func newActiveRun(alloc contracts.Allocation) *activeRun {
@@ -253,12 +257,30 @@ func (a *agent) onCommitted(ctx context.Context, alloc contracts.Allocation, red
 	a.active[id] = run
 	a.mu.Unlock()
 
+	// A share runs only once its GPU's MPS daemon is up: without one the
+	// limits in its environment are ignored.
+	leases, mpsPipeDir, err := a.acquireMPS(ctx, devices)
+	if err != nil {
+		a.mu.Lock()
+		delete(a.active, id)
+		a.mu.Unlock()
+		if ctx.Err() != nil {
+			return ctx.Err() // shutting down: a later agent starts it
+		}
+		log.Warn("share not launched: its GPU's MPS daemon is not up", "err", err)
+		return a.publishEnded(ctx, alloc, contracts.RunResult{Outcome: contracts.OutcomeFailed,
+			ExitCode: NoExitCode, EndedAt: a.cfg.Now(), Reason: contracts.ReasonMPSUnavailable, Message: err.Error()})
+	}
+	run.mps = leases
+
 	// A simulated run's clock starts inside Launch: its start is taken
 	// before, so the reported run never looks shorter than its duration.
 	launchedAt := a.cfg.Now()
 	proc, err := a.runner.Launch(ctx, runner.Launch{AllocationID: id, Tenant: alloc.Tenant, JobID: alloc.JobID,
-		Attempt: alloc.Attempt, Spec: alloc.Run, Devices: devices, StopGrace: a.cfg.StopGrace, Gang: alloc.Gang})
+		Attempt: alloc.Attempt, Spec: alloc.Run, Devices: devices, StopGrace: a.cfg.StopGrace, Gang: alloc.Gang,
+		MPSPipeDir: mpsPipeDir})
 	if err != nil {
+		run.releaseMPS()
 		a.mu.Lock()
 		delete(a.active, id)
 		a.mu.Unlock()
@@ -304,6 +326,7 @@ func (a *agent) onCommitted(ctx context.Context, alloc contracts.Allocation, red
 		// afresh.
 		proc.Stop(0)
 		proc.Wait()
+		run.releaseMPS()
 		a.forget(id)
 		a.mu.Lock()
 		delete(a.active, id)
@@ -390,6 +413,7 @@ func (a *agent) watch(ctx context.Context, run *activeRun) {
 		}
 	}
 	exit := run.proc.Wait()
+	run.releaseMPS() // the run's processes are gone: its GPU may stop its daemon
 	endedAt := a.cfg.Now()
 	if run.recovered && !exit.EndedAt.IsZero() {
 		endedAt = exit.EndedAt // it may have ended while no agent ran
