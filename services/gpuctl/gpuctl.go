@@ -82,6 +82,9 @@ Commands:
                                          API tokens for automation (the secret is shown once)
   role bind|unbind SUBJECT --role R [--tenant T] | list [--tenant T]
                                          role bindings: platform-admin, tenant-admin, member, viewer
+  registry login HOST --username U | --token | logout HOST | list
+                                         the tenant's image registry logins, secret read from stdin
+                                         (platform admins, on the bus: --creds of a bus admin)
 
 Common flags (before or after the command):
   --tenant T     tenant (env GPUPLANE_TENANT, else the login's, default "default")
@@ -217,6 +220,7 @@ var commands = []command{
 	{"whoami", "", (*app).whoamiCmd},
 	{"token", "create|list|revoke ID", (*app).tokenCmd},
 	{"role", "bind|unbind SUBJECT|list", (*app).roleCmd},
+	{"registry", "login HOST|logout HOST|list", (*app).registryCmd},
 }
 
 // Run runs gpuctl with args (without the program name) and returns the
