@@ -239,7 +239,11 @@ func (a *agent) run(ctx context.Context) error {
 	}
 	// Every share still running holds its GPU's daemon now: the others
 	// are left from shares that ended while no agent ran.
-	if err := a.mps.Sweep(gctx); err != nil && gctx.Err() == nil {
+	uuids := make([]string, len(gpus))
+	for i, g := range gpus {
+		uuids[i] = g.UUID
+	}
+	if err := a.mps.Sweep(gctx, uuids); err != nil && gctx.Err() == nil {
 		a.log.Warn("MPS daemons left by the previous agent not all looked at", "err", err)
 	}
 	if err := a.publishInventory(gctx, a.nextInventoryVersion()); err != nil {

@@ -252,3 +252,28 @@ func TestMPSDaemonsAcrossAnAgentCrash(t *testing.T) {
 		})
 	}
 }
+
+// TestSimulatedMachinesRunNoMPSUnlessTold: without a control program a
+// simulated agent runs shares as before, reports no MPS state, and gives
+// no pipe directory.
+func TestSimulatedMachinesRunNoMPSUnlessTold(t *testing.T) {
+	b := connect(t)
+	const node = "n-no-mps"
+	cfg := testConfig(t, node)
+	runs := record[contracts.RunEvent](t, b, contracts.StreamRuns, contracts.SubjectRuns(node))
+	inv := record[contracts.NodeInventory](t, b, contracts.StreamNodes, contracts.SubjectInventory(node))
+	startAgent(t, b, cfg)
+	a := share(node, "s", 4, 8192, 25, `echo "pipe=$CUDA_MPS_PIPE_DIRECTORY limit=$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"`)
+	ledger(t, b, contracts.LedgerCommitted, a, "")
+	if r := waitEnded(t, runs, a.ID).Result; r.Outcome != contracts.OutcomeSucceeded {
+		t.Fatalf("share ended %+v; want succeeded", r)
+	}
+	if got := runLog(t, cfg, a.ID); got != "pipe= limit=0=8192M\n" {
+		t.Fatalf("share printed %q; want no pipe directory and its limit", got)
+	}
+	for _, s := range mpsStates(inv) {
+		if s != "" {
+			t.Fatalf("MPS states %v; want none reported", mpsStates(inv))
+		}
+	}
+}

@@ -357,27 +357,27 @@ func (s *Supervisor) setState(g *gpu, st contracts.MPSState) {
 	}
 }
 
-// Sweep stops the daemons under Root that no hold needs: those a previous
+// Sweep stops the daemons of gpuUUIDs (the machine's GPUs: agents of a
+// simulated fleet may share Root) that no hold needs: those a previous
 // agent left on GPUs whose shares ended while no agent ran. Call it once
 // the shares that still run are held (Hold).
-func (s *Supervisor) Sweep(ctx context.Context) error {
+func (s *Supervisor) Sweep(ctx context.Context, gpuUUIDs []string) error {
 	if s == nil {
 		return nil
 	}
-	entries, err := os.ReadDir(s.cfg.Root)
-	if err != nil {
-		return fmt.Errorf("mps: sweep: %w", err)
-	}
-	for _, e := range entries {
-		if !e.IsDir() || ctx.Err() != nil {
-			continue
+	for _, uuid := range gpuUUIDs {
+		if ctx.Err() != nil {
+			break
+		}
+		if _, err := os.Stat(filepath.Join(s.cfg.Root, uuid)); err != nil {
+			continue // never had a daemon (or cannot name a directory)
 		}
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
 			return nil
 		}
-		g := s.gpuLocked(e.Name())
+		g := s.gpuLocked(uuid)
 		busy := g.holds > 0 || g.keeper
 		s.mu.Unlock()
 		if busy {
@@ -541,7 +541,13 @@ func (s *Supervisor) start(g *gpu) (int, error) {
 		return pid, nil
 	}
 	for _, d := range []string{g.pipeDir, g.logDir} {
+		// Open to every user, like /tmp: the daemon starts an MPS server
+		// as the user of its first client (a container's non-root user),
+		// and that server makes its own files in both directories.
 		if err := os.MkdirAll(d, 0o755); err != nil {
+			return 0, fmt.Errorf("MPS directory: %w", err)
+		}
+		if err := os.Chmod(d, 0o777|os.ModeSticky); err != nil {
 			return 0, fmt.Errorf("MPS directory: %w", err)
 		}
 	}

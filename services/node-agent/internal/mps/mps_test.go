@@ -20,6 +20,7 @@ import (
 const (
 	gpuA = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 	gpuB = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
+	gpuC = "GPU-cccccccc-0000-0000-0000-000000000000"
 )
 
 // newSupervisor supervises the stand-in's daemons under root, with fast
@@ -91,6 +92,13 @@ func TestOneDaemonPerGPUUpBeforeAcquireReturnsAndStoppedAfterTheLastShare(t *tes
 	}
 	if b, err := os.ReadFile(filepath.Join(a1.PipeDir, mps.PIDFile)); err != nil || strings.TrimSpace(string(b)) != strconv.Itoa(pidA) {
 		t.Errorf("pid file: %q, %v; want %d", b, err, pidA)
+	}
+	// A container's non-root user reaches the daemon, and its MPS server
+	// writes there.
+	for _, d := range []string{a1.PipeDir, a1.LogDir} {
+		if fi, err := os.Stat(d); err != nil || fi.Mode().Perm() != 0o777 || fi.Mode()&os.ModeSticky == 0 {
+			t.Errorf("%s: %v, %v; want drwxrwxrwt", d, fi.Mode(), err)
+		}
 	}
 
 	a2 := acquire(t, s, gpuA) // a second share of the same GPU
@@ -224,10 +232,11 @@ func TestANewSupervisorAdoptsOrStopsTheDaemonsOfTheLastOne(t *testing.T) {
 	s1 := newSupervisor(t, c, root)
 	a := acquire(t, s1, gpuA)
 	b := acquire(t, s1, gpuB)
-	pidA, pidB := oneDaemon(t, c, a.PipeDir), oneDaemon(t, c, b.PipeDir)
+	other := acquire(t, s1, gpuC) // another machine's GPU, in a fleet sharing the root
+	pidA, pidB, pidC := oneDaemon(t, c, a.PipeDir), oneDaemon(t, c, b.PipeDir), oneDaemon(t, c, other.PipeDir)
 	s1.Close() // the agent stops; its shares' runs (and daemons) go on
-	if got := c.Daemons(""); len(got) != 2 {
-		t.Fatalf("daemons after the supervisor closed: %v; want both still running", got)
+	if got := c.Daemons(""); len(got) != 3 {
+		t.Fatalf("daemons after the supervisor closed: %v; want all three still running", got)
 	}
 
 	// The next agent re-adopts GPU A's share; GPU B's ended meanwhile.
@@ -236,7 +245,7 @@ func TestANewSupervisorAdoptsOrStopsTheDaemonsOfTheLastOne(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s2.Sweep(context.Background()); err != nil {
+	if err := s2.Sweep(context.Background(), []string{gpuA, gpuB, "GPU-never-held"}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "GPU A's daemon adopted", func() bool { return s2.PID(gpuA) == pidA })
@@ -246,7 +255,10 @@ func TestANewSupervisorAdoptsOrStopsTheDaemonsOfTheLastOne(t *testing.T) {
 	if got := c.Daemons(b.PipeDir); len(got) != 0 {
 		t.Fatalf("GPU B's daemon %v still runs with no share; want it stopped (was %d)", got, pidB)
 	}
-	if got := c.Attempts(); len(got) != 2 {
+	if got := c.Daemons(other.PipeDir); len(got) != 1 || got[0] != pidC {
+		t.Fatalf("GPU C's daemon: %v; want %d untouched: GPU C is not the sweeping agent's", got, pidC)
+	}
+	if got := c.Attempts(); len(got) != 3 {
 		t.Fatalf("-d ran %d times; want no new start", len(got))
 	}
 
