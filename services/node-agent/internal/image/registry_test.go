@@ -42,8 +42,8 @@ type testRegistry struct {
 	failWith string // a registry error body for every manifest request
 
 	// stall, when set, holds a blob's download halfway until the client
-	// goes away.
-	stall string
+	// goes away; corrupt flips a byte in the middle of a blob.
+	stall, corrupt string
 }
 
 func startRegistry(t testing.TB) *testRegistry {
@@ -52,7 +52,7 @@ func startRegistry(t testing.TB) *testRegistry {
 	inner := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
 	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		r.mu.Lock()
-		users, failWith, stall := r.users, r.failWith, r.stall
+		users, failWith, stall, corrupt := r.users, r.failWith, r.stall, r.corrupt
 		r.mu.Unlock()
 		if users != nil {
 			if u, p, ok := req.BasicAuth(); !ok || p == "" || users[u] != p {
@@ -82,6 +82,18 @@ func startRegistry(t testing.TB) *testRegistry {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusInternalServerError)
 			io.WriteString(w, `{"errors":[{"code":"UNKNOWN","message":"`+failWith+`"}]}`)
+			return
+		}
+		if kind == "blob" && req.Method == http.MethodGet && corrupt != "" && strings.HasSuffix(req.URL.Path, corrupt) {
+			rec := httptest.NewRecorder()
+			inner.ServeHTTP(rec, req)
+			body := rec.Body.Bytes()
+			body[len(body)/2] ^= 0xff
+			for k, v := range rec.Header() {
+				w.Header()[k] = v
+			}
+			w.WriteHeader(rec.Code)
+			w.Write(body)
 			return
 		}
 		if kind == "blob" && req.Method == http.MethodGet && stall != "" && strings.HasSuffix(req.URL.Path, stall) {
