@@ -727,6 +727,14 @@ func (s *Store) conclude(j *Job) {
 		}) {
 			s.finish(j)
 		}
+	case failed != nil && failed.started == nil && retriesLaunch(failed.ended.Reason) && j.launchRetries < MaxLaunchRetries:
+		// The run never started for a reason of the machine or the
+		// moment (runtime.go): a new attempt, a few times, before the job
+		// fails with it.
+		j.launchRetries++
+		r := failed.ended
+		s.requeue(j, r.Reason, fmt.Sprintf("the run could not start on %s (%s: %s); retry %d of %d",
+			failed.alloc.NodeID, r.Reason, r.Message, j.launchRetries, MaxLaunchRetries))
 	case failed != nil && failed.ended.Reason != contracts.ReasonGangIncomplete:
 		s.end(j, *failed.ended)
 	case lost != nil && lost.ended != nil:

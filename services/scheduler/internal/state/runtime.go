@@ -158,3 +158,21 @@ func pullMessage(node string, p contracts.PullProgress) string {
 	}
 	return fmt.Sprintf("pulling %s on %s: %d of %d MiB (%d%%)", p.Image, node, p.Done>>20, p.Total>>20, p.Done*100/p.Total)
 }
+
+// MaxLaunchRetries is how many times a job whose run could not start for a
+// reason that may pass (retriesLaunch) is requeued before it fails with
+// that reason.
+const MaxLaunchRetries = 3
+
+// retriesLaunch reports whether a run that never started for reason r may
+// start in another attempt: a pull that failed on the network or the
+// registry's side, a machine without a working runtime, an MPS daemon not
+// up. A missing image, a refused login or an invalid reference fail the
+// job at once: another attempt would meet them again.
+func retriesLaunch(r contracts.Reason) bool {
+	switch r {
+	case contracts.ReasonImagePullFailed, contracts.ReasonRuntimeUnavailable, contracts.ReasonMPSUnavailable:
+		return true
+	}
+	return false
+}

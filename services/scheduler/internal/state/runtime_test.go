@@ -219,3 +219,52 @@ func TestPullingBecomesJobEvents(t *testing.T) {
 	h.restart()
 	h.noDuplicates()
 }
+
+// TestLaunchFailuresRetryOrFail: a run that could not start because its
+// pull failed (or the machine has no runtime) is requeued up to
+// MaxLaunchRetries times, counted across a restart, then fails with its
+// reason; a missing image fails at once.
+func TestLaunchFailuresRetryOrFail(t *testing.T) {
+	tests := map[string]struct {
+		reason  contracts.Reason
+		retries int
+	}{
+		"pull failed":         {contracts.ReasonImagePullFailed, MaxLaunchRetries},
+		"runtime unavailable": {contracts.ReasonRuntimeUnavailable, MaxLaunchRetries},
+		"image not found":     {contracts.ReasonImageNotFound, 0},
+		"unauthorized":        {contracts.ReasonImageUnauthorized, 0},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			h := newHarness(t)
+			h.inventory("n1", "p", "H100-80GB", 81920, 1)
+			h.submit("acme", imageJob("j", "", "registry.example/acme/private:v1"))
+			for attempt := 1; ; attempt++ {
+				h.cycle()
+				a := h.item("acme", "j")
+				if a.Attempt != attempt {
+					t.Fatalf("attempt %d placed, want %d", a.Attempt, attempt)
+				}
+				h.commit(a)
+				h.ended(a, contracts.RunResult{Outcome: contracts.OutcomeFailed, ExitCode: -1, EndedAt: h.now,
+					Reason: tt.reason, Message: "registry says no"})
+				h.release(a, contracts.ReasonRunEnded, nil)
+				if attempt == 2 {
+					h.restart() // the count of retries survives it
+				}
+				if ev := h.last("acme", "j"); ev.Type == contracts.EventFailed {
+					if attempt != tt.retries+1 || ev.Reason != tt.reason || ev.Message != "registry says no" {
+						t.Fatalf("failed at attempt %d with %s %q; want attempt %d with %s", attempt, ev.Reason, ev.Message, tt.retries+1, tt.reason)
+					}
+					break
+				} else if ev.Type != contracts.EventRequeued || ev.Reason != tt.reason || !strings.Contains(ev.Message, "could not start on n1") {
+					t.Fatalf("attempt %d: %s %s %q, want requeued with the reason", attempt, ev.Type, ev.Reason, ev.Message)
+				}
+				if attempt > MaxLaunchRetries+1 {
+					t.Fatal("retried without end")
+				}
+			}
+			h.noDuplicates()
+		})
+	}
+}

@@ -108,6 +108,10 @@ type Job struct {
 	// from there.
 	queuedAt time.Time
 
+	// launchRetries counts the attempts requeued because their run could
+	// not start for a reason that may pass (retriesLaunch).
+	launchRetries int
+
 	// cancel is set once a cancel request was accepted.
 	cancel       bool
 	cancelReason string
@@ -400,6 +404,9 @@ func (s *Store) ReplayJobEvent(ev contracts.JobEvent, seq uint64, msgID string) 
 	case contracts.EventMigrated:
 		j.moved = nil
 	case contracts.EventRequeued:
+		if retriesLaunch(ev.Reason) {
+			j.launchRetries++
+		}
 		s.keepMove(j)
 		s.resetAttempt(j, ev.Attempt)
 		if from != contracts.StateQueued {
