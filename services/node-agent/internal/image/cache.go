@@ -687,7 +687,7 @@ func (c *Cache) discard(dirs []string) {
 }
 
 // Close waits for the pulls in progress, which end soon after their last
-// waiter gives up. The cache is not used after.
+// waiter gives up: call it when no Acquire is left waiting.
 func (c *Cache) Close() {
 	c.bg.Wait()
 }

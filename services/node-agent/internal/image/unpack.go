@@ -101,7 +101,7 @@ func (a *applier) apply(tr *tar.Reader) error {
 			continue
 		case strings.HasPrefix(base, whiteoutPrefix):
 			victim := path.Join(dir, strings.TrimPrefix(base, whiteoutPrefix))
-			if err := a.root.RemoveAll(victim); err != nil {
+			if err := a.retryResolved(victim, a.root.RemoveAll); err != nil {
 				return fmt.Errorf("whiteout %s: %w", victim, err)
 			}
 			continue
@@ -113,8 +113,12 @@ func (a *applier) apply(tr *tar.Reader) error {
 			links = append(links, hdr)
 			continue
 		}
-		if err := a.entry(p, hdr, tr); err != nil {
+		placed, err := a.entry(p, hdr, tr)
+		if err != nil {
 			return fmt.Errorf("layer entry %s: %w", p, err)
+		}
+		for q := placed; q != "."; q = path.Dir(q) {
+			written[q] = true
 		}
 	}
 	for _, hdr := range links {
@@ -123,14 +127,22 @@ func (a *applier) apply(tr *tar.Reader) error {
 		if !ok {
 			return fmt.Errorf("hard link %s to %q leaves the root file system", p, hdr.Linkname)
 		}
+		p, err := a.place(p)
+		if err != nil {
+			return err
+		}
 		if err := a.replace(p); err != nil {
 			return err
 		}
-		if err := a.root.Link(target, p); err != nil {
+		if err := a.retryResolved(target, func(t string) error { return a.root.Link(t, p) }); err != nil {
 			return fmt.Errorf("hard link %s: %w", p, err)
 		}
 	}
 	for _, dir := range opaque {
+		dir, err := a.resolve(dir)
+		if err != nil {
+			return fmt.Errorf("opaque whiteout %s: %w", dir, err)
+		}
 		if err := a.hideBelow(dir, written); err != nil {
 			return fmt.Errorf("opaque whiteout %s: %w", dir, err)
 		}
@@ -139,8 +151,16 @@ func (a *applier) apply(tr *tar.Reader) error {
 }
 
 // entry puts one non-link entry in place, replacing what the layers below
-// had there.
-func (a *applier) entry(p string, hdr *tar.Header, r io.Reader) error {
+// had there, and returns where it went (see place).
+func (a *applier) entry(p string, hdr *tar.Header, r io.Reader) (string, error) {
+	p, err := a.place(p)
+	if err != nil {
+		return "", err
+	}
+	return p, a.put(p, hdr, r)
+}
+
+func (a *applier) put(p string, hdr *tar.Header, r io.Reader) error {
 	mode := fs.FileMode(hdr.Mode).Perm()
 	if hdr.Mode&04000 != 0 {
 		mode |= fs.ModeSetuid
@@ -150,9 +170,6 @@ func (a *applier) entry(p string, hdr *tar.Header, r io.Reader) error {
 	}
 	if hdr.Mode&01000 != 0 {
 		mode |= fs.ModeSticky
-	}
-	if err := a.parents(p); err != nil {
-		return err
 	}
 	switch hdr.Typeflag {
 	case tar.TypeDir:
@@ -212,25 +229,98 @@ func (a *applier) chown(p string, hdr *tar.Header) error {
 	return a.root.Lchown(p, hdr.Uid, hdr.Gid)
 }
 
-// parents makes p's missing parent directories: layers need not list
-// them, and a directory of a layer below may have been whited out.
-func (a *applier) parents(p string) error {
+// place makes p's missing parent directories (layers need not list them,
+// and a directory of a layer below may have been whited out) and returns
+// the path of p itself. That is p, unless p goes through a symlink that
+// os.Root will not follow: one to an absolute path (var/run → /run), or
+// one that climbs above the root. A container resolves those against its
+// root, as chroot does, and so does place: what a layer writes through
+// them lands where the container will look, never outside the image.
+func (a *applier) place(p string) (string, error) {
 	dir := path.Dir(p)
 	if dir == "." {
-		return nil
+		return p, nil
 	}
-	if err := a.root.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("parents of %s: %w", p, err)
+	err := a.root.MkdirAll(dir, 0o755)
+	if err == nil {
+		return p, nil
 	}
-	return nil
+	rdir, rerr := a.resolve(dir)
+	if rerr != nil || rdir == dir {
+		return "", fmt.Errorf("parents of %s: %w", p, err)
+	}
+	if err := a.root.MkdirAll(rdir, 0o755); err != nil {
+		return "", fmt.Errorf("parents of %s (%s): %w", p, rdir, err)
+	}
+	return path.Join(rdir, path.Base(p)), nil
+}
+
+// retryResolved runs op on p and, where that fails for another reason
+// than a missing file, once more with p's parent resolved as place does.
+func (a *applier) retryResolved(p string, op func(string) error) error {
+	err := op(p)
+	if err == nil || errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	rdir, rerr := a.resolve(path.Dir(p))
+	if rerr != nil || rdir == path.Dir(p) {
+		return err
+	}
+	return op(path.Join(rdir, path.Base(p)))
+}
+
+// maxLinks bounds the symlinks resolve follows, as the kernel's ELOOP.
+const maxLinks = 40
+
+// resolve follows every symlink in p as a container will: absolute
+// targets start again at the root, ".." stops at the root. Components
+// that do not exist are kept as they are (place makes them).
+func (a *applier) resolve(p string) (string, error) {
+	var out []string
+	rest := strings.Split(p, "/")
+	links := 0
+	for len(rest) > 0 {
+		c := rest[0]
+		rest = rest[1:]
+		switch c {
+		case "", ".":
+			continue
+		case "..":
+			if len(out) > 0 {
+				out = out[:len(out)-1]
+			}
+			continue
+		}
+		cur := path.Join(append(out, c)...)
+		fi, err := a.root.Lstat(cur)
+		if err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+			if err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return "", err
+			}
+			out = append(out, c)
+			continue
+		}
+		if links++; links > maxLinks {
+			return "", fmt.Errorf("%s: too many levels of symbolic links", p)
+		}
+		target, err := a.root.Readlink(cur)
+		if err != nil {
+			return "", err
+		}
+		if strings.HasPrefix(target, "/") {
+			out = out[:0]
+		}
+		rest = append(strings.Split(target, "/"), rest...)
+	}
+	if len(out) == 0 {
+		return ".", nil
+	}
+	return path.Join(out...), nil
 }
 
 // replace removes whatever the layers below left at p (a file, a link, a
 // whole directory tree), as a later layer's entry replaces it.
 func (a *applier) replace(p string) error {
-	if err := a.parents(p); err != nil {
-		return err
-	}
 	if _, err := a.root.Lstat(p); errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
