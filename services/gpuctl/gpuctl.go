@@ -68,7 +68,9 @@ Commands:
   quota get | list | set [--pool P] [--guarantee G] [--max M|none] [--weight W] [--strict-fifo] | delete
                                          the tenant's GPU quota per pool and fair-share weight (set, delete: admin)
   pool get [POOL] | set POOL --policy binpack|spread|topology|fragaware | delete POOL
-                                         the pools and their placement policy (set, delete: admin)
+       [--host-commands] [--mount-roots DIRS] [--host-network]
+                                         the pools, their placement policy and what they run: images only
+                                         unless --host-commands (set, delete: admin)
   audit [--all] [--action A] [--actor X] [--outcome O] [--since 1h] [--until T] [--verify]
                                          the tenant's audit trail (tenant admins), --all of everything you
                                          may read, --tenant _platform the platform's; --verify checks its

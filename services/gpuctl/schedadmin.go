@@ -191,7 +191,16 @@ func (a *app) poolCmd(fs *flag.FlagSet) func(context.Context, []string, []string
 		names[i] = string(p)
 	}
 	fs.StringVar(&policy, "policy", "", "set: placement policy: "+strings.Join(names, ", "))
+	var hostCommands, hostNetwork bool
+	var roots listFlag
+	fs.BoolVar(&hostCommands, "host-commands", false, "set: the pool runs host commands (jobs without an image), not only container images")
+	fs.Var(&roots, "mount-roots", `set: host directories runs may mount from, comma-separated ("none": no mounts)`)
+	fs.BoolVar(&hostNetwork, "host-network", false, "set: containers share the host's network (gangs need it for NCCL)")
 	return func(ctx context.Context, pos, trailing []string) int {
+		runtimeSet := false
+		fs.Visit(func(f *flag.Flag) {
+			runtimeSet = runtimeSet || f.Name == "host-commands" || f.Name == "mount-roots" || f.Name == "host-network"
+		})
 		usage := `want "pool get [POOL]", "pool set POOL --policy P" or "pool delete POOL"`
 		if len(pos) < 1 || len(pos) > 2 || len(trailing) > 0 || !slices.Contains([]string{"get", "list", "set", "delete"}, pos[0]) {
 			return a.usageErr("pool", "%s", usage)
@@ -224,7 +233,16 @@ func (a *app) poolCmd(fs *flag.FlagSet) func(context.Context, []string, []string
 			if policy == "" {
 				return a.usageErr("pool set", "--policy is required: one of %s", strings.Join(names, ", "))
 			}
-			data, _ := json.Marshal(contracts.PoolConfig{Policy: contracts.PlacementPolicy(policy)})
+			// The pool's runtime policy is kept unless a runtime flag is
+			// given; then the flags given replace it (the others off).
+			var rt *contracts.PoolRuntime
+			if runtimeSet {
+				rt = &contracts.PoolRuntime{AllowHostCommands: hostCommands, HostNetwork: hostNetwork,
+					MountRoots: slices.DeleteFunc(slices.Clone(roots), func(r string) bool { return r == "none" })}
+			} else if cur, err := c.Pool(ctx, pool); err == nil && cur.Config != nil {
+				rt = cur.Config.Runtime
+			}
+			data, _ := json.Marshal(contracts.PoolConfig{Policy: contracts.PlacementPolicy(policy), Runtime: rt})
 			cfg, verr := contracts.DecodePoolConfig(data, pool)
 			if verr != nil {
 				return a.fail("pool set", checkedError(verr, "invalid pool config"))
@@ -244,15 +262,34 @@ func (a *app) printPools(pools []contracts.PoolDoc) {
 		return
 	}
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "POOL\tPOLICY\tNODES\tREVISION\tUPDATED")
+	fmt.Fprintln(tw, "POOL\tPOLICY\tNODES\tREVISION\tUPDATED\tRUNTIME")
 	for _, p := range pools {
-		policy, rev, updated := "default", "-", "-"
+		policy, rev, updated, runtime := "default", "-", "-", "default"
 		if p.Config != nil {
 			policy, rev, updated = string(p.Config.Policy), strconv.FormatUint(p.Revision, 10), formatTime(&p.Config.UpdatedAt)
+			runtime = runtimeText(p.Config.Runtime)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", p.Pool, policy, p.Nodes, rev, updated)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\n", p.Pool, policy, p.Nodes, rev, updated, runtime)
 	}
 	_ = tw.Flush()
+}
+
+// runtimeText says a pool's runtime policy in a few words.
+func runtimeText(rt *contracts.PoolRuntime) string {
+	if rt == nil {
+		return "default"
+	}
+	parts := []string{"images only"}
+	if rt.AllowHostCommands {
+		parts[0] = "images and host commands"
+	}
+	if len(rt.MountRoots) > 0 {
+		parts = append(parts, "mounts from "+strings.Join(rt.MountRoots, ","))
+	}
+	if rt.HostNetwork {
+		parts = append(parts, "host network")
+	}
+	return strings.Join(parts, "; ")
 }
 
 // holdCmd is cordon, drain or uncordon NODE [--gpu UUID] [--reason R]:

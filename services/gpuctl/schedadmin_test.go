@@ -256,16 +256,31 @@ func TestPoolCommands(t *testing.T) {
 	if code != ExitOK || json.Unmarshal([]byte(out), &doc) != nil || doc.Config.Policy != contracts.PolicyBinpack || doc.Nodes != 1 {
 		t.Fatalf("pool get h100 -o json: %d %s", code, out)
 	}
+	// The runtime policy: set with its flags, kept by a set without them.
+	if code, out, errOut := h.run("pool", "set", "h100", "--policy", "binpack", "--host-commands", "--mount-roots", "/data,/scratch"); code != ExitOK ||
+		!strings.Contains(out, "images and host commands; mounts from /data,/scratch") {
+		t.Fatalf("pool set runtime: %d %q %q", code, out, errOut)
+	}
+	if code, out, errOut := h.run("pool", "set", "h100", "--policy", "spread"); code != ExitOK || !strings.Contains(out, "images and host commands") {
+		t.Fatalf("pool set keeping the runtime: %d %q %q", code, out, errOut)
+	}
+	if !h.kvGet(contracts.BucketPools, "h100", &c) || c.Runtime == nil || !c.Runtime.AllowHostCommands || len(c.Runtime.MountRoots) != 2 {
+		t.Fatalf("KV: %+v", c)
+	}
+	if code, out, errOut := h.run("pool", "set", "h100", "--policy", "binpack", "--mount-roots", "none"); code != ExitOK || !strings.Contains(out, "images only") {
+		t.Fatalf("pool set images only: %d %q %q", code, out, errOut)
+	}
 	for name, tt := range map[string]struct {
 		args   []string
 		code   int
 		stderr string
 	}{
-		"invalid policy": {[]string{"pool", "set", "h100", "--policy", "random"}, ExitError, `policy: invalid_value: unknown policy "random"`},
-		"no policy":      {[]string{"pool", "set", "h100"}, ExitUsage, "--policy is required"},
-		"bad pool":       {[]string{"pool", "set", "H100", "--policy", "spread"}, ExitUsage, `invalid pool "H100"`},
-		"set no pool":    {[]string{"pool", "set"}, ExitUsage, `want "pool get [POOL]"`},
-		"two pools":      {[]string{"pool", "get", "a", "b"}, ExitUsage, `want "pool get [POOL]"`},
+		"mount root /proc": {[]string{"pool", "set", "h100", "--policy", "spread", "--mount-roots", "/proc"}, ExitError, "runtime.mountRoots[0]: mount_not_allowed"},
+		"invalid policy":   {[]string{"pool", "set", "h100", "--policy", "random"}, ExitError, `policy: invalid_value: unknown policy "random"`},
+		"no policy":        {[]string{"pool", "set", "h100"}, ExitUsage, "--policy is required"},
+		"bad pool":         {[]string{"pool", "set", "H100", "--policy", "spread"}, ExitUsage, `invalid pool "H100"`},
+		"set no pool":      {[]string{"pool", "set"}, ExitUsage, `want "pool get [POOL]"`},
+		"two pools":        {[]string{"pool", "get", "a", "b"}, ExitUsage, `want "pool get [POOL]"`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			code, _, errOut := h.run(tt.args...)
