@@ -14,11 +14,21 @@ require (
 require (
 	github.com/Azure/go-ntlmssp v0.1.1 // indirect
 	github.com/coreos/go-oidc/v3 v3.21.0 // indirect
+	github.com/docker/cli v29.7.2+incompatible // indirect
+	github.com/docker/docker-credential-helpers v0.9.3 // indirect
+	github.com/fsnotify/fsnotify v1.7.0 // indirect
 	github.com/go-asn1-ber/asn1-ber v1.5.8 // indirect
 	github.com/go-jose/go-jose/v4 v4.1.9 // indirect
 	github.com/go-ldap/ldap/v3 v3.4.15 // indirect
 	github.com/gpuplane/gpuplane/services/gpuctl v0.0.0 // indirect
+	github.com/moby/profiles/seccomp v0.3.0 // indirect
+	github.com/opencontainers/image-spec v1.1.1 // indirect
+	github.com/opencontainers/runtime-spec v1.3.0 // indirect
+	github.com/sirupsen/logrus v1.9.4 // indirect
+	go.yaml.in/yaml/v3 v3.0.5 // indirect
 	golang.org/x/oauth2 v0.38.0 // indirect
+	tags.cncf.io/container-device-interface v1.1.1 // indirect
+	tags.cncf.io/container-device-interface/specs-go v1.1.1 // indirect
 )
 
 require (
@@ -38,7 +48,7 @@ require (
 	github.com/gpuplane/gpuplane/sdk/go v0.0.0 // indirect
 	github.com/gpuplane/gpuplane/services/autoscaler v0.0.0
 	github.com/gpuplane/gpuplane/services/billing v0.0.0 // indirect
-	github.com/gpuplane/gpuplane/services/gateway v0.0.0 // indirect
+	github.com/gpuplane/gpuplane/services/gateway v0.0.0
 	github.com/gpuplane/gpuplane/services/monitor v0.0.0
 	github.com/gpuplane/gpuplane/services/resource-manager v0.0.0
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.30.0 // indirect
