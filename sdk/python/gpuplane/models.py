@@ -294,6 +294,7 @@ class JobStatus:
     ended_at: Optional[datetime] = None
     migration: Optional[Migration] = None
     migrations: int = 0
+    pull: Optional[PullProgress] = None
     last_seq: int
 
     @property
