@@ -280,3 +280,27 @@ func TestANewSupervisorAdoptsOrStopsTheDaemonsOfTheLastOne(t *testing.T) {
 		t.Fatalf("state after a closed supervisor's release: %s; want up", got)
 	}
 }
+
+func TestADaemonThatIgnoresQuitIsKilled(t *testing.T) {
+	c := mpstest.New(t)
+	s, err := mps.New(mps.Config{Control: c.Path, Root: mpstest.Root(t), PollInterval: 20 * time.Millisecond,
+		QuitTimeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c.Deaf(t, true)
+	l := acquire(t, s, gpuA)
+	pid := oneDaemon(t, c, l.PipeDir)
+	l.Release()
+	eventually(t, "the daemon killed", func() bool {
+		return s.State(gpuA) == contracts.MPSNone && !slices.Contains(c.Daemons(""), pid)
+	})
+	if _, err := os.Stat(filepath.Join(l.PipeDir, mps.PIDFile)); !os.IsNotExist(err) {
+		t.Errorf("pid file of the killed daemon: %v; want it removed", err)
+	}
+	log, _ := os.ReadFile(filepath.Join(l.LogDir, "control.log"))
+	if !strings.Contains(string(log), "command: quit") {
+		t.Errorf("the daemon was killed without being told to quit first; its log:\n%s", log)
+	}
+}

@@ -16,7 +16,8 @@ import (
 // it: "-d" starts a daemon that keeps its pid file and a control FIFO in
 // $CUDA_MPS_PIPE_DIRECTORY and logs to $CUDA_MPS_LOG_DIRECTORY/control.log;
 // without arguments it sends its stdin's commands to the daemon ("quit"
-// stops it). Next to it, a file "fail" makes -d fail, and every -d
+// stops it). Next to it, a file "fail" makes -d fail, a file "deaf" makes
+// the daemons ignore quit, and every -d
 // appends a line to "attempts", every daemon its pid to "starts".
 const script = `#!/bin/sh
 here=$(dirname "$0")
@@ -40,7 +41,7 @@ case "$1" in
 	while :; do
 		read -r line <"$pipe/control" || continue
 		echo "command: $line"
-		if [ "$line" = quit ]; then rm -f "$pidf" "$pipe/control"; exit 0; fi
+		if [ "$line" = quit ] && [ ! -e "$here/deaf" ]; then rm -f "$pidf" "$pipe/control"; exit 0; fi
 	done ;;
 *)
 	running || { echo "Cannot find MPS control daemon process" >&2; exit 1; }
@@ -76,11 +77,16 @@ func New(t testing.TB) *Control {
 }
 
 // Fail makes every later "-d" fail (true) or work again (false).
-func (c *Control) Fail(t testing.TB, fail bool) {
+func (c *Control) Fail(t testing.TB, fail bool) { c.flag(t, "fail", fail) }
+
+// Deaf makes the daemons ignore quit (true) or take it again (false).
+func (c *Control) Deaf(t testing.TB, deaf bool) { c.flag(t, "deaf", deaf) }
+
+func (c *Control) flag(t testing.TB, name string, on bool) {
 	t.Helper()
-	p := filepath.Join(c.dir, "fail")
+	p := filepath.Join(c.dir, name)
 	var err error
-	if fail {
+	if on {
 		err = os.WriteFile(p, nil, 0o644)
 	} else if err = os.Remove(p); os.IsNotExist(err) {
 		err = nil
