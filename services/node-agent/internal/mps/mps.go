@@ -159,8 +159,9 @@ type gpu struct {
 	wake     chan struct{}
 }
 
-// New returns a supervisor of cfg.Control's daemons under cfg.Root,
-// creating Root. It starts nothing.
+// New returns a supervisor of cfg.Control's daemons under cfg.Root. It
+// starts and creates nothing: the first start creates the directories, so
+// an agent that never runs a share never needs Root.
 func New(cfg Config) (*Supervisor, error) {
 	cfg = cfg.withDefaults()
 	if cfg.Control == "" {
@@ -178,9 +179,6 @@ func New(cfg Config) (*Supervisor, error) {
 	if n := len(filepath.Join(root, "GPU-00000000-0000-0000-0000-000000000000", "pipe", "control")); n > maxSocketPath {
 		return nil, fmt.Errorf("mps: root %s is too long: a control socket under it would have a %d-byte path, over the %d of a Unix socket",
 			root, n, maxSocketPath)
-	}
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		return nil, fmt.Errorf("mps: root: %w", err)
 	}
 	return &Supervisor{cfg: cfg, log: cfg.Log, done: make(chan struct{}), gpus: map[string]*gpu{}}, nil
 }
