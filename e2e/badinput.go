@@ -104,6 +104,18 @@ func BadCases(prefix string) []BadCase {
 	add("too many args", contracts.ReasonOutOfRange, true, func(id string) string {
 		return run(id, `{"command":[`+strings.TrimSuffix(strings.Repeat(`"a",`, contracts.MaxCommandArgs+1), ",")+`]}`)
 	})
+	// Containers (issue 14): each rule its reason, on both paths.
+	add("image not a reference", contracts.ReasonImageInvalid, true, func(id string) string { return run(id, `{"image":"Not:A:Ref"}`) })
+	add("mount onto /proc", contracts.ReasonMountNotAllowed, true, func(id string) string {
+		return run(id, `{"image":"busybox","mounts":[{"source":"/data","target":"/proc"}]}`)
+	})
+	add("mount without image", contracts.ReasonConflictingRun, true, func(id string) string {
+		return run(id, `{"command":["true"],"mounts":[{"source":"/data","target":"/data"}]}`)
+	})
+	add("bad user", contracts.ReasonInvalidValue, true, func(id string) string { return run(id, `{"image":"busybox","user":"a:b:c"}`) })
+	add("shm beyond memory", contracts.ReasonOutOfRange, true, func(id string) string {
+		return `{"id":"` + id + `","resources":{"gpu":{"count":1},"memoryMiB":512},"run":{"image":"busybox","shmSizeMiB":1024}}`
+	})
 	add("unknown priority", contracts.ReasonUnknownPriority, true, func(id string) string { return ok(id, `,"priority":"urgent"`) })
 	add("bad pool", contracts.ReasonInvalidValue, true, func(id string) string { return ok(id, `,"pool":"H100.pool"`) })
 	add("name too long", contracts.ReasonOutOfRange, true, func(id string) string { return ok(id, `,"name":"`+strings.Repeat("n", contracts.MaxNameLength+1)+`"`) })
