@@ -309,6 +309,9 @@ func (c Config) Validate() error {
 	if c.StopGrace < 0 {
 		errs = append(errs, fmt.Errorf("stop grace is %s; want >= 0", c.StopGrace))
 	}
+	if c.ImageCacheMaxBytes < 0 {
+		errs = append(errs, fmt.Errorf("image cache limit is %d bytes; want >= 0 (0: half its file system)", c.ImageCacheMaxBytes))
+	}
 	return errors.Join(errs...)
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"io"
 	"log"
 	"log/slog"
@@ -270,5 +271,26 @@ func eventuallyTrue(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("not within 30 s: %s", what)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestImageCacheFlags(t *testing.T) {
+	c := DefaultConfig()
+	c.NodeID = "img-07"
+	fs := flag.NewFlagSet("node-agent", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	c.RegisterFlags(fs)
+	if err := fs.Parse([]string{"-image-dir", "/var/lib/gpuplane/images", "-image-cache-bytes", "107374182400"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if c.ImageDir != "/var/lib/gpuplane/images" || c.ImageCacheMaxBytes != 100<<30 {
+		t.Errorf("image dir %q, limit %d; want the flags'", c.ImageDir, c.ImageCacheMaxBytes)
+	}
+	c.ImageCacheMaxBytes = -1
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "image cache limit") {
+		t.Errorf("Validate with a negative image cache limit: %v", err)
 	}
 }
