@@ -59,7 +59,9 @@ type Config struct {
 	// MaxBytes bounds the disk the unpacked images take; past it, the least
 	// recently used images that no run holds are deleted. 0 means no bound.
 	// A held image is never deleted, so the cache may stay above MaxBytes
-	// while its runs last.
+	// while its runs last; and the collection runs once a pull is in
+	// place (an image's unpacked size is known only then), so the disk
+	// holds up to one image more for a moment.
 	MaxBytes int64
 	// Transport reaches the registries; nil means go-containerregistry's
 	// default (proxy from the environment, TLS verified).
