@@ -138,13 +138,17 @@ func (s *Store) prefer(run contracts.RunSpec) func(string) bool {
 
 // pullingEvent publishes the progress of the pull of j's image as a job
 // event (pulling), while the job is scheduled: each pulling fact of the
-// attempt is one event (seq counts them, so a replay publishes the same
-// IDs).
+// attempt is one event, seq counting them. A rebuild counts the facts it
+// replays without publishing (their events are in JOB_EVENTS already), so
+// the next fact gets the next ID.
 func (s *Store) pullingEvent(j *Job, p *part, r contracts.RunEvent) {
 	if r.Pull == nil || p.started != nil || j.State != contracts.StateScheduled {
 		return
 	}
 	p.pulls++
+	if !s.live {
+		return
+	}
 	pull := *r.Pull
 	s.emit(j, contracts.EventPulling, p.pulls, func(ev *contracts.JobEvent) {
 		ev.Pull = &pull

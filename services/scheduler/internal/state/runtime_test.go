@@ -196,6 +196,7 @@ func TestPullingBecomesJobEvents(t *testing.T) {
 	}
 	pull(0, 0)
 	pull(1<<20, 2<<20)
+	h.restart() // mid-pull: the rebuild publishes nothing, and counts on
 	pull(2<<20, 2<<20)
 	h.started(a, h.now.Add(time.Second))
 	pull(2<<20, 2<<20) // late: the run has started
