@@ -43,7 +43,9 @@ Commands:
                                          (--gpus, --model, --models, --nodes N --topology nvlink|zone), a MIG
                                          instance (--mig 1g.10gb), a GPU share (--share 4096:25); --cpu,
                                          --memory, --selector k=v, --toleration k=v:Effect|k:Exists,
-                                         --depends-on a,b, --expected 2h, --placement-timeout 30m
+                                         --depends-on a,b, --expected 2h, --placement-timeout 30m; a container:
+                                         --image REF [-- cmd args] (--workdir, --user, --shm-size,
+                                         --mount SRC:DST[:ro], --env K=V)
   get ID                                 show one job
   describe ID                            everything about one job: why it is pending, where it runs, its events
   list [--state S] [--limit N] [--after ID]
