@@ -122,7 +122,13 @@ func Compute(snap placement.Snapshot, used map[string]int, waiting []placement.R
 			count(view(r.Pool))
 			continue
 		}
-		for _, v := range views {
+		for pool, v := range views {
+			// A pool whose runtime policy does not run the job (a host
+			// command in an images-only pool) would not take it however
+			// many machines it had: no demand there.
+			if r.PoolRuns != nil && !r.PoolRuns(pool) {
+				continue
+			}
 			if slices.ContainsFunc(v.kinds, func(k kind) bool { return modelAllowed(r, k.model) && k.memMiB >= r.GPU.MemoryMiB }) {
 				count(v)
 			}

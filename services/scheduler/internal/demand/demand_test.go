@@ -176,3 +176,23 @@ func TestSameComparesSharesByValue(t *testing.T) {
 		t.Error("different shares should differ")
 	}
 }
+
+// TestComputeSkipsPoolsThatDoNotRunIt: a job that waits for a pool whose
+// runtime policy runs it (a host command) is demand there only, never in
+// a pool that would not take it with any number of machines.
+func TestComputeSkipsPoolsThatDoNotRunIt(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	snap := placement.Snapshot{Nodes: []placement.Node{
+		node("i1", "images", "H100-80GB", 8, 8),
+		node("t1", "trusted", "H100-80GB", 8, 8),
+	}}
+	host := gpu(1, "H100-80GB", "")
+	host.PoolRuns = func(pool string) bool { return pool == "trusted" }
+	got := Compute(snap, nil, []placement.Request{host, gpu(2, "H100-80GB", "")}, []string{"images", "trusted"}, now)
+	if d := got["images"]; d.PendingJobs != 1 || d.PendingGPUs != 2 {
+		t.Errorf("images: %d jobs, %d GPUs pending; want only the image's 1 and 2", d.PendingJobs, d.PendingGPUs)
+	}
+	if d := got["trusted"]; d.PendingJobs != 2 || d.PendingGPUs != 3 {
+		t.Errorf("trusted: %d jobs, %d GPUs pending; want both, 3 GPUs", d.PendingJobs, d.PendingGPUs)
+	}
+}
