@@ -58,10 +58,21 @@ func Env(l Launch) []string {
 			env[k] = v
 		}
 	}
+	return runEnv(env, l, true)
+}
+
+// ContainerEnv is Env for a container: the run's own variables and the
+// agent's, without the host's PATH, HOME and TMPDIR (the image's hold) or
+// the checkpoint paths, which oci sets to where the container sees them.
+func ContainerEnv(l Launch) []string {
+	return runEnv(map[string]string{}, l, false)
+}
+
+func runEnv(env map[string]string, l Launch, hostPaths bool) []string {
 	for k, v := range l.Spec.Env {
 		env[k] = v
 	}
-	for _, k := range []string{EnvMPSThreads, EnvMPSMemLimit, EnvRestoreFrom, EnvCheckpointDir, EnvGangRank, EnvGangSize, EnvGangNodes} {
+	for _, k := range []string{EnvMPSThreads, EnvMPSMemLimit, EnvMPSPipeDir, EnvRestoreFrom, EnvCheckpointDir, EnvGangRank, EnvGangSize, EnvGangNodes} {
 		delete(env, k) // set below only when the agent means them
 	}
 	visible := make([]string, len(l.Devices))
@@ -87,13 +98,13 @@ func Env(l Launch) []string {
 	env[EnvTenant] = l.Tenant
 	env[EnvJobID] = l.JobID
 	env[EnvAttempt] = strconv.Itoa(l.Attempt)
-	if l.MPSPipeDir != "" {
-		env["CUDA_MPS_PIPE_DIRECTORY"] = l.MPSPipeDir // where the share's MPS daemon listens
+	if l.MPSPipeDir != "" && hostPaths {
+		env[EnvMPSPipeDir] = l.MPSPipeDir // where the share's MPS daemon listens
 	}
-	if l.CheckpointDir != "" {
+	if l.CheckpointDir != "" && hostPaths {
 		env[EnvCheckpointDir] = l.CheckpointDir
 	}
-	if l.RestoreFrom != "" {
+	if l.RestoreFrom != "" && hostPaths {
 		env[EnvRestoreFrom] = l.RestoreFrom
 	}
 	if g := l.Gang; g != nil {

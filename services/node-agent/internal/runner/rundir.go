@@ -31,6 +31,8 @@ type runSpec struct {
 	Argv    []string `json:"argv"`
 	Env     []string `json:"env"`
 	LogPath string   `json:"logPath"`
+	// Container is set when Argv is `runc run` of the run's container.
+	Container *containerRun `json:"container,omitempty"`
 }
 
 // runState is what the shim records once the command started. Start times

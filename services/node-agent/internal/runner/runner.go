@@ -56,6 +56,8 @@ type Launch struct {
 	// Gang is set when the run is one part of a job spanning several
 	// machines (GPUPLANE_GANG_RANK, _SIZE, _NODES).
 	Gang *contracts.GangPart `json:"gang,omitempty"`
+	// Container is set for a run of an image (see Container).
+	Container *Container `json:"container,omitempty"`
 	// MPSPipeDir is the pipe directory of the MPS control daemon of the
 	// GPU a share runs on (CUDA_MPS_PIPE_DIRECTORY of a host command; a
 	// container's is Container.MPSPipeDir), "" for a run without shares
@@ -134,6 +136,12 @@ type Local struct {
 	// across attempts; "" means LogDir/checkpoints.
 	CheckpointDir string
 
+	// Runc is the runc binary of container runs; "" looks it up (PATH,
+	// then Debian's directories). RuncRoot is runc's state root, ""
+	// meaning LogDir/runc. CgroupParent holds the containers' cgroups, ""
+	// meaning oci.DefaultCgroupParent.
+	Runc, RuncRoot, CgroupParent string
+
 	// shimProgram is the program started as a run's shim; "" means this
 	// one (tests start others to see a launch fail).
 	shimProgram string
@@ -156,8 +164,9 @@ var (
 	ErrEnded = errors.New("the run has ended")
 )
 
-// Launch starts l: a command when l.Spec.Command is set, a simulated run
-// of l.Spec.Duration otherwise. It returns once the process exists; ctx
+// Launch starts l: a container of l.Container's image when set (an error
+// wrapping ErrRuntimeUnavailable where runc is missing), a command when
+// l.Spec.Command is set, a simulated run of l.Spec.Duration otherwise. It returns once the process exists; ctx
 // bounds the launch only, never the run. A command that cannot start
 // returns an error wrapping ErrLaunch and the cause (exec.ErrNotFound,
 // fs.ErrNotExist, fs.ErrPermission).
@@ -169,6 +178,9 @@ func (r *Local) Launch(ctx context.Context, l Launch) (Process, error) {
 		return nil, fmt.Errorf("%w: %w", ErrLaunch, err)
 	}
 	logPath := LogPath(r.LogDir, l.AllocationID)
+	if l.Container != nil {
+		return r.startContainer(ctx, l, logPath)
+	}
 	if len(l.Spec.Command) == 0 {
 		logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
 		if err != nil {
@@ -176,7 +188,7 @@ func (r *Local) Launch(ctx context.Context, l Launch) (Process, error) {
 		}
 		return startSim(l, logFile, logPath), nil
 	}
-	return r.startShim(l, logPath)
+	return r.startShim(l, logPath, hostCommand(l, logPath))
 }
 
 // prepare creates the directories of a launch and fills in its checkpoint

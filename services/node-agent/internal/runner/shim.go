@@ -120,6 +120,18 @@ func runShim(dir string) int {
 		defer t.Stop()
 		limit = t.C
 	}
+	// A host command is signalled as a process group; a container through
+	// runc (its first process; all of its processes for SIGKILL), since
+	// its processes are not in runc's group and runc must see them end to
+	// clean up after them.
+	terminate, killAll, relay := func() { killGroup(pid, st.PIDStart, syscall.SIGTERM) },
+		func() { killGroup(pid, st.PIDStart, syscall.SIGKILL) },
+		func(sig syscall.Signal) { signalLeader(pid, st.PIDStart, sig) }
+	if c := spec.Container; c != nil {
+		terminate = func() { signalContainer(c, pid, st.PIDStart, syscall.SIGTERM, false) }
+		killAll = func() { signalContainer(c, pid, st.PIDStart, syscall.SIGKILL, true) }
+		relay = func(sig syscall.Signal) { signalContainer(c, pid, st.PIDStart, sig, false) }
+	}
 	var stopping, stopped, timedOut bool
 	stop := func(grace time.Duration) {
 		if stopping {
@@ -127,10 +139,10 @@ func runShim(dir string) int {
 		}
 		stopping = true
 		if grace <= 0 {
-			killGroup(pid, st.PIDStart, syscall.SIGKILL)
+			killAll()
 			return
 		}
-		killGroup(pid, st.PIDStart, syscall.SIGTERM)
+		terminate()
 		kill = time.After(grace)
 	}
 	for running := true; running; {
@@ -149,7 +161,7 @@ func runShim(dir string) int {
 				// SIGUSR1 (checkpoint) goes to the command itself, not its
 				// group: helpers it forked (a sleep, data-loader workers)
 				// would die of a signal they do not handle.
-				signalLeader(pid, st.PIDStart, s.(syscall.Signal))
+				relay(s.(syscall.Signal))
 			}
 		case <-limit:
 			if !stopping {
@@ -157,13 +169,18 @@ func runShim(dir string) int {
 				stop(spec.Launch.StopGrace)
 			}
 		case <-kill:
-			killGroup(pid, st.PIDStart, syscall.SIGKILL)
+			killAll()
 		case <-waited:
 			running = false
 		}
 	}
 	// Whatever the leader left behind in its group goes with it.
 	killGroup(pid, st.PIDStart, syscall.SIGKILL)
+	if c := spec.Container; c != nil {
+		if err := removeContainer(c); err != nil {
+			logf("clean up container %s: %v", c.ID, err)
+		}
+	}
 	e := runExit{Code: exitCode(cmd.ProcessState), Stopped: stopped, TimedOut: timedOut, EndedAt: time.Now()}
 	if err := writeJSON(filepath.Join(dir, exitFile), e); err != nil {
 		logf("record exit code %d: %v", e.Code, err)

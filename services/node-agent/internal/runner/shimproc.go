@@ -13,6 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/gpuplane/gpuplane/services/node-agent/internal/oci"
 )
 
 const (
@@ -43,9 +45,11 @@ func (r *Local) runDir(allocationID string) string {
 	return filepath.Join(r.stateDir(), fileKey(allocationID))
 }
 
-// startShim starts l's command under a new shim and waits for the shim to
-// say it started (or why not).
-func (r *Local) startShim(l Launch, logPath string) (Process, error) {
+// startShim starts a run under a new shim and waits for the shim to say
+// it started (or why not). prepare fills the run's state directory and
+// says what the shim runs; its undo (may be nil) cleans up what it made
+// when the shim never starts.
+func (r *Local) startShim(l Launch, logPath string, prepare func(dir string) (runSpec, func(), error)) (Process, error) {
 	dir := r.runDir(l.AllocationID)
 	if err := os.MkdirAll(r.stateDir(), 0o755); err != nil {
 		return nil, fmt.Errorf("%w: state dir: %w", ErrLaunch, err)
@@ -56,8 +60,14 @@ func (r *Local) startShim(l Launch, logPath string) (Process, error) {
 		}
 		return nil, fmt.Errorf("%w: state dir: %w", ErrLaunch, err)
 	}
-	spec := runSpec{Launch: l, Argv: l.Spec.Command, Env: Env(l), LogPath: logPath}
-	p, err := r.spawn(dir, spec)
+	spec, undo, err := prepare(dir)
+	var p *shimProc
+	if err == nil {
+		p, err = r.spawn(dir, spec)
+		if err != nil && undo != nil {
+			undo()
+		}
+	}
 	if err != nil {
 		// Nothing runs: record why, so the directory tells the truth
 		// until the agent has reported it and forgets it.
@@ -70,6 +80,13 @@ func (r *Local) startShim(l Launch, logPath string) (Process, error) {
 		return nil, fmt.Errorf("%w: %w", ErrLaunch, err)
 	}
 	return p, nil
+}
+
+// hostCommand is the runSpec of l's command run on the host.
+func hostCommand(l Launch, logPath string) func(string) (runSpec, func(), error) {
+	return func(string) (runSpec, func(), error) {
+		return runSpec{Launch: l, Argv: l.Spec.Command, Env: Env(l), LogPath: logPath}, nil, nil
+	}
 }
 
 // launchError is a command the shim could not start.
@@ -227,6 +244,10 @@ func (p *shimProc) finish() {
 			p.exit = e.exit()
 		default:
 			killGroup(p.state.PID, p.state.PIDStart, syscall.SIGKILL)
+			if c := p.spec.Container; c != nil {
+				// runc died with its shim; the container did not.
+				_ = removeContainer(c)
+			}
 			p.exit = Exit{Code: -1, Err: ErrLost}
 			if err != nil {
 				p.exit.Err = fmt.Errorf("%w: %w", ErrLost, err)
@@ -273,6 +294,9 @@ func (p *shimProc) Stop(grace time.Duration) {
 		select {
 		case <-p.done:
 		case <-t.C:
+			if c := p.spec.Container; c != nil {
+				signalContainer(c, p.state.PID, p.state.PIDStart, syscall.SIGKILL, true)
+			}
 			killGroup(p.state.PID, p.state.PIDStart, syscall.SIGKILL)
 		}
 	}()
@@ -389,6 +413,11 @@ func (r *Local) Forget(allocationID string) error {
 	dir := r.runDir(allocationID)
 	if alive, err := shimAlive(dir); err != nil || alive {
 		return errors.Join(fmt.Errorf("run %s is still running", allocationID), err)
+	}
+	// A container's bundle may still hold its overlay mount (its shim was
+	// killed): removing through it would reach the image.
+	if err := oci.RemoveBundle(filepath.Join(dir, bundleDir)); err != nil {
+		return fmt.Errorf("forget run %s: %w", allocationID, err)
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("forget run %s: %w", allocationID, err)

@@ -1,0 +1,171 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"time"
+
+	cdispecs "tags.cncf.io/container-device-interface/specs-go"
+
+	"github.com/gpuplane/gpuplane/services/node-agent/internal/oci"
+)
+
+// Container is a run of an image: its shim supervises `runc run` of the
+// run's bundle in the foreground instead of a host command, so the run's
+// output, exit code, stop with grace, checkpoints and re-adoption by a
+// restarted agent are those of a host command. Launch.Spec.Command
+// replaces the image's ENTRYPOINT and Args its CMD.
+type Container struct {
+	Image      oci.Image   `json:"image"`
+	Args       []string    `json:"args,omitempty"`
+	WorkingDir string      `json:"workingDir,omitempty"`
+	User       string      `json:"user,omitempty"`
+	Mounts     []oci.Mount `json:"mounts,omitempty"`
+	ShmSizeMiB int64       `json:"shmSizeMiB,omitempty"`
+	// CPUMilli and MemoryMiB are the container's cgroup limits, the
+	// allocation's host share; 0 means none.
+	CPUMilli  int64 `json:"cpuMilli,omitempty"`
+	MemoryMiB int64 `json:"memoryMiB,omitempty"`
+	// HostNetwork runs it in the host's network namespace, where its pool
+	// allows it (gangs, for NCCL).
+	HostNetwork bool `json:"hostNetwork,omitempty"`
+	// MPSPipeDir is the pipe directory of the MPS control daemon of the
+	// run's shared GPU, "" for a run without shares: it is mounted at the
+	// same path, and CUDA_MPS_PIPE_DIRECTORY names it.
+	MPSPipeDir string `json:"mpsPipeDir,omitempty"`
+	// GPUs is the CDI description of the machine's GPUs
+	// (oci.GenerateCDI): the container gets exactly the edits of
+	// Launch.Devices. Nil gives a run with devices no launch.
+	GPUs *cdispecs.Spec `json:"-"`
+}
+
+// EnvMPSPipeDir tells a CUDA client where its MPS control daemon listens.
+const EnvMPSPipeDir = "CUDA_MPS_PIPE_DIRECTORY"
+
+// ErrRuntimeUnavailable wraps the launch error of a container run on a
+// machine without runc (reason runtime_unavailable); host commands still
+// run there.
+var ErrRuntimeUnavailable = oci.ErrUnavailable
+
+// containerRun is what the shim, and an agent that adopts the run, need
+// to reach the container: runc's ID and state root, and the bundle.
+type containerRun struct {
+	ID      string      `json:"id"`
+	Runtime oci.Runtime `json:"runtime"`
+	Bundle  string      `json:"bundle"`
+}
+
+// runcTimeout bounds one runc kill, state or delete.
+const runcTimeout = 10 * time.Second
+
+const bundleDir = "bundle" // in the run's state directory
+
+func (r *Local) runcRoot() string {
+	if r.RuncRoot != "" {
+		return r.RuncRoot
+	}
+	return filepath.Join(r.LogDir, "runc")
+}
+
+// startContainer prepares l's bundle and starts its shim on `runc run`.
+func (r *Local) startContainer(ctx context.Context, l Launch, logPath string) (Process, error) {
+	rt, err := oci.LookRuntime(r.Runc, r.runcRoot())
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrLaunch, err)
+	}
+	c := l.Container
+	edits, err := oci.EditsFor(c.GPUs, l.Devices)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrLaunch, err)
+	}
+	id := oci.ContainerID(l.AllocationID)
+	return r.startShim(l, logPath, func(dir string) (runSpec, func(), error) {
+		if err := r.clearStale(ctx, rt, id); err != nil {
+			return runSpec{}, nil, err
+		}
+		mounts := slices.Clone(c.Mounts)
+		env := ContainerEnv(l)
+		if c.MPSPipeDir != "" {
+			mounts = append(mounts, oci.Mount{Source: c.MPSPipeDir, Target: c.MPSPipeDir})
+			env = append(env, EnvMPSPipeDir+"="+c.MPSPipeDir)
+		}
+		b, err := oci.CreateBundle(filepath.Join(dir, bundleDir), oci.Config{
+			ID: id, Image: c.Image, Command: l.Spec.Command, Args: c.Args, Env: env, WorkingDir: c.WorkingDir,
+			User: c.User, Mounts: mounts, ShmSizeMiB: c.ShmSizeMiB, CPUMilli: c.CPUMilli, MemoryMiB: c.MemoryMiB,
+			HostNetwork: c.HostNetwork, CgroupParent: r.CgroupParent, GPUs: edits,
+			CheckpointDir: l.CheckpointDir, RestoreFrom: l.RestoreFrom,
+		})
+		if err != nil {
+			return runSpec{}, nil, err
+		}
+		// The job writes its checkpoints as its own user, not the agent's.
+		u := b.Spec.Process.User
+		if err := os.Chown(l.CheckpointDir, int(u.UID), int(u.GID)); err != nil {
+			_ = oci.RemoveBundle(b.Dir)
+			return runSpec{}, nil, fmt.Errorf("checkpoint dir: %w", err)
+		}
+		spec := runSpec{Launch: l, Argv: rt.RunArgv(b.Dir, id), Env: runcEnv(), LogPath: logPath,
+			Container: &containerRun{ID: id, Runtime: rt, Bundle: b.Dir}}
+		return spec, func() { _ = oci.RemoveBundle(b.Dir) }, nil
+	})
+}
+
+// clearStale makes way for container id: runc refuses an ID it knows, so
+// a container left by a crash is deleted, but only once its process is
+// gone; one that runs is a run of this allocation the agent's state lost,
+// and is never started twice.
+func (r *Local) clearStale(ctx context.Context, rt oci.Runtime, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, runcTimeout)
+	defer cancel()
+	st, err := rt.State(ctx, id)
+	switch {
+	case errors.Is(err, oci.ErrNoContainer):
+		return nil
+	case err != nil:
+		return err
+	case st.Running():
+		return fmt.Errorf("container %s already runs (pid %d): %w", id, st.Pid, ErrAlreadyLaunched)
+	}
+	return rt.Delete(ctx, id, true)
+}
+
+// runcEnv is runc's own environment: it passes none of it to the
+// container.
+func runcEnv() []string {
+	env := []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	if v, ok := os.LookupEnv("XDG_RUNTIME_DIR"); ok {
+		env = append(env, "XDG_RUNTIME_DIR="+v)
+	}
+	return env
+}
+
+// signalContainer sends sig to the container's first process (all: to
+// every process of it) through runc; where runc cannot (the container is
+// not created yet, or runc fails), to runc run itself, which relays what
+// it can to the container and dies of SIGKILL.
+func signalContainer(c *containerRun, pid int, pidStart uint64, sig syscall.Signal, all bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), runcTimeout)
+	defer cancel()
+	if err := c.Runtime.Kill(ctx, c.ID, sig, all); err != nil {
+		if sig == syscall.SIGKILL {
+			killGroup(pid, pidStart, sig)
+		} else {
+			signalLeader(pid, pidStart, sig)
+		}
+	}
+}
+
+// removeContainer deletes what is left of a container that ended, or
+// whose supervisor died: the container (killed first; runc run deletes it
+// itself when it sees it end) with its cgroup, and the bundle with its
+// overlay mount.
+func removeContainer(c *containerRun) error {
+	ctx, cancel := context.WithTimeout(context.Background(), runcTimeout)
+	defer cancel()
+	return errors.Join(c.Runtime.Delete(ctx, c.ID, true), oci.RemoveBundle(c.Bundle))
+}
