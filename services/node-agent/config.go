@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"maps"
+	"net/http"
 	"os"
 	"slices"
 	"strings"
@@ -112,6 +113,10 @@ type Config struct {
 	// Runner launches runs; nil means local processes and simulated runs
 	// with output in LogDir.
 	Runner Runner
+	// Runc is the runc binary that runs container runs; "" looks for it
+	// in PATH and Debian's directories. Without one a container run fails
+	// with runtime_unavailable; host commands still run.
+	Runc string
 	// Feed is where the agent reads its node's history, ledger entries
 	// and commands; nil means the bus, with the agent's own durable
 	// consumers. A fleet shares one Feed among its agents.
@@ -132,6 +137,10 @@ type Config struct {
 	// the file system that holds it.
 	ImageDir           string
 	ImageCacheMaxBytes int64
+	// ImageTransport reaches the image registries; nil means
+	// go-containerregistry's default. The all-in-one serves its built-in
+	// registry through it, without a socket.
+	ImageTransport http.RoundTripper
 }
 
 // DefaultConfig is an agent for a simulated 8×H100 machine named after
@@ -234,6 +243,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.CheckpointDir, "checkpoint-dir", c.CheckpointDir, "root of the jobs' checkpoint directories; empty means <log-dir>/checkpoints")
 	fs.DurationVar(&c.StopGrace, "stop-grace", c.StopGrace, "grace between SIGTERM and SIGKILL when stopping a run")
 	fs.StringVar(&c.MPSControl, "mps-control", c.MPSControl, "MPS control program run for every GPU that holds shares; empty means nvidia-cuda-mps-control with -backend nvml, none with sim")
+	fs.StringVar(&c.Runc, "runc", c.Runc, "runc binary of container runs; empty looks in PATH, /usr/sbin and /usr/bin")
 	fs.StringVar(&c.ImageDir, "image-dir", c.ImageDir, "directory of the container image cache; empty means <log-dir>/images")
 	fs.Int64Var(&c.ImageCacheMaxBytes, "image-cache-bytes", c.ImageCacheMaxBytes, "size limit of the image cache (the least recently used images no run holds go first); 0 means half its file system")
 	fs.StringVar(&c.MPSDir, "mps-dir", c.MPSDir, "directory of the GPUs' MPS pipe and log directories; empty means "+DefaultMPSDir)

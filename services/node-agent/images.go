@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
@@ -45,11 +46,12 @@ const MaxInventoryImages = 256
 // of its runs are kept), so an agent that never runs a container writes
 // nothing for it.
 type imageStore struct {
-	dir      string // "" until needed: a new temporary directory
-	maxBytes int64
-	log      *slog.Logger
-	now      func() time.Time
-	changed  func()
+	dir       string // "" until needed: a new temporary directory
+	maxBytes  int64
+	transport http.RoundTripper
+	log       *slog.Logger
+	now       func() time.Time
+	changed   func()
 
 	mu    sync.Mutex
 	cache *image.Cache
@@ -60,7 +62,7 @@ func newImageStore(cfg Config, log *slog.Logger, changed func()) *imageStore {
 	if dir == "" && cfg.LogDir != "" {
 		dir = filepath.Join(cfg.LogDir, "images")
 	}
-	return &imageStore{dir: dir, maxBytes: cfg.ImageCacheMaxBytes, log: log, now: cfg.Now, changed: changed}
+	return &imageStore{dir: dir, maxBytes: cfg.ImageCacheMaxBytes, transport: cfg.ImageTransport, log: log, now: cfg.Now, changed: changed}
 }
 
 // get returns the cache, opening it if need be.
@@ -84,7 +86,7 @@ func (s *imageStore) get() (*image.Cache, error) {
 	if max == 0 {
 		max = defaultImageCacheBytes(s.dir)
 	}
-	c, err := image.New(image.Config{Dir: s.dir, MaxBytes: max, Log: s.log, Now: s.now, Changed: s.changed})
+	c, err := image.New(image.Config{Dir: s.dir, MaxBytes: max, Transport: s.transport, Log: s.log, Now: s.now, Changed: s.changed})
 	if err != nil {
 		return nil, err
 	}
