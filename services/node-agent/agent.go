@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	cdispecs "tags.cncf.io/container-device-interface/specs-go"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
@@ -117,6 +118,11 @@ type agent struct {
 	// imagesChanged asks for the inventory again.
 	images        *imageStore
 	imagesChanged chan struct{}
+
+	// cdi describes the machine's GPUs to container runs, made at the
+	// first (containers.go).
+	cdiOnce sync.Once
+	cdi     *cdispecs.Spec
 }
 
 // runFacts is what gp.runs.<node> holds about one allocation.
@@ -160,7 +166,7 @@ func newAgent(cfg Config, b *bus.Bus, log *slog.Logger) (*agent, error) {
 			}
 			log.Info("run logs in a temporary directory", "dir", dir)
 		}
-		a.runner = &runner.Local{LogDir: dir, CheckpointDir: cfg.CheckpointDir}
+		a.runner = &runner.Local{LogDir: dir, CheckpointDir: cfg.CheckpointDir, Runc: cfg.Runc}
 	}
 	var err error
 	if a.mps, err = newMPS(cfg, log, a.onMPSChange); err != nil {

@@ -62,6 +62,9 @@ func (a *agent) recoverRuns(ctx context.Context) error {
 	if err := a.reportLost(ctx, have); err != nil {
 		return err
 	}
+	// Every running container reclaimed its image: the holds left are of
+	// runs that ended while no agent ran.
+	a.dropUnclaimedImages()
 	a.mu.Lock()
 	for id := range a.stops {
 		if a.facts[id] != nil {
@@ -123,6 +126,14 @@ func (a *agent) takeOver(ctx context.Context, l runner.Leftover) error {
 	case <-l.Proc.Done():
 	default:
 		a.holdMPS(run) // a share still running keeps its GPU's daemon
+		if c := l.Launch.Container; c != nil {
+			// A container still running keeps its image from collection.
+			release, err := a.reclaimImage(c.Image.Lease)
+			if err != nil {
+				log.Warn("the image hold of a re-adopted container was not reclaimed", "image", c.Image.Ref, "err", err)
+			}
+			run.image = release
+		}
 	}
 	run.startedAt = info.StartedAt
 	if f != nil && f.started != nil {

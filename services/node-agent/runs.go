@@ -45,6 +45,18 @@ type activeRun struct {
 	// mps are the run's holds on the MPS daemons of its shared GPUs
 	// (mps.go), given back when it ends.
 	mps []*mps.Lease
+	// image gives back the run's hold on its container image (nil for a
+	// run without one), once it has ended.
+	image func()
+}
+
+// releaseImage gives back the run's image, once; the cache may then
+// collect it.
+func (r *activeRun) releaseImage() {
+	if r.image != nil {
+		r.image()
+		r.image = nil
+	}
 }
 
 func newActiveRun(alloc contracts.Allocation) *activeRun {
@@ -257,10 +269,34 @@ func (a *agent) onCommitted(ctx context.Context, alloc contracts.Allocation, red
 	a.active[id] = run
 	a.mu.Unlock()
 
+	// What the pool's policy does not allow never runs; a container's
+	// image is held (pulled, with pulling facts) before anything else: a
+	// stop that comes meanwhile is applied once it is launched.
+	notLaunched := func(reason contracts.Reason, err error) error {
+		a.mu.Lock()
+		delete(a.active, id)
+		a.mu.Unlock()
+		if ctx.Err() != nil {
+			return ctx.Err() // shutting down: a later agent starts it
+		}
+		log.Warn("run not launched", "reason", reason, "err", err)
+		return a.publishEnded(ctx, alloc, contracts.RunResult{Outcome: contracts.OutcomeFailed,
+			ExitCode: NoExitCode, EndedAt: a.cfg.Now(), Reason: reason, Message: err.Error()})
+	}
+	if err := checkRuntime(alloc); err != nil {
+		return notLaunched(launchReason(err), err)
+	}
+	ctr, releaseImage, reason, err := a.prepareContainer(ctx, alloc)
+	if err != nil {
+		return notLaunched(reason, err)
+	}
+	run.image = releaseImage
+
 	// A share runs only once its GPU's MPS daemon is up: without one the
 	// limits in its environment are ignored.
 	leases, mpsPipeDir, err := a.acquireMPS(ctx, devices)
 	if err != nil {
+		run.releaseImage()
 		a.mu.Lock()
 		delete(a.active, id)
 		a.mu.Unlock()
@@ -278,9 +314,10 @@ func (a *agent) onCommitted(ctx context.Context, alloc contracts.Allocation, red
 	launchedAt := a.cfg.Now()
 	proc, err := a.runner.Launch(ctx, runner.Launch{AllocationID: id, Tenant: alloc.Tenant, JobID: alloc.JobID,
 		Attempt: alloc.Attempt, Spec: alloc.Run, Devices: devices, StopGrace: a.cfg.StopGrace, Gang: alloc.Gang,
-		MPSPipeDir: mpsPipeDir})
+		MPSPipeDir: mpsPipeDir, Container: ctr})
 	if err != nil {
 		run.releaseMPS()
+		run.releaseImage()
 		a.mu.Lock()
 		delete(a.active, id)
 		a.mu.Unlock()
@@ -295,7 +332,7 @@ func (a *agent) onCommitted(ctx context.Context, alloc contracts.Allocation, red
 		}
 		log.Warn("run failed to launch", "err", err)
 		if err := a.publishEnded(ctx, alloc, contracts.RunResult{Outcome: contracts.OutcomeFailed,
-			ExitCode: launchExitCode(err), EndedAt: a.cfg.Now(), Reason: contracts.ReasonLaunchFailed, Message: err.Error()}); err != nil {
+			ExitCode: launchExitCode(err), EndedAt: a.cfg.Now(), Reason: launchReason(err), Message: err.Error()}); err != nil {
 			return err
 		}
 		a.forget(id)
@@ -327,13 +364,14 @@ func (a *agent) onCommitted(ctx context.Context, alloc contracts.Allocation, red
 		proc.Stop(0)
 		proc.Wait()
 		run.releaseMPS()
+		run.releaseImage()
 		a.forget(id)
 		a.mu.Lock()
 		delete(a.active, id)
 		a.mu.Unlock()
 		return err
 	}
-	log.Info("run started", "devices", len(devices), "command", len(alloc.Run.Command) > 0, "pid", info.PID,
+	log.Info("run started", "devices", len(devices), "command", len(alloc.Run.Command) > 0, "image", alloc.Run.Image, "pid", info.PID,
 		"restored_from", info.RestoredFrom)
 	a.runs.Add(1)
 	go a.watch(ctx, run)
@@ -414,6 +452,7 @@ func (a *agent) watch(ctx context.Context, run *activeRun) {
 	}
 	exit := run.proc.Wait()
 	run.releaseMPS() // the run's processes are gone: its GPU may stop its daemon
+	run.releaseImage()
 	endedAt := a.cfg.Now()
 	if run.recovered && !exit.EndedAt.IsZero() {
 		endedAt = exit.EndedAt // it may have ended while no agent ran

@@ -34,10 +34,6 @@ type Container struct {
 	// HostNetwork runs it in the host's network namespace, where its pool
 	// allows it (gangs, for NCCL).
 	HostNetwork bool `json:"hostNetwork,omitempty"`
-	// MPSPipeDir is the pipe directory of the MPS control daemon of the
-	// run's shared GPU, "" for a run without shares: it is mounted at the
-	// same path, and CUDA_MPS_PIPE_DIRECTORY names it.
-	MPSPipeDir string `json:"mpsPipeDir,omitempty"`
 	// GPUs is the CDI description of the machine's GPUs
 	// (oci.GenerateCDI): the container gets exactly the edits of
 	// Launch.Devices. Nil gives a run with devices no launch.
@@ -90,9 +86,10 @@ func (r *Local) startContainer(ctx context.Context, l Launch, logPath string) (P
 		}
 		mounts := slices.Clone(c.Mounts)
 		env := ContainerEnv(l)
-		if c.MPSPipeDir != "" {
-			mounts = append(mounts, oci.Mount{Source: c.MPSPipeDir, Target: c.MPSPipeDir})
-			env = append(env, EnvMPSPipeDir+"="+c.MPSPipeDir)
+		if l.MPSPipeDir != "" {
+			// The share's MPS daemon, at the same path inside.
+			mounts = append(mounts, oci.Mount{Source: l.MPSPipeDir, Target: l.MPSPipeDir})
+			env = append(env, EnvMPSPipeDir+"="+l.MPSPipeDir)
 		}
 		b, err := oci.CreateBundle(filepath.Join(dir, bundleDir), oci.Config{
 			ID: id, Image: c.Image, Command: l.Spec.Command, Args: c.Args, Env: env, WorkingDir: c.WorkingDir,

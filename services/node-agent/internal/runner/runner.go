@@ -59,8 +59,8 @@ type Launch struct {
 	// Container is set for a run of an image (see Container).
 	Container *Container `json:"container,omitempty"`
 	// MPSPipeDir is the pipe directory of the MPS control daemon of the
-	// GPU a share runs on (CUDA_MPS_PIPE_DIRECTORY of a host command; a
-	// container's is Container.MPSPipeDir), "" for a run without shares
+	// GPU a share runs on (CUDA_MPS_PIPE_DIRECTORY; a container gets it
+	// mounted at the same path), "" for a run without shares
 	// or a machine without MPS.
 	MPSPipeDir string `json:"mpsPipeDir,omitempty"`
 }

@@ -3,11 +3,19 @@
 package ocitest
 
 import (
+	"archive/tar"
+	"bytes"
 	"debug/elf"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/oci"
 )
@@ -113,4 +121,73 @@ func Image(t testing.TB) oci.Image {
 	}
 	return oci.Image{Ref: "test/busybox:latest", Digest: "sha256:test", RootFS: root, Cmd: []string{"/bin/sh"},
 		Env: []string{"PATH=/bin", "IMAGE_VAR=image"}}
+}
+
+// OCIImage packs the root of img (Image's busybox) as a one-layer
+// linux/amd64 OCI image with img's config, for a registry to serve.
+func OCIImage(t testing.TB, img oci.Image) v1.Image {
+	t.Helper()
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	err := filepath.Walk(img.RootFS, func(p string, fi os.FileInfo, err error) error {
+		if err != nil || p == img.RootFS {
+			return err
+		}
+		link := ""
+		if fi.Mode()&os.ModeSymlink != 0 {
+			if link, err = os.Readlink(p); err != nil {
+				return err
+			}
+		}
+		h, err := tar.FileInfoHeader(fi, link)
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(img.RootFS, p)
+		h.Name = rel
+		if fi.IsDir() {
+			h.Name += "/"
+		}
+		h.Uid, h.Gid, h.Uname, h.Gname = 0, 0, "", ""
+		if err := tw.WriteHeader(h); err != nil {
+			return err
+		}
+		if fi.Mode().IsRegular() {
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			_, err = tw.Write(b)
+			return err
+		}
+		return nil
+	})
+	if err == nil {
+		err = tw.Close()
+	}
+	if err != nil {
+		t.Fatalf("pack the image: %v", err)
+	}
+	data := buf.Bytes()
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := mutate.AppendLayers(empty.Image, layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := v.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf = cf.DeepCopy()
+	cf.OS, cf.Architecture = "linux", "amd64"
+	cf.Config.Entrypoint, cf.Config.Cmd, cf.Config.Env = img.Entrypoint, img.Cmd, img.Env
+	cf.Config.User, cf.Config.WorkingDir = img.User, img.WorkingDir
+	v, err = mutate.ConfigFile(v, cf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
 }
