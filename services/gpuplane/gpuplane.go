@@ -94,6 +94,9 @@ type Config struct {
 	// of the embedded server: tests and benchmarks run the platform on
 	// natstest.StartCluster with R3 streams, as production does.
 	NATS *ExternalNATS
+	// Agent, when set, adjusts every simulated agent's configuration after
+	// the all-in-one's (tests: a small image cache, another runc).
+	Agent func(*nodeagent.Config)
 }
 
 // ExternalNATS is a running NATS the platform uses instead of starting
@@ -295,6 +298,15 @@ type Endpoints struct {
 	// error, Machines() lists every machine (node ID = machine ID), Calls()
 	// counts calls.
 	Cloud *simcloud.Provider
+	// Images are the references of the built-in registry
+	// (LocalRegistryHost), which the agents reach in-process: BusyboxRef
+	// where this machine has a static busybox. ImagesNote says why there
+	// are none, or what container runs need here that is missing (runc,
+	// root); "" when they can run.
+	Images     []string
+	ImagesNote string
+	// Registry is the built-in registry: tests push images to it.
+	Registry *LocalRegistry
 }
 
 // Run starts the embedded server, every service and the fleet, calls ready
@@ -365,6 +377,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Endpoints
 	}
 	ep := Endpoints{NATSURL: natsURL, DataDir: root, RunLogDir: cfg.AgentLogDir, Fleet: fl, Autoscale: cfg.Autoscale,
 		Creds: creds, CredsDir: filepath.Join(root, "creds"), AdminToken: admin, DemoToken: demo, TokensDir: filepath.Join(root, "tokens")}
+	ep.Registry, ep.Images, ep.ImagesNote = builtinImages(log)
+	tuneAgent := func(a *nodeagent.Config) {
+		a.ImageTransport = ep.Registry.Transport(nil)
+		if cfg.Agent != nil {
+			cfg.Agent(a)
+		}
+	}
 	var machines *simMachines
 	if len(cfg.Autoscale) > 0 {
 		if machines, err = newSimMachines(cfg, fl, log); err != nil {
@@ -448,11 +467,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, ready func(Endpoints
 	run("gateway", func(ctx context.Context) error { return gateway.Run(ctx, gw, log) })
 
 	run("fleet", func(ctx context.Context) error {
-		return runFleet(ctx, fl, as("fleet"), cfg.AgentLogDir, filepath.Join(root, "checkpoints"), log)
+		return runFleet(ctx, fl, as("fleet"), cfg.AgentLogDir, filepath.Join(root, "checkpoints"), tuneAgent, log)
 	})
 	if machines != nil {
 		run("simulated-cloud", func(ctx context.Context) error {
-			return machines.run(ctx, as("fleet"), cfg.AgentLogDir, filepath.Join(root, "checkpoints"))
+			return machines.run(ctx, as("fleet"), cfg.AgentLogDir, filepath.Join(root, "checkpoints"), tuneAgent)
 		})
 	}
 
@@ -504,22 +523,26 @@ func DefaultFleet() (fleet.Fleet, error) {
 // runFleet runs the simulated node agents on one shared connection. They
 // share one checkpoint root, as machines with shared storage would, so a
 // job's later attempt on another machine finds its checkpoints.
-func runFleet(ctx context.Context, fl fleet.Fleet, busCfg service.BusConfig, logDir, checkpointDir string, log *slog.Logger) error {
+func runFleet(ctx context.Context, fl fleet.Fleet, busCfg service.BusConfig, logDir, checkpointDir string, tune func(*nodeagent.Config), log *slog.Logger) error {
 	rt, err := service.Start(ctx, "node-agent-fleet", busCfg, log)
 	if err != nil {
 		return err
 	}
 	defer rt.Close()
-	return fleet.Run(ctx, fl, rt.Bus, agentConfig(busCfg, logDir, checkpointDir), log)
+	return fleet.Run(ctx, fl, rt.Bus, agentConfig(busCfg, logDir, checkpointDir, tune), log)
 }
 
 // agentConfig is the configuration of every simulated agent, static or
-// autoscaled: one log root and one checkpoint root for all.
-func agentConfig(busCfg service.BusConfig, logDir, checkpointDir string) nodeagent.Config {
+// autoscaled: one log root and one checkpoint root for all, then tune's
+// changes (nil: none).
+func agentConfig(busCfg service.BusConfig, logDir, checkpointDir string, tune func(*nodeagent.Config)) nodeagent.Config {
 	agent := nodeagent.DefaultConfig()
 	agent.Bus = busCfg
 	agent.LogDir = logDir
 	agent.CheckpointDir = checkpointDir
+	if tune != nil {
+		tune(&agent)
+	}
 	return agent
 }
 

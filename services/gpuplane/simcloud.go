@@ -12,6 +12,7 @@ import (
 	"github.com/gpuplane/gpuplane/libs/service"
 	"github.com/gpuplane/gpuplane/services/autoscaler/cloud"
 	"github.com/gpuplane/gpuplane/services/autoscaler/simcloud"
+	nodeagent "github.com/gpuplane/gpuplane/services/node-agent"
 	"github.com/gpuplane/gpuplane/services/node-agent/fleet"
 )
 
@@ -123,13 +124,13 @@ func (s *simMachines) down(m cloud.Machine) {
 
 // run drives the simulated cloud with the real clock and runs its
 // machines' agents until ctx ends.
-func (s *simMachines) run(ctx context.Context, busCfg service.BusConfig, logDir, checkpointDir string) error {
+func (s *simMachines) run(ctx context.Context, busCfg service.BusConfig, logDir, checkpointDir string, tune func(*nodeagent.Config)) error {
 	rt, err := service.Start(ctx, "simulated-cloud", busCfg, s.log)
 	if err != nil {
 		return err
 	}
 	defer rt.Close()
-	dyn := fleet.NewDynamic(rt.Bus, agentConfig(busCfg, logDir, checkpointDir), s.log)
+	dyn := fleet.NewDynamic(rt.Bus, agentConfig(busCfg, logDir, checkpointDir, tune), s.log)
 	s.live.Store(&liveAgents{ctx: ctx, dyn: dyn})
 	defer dyn.Wait() // the agents end with ctx
 	t := time.NewTicker(advanceEvery)

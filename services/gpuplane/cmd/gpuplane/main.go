@@ -170,6 +170,7 @@ gpuplane is up
   metrics   %s
   fleet     %d simulated machines, %d GPUs: %s
   autoscale %s
+  images    %s   (built-in registry; %s)
   bus creds %s   (NATS authentication is on; plaintext on 127.0.0.1 only)
             operator.creds (streams), admin.creds, tenant-acme.creds, one per service
   API       every request needs a token; %s
@@ -180,5 +181,23 @@ Try:  gpuctl submit --tenant acme --gpus 2 --model H100-80GB --duration 20s
 Press Ctrl-C to stop.
 
 `, ep.NATSURL, ep.DataDir, ep.GatewayURL, ep.MetricsURL, machines, gpus, strings.Join(names, ", "),
-		strings.Join(scaled, ", "), ep.CredsDir, login, ep.TokensDir, ep.TokensDir)
+		strings.Join(scaled, ", "), imagesLine(ep), containersNote(ep), ep.CredsDir, login, ep.TokensDir, ep.TokensDir)
+}
+
+// imagesLine names the images of the built-in registry: `gpuctl submit
+// --image gpuplane.localhost/busybox -- ...` runs with no internet.
+func imagesLine(ep gpuplane.Endpoints) string {
+	if len(ep.Images) == 0 {
+		return "none"
+	}
+	return strings.Join(ep.Images, ", ")
+}
+
+// containersNote says whether container runs work here and, if not, why
+// (host commands run either way).
+func containersNote(ep gpuplane.Endpoints) string {
+	if ep.ImagesNote == "" {
+		return "containers run with runc as root"
+	}
+	return "containers run with runc, but here: " + ep.ImagesNote
 }
