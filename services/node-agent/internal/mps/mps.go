@@ -10,9 +10,15 @@
 //
 //	<Root>/<gpu uuid>/pipe   CUDA_MPS_PIPE_DIRECTORY: control socket, pid file
 //	<Root>/<gpu uuid>/log    CUDA_MPS_LOG_DIRECTORY: control.log, server.log
+//	<Root>/<gpu uuid>/shm    the daemon's (and its servers') /dev/shm
 //	<Root>/<gpu uuid>/control.out   what the last start or quit printed
 //
-// and CUDA_VISIBLE_DEVICES=<gpu uuid> in the daemon's environment.
+// and CUDA_VISIBLE_DEVICES=<gpu uuid> in the daemon's environment. MPS
+// clients and their server meet in /dev/shm as well as in the pipe
+// directory, so the daemon runs in a mount namespace of its own whose
+// /dev/shm is the GPU's shm directory (as NVIDIA's Kubernetes device
+// plugin does): a share's run has that directory as its /dev/shm, and no
+// share sees the host's.
 //
 // Lifecycle. Acquire (a share about to launch) holds the GPU: the first
 // hold starts the daemon (`nvidia-cuda-mps-control -d`), and Acquire
@@ -100,6 +106,10 @@ type Config struct {
 	StableAfter time.Duration
 	// Log receives the supervisor's messages; nil means slog.Default().
 	Log *slog.Logger
+	// HostShm runs the daemons with the host's /dev/shm instead of a
+	// private one per GPU: for machines where the agent cannot make mount
+	// namespaces (not root, no unshare). Lease.ShmDir is then "".
+	HostShm bool
 	// OnChange is called whenever a GPU's state changes, with the
 	// supervisor's lock held: it must return at once and must not call
 	// the Supervisor (the agent signals a channel).
@@ -144,7 +154,7 @@ type Supervisor struct {
 // gpu is one GPU's daemon as the supervisor knows it; the fields below
 // the directories are guarded by Supervisor.mu.
 type gpu struct {
-	uuid, dir, pipeDir, logDir string
+	uuid, dir, pipeDir, logDir, shmDir string
 
 	holds    int // shares launching or running on the GPU
 	state    contracts.MPSState
@@ -193,7 +203,10 @@ type Lease struct {
 	// same path.
 	PipeDir string
 	// LogDir is the daemon's log directory.
-	LogDir  string
+	LogDir string
+	// ShmDir is the daemon's /dev/shm, which the share's run must have as
+	// its own /dev/shm; "" where the daemon uses the host's (HostShm).
+	ShmDir  string
 	once    sync.Once
 	release func()
 }
@@ -286,6 +299,9 @@ func (s *Supervisor) hold(uuid string) (*gpu, *Lease, error) {
 		go s.keep(g)
 	}
 	l := &Lease{PipeDir: g.pipeDir, LogDir: g.logDir}
+	if !s.cfg.HostShm {
+		l.ShmDir = g.shmDir
+	}
 	l.release = func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -300,7 +316,7 @@ func (s *Supervisor) gpuLocked(uuid string) *gpu {
 	g := s.gpus[uuid]
 	if g == nil {
 		dir := filepath.Join(s.cfg.Root, uuid)
-		g = &gpu{uuid: uuid, dir: dir, pipeDir: PipeDir(s.cfg.Root, uuid), logDir: filepath.Join(dir, "log"),
+		g = &gpu{uuid: uuid, dir: dir, pipeDir: PipeDir(s.cfg.Root, uuid), logDir: filepath.Join(dir, "log"), shmDir: filepath.Join(dir, "shm"),
 			state: contracts.MPSNone, changed: make(chan struct{}), wake: make(chan struct{}, 1)}
 		s.gpus[uuid] = g
 	}
@@ -538,7 +554,7 @@ func (s *Supervisor) start(g *gpu) (int, error) {
 		s.log.Info("adopted a running MPS control daemon", "gpu_uuid", g.uuid, "pid", pid)
 		return pid, nil
 	}
-	for _, d := range []string{g.pipeDir, g.logDir} {
+	for _, d := range []string{g.pipeDir, g.logDir, g.shmDir} {
 		// Open to every user, like /tmp: the daemon starts an MPS server
 		// as the user of its first client (a container's non-root user),
 		// and that server makes its own files in both directories.
@@ -554,7 +570,18 @@ func (s *Supervisor) start(g *gpu) (int, error) {
 	_ = os.Remove(filepath.Join(g.pipeDir, PIDFile))
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ReadyTimeout)
 	defer cancel()
-	if err := s.control(ctx, g, nil, "-d"); err != nil {
+	control, err := exec.LookPath(s.cfg.Control)
+	if err != nil {
+		return 0, fmt.Errorf("control program: %w", err)
+	}
+	argv := []string{control, "-d"}
+	if !s.cfg.HostShm {
+		// The daemon forks and its server is its child: both keep the
+		// namespace, and with it the GPU's shm directory as /dev/shm.
+		argv = []string{"unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
+			`mount --bind "$0" /dev/shm && exec "$1" -d`, g.shmDir, control}
+	}
+	if err := s.run(ctx, g, nil, argv); err != nil {
 		return 0, err
 	}
 	t := time.NewTicker(20 * time.Millisecond)
@@ -577,13 +604,18 @@ func (s *Supervisor) start(g *gpu) (int, error) {
 // control runs the control program with g's environment and args, stdin
 // written to it, its output in g's control.out.
 func (s *Supervisor) control(ctx context.Context, g *gpu, stdin []byte, args ...string) error {
+	return s.run(ctx, g, stdin, append([]string{s.cfg.Control}, args...))
+}
+
+// run runs argv as control does.
+func (s *Supervisor) run(ctx context.Context, g *gpu, stdin []byte, argv []string) error {
 	outPath := filepath.Join(g.dir, "control.out")
 	out, err := os.Create(outPath)
 	if err != nil {
 		return fmt.Errorf("MPS control output: %w", err)
 	}
 	defer out.Close()
-	cmd := exec.CommandContext(ctx, s.cfg.Control, args...)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = s.env(g)
 	cmd.Dir = g.dir
 	// A file, not a pipe: the daemon `-d` forks may keep the descriptors,
@@ -602,9 +634,9 @@ func (s *Supervisor) control(ctx context.Context, g *gpu, stdin []byte, args ...
 			msg = msg[len(msg)-512:]
 		}
 		if msg != "" {
-			return fmt.Errorf("%s %s: %w: %s", s.cfg.Control, strings.Join(args, " "), err, msg)
+			return fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, msg)
 		}
-		return fmt.Errorf("%s %s: %w", s.cfg.Control, strings.Join(args, " "), err)
+		return fmt.Errorf("%s: %w", strings.Join(argv, " "), err)
 	}
 	return nil
 }

@@ -93,9 +93,16 @@ func TestOneDaemonPerGPUUpBeforeAcquireReturnsAndStoppedAfterTheLastShare(t *tes
 	if b, err := os.ReadFile(filepath.Join(a1.PipeDir, mps.PIDFile)); err != nil || strings.TrimSpace(string(b)) != strconv.Itoa(pidA) {
 		t.Errorf("pid file: %q, %v; want %d", b, err, pidA)
 	}
+	// The daemon's /dev/shm is the GPU's own directory, never the host's.
+	if _, err := os.Stat(filepath.Join(a1.ShmDir, mpstest.ShmMarker(pidA))); err != nil || a1.ShmDir == "" {
+		t.Errorf("the daemon's shared memory is not in the GPU's shm directory %q: %v", a1.ShmDir, err)
+	}
+	if _, err := os.Stat(filepath.Join("/dev/shm", mpstest.ShmMarker(pidA))); !os.IsNotExist(err) {
+		t.Errorf("the daemon's shared memory is in the host's /dev/shm (%v)", err)
+	}
 	// A container's non-root user reaches the daemon, and its MPS server
 	// writes there.
-	for _, d := range []string{a1.PipeDir, a1.LogDir} {
+	for _, d := range []string{a1.PipeDir, a1.LogDir, a1.ShmDir} {
 		if fi, err := os.Stat(d); err != nil || fi.Mode().Perm() != 0o777 || fi.Mode()&os.ModeSticky == 0 {
 			t.Errorf("%s: %v, %v; want drwxrwxrwt", d, fi.Mode(), err)
 		}

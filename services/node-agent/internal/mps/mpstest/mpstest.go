@@ -16,7 +16,8 @@ import (
 // it: "-d" starts a daemon that keeps its pid file and a control FIFO in
 // $CUDA_MPS_PIPE_DIRECTORY and logs to $CUDA_MPS_LOG_DIRECTORY/control.log;
 // without arguments it sends its stdin's commands to the daemon ("quit"
-// stops it). Next to it, a file "fail" makes -d fail, a file "deaf" makes
+// stops it). The daemon keeps a file "nvidia-cuda-mps-control-<pid>" in
+// its /dev/shm, as a real one keeps its shared memory. Next to it, a file "fail" makes -d fail, a file "deaf" makes
 // the daemons ignore quit, and every -d
 // appends a line to "attempts", every daemon its pid to "starts".
 const script = `#!/bin/sh
@@ -37,11 +38,12 @@ case "$1" in
 --daemon)
 	echo $$ >>"$here/starts"
 	echo "started: pid $$, devices $CUDA_VISIBLE_DEVICES"
+	: >"/dev/shm/$(basename "$0")-$$" # where its clients would meet it
 	echo $$ >"$pidf.tmp" && mv "$pidf.tmp" "$pidf"
 	while :; do
 		read -r line <"$pipe/control" || continue
 		echo "command: $line"
-		if [ "$line" = quit ] && [ ! -e "$here/deaf" ]; then rm -f "$pidf" "$pipe/control"; exit 0; fi
+		if [ "$line" = quit ] && [ ! -e "$here/deaf" ]; then rm -f "$pidf" "$pipe/control" "/dev/shm/$(basename "$0")-$$"; exit 0; fi
 	done ;;
 *)
 	running || { echo "Cannot find MPS control daemon process" >&2; exit 1; }
@@ -166,3 +168,6 @@ func Environ(pid int) []string {
 	}
 	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
 }
+
+// ShmMarker is the file daemon pid keeps in its /dev/shm.
+func ShmMarker(pid int) string { return "nvidia-cuda-mps-control-" + strconv.Itoa(pid) }
