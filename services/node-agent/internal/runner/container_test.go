@@ -19,7 +19,7 @@ import (
 
 // containerLocal is a runner of containers on a simulated machine of two
 // GPUs (the same path as a real machine's, with no device nodes).
-func containerLocal(t *testing.T) (*Local, oci.Runtime, Container) {
+func containerLocal(t testing.TB) (*Local, oci.Runtime, Container) {
 	t.Helper()
 	rt := ocitest.Runtime(t)
 	m := device.Machine{GPUs: []contracts.GPUInfo{{Index: 0, UUID: "GPU-a"}, {Index: 1, UUID: "GPU-b"}}}
