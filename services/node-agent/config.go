@@ -130,6 +130,10 @@ type Config struct {
 	// DefaultMPSDir.
 	MPSControl string
 	MPSDir     string
+	// MPSHostShm runs the MPS daemons with the host's /dev/shm instead of
+	// one per GPU in a mount namespace of their own (which needs root and
+	// unshare(1)); a share's container then has the host's /dev/shm.
+	MPSHostShm bool
 
 	// ImageDir holds the image cache of container runs (internal/image);
 	// "" means LogDir/images. ImageCacheMaxBytes bounds it: past it, the
@@ -247,6 +251,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.ImageDir, "image-dir", c.ImageDir, "directory of the container image cache; empty means <log-dir>/images")
 	fs.Int64Var(&c.ImageCacheMaxBytes, "image-cache-bytes", c.ImageCacheMaxBytes, "size limit of the image cache (the least recently used images no run holds go first); 0 means half its file system")
 	fs.StringVar(&c.MPSDir, "mps-dir", c.MPSDir, "directory of the GPUs' MPS pipe and log directories; empty means "+DefaultMPSDir)
+	fs.BoolVar(&c.MPSHostShm, "mps-host-shm", c.MPSHostShm, "MPS daemons use the host's /dev/shm, not one per GPU in a mount namespace of their own (where the agent cannot make one)")
 }
 
 // Validate reports every problem of the agent's own settings at once. The

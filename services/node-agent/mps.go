@@ -21,7 +21,7 @@ const DefaultMPSDir = "/run/gpuplane/mps"
 // end gives it back; a re-adopted share holds it again; the inventory
 // carries each GPU's daemon state and is republished when one changes.
 //
-//	onCommitted ──acquireMPS──▶ daemon up ──▶ Launch (CUDA_MPS_PIPE_DIRECTORY)
+//	onCommitted ──acquireMPS──▶ daemon up ──▶ Launch (CUDA_MPS_PIPE_DIRECTORY, its /dev/shm)
 //	                     └─ not up ──▶ RunEvent{ended, failed, mps_unavailable}
 //	watch: run ended ──▶ releaseMPS ──▶ last share of the GPU: daemon quit
 //	recoverRuns ──holdMPS (re-adopted shares)──▶ Sweep (daemons no share needs)
@@ -44,7 +44,7 @@ func newMPS(cfg Config, log *slog.Logger, onChange func(string, contracts.MPSSta
 	if dir == "" {
 		dir = DefaultMPSDir
 	}
-	s, err := mps.New(mps.Config{Control: control, Root: dir, Log: log, OnChange: onChange})
+	s, err := mps.New(mps.Config{Control: control, Root: dir, HostShm: cfg.MPSHostShm, Log: log, OnChange: onChange})
 	if err != nil {
 		return nil, err
 	}
@@ -103,23 +103,24 @@ func sharedGPUs(devices []contracts.DeviceRef) []string {
 var errMPS = errors.New(string(contracts.ReasonMPSUnavailable))
 
 // acquireMPS brings up the MPS daemon of every GPU the run holds a share
-// of, and returns the holds and the pipe directory the run talks to ("",
-// nil for a run without shares or where the agent runs no MPS). One MPS
-// client reaches one daemon, so a run may hold shares of one GPU only (a
-// share request asks for one GPU).
-func (a *agent) acquireMPS(ctx context.Context, devices []contracts.DeviceRef) ([]*mps.Lease, string, error) {
+// of, and returns the holds, the pipe directory the run talks to and the
+// daemon's /dev/shm, which the run must have as its own (none for a run
+// without shares or where the agent runs no MPS). One MPS client reaches
+// one daemon, so a run may hold shares of one GPU only (a share request
+// asks for one GPU).
+func (a *agent) acquireMPS(ctx context.Context, devices []contracts.DeviceRef) (leases []*mps.Lease, pipeDir, shmDir string, err error) {
 	uuids := sharedGPUs(devices)
 	if len(uuids) == 0 || !a.mps.Enabled() {
-		return nil, "", nil
+		return nil, "", "", nil
 	}
 	if len(uuids) > 1 {
-		return nil, "", fmt.Errorf("%w: the run holds shares of %d GPUs; one MPS client reaches one GPU's daemon", errMPS, len(uuids))
+		return nil, "", "", fmt.Errorf("%w: the run holds shares of %d GPUs; one MPS client reaches one GPU's daemon", errMPS, len(uuids))
 	}
 	l, err := a.mps.Acquire(ctx, uuids[0])
 	if err != nil {
-		return nil, "", fmt.Errorf("%w: %w", errMPS, err)
+		return nil, "", "", fmt.Errorf("%w: %w", errMPS, err)
 	}
-	return []*mps.Lease{l}, l.PipeDir, nil
+	return []*mps.Lease{l}, l.PipeDir, l.ShmDir, nil
 }
 
 // holdMPS holds the daemons of a re-adopted run's shared GPUs, adopting

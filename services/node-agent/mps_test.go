@@ -32,10 +32,12 @@ func share(node, job string, gpu int, memMiB int64, percent int, cmd string) con
 	return a
 }
 
-// shareCommand fails (exit 10) unless its MPS daemon is up when it starts,
-// prints its MPS environment, then runs until the file gate exists.
+// shareCommand fails unless its MPS daemon is up when it starts (exit 10)
+// and its /dev/shm is the daemon's (exit 11), prints its MPS environment,
+// then runs until the file gate exists.
 func shareCommand(gate string) string {
 	return `test -e "$CUDA_MPS_PIPE_DIRECTORY/` + mps.PIDFile + `" || exit 10
+test -e "/dev/shm/nvidia-cuda-mps-control-$(cat "$CUDA_MPS_PIPE_DIRECTORY/` + mps.PIDFile + `")" || exit 11
 echo "$CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_PINNED_DEVICE_MEM_LIMIT $CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 while [ ! -e '` + gate + `' ]; do sleep 0.05; done`
 }
@@ -133,7 +135,7 @@ func TestSharesRunOnlyWithTheirGPUsMPSDaemon(t *testing.T) {
 	open(t, gate)
 	for _, a := range all {
 		if r := waitEnded(t, runs, a.ID).Result; r.Outcome != contracts.OutcomeSucceeded {
-			t.Errorf("%s ended %+v; want succeeded (exit 10: its daemon was not up when it started)", a.JobID, r)
+			t.Errorf("%s ended %+v; want succeeded (exit 10: its daemon was not up when it started; 11: not its /dev/shm)", a.JobID, r)
 		}
 	}
 	eventually(t, "no daemon once no GPU holds a share", func() bool { return len(c.Daemons("")) == 0 })

@@ -294,7 +294,7 @@ func (a *agent) onCommitted(ctx context.Context, alloc contracts.Allocation, red
 
 	// A share runs only once its GPU's MPS daemon is up: without one the
 	// limits in its environment are ignored.
-	leases, mpsPipeDir, err := a.acquireMPS(ctx, devices)
+	leases, mpsPipeDir, mpsShmDir, err := a.acquireMPS(ctx, devices)
 	if err != nil {
 		run.releaseImage()
 		a.mu.Lock()
@@ -314,7 +314,7 @@ func (a *agent) onCommitted(ctx context.Context, alloc contracts.Allocation, red
 	launchedAt := a.cfg.Now()
 	proc, err := a.runner.Launch(ctx, runner.Launch{AllocationID: id, Tenant: alloc.Tenant, JobID: alloc.JobID,
 		Attempt: alloc.Attempt, Spec: alloc.Run, Devices: devices, StopGrace: a.cfg.StopGrace, Gang: alloc.Gang,
-		MPSPipeDir: mpsPipeDir, Container: ctr})
+		MPSPipeDir: mpsPipeDir, MPSShmDir: mpsShmDir, Container: ctr})
 	if err != nil {
 		run.releaseMPS()
 		run.releaseImage()

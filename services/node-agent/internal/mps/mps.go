@@ -108,7 +108,7 @@ type Config struct {
 	Log *slog.Logger
 	// HostShm runs the daemons with the host's /dev/shm instead of a
 	// private one per GPU: for machines where the agent cannot make mount
-	// namespaces (not root, no unshare). Lease.ShmDir is then "".
+	// namespaces (not root, no unshare). Lease.ShmDir is then /dev/shm.
 	HostShm bool
 	// OnChange is called whenever a GPU's state changes, with the
 	// supervisor's lock held: it must return at once and must not call
@@ -205,7 +205,7 @@ type Lease struct {
 	// LogDir is the daemon's log directory.
 	LogDir string
 	// ShmDir is the daemon's /dev/shm, which the share's run must have as
-	// its own /dev/shm; "" where the daemon uses the host's (HostShm).
+	// its own /dev/shm: the host's, /dev/shm, with HostShm.
 	ShmDir  string
 	once    sync.Once
 	release func()
@@ -298,9 +298,9 @@ func (s *Supervisor) hold(uuid string) (*gpu, *Lease, error) {
 		s.keepers.Add(1)
 		go s.keep(g)
 	}
-	l := &Lease{PipeDir: g.pipeDir, LogDir: g.logDir}
-	if !s.cfg.HostShm {
-		l.ShmDir = g.shmDir
+	l := &Lease{PipeDir: g.pipeDir, LogDir: g.logDir, ShmDir: g.shmDir}
+	if s.cfg.HostShm {
+		l.ShmDir = "/dev/shm"
 	}
 	l.release = func() {
 		s.mu.Lock()

@@ -91,6 +91,10 @@ func (r *Local) startContainer(ctx context.Context, l Launch, logPath string) (P
 			mounts = append(mounts, oci.Mount{Source: l.MPSPipeDir, Target: l.MPSPipeDir})
 			env = append(env, EnvMPSPipeDir+"="+l.MPSPipeDir)
 		}
+		if l.MPSShmDir != "" {
+			// ...and its /dev/shm, over the container's own.
+			mounts = append(mounts, oci.Mount{Source: l.MPSShmDir, Target: "/dev/shm"})
+		}
 		b, err := oci.CreateBundle(filepath.Join(dir, bundleDir), oci.Config{
 			ID: id, Image: c.Image, Command: l.Spec.Command, Args: c.Args, Env: env, WorkingDir: c.WorkingDir,
 			User: c.User, Mounts: mounts, ShmSizeMiB: c.ShmSizeMiB, CPUMilli: c.CPUMilli, MemoryMiB: c.MemoryMiB,

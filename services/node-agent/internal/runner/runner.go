@@ -63,6 +63,10 @@ type Launch struct {
 	// mounted at the same path), "" for a run without shares
 	// or a machine without MPS.
 	MPSPipeDir string `json:"mpsPipeDir,omitempty"`
+	// MPSShmDir is that daemon's /dev/shm, which the run has as its own
+	// (mpsShmArgv for a host command, a bind mount for a container); ""
+	// for no share.
+	MPSShmDir string `json:"mpsShmDir,omitempty"`
 }
 
 // Exit is how a run ended.

@@ -85,7 +85,7 @@ func (r *Local) startShim(l Launch, logPath string, prepare func(dir string) (ru
 // hostCommand is the runSpec of l's command run on the host.
 func hostCommand(l Launch, logPath string) func(string) (runSpec, func(), error) {
 	return func(string) (runSpec, func(), error) {
-		return runSpec{Launch: l, Argv: l.Spec.Argv(), Env: Env(l), LogPath: logPath}, nil, nil
+		return runSpec{Launch: l, Argv: mpsShmArgv(l.Spec.Argv(), l.MPSShmDir), Env: Env(l), LogPath: logPath}, nil, nil
 	}
 }
 
