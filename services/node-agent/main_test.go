@@ -30,6 +30,7 @@ type helperAgent struct {
 	StopGrace     time.Duration
 	MPSControl    string // the stand-in MPS control program, "" for none
 	MPSDir        string
+	MPSHostShm    bool
 }
 
 func TestMain(m *testing.M) {
@@ -58,7 +59,7 @@ func runHelperAgent(spec string) int {
 	defer b.Close(context.Background())
 	cfg := nodeagent.Config{NodeID: h.NodeID, Pool: "test", GPUModel: "H100-80GB", GPUCount: 8, NVLink: true,
 		HeartbeatInterval: tick, TelemetryInterval: tick, StopGrace: h.StopGrace, LogDir: h.LogDir, CheckpointDir: h.CheckpointDir,
-		MPSControl: h.MPSControl, MPSDir: h.MPSDir}
+		MPSControl: h.MPSControl, MPSDir: h.MPSDir, MPSHostShm: h.MPSHostShm}
 	if err := nodeagent.RunWithBus(ctx, cfg, b, log); err != nil {
 		fmt.Fprintln(os.Stderr, "helper agent:", err)
 		return 1

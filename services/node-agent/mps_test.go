@@ -21,7 +21,7 @@ import (
 func mpsConfig(t *testing.T, node string) (nodeagent.Config, *mpstest.Control) {
 	c := mpstest.New(t)
 	cfg := testConfig(t, node)
-	cfg.MPSControl, cfg.MPSDir = c.Path, mpstest.Root(t)
+	cfg.MPSControl, cfg.MPSDir, cfg.MPSHostShm = c.Path, mpstest.Root(t), !mpstest.PrivateShm()
 	return cfg, c
 }
 

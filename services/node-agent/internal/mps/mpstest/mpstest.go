@@ -5,6 +5,7 @@ package mpstest
 import (
 	"bytes"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -72,6 +73,12 @@ func New(t testing.TB) *Control {
 		for _, pid := range c.Daemons("") {
 			if p, err := os.FindProcess(pid); err == nil {
 				_ = p.Kill()
+			}
+		}
+		// What daemons killed in the host's /dev/shm (HostShm) left.
+		for _, pid := range c.Starts() {
+			if n, err := strconv.Atoi(pid); err == nil {
+				_ = os.Remove(filepath.Join("/dev/shm", ShmMarker(n)))
 			}
 		}
 	})
@@ -167,6 +174,14 @@ func Environ(pid int) []string {
 		return nil
 	}
 	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+}
+
+// PrivateShm reports whether daemons can run here with a /dev/shm of
+// their own (mps.Config.HostShm false): that takes root and unshare(1).
+// Tests set HostShm to its opposite.
+func PrivateShm() bool {
+	_, err := exec.LookPath("unshare")
+	return err == nil && os.Geteuid() == 0
 }
 
 // ShmMarker is the file daemon pid keeps in its /dev/shm.
