@@ -12,6 +12,7 @@ import (
 	nodeagent "github.com/gpuplane/gpuplane/services/node-agent"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/mps"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/mps/mpstest"
+	"github.com/gpuplane/gpuplane/services/node-agent/internal/oci/ocitest"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/runner"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/sim"
 )
@@ -278,4 +279,33 @@ func TestSimulatedMachinesRunNoMPSUnlessTold(t *testing.T) {
 			t.Fatalf("MPS states %v; want none reported", mpsStates(inv))
 		}
 	}
+}
+
+// TestAShareContainerMeetsItsMPSDaemon: a share run as a container (runc,
+// a non-root user) finds its GPU's daemon up at start, through the pipe
+// directory CUDA_MPS_PIPE_DIRECTORY names and the daemon's /dev/shm, with
+// its limits in its environment.
+func TestAShareContainerMeetsItsMPSDaemon(t *testing.T) {
+	rt := ocitest.Runtime(t)
+	ref := pushBusybox(t)
+	b := connect(t)
+	const node = "n-mps-ctr"
+	cfg, c := mpsConfig(t, node)
+	cfg.ImageDir, cfg.Runc = t.TempDir(), rt.Path
+	runs := record[contracts.RunEvent](t, b, contracts.StreamRuns, contracts.SubjectRuns(node))
+	startAgent(t, b, cfg)
+
+	a := share(node, "ctr-share", 2, 8192, 25, "")
+	a.Run = contracts.RunSpec{Image: ref, Command: []string{"/bin/sh", "-c", shareCommand("/") +
+		"\necho \"uid=$(id -u)\""}}
+	a.Runtime, a.MemoryMiB = &contracts.PoolRuntime{}, 256
+	ledger(t, b, contracts.LedgerCommitted, a, "")
+	if r := waitEnded(t, runs, a.ID).Result; r.Outcome != contracts.OutcomeSucceeded {
+		t.Fatalf("the share's container ended %+v; want succeeded (exit 10: no daemon up at its start; 11: not the daemon's /dev/shm)", r)
+	}
+	pipe := mps.PipeDir(cfg.MPSDir, sim.UUID(node, 2))
+	if got, want := runLog(t, cfg, a.ID), pipe+" 0=8192M 25\nuid=65534\n"; got != want {
+		t.Fatalf("the container printed %q; want %q", got, want)
+	}
+	eventually(t, "the daemon stopped after the share", func() bool { return len(c.Daemons("")) == 0 })
 }
