@@ -64,21 +64,31 @@ func assertCleanedUp(t *testing.T, r *Local, rt oci.Runtime) {
 
 func TestContainerRunsItsImage(t *testing.T) {
 	r, rt, c := containerLocal(t)
-	p := start(t, r, containerLaunch(c, `
+	l := containerLaunch(c, `
 echo out; echo err >&2
+echo "mps=$CUDA_MPS_PIPE_DIRECTORY"
+test -e $CUDA_MPS_PIPE_DIRECTORY/control && echo pipe=seen
 echo "uid=$(id -u)"
 echo "pid=$$"
 echo "gpus=$CUDA_VISIBLE_DEVICES"
 echo "ckpt=$GPUPLANE_CHECKPOINT_DIR"
 touch $GPUPLANE_CHECKPOINT_DIR/mine && echo ckpt=writable
 echo "path=$PATH"
-exit 7`))
+exit 7`)
+	// The share's MPS daemon listens in its pipe directory, which the
+	// container sees where the host has it.
+	l.MPSPipeDir = t.TempDir()
+	if err := os.WriteFile(filepath.Join(l.MPSPipeDir, "control"), nil, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	p := start(t, r, l)
 	exit := waitExit(t, p, limit)
 	if exit.Code != 7 || exit.Err != nil || exit.Stopped {
 		t.Fatalf("exit %+v, want the container's code 7", exit)
 	}
 	out, _ := os.ReadFile(p.Info().LogPath)
-	for _, want := range []string{"out\n", "err\n", "uid=65534\n", "pid=1\n", "gpus=GPU-b\n", "ckpt=/gpuplane/checkpoint\n", "ckpt=writable\n", "path=/bin\n"} {
+	for _, want := range []string{"out\n", "err\n", "uid=65534\n", "pid=1\n", "gpus=GPU-b\n", "ckpt=/gpuplane/checkpoint\n", "ckpt=writable\n", "path=/bin\n",
+		"mps=" + l.MPSPipeDir + "\n", "pipe=seen\n"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("log lacks %q:\n%s", want, out)
 		}

@@ -14,6 +14,13 @@
 //	stop.json   the grace of a stop (the agent writes it, then SIGTERMs the shim)
 //	exit.json   how the command ended, written by the shim as it exits
 //	shim.log    the shim's own messages
+//	bundle/     a container run's OCI bundle: config.json, and rootfs, an
+//	            overlay of its image (oci.CreateBundle); the shim removes it
+//	            as it exits, Forget when the shim could not
+//
+// A container run (Launch.Container) is the same run whose command is
+// `runc run` of its bundle (container.go): runc exits with the
+// container's status, and the shim signals the container through runc.
 //
 // The directory is the agent's second guard against starting a run twice
 // (the first is the run facts on the bus): Launch never starts a run whose

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"debug/elf"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -34,7 +35,9 @@ func Runtime(t testing.TB) oci.Runtime {
 		if os.Getenv(RequireEnv) == "1" {
 			t.Fatalf("%s, and %s=1 requires container tests to run", why, RequireEnv)
 		}
-		t.Skipf("container tests skipped: %s (install runc and busybox-static and run as root; %s=1 makes this a failure)", why, RequireEnv)
+		msg := fmt.Sprintf("container tests skipped: %s (install runc and busybox-static and run as root; %s=1 makes this a failure)", why, RequireEnv)
+		reportSkip(msg)
+		t.Skip(msg)
 	}
 	if os.Geteuid() != 0 {
 		unable("not root: runc needs root to create containers")
@@ -47,6 +50,25 @@ func Runtime(t testing.TB) oci.Runtime {
 		unable(err.Error())
 	}
 	return rt
+}
+
+// reportSkip appends why to GPUPLANE_SKIP_REPORT, which make test shows
+// (go test without -v hides skips), once per reason.
+func reportSkip(why string) {
+	path := os.Getenv("GPUPLANE_SKIP_REPORT")
+	if path == "" {
+		return
+	}
+	line := "node-agent: " + why + "\n"
+	if b, err := os.ReadFile(path); err == nil && bytes.Contains(b, []byte(line)) {
+		return
+	}
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o644)
+	if err != nil {
+		return
+	}
+	_, _ = f.WriteString(line)
+	_ = f.Close()
 }
 
 // Busybox is the path of a statically linked busybox (Debian's
