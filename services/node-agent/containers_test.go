@@ -1,6 +1,8 @@
 package nodeagent_test
 
 import (
+	"context"
+	"errors"
 	"io"
 	"log"
 	"net/http/httptest"
@@ -14,7 +16,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/services/node-agent/internal/oci"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/oci/ocitest"
+	"github.com/gpuplane/gpuplane/services/node-agent/internal/runner"
 	"github.com/gpuplane/gpuplane/services/node-agent/internal/sim"
 )
 
@@ -148,4 +152,57 @@ func TestWithoutRuncContainersFailAndHostCommandsRun(t *testing.T) {
 	if res := waitEnded(t, runs, host.ID).Result; res.Outcome != contracts.OutcomeSucceeded {
 		t.Fatalf("host command result %+v, want succeeded", res)
 	}
+}
+
+// TestContainerSurvivesAnAgentCrashAndIsReadopted: an agent killed while
+// its container runs leaves the container running under its shim; the
+// next agent re-adopts it (no second launch) and reports its real exit
+// code and its whole output, and nothing of the container is left after.
+func TestContainerSurvivesAnAgentCrashAndIsReadopted(t *testing.T) {
+	rt := ocitest.Runtime(t)
+	ref := pushBusybox(t)
+	b := connect(t)
+	const node = "ctr-crash"
+	cfg := testConfig(t, node)
+	cfg.ImageDir, cfg.Runc = t.TempDir(), rt.Path
+	runs := record[contracts.RunEvent](t, b, contracts.StreamRuns, contracts.SubjectRuns(node))
+	inv := record[contracts.NodeInventory](t, b, contracts.StreamNodes, contracts.SubjectInventory(node))
+	logs := record[contracts.LogChunk](t, b, contracts.StreamLogs, contracts.SubjectJobLogs("acme", "ctr-survivor"))
+	crash := startHelperAgent(t, b, cfg)
+
+	a := allocation(node, "ctr-survivor", contracts.RunSpec{Image: ref,
+		Command: []string{"/bin/sh", "-c", "echo start; sleep 2; echo done; exit 3"}}, 0)
+	a.Runtime = &contracts.PoolRuntime{}
+	ledger(t, b, contracts.LedgerCommitted, a, "")
+	started := waitStarted(t, runs, a.ID)
+	eventually(t, "the first line shipped", func() bool { return len(logs.all()) > 0 })
+	crash()
+	// The agent's runc state root (runner.Local's default).
+	agentRuntime := oci.Runtime{Path: rt.Path, Root: filepath.Join(cfg.LogDir, "runc")}
+	id := oci.ContainerID(a.ID)
+	if st, err := agentRuntime.State(context.Background(), id); err != nil || !st.Running() {
+		t.Fatalf("container after the agent's crash: %+v, %v; want it running", st, err)
+	}
+
+	counter := &countingRunner{Local: &runner.Local{LogDir: cfg.LogDir, Runc: cfg.Runc}, n: map[string]int{}}
+	cfg.Runner = counter
+	startAgentAfterCrash(t, b, cfg, inv, 1)
+	r := waitEnded(t, runs, a.ID).Result
+	if r.Outcome != contracts.OutcomeFailed || r.Reason != contracts.ReasonExitNonZero || r.ExitCode != 3 || !r.StartedAt.Equal(started.Time) {
+		t.Fatalf("result %+v, want the container's exit code 3, started at %s", r, started.Time)
+	}
+	if counter.launches(a.ID) != 0 {
+		t.Fatal("the new agent launched the run again")
+	}
+	if _, text := shippedLog(t, logs, a.ID); text != "start\ndone\n" {
+		t.Fatalf("shipped %q, want the whole output once", text)
+	}
+	eventually(t, "the container removed", func() bool {
+		_, err := agentRuntime.State(context.Background(), id)
+		return errors.Is(err, oci.ErrNoContainer)
+	})
+	eventually(t, "the run's state (and bundle) forgotten", func() bool {
+		_, err := os.Stat(stateDir(cfg, a.ID))
+		return os.IsNotExist(err)
+	})
 }

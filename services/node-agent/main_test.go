@@ -31,6 +31,8 @@ type helperAgent struct {
 	MPSControl    string // the stand-in MPS control program, "" for none
 	MPSDir        string
 	MPSHostShm    bool
+	Runc          string // runc of container runs, "" to look it up
+	ImageDir      string // the image cache, "" for the default
 }
 
 func TestMain(m *testing.M) {
@@ -59,7 +61,7 @@ func runHelperAgent(spec string) int {
 	defer b.Close(context.Background())
 	cfg := nodeagent.Config{NodeID: h.NodeID, Pool: "test", GPUModel: "H100-80GB", GPUCount: 8, NVLink: true,
 		HeartbeatInterval: tick, TelemetryInterval: tick, StopGrace: h.StopGrace, LogDir: h.LogDir, CheckpointDir: h.CheckpointDir,
-		MPSControl: h.MPSControl, MPSDir: h.MPSDir, MPSHostShm: h.MPSHostShm}
+		MPSControl: h.MPSControl, MPSDir: h.MPSDir, MPSHostShm: h.MPSHostShm, Runc: h.Runc, ImageDir: h.ImageDir}
 	if err := nodeagent.RunWithBus(ctx, cfg, b, log); err != nil {
 		fmt.Fprintln(os.Stderr, "helper agent:", err)
 		return 1

@@ -25,7 +25,8 @@ import (
 func startHelperAgent(t *testing.T, b *testBus, cfg nodeagent.Config) (crash func()) {
 	t.Helper()
 	spec, err := json.Marshal(helperAgent{URL: b.srv.URL(), Creds: natstest.Node(t, b.srv, cfg.NodeID), NodeID: cfg.NodeID,
-		LogDir: cfg.LogDir, CheckpointDir: cfg.CheckpointDir, StopGrace: cfg.StopGrace, MPSControl: cfg.MPSControl, MPSDir: cfg.MPSDir, MPSHostShm: cfg.MPSHostShm})
+		LogDir: cfg.LogDir, CheckpointDir: cfg.CheckpointDir, StopGrace: cfg.StopGrace, MPSControl: cfg.MPSControl, MPSDir: cfg.MPSDir, MPSHostShm: cfg.MPSHostShm,
+		Runc: cfg.Runc, ImageDir: cfg.ImageDir})
 	if err != nil {
 		t.Fatal(err)
 	}
