@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -164,6 +165,35 @@ func TestSpec(t *testing.T) {
 		}
 		if !s.Root.Readonly || !slices.ContainsFunc(s.Mounts, func(m specs.Mount) bool { return m.Destination == "/tmp" && m.Type == "tmpfs" }) {
 			t.Error("read-only root without a tmpfs /tmp")
+		}
+	})
+	t.Run("checkpoint directory", func(t *testing.T) {
+		for _, readonly := range []bool{false, true} {
+			c := base
+			c.CheckpointDir, c.RestoreFrom = "/var/lib/gpuplane/ckpt/acme/job-1", "/var/lib/gpuplane/ckpt/acme/job-1/ckpt-3"
+			c.Env = append(c.Env, "GPUPLANE_CHECKPOINT_DIR=/host/path") // the host's path means nothing inside
+			s, err := Spec(c, "rootfs", readonly)
+			if err != nil {
+				t.Fatal(err)
+			}
+			target := CheckpointTarget(readonly)
+			env := map[string]string{}
+			for _, kv := range s.Process.Env {
+				k, v, _ := strings.Cut(kv, "=")
+				env[k] = v
+			}
+			if env["GPUPLANE_CHECKPOINT_DIR"] != target || env["GPUPLANE_RESTORE_FROM"] != target+"/ckpt-3" {
+				t.Errorf("read-only root %v: env %v, want the checkpoint at %s", readonly, env, target)
+			}
+			i := slices.IndexFunc(s.Mounts, func(m specs.Mount) bool { return m.Destination == target })
+			if i < 0 || s.Mounts[i].Source != c.CheckpointDir || !slices.Contains(s.Mounts[i].Options, "rw") {
+				t.Fatalf("read-only root %v: no writable mount of the checkpoint directory at %s: %+v", readonly, target, s.Mounts)
+			}
+			// A read-only root takes new mount points only in its tmpfs /tmp,
+			// mounted before.
+			if tmp := slices.IndexFunc(s.Mounts, func(m specs.Mount) bool { return m.Destination == "/tmp" }); readonly && (tmp < 0 || tmp > i) {
+				t.Errorf("the checkpoint mount (%d) is not under the tmpfs /tmp mounted before it (%d)", i, tmp)
+			}
 		}
 	})
 	t.Run("root asked", func(t *testing.T) {
