@@ -2,6 +2,7 @@ package mps_test
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -21,7 +22,7 @@ func BenchmarkAcquire(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			c := mpstest.New(b)
 			s, err := mps.New(mps.Config{Control: c.Path, Root: mpstest.Root(b), PollInterval: time.Second,
-				QuitTimeout: 5 * time.Second, HostShm: !mpstest.PrivateShm()})
+				QuitTimeout: 5 * time.Second, HostShm: !mpstest.PrivateShm(), Log: slog.New(slog.DiscardHandler)})
 			if err != nil {
 				b.Fatal(err)
 			}
