@@ -11,5 +11,9 @@ import (
 // agents of the in-process stack run (nodeagent.MaybeRunShim).
 func TestMain(m *testing.M) {
 	nodeagent.MaybeRunShim()
+	if os.Getenv(envRunAgent) == "1" {
+		// A node agent of a container test, run as a process of its own.
+		os.Exit(runAgentMain(os.Args[1:]))
+	}
 	os.Exit(m.Run())
 }
