@@ -70,6 +70,10 @@ type Config struct {
 	Log *slog.Logger
 	// Now is the clock of last-use times; nil means time.Now.
 	Now func() time.Time
+	// BootID names this boot of the machine; "" reads the kernel's
+	// (/proc/sys/kernel/random/boot_id). Images unpacked in an earlier
+	// boot and not known to have reached the disk are dropped at start.
+	BootID string
 	// Changed, when not nil, is called after what Images returns has
 	// changed (an image pulled or evicted, a new reference to one): the
 	// agent republishes its inventory's locality report. It is called
@@ -125,6 +129,9 @@ type meta struct {
 	Size       int64     `json:"size"`
 	Download   int64     `json:"download"` // the layers' compressed bytes
 	Pulled     time.Time `json:"pulled"`
+	// Boot is the machine's boot ID when the image was unpacked: one of
+	// an earlier boot that was never marked synced may be half written.
+	Boot string `json:"boot,omitempty"`
 }
 
 // index is index.json.
@@ -158,6 +165,7 @@ type Cache struct {
 	leases string
 	index  string
 	salt   string // of the credential fingerprints; set by New, then read only
+	boot   string // this boot's ID, "" where unknown
 
 	bg sync.WaitGroup // pulls, which may outlive their waiters
 
@@ -194,6 +202,12 @@ func New(cfg Config) (*Cache, error) {
 		index:  filepath.Join(cfg.Dir, "index.json"),
 		meta:   map[string]meta{}, holds: map[string]int{}, live: map[string]string{},
 		orphans: map[string]string{}, pulls: map[string]*pull{},
+		boot: cfg.BootID,
+	}
+	if c.boot == "" {
+		if b, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
+			c.boot = strings.TrimSpace(string(b))
+		}
 	}
 	// tmp/ holds only unpacks that died with their process and deletions
 	// that did not finish.
@@ -236,6 +250,18 @@ func (c *Cache) loadImages() error {
 				return fmt.Errorf("image cache: %w", err)
 			}
 			continue
+		}
+		if _, err := os.Stat(filepath.Join(dir, syncedMarker)); err != nil {
+			if m.Boot != c.boot && c.boot != "" {
+				// The machine went down before the image was known to be
+				// on disk: some of its files may be empty or missing.
+				c.log.Warn("image cache: removing an image unpacked before a reboot and never synced", "digest", m.Digest)
+				if err := os.RemoveAll(dir); err != nil {
+					return fmt.Errorf("image cache: %w", err)
+				}
+				continue
+			}
+			c.syncLater(dir) // the process died before its sync; the files are whole in memory
 		}
 		c.meta[m.Digest] = m
 	}

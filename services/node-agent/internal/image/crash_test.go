@@ -88,3 +88,58 @@ func TestCrashMidUnpackLeavesNoImage(t *testing.T) {
 		t.Errorf("bin/busybox after the crash and a new pull: %v, %v; want %d bytes", st, err, len(bb))
 	}
 }
+
+// TestRebootDropsUnsyncedImages: an image is written to disk after its
+// pull, in the background, then marked; a machine that lost power before
+// the mark may have half written it, and the next boot drops it. A
+// process that died before the mark, on the same boot, keeps it.
+func TestRebootDropsUnsyncedImages(t *testing.T) {
+	reg := startRegistry(t)
+	refs := map[string]string{}
+	for _, id := range []string{"synced", "unsynced"} {
+		reg.push(t, "team/"+id+":1", busyboxImage(t, id), image.Auth{})
+		refs[id] = reg.host + "/team/" + id + ":1"
+	}
+	dir := t.TempDir()
+	c := newCache(t, image.Config{Dir: dir, BootID: "boot-1"})
+	roots := map[string]string{}
+	for id, ref := range refs {
+		img, release := acquire(t, c, ref, image.Auth{})
+		release()
+		roots[id] = img.RootFS
+	}
+	c.Close() // the background syncs are done
+	for id, root := range roots {
+		if _, err := os.Stat(filepath.Join(filepath.Dir(root), "synced")); err != nil {
+			t.Fatalf("image %s not marked synced after its pull: %v", id, err)
+		}
+	}
+	// Power lost before the second image's sync returned.
+	if err := os.Remove(filepath.Join(filepath.Dir(roots["unsynced"]), "synced")); err != nil {
+		t.Fatal(err)
+	}
+
+	same := newCache(t, image.Config{Dir: dir, BootID: "boot-1"})
+	if n := len(same.Images()); n != 2 {
+		t.Fatalf("after a process crash on the same boot: %d images, want both", n)
+	}
+	same.Close()
+	if err := os.Remove(filepath.Join(filepath.Dir(roots["unsynced"]), "synced")); err != nil {
+		t.Fatalf("the same boot's start did not sync and mark the image again: %v", err)
+	}
+
+	after := newCache(t, image.Config{Dir: dir, BootID: "boot-2"})
+	got := after.Images()
+	if len(got) != 1 || got[0].RootFS != roots["synced"] {
+		t.Fatalf("after a reboot: %+v; want only the synced image", got)
+	}
+	if _, err := os.Stat(roots["unsynced"]); !os.IsNotExist(err) {
+		t.Errorf("the unsynced image's root is still there: %v", err)
+	}
+	// It is pulled again when asked for.
+	img, release := acquire(t, after, refs["unsynced"], image.Auth{})
+	release()
+	if _, err := os.Stat(filepath.Join(img.RootFS, "bin", "busybox")); err != nil {
+		t.Errorf("pulled again: %v", err)
+	}
+}

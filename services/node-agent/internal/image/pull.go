@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -92,10 +93,10 @@ func (c *Cache) runPull(ctx context.Context, p *pull, ref name.Digest, auth Auth
 		c.log.Info("image pulled", "image", ref.String(), "digest", m.Digest,
 			"download_bytes", m.Download, "bytes", m.Size, "took", c.cfg.Now().Sub(start))
 	}
-	close(p.done)
 	if err == nil {
-		c.changed()
+		c.changed() // before the waiters go on: what they see next includes it
 	}
+	close(p.done)
 	// The waiters need not wait for the deletion of what was evicted.
 	c.discard(victims)
 }
@@ -207,6 +208,7 @@ func (c *Cache) fetch(ctx context.Context, ref name.Digest, auth Auth, p *pull) 
 	m = meta{
 		Digest: digest, Entrypoint: cf.Config.Entrypoint, Cmd: cf.Config.Cmd, Env: cf.Config.Env,
 		User: cf.Config.User, WorkingDir: cf.Config.WorkingDir, Size: size, Download: total, Pulled: c.cfg.Now().UTC(),
+		Boot: c.boot,
 	}
 	b, err := json.Marshal(m)
 	if err != nil {
@@ -215,41 +217,42 @@ func (c *Cache) fetch(ctx context.Context, ref name.Digest, auth Auth, p *pull) 
 	if err := os.WriteFile(filepath.Join(tmp, "image.json"), b, 0o600); err != nil {
 		return meta{}, false, err
 	}
-	if err := commit(tmp, c.imageDir(digest)); err != nil {
-		return meta{}, false, err
+	// One rename makes the whole image visible: a process that dies
+	// before it leaves only tmp/, which the next start empties.
+	if err := os.Rename(tmp, c.imageDir(digest)); err != nil {
+		return meta{}, false, fmt.Errorf("image into place: %w", err)
 	}
+	c.syncLater(c.imageDir(digest))
 	return m, false, nil
 }
 
-// commit makes the unpacked image in tmp durable, then visible under final
-// in one rename: the files first (syncfs), so that after a power loss a
-// visible image is a whole one, then the rename itself (fsync of images/).
-func commit(tmp, final string) error {
-	if err := syncFS(tmp); err != nil {
-		return fmt.Errorf("sync unpacked image: %w", err)
-	}
-	if err := os.Rename(tmp, final); err != nil {
-		return fmt.Errorf("image into place: %w", err)
-	}
-	return syncDir(filepath.Dir(final))
-}
+// syncedMarker, in an image's directory, says that the image is on disk.
+const syncedMarker = "synced"
 
-func syncFS(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return unix.Syncfs(int(f.Fd()))
-}
-
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
+// syncLater writes an image to disk in the background, then marks it
+// (syncedMarker). The pull does not wait: syncfs writes everything dirty
+// on the file system, a busy machine's logs and checkpoints too, and an
+// image in the page cache is whole for every process until the machine
+// goes down. What a power loss can leave half written is an image that
+// was never marked: New drops those of an earlier boot.
+func (c *Cache) syncLater(dir string) {
+	c.bg.Add(1)
+	go func() {
+		defer c.bg.Done()
+		f, err := os.Open(dir)
+		if err != nil {
+			return // evicted already
+		}
+		err = unix.Syncfs(int(f.Fd()))
+		f.Close()
+		if err == nil {
+			// Written after the sync returned: never on disk before the image.
+			err = os.WriteFile(filepath.Join(dir, syncedMarker), nil, 0o600)
+		}
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			c.log.Warn("image cache: image not synced to disk (a reboot before the next sync drops it)", "dir", dir, "err", err)
+		}
+	}()
 }
 
 // unpack downloads one layer and applies it to rootfs, calling downloaded
