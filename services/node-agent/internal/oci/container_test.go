@@ -46,7 +46,8 @@ func start(t *testing.T, rt oci.Runtime, c oci.Config) *container {
 		}
 	})
 	out := &bytes.Buffer{}
-	cmd := exec.Command(rt.RunArgv(b.Dir, c.ID)[0], rt.RunArgv(b.Dir, c.ID)[1:]...)
+	argv := rt.RunArgv(b.Dir, c.ID, filepath.Join(t.TempDir(), "pid"))
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

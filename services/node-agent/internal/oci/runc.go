@@ -62,9 +62,11 @@ func LookRuntime(path, root string) (Runtime, error) {
 // RunArgv is the command the shim runs in the foreground: runc creates
 // and starts the container, relays the signals it gets to the container's
 // first process, exits with its status (128+n for a signal) and deletes
-// the container (its cgroup included) once it ended.
-func (r Runtime) RunArgv(bundle, id string) []string {
-	return []string{r.Path, "--root", r.Root, "run", "--bundle", bundle, id}
+// the container (its cgroup included) once it ended. runc writes the
+// container's pid to pidFile once the container exists: a runc that
+// exits without having written it never started the container.
+func (r Runtime) RunArgv(bundle, id, pidFile string) []string {
+	return []string{r.Path, "--root", r.Root, "run", "--bundle", bundle, "--pid-file", pidFile, id}
 }
 
 // Kill sends sig to the container's first process, or with all to every

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -54,12 +56,18 @@ type containerRun struct {
 	ID      string      `json:"id"`
 	Runtime oci.Runtime `json:"runtime"`
 	Bundle  string      `json:"bundle"`
+	// PIDFile is where runc writes the container's pid once it exists.
+	PIDFile string `json:"pidFile"`
 }
 
 // runcTimeout bounds one runc kill, state or delete.
 const runcTimeout = 10 * time.Second
 
-const bundleDir = "bundle" // in the run's state directory
+// In the run's state directory.
+const (
+	bundleDir    = "bundle"
+	containerPID = "container.pid"
+)
 
 func (r *Local) runcRoot() string {
 	if r.RuncRoot != "" {
@@ -110,8 +118,9 @@ func (r *Local) startContainer(ctx context.Context, l Launch, logPath string) (P
 			_ = oci.RemoveBundle(b.Dir)
 			return runSpec{}, nil, fmt.Errorf("checkpoint dir: %w", err)
 		}
-		spec := runSpec{Launch: l, Argv: rt.RunArgv(b.Dir, id), Env: runcEnv(), LogPath: logPath,
-			Container: &containerRun{ID: id, Runtime: rt, Bundle: b.Dir}}
+		pidFile := filepath.Join(dir, containerPID)
+		spec := runSpec{Launch: l, Argv: rt.RunArgv(b.Dir, id, pidFile), Env: runcEnv(), LogPath: logPath,
+			Container: &containerRun{ID: id, Runtime: rt, Bundle: b.Dir, PIDFile: pidFile}}
 		return spec, func() { _ = oci.RemoveBundle(b.Dir) }, nil
 	})
 }
@@ -159,6 +168,39 @@ func signalContainer(c *containerRun, pid int, pidStart uint64, sig syscall.Sign
 			signalLeader(pid, pidStart, sig)
 		}
 	}
+}
+
+// neverStarted turns the exit of a `runc run` that failed before its
+// container existed (no pid file: a bad config, a command the image
+// lacks, a mount that cannot be made) into the launch failure it is, with
+// runc's message, which it wrote to the run's log; NotFound, as a shell's
+// 127, when the command is not in the image.
+func neverStarted(c *containerRun, logPath string, e runExit) runExit {
+	if e.Code == 0 || e.Stopped || e.TimedOut {
+		return e
+	}
+	if _, err := os.Stat(c.PIDFile); !errors.Is(err, fs.ErrNotExist) {
+		return e
+	}
+	msg := lastLine(logPath)
+	e.LaunchError = "the container did not start: " + msg
+	e.NotFound = strings.Contains(msg, "executable file not found") || strings.Contains(msg, "no such file or directory")
+	e.Code = -1
+	return e
+}
+
+// lastLine is the last non-empty line of a file, cut to 500 bytes.
+func lastLine(path string) string {
+	b, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	s := strings.TrimSpace(lines[len(lines)-1])
+	if len(s) > 500 {
+		s = s[:500] + "..."
+	}
+	if s == "" {
+		return "runc said nothing"
+	}
+	return s
 }
 
 // removeContainer deletes what is left of a container that ended, or

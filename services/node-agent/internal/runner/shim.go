@@ -182,6 +182,9 @@ func runShim(dir string) int {
 		}
 	}
 	e := runExit{Code: exitCode(cmd.ProcessState), Stopped: stopped, TimedOut: timedOut, EndedAt: time.Now()}
+	if c := spec.Container; c != nil {
+		e = neverStarted(c, spec.LogPath, e)
+	}
 	if err := writeJSON(filepath.Join(dir, exitFile), e); err != nil {
 		logf("record exit code %d: %v", e.Code, err)
 		return 1
