@@ -64,7 +64,7 @@ func TestFlags(t *testing.T) {
 	c.RegisterFlags(fs)
 	err := fs.Parse([]string{"-node-id", "l4-07", "-pool", "l4", "-gpu-model", "L4", "-gpu-count", "4", "-nvlink=false",
 		"-labels", "tier=inference,spot=yes", "-telemetry-interval", "250ms", "-nats", "nats://example:4222",
-		"-mps-control", "/opt/cuda/bin/nvidia-cuda-mps-control", "-mps-dir", "/run/mps"})
+		"-mps-control", "/opt/cuda/bin/nvidia-cuda-mps-control", "-mps-dir", "/run/mps", "-runc", "/opt/runc/bin/runc"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,9 +72,9 @@ func TestFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := []any{c.NodeID, c.Pool, c.GPUModel, c.GPUCount, c.NVLink, c.Labels, c.TelemetryInterval, c.Bus.NATSURL,
-		c.MPSControl, c.MPSDir}
+		c.MPSControl, c.MPSDir, c.Runc}
 	want := []any{"l4-07", "l4", "L4", 4, false, map[string]string{"tier": "inference", "spot": "yes"}, 250 * time.Millisecond, "nats://example:4222",
-		"/opt/cuda/bin/nvidia-cuda-mps-control", "/run/mps"}
+		"/opt/cuda/bin/nvidia-cuda-mps-control", "/run/mps", "/opt/runc/bin/runc"}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Fatalf("flags (-want +got):\n%s", d)
 	}
