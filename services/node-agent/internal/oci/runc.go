@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"regexp"
 	"strconv"
@@ -36,7 +37,8 @@ type Runtime struct {
 var runcDirs = []string{"/usr/sbin", "/usr/bin", "/usr/local/sbin", "/usr/local/bin", "/sbin"}
 
 // LookRuntime finds runc: path when set (it must exist), else "runc" in
-// PATH or Debian's directories. The error wraps ErrUnavailable.
+// PATH or Debian's directories. The error wraps ErrUnavailable, also for
+// an agent that is not root.
 func LookRuntime(path, root string) (Runtime, error) {
 	if path == "" {
 		p, err := exec.LookPath("runc")
@@ -52,6 +54,11 @@ func LookRuntime(path, root string) (Runtime, error) {
 		path = p
 	} else if _, err := exec.LookPath(path); err != nil {
 		return Runtime{}, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	if uid := os.Geteuid(); uid != 0 {
+		// runc creates namespaces, cgroups and mounts as root; rootless
+		// containers would need a configuration of their own.
+		return Runtime{}, fmt.Errorf("%w: runc runs containers as root and the agent runs as uid %d", ErrUnavailable, uid)
 	}
 	if root == "" {
 		return Runtime{}, errors.New("runc needs a state root")
