@@ -51,27 +51,33 @@ const requireRuncEnv = "GPUPLANE_REQUIRE_RUNC"
 // GPUPLANE_REQUIRE_RUNC=1.
 func requireContainers(t *testing.T) string {
 	t.Helper()
-	var why []string
+	bb, why := containerSupport()
+	if why != "" {
+		if os.Getenv(requireRuncEnv) == "1" {
+			t.Fatalf("container tests cannot run: %s, and %s=1 requires them to", why, requireRuncEnv)
+		}
+		skipFor(t, fmt.Sprintf("container tests skipped: %s (%s=1 makes this a failure)", why, requireRuncEnv))
+	}
+	return bb
+}
+
+// containerSupport is the static busybox to build test images from, and
+// why containers cannot run here ("" when they can).
+func containerSupport() (busybox, why string) {
+	var missing []string
 	if os.Geteuid() != 0 {
-		why = append(why, "not root (runc needs root to create containers)")
+		missing = append(missing, "not root (runc needs root to create containers)")
 	}
 	if _, err := exec.LookPath("runc"); err != nil {
 		if _, err := os.Stat("/usr/sbin/runc"); err != nil {
-			why = append(why, "no runc in PATH or /usr/sbin (Debian: apt-get install runc)")
+			missing = append(missing, "no runc in PATH or /usr/sbin (Debian: apt-get install runc)")
 		}
 	}
 	bb, err := gpuplane.FindBusybox()
 	if err != nil {
-		why = append(why, err.Error())
+		missing = append(missing, err.Error())
 	}
-	if len(why) > 0 {
-		msg := strings.Join(why, "; ")
-		if os.Getenv(requireRuncEnv) == "1" {
-			t.Fatalf("container tests cannot run: %s, and %s=1 requires them to", msg, requireRuncEnv)
-		}
-		skipFor(t, fmt.Sprintf("container tests skipped: %s (%s=1 makes this a failure)", msg, requireRuncEnv))
-	}
-	return bb
+	return bb, strings.Join(missing, "; ")
 }
 
 // testRegistry is a registry on 127.0.0.1 (so go-containerregistry talks

@@ -187,7 +187,7 @@ func placementOf(t *testing.T, s *stack, job string) contracts.Placement {
 }
 
 // runFacts reads every run fact of one allocation from RUNS.
-func runFacts(t *testing.T, ctx context.Context, s *stack, allocationID string) map[contracts.RunKind][]contracts.RunEvent {
+func runFacts(t testing.TB, ctx context.Context, s *stack, allocationID string) map[contracts.RunKind][]contracts.RunEvent {
 	t.Helper()
 	cons, err := s.js.OrderedConsumer(ctx, contracts.StreamRuns, jetstream.OrderedConsumerConfig{})
 	if err != nil {
