@@ -16,14 +16,17 @@
 // On disk, under Config.Dir:
 //
 //	images/<digest hex>/rootfs      the unpacked image, shared and never written after the rename
-//	images/<digest hex>/image.json  its config (entrypoint, cmd, env, user, working dir) and size
+//	images/<digest hex>/image.json  its config (entrypoint, cmd, env, user, working dir), size, boot
+//	images/<digest hex>/synced      written once the image is on disk (synced in the background)
 //	index.json                      references → digests, grants, last use (rewritten atomically)
 //	leases/<id>                     one per hold, so a restarted agent keeps its runs' images
 //	tmp/                            unpacks in progress and images being deleted; emptied at start
 //
 // An image appears in images/ by one rename of a complete directory, so an
 // agent that crashes mid-unpack leaves only a tmp/ entry, which the next
-// start deletes: a half image never looks whole.
+// start deletes: a half image never looks whole. A machine that loses
+// power may lose files the kernel had not written yet; an image of an
+// earlier boot without its synced mark is dropped at start for that.
 package image
 
 import (
