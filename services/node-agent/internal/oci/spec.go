@@ -185,7 +185,7 @@ func Spec(c Config, rootfs string, readonlyRoot bool) (*specs.Spec, error) {
 		Hostname: hostname(c.ID),
 		Process: &specs.Process{
 			Args:            args,
-			Env:             mergeEnv(c.Image.Env, c.Env),
+			Env:             mergeEnv([]string{"HOME=" + home(c.Image.RootFS, user.UID)}, c.Image.Env, c.Env),
 			Cwd:             cwd,
 			User:            user,
 			Capabilities:    caps,
@@ -285,11 +285,11 @@ func Argv(img Image, command, args []string) []string {
 	return out
 }
 
-// mergeEnv is the image's environment overridden by env, key by key,
-// sorted; PATH is set when neither has one.
-func mergeEnv(image, env []string) []string {
+// mergeEnv is each list overridden by the next, key by key, sorted; PATH
+// is set when none has one.
+func mergeEnv(lists ...[]string) []string {
 	m := map[string]string{}
-	for _, list := range [][]string{{defaultPath}, image, env} {
+	for _, list := range append([][]string{{defaultPath}}, lists...) {
 		for _, kv := range list {
 			k, v, _ := strings.Cut(kv, "=")
 			if k != "" {
@@ -333,6 +333,22 @@ func resolveUser(rootfs, requested, image string) (specs.User, error) {
 		return specs.User{UID: NobodyID, GID: NobodyID}, nil
 	}
 	return specs.User{UID: uid, GID: gid}, nil
+}
+
+// home is uid's home directory in the image's /etc/passwd, "/" when it
+// has none (as Docker sets HOME); the image's or the request's HOME win.
+func home(rootfs string, uid uint32) string {
+	dir := "/"
+	_ = scanDB(filepath.Join(rootfs, "etc/passwd"), func(f []string) bool {
+		if len(f) >= 6 && f[2] == strconv.FormatUint(uint64(uid), 10) {
+			if path.IsAbs(f[5]) {
+				dir = f[5]
+			}
+			return true
+		}
+		return false
+	})
+	return dir
 }
 
 func lookupUser(rootfs, u string) (uid, gid uint32, err error) {

@@ -102,7 +102,7 @@ func TestSpec(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := s.Process
-	if diff := cmp.Diff([]string{"CUDA_VISIBLE_DEVICES=GPU-1", "GPUPLANE_JOB_ID=job-1", "LANG=en_US.UTF-8", "PATH=/opt/bin"}, p.Env); diff != "" {
+	if diff := cmp.Diff([]string{"CUDA_VISIBLE_DEVICES=GPU-1", "GPUPLANE_JOB_ID=job-1", "HOME=/", "LANG=en_US.UTF-8", "PATH=/opt/bin"}, p.Env); diff != "" {
 		t.Errorf("env: the request's and the agent's over the image's (-want +got):\n%s", diff)
 	}
 	if p.User.UID != NobodyID || p.User.GID != NobodyID || !p.NoNewPrivileges || p.Cwd != "/work" {
@@ -194,6 +194,21 @@ func TestSpec(t *testing.T) {
 			if tmp := slices.IndexFunc(s.Mounts, func(m specs.Mount) bool { return m.Destination == "/tmp" }); readonly && (tmp < 0 || tmp > i) {
 				t.Errorf("the checkpoint mount (%d) is not under the tmpfs /tmp mounted before it (%d)", i, tmp)
 			}
+		}
+	})
+	t.Run("home of the user", func(t *testing.T) {
+		c := base
+		c.User = "app"
+		s, err := Spec(c, "rootfs", false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Contains(s.Process.Env, "HOME=/home/app") {
+			t.Errorf("env %v, want app's HOME from the image's passwd", s.Process.Env)
+		}
+		c.Env = append(c.Env, "HOME=/work")
+		if s, _ := Spec(c, "rootfs", false); !slices.Contains(s.Process.Env, "HOME=/work") {
+			t.Errorf("env %v, want the request's HOME", s.Process.Env)
 		}
 	})
 	t.Run("root asked", func(t *testing.T) {
