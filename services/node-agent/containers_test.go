@@ -98,6 +98,10 @@ exit 4`), Mounts: []contracts.Mount{{Source: datasets, Target: "/data", ReadOnly
 			run:     contracts.RunSpec{Command: []string{"true"}},
 			runtime: &contracts.PoolRuntime{}, outcome: contracts.OutcomeFailed, reason: contracts.ReasonHostCommandsNotAllowed, exitCode: -1,
 		},
+		"command not in the image": {
+			run:     contracts.RunSpec{Image: ref, Command: []string{"/no/such/program"}},
+			runtime: pool, outcome: contracts.OutcomeFailed, reason: contracts.ReasonLaunchFailed, exitCode: 127,
+		},
 		"missing image": {
 			run:     contracts.RunSpec{Image: strings.TrimSuffix(ref, ":1") + ":no-such-tag"},
 			runtime: pool, outcome: contracts.OutcomeFailed, reason: contracts.ReasonImageNotFound, exitCode: -1,

@@ -170,6 +170,35 @@ func signalContainer(c *containerRun, pid int, pidStart uint64, sig syscall.Sign
 	}
 }
 
+// containerCreated waits until runc has created the container (its pid
+// file exists), so that a started run is a container that exists and a
+// container runc cannot create is a launch failure, as a host command
+// that cannot start is. It returns false when runc ended first (waited
+// closed). A runc still creating after createWait (a slow hook) is let
+// go on: how it ends tells then.
+func containerCreated(c *containerRun, waited <-chan struct{}) bool {
+	created := func() bool { _, err := os.Stat(c.PIDFile); return err == nil }
+	t := time.NewTicker(2 * time.Millisecond)
+	defer t.Stop()
+	deadline := time.After(createWait)
+	for {
+		select {
+		case <-waited:
+			return created()
+		case <-deadline:
+			return true
+		case <-t.C:
+			if created() {
+				return true
+			}
+		}
+	}
+}
+
+// createWait bounds containerCreated, well within the agent's wait for
+// its shim's answer (shimStartTimeout).
+const createWait = shimStartTimeout - 2*time.Second
+
 // neverStarted turns the exit of a `runc run` that failed before its
 // container existed (no pid file: a bad config, a command the image
 // lacks, a mount that cannot be made) into the launch failure it is, with

@@ -270,18 +270,14 @@ func TestContainerWithoutItsGPUsDescribedNeverStarts(t *testing.T) {
 }
 
 // TestContainerWhoseCommandIsNotInTheImageFailsToLaunch: runc cannot
-// start the container; the run ends as a launch failure with runc's
-// message and the cause a shell reports as 127, not as the job's exit.
+// create the container; Launch fails with runc's message and the cause a
+// shell reports as 127, not a started run that exits 1.
 func TestContainerWhoseCommandIsNotInTheImageFailsToLaunch(t *testing.T) {
 	r, rt, c := containerLocal(t)
 	l := containerLaunch(c, "")
 	l.Spec.Command = []string{"/no/such/program"}
-	p, err := r.Launch(context.Background(), l)
-	if err == nil {
-		// runc run started: the failure comes as the run's end.
-		exit := waitExit(t, p, limit)
-		err = exit.Err
-	}
+	// The run never started: Launch says so, as for a host command.
+	_, err := r.Launch(context.Background(), l)
 	if !errors.Is(err, ErrLaunch) || !errors.Is(err, exec.ErrNotFound) || !strings.Contains(err.Error(), "/no/such/program") {
 		t.Fatalf("error %v, want a launch failure, not found, naming the program", err)
 	}

@@ -177,7 +177,8 @@ var (
 
 // Launch starts l: a container of l.Container's image when set (an error
 // wrapping ErrRuntimeUnavailable where runc is missing), a command when
-// l.Spec.Command is set, a simulated run of l.Spec.Duration otherwise. It returns once the process exists; ctx
+// l.Spec.Command is set, a simulated run of l.Spec.Duration otherwise.
+// A container's launch returns once runc has created the container. It returns once the process exists; ctx
 // bounds the launch only, never the run. A command that cannot start
 // returns an error wrapping ErrLaunch and the cause (exec.ErrNotFound,
 // fs.ErrNotExist, fs.ErrPermission).

@@ -109,11 +109,27 @@ func runShim(dir string) int {
 		_ = json.NewEncoder(ready).Encode(shimReady{Exit: &e})
 		return 0
 	}
-	_ = json.NewEncoder(ready).Encode(shimReady{PID: pid})
-	_ = ready.Close()
-
 	waited := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(waited) }()
+	if c := spec.Container; c != nil && !containerCreated(c, waited) {
+		// runc gave up before the container existed (a command the image
+		// lacks, a mount it cannot make): the run never started.
+		killGroup(pid, st.PIDStart, syscall.SIGKILL)
+		if err := removeContainer(c); err != nil {
+			logf("clean up container %s: %v", c.ID, err)
+		}
+		e := neverStarted(c, spec.LogPath, runExit{Code: exitCode(cmd.ProcessState), EndedAt: time.Now()})
+		if e.LaunchError == "" {
+			e = runExit{Code: -1, EndedAt: e.EndedAt, LaunchError: "runc ended before the container started: " + lastLine(spec.LogPath)}
+		}
+		if err := writeJSON(filepath.Join(dir, exitFile), e); err != nil {
+			logf("record launch failure: %v", err)
+		}
+		_ = json.NewEncoder(ready).Encode(shimReady{Exit: &e})
+		return 0
+	}
+	_ = json.NewEncoder(ready).Encode(shimReady{PID: pid})
+	_ = ready.Close()
 	var limit, kill <-chan time.Time
 	if d := spec.Launch.Spec.Duration.D(); d > 0 {
 		t := time.NewTimer(d)
