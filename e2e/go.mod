@@ -3,6 +3,8 @@ module github.com/gpuplane/gpuplane/e2e
 go 1.26.0
 
 require (
+	github.com/chromedp/cdproto v0.159.0
+	github.com/chromedp/chromedp v0.23.0
 	github.com/gpuplane/gpuplane/contracts v0.0.0
 	github.com/gpuplane/gpuplane/libs v0.0.0
 	github.com/gpuplane/gpuplane/services/gpuplane v0.0.0
@@ -19,6 +21,7 @@ require (
 	github.com/fsnotify/fsnotify v1.7.0 // indirect
 	github.com/go-asn1-ber/asn1-ber v1.5.8 // indirect
 	github.com/go-jose/go-jose/v4 v4.1.9 // indirect
+	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
 	github.com/go-ldap/ldap/v3 v3.4.15 // indirect
 	github.com/gpuplane/gpuplane/services/gpuctl v0.0.0 // indirect
 	github.com/moby/profiles/seccomp v0.3.0 // indirect
@@ -45,7 +48,7 @@ require (
 	github.com/google/go-containerregistry v0.22.1
 	github.com/google/go-tpm v0.9.8 // indirect
 	github.com/google/uuid v1.6.0 // indirect
-	github.com/gpuplane/gpuplane/sdk/go v0.0.0 // indirect
+	github.com/gpuplane/gpuplane/sdk/go v0.0.0
 	github.com/gpuplane/gpuplane/services/autoscaler v0.0.0
 	github.com/gpuplane/gpuplane/services/billing v0.0.0 // indirect
 	github.com/gpuplane/gpuplane/services/gateway v0.0.0
