@@ -87,9 +87,6 @@ func eventLine(ev contracts.JobEvent) string {
 		}
 		fmt.Fprintf(&b, " node=%s gpus=%s", p.NodeID, strings.Join(idx, ","))
 	}
-	if p := ev.Pull; p != nil {
-		fmt.Fprintf(&b, " image=%s pulled=%s", p.Image, pullProgress(*p))
-	}
 	if ev.ExitCode != nil {
 		fmt.Fprintf(&b, " exit=%d", *ev.ExitCode)
 	}
@@ -148,14 +145,4 @@ func (a *app) watchBus(ctx context.Context, id string, w *watcher) error {
 		return ctx.Err()
 	}
 	return err
-}
-
-// pullProgress is how much of an image a pull has: "0.0/?MB" until its
-// size is known, "1.2/2.0MB" then.
-func pullProgress(p contracts.PullProgress) string {
-	mb := func(n int64) string { return strconv.FormatFloat(float64(n)/1e6, 'f', 1, 64) }
-	if p.Total <= 0 {
-		return mb(p.Done) + "/?MB"
-	}
-	return mb(p.Done) + "/" + mb(p.Total) + "MB"
 }
