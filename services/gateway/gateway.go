@@ -25,10 +25,12 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/service"
 )
 
@@ -66,6 +68,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	s := &server{cfg: cfg, bus: rt.Bus, model: in.model, nodes: in.nodes, ready: in.ready, adminReady: in.adminReady.Load,
 		log: log, now: time.Now, streams: streams}
 	s.buckets = newKVBuckets(rt.Bus)
+	s.fleet = newFleetHub(in.nodes, in.model, time.Now)
+	in.nodes.changed = s.fleet.changed
+	s.ops = newOpsHub()
+	var opsReady atomic.Bool
+	s.opsReady = opsReady.Load
+	in.observe = func(st contracts.JobStatus, ev contracts.JobEvent, _ uint64) {
+		s.fleet.observeJob(st)
+		s.ops.observeJob(ev)
+	}
 	s.limits = newTenantLimits(cfg.Limits, nil)
 	if cfg.AdminTokenFile != "" {
 		if err := bootstrapAdmin(ctx, rt.Bus, cfg.AdminTokenFile); err != nil {
@@ -111,6 +122,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	g.Go(func() error { return in.followNodes(gctx) })
 	g.Go(func() error { return in.followNodeAdmin(gctx) })
 	g.Go(func() error { return ids.follow(gctx, rt.Bus) })
+	g.Go(func() error { return s.fleet.follow(gctx, rt.Bus, log) })
+	g.Go(func() error { return s.ops.follow(gctx, rt.Bus, log, func() { opsReady.Store(true) }) })
 	g.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("%s: serve: %w", Name, err)

@@ -25,6 +25,9 @@ type ingester struct {
 	// adminReady is set once the node holds present at start are folded;
 	// only the node endpoints wait for it.
 	adminReady atomic.Bool
+	// observe, when set, is told of every job event applied, with the
+	// job's status after it (the console's fleet and operations views).
+	observe func(st contracts.JobStatus, ev contracts.JobEvent, seq uint64)
 }
 
 // ready reports whether every stream has been caught up with.
@@ -68,6 +71,11 @@ func (in *ingester) applyJobEvent(ctx context.Context, m *bus.Msg) error {
 	err := in.model.ApplyJobEvent(ctx, tenant, job, ev, m.StreamSeq)
 	switch {
 	case err == nil:
+		if in.observe != nil {
+			if st, err := in.model.Job(ctx, tenant, job); err == nil {
+				in.observe(st, ev, m.StreamSeq)
+			}
+		}
 	case errors.Is(err, contracts.ErrStaleEvent), errors.Is(err, contracts.ErrTransition):
 		// A redelivery or a fact the state machine refuses (a rejected
 		// duplicate ID on an accepted job): harmless by design.

@@ -29,6 +29,10 @@ type nodeModel struct {
 	// node ID, folded from a KV watch; a node may be held before its
 	// agent ever published an inventory.
 	holds map[string]nodeHold
+	// changed, when set, is told of every node that changed (the fleet
+	// hub's versions, fleet_events.go); it is called under mu, so it must
+	// take no lock of the model.
+	changed func(node string)
 }
 
 // nodeHold is a node's hold at a KV revision; admin nil: released.
@@ -69,7 +73,15 @@ func (m *nodeModel) applyHold(node string, admin *contracts.NodeAdmin, rev uint6
 		return false
 	}
 	m.holds[node] = nodeHold{admin: admin, rev: rev}
+	m.notify(node)
 	return true
+}
+
+// notify tells changed of a node's change; m.mu is held.
+func (m *nodeModel) notify(node string) {
+	if m.changed != nil {
+		m.changed(node)
+	}
 }
 
 // withHold returns st with its node's hold; m.mu is held.
@@ -93,6 +105,7 @@ func (m *nodeModel) applyInventory(inv contracts.NodeInventory, seq uint64) bool
 		return false
 	}
 	e.status.NodeInventory, e.invSeq = inv, seq
+	m.notify(inv.NodeID)
 	return true
 }
 
@@ -106,6 +119,7 @@ func (m *nodeModel) applyLifecycle(ev contracts.NodeEvent, seq uint64) bool {
 		return false
 	}
 	e.status.Lifecycle, e.status.LifecycleAt, e.lifeSeq = ev.Kind, ev.Time, seq
+	m.notify(ev.NodeID)
 	return true
 }
 
@@ -123,6 +137,7 @@ func (m *nodeModel) applyMachineEvent(ev contracts.MachineEvent) bool {
 		return false
 	}
 	e.gone = &ev
+	m.notify(ev.NodeID)
 	return true
 }
 

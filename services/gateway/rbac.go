@@ -105,6 +105,14 @@ var accessRules = map[string]access{
 	"DELETE /v1/pools/{pool}":                        platform("pool.delete"),
 	"GET /v1/pricebook":                              onAnyTenant("pricebook.get", RoleViewer),
 	"PUT /v1/pricebook":                              platform("pricebook.put"),
+	// The console's views (issue 15): the fleet shows other tenants'
+	// work as hidden to a tenant's caller (fleet_events.go), the queues
+	// only the caller's tenants (queues.go); operations are the
+	// platform's.
+	"GET /v1/fleet/events": onAnyTenant("fleet.events", RoleViewer),
+	"GET /v1/queues":       onAnyTenant("queue.list", RoleViewer),
+	"GET /v1/ops/events":   platform("ops.events"),
+	"GET /v1/tenants":      self("tenant.list"),
 }
 
 // ruleFor returns the rule of a route; an unlisted route is platform-admin

@@ -75,6 +75,10 @@ var matrix = []matrixRoute{
 	{"DELETE", "/v1/pools/{pool}", "/v1/pools/h100?revision=999", "", need{RolePlatformAdmin, ""}},
 	{"GET", "/v1/pricebook", "/v1/pricebook", "", need{"any-viewer", ""}},
 	{"PUT", "/v1/pricebook", "/v1/pricebook", `{}`, need{RolePlatformAdmin, ""}},
+	{"GET", "/v1/fleet/events", "/v1/fleet/events", "", need{"any-viewer", ""}},
+	{"GET", "/v1/queues", "/v1/queues", "", need{"any-viewer", ""}},
+	{"GET", "/v1/ops/events", "/v1/ops/events", "", need{RolePlatformAdmin, ""}},
+	{"GET", "/v1/tenants", "/v1/tenants", "", need{"self", ""}},
 }
 
 // caller is one column of the matrix.

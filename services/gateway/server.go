@@ -58,6 +58,11 @@ type server struct {
 	// routes is every "METHOD pattern" handler registered, each behind
 	// its access rule (rbac.go).
 	routes []string
+	// fleet and ops are the console's shared views (fleet_events.go,
+	// ops_events.go); opsReady reports whether ops has read OPS.
+	fleet    *fleetHub
+	ops      *opsHub
+	opsReady func() bool
 }
 
 // handler routes the API. Every route is registered per method, and its
@@ -122,6 +127,10 @@ func (s *server) handler() http.Handler {
 		http.MethodDelete: s.unbindRole})
 	route("/v1/audit", map[string]http.HandlerFunc{http.MethodGet: s.listAudit})
 	route("/v1/audit/verify", map[string]http.HandlerFunc{http.MethodGet: s.verifyAudit})
+	route("/v1/fleet/events", map[string]http.HandlerFunc{http.MethodGet: s.fleetEvents})
+	route("/v1/queues", map[string]http.HandlerFunc{http.MethodGet: s.listQueues})
+	route("/v1/ops/events", map[string]http.HandlerFunc{http.MethodGet: s.opsEvents})
+	route("/v1/tenants", map[string]http.HandlerFunc{http.MethodGet: s.listTenants})
 	route("/healthz", map[string]http.HandlerFunc{http.MethodGet: s.healthz})
 	route("/v1/openapi.json", map[string]http.HandlerFunc{http.MethodGet: s.openapiDoc})
 	route("/{$}", map[string]http.HandlerFunc{http.MethodGet: s.console})

@@ -349,6 +349,73 @@ func operations(s *schemaSet) []op {
 		{method: http.MethodGet, path: "/v1/audit/verify", id: "verifyAudit", tag: "audit",
 			summary: "Walk the audit trail's hash chain from the first record to the last",
 			ok:      http.StatusOK, okBody: jsonBody("AuditVerification")},
+		{method: http.MethodGet, path: "/v1/fleet/events", id: "watchFleet", tag: "console",
+			summary: "Stream the fleet (server-sent events): a snapshot of every node, then each node that changes",
+			description: "The first event (snapshot) carries every node with its GPUs: owners (tenant, job, allocation), MIG " +
+				"slices and shares, health, holds (cordon, drain, spot notice and its deadline) and utilisation. Then one node " +
+				"event per node that changed, with the node as it now is (or removed: its machine went away); changes are " +
+				"coalesced, so a slow reader gets fewer events, never a backlog. Telemetry moves a GPU only by steps (5 points " +
+				"of use, 3 °C). A platform admin sees every owner; any other caller (a role on some tenant) sees the same " +
+				"machines with other tenants' work as hidden owners (redacted: true). Last-Event-ID resumes with the nodes " +
+				"changed since (a few seconds of margin: a node may come twice); an id this gateway cannot answer from " +
+				"(older than its start, or ahead of it) gets a new snapshot.",
+			params: []obj{
+				{"name": "Last-Event-ID", "in": "header", "description": "Resume after this event: the id of the last event received " +
+					"(microseconds since the epoch at which the fleet was as sent).", "schema": obj{"type": "string", "pattern": "^ *[0-9]+ *$"}},
+				query("lastEventId", "Last-Event-ID for clients that cannot set the header; the header wins when both are given.",
+					obj{"type": "string", "pattern": "^ *[0-9]+ *$"}),
+			},
+			ok: http.StatusOK,
+			okBody: obj{"text/event-stream": obj{
+				"schema": obj{"type": "string", "description": "server-sent events: snapshot, then node events; comments while idle"},
+				"x-sse": obj{
+					"event":      "snapshot or node",
+					"id":         "the fleet's version (microseconds): send it back as Last-Event-ID to resume",
+					"data":       "a FleetEvent as one line of JSON",
+					"dataSchema": componentRef("FleetEvent"),
+					"comments":   "': stream open' first, then ': heartbeat' every heartbeat interval while idle",
+				},
+			}},
+			okHeaders: obj{"Cache-Control": obj{"schema": str(), "description": "no-cache"}},
+			errors:    map[int]string{400: "Last-Event-ID is not a number (invalid_value).", 503: errNotReady + " Or the node holds are not read yet."}},
+		{method: http.MethodGet, path: "/v1/queues", id: "listQueues", tag: "console",
+			summary: "Per pool and tenant: what waits and why, quota use, fair-share order",
+			description: "Queued jobs with the scheduler's last pending reason (and the backfill reservation it holds for a job), " +
+				"the GPUs each tenant's scheduled and running jobs hold against its quota's guarantee and max, its place in " +
+				"fair-share order (weighted GPU share, lowest first) and its waiting jobs per priority class. Pool * holds the " +
+				"jobs that name no pool. A caller who is not a platform admin sees only the tenants it holds a role on.",
+			params: []obj{query("pool", "Keep one pool (* for the jobs that name none).", str())},
+			ok:     http.StatusOK, okBody: jsonBody("QueueList"),
+			errors: map[int]string{400: errBadQuery, 503: errNotReady + " Or the quotas cannot be read."}},
+		{method: http.MethodGet, path: "/v1/ops/events", id: "watchOps", tag: "console",
+			summary: "Stream operations (server-sent events): alerts, scale decisions, machine events, migrations, preemptions",
+			description: "The latest events the gateway holds (after Last-Event-ID when given), then each new one, with links to " +
+				"the jobs and nodes involved. A reader that falls too far behind gets a last event, dropped, and the stream " +
+				"ends: reconnect with its id. Platform admins only.",
+			params: []obj{
+				{"name": "Last-Event-ID", "in": "header", "description": "Resume after this event: the id of the last event received.",
+					"schema": obj{"type": "string", "pattern": "^ *[0-9]+ *$"}},
+				query("lastEventId", "Last-Event-ID for clients that cannot set the header; the header wins when both are given.",
+					obj{"type": "string", "pattern": "^ *[0-9]+ *$"}),
+			},
+			ok: http.StatusOK,
+			okBody: obj{"text/event-stream": obj{
+				"schema": obj{"type": "string", "description": "server-sent events: one OpsEvent per event; comments while idle"},
+				"x-sse": obj{
+					"event":      "alert, scale, machine, migration, preemption, or dropped (the last)",
+					"id":         "the event's time in microseconds, strictly increasing: send it back as Last-Event-ID to resume",
+					"data":       "an OpsEvent as one line of JSON",
+					"dataSchema": componentRef("OpsEvent"),
+					"comments":   "': stream open' first, then ': heartbeat' every heartbeat interval while idle",
+				},
+			}},
+			okHeaders: obj{"Cache-Control": obj{"schema": str(), "description": "no-cache"}},
+			errors:    map[int]string{400: "Last-Event-ID is not a number (invalid_value).", 503: errNotReady + " Or the OPS stream is still being read."}},
+		{method: http.MethodGet, path: "/v1/tenants", id: "listTenants", tag: "console", self: true,
+			summary: "The tenants the caller may see, with its role on each (the console's tenant picker)",
+			description: "A platform admin may see every tenant (all: true); the list names those the platform knows of " +
+				"(a job or a role binding names them).",
+			ok: http.StatusOK, okBody: jsonBody("TenantList")},
 		{method: http.MethodGet, path: "/healthz", id: "healthz", tag: "meta", public: true,
 			summary: "200 when the bus is connected and every read model has caught up",
 			ok:      http.StatusOK,
@@ -440,6 +507,7 @@ func build() ([]byte, error) {
 			obj{"name": "billing", "description": "Usage, price book, budgets, invoices."},
 			obj{"name": "identity", "description": "Login, tokens, role bindings."},
 			obj{"name": "audit", "description": "The audit trail."},
+			obj{"name": "console", "description": "The console's live views: the fleet, queues, operations, tenants."},
 			obj{"name": "meta", "description": "Health, the console, this document."},
 		},
 		"security": []any{obj{"bearer": []any{}}},

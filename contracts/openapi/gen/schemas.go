@@ -49,6 +49,10 @@ var apiTypes = []any{
 	contracts.RoleBindings{},
 	contracts.AuditList{},
 	contracts.AuditVerification{},
+	contracts.FleetEvent{},
+	contracts.QueueList{},
+	contracts.OpsEvent{},
+	contracts.TenantList{},
 }
 
 // componentRef is the $ref of a component schema.
