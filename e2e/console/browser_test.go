@@ -24,7 +24,7 @@ const (
 
 // tab is one browser tab of a test, logged in or not.
 type tab struct {
-	t     *testing.T
+	t     testing.TB
 	s     *stack
 	ctx   context.Context
 	width int
@@ -32,7 +32,7 @@ type tab struct {
 
 // open opens a tab of width × height CSS pixels (a phone's with touch
 // and a mobile viewport), closed when t ends.
-func (s *stack) open(t *testing.T, width, height int) *tab {
+func (s *stack) open(t testing.TB, width, height int) *tab {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(s.browser, 4*waitFor)
 	ctx, cancelTab := chromedp.NewContext(ctx)
@@ -170,7 +170,7 @@ var shotsOnce = map[string]string{}
 
 // shotsDir is GPUPLANE_CONSOLE_SHOTS (created), else a temporary
 // directory of the test, named in the log.
-func shotsDir(t *testing.T) string {
+func shotsDir(t testing.TB) string {
 	t.Helper()
 	if d := os.Getenv(envShots); d != "" {
 		if err := os.MkdirAll(d, 0o755); err != nil {

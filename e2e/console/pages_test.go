@@ -1,0 +1,121 @@
+package console
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/gpuplane/gpuplane/contracts"
+)
+
+// machineIDs is every machine of the stack's static fleet.
+func (s *stack) machineIDs() []string {
+	var ids []string
+	for _, m := range s.ep.Fleet.Machines() {
+		ids = append(ids, m.NodeID)
+	}
+	return ids
+}
+
+// gpuCount is how many GPUs the static fleet has.
+func (s *stack) gpuCount() int {
+	n := 0
+	for _, m := range s.ep.Fleet.Machines() {
+		n += m.GPUCount
+	}
+	return n
+}
+
+// view is one view of the console and what shows that it renders the
+// platform's real data.
+type view struct {
+	name string // the screenshots' name
+	path string
+	// ready is a JavaScript test that the view shows its data.
+	ready string
+}
+
+// pages are the console's views, each with the data the fixture and the
+// stack put there.
+func (s *stack) pages(t *testing.T, f fixture) []view {
+	ids := s.machineIDs()
+	pendingText := f.pending.Pending.Message
+	return []view{
+		// Every machine of the fleet, every GPU drawn, and the GPU the
+		// long job runs on with its owner.
+		{"fleet", "/ui/fleet", fmt.Sprintf(`%s && document.querySelectorAll('main li.gpu[data-testid^="gpu-"]').length >= %d &&
+			[...document.querySelectorAll('main li.gpu')].some(g => (g.dataset.owner || '').includes(%s))`,
+			contains(ids...), s.gpuCount(), jsString(tenant+"/"+longJob))},
+		// The machine the long job runs on, with that job among its runs.
+		{"node", "/ui/fleet/nodes/" + f.long.Placement.NodeID, contains(f.long.Placement.NodeID, longJob)},
+		// The job waiting for a machine that does not exist, with the
+		// scheduler's own words.
+		{"queues", "/ui/queues", contains(pendingJob, pendingText)},
+		{"jobs", "/ui/jobs?tenant=" + tenant, contains(longJob, pendingJob, shortJob)},
+		{"job", "/ui/jobs/" + tenant + "/" + longJob, contains(longJob, string(contracts.StateRunning), f.long.Placement.NodeID)},
+		{"submit", "/ui/jobs/new?tenant=" + tenant, `document.querySelector('main form')`},
+		// The tenant's usage: the short job ran on an H100.
+		{"cost", "/ui/cost?tenant=" + tenant, contains(tenant, "h100")},
+		// The autoscaler's decisions for the spot pool it keeps at one
+		// machine at least.
+		{"ops", "/ui/ops", contains("l4-spot")},
+	}
+}
+
+// TestPagesRenderRealData opens every view as the platform admin at 1280
+// and 390 px and waits for the stack's data on it: the fleet's machines
+// and GPUs with their owners, the pending job with the scheduler's
+// reason, the jobs, the tenant's usage, the autoscaler's events. Each is
+// written as a screenshot.
+func TestPagesRenderRealData(t *testing.T) {
+	s := needStack(t)
+	f := s.jobs(t)
+	for _, width := range []int{desktopWidth, phoneWidth} {
+		t.Run(fmt.Sprint(width), func(t *testing.T) {
+			b := s.open(t, width, 900)
+			b.login(s.ep.AdminToken)
+			for _, p := range s.pages(t, f) {
+				b.navigate(p.path)
+				b.until(p.name+" shows the platform's data", p.ready)
+				b.noHorizontalScroll(p.name)
+				b.shot(p.name)
+			}
+		})
+	}
+}
+
+// noHorizontalScroll fails when the page is wider than the viewport: a
+// view must fit its width (tables scroll inside their own box).
+func (b *tab) noHorizontalScroll(page string) {
+	b.t.Helper()
+	over := eval[string](b, `(() => {
+		const d = document.documentElement;
+		if (d.scrollWidth <= d.clientWidth + 1) return '';
+		const wide = [...document.querySelectorAll('main *')].filter(e => e.getBoundingClientRect().right > d.clientWidth + 1)
+			.slice(0, 5).map(e => e.tagName.toLowerCase() + (e.dataset.testid ? '[' + e.dataset.testid + ']' : '') + (e.className ? '.' + String(e.className).split(' ').join('.') : ''));
+		return d.scrollWidth + ' px wide in ' + d.clientWidth + ': ' + wide.join(', ');
+	})()`)
+	if over != "" {
+		b.fail("%s at %d px scrolls sideways: %s", page, b.width, over)
+	}
+}
+
+// TestDeepLinksSurviveAReload opens each view by its URL in a fresh tab,
+// reloads it, and finds the same view with the same data at the same URL.
+func TestDeepLinksSurviveAReload(t *testing.T) {
+	s := needStack(t)
+	f := s.jobs(t)
+	b := s.open(t, desktopWidth, 900)
+	b.login(s.ep.AdminToken)
+	for _, p := range s.pages(t, f) {
+		b.navigate(p.path)
+		b.until(p.name+" before the reload", p.ready)
+		before := eval[string](b, "location.pathname + location.search")
+		b.do(chromedp.Reload())
+		b.until(p.name+" after the reload", p.ready)
+		if after := eval[string](b, "location.pathname + location.search"); after != before {
+			t.Errorf("%s: the reload moved from %s to %s", p.name, before, after)
+		}
+	}
+}
