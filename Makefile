@@ -32,6 +32,14 @@ schemas:
 	cd contracts && $(GO) run ./cmd/schemagen -out schema
 	cd contracts/openapi && $(GO) generate
 
+# The web console (services/gateway/console): npm installs esbuild and
+# uPlot as package-lock.json pins them and the build writes dist/, which is
+# committed (the gateway embeds it; TestConsoleDistIsCurrent fails when it
+# is older than its sources), so CI and Go builds need no npm.
+.PHONY: console
+console:
+	cd services/gateway/console && npm ci --no-audit --no-fund && npm run build
+
 BINARIES := gpuplane gpuctl scheduler resource-manager monitor autoscaler billing gateway node-agent fleet-sim
 ARGS ?=
 

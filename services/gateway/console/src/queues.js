@@ -1,0 +1,91 @@
+// Queues: per pool, the tenants in fair-share order with their quota use
+// against guarantee and max, and each waiting job with the scheduler's
+// reason and any backfill reservation (GET /v1/queues). Refreshed while
+// the tenant's jobs change, and every 5 s (the queue has no stream).
+import { h, replace, badge, ago, safeId } from "./dom.js";
+import { get, enc } from "./api.js";
+
+function quotaCell(t) {
+  const q = t.quota;
+  const used = Math.round((t.usedGpus || 0) * 100) / 100;
+  if (!q) return h("td", used + " GPUs", h("div.sub", "no quota"));
+  const max = q.max || 0;
+  const over = q.guarantee != null && used > q.guarantee;
+  return h(
+    "td",
+    { title: `using ${used} of guarantee ${q.guarantee ?? "–"}, max ${max || "∞"}` },
+    max ? h("meter", { min: 0, max, low: q.guarantee || 0, high: max * 0.95, optimum: 0, value: used, "aria-hidden": "true" }) : null,
+    ` ${used} / ${q.guarantee ?? "–"} guaranteed / ${max || "∞"} max`,
+    over ? h("div.sub", "⚠ above guarantee: borrowed, preemptible") : null,
+  );
+}
+
+export async function queuesPage(main, { signal }) {
+  const body = h("div", { testid: "queues" });
+  const stamp = h("span.mode", { role: "status", testid: "queues-live" });
+  replace(main, h("div.page-head", h("h1", "Queues"), stamp), body);
+  const draw = (ql) => {
+    stamp.textContent = "updated " + new Date().toLocaleTimeString(undefined, { hour12: false });
+    const pools = ql.pools || [];
+    replace(
+      body,
+      h("p.note", "Priority classes, served highest first: ", (ql.priorities || []).join(" › ")),
+      pools.length ? null : h("p", { testid: "queues-empty" }, "Nothing waits and nothing runs."),
+      pools.map((p) =>
+        h(
+          "section.pool",
+          { testid: "queue-pool-" + safeId(p.pool), "aria-label": "Pool " + p.pool },
+          h("h2", p.pool === "*" ? "Any pool" : "Pool " + p.pool),
+          h(
+            "table.queue",
+            h("thead", h("tr", ["Order", "Tenant", "Weight", "Quota use", "Running", "Waiting"].map((c) => h("th", { scope: "col" }, c)))),
+            h(
+              "tbody",
+              p.tenants.map((t) =>
+                h(
+                  "tr",
+                  { testid: `queue-${safeId(p.pool)}-${safeId(t.tenant)}` },
+                  h("td", "#" + t.order),
+                  h("th", { scope: "row" }, h("a", { href: "/ui/jobs?tenant=" + enc(t.tenant) }, t.tenant)),
+                  h("td", t.weight),
+                  quotaCell(t),
+                  h("td", t.running),
+                  h(
+                    "td.c-why",
+                    Object.entries(t.waitingByPriority || {}).map(([k, v]) => h("span.tag", `${v} ${k}`)),
+                    t.waiting?.length
+                      ? h(
+                          "ul.waiting",
+                          t.waiting.map((w) =>
+                            h(
+                              "li",
+                              { testid: "waiting-" + safeId(w.jobId) },
+                              h("a", { href: `/ui/jobs/${enc(t.tenant)}/${enc(w.jobId)}` }, w.name || w.jobId),
+                              ` ${w.gpus} GPU · ${w.priority} · queued ${ago(w.queuedAt)}`,
+                              w.attempt > 1 ? ` · attempt ${w.attempt}` : "",
+                              h("div.clip", { title: [w.reason, w.message].filter(Boolean).join(": ") }, w.reason ? badge("pending", w.reason) : "not yet considered", w.message ? " " + w.message : ""),
+                              w.reservation ? h("div.sub", { testid: "reservation" }, "⏲ " + w.reservation) : null,
+                            ),
+                          ),
+                        )
+                      : "none",
+                  ),
+                ),
+              ),
+            ),
+          ),
+        ),
+      ),
+    );
+  };
+  const load = async () => {
+    try {
+      draw(await get("/v1/queues", { signal }));
+    } catch (e) {
+      if (!signal.aborted) stamp.textContent = "✗ " + e.message;
+    }
+  };
+  await load();
+  const t = setInterval(load, 5000);
+  signal.addEventListener("abort", () => clearInterval(t));
+}
