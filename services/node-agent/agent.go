@@ -105,7 +105,11 @@ type agent struct {
 	released map[string]contracts.Reason      // allocations the ledger released, and why
 	stops    map[string]contracts.NodeCommand // stops for allocations not started yet
 	active   map[string]*activeRun
-	runs     sync.WaitGroup // one per watched run
+	runs     sync.WaitGroup // one per watched run, and per container being pulled
+	// unstarted are the container runs the ledger committed and did not
+	// release, as rebuilt at start: the ones with no run fact are resumed
+	// (recoverRuns), since their entries were acked before they started.
+	unstarted map[string]contracts.Allocation
 
 	health healthState // GPU health facts, injected faults, pause, death (health.go)
 

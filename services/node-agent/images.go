@@ -55,6 +55,58 @@ type imageStore struct {
 
 	mu    sync.Mutex
 	cache *image.Cache
+
+	// pulls bounds the references acquired at once (MaxConcurrentPulls):
+	// runs of one reference share a slot, as they share the cache's pull.
+	pulls pullSlots
+}
+
+// MaxConcurrentPulls is how many image references a machine acquires at
+// once. Each container run pulls from its own goroutine (runs.go), so
+// that a slow pull holds up no other run; this bound keeps a burst of
+// commits for many images from splitting the machine's bandwidth and
+// disk between them all, which would delay every one of them.
+const MaxConcurrentPulls = 4
+
+// pullSlots is a counting semaphore whose slots are image references.
+type pullSlots struct {
+	mu    sync.Mutex
+	users map[string]int // references holding a slot: the runs using each
+	freed chan struct{}  // closed (and replaced) when a slot is given back
+}
+
+// acquire waits for ref's slot (taken by the first run of ref, shared
+// with the others), or for ctx; release gives it back once every run of
+// ref has.
+func (p *pullSlots) acquire(ctx context.Context, ref string) (release func(), err error) {
+	p.mu.Lock()
+	if p.users == nil {
+		p.users, p.freed = map[string]int{}, make(chan struct{})
+	}
+	for p.users[ref] == 0 && len(p.users) >= MaxConcurrentPulls {
+		freed := p.freed
+		p.mu.Unlock()
+		select {
+		case <-freed:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		p.mu.Lock()
+	}
+	p.users[ref]++
+	p.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			if p.users[ref]--; p.users[ref] == 0 {
+				delete(p.users, ref)
+				close(p.freed)
+				p.freed = make(chan struct{})
+			}
+		})
+	}, nil
 }
 
 func newImageStore(cfg Config, log *slog.Logger, changed func()) *imageStore {
@@ -248,8 +300,13 @@ func (a *agent) acquireImage(ctx context.Context, alloc contracts.Allocation) (o
 	if err != nil {
 		return oci.Image{}, nil, err
 	}
+	slot, err := a.images.pulls.acquire(ctx, ref)
+	if err != nil {
+		return oci.Image{}, nil, err
+	}
 	rep := newPullReporter(a, alloc)
 	img, release, err := cache.Acquire(ctx, ref, auth, rep.progress)
+	slot()
 	rep.close(ctx)
 	if err != nil {
 		return oci.Image{}, nil, err

@@ -65,6 +65,9 @@ func (a *agent) recoverRuns(ctx context.Context) error {
 	// Every running container reclaimed its image: the holds left are of
 	// runs that ended while no agent ran.
 	a.dropUnclaimedImages()
+	if err := a.resumeUnstarted(ctx, have); err != nil {
+		return err
+	}
 	a.mu.Lock()
 	for id := range a.stops {
 		if a.facts[id] != nil {
@@ -72,6 +75,33 @@ func (a *agent) recoverRuns(ctx context.Context) error {
 		}
 	}
 	a.mu.Unlock()
+	return nil
+}
+
+// resumeUnstarted launches again the container runs a previous agent
+// acked the commit of and never started (it died pulling their images,
+// typically): without a run fact, and not launched (have), they are
+// committed afresh; onCommitted decides as for any entry (a stop that
+// came meanwhile ends them, a release drops them) and a redelivery of the
+// entry later finds them launching. A run is never started twice: one the
+// runner launched is in have, and one with a started fact is never
+// launched again.
+func (a *agent) resumeUnstarted(ctx context.Context, have map[string]bool) error {
+	a.mu.Lock()
+	var resume []contracts.Allocation
+	for id, alloc := range a.unstarted {
+		if a.facts[id] == nil && !have[id] {
+			resume = append(resume, alloc)
+		}
+	}
+	a.unstarted = nil
+	a.mu.Unlock()
+	for _, alloc := range resume {
+		a.log.Info("resuming a container run the previous agent did not start", "allocation_id", alloc.ID, "image", alloc.Run.Image)
+		if err := a.onCommitted(ctx, alloc, false); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

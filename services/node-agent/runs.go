@@ -48,6 +48,10 @@ type activeRun struct {
 	// image gives back the run's hold on its container image (nil for a
 	// run without one), once it has ended.
 	image func()
+	// cancelPull ends the preparation of a container's launch (its pull
+	// above all) when a stop or a release comes first; nil for a host
+	// run, which is launched at once.
+	cancelPull context.CancelFunc
 }
 
 // releaseImage gives back the run's image, once; the cache may then
@@ -94,8 +98,17 @@ func (a *agent) rebuild(ctx context.Context) error {
 			a.log.Warn("skipping undecodable ledger entry", "stream_seq", m.StreamSeq, "err", err)
 			return nil
 		}
-		if e.Kind == contracts.LedgerReleased {
-			a.released[e.Allocation.ID] = e.Reason
+		switch id := e.Allocation.ID; {
+		case e.Kind == contracts.LedgerReleased:
+			a.released[id] = e.Reason
+			delete(a.unstarted, id)
+		case e.Kind == contracts.LedgerCommitted && e.Allocation.Run.IsContainer() && id != "" && e.Allocation.NodeID == node:
+			// Its entry is acked before its image is pulled: a previous
+			// agent may have died pulling it, and nothing redelivers it.
+			if a.unstarted == nil {
+				a.unstarted = map[string]contracts.Allocation{}
+			}
+			a.unstarted[id] = e.Allocation
 		}
 		return nil
 	})
@@ -214,9 +227,13 @@ func (a *agent) onLedger(ctx context.Context, m *bus.Msg) error {
 }
 
 // onCommitted starts an allocation's run unless it already has a run
-// fact, is running, was released, or was stopped before it started. It
-// returns (so the entry is acked) once the started fact is published; the
-// run goes on in its own goroutine.
+// fact, is running (or being launched), was released, or was stopped
+// before it started. A host command's run is launched here: the entry is
+// acked once its started fact is published, and a failure redelivers it.
+// A container's run is launched by a goroutine of its own (pullAndLaunch)
+// and the entry acked at once: its image may take minutes to pull, and
+// the ledger's single worker must not hold every other run of the machine
+// (or the entry, unacked past its AckWait) for that long.
 func (a *agent) onCommitted(ctx context.Context, alloc contracts.Allocation, redelivered bool) error {
 	id := alloc.ID
 	log := a.log.With("allocation_id", id)
@@ -236,6 +253,8 @@ func (a *agent) onCommitted(ctx context.Context, alloc contracts.Allocation, red
 		log.Debug("allocation already has run facts; not starting it again")
 		return nil
 	case running:
+		// Also a container whose image is being pulled: one pull, one
+		// launch, however often its entry is delivered.
 		a.mu.Unlock()
 		return nil
 	case a.isReleased(id):
@@ -267,47 +286,150 @@ func (a *agent) onCommitted(ctx context.Context, alloc contracts.Allocation, red
 	}
 	run := newActiveRun(alloc)
 	a.active[id] = run
-	a.mu.Unlock()
-
-	// What the pool's policy does not allow never runs; a container's
-	// image is held (pulled, with pulling facts) before anything else: a
-	// stop that comes meanwhile is applied once it is launched.
-	notLaunched := func(reason contracts.Reason, err error) error {
-		a.mu.Lock()
-		delete(a.active, id)
+	if !alloc.Run.IsContainer() {
 		a.mu.Unlock()
+		if err := a.launch(ctx, ctx, run, devices); err != nil {
+			a.drop(run) // the redelivered entry starts it afresh
+			return err
+		}
+		return nil
+	}
+	// A stop or a release while the image is pulled cancels the pull.
+	pctx, cancel := context.WithCancel(ctx)
+	run.cancelPull = cancel
+	a.runs.Add(1)
+	a.mu.Unlock()
+	go a.pullAndLaunch(ctx, pctx, run, devices)
+	return nil
+}
+
+// launchRetry is how long a container's launch waits before it tries
+// again after a failure to publish its facts (the bus away): its ledger
+// entry is acked, so nothing else tries again.
+const launchRetry = 2 * time.Second
+
+// pullAndLaunch launches a container's run (launch) from its own
+// goroutine, with pctx (cancelled by a stop or a release) bounding the
+// pull, and tries again while the agent runs if its facts could not be
+// published. The run stays in a.active meanwhile: a redelivered entry
+// finds it, and a stop or a release reaches it. An agent that stops
+// first leaves it to the next agent (recoverRuns resumes it).
+func (a *agent) pullAndLaunch(ctx, pctx context.Context, run *activeRun, devices []contracts.DeviceRef) {
+	defer a.runs.Done()
+	defer run.abandonPull() // its context's resources; the run no longer needs it
+	id := run.alloc.ID
+	for {
+		err := a.launch(ctx, pctx, run, devices)
+		if err == nil {
+			return
+		}
+		if ctx.Err() != nil {
+			a.drop(run)
+			return
+		}
+		a.log.Warn("container run not launched; trying again", "allocation_id", id, "err", err, "in", launchRetry)
+		select {
+		case <-ctx.Done():
+			a.drop(run)
+			return
+		case <-time.After(launchRetry):
+		}
+		a.mu.Lock()
+		cur, registered := a.active[id]
+		again := a.facts[id] == nil && (cur == run || !registered)
+		if again {
+			a.active[id] = run // an adoption that failed left it
+		}
+		a.mu.Unlock()
+		if !again {
+			return // its facts were recorded after all, or another run took it over
+		}
+	}
+}
+
+// drop forgets run in a.active unless another took its place.
+func (a *agent) drop(run *activeRun) {
+	a.mu.Lock()
+	if a.active[run.alloc.ID] == run {
+		delete(a.active, run.alloc.ID)
+	}
+	a.mu.Unlock()
+}
+
+// errStoppedBeforeStart is the launch of a run stopped or released while
+// it was being prepared (its image pulled): it ends as its stop says.
+var errStoppedBeforeStart = errors.New("stopped before it started")
+
+// launch prepares run (its pool's policy, its image pulled with pulling
+// facts, its MPS daemon) and starts it. pctx bounds the preparation, ctx
+// the rest. It returns nil once the run is started (and watched), or
+// once its end is reported (what can never start, a stop or a release
+// that came first); an error, with ctx alive, is a fact that could not
+// be published, and leaves run in a.active with nothing held, for its
+// caller to drop or try again.
+func (a *agent) launch(ctx, pctx context.Context, run *activeRun, devices []contracts.DeviceRef) error {
+	alloc := run.alloc
+	id := alloc.ID
+	log := a.log.With("allocation_id", id)
+	// notLaunched reports a run that will not start: its end leaves
+	// a.active only once recorded, so that neither a redelivered entry
+	// nor a retry starts it meanwhile. A stop or a release that came
+	// while it was prepared is its end, whatever else failed.
+	notLaunched := func(reason contracts.Reason, exitCode int, err error) error {
 		if ctx.Err() != nil {
 			return ctx.Err() // shutting down: a later agent starts it
 		}
-		log.Warn("run not launched", "reason", reason, "err", err)
-		return a.publishEnded(ctx, alloc, contracts.RunResult{Outcome: contracts.OutcomeFailed,
-			ExitCode: NoExitCode, EndedAt: a.cfg.Now(), Reason: reason, Message: err.Error()})
+		res := contracts.RunResult{Outcome: contracts.OutcomeFailed, ExitCode: exitCode, EndedAt: a.cfg.Now(),
+			Reason: reason, Message: err.Error()}
+		a.mu.Lock()
+		stop := run.stop
+		a.mu.Unlock()
+		if stop != nil && !stop.shutdown {
+			res = contracts.RunResult{Outcome: stop.outcome, ExitCode: NoExitCode, EndedAt: res.EndedAt,
+				Reason: stop.reason, Message: errStoppedBeforeStart.Error()}
+			log.Info("run stopped or released before it started", "reason", stop.reason, "err", err)
+		} else {
+			log.Warn("run not launched", "reason", reason, "err", err)
+		}
+		if err := a.publishEnded(ctx, alloc, res); err != nil {
+			return err
+		}
+		a.drop(run)
+		return nil
 	}
 	if err := checkRuntime(alloc); err != nil {
-		return notLaunched(launchReason(err), err)
+		return notLaunched(launchReason(err), NoExitCode, err)
 	}
-	ctr, releaseImage, reason, err := a.prepareContainer(ctx, alloc)
+	ctr, releaseImage, reason, err := a.prepareContainer(pctx, alloc)
 	if err != nil {
-		return notLaunched(reason, err)
+		return notLaunched(reason, NoExitCode, err)
 	}
 	run.image = releaseImage
 
 	// A share runs only once its GPU's MPS daemon is up: without one the
 	// limits in its environment are ignored.
-	leases, mpsPipeDir, mpsShmDir, err := a.acquireMPS(ctx, devices)
+	leases, mpsPipeDir, mpsShmDir, err := a.acquireMPS(pctx, devices)
 	if err != nil {
 		run.releaseImage()
-		a.mu.Lock()
-		delete(a.active, id)
-		a.mu.Unlock()
-		if ctx.Err() != nil {
-			return ctx.Err() // shutting down: a later agent starts it
-		}
-		log.Warn("share not launched: its GPU's MPS daemon is not up", "err", err)
-		return a.publishEnded(ctx, alloc, contracts.RunResult{Outcome: contracts.OutcomeFailed,
-			ExitCode: NoExitCode, EndedAt: a.cfg.Now(), Reason: contracts.ReasonMPSUnavailable, Message: err.Error()})
+		return notLaunched(contracts.ReasonMPSUnavailable, NoExitCode, err)
 	}
 	run.mps = leases
+	holdsBack := func() {
+		run.releaseMPS()
+		run.mps = nil
+		run.releaseImage()
+	}
+
+	// The last look before the launch: nothing starts once its
+	// allocation was stopped or released (a stop from here on stops it
+	// as soon as it is launched).
+	a.mu.Lock()
+	stopped := run.stop != nil
+	a.mu.Unlock()
+	if stopped || pctx.Err() != nil {
+		holdsBack()
+		return notLaunched(contracts.ReasonStopRequested, NoExitCode, errStoppedBeforeStart)
+	}
 
 	// A simulated run's clock starts inside Launch: its start is taken
 	// before, so the reported run never looks shorter than its duration.
@@ -316,23 +438,15 @@ func (a *agent) onCommitted(ctx context.Context, alloc contracts.Allocation, red
 		Attempt: alloc.Attempt, Spec: alloc.Run, Devices: devices, StopGrace: a.cfg.StopGrace, Gang: alloc.Gang,
 		MPSPipeDir: mpsPipeDir, MPSShmDir: mpsShmDir, Container: ctr})
 	if err != nil {
-		run.releaseMPS()
-		run.releaseImage()
-		a.mu.Lock()
-		delete(a.active, id)
-		a.mu.Unlock()
+		holdsBack()
 		if errors.Is(err, runner.ErrAlreadyLaunched) {
 			// The second guard: a run was launched for it and its facts
 			// do not say so (they were lost). Report what became of it.
 			log.Warn("a run was already launched for this allocation; adopting it instead", "err", err)
+			a.drop(run)
 			return a.adopt(ctx, id)
 		}
-		if ctx.Err() != nil {
-			return ctx.Err() // shutting down: a later agent starts it
-		}
-		log.Warn("run failed to launch", "err", err)
-		if err := a.publishEnded(ctx, alloc, contracts.RunResult{Outcome: contracts.OutcomeFailed,
-			ExitCode: launchExitCode(err), EndedAt: a.cfg.Now(), Reason: launchReason(err), Message: err.Error()}); err != nil {
+		if err := notLaunched(launchReason(err), launchExitCode(err), err); err != nil {
 			return err
 		}
 		a.forget(id)
@@ -359,15 +473,13 @@ func (a *agent) onCommitted(ctx context.Context, alloc contracts.Allocation, red
 		JobID: alloc.JobID, Attempt: alloc.Attempt, Devices: alloc.Devices, Time: startedAt, PID: info.PID}
 	if err := a.publishRun(ctx, started); err != nil {
 		// Without its started fact the run does not exist for anyone:
-		// kill it and forget it, so the redelivered entry starts it
-		// afresh.
+		// kill it and forget it, so that it is started afresh.
 		proc.Stop(0)
 		proc.Wait()
-		run.releaseMPS()
-		run.releaseImage()
+		holdsBack()
 		a.forget(id)
 		a.mu.Lock()
-		delete(a.active, id)
+		run.proc, run.startedAt, run.checkpoint = nil, time.Time{}, ""
 		a.mu.Unlock()
 		return err
 	}
@@ -562,6 +674,17 @@ func (a *agent) onReleased(e contracts.LedgerEntry) {
 	if proc != nil {
 		a.log.Warn("allocation released while running; stopping its run", "allocation_id", id, "reason", e.Reason)
 		proc.Stop(a.cfg.StopGrace)
+	} else if run != nil {
+		run.abandonPull()
+	}
+}
+
+// abandonPull cancels the preparation of a container's launch that a
+// stop or a release came before: its pull is given up (the cache's pull
+// too when no other run waits for it) and nothing is launched.
+func (r *activeRun) abandonPull() {
+	if r.cancelPull != nil {
+		r.cancelPull()
 	}
 }
 
@@ -613,6 +736,8 @@ func (a *agent) stopRun(c contracts.NodeCommand) {
 		if proc != nil {
 			a.log.Info("stopping run", "allocation_id", id, "reason", reason, "grace", grace)
 			proc.Stop(grace)
+		} else {
+			run.abandonPull()
 		}
 	case a.facts[id] != nil:
 		a.mu.Unlock() // already ended
