@@ -229,3 +229,36 @@ type TenantAccess struct {
 	Tenant string `json:"tenant"`
 	Role   string `json:"role"`
 }
+
+// UsageSeries is GET /v1/tenants/{tenant}/usage/series: a tenant's metered
+// usage and cost over time, per pool and price class, for the console's
+// cost charts. A record that spans several steps is shared among them in
+// proportion to its time in each (its integer sums stay exact).
+type UsageSeries struct {
+	Tenant string `json:"tenant"`
+	// Step is the width of a point: hour or day (UTC).
+	Step string `json:"step" jsonschema:"enum=hour,enum=day"`
+	// Pool is the pool kept, when one was asked for.
+	Pool     string `json:"pool,omitempty"`
+	Currency string `json:"currency,omitempty"`
+	// Points are ordered by start, pool and price class; a step without
+	// usage has no point.
+	Points []UsagePoint `json:"points"`
+	// Totals are the sums per pool and price class over the whole series.
+	Totals []UsagePoint `json:"totals"`
+}
+
+// UsagePoint is the usage of one pool and price class over one step
+// (Start is its beginning; zero in Totals).
+type UsagePoint struct {
+	Start      time.Time `json:"start,omitzero"`
+	Pool       string    `json:"pool"`
+	PriceClass string    `json:"priceClass,omitempty"`
+	GPUMillis  int64     `json:"gpuMillis"`
+	GPUSeconds float64   `json:"gpuSeconds"`
+	CostMicros int64     `json:"costMicros"`
+	// OnDemandCostMicros is the same usage at on-demand rates; SavedMicros
+	// is what spot or reserved capacity saved (the difference).
+	OnDemandCostMicros int64 `json:"onDemandCostMicros"`
+	SavedMicros        int64 `json:"savedMicros"`
+}

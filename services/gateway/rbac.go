@@ -79,6 +79,7 @@ var accessRules = map[string]access{
 	"GET /v1/tenants/{tenant}/jobs/{id}/events":      onTenant("job.events", RoleViewer),
 	"GET /v1/tenants/{tenant}/events":                onTenant("tenant.events", RoleViewer),
 	"GET /v1/tenants/{tenant}/usage":                 onTenant("usage.get", RoleViewer),
+	"GET /v1/tenants/{tenant}/usage/series":          onTenant("usage.series", RoleViewer),
 	"GET /v1/tenants/{tenant}/jobs/{id}/logs":        onTenant("job.logs", RoleMember),
 	"POST /v1/tenants/{tenant}/jobs/{id}/checkpoint": onTenant("job.checkpoint", RoleMember),
 	"GET /v1/tenants/{tenant}/jobs/{id}/describe":    onTenant("job.describe", RoleViewer),

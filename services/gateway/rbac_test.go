@@ -49,6 +49,7 @@ var matrix = []matrixRoute{
 	{"GET", "/v1/tenants/{tenant}/jobs/{id}/events", "/v1/tenants/acme/jobs/j1/events", "", need{RoleViewer, "acme"}},
 	{"GET", "/v1/tenants/{tenant}/events", "/v1/tenants/acme/events", "", need{RoleViewer, "acme"}},
 	{"GET", "/v1/tenants/{tenant}/usage", "/v1/tenants/acme/usage", "", need{RoleViewer, "acme"}},
+	{"GET", "/v1/tenants/{tenant}/usage/series", "/v1/tenants/acme/usage/series", "", need{RoleViewer, "acme"}},
 	{"GET", "/v1/tenants/{tenant}/jobs/{id}/logs", "/v1/tenants/acme/jobs/j1/logs", "", need{RoleMember, "acme"}},
 	{"POST", "/v1/tenants/{tenant}/jobs/{id}/checkpoint", "/v1/tenants/acme/jobs/j1/checkpoint", "", need{RoleMember, "acme"}},
 	{"GET", "/v1/tenants/{tenant}/jobs/{id}/describe", "/v1/tenants/acme/jobs/j1/describe", "", need{RoleViewer, "acme"}},

@@ -96,6 +96,7 @@ func (s *server) handler() http.Handler {
 	route("/v1/tenants/{tenant}/jobs/{id}/events", map[string]http.HandlerFunc{http.MethodGet: s.jobEvents})
 	route("/v1/tenants/{tenant}/events", map[string]http.HandlerFunc{http.MethodGet: s.tenantEvents})
 	route("/v1/tenants/{tenant}/usage", map[string]http.HandlerFunc{http.MethodGet: s.usage})
+	route("/v1/tenants/{tenant}/usage/series", map[string]http.HandlerFunc{http.MethodGet: s.usageSeries})
 	route("/v1/tenants/{tenant}/jobs/{id}/logs", map[string]http.HandlerFunc{http.MethodGet: s.jobLogs})
 	route("/v1/tenants/{tenant}/jobs/{id}/checkpoint", map[string]http.HandlerFunc{http.MethodPost: s.checkpointJob})
 	route("/v1/tenants/{tenant}/jobs/{id}/describe", map[string]http.HandlerFunc{http.MethodGet: s.describeJob})

@@ -163,6 +163,19 @@ func operations(s *schemaSet) []op {
 			summary: "A tenant's metered usage",
 			ok:      http.StatusOK, okBody: jsonBody("UsageSummary"),
 			errors: map[int]string{400: errBadPath, 503: errNotReady}},
+		{method: http.MethodGet, path: tenantPath("/usage/series"), id: "getUsageSeries", tag: "billing",
+			summary: "A tenant's usage and cost over time, per pool and price class (the console's cost charts)",
+			description: "The usage records of GET .../usage spread over UTC hours or days: a record that spans several steps " +
+				"is shared among them in proportion to its time in each (its sums stay exact). savedMicros is what spot or " +
+				"reserved capacity saved against on-demand rates.",
+			params: []obj{
+				query("step", "The width of a point.", obj{"type": "string", "enum": []any{"hour", "day"}, "default": "day"}),
+				query("pool", "Keep one pool.", s.property("PoolConfig", "pool")),
+				query("from", "Keep the steps that end after this time (RFC 3339).", obj{"type": "string", "format": "date-time"}),
+				query("to", "Keep the steps that start before this time (RFC 3339).", obj{"type": "string", "format": "date-time"}),
+			},
+			ok: http.StatusOK, okBody: jsonBody("UsageSeries"),
+			errors: map[int]string{400: errBadPath + " " + errBadQuery + " Or to is not after from, or the range has more than 8,784 steps.", 503: errNotReady}},
 		{method: http.MethodGet, path: tenantPath("/jobs/{id}/logs"), id: "jobLogs", tag: "jobs",
 			summary: "A job's run output (text), optionally followed",
 			description: "The output of the latest attempt (?attempt=N another, ?attempt=all every one in order), of the " +

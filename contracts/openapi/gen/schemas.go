@@ -53,6 +53,7 @@ var apiTypes = []any{
 	contracts.QueueList{},
 	contracts.OpsEvent{},
 	contracts.TenantList{},
+	contracts.UsageSeries{},
 }
 
 // componentRef is the $ref of a component schema.
