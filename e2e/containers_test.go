@@ -553,6 +553,15 @@ echo peeked`))
 		if !whole {
 			t.Errorf("good-login's events before running show no whole pull: %s", h.types("acme/good-login"))
 		}
+		// The private image is in ctr-01's cache now; another tenant with
+		// no login of its own must not run it from there.
+		other := containerJob("borrower", "ctr", "L4", private, "cat /data/marker")
+		s.submitJob(t, ctx, "globex", other)
+		ev := h.await(t, 2*time.Minute, "globex/borrower", "its end", func(ev contracts.JobEvent) bool { return ev.State.Terminal() })
+		if ev.Type != contracts.EventFailed || ev.Reason != contracts.ReasonImageUnauthorized {
+			t.Errorf("globex's run of acme's cached private image ended %s (%s: %s), want failed with image_unauthorized; events %s",
+				ev.Type, ev.Reason, ev.Message, h.types("globex/borrower"))
+		}
 	})
 
 	t.Run("stop with grace", func(t *testing.T) {
