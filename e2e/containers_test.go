@@ -305,16 +305,19 @@ func withSignals(req contracts.JobRequest, signals string) contracts.JobRequest 
 
 // containerFleet: ctr (one 4×L4 machine) runs most container jobs, gc (one
 // 2×T4 machine) the cache's garbage collection, so no other test's image
-// is in its cache.
+// is in its cache, and loc (two 1×L40S machines) the scheduler's
+// preference for a machine that holds the image.
 func containerFleet() *fleet.Fleet {
 	return &fleet.Fleet{
 		MachineTypes: map[string]fleet.MachineType{
 			"l4-4": {GPUModel: "L4", GPUCount: 4},
 			"t4-2": {GPUModel: "T4", GPUCount: 2},
+			"l40s": {GPUModel: "L40S", GPUCount: 1},
 		},
 		Pools: []fleet.Pool{
 			{Name: "ctr", MachineType: "l4-4", Count: 1, Zone: "zone-a", PriceClass: "on-demand"},
 			{Name: "gc", MachineType: "t4-2", Count: 1, Zone: "zone-a", PriceClass: "on-demand"},
+			{Name: "loc", MachineType: "l40s", Count: 2, Zone: "zone-a", PriceClass: "on-demand"},
 		},
 	}
 }
@@ -636,6 +639,57 @@ cat /data/marker`), signals))
 		if out := succeeded(t, "gc-a"); out != "gc-a\n" {
 			t.Errorf("gc-a, whose image was held through the pressure, printed %q", out)
 		}
+	})
+
+	t.Run("locality", func(t *testing.T) {
+		// Of two empty machines of equal rank the scheduler takes the
+		// first in node order (loc-01), unless the other holds the image.
+		x := pub.push(t, "e2e/loc-x:v1", busyboxImage(t, bb, map[string]string{"data/marker": "loc-x\n"}))
+		y := pub.push(t, "e2e/loc-y:v1", busyboxImage(t, bb, map[string]string{"data/marker": "loc-y\n"}))
+		if code, b := s.callAPI(t, http.MethodPut, "/v1/pools/loc", contracts.PoolConfig{Pool: "loc", Policy: contracts.PolicyBinpack,
+			Runtime: &contracts.PoolRuntime{AllowHostCommands: true}}, nil); code/100 != 2 {
+			t.Fatalf("PUT /v1/pools/loc: %d %s", code, b)
+		}
+		nodeOf := func(id string) string {
+			t.Helper()
+			ev := h.await(t, time.Minute, "acme/"+id, "scheduled", isType(contracts.EventScheduled, 1))
+			if ev.Placement == nil {
+				t.Fatalf("%s scheduled with no placement", id)
+			}
+			return ev.Placement.NodeID
+		}
+		// A host command keeps loc-01 busy while x runs on loc-02.
+		s.submitJob(t, ctx, "acme", containerJob("loc-blocker", "loc", "L40S", "",
+			"i=0; while [ ! -e "+filepath.Join(signals, "loc-go")+" ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i+1)); done"))
+		if n := nodeOf("loc-blocker"); n != "loc-01" {
+			t.Fatalf("the first of two empty machines is %s, want loc-01 (node order)", n)
+		}
+		s.submitJob(t, ctx, "acme", containerJob("loc-x1", "loc", "L40S", x, "cat /data/marker"))
+		if n := nodeOf("loc-x1"); n != "loc-02" {
+			t.Fatalf("loc-x1 ran on %s, want loc-02, the free one", n)
+		}
+		succeeded(t, "loc-x1")
+		dx := digestOf(t, busyboxImage(t, bb, map[string]string{"data/marker": "loc-x\n"}))
+		waitFor(t, 30*time.Second, "loc-02's inventory to list x", func() (bool, string) {
+			imgs := lastInventory(t, s, "loc-02").Images
+			return slices.Contains(imgs, dx), fmt.Sprint(imgs)
+		})
+		if err := os.WriteFile(filepath.Join(signals, "loc-go"), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		succeeded(t, "loc-blocker")
+		// Both empty now: x goes where it is cached, y (cached nowhere)
+		// to the first in node order.
+		s.submitJob(t, ctx, "acme", containerJob("loc-x2", "loc", "L40S", x, "cat /data/marker"))
+		if n := nodeOf("loc-x2"); n != "loc-02" {
+			t.Errorf("loc-x2 ran on %s, want loc-02, which holds its image", n)
+		}
+		succeeded(t, "loc-x2")
+		s.submitJob(t, ctx, "acme", containerJob("loc-y", "loc", "L40S", y, "cat /data/marker"))
+		if n := nodeOf("loc-y"); n != "loc-01" {
+			t.Errorf("loc-y, whose image no machine holds, ran on %s, want loc-01 (node order)", n)
+		}
+		succeeded(t, "loc-y")
 	})
 
 	t.Run("no runc", func(t *testing.T) {
