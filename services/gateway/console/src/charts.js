@@ -50,6 +50,8 @@ export function sparkline(label, { max = 100, unit = "%", testid } = {}) {
     if (xs.length > 120) xs.shift(), ys.shift();
     text.textContent = Math.round(v) + unit;
     box.setAttribute("aria-label", `${label}: ${Math.round(v)}${unit}`);
+    // One point draws no line: wait for the second.
+    if (!plot && xs.length < 2) return;
     if (!plot) {
       plot = new uPlot(
         {

@@ -23,10 +23,17 @@ export function series(records, keyOf, valueOf, step) {
     if (!by.has(k)) by.set(k, new Array(n).fill(0));
     by.get(k)[i] += valueOf(r);
   }
-  return { xs, series: [...by.entries()].sort().map(([label, values]) => ({ label, values })) };
+  // A bucket of zeros either side: one bucket alone would give the chart
+  // no time range of its own.
+  xs.unshift(lo - step);
+  xs.push(lo + n * step);
+  return { xs, series: [...by.entries()].sort().map(([label, values]) => ({ label, values: [0, ...values, 0] })) };
 }
 
 const gpuHours = (r) => (r.gpuMillis || 0) / 3.6e6;
+// num shows small amounts (a short job's GPU hours) with their digits.
+const num = (v) => (v === 0 ? "0" : Math.abs(v) < 0.01 ? v.toPrecision(2) : v.toFixed(2));
+const hours = (ms) => num((ms || 0) / 3.6e6);
 const cost = (r) => (r.costMicros || 0) / 1e6;
 
 export async function costPage(main, { query, signal }) {
@@ -49,8 +56,9 @@ export async function costPage(main, { query, signal }) {
 
   const chartBox = (title, testid) => h("figure.chart", { testid }, h("figcaption", title));
   const poolGpu = chartBox(`GPU hours per ${stepName}, by pool`, "cost-chart-gpu-pool");
-  const classCost = chartBox(`Cost per ${stepName} (${cur}), by price class`, "cost-chart-cost-class");
-  const tenantsBox = chartBox(`Cost per ${stepName} (${cur}), by tenant`, "cost-chart-tenants");
+  const inCur = cur ? ` (${cur})` : "";
+  const classCost = chartBox(`Cost per ${stepName}${inCur}, by price class`, "cost-chart-cost-class");
+  const tenantsBox = chartBox(`Cost per ${stepName}${inCur}, by tenant`, "cost-chart-tenants");
 
   const b = budget?.budget, st = budget?.status;
   const spent = st?.spentMicros || 0, limit = st?.limitMicros || 0;
@@ -60,7 +68,7 @@ export async function costPage(main, { query, signal }) {
     h(
       "section.tiles",
       h("div.tile", { testid: "cost-total" }, h("div.big", money(usage.costMicros, cur)), "usage cost so far"),
-      h("div.tile", h("div.big", (usage.gpuSeconds / 3600 || 0).toFixed(1)), "GPU hours"),
+      h("div.tile", { testid: "cost-gpu-hours" }, h("div.big", hours(usage.gpuMillis)), "GPU hours"),
       h("div.tile", { testid: "spot-savings" }, h("div.big", invoice.spotSavings ? invoice.spotSavings + " " + cur : money(invoice.spotSavingsMicros || 0, cur)), "saved by spot this month (vs on-demand ", invoice.onDemandEquivalent || "", ")"),
     ),
     recs.length ? [poolGpu, classCost, ctx.tenants.length > 1 ? tenantsBox : null] : h("p", { testid: "cost-empty" }, "No usage recorded for this tenant yet."),
@@ -104,7 +112,7 @@ export async function costPage(main, { query, signal }) {
                     h("td", l.pool),
                     h("td", l.priceClass),
                     h("td", l.gpuModel),
-                    h("td.num", ((l.gpuMillis || 0) / 3.6e6).toFixed(2)),
+                    h("td.num", hours(l.gpuMillis)),
                     h("td.num", money(l.gpuRateMicros, "/h")),
                     h("td.num", l.cost),
                     h("td.num", money(l.onDemandCostMicros)),
@@ -116,21 +124,21 @@ export async function costPage(main, { query, signal }) {
             (invoice.byClass || []).length
               ? h("p", "By price class: ", invoice.byClass.map((c) => h("span.tag", `${c.priceClass} ${c.cost}${c.savings && c.savings !== "0" && c.savings !== "0.00" ? " (saved " + c.savings + ")" : ""}`)))
               : null,
-            invoice.unpricedGpuMillis ? h("p.note", "⚠ ", (invoice.unpricedGpuMillis / 3.6e6).toFixed(2), " GPU hours not yet priced") : null,
+            invoice.unpricedGpuMillis ? h("p.note", "⚠ ", hours(invoice.unpricedGpuMillis), " GPU hours not yet priced") : null,
           ],
     ),
   );
   if (recs.length) {
     const a = series(recs, (r) => r.pool, gpuHours, step);
-    charts.push(lineChart(poolGpu, { ...a, yLabel: "GPU h", fmt: (v) => v.toFixed(2) }));
+    charts.push(lineChart(poolGpu, { ...a, yLabel: "GPU h", fmt: num }));
     const c = series(recs, (r) => r.priceClass, cost, step);
-    charts.push(lineChart(classCost, { ...c, yLabel: cur, fmt: (v) => v.toFixed(2) }));
+    charts.push(lineChart(classCost, { ...c, yLabel: cur, fmt: num }));
     if (ctx.tenants.length > 1) {
       const others = await Promise.all(
         ctx.tenants.slice(0, 12).map((t) => (t === tenant ? usage : get(`/v1/tenants/${enc(t)}/usage`, { signal }).catch(() => null))),
       );
       const all = others.flatMap((u, i) => (u?.byJob || []).map((r) => ({ ...r, tenant: ctx.tenants[i] })));
-      if (!signal.aborted) charts.push(lineChart(tenantsBox, { ...series(all, (r) => r.tenant, cost, step), yLabel: cur, fmt: (v) => v.toFixed(2) }));
+      if (!signal.aborted) charts.push(lineChart(tenantsBox, { ...series(all, (r) => r.tenant, cost, step), yLabel: cur, fmt: num }));
     }
   }
 }
@@ -154,7 +162,7 @@ function budgetForm(tenant, b, cur) {
         }
       },
     },
-    field(`Limit (${cur})`, limit),
+    field(`Limit${cur ? " (" + cur + ")" : ""}`, limit),
     field("Period", period),
     field("Policy", policy),
     h("button", { type: "submit" }, "Save budget"),

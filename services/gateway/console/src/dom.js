@@ -9,7 +9,7 @@ export function h(spec, attrs, ...children) {
       else el.id = part.slice(1);
     }
   }
-  if (attrs && (typeof attrs !== "object" || attrs instanceof Node || Array.isArray(attrs))) {
+  if (attrs != null && attrs !== false && (typeof attrs !== "object" || attrs instanceof Node || Array.isArray(attrs))) {
     children.unshift(attrs);
     attrs = null;
   }

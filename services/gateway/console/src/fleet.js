@@ -424,7 +424,7 @@ export async function nodePage(main, { params, signal }) {
               "tr",
               h("td", h("a", { href: `/ui/jobs/${enc(o.tenant)}/${enc(o.jobId)}` }, o.tenant + "/" + o.jobId)),
               h("td", o.allocationId),
-              h("td", o.gpus.join(", ")),
+              h("td", o.gpus.map((i) => "#" + i).join(", ")),
             ),
           )
         : h("tr", h("td", { colspan: 3 }, "No runs on this machine (or the gateway does not send owners yet).")),

@@ -62,7 +62,7 @@ export async function jobsPage(main, { query, signal }) {
   replace(
     main,
     h("div.page-head", h("h1", "Jobs of ", h("span", { testid: "jobs-tenant" }, tenant)), mode,
-      h("a.button", { href: "/ui/jobs/new?tenant=" + enc(tenant), testid: "new-job" }, "＋ Submit a job")),
+      h("a.button", { href: "/ui/jobs/new?tenant=" + enc(tenant), testid: "new-job" }, "+ Submit a job")),
     h("form.filters", { role: "search", onsubmit: (e) => e.preventDefault() }, field("Search", search), field("State", stateSel)),
     count,
     h(
@@ -153,9 +153,11 @@ export async function jobsPage(main, { query, signal }) {
   });
 }
 
+// rankOf reads a gang rank from an allocation ID: tenant/job/attempt for
+// one machine, tenant/job/attempt/rank for a gang's.
 function rankOf(p, i) {
-  const m = /\/(\d+)$/.exec(p.allocationId || "");
-  return m ? Number(m[1]) : i;
+  const parts = (p.allocationId || "").split("/");
+  return parts.length >= 4 && /^\d+$/.test(parts[3]) ? Number(parts[3]) : i;
 }
 
 export async function jobPage(main, { params, signal }) {
@@ -470,7 +472,7 @@ export async function submitPage(main, { query, signal }) {
       inp("run.env", "Environment", area(kv(run.env), { placeholder: "KEY=value, one a line" })),
       inp("run.duration", "Duration", text(durationDefault), "a simulated run's length; with an image or a command, a time limit when changed"),
       inp("run.exitCode", "Exit code (simulated)", num(run.exitCode ?? 0, { min: 0, max: 255 })),
-      h("div.field.check", inp("run.checkpoint", "Checkpoint on request and before moves", h("input", { type: "checkbox", checked: !!run.checkpoint }))),
+      inp("run.checkpoint", "Checkpoint on request and before moves", h("input", { type: "checkbox", checked: !!run.checkpoint })),
     ),
     h(
       "fieldset",

@@ -11,8 +11,8 @@ const KEEP = 500;
 
 function links(ev) {
   const out = [];
-  for (const n of ev.nodes || []) out.push(h("a.tag", { href: "/ui/fleet/nodes/" + enc(n) }, "🖥 " + n));
-  for (const j of ev.jobs || []) out.push(h("a.tag", { href: `/ui/jobs/${enc(j.tenant)}/${enc(j.jobId)}` }, "▶ " + j.tenant + "/" + j.jobId));
+  for (const n of ev.nodes || []) out.push(h("a.tag", { href: "/ui/fleet/nodes/" + enc(n) }, "machine " + n));
+  for (const j of ev.jobs || []) out.push(h("a.tag", { href: `/ui/jobs/${enc(j.tenant)}/${enc(j.jobId)}` }, "job " + j.tenant + "/" + j.jobId));
   if (ev.pool) out.push(h("a.tag", { href: "/ui/fleet?pool=" + enc(ev.pool) }, "pool " + ev.pool));
   return out;
 }

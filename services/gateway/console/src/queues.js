@@ -8,12 +8,12 @@ import { get, enc } from "./api.js";
 function quotaCell(t) {
   const q = t.quota;
   const used = Math.round((t.usedGpus || 0) * 100) / 100;
-  if (!q) return h("td", used + " GPUs", h("div.sub", "no quota"));
+  if (!q) return h("td", { "data-label": "Quota use" }, used + " GPUs", h("div.sub", "no quota"));
   const max = q.max || 0;
   const over = q.guarantee != null && used > q.guarantee;
   return h(
     "td",
-    { title: `using ${used} of guarantee ${q.guarantee ?? "–"}, max ${max || "∞"}` },
+    { "data-label": "Quota use", title: `using ${used} of guarantee ${q.guarantee ?? "–"}, max ${max || "∞"}` },
     max ? h("meter", { min: 0, max, low: q.guarantee || 0, high: max * 0.95, optimum: 0, value: used, "aria-hidden": "true" }) : null,
     ` ${used} / ${q.guarantee ?? "–"} guaranteed / ${max || "∞"} max`,
     over ? h("div.sub", "⚠ above guarantee: borrowed, preemptible") : null,
@@ -45,13 +45,14 @@ export async function queuesPage(main, { signal }) {
                 h(
                   "tr",
                   { testid: `queue-${safeId(p.pool)}-${safeId(t.tenant)}` },
-                  h("td", "#" + t.order),
+                  h("td", { "data-label": "Order" }, "#" + t.order),
                   h("th", { scope: "row" }, h("a", { href: "/ui/jobs?tenant=" + enc(t.tenant) }, t.tenant)),
-                  h("td", t.weight),
+                  h("td", { "data-label": "Weight" }, t.weight),
                   quotaCell(t),
-                  h("td", t.running),
+                  h("td", { "data-label": "Running" }, t.running),
                   h(
                     "td.c-why",
+                    { "data-label": "Waiting" },
                     Object.entries(t.waitingByPriority || {}).map(([k, v]) => h("span.tag", `${v} ${k}`)),
                     t.waiting?.length
                       ? h(
@@ -60,7 +61,8 @@ export async function queuesPage(main, { signal }) {
                             h(
                               "li",
                               { testid: "waiting-" + safeId(w.jobId) },
-                              h("a", { href: `/ui/jobs/${enc(t.tenant)}/${enc(w.jobId)}` }, w.name || w.jobId),
+                              h("a", { href: `/ui/jobs/${enc(t.tenant)}/${enc(w.jobId)}` }, w.jobId),
+                              w.name ? h("span.sub", w.name) : null,
                               ` ${w.gpus} GPU · ${w.priority} · queued ${ago(w.queuedAt)}`,
                               w.attempt > 1 ? ` · attempt ${w.attempt}` : "",
                               h("div.clip", { title: [w.reason, w.message].filter(Boolean).join(": ") }, w.reason ? badge("pending", w.reason) : "not yet considered", w.message ? " " + w.message : ""),
