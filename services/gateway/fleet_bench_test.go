@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"bufio"
+	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"log/slog"
@@ -12,7 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 )
 
 // BenchmarkFleetSnapshot measures the first event of GET
@@ -69,15 +75,19 @@ func BenchmarkFleetSnapshot(b *testing.B) {
 	}
 
 	b.Run("build", func(b *testing.B) {
-		var size int
+		var data []byte
 		for b.Loop() {
-			data, err := json.Marshal(contracts.FleetEvent{Type: contracts.FleetSnapshot, Nodes: hub.snapshot(fleetView{}), Time: now})
-			if err != nil {
+			var err error
+			if data, err = json.Marshal(contracts.FleetEvent{Type: contracts.FleetSnapshot, Nodes: hub.snapshot(fleetView{}), Time: now}); err != nil {
 				b.Fatal(err)
 			}
-			size = len(data)
 		}
-		b.ReportMetric(float64(size), "bytes")
+		var zipped bytes.Buffer
+		gz, _ := gzip.NewWriterLevel(&zipped, gzip.BestSpeed)
+		_, _ = gz.Write(data)
+		_ = gz.Close()
+		b.ReportMetric(float64(len(data)), "bytes")
+		b.ReportMetric(float64(zipped.Len()), "gzip-bytes")
 	})
 
 	s := &server{cfg: Config{Heartbeat: time.Hour}, nodes: nodes, model: model, fleet: hub, ready: func() bool { return true },
@@ -111,13 +121,119 @@ func BenchmarkFleetSnapshot(b *testing.B) {
 	})
 }
 
+// BenchmarkFleetSnapshotOverNATS is the same fleet published on a real
+// JetStream (2,000 inventories; 10,000 jobs' queued, scheduled and
+// running events), read by a real gateway from the streams at its start,
+// and the snapshot asked over HTTP with a platform admin's token. It
+// reports how long the gateway took to catch up (catchup-ms, once) and
+// the snapshot's bytes; ns/op is one request to the snapshot's last byte.
+func BenchmarkFleetSnapshotOverNATS(b *testing.B) {
+	const machines, jobs, running = 2000, 10000, 6000
+	srv := natstest.Start(b)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	bb, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "bench-fleet", CredsFile: natstest.Operator(b, srv)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer bb.Close(context.Background())
+	now := time.Now().UTC()
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(16)
+	for m := range machines {
+		g.Go(func() error {
+			inv := inventory("node-"+strconv.Itoa(m), "sim")
+			_, err := bb.Publish(gctx, contracts.SubjectInventory(inv.NodeID), contracts.InventoryID(inv.NodeID, inv.Incarnation, 1), inv)
+			return err
+		})
+	}
+	for j := range jobs {
+		g.Go(func() error {
+			tenant, id := "tenant-"+strconv.Itoa(j%20), "job-"+strconv.Itoa(j)
+			evs := []contracts.JobEvent{queued(tenant, id, now)}
+			if j < running {
+				node, gpu := "node-"+strconv.Itoa(j%machines), j/machines
+				p := &contracts.Placement{AllocationID: contracts.AllocationID(tenant, id, 1), NodeID: node, Pool: "h100",
+					Devices: []contracts.DeviceRef{{Index: gpu, UUID: "GPU-" + node + "-" + strconv.Itoa(gpu), Model: "H100-80GB"}}}
+				evs = append(evs,
+					contracts.JobEvent{Type: contracts.EventScheduled, State: contracts.StateScheduled, Tenant: tenant, JobID: id, Attempt: 1, Time: now, Placement: p},
+					contracts.JobEvent{Type: contracts.EventRunning, State: contracts.StateRunning, Tenant: tenant, JobID: id, Attempt: 1, Time: now, StartedAt: &now})
+			}
+			for _, ev := range evs { // in order: one job's events are one subject
+				ev.SchemaVersion = contracts.SchemaVersion
+				if _, err := bb.Publish(gctx, contracts.SubjectJobEvents(tenant, id), contracts.JobEventID(tenant, id, ev.Type, 1, 0), ev); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		b.Fatal(err)
+	}
+	token, err := IssueToken(ctx, bb, Grant{ID: "bench-admin", Name: "bench-admin", Bindings: []contracts.Binding{{Role: RolePlatformAdmin}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Bus.NATSURL, cfg.Bus.Creds, cfg.Bus.OTLPEndpoint, cfg.Bus.Replicas = srv.URL(), natstest.Service(b, srv, contracts.BusGateway), "", 1
+	cfg.Addr = "127.0.0.1:0"
+	addrs := make(chan string, 1)
+	cfg.OnListen = func(a string) { addrs <- a }
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- Run(runCtx, cfg, slog.New(slog.DiscardHandler)) }()
+	defer func() { stop(); <-done }()
+	url := "http://" + <-addrs
+	hc := &http.Client{Transport: bearer{token: token}}
+	for {
+		res, err := hc.Get(url + "/healthz")
+		if err == nil {
+			res.Body.Close()
+			if res.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if time.Since(start) > 5*time.Minute {
+			b.Fatal("the gateway did not catch up in 5 minutes")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	catchup := time.Since(start)
+	var size int
+	var data string
+	for b.Loop() {
+		size, data = readSnapshotWith(b, hc, url+"/v1/fleet/events")
+	}
+	var sample contracts.FleetEvent
+	if err := json.Unmarshal([]byte(data), &sample); err != nil {
+		b.Fatal(err)
+	}
+	owned := 0
+	for _, n := range sample.Nodes {
+		for _, g := range n.GPUs {
+			owned += len(g.Owners)
+		}
+	}
+	if len(sample.Nodes) != machines || owned != running {
+		b.Fatalf("snapshot of %d nodes with %d owned GPUs, want %d and %d", len(sample.Nodes), owned, machines, running)
+	}
+	b.ReportMetric(float64(size), "bytes")
+	b.ReportMetric(float64(catchup.Milliseconds()), "catchup-ms")
+}
+
 // readSnapshot reads a stream's first event and returns its size on the
 // wire (up to the end of its data line) and its data.
 func readSnapshot(b *testing.B, url string) (int, string) {
+	return readSnapshotWith(b, http.DefaultClient, url)
+}
+
+func readSnapshotWith(b *testing.B, hc *http.Client, url string) (int, string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	res, err := http.DefaultClient.Do(req)
+	res, err := hc.Do(req)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -2,12 +2,15 @@ package gateway
 
 import (
 	"cmp"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -393,6 +396,20 @@ func viewOf(r *http.Request) (fleetView, bool) {
 	return fleetView{tenants: func(t string) bool { return p.has(contracts.RoleViewer, t) }}, true
 }
 
+// streamGzip reports whether the request's Accept-Encoding takes gzip
+// (with no q=0).
+func streamGzip(r *http.Request) bool {
+	for _, v := range r.Header.Values("Accept-Encoding") {
+		for part := range strings.SplitSeq(v, ",") {
+			name, params, _ := strings.Cut(strings.TrimSpace(part), ";")
+			if strings.EqualFold(strings.TrimSpace(name), "gzip") && strings.ReplaceAll(params, " ", "") != "q=0" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // fleetEvents serves GET /v1/fleet/events.
 func (s *server) fleetEvents(w http.ResponseWriter, r *http.Request) {
 	after, ok := lastEventID(w, r)
@@ -415,6 +432,18 @@ func (s *server) fleetEvents(w http.ResponseWriter, r *http.Request) {
 	hd.Set("Content-Type", "text/event-stream")
 	hd.Set("Cache-Control", "no-cache")
 	hd.Set("X-Accel-Buffering", "no")
+	hd.Add("Vary", "Accept-Encoding")
+	// A snapshot of a large fleet is megabytes of repetitive JSON: gzip
+	// (at its fastest level) takes it to a tenth, for the browsers and
+	// clients that ask; each batch is flushed through it.
+	var out io.Writer = w
+	var gz *gzip.Writer
+	if streamGzip(r) {
+		hd.Set("Content-Encoding", "gzip")
+		gz, _ = gzip.NewWriterLevel(w, gzip.BestSpeed)
+		defer gz.Close()
+		out = gz
+	}
 	w.WriteHeader(http.StatusOK)
 	// A reader that takes longer than this for one batch is cut off: the
 	// gateway holds nothing for it meanwhile, and it resumes with its id.
@@ -426,11 +455,16 @@ func (s *server) fleetEvents(w http.ResponseWriter, r *http.Request) {
 			return false
 		}
 		_ = rc.SetWriteDeadline(time.Now().Add(writeTimeout))
-		_, err = fmt.Fprintf(w, "event: %s\nid: %d\ndata: %s\n\n", ev.Type, id, data)
+		_, err = fmt.Fprintf(out, "event: %s\nid: %d\ndata: %s\n\n", ev.Type, id, data)
 		return err == nil
 	}
-	flush := func() bool { return rc.Flush() == nil }
-	if _, err := fmt.Fprint(w, ": stream open\n\n"); err != nil || !flush() {
+	flush := func() bool {
+		if gz != nil && gz.Flush() != nil {
+			return false
+		}
+		return rc.Flush() == nil
+	}
+	if _, err := fmt.Fprint(out, ": stream open\n\n"); err != nil || !flush() {
 		return
 	}
 	redacted := view.tenants != nil
@@ -482,7 +516,7 @@ func (s *server) fleetEvents(w http.ResponseWriter, r *http.Request) {
 		case <-ctx.Done():
 			return
 		case <-heartbeat.C:
-			if _, err := fmt.Fprint(w, ": heartbeat\n\n"); err != nil || !flush() {
+			if _, err := fmt.Fprint(out, ": heartbeat\n\n"); err != nil || !flush() {
 				return
 			}
 			continue

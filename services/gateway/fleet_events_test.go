@@ -1,11 +1,15 @@
 package gateway
 
 import (
+	"bufio"
+	"compress/gzip"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -231,5 +235,52 @@ func TestFleetEventsHideOtherTenantsWork(t *testing.T) {
 	}
 	if s, ae := h.as(nobody, http.MethodGet, "/v1/fleet/events", "", nil); s != http.StatusForbidden || ae.Reason != contracts.ReasonForbidden {
 		t.Fatalf("a caller without roles: %d %+v, want 403", s, ae)
+	}
+}
+
+// TestFleetEventsGzip: a client that takes gzip gets the stream
+// compressed (a snapshot is megabytes of JSON), flushed per batch so the
+// first event arrives whole; one that does not gets it plain.
+func TestFleetEventsGzip(t *testing.T) {
+	h := startGateway(t, nil, func(h *harness) { h.publishInventory(inventory("sim-1", "sim"), 1) })
+	h.waitNode("sim-1")
+	raw := &http.Client{Transport: bearer{token: h.token, base: &http.Transport{DisableCompression: true}}}
+	for _, enc := range []string{"gzip", "identity"} {
+		ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, h.url+"/v1/fleet/events", nil)
+		req.Header.Set("Accept-Encoding", enc)
+		res, err := raw.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body io.Reader = res.Body
+		if enc == "gzip" {
+			if res.Header.Get("Content-Encoding") != "gzip" {
+				t.Fatalf("Accept-Encoding gzip: Content-Encoding %q", res.Header.Get("Content-Encoding"))
+			}
+			zr, err := gzip.NewReader(res.Body)
+			if err != nil {
+				t.Fatalf("gzip stream: %v", err)
+			}
+			body = zr
+		} else if ce := res.Header.Get("Content-Encoding"); ce != "" {
+			t.Fatalf("Accept-Encoding identity: Content-Encoding %q", ce)
+		}
+		sc := bufio.NewScanner(body)
+		sc.Buffer(nil, 1<<20)
+		var snap contracts.FleetEvent
+		for sc.Scan() {
+			if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+				if err := json.Unmarshal([]byte(data), &snap); err != nil {
+					t.Fatal(err)
+				}
+				break
+			}
+		}
+		if snap.Type != contracts.FleetSnapshot || len(snap.Nodes) != 1 {
+			t.Fatalf("%s: first event %+v (scan err %v)", enc, snap, sc.Err())
+		}
+		res.Body.Close()
+		cancel()
 	}
 }
