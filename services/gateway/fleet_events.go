@@ -421,6 +421,20 @@ func (s *server) fleetEvents(w http.ResponseWriter, r *http.Request) {
 		s.unauthorized(w, r, refused(contracts.ReasonUnauthenticated, "no credentials"))
 		return
 	}
+	if view.tenants != nil {
+		// The route has no tenant to count the stream against: a
+		// caller's fleet streams are bounded per caller instead, by the
+		// same number a tenant's streams are.
+		p, _ := principalFrom(r.Context())
+		release, ok := s.limits.openStream("fleet:" + p.Subject)
+		if !ok {
+			w.Header().Set("Retry-After", "5")
+			writeError(w, http.StatusTooManyRequests, contracts.ReasonTooManyStreams,
+				fmt.Sprintf("%s has %d fleet streams open, the most a caller may", p.Subject, s.limits.cfg.StreamsPerTenant), nil)
+			return
+		}
+		defer release()
+	}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	defer context.AfterFunc(s.streams, cancel)()

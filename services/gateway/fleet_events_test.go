@@ -284,3 +284,29 @@ func TestFleetEventsGzip(t *testing.T) {
 		cancel()
 	}
 }
+
+// TestFleetStreamsAreBoundedPerCaller: the fleet route names no tenant,
+// so a tenant's caller's fleet streams are counted per caller (as many
+// as a tenant's streams may be); a platform admin's are not.
+func TestFleetStreamsAreBoundedPerCaller(t *testing.T) {
+	h := startGateway(t, func(c *Config) { c.Limits.StreamsPerTenant = 1 }, func(h *harness) {
+		h.publishInventory(inventory("sim-1", "sim"), 1)
+	})
+	h.waitNode("sim-1")
+	viewer := h.issue("acme-viewer", contracts.Binding{Role: RoleViewer, Tenant: "acme"})
+	frames, stop := h.openStream("/v1/fleet/events", "Authorization", "Bearer "+viewer)
+	fleetEvent(t, frames, "the snapshot", func(ev contracts.FleetEvent) bool { return ev.Type == contracts.FleetSnapshot })
+	if s, ae := h.as(viewer, http.MethodGet, "/v1/fleet/events", "", nil); s != http.StatusTooManyRequests || ae.Reason != contracts.ReasonTooManyStreams {
+		t.Fatalf("a second stream of one caller: %d %+v, want 429 too_many_streams", s, ae)
+	}
+	for range 2 {
+		admin, stopAdmin := h.openStream("/v1/fleet/events")
+		fleetEvent(t, admin, "the admin's snapshot", func(ev contracts.FleetEvent) bool { return ev.Type == contracts.FleetSnapshot })
+		defer stopAdmin()
+	}
+	stop()
+	h.eventually("the caller's stream released", func() bool {
+		s, _ := h.probe(http.MethodGet, "/v1/fleet/events", "", viewer)
+		return s == http.StatusOK
+	})
+}

@@ -390,7 +390,9 @@ func operations(s *schemaSet) []op {
 				},
 			}},
 			okHeaders: obj{"Cache-Control": obj{"schema": str(), "description": "no-cache"}},
-			errors:    map[int]string{400: "Last-Event-ID is not a number (invalid_value).", 503: errNotReady + " Or the node holds are not read yet."}},
+			errors: map[int]string{400: "Last-Event-ID is not a number (invalid_value).",
+				429: "A caller who is not a platform admin has as many fleet streams open as a tenant may have streams (too_many_streams); Retry-After says when to retry.",
+				503: errNotReady + " Or the node holds are not read yet."}},
 		{method: http.MethodGet, path: "/v1/queues", id: "listQueues", tag: "console",
 			summary: "Per pool and tenant: what waits and why, quota use, fair-share order",
 			description: "Queued jobs with the scheduler's last pending reason (and the backfill reservation it holds for a job), " +
