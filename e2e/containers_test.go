@@ -466,6 +466,19 @@ if touch /data/marker 2>/dev/null; then echo "image file writable in this run's 
 		}
 	})
 
+	t.Run("args, user, working directory, shm", func(t *testing.T) {
+		// No command: args replace the image's CMD (sh), as Kubernetes
+		// reads them; a user of the image by name; /dev/shm of its size.
+		req := containerJob("argv", "ctr", "L4", base, "")
+		req.Run.Command = nil
+		req.Run.Args = []string{"sh", "-c", `echo "$(id -un) in $(pwd), shm $(df -k /dev/shm | tail -1 | tr -s ' ' | cut -d' ' -f2) KiB"`}
+		req.Run.User, req.Run.WorkingDir, req.Run.ShmSizeMiB = "app", "/work", 32
+		s.submitJob(t, ctx, "acme", req)
+		if out := succeeded(t, "argv"); out != "app in /work, shm 32768 KiB\n" {
+			t.Errorf("argv printed %q", out)
+		}
+	})
+
 	t.Run("isolation", func(t *testing.T) {
 		// One job holds a process and a file; the other, on the same
 		// machine, must see neither.
