@@ -419,6 +419,8 @@ echo "user=$(id -u):$(id -g)"
 echo "visible=$CUDA_VISIBLE_DEVICES nvidia=$NVIDIA_VISIBLE_DEVICES"
 echo "nvidia-devices=$(ls /dev | grep -c nvidia)"
 echo "pid1=$(cat /proc/1/comm)"
+echo "net=$(ls /sys/class/net | tr '\n' ' ')"
+echo "nnp=$(grep NoNewPrivs /proc/self/status | tr -d ' \t') seccomp=$(grep '^Seccomp:' /proc/self/status | tr -d ' \t')"
 echo "memory-limit=$(cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max)"
 echo "cpu-quota=$(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2>/dev/null || cut -d' ' -f1 /sys/fs/cgroup/cpu.max)"
 echo "dataset=$(cat /dataset/train.txt)"
@@ -441,8 +443,10 @@ if touch /data/marker 2>/dev/null; then echo "image file writable in this run's 
 		for _, want := range []string{
 			"user=65534:65534", // the image's root became nobody
 			"visible=" + all + " nvidia=" + all,
-			"nvidia-devices=0", // simulated GPUs: no device nodes, and none of the host's
-			"pid1=sh",          // its own PID namespace
+			"nvidia-devices=0",                   // simulated GPUs: no device nodes, and none of the host's
+			"pid1=sh",                            // its own PID namespace
+			"net=lo ",                            // its own network namespace: the pool gives no host network
+			"nnp=NoNewPrivs:1 seccomp=Seccomp:2", // no new privileges, a seccomp filter
 			"memory-limit=" + strconv.Itoa(256<<20),
 			"cpu-quota=50000", // half of each 100 ms period
 			"dataset=tokens", "dataset read-only", "scratch written", "marker=base",
