@@ -17,6 +17,9 @@ export function h(spec, attrs, ...children) {
     if (v == null || v === false) continue;
     if (k.startsWith("on") && typeof v === "function") el.addEventListener(k.slice(2), v);
     else if (k === "testid") el.setAttribute("data-testid", v);
+    // value as the attribute (the default value): a form reset, and tools
+    // that clear the attribute, see it.
+    else if (k === "value") el.setAttribute("value", String(v));
     else if (k in el && typeof v !== "string") el[k] = v;
     else el.setAttribute(k, v === true ? "" : String(v));
   }
