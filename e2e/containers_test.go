@@ -397,11 +397,15 @@ func TestContainerJobs(t *testing.T) {
 		t.Helper()
 		return h.await(t, 2*time.Minute, "acme/"+id, "its end", func(ev contracts.JobEvent) bool { return ev.State.Terminal() })
 	}
+	// logsOf is an ended job's whole output: followed to its end, since
+	// the agent may report the end before it ships the last of it.
 	logsOf := func(t *testing.T, id string) string {
 		t.Helper()
-		l := getLogs(ctx, s.ep.GatewayURL, id, "")
-		if l.err != nil {
-			t.Fatalf("logs of %s: %v", id, l.err)
+		lctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		l := getLogs(lctx, s.ep.GatewayURL, id, "?follow=true")
+		if l.err != nil || l.complete != "true" {
+			t.Fatalf("logs of %s: complete %q, %v; so far %q", id, l.complete, l.err, l.body)
 		}
 		return l.body
 	}
@@ -601,6 +605,18 @@ echo ready; while :; do sleep 0.1; done`))
 			out := getLogs(ctx, s.ep.GatewayURL, "graceful", "").body
 			return strings.Contains(out, "got TERM"), out
 		})
+		// Its time limit stops a container the same way.
+		limited := containerJob("limited", "ctr", "L4", base, `
+trap 'echo "got TERM"; exit 0' TERM
+echo ready; while :; do sleep 0.1; done`)
+		limited.Run.Duration = contracts.Duration(time.Second)
+		s.submitJob(t, ctx, "acme", limited)
+		if ev := end(t, "limited"); ev.Type != contracts.EventFailed || !strings.Contains(ev.Message, "time limit") {
+			t.Errorf("limited ended %s (%s: %s), want failed at its time limit", ev.Type, ev.Reason, ev.Message)
+		}
+		if out := logsOf(t, "limited"); out != "ready\ngot TERM\n" {
+			t.Errorf("limited printed %q, want its trap's words after the limit's SIGTERM", out)
+		}
 	})
 
 	t.Run("checkpoint", func(t *testing.T) {
