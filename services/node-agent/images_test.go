@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"log"
 	"log/slog"
@@ -292,5 +293,55 @@ func TestImageCacheFlags(t *testing.T) {
 	c.ImageCacheMaxBytes = -1
 	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "image cache limit") {
 		t.Errorf("Validate with a negative image cache limit: %v", err)
+	}
+}
+
+// TestPullSlotsBoundTheReferencesPulledAtOnce: at most
+// MaxConcurrentPulls references are acquired at once; runs of a
+// reference already pulling share its slot, and a slot given back by the
+// last run of its reference lets another reference in. A waiter whose
+// ctx ends gives up.
+func TestPullSlotsBoundTheReferencesPulledAtOnce(t *testing.T) {
+	var p pullSlots
+	ctx := context.Background()
+	gone, cancel := context.WithCancel(ctx)
+	cancel() // a waiter that would have to wait gives up at once
+	var releases []func()
+	for i := range MaxConcurrentPulls {
+		r, err := p.acquire(ctx, fmt.Sprintf("registry.example/app:%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		releases = append(releases, r)
+	}
+	tests := []struct {
+		name    string
+		ref     string
+		release int // the slot given back first, -1 for none
+		wantErr bool
+	}{
+		{"another reference waits", "registry.example/other:1", -1, true},
+		{"a reference pulling shares its slot", "registry.example/app:0", -1, false},
+		{"a slot its last run gave back is free", "registry.example/other:1", 1, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.release >= 0 {
+				releases[tt.release]()
+				releases[tt.release]() // once only: a second call gives back nothing more
+			}
+			r, err := p.acquire(gone, tt.ref)
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("acquire %s: %v, want error %v", tt.ref, err, tt.wantErr)
+			}
+			if err == nil {
+				releases = append(releases, r) // held until the test ends
+			}
+		})
+	}
+	// app:0 has two runs: the first one's release keeps the slot.
+	releases[0]()
+	if _, err := p.acquire(gone, "registry.example/third:1"); err == nil {
+		t.Fatal("a slot was given back while a run of its reference still held it")
 	}
 }
