@@ -2,6 +2,7 @@ package console
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/chromedp/chromedp"
@@ -40,7 +41,9 @@ type view struct {
 // stack put there.
 func (s *stack) pages(t *testing.T, f fixture) []view {
 	ids := s.machineIDs()
-	pendingText := f.pending.Pending.Message
+	// The scheduler's words, up to what changes from cycle to cycle (how
+	// many jobs are ahead).
+	pendingText, _, _ := strings.Cut(f.pending.Pending.Message, ";")
 	return []view{
 		// Every machine of the fleet, every GPU drawn, and the GPU the
 		// long job runs on with its owner.
@@ -51,15 +54,20 @@ func (s *stack) pages(t *testing.T, f fixture) []view {
 		{"node", "/ui/fleet/nodes/" + f.long.Placement.NodeID, contains(f.long.Placement.NodeID, longJob)},
 		// The job waiting for a machine that does not exist, with the
 		// scheduler's own words.
-		{"queues", "/ui/queues", contains(pendingJob, pendingText)},
+		{"queues", "/ui/queues", fmt.Sprintf(`document.querySelector('[data-testid="waiting-%s"] a[href$="/%s"]') && %s`,
+			safeID(pendingJob), pendingJob, contains(string(f.pending.Pending.Reason), pendingText))},
 		{"jobs", "/ui/jobs?tenant=" + tenant, contains(longJob, pendingJob, shortJob)},
 		{"job", "/ui/jobs/" + tenant + "/" + longJob, contains(longJob, string(contracts.StateRunning), f.long.Placement.NodeID)},
 		{"submit", "/ui/jobs/new?tenant=" + tenant, `document.querySelector('main form')`},
 		// The tenant's usage: the short job ran on an H100.
-		{"cost", "/ui/cost?tenant=" + tenant, contains(tenant, "h100")},
+		// The tenant's usage records (charts, not "no usage"), and the
+		// invoice's line for the H100 pool the jobs ran in.
+		{"cost", "/ui/cost?tenant=" + tenant, hasTestID("cost-tenant") + ` && !` + hasTestID("cost-empty") +
+			` && document.querySelector('figure.chart canvas') && ` +
+			`[...document.querySelectorAll('[data-testid=invoice] tbody tr')].some(r => r.innerText.includes('h100') && r.innerText.includes('H100-80GB'))`},
 		// The autoscaler's decisions for the spot pool it keeps at one
 		// machine at least.
-		{"ops", "/ui/ops", contains("l4-spot")},
+		{"ops", "/ui/ops", `[...document.querySelectorAll('[data-testid=ops-event]')].some(e => e.innerText.includes('l4-spot'))`},
 	}
 }
 
@@ -118,4 +126,9 @@ func TestDeepLinksSurviveAReload(t *testing.T) {
 			t.Errorf("%s: the reload moved from %s to %s", p.name, before, after)
 		}
 	}
+}
+
+// hasTestID is a JavaScript test for an element with data-testid id.
+func hasTestID(id string) string {
+	return fmt.Sprintf("document.querySelector('[data-testid=%s]')", jsString(id))
 }
