@@ -262,3 +262,16 @@ type UsagePoint struct {
 	OnDemandCostMicros int64 `json:"onDemandCostMicros"`
 	SavedMicros        int64 `json:"savedMicros"`
 }
+
+// NodeTelemetry is GET /v1/nodes/{node}/telemetry: a machine's recent
+// telemetry (the TELEMETRY stream keeps minutes of it), oldest first, for
+// the console's sparklines.
+type NodeTelemetry struct {
+	NodeID string    `json:"nodeId"`
+	Since  time.Time `json:"since"`
+	// Samples are the machine's telemetry batches since Since, thinned
+	// evenly to at most the points asked for (the latest always kept).
+	Samples []Telemetry `json:"samples"`
+	// Read is how many batches the stream held since Since.
+	Read int `json:"read"`
+}

@@ -93,6 +93,7 @@ var accessRules = map[string]access{
 	"DELETE /v1/quotas/{tenant}":                     platform("quota.delete"),
 	"GET /v1/nodes":                                  onAnyTenant("node.list", RoleViewer),
 	"GET /v1/nodes/{node}":                           onAnyTenant("node.get", RoleViewer),
+	"GET /v1/nodes/{node}/telemetry":                 onAnyTenant("node.telemetry", RoleViewer),
 	"POST /v1/nodes/{node}/faults":                   platform("node.fault"),
 	"POST /v1/nodes/{node}/cordon":                   platform("node.cordon"),
 	"POST /v1/nodes/{node}/drain":                    platform("node.drain"),

@@ -63,6 +63,7 @@ var matrix = []matrixRoute{
 	{"DELETE", "/v1/quotas/{tenant}", "/v1/quotas/acme?revision=999", "", need{RolePlatformAdmin, ""}},
 	{"GET", "/v1/nodes", "/v1/nodes", "", need{"any-viewer", ""}},
 	{"GET", "/v1/nodes/{node}", "/v1/nodes/n1", "", need{"any-viewer", ""}},
+	{"GET", "/v1/nodes/{node}/telemetry", "/v1/nodes/n1/telemetry", "", need{"any-viewer", ""}},
 	{"POST", "/v1/nodes/{node}/faults", "/v1/nodes/n1/faults", `{}`, need{RolePlatformAdmin, ""}},
 	{"POST", "/v1/nodes/{node}/cordon", "/v1/nodes/n1/cordon", `{"x":1}`, need{RolePlatformAdmin, ""}},
 	{"POST", "/v1/nodes/{node}/drain", "/v1/nodes/n1/drain", `{"x":1}`, need{RolePlatformAdmin, ""}},

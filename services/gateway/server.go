@@ -102,6 +102,7 @@ func (s *server) handler() http.Handler {
 	route("/v1/tenants/{tenant}/jobs/{id}/describe", map[string]http.HandlerFunc{http.MethodGet: s.describeJob})
 	route("/v1/nodes", map[string]http.HandlerFunc{http.MethodGet: s.listNodes})
 	route("/v1/nodes/{node}", map[string]http.HandlerFunc{http.MethodGet: s.getNode})
+	route("/v1/nodes/{node}/telemetry", map[string]http.HandlerFunc{http.MethodGet: s.nodeTelemetry})
 	route("/v1/nodes/{node}/faults", map[string]http.HandlerFunc{http.MethodPost: s.injectFault})
 	route("/v1/nodes/{node}/cordon", map[string]http.HandlerFunc{http.MethodPost: s.cordonNode})
 	route("/v1/nodes/{node}/drain", map[string]http.HandlerFunc{http.MethodPost: s.drainNode})

@@ -220,6 +220,16 @@ func operations(s *schemaSet) []op {
 			summary: "One node: its inventory, lifecycle and holds",
 			ok:      http.StatusOK, okBody: jsonBody("NodeStatus"),
 			errors: map[int]string{400: errBadPath, 404: errNoNode, 503: errNotReady}},
+		{method: http.MethodGet, path: "/v1/nodes/{node}/telemetry", id: "getNodeTelemetry", tag: "nodes",
+			summary: "A machine's recent telemetry, oldest first (the console's sparklines)",
+			description: "The machine's telemetry batches on the TELEMETRY stream since ?since= ago (the stream keeps what its " +
+				"max age allows), thinned evenly to at most ?points=, the latest always kept.",
+			params: []obj{
+				query("since", "A duration back from now, up to 1h.", obj{"type": "string", "default": "10m"}),
+				query("points", "The most samples to answer.", obj{"type": "integer", "minimum": 1, "maximum": 600, "default": 120}),
+			},
+			ok: http.StatusOK, okBody: jsonBody("NodeTelemetry"),
+			errors: map[int]string{400: errBadPath + " " + errBadQuery, 404: errNoNode, 503: errNotReady + " Or the stream cannot be read."}},
 		{method: http.MethodPost, path: "/v1/nodes/{node}/faults", id: "injectFault", tag: "nodes",
 			summary: "Inject a fault into a simulated node (drills)",
 			description: "Each accepted request is a new fault (a retried POST injects twice). Real (nvml) nodes " +

@@ -54,6 +54,7 @@ var apiTypes = []any{
 	contracts.OpsEvent{},
 	contracts.TenantList{},
 	contracts.UsageSeries{},
+	contracts.NodeTelemetry{},
 }
 
 // componentRef is the $ref of a component schema.
