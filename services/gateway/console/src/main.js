@@ -229,7 +229,7 @@ async function loginView(message) {
       token,
       cfg.oidc
         ? "An API token (gpt_…) or an ID token from " + cfg.oidc.issuer
-        : "An API token (gpt_…). make run writes them to .gpuplane/tokens/ (admin.token, demo-acme.token).",
+        : "An API token (gpt_…): make run prints the folder of its tokens (admin.token for the platform admin, demo-acme.token for a member of acme).",
     ),
     h("button", { type: "submit", testid: "token-submit" }, "Use token"),
   );
