@@ -331,6 +331,11 @@ export async function jobPage(main, { params, signal }) {
     onStatus: () => {},
     onEvent: (name, ev, id) => {
       addEvent({ ...ev, type: ev.type || name, seq: Number(id) || undefined });
+      // The state shows at once; the rest follows from describe.
+      if (ev.state && ev.state !== d.state) {
+        d = { ...d, state: ev.state };
+        draw();
+      }
       clearTimeout(redescribe);
       redescribe = setTimeout(async () => {
         try {
