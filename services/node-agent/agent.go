@@ -256,6 +256,9 @@ func (a *agent) run(ctx context.Context) error {
 	if err := a.mps.Sweep(gctx, uuids); err != nil && gctx.Err() == nil {
 		a.log.Warn("MPS daemons left by the previous agent not all looked at", "err", err)
 	}
+	if err := a.resumeUnstarted(gctx); err != nil { // recover.go
+		return startErr(err)
+	}
 	if err := a.publishInventory(gctx, a.nextInventoryVersion()); err != nil {
 		return startErr(err)
 	}

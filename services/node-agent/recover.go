@@ -65,9 +65,7 @@ func (a *agent) recoverRuns(ctx context.Context) error {
 	// Every running container reclaimed its image: the holds left are of
 	// runs that ended while no agent ran.
 	a.dropUnclaimedImages()
-	if err := a.resumeUnstarted(ctx, have); err != nil {
-		return err
-	}
+	a.keepUnstarted(have)
 	a.mu.Lock()
 	for id := range a.stops {
 		if a.facts[id] != nil {
@@ -78,22 +76,30 @@ func (a *agent) recoverRuns(ctx context.Context) error {
 	return nil
 }
 
-// resumeUnstarted launches again the container runs a previous agent
-// acked the commit of and never started (it died pulling their images,
-// typically): without a run fact, and not launched (have), they are
-// committed afresh; onCommitted decides as for any entry (a stop that
-// came meanwhile ends them, a release drops them) and a redelivery of the
-// entry later finds them launching. A run is never started twice: one the
-// runner launched is in have, and one with a started fact is never
-// launched again.
-func (a *agent) resumeUnstarted(ctx context.Context, have map[string]bool) error {
+// keepUnstarted keeps, of the container runs committed and not
+// released, those a previous agent acked the commit of and never started
+// (it died pulling their images, typically): no run fact, and nothing
+// launched (have: takeOver dealt with those). A run is never started
+// twice: one the runner launched is in have, one with a started fact is
+// never launched again.
+func (a *agent) keepUnstarted(have map[string]bool) {
 	a.mu.Lock()
-	var resume []contracts.Allocation
-	for id, alloc := range a.unstarted {
-		if a.facts[id] == nil && !have[id] {
-			resume = append(resume, alloc)
+	defer a.mu.Unlock()
+	for id := range a.unstarted {
+		if a.facts[id] != nil || have[id] {
+			delete(a.unstarted, id)
 		}
 	}
+}
+
+// resumeUnstarted commits afresh the runs keepUnstarted kept, once
+// re-adopted shares hold their MPS daemons (and the others are swept):
+// onCommitted decides as for any entry (a stop that came meanwhile ends
+// the run, a release drops it), and a redelivery of the entry later
+// finds the run launching.
+func (a *agent) resumeUnstarted(ctx context.Context) error {
+	a.mu.Lock()
+	resume := a.unstarted
 	a.unstarted = nil
 	a.mu.Unlock()
 	for _, alloc := range resume {
