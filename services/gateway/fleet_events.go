@@ -49,6 +49,10 @@ const resumeMargin = 5 * time.Second
 // between are coalesced into one event per node.
 const fleetFlushEvery = 250 * time.Millisecond
 
+// fleetWriteTimeout bounds one batch's write to a reader (a variable for
+// the test of an idle stream).
+var fleetWriteTimeout = 30 * time.Second
+
 // Telemetry moves a GPU's event only when it moves this much: a fleet of
 // 2,000 machines samples every second.
 const (
@@ -459,16 +463,17 @@ func (s *server) fleetEvents(w http.ResponseWriter, r *http.Request) {
 		out = gz
 	}
 	w.WriteHeader(http.StatusOK)
-	// A reader that takes longer than this for one batch is cut off: the
-	// gateway holds nothing for it meanwhile, and it resumes with its id.
-	const writeTimeout = 30 * time.Second
+	// A reader that takes longer than fleetWriteTimeout for one batch
+	// (or heartbeat) is cut off: the gateway holds nothing for it
+	// meanwhile, and it resumes with its id. The deadline is set before
+	// each batch and cleared once it is flushed, so an idle stream lives.
+	begin := func() { _ = rc.SetWriteDeadline(time.Now().Add(fleetWriteTimeout)) }
 	send := func(id uint64, ev contracts.FleetEvent) bool {
 		data, err := json.Marshal(ev)
 		if err != nil {
 			s.log.Error("fleet event does not encode", "err", err)
 			return false
 		}
-		_ = rc.SetWriteDeadline(time.Now().Add(writeTimeout))
 		_, err = fmt.Fprintf(out, "event: %s\nid: %d\ndata: %s\n\n", ev.Type, id, data)
 		return err == nil
 	}
@@ -476,8 +481,13 @@ func (s *server) fleetEvents(w http.ResponseWriter, r *http.Request) {
 		if gz != nil && gz.Flush() != nil {
 			return false
 		}
-		return rc.Flush() == nil
+		if rc.Flush() != nil {
+			return false
+		}
+		_ = rc.SetWriteDeadline(time.Time{})
+		return true
 	}
+	begin()
 	if _, err := fmt.Fprint(out, ": stream open\n\n"); err != nil || !flush() {
 		return
 	}
@@ -489,6 +499,7 @@ func (s *server) fleetEvents(w http.ResponseWriter, r *http.Request) {
 		// A snapshot as of cur: whatever changes while it is built is
 		// sent again after it, as each node now is.
 		nodes := s.fleet.snapshot(view)
+		begin()
 		if !send(cur, contracts.FleetEvent{Type: contracts.FleetSnapshot, Nodes: nodes, Redacted: redacted, Time: s.now().UTC()}) || !flush() {
 			return
 		}
@@ -503,6 +514,7 @@ func (s *server) fleetEvents(w http.ResponseWriter, r *http.Request) {
 	for {
 		ids, clock := s.fleet.changedSince(sent)
 		if len(ids) > 0 {
+			begin()
 			for i, id := range ids {
 				ev := contracts.FleetEvent{Type: contracts.FleetNodeChanged, NodeID: id, Redacted: redacted, Time: s.now().UTC()}
 				if n, ok := s.fleet.node(id, view); ok {
@@ -530,6 +542,7 @@ func (s *server) fleetEvents(w http.ResponseWriter, r *http.Request) {
 		case <-ctx.Done():
 			return
 		case <-heartbeat.C:
+			begin()
 			if _, err := fmt.Fprint(out, ": heartbeat\n\n"); err != nil || !flush() {
 				return
 			}

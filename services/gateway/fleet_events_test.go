@@ -310,3 +310,33 @@ func TestFleetStreamsAreBoundedPerCaller(t *testing.T) {
 		return s == http.StatusOK
 	})
 }
+
+// TestIdleFleetStreamOutlivesItsWriteDeadline: the write deadline bounds
+// one batch, not the stream: an idle stream keeps sending heartbeats long
+// past it.
+func TestIdleFleetStreamOutlivesItsWriteDeadline(t *testing.T) {
+	old := fleetWriteTimeout
+	fleetWriteTimeout = 100 * time.Millisecond
+	t.Cleanup(func() { fleetWriteTimeout = old })
+	h := startGateway(t, func(c *Config) { c.Heartbeat = 20 * time.Millisecond }, func(h *harness) {
+		h.publishInventory(inventory("sim-1", "sim"), 1)
+	})
+	h.waitNode("sim-1")
+	frames, _ := h.openStream("/v1/fleet/events")
+	fleetEvent(t, frames, "the snapshot", func(ev contracts.FleetEvent) bool { return ev.Type == contracts.FleetSnapshot })
+	start := time.Now()
+	beats := 0
+	for beats < 5 || time.Since(start) < 4*fleetWriteTimeout {
+		select {
+		case f, ok := <-frames:
+			if !ok {
+				t.Fatalf("the stream ended after %d heartbeats (%s idle)", beats, time.Since(start))
+			}
+			if f.Comment == "heartbeat" {
+				beats++
+			}
+		case <-time.After(waitFor):
+			t.Fatal("no heartbeat")
+		}
+	}
+}
