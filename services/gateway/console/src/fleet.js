@@ -303,6 +303,8 @@ export async function fleetPage(main, { query, signal }) {
   stateSel.onchange = () => ((filt.state = stateSel.value), applyFilters());
   search.oninput = () => ((filt.q = search.value.trim()), applyFilters());
 
+  let snapshotGen = 0;
+  let queued = null; // node events waiting for a snapshot being drawn
   readFleet({
     signal,
     onMode: (s) => {
@@ -310,22 +312,37 @@ export async function fleetPage(main, { query, signal }) {
         s === "live" ? "● live" : s === "missing" ? "↻ every 10 s (no fleet stream on this gateway)" : s === "forbidden" ? "✗ the fleet is an operator's view" : "… " + s;
       mode.dataset.state = s;
     },
+    // A snapshot is drawn in slices of 200 machines, a task each, so the
+    // first screen paints at once and the page answers input while a
+    // large fleet is drawn; node events that come meanwhile wait for it
+    // (an older snapshot entry must not overwrite a newer event).
     onSnapshot: (list) => {
-      const seen = new Set();
-      // Build the first snapshot off-document, one insertion per pool.
-      for (const n of list) {
-        seen.add(nodeId(n));
-        put(n);
-      }
+      const gen = ++snapshotGen;
+      queued = [];
+      const seen = new Set(list.map(nodeId));
       for (const id of [...nodes.keys()]) if (!seen.has(id)) remove(id);
-      applyFilters();
+      let i = 0;
+      const slice = () => {
+        if (gen !== snapshotGen || signal.aborted) return;
+        for (const end = Math.min(list.length, i + 200); i < end; i++) put(list[i]);
+        if (i < list.length) return void setTimeout(slice, 0);
+        applyFilters();
+        const later = queued;
+        queued = null;
+        for (const ev of later) ev();
+      };
+      slice();
     },
     onNode: (n) => {
-      put(n);
-      const p = pools.get(n.pool || "default");
-      if (p) p.section.hidden = ![...p.list.children].some((c) => !c.hidden);
+      const apply = () => {
+        put(n);
+        const p = pools.get(n.pool || "default");
+        if (p) p.section.hidden = ![...p.list.children].some((c) => !c.hidden);
+      };
+      if (queued) queued.push(apply);
+      else apply();
     },
-    onRemove: remove,
+    onRemove: (id) => (queued ? queued.push(() => remove(id)) : remove(id)),
   });
 }
 
