@@ -15,10 +15,13 @@ import (
 
 // The agent's part in container runs (internal/oci, internal/runner):
 //
-//	onCommitted ──CheckRuntime (the pool's policy, as the allocation carries it)
-//	            ──acquireImage (images.go) ──▶ mounts resolved and held to the pool's roots
+//	onCommitted ──registered, acked──▶ pullAndLaunch (its own goroutine, runs.go)
+//	            ──CheckRuntime (the pool's policy, as the allocation carries it)
+//	            ──acquireImage (images.go, MaxConcurrentPulls) ──▶ mounts resolved and held to the pool's roots
+//	            │     └─ stop or release meanwhile ──▶ pull given up, ended as the stop says, nothing launched
 //	            ──▶ runner.Launch{Container: image, limits, host network, the machine's CDI spec}
 //	                 └─ runc missing ──▶ ended: runtime_unavailable
+//	agent restart mid-pull ──▶ recoverRuns keeps the commit (no run fact, nothing launched) ──▶ resumed once
 
 // errNotAllowed wraps a launch the allocation's pool policy does not
 // allow; its reason is the field error's.

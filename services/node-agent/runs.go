@@ -303,10 +303,15 @@ func (a *agent) onCommitted(ctx context.Context, alloc contracts.Allocation, red
 	return nil
 }
 
-// launchRetry is how long a container's launch waits before it tries
-// again after a failure to publish its facts (the bus away): its ledger
-// entry is acked, so nothing else tries again.
-const launchRetry = 2 * time.Second
+// A container's launch that could not publish its facts (the bus away)
+// tries again after launchRetry, doubled at each failure up to
+// maxLaunchRetry, for as long as the agent runs: its ledger entry is
+// acked, so nothing else tries again (an agent that stops leaves it to
+// the next one).
+const (
+	launchRetry    = time.Second
+	maxLaunchRetry = 30 * time.Second
+)
 
 // pullAndLaunch launches a container's run (launch) from its own
 // goroutine, with pctx (cancelled by a stop or a release) bounding the
@@ -318,7 +323,7 @@ func (a *agent) pullAndLaunch(ctx, pctx context.Context, run *activeRun, devices
 	defer a.runs.Done()
 	defer run.abandonPull() // its context's resources; the run no longer needs it
 	id := run.alloc.ID
-	for {
+	for wait := launchRetry; ; wait = min(2*wait, maxLaunchRetry) {
 		err := a.launch(ctx, pctx, run, devices)
 		if err == nil {
 			return
@@ -327,12 +332,12 @@ func (a *agent) pullAndLaunch(ctx, pctx context.Context, run *activeRun, devices
 			a.drop(run)
 			return
 		}
-		a.log.Warn("container run not launched; trying again", "allocation_id", id, "err", err, "in", launchRetry)
+		a.log.Warn("container run not launched; trying again", "allocation_id", id, "err", err, "in", wait)
 		select {
 		case <-ctx.Done():
 			a.drop(run)
 			return
-		case <-time.After(launchRetry):
+		case <-time.After(wait):
 		}
 		a.mu.Lock()
 		cur, registered := a.active[id]
@@ -342,7 +347,8 @@ func (a *agent) pullAndLaunch(ctx, pctx context.Context, run *activeRun, devices
 		}
 		a.mu.Unlock()
 		if !again {
-			return // its facts were recorded after all, or another run took it over
+			a.drop(run) // its facts were recorded after all, or another run took it over
+			return
 		}
 	}
 }
