@@ -263,6 +263,18 @@ func (s *server) opsEvents(w http.ResponseWriter, r *http.Request) {
 		_, err = fmt.Fprintf(w, "event: %s\nid: %d\ndata: %s\n\n", it.ev.Type, it.id, data)
 		return err == nil
 	}
+	// Each write (with its flush) has fleetWriteTimeout: a reader whose
+	// connection takes nothing is cut off rather than holding the handler.
+	// The deadline is cleared after each flush, so an idle stream lives.
+	begin := func() { _ = rc.SetWriteDeadline(time.Now().Add(fleetWriteTimeout)) }
+	flush := func() bool {
+		if rc.Flush() != nil {
+			return false
+		}
+		_ = rc.SetWriteDeadline(time.Time{})
+		return true
+	}
+	begin()
 	if _, err := fmt.Fprint(w, ": stream open\n\n"); err != nil {
 		return
 	}
@@ -271,7 +283,7 @@ func (s *server) opsEvents(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	if rc.Flush() != nil {
+	if !flush() {
 		return
 	}
 	heartbeat := time.NewTicker(s.cfg.Heartbeat)
@@ -281,14 +293,17 @@ func (s *server) opsEvents(w http.ResponseWriter, r *http.Request) {
 		case <-ctx.Done():
 			return
 		case <-heartbeat.C:
-			if _, err := fmt.Fprint(w, ": heartbeat\n\n"); err != nil || rc.Flush() != nil {
+			begin()
+			if _, err := fmt.Fprint(w, ": heartbeat\n\n"); err != nil || !flush() {
 				return
 			}
 		case it := <-sub.c:
-			if !send(it) || rc.Flush() != nil {
+			begin()
+			if !send(it) || !flush() {
 				return
 			}
 		case <-sub.dropped:
+			begin()
 			// What the buffer still holds goes out first: the dropped
 			// event's id is then the last one delivered.
 			for {
@@ -306,7 +321,7 @@ func (s *server) opsEvents(w http.ResponseWriter, r *http.Request) {
 				Summary: fmt.Sprintf("this stream fell more than %d events behind and was ended; reconnect with Last-Event-ID %d", opsSubBuffer, last)}
 			data, _ := json.Marshal(ev)
 			_, _ = fmt.Fprintf(w, "event: %s\nid: %d\ndata: %s\n\n", ev.Type, last, data)
-			_ = rc.Flush()
+			_ = flush()
 			s.log.Info("ops stream dropped: reader too slow", "last_id", last)
 			return
 		}
