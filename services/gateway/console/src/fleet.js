@@ -10,6 +10,10 @@ import {
   nodeId, gpusOf, ownersOf, sampleOf, utilOf, adminOf, holdOf, healthyOf, gpuState, spotNotice, nodeState, poolStats,
 } from "./fleetdata.js";
 
+// LARGE is the fleet size from which cards off the screen are not drawn
+// (app.css, .pools.large).
+const LARGE = 300;
+
 const STATES = ["free", "busy", "unhealthy", "cordoned", "draining", "spot", "lost"];
 
 // readFleet follows the fleet: onSnapshot(nodes) then onNode(node) per
@@ -318,6 +322,7 @@ export async function fleetPage(main, { query, signal }) {
     // (an older snapshot entry must not overwrite a newer event).
     onSnapshot: (list) => {
       const gen = ++snapshotGen;
+      body.classList.toggle("large", list.length > LARGE);
       queued = [];
       const seen = new Set(list.map(nodeId));
       for (const id of [...nodes.keys()]) if (!seen.has(id)) remove(id);
