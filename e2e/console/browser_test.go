@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -103,6 +104,37 @@ func (b *tab) untilWithin(d time.Duration, what, js string) {
 		last = err
 	}
 	b.fail("%s: not within %s (last error %v)", what, d, last)
+}
+
+// untilAll waits, bounded by waitFor, until every JavaScript test of
+// checks is truthy at once; on failure it names those that were not.
+func (b *tab) untilAll(what string, checks ...string) {
+	b.t.Helper()
+	js := "[" + strings.Join(func() []string {
+		var out []string
+		for _, c := range checks {
+			out = append(out, "(() => { try { return !!("+c+"); } catch (e) { return false; } })()")
+		}
+		return out
+	}(), ", ") + "]"
+	var last []bool
+	for deadline := time.Now().Add(waitFor); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		oks, err := evalErr[[]bool](b, js)
+		if err != nil {
+			continue
+		}
+		last = oks
+		if !slices.Contains(oks, false) {
+			return
+		}
+	}
+	var failed []string
+	for i, ok := range last {
+		if !ok {
+			failed = append(failed, clip(checks[i], 300))
+		}
+	}
+	b.fail("%s: not within %s; still false:\n%s", what, waitFor, strings.Join(failed, "\n"))
 }
 
 // fail ends the test with msg, what the page showed and a screenshot.

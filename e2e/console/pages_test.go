@@ -33,8 +33,8 @@ func (s *stack) gpuCount() int {
 type view struct {
 	name string // the screenshots' name
 	path string
-	// ready is a JavaScript test that the view shows its data.
-	ready string
+	// ready are JavaScript tests that the view shows its data.
+	ready []string
 }
 
 // pages are the console's views, each with the data the fixture and the
@@ -47,27 +47,26 @@ func (s *stack) pages(t *testing.T, f fixture) []view {
 	return []view{
 		// Every machine of the fleet, every GPU drawn, and the GPU the
 		// long job runs on with its owner.
-		{"fleet", "/ui/fleet", fmt.Sprintf(`%s && document.querySelectorAll('main li.gpu[data-testid^="gpu-"]').length >= %d &&
-			[...document.querySelectorAll('main li.gpu')].some(g => (g.dataset.owner || '').includes(%s))`,
-			contains(ids...), s.gpuCount(), jsString(tenant+"/"+longJob))},
+		{"fleet", "/ui/fleet", append(containsEach(ids...),
+			fmt.Sprintf(`document.querySelectorAll('main li.gpu[data-testid^="gpu-"]').length >= %d`, s.gpuCount()),
+			fmt.Sprintf(`[...document.querySelectorAll('main li.gpu')].some(g => (g.dataset.owner || '').includes(%s))`, jsString(tenant+"/"+longJob)))},
 		// The machine the long job runs on, with that job among its runs.
-		{"node", "/ui/fleet/nodes/" + f.long.Placement.NodeID, contains(f.long.Placement.NodeID, longJob)},
+		{"node", "/ui/fleet/nodes/" + f.long.Placement.NodeID, []string{contains(f.long.Placement.NodeID, longJob)}},
 		// The job waiting for a machine that does not exist, with the
 		// scheduler's own words.
-		{"queues", "/ui/queues", fmt.Sprintf(`document.querySelector('[data-testid="waiting-%s"] a[href$="/%s"]') && %s`,
-			safeID(pendingJob), pendingJob, contains(string(f.pending.Pending.Reason), pendingText))},
-		{"jobs", "/ui/jobs?tenant=" + tenant, contains(longJob, pendingJob, shortJob)},
-		{"job", "/ui/jobs/" + tenant + "/" + longJob, contains(longJob, string(contracts.StateRunning), f.long.Placement.NodeID)},
-		{"submit", "/ui/jobs/new?tenant=" + tenant, `document.querySelector('main form')`},
-		// The tenant's usage: the short job ran on an H100.
+		{"queues", "/ui/queues", []string{fmt.Sprintf(`document.querySelector('[data-testid="waiting-%s"] a[href$="/%s"]')`, safeID(pendingJob), pendingJob),
+			contains(string(f.pending.Pending.Reason), pendingText)}},
+		{"jobs", "/ui/jobs?tenant=" + tenant, []string{contains(longJob, pendingJob, shortJob)}},
+		{"job", "/ui/jobs/" + tenant + "/" + longJob, []string{contains(longJob, string(contracts.StateRunning), f.long.Placement.NodeID)}},
+		{"submit", "/ui/jobs/new?tenant=" + tenant, []string{hasTestID("submit-form")}},
 		// The tenant's usage records (charts, not "no usage"), and the
 		// invoice's line for the H100 pool the jobs ran in.
-		{"cost", "/ui/cost?tenant=" + tenant, hasTestID("cost-tenant") + ` && !` + hasTestID("cost-empty") +
-			` && document.querySelector('figure.chart canvas') && ` +
-			`[...document.querySelectorAll('[data-testid=invoice] tbody tr')].some(r => r.innerText.includes('h100') && r.innerText.includes('H100-80GB'))`},
+		{"cost", "/ui/cost?tenant=" + tenant, []string{hasTestID("cost-tenant"), "!" + hasTestID("cost-empty"),
+			`document.querySelector('figure.chart canvas')`,
+			`[...document.querySelectorAll('[data-testid=invoice] tbody tr')].some(r => r.innerText.includes('h100') && r.innerText.includes('H100-80GB'))`}},
 		// The autoscaler's decisions for the spot pool it keeps at one
 		// machine at least.
-		{"ops", "/ui/ops", `[...document.querySelectorAll('[data-testid=ops-event]')].some(e => e.innerText.includes('l4-spot'))`},
+		{"ops", "/ui/ops", []string{`[...document.querySelectorAll('[data-testid=ops-event]')].some(e => e.innerText.includes('l4-spot'))`}},
 	}
 }
 
@@ -85,7 +84,7 @@ func TestPagesRenderRealData(t *testing.T) {
 			b.login(s.ep.AdminToken)
 			for _, p := range s.pages(t, f) {
 				b.navigate(p.path)
-				b.until(p.name+" shows the platform's data", p.ready)
+				b.untilAll(p.name+" shows the platform's data", p.ready...)
 				b.noHorizontalScroll(p.name)
 				b.shot(p.name)
 			}
@@ -118,10 +117,10 @@ func TestDeepLinksSurviveAReload(t *testing.T) {
 	b.login(s.ep.AdminToken)
 	for _, p := range s.pages(t, f) {
 		b.navigate(p.path)
-		b.until(p.name+" before the reload", p.ready)
+		b.untilAll(p.name+" before the reload", p.ready...)
 		before := eval[string](b, "location.pathname + location.search")
 		b.do(chromedp.Reload())
-		b.until(p.name+" after the reload", p.ready)
+		b.untilAll(p.name+" after the reload", p.ready...)
 		if after := eval[string](b, "location.pathname + location.search"); after != before {
 			t.Errorf("%s: the reload moved from %s to %s", p.name, before, after)
 		}
@@ -131,4 +130,13 @@ func TestDeepLinksSurviveAReload(t *testing.T) {
 // hasTestID is a JavaScript test for an element with data-testid id.
 func hasTestID(id string) string {
 	return fmt.Sprintf("document.querySelector('[data-testid=%s]')", jsString(id))
+}
+
+// containsEach is a contains test per word.
+func containsEach(words ...string) []string {
+	var out []string
+	for _, w := range words {
+		out = append(out, contains(w))
+	}
+	return out
 }
