@@ -170,11 +170,23 @@ export async function jobPage(main, { params, signal }) {
   const timeline = h("ol.timeline", { testid: "job-timeline" });
   const actionMsg = h("p.note", { role: "status", testid: "job-action-result" });
   const seen = new Set();
+  // Checkpoints: what the job's events say of them (asked for, written
+  // before a move, restored from), newest last.
+  const checkpoints = h("ul", { testid: "job-checkpoints" });
+  const noCheckpoint = h("p.note", "None written or restored yet.");
 
   const addEvent = (e) => {
     const key = e.seq || `${e.type}-${e.time}`;
     if (seen.has(key)) return;
     seen.add(key);
+    const said = [e.reason, e.message].filter(Boolean).join(": ");
+    if (/checkpoint/i.test(said) || e.migration?.checkpointed || e.migration?.restoredFrom) {
+      noCheckpoint.hidden = true;
+      checkpoints.append(
+        h("li", { testid: "checkpoint" }, h("time", { datetime: e.time }, fmtTime(e.time)), " ", e.type, ": ",
+          e.migration?.restoredFrom ? `restored from ${e.migration.restoredFrom}; ` : "", said),
+      );
+    }
     timeline.append(
       h(
         "li",
@@ -313,6 +325,7 @@ export async function jobPage(main, { params, signal }) {
     pendingBox,
     placements,
     h("section", h("h2", "Timeline"), timeline),
+    h("section", h("h2", "Checkpoints"), noCheckpoint, checkpoints),
     h("section", h("h2", "Logs"), h("div.filters", field("Rank", rankSel), field("Attempt", attemptSel), field("Follow", followBox)), logs),
   );
   draw();
