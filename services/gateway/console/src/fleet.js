@@ -60,7 +60,9 @@ function gpuCell(n, g) {
   // XID and ECC counters (GET /v1/nodes has neither).
   const hf = g.health;
   if (hf && (!hf.healthy || hf.code)) {
-    const what = hf.kind === "xid" || (hf.code && !hf.kind) ? "XID " + hf.code : hf.kind + (hf.code ? " " + hf.code : "");
+    const kinds = { xid: "XID", ecc_dbe: "ECC double-bit", thermal: "too hot", fell_off_bus: "fell off the bus", recovered: "recovered" };
+    const kind = kinds[hf.kind] || hf.kind || "";
+    const what = hf.code ? `XID ${hf.code}${hf.kind && hf.kind !== "xid" ? " · " + kind : ""}` : kind;
     health.push(h("span.warn", { title: hf.message || what, testid: "gpu-health" }, (hf.healthy ? "" : "✗ ") + what));
   }
   if (s.lastXid) health.push(h("span.warn", { title: "last XID error" }, "XID " + s.lastXid));
