@@ -162,7 +162,8 @@ function header(active) {
       { "aria-label": "Views" },
       h(
         "ul",
-        nav.map(([key, label, href]) =>
+        // Operations is the platform admin's (GET /v1/ops/events).
+        nav.filter(([key]) => key !== "ops" || ctx.isAdmin).map(([key, label, href]) =>
           h("li", h("a", { href, testid: "nav-" + key, "aria-current": key === active ? "page" : null }, label)),
         ),
       ),
