@@ -178,7 +178,14 @@ function header(active) {
         {
           type: "button",
           testid: "logout",
-          onclick: () => {
+          onclick: async () => {
+            // A session this console signed in (LDAP) is revoked, so the
+            // token dies with it; a pasted API token is only forgotten.
+            const t = session.token;
+            if (sessionStorage.getItem("gpuplane.login") === "1" && t.startsWith("gpt_") && t.length > 48) {
+              await api("DELETE", "/v1/tokens/" + encodeURIComponent(t.slice(4, t.length - 44)), undefined, { quiet401: true }).catch(() => {});
+            }
+            sessionStorage.removeItem("gpuplane.login");
             session.token = "";
             me = null;
             render();
@@ -203,8 +210,10 @@ async function loginView(message) {
       if (ev.target === ldapForm) {
         const res = await api("POST", "/v1/login", { username: user.value, password: pass.value }, { quiet401: true });
         session.token = res.token;
+        sessionStorage.setItem("gpuplane.login", "1");
       } else {
         session.token = token.value.trim();
+        sessionStorage.removeItem("gpuplane.login");
       }
       me = null;
       await render();
