@@ -7,34 +7,70 @@ import { api, get, tryGet, enc } from "./api.js";
 import { ctx } from "./main.js";
 import { lineChart } from "./charts.js";
 
-// series buckets records' GPU hours and cost by step seconds, per key.
-export function series(records, keyOf, valueOf, step) {
-  const t0s = records.map((r) => Math.floor(new Date(r.start || r.time).getTime() / 1000)).filter(isFinite);
-  if (!t0s.length) return { xs: [], series: [] };
-  const lo = Math.floor(Math.min(...t0s) / step) * step;
-  const hi = Math.floor(Math.max(...records.map((r) => new Date(r.end || r.time || r.start).getTime() / 1000).filter(isFinite)) / step) * step;
-  const n = Math.min(2000, Math.max(1, (hi - lo) / step + 1));
-  const xs = Array.from({ length: n }, (_, i) => lo + i * step);
-  const by = new Map();
-  for (const r of records) {
-    const t = Math.floor(new Date(r.start || r.time).getTime() / 1000);
-    const i = Math.min(n - 1, Math.max(0, Math.floor((t - lo) / step)));
-    const k = keyOf(r) || "–";
-    if (!by.has(k)) by.set(k, new Array(n).fill(0));
-    by.get(k)[i] += valueOf(r);
-  }
-  // A bucket of zeros either side: one bucket alone would give the chart
-  // no time range of its own.
-  xs.unshift(lo - step);
-  xs.push(lo + n * step);
-  return { xs, series: [...by.entries()].sort().map(([label, values]) => ({ label, values: [0, ...values, 0] })) };
+// A point is one step's usage of one pool and price class (and tenant):
+// {t: its start in unix seconds, pool, priceClass, tenant, gpuH, cost, saved}.
+
+// seriesPoints reads GET /v1/tenants/{tenant}/usage/series: daily, or
+// hourly when the usage spans fewer than three days; null where the
+// gateway has no such route.
+export async function seriesPoints(tenant, signal) {
+  const url = (step) => `/v1/tenants/${enc(tenant)}/usage/series?step=${step}`;
+  let s = await tryGet(url("day"), { signal }).catch(() => null);
+  if (!s) return null;
+  if (new Set((s.points || []).map((p) => p.start)).size < 3) s = (await tryGet(url("hour"), { signal }).catch(() => null)) || s;
+  return {
+    step: s.step === "hour" ? 3600 : 86400,
+    currency: s.currency || "",
+    points: (s.points || []).map((p) => ({
+      t: Math.floor(Date.parse(p.start) / 1000),
+      pool: p.pool,
+      priceClass: p.priceClass || "",
+      tenant,
+      gpuH: (p.gpuMillis || 0) / 3.6e6,
+      cost: (p.costMicros || 0) / 1e6,
+      saved: (p.savedMicros || 0) / 1e6,
+    })),
+  };
 }
 
-const gpuHours = (r) => (r.gpuMillis || 0) / 3.6e6;
+// recordPoints buckets usage records by step where there is no series.
+export function recordPoints(records, step, tenant) {
+  return records
+    .map((r) => ({ r, t: Math.floor(new Date(r.start || r.time).getTime() / 1000) }))
+    .filter(({ t }) => isFinite(t))
+    .map(({ r, t }) => ({
+      t: Math.floor(t / step) * step,
+      pool: r.pool,
+      priceClass: r.priceClass || "",
+      tenant: r.tenant || tenant,
+      gpuH: (r.gpuMillis || 0) / 3.6e6,
+      cost: (r.costMicros || 0) / 1e6,
+      saved: ((r.onDemandCostMicros || 0) - (r.costMicros || 0)) / 1e6,
+    }));
+}
+
+// chartData sums val(point) per key(point) and step, every step from the
+// first to the last (a step without usage is 0) and one either side, so a
+// single step still has a time range.
+export function chartData(points, key, val, step) {
+  if (!points.length) return { xs: [], series: [] };
+  const ts = points.map((p) => p.t);
+  const lo = Math.min(...ts) - step;
+  const n = Math.min(3000, Math.round((Math.max(...ts) - lo) / step) + 2);
+  const xs = Array.from({ length: n }, (_, i) => lo + i * step);
+  const by = new Map();
+  for (const p of points) {
+    const k = key(p) || "–";
+    if (!by.has(k)) by.set(k, new Array(n).fill(0));
+    const i = Math.round((p.t - lo) / step);
+    if (i >= 0 && i < n) by.get(k)[i] += val(p);
+  }
+  return { xs, series: [...by.entries()].sort().map(([label, values]) => ({ label, values })) };
+}
+
 // num shows small amounts (a short job's GPU hours) with their digits.
 const num = (v) => (v === 0 ? "0" : Math.abs(v) < 0.01 ? v.toPrecision(2) : v.toFixed(2));
 const hours = (ms) => num((ms || 0) / 3.6e6);
-const cost = (r) => (r.costMicros || 0) / 1e6;
 
 export async function costPage(main, { query, signal }) {
   const tenant = ctx.tenant;
@@ -47,10 +83,15 @@ export async function costPage(main, { query, signal }) {
     tryGet(`/v1/tenants/${enc(tenant)}/budget`, { signal }).catch(() => null),
   ]);
   const recs = usage.byJob || [];
-  const cur = usage.currency || invoice.currency || "";
-  const span = recs.length ? (Math.max(...recs.map((r) => new Date(r.end || r.start).getTime())) - Math.min(...recs.map((r) => new Date(r.start).getTime()))) / 1000 : 0;
-  const step = span > 4 * 86400 ? 86400 : span > 6 * 3600 ? 3600 : 60;
-  const stepName = { 86400: "day", 3600: "hour", 60: "minute" }[step];
+  let ser = await seriesPoints(tenant, signal);
+  if (!ser) {
+    const span = recs.length ? (Math.max(...recs.map((r) => new Date(r.end || r.start).getTime())) - Math.min(...recs.map((r) => new Date(r.start).getTime()))) / 1000 : 0;
+    const st = span > 4 * 86400 ? 86400 : 3600;
+    ser = { step: st, currency: "", points: recordPoints(recs, st, tenant) };
+  }
+  const cur = usage.currency || ser.currency || invoice.currency || "";
+  const step = ser.step;
+  const stepName = step === 86400 ? "day" : "hour";
   const periodIn = h("input", { type: "month", value: period.slice(0, 7), testid: "cost-period" });
   periodIn.onchange = () => ctx.navigate(`/ui/cost?tenant=${enc(tenant)}&period=${enc(periodIn.value)}`);
 
@@ -59,6 +100,7 @@ export async function costPage(main, { query, signal }) {
   const inCur = cur ? ` (${cur})` : "";
   const classCost = chartBox(`Cost per ${stepName}${inCur}, by price class`, "cost-chart-cost-class");
   const tenantsBox = chartBox(`Cost per ${stepName}${inCur}, by tenant`, "cost-chart-tenants");
+  const savedBox = chartBox(`Saved by spot and reserved capacity per ${stepName}${inCur}`, "cost-chart-saved");
 
   const b = budget?.budget, st = budget?.status;
   const spent = st?.spentMicros || 0, limit = st?.limitMicros || 0;
@@ -71,7 +113,7 @@ export async function costPage(main, { query, signal }) {
       h("div.tile", { testid: "cost-gpu-hours" }, h("div.big", hours(usage.gpuMillis)), "GPU hours"),
       h("div.tile", { testid: "spot-savings" }, h("div.big", invoice.spotSavings ? invoice.spotSavings + " " + cur : money(invoice.spotSavingsMicros || 0, cur)), "saved by spot this month (vs on-demand ", invoice.onDemandEquivalent || "", ")"),
     ),
-    recs.length ? [poolGpu, classCost, ctx.tenants.length > 1 ? tenantsBox : null] : h("p", { testid: "cost-empty" }, "No usage recorded for this tenant yet."),
+    ser.points.length ? [poolGpu, classCost, savedBox, ctx.tenants.length > 1 ? tenantsBox : null] : h("p", { testid: "cost-empty" }, "No usage recorded for this tenant yet."),
     h(
       "section",
       { testid: "budget" },
@@ -128,17 +170,23 @@ export async function costPage(main, { query, signal }) {
           ],
     ),
   );
-  if (recs.length) {
-    const a = series(recs, (r) => r.pool, gpuHours, step);
-    charts.push(lineChart(poolGpu, { ...a, yLabel: "GPU h", fmt: num }));
-    const c = series(recs, (r) => r.priceClass, cost, step);
-    charts.push(lineChart(classCost, { ...c, yLabel: cur, fmt: num }));
+  if (ser.points.length) {
+    const pts = ser.points;
+    charts.push(lineChart(poolGpu, { ...chartData(pts, (p) => p.pool, (p) => p.gpuH, step), yLabel: "GPU h", fmt: num }));
+    charts.push(lineChart(classCost, { ...chartData(pts, (p) => p.priceClass, (p) => p.cost, step), yLabel: cur, fmt: num }));
+    charts.push(lineChart(savedBox, { ...chartData(pts, (p) => p.priceClass, (p) => p.saved, step), yLabel: cur, fmt: num }));
     if (ctx.tenants.length > 1) {
+      // Every tenant the caller sees (12 at most), at this page's step.
       const others = await Promise.all(
-        ctx.tenants.slice(0, 12).map((t) => (t === tenant ? usage : get(`/v1/tenants/${enc(t)}/usage`, { signal }).catch(() => null))),
+        ctx.tenants.slice(0, 12).map(async (t) => {
+          if (t === tenant) return pts;
+          const o = await seriesPoints(t, signal).catch(() => null);
+          if (o && o.step === step) return o.points;
+          const u = await get(`/v1/tenants/${enc(t)}/usage`, { signal }).catch(() => null);
+          return recordPoints(u?.byJob || [], step, t);
+        }),
       );
-      const all = others.flatMap((u, i) => (u?.byJob || []).map((r) => ({ ...r, tenant: ctx.tenants[i] })));
-      if (!signal.aborted) charts.push(lineChart(tenantsBox, { ...series(all, (r) => r.tenant, cost, step), yLabel: cur, fmt: num }));
+      if (!signal.aborted) charts.push(lineChart(tenantsBox, { ...chartData(others.flat(), (p) => p.tenant, (p) => p.cost, step), yLabel: cur, fmt: num }));
     }
   }
 }

@@ -358,6 +358,18 @@ export async function fleetPage(main, { query, signal }) {
 export async function nodePage(main, { params, signal }) {
   const id = params.node;
   let n = await get("/v1/nodes/" + enc(id), { signal });
+  // The sparklines start from the machine's last ten minutes of telemetry
+  // (GET /v1/nodes/{node}/telemetry); the fleet stream moves them on.
+  const history = new Map(); // uuid → [[t, util]]
+  const tel = await tryGet(`/v1/nodes/${enc(id)}/telemetry?since=10m&points=120`, { signal }).catch(() => null);
+  for (const batch of tel?.samples || []) {
+    const t = Date.parse(batch.time) / 1000;
+    for (const g of batch.gpus || []) {
+      if (g.gpuUtil == null || !isFinite(t)) continue;
+      if (!history.has(g.uuid)) history.set(g.uuid, []);
+      history.get(g.uuid).push([t, g.gpuUtil]);
+    }
+  }
   const sparks = new Map();
   const gpuBox = h("div", { testid: "node-gpus" });
   const runs = h("tbody");
@@ -411,6 +423,7 @@ export async function nodePage(main, { params, signal }) {
           if (!sp) {
             sp = sparkline(`GPU ${g.index} utilisation`, { testid: "spark-" + safeId(g.uuid) });
             sparks.set(g.uuid, sp);
+            for (const [t, v] of history.get(g.uuid) || []) sp.push(v, t);
           }
           sp.push(utilOf(g));
           const cell = gpuCell(n, g);
