@@ -20,7 +20,9 @@ function quotaCell(t) {
   );
 }
 
-export async function queuesPage(main, { signal }) {
+export async function queuesPage(main, { query, signal }) {
+  // ?pool= keeps one pool (the gateway filters: GET /v1/queues?pool=).
+  const pool = query.get("pool") || "";
   const body = h("div", { testid: "queues" });
   const stamp = h("span.mode", { role: "status", testid: "queues-live" });
   replace(main, h("div.page-head", h("h1", "Queues"), stamp), body);
@@ -30,12 +32,13 @@ export async function queuesPage(main, { signal }) {
     replace(
       body,
       h("p.note", "Priority classes, served highest first: ", (ql.priorities || []).join(" › ")),
+      pool ? h("p", { testid: "queues-pool" }, "Pool ", h("strong", pool), " only. ", h("a", { href: "/ui/queues" }, "All pools")) : null,
       pools.length ? null : h("p", { testid: "queues-empty" }, "Nothing waits and nothing runs."),
       pools.map((p) =>
         h(
           "section.pool",
           { testid: "queue-pool-" + safeId(p.pool), "aria-label": "Pool " + p.pool },
-          h("h2", p.pool === "*" ? "Any pool" : "Pool " + p.pool),
+          h("h2", p.pool === "*" ? "Any pool" : h("a", { href: "/ui/queues?pool=" + enc(p.pool) }, "Pool " + p.pool)),
           h(
             "table.queue",
             h("thead", h("tr", ["Order", "Tenant", "Weight", "Quota use", "Running", "Waiting"].map((c) => h("th", { scope: "col" }, c)))),
@@ -82,7 +85,7 @@ export async function queuesPage(main, { signal }) {
   };
   const load = async () => {
     try {
-      draw(await get("/v1/queues", { signal }));
+      draw(await get("/v1/queues" + (pool ? "?pool=" + enc(pool) : ""), { signal }));
     } catch (e) {
       if (!signal.aborted) stamp.textContent = "✗ " + e.message;
     }
