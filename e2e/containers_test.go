@@ -15,10 +15,12 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -585,6 +587,58 @@ echo peeked`))
 		if ev.Type != contracts.EventFailed || ev.Reason != contracts.ReasonImageUnauthorized {
 			t.Errorf("globex's run of acme's cached private image ended %s (%s: %s), want failed with image_unauthorized; events %s",
 				ev.Type, ev.Reason, ev.Message, h.types("globex/borrower"))
+		}
+	})
+
+	t.Run("cancel while pulling", func(t *testing.T) {
+		// A registry that holds its blobs back until the test lets them go:
+		// the job is cancelled while its image is being pulled, and must
+		// never start; a later job of the image is not hurt by it.
+		slowImg := busyboxImage(t, bb, map[string]string{"data/marker": "slow\n"})
+		layers, err := slowImg.Layers()
+		if err != nil {
+			t.Fatal(err)
+		}
+		held := map[string]bool{}
+		for _, l := range layers {
+			d, err := l.Digest()
+			if err != nil {
+				t.Fatal(err)
+			}
+			held[d.String()] = true
+		}
+		release := make(chan struct{})
+		var once sync.Once
+		inner := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodGet && held[path.Base(r.URL.Path)] {
+				<-release
+			}
+			inner.ServeHTTP(w, r)
+		}))
+		t.Cleanup(srv.Close)
+		// Before srv.Close, which waits for the requests held here.
+		t.Cleanup(func() { once.Do(func() { close(release) }) })
+		slowReg := &testRegistry{host: strings.TrimPrefix(srv.URL, "http://")}
+		slow := slowReg.push(t, "e2e/slow:v1", slowImg)
+		s.submitJob(t, ctx, "acme", containerJob("pull-cancelled", "ctr", "L4", slow, "echo ran"))
+		h.await(t, time.Minute, "acme/pull-cancelled", "pulling", isType(contracts.EventPulling, 1))
+		if code, b := s.callAPI(t, http.MethodDelete, "/v1/tenants/acme/jobs/pull-cancelled", nil, nil); code != http.StatusAccepted {
+			t.Fatalf("cancel: %d %s", code, b)
+		}
+		if ev := end(t, "pull-cancelled"); ev.Type != contracts.EventCancelled {
+			t.Errorf("pull-cancelled ended %s (%s: %s), want cancelled", ev.Type, ev.Reason, ev.Message)
+		}
+		once.Do(func() { close(release) })
+		s.submitJob(t, ctx, "acme", containerJob("pull-after", "ctr", "L4", slow, "cat /data/marker"))
+		if out := succeeded(t, "pull-after"); out != "slow\n" {
+			t.Errorf("pull-after printed %q", out)
+		}
+		if n := h.count("acme/pull-cancelled", contracts.EventRunning); n != 0 {
+			t.Errorf("pull-cancelled ran; events %s", h.types("acme/pull-cancelled"))
+		}
+		if started := runFacts(t, ctx, s, contracts.AllocationID("acme", "pull-cancelled", 1))[contracts.RunStarted]; len(started) != 0 {
+			t.Errorf("pull-cancelled has %d started facts, want none", len(started))
 		}
 	})
 
