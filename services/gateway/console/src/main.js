@@ -63,7 +63,7 @@ export const ctx = {
 export function navigate(url, replaceState) {
   if (replaceState) history.replaceState(null, "", url);
   else history.pushState(null, "", url);
-  render();
+  render(true);
 }
 
 // Links inside the app move through history, not page loads.
@@ -75,7 +75,7 @@ document.addEventListener("click", (ev) => {
   ev.preventDefault();
   navigate(url.pathname + url.search + url.hash);
 });
-window.addEventListener("popstate", () => render());
+window.addEventListener("popstate", () => render(true));
 
 hooks.onUnauthorized = () => {
   session.token = "";
@@ -102,7 +102,10 @@ async function loadIdentity() {
   tenants = [...new Set(names)].sort();
 }
 
-async function render() {
+// render draws the view of the URL. moved: the user went there inside the
+// app, so focus goes to the new view (a screen reader announces it), as a
+// page load would.
+async function render(moved) {
   if (current) current.abort();
   current = new AbortController();
   const signal = current.signal;
@@ -137,6 +140,9 @@ async function render() {
   } catch (e) {
     if (!signal.aborted) main.append(h("p.error", { role: "alert", testid: "page-error" }, "Could not load this view: " + e.message));
   }
+  if (signal.aborted) return;
+  document.title = (main.querySelector("h1")?.textContent || "gpuplane") + " · gpuplane console";
+  if (moved && !main.contains(document.activeElement)) main.focus({ preventScroll: false });
 }
 
 function header(active) {
