@@ -2,6 +2,7 @@ package nodeagent_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log"
 	"net/http"
@@ -296,6 +297,55 @@ func TestAnAgentThatDiedPullingIsResumedOnce(t *testing.T) {
 	// starts nothing more.
 	waitAcked(t, b, contracts.StreamAllocations, node, ledger(t, b, contracts.LedgerCommitted, a, "again"))
 	if n := sim.launches(a.ID); n != 1 {
+		t.Fatalf("launched %d times, want once", n)
+	}
+	if started, ended := facts(runs, a.ID); len(started) != 1 || len(ended) != 1 {
+		t.Fatalf("%d started and %d ended facts, want one each", len(started), len(ended))
+	}
+}
+
+// refusingOnce is simContainers whose first launch of each container
+// says a run was launched already, when none was: the agent's adoption
+// then fails, as a publish to a bus that is away does.
+type refusingOnce struct {
+	*simContainers
+	mu      sync.Mutex
+	refused map[string]bool
+}
+
+func (r *refusingOnce) Launch(ctx context.Context, l runner.Launch) (runner.Process, error) {
+	r.mu.Lock()
+	first := l.Container != nil && !r.refused[l.AllocationID]
+	r.refused[l.AllocationID] = true
+	r.mu.Unlock()
+	if first {
+		return nil, fmt.Errorf("%s: %w", l.AllocationID, runner.ErrAlreadyLaunched)
+	}
+	return r.simContainers.Launch(ctx, l)
+}
+
+// TestAContainerLaunchThatFailsIsTriedAgain: a container's commit is
+// acked before its launch, so a launch that fails for a reason of the
+// moment is tried again by the agent itself (nothing redelivers it): the
+// run starts once, and its entry delivered again meanwhile does nothing.
+func TestAContainerLaunchThatFailsIsTriedAgain(t *testing.T) {
+	reg := newGatedRegistry(t)
+	reg.release()
+	b := connect(t)
+	const node = "pull-retry"
+	cfg := testConfig(t, node)
+	r := &refusingOnce{simContainers: newSimContainers(t), refused: map[string]bool{}}
+	cfg.Runner, cfg.ImageDir = r, t.TempDir()
+	runs := record[contracts.RunEvent](t, b, contracts.StreamRuns, contracts.SubjectRuns(node))
+	startAgent(t, b, cfg)
+
+	a := allocation(node, "retried", contracts.RunSpec{Image: reg.ref, Command: []string{"/bin/true"}}, 0)
+	ledger(t, b, contracts.LedgerCommitted, a, "")
+	if res := waitEnded(t, runs, a.ID).Result; res.Outcome != contracts.OutcomeSucceeded {
+		t.Fatalf("result %+v", res)
+	}
+	waitAcked(t, b, contracts.StreamAllocations, node, ledger(t, b, contracts.LedgerCommitted, a, "again"))
+	if n := r.launches(a.ID); n != 1 {
 		t.Fatalf("launched %d times, want once", n)
 	}
 	if started, ended := facts(runs, a.ID); len(started) != 1 || len(ended) != 1 {
