@@ -697,6 +697,46 @@ echo "done after $n checkpoints"`)
 		}
 	})
 
+	t.Run("migration restores a checkpoint", func(t *testing.T) {
+		// An XID on its GPU moves a checkpointable container job: the
+		// agent asks it for a checkpoint (SIGUSR1), stops it, and the next
+		// attempt, in a new container, finds it through
+		// GPUPLANE_RESTORE_FROM, a path inside the container.
+		req := containerJob("moved", "ctr", "L4", base, `
+if [ -n "$GPUPLANE_RESTORE_FROM" ]; then echo "restored $(cat "$GPUPLANE_RESTORE_FROM/state") at $GPUPLANE_RESTORE_FROM"; exit 0; fi
+trap 'd="$GPUPLANE_CHECKPOINT_DIR/step-1"; mkdir -p "$d"; echo from-attempt-1 > "$d/state";
+      echo step-1 > "$GPUPLANE_CHECKPOINT_DIR/LATEST.tmp"; mv "$GPUPLANE_CHECKPOINT_DIR/LATEST.tmp" "$GPUPLANE_CHECKPOINT_DIR/LATEST"; echo checkpointed' USR1
+trap 'exit 143' TERM
+echo ready; i=0; while [ $i -lt 1200 ]; do sleep 0.1; i=$((i+1)); done`)
+		// The shell is the container's PID 1, which the kernel shields
+		// from signals it has no handler for: without its TERM trap the
+		// stop after the checkpoint would wait out the whole grace, as
+		// docker stop does for such a container.
+		req.Run.Checkpoint = true
+		s.submitJob(t, ctx, "acme", req)
+		waitFor(t, time.Minute, "moved ready", func() (bool, string) {
+			return strings.Contains(getLogs(ctx, s.ep.GatewayURL, "moved", "").body, "ready"), "no output yet"
+		})
+		gpu := placementOf(t, s, "moved").Devices[0].Index
+		if code, b := s.callAPI(t, http.MethodPost, "/v1/nodes/ctr-01/faults", map[string]string{"kind": string(contracts.FaultXID), "gpu": strconv.Itoa(gpu)}, nil); code != http.StatusAccepted {
+			t.Fatalf("fault: %d %s", code, b)
+		}
+		ev := end(t, "moved")
+		if ev.Type != contracts.EventSucceeded || ev.Attempt != 2 {
+			t.Fatalf("moved ended %s at attempt %d (%s: %s), want succeeded at attempt 2; events %s", ev.Type, ev.Attempt, ev.Reason, ev.Message, h.types("acme/moved"))
+		}
+		var second string
+		waitFor(t, 30*time.Second, "moved's second attempt's output", func() (bool, string) {
+			out, eof := s.runOutput(t, "acme", "moved")
+			id := contracts.AllocationID("acme", "moved", 2)
+			second = out[id]
+			return eof[id], second
+		})
+		if want := "restored from-attempt-1 at /gpuplane/checkpoint/step-1\n"; second != want {
+			t.Errorf("moved's second attempt printed %q, want %q", second, want)
+		}
+	})
+
 	t.Run("cache under pressure", func(t *testing.T) {
 		setPoolRuntime(t, s, h, "gc", policy, gcRefs["a"])
 		// The probe pulled a; it ended, so a is unheld. Hold it now.
