@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/gpuplane/gpuplane/services/gpuctl"
+	"github.com/gpuplane/gpuplane/services/gpuplane"
 	nodeagent "github.com/gpuplane/gpuplane/services/node-agent"
 )
 
@@ -603,6 +604,45 @@ func TestTourOutputMatches(t *testing.T) {
 		ok, next := matches(tc.want, out, tc.from)
 		if ok != tc.ok || next != tc.next {
 			t.Errorf("matches(%q, from %d) = %v, %d; want %v, %d", tc.want, tc.from, ok, next, tc.ok, tc.next)
+		}
+	}
+}
+
+// TestBannerImagesLine: the banner's images line says whether container
+// runs work here, and the README's quoted line matches it either way, so
+// the tour's banner check holds on a machine without runc too.
+func TestBannerImagesLine(t *testing.T) {
+	var quoted string
+	for _, l := range readmeBanner(t, readme(t)) {
+		if strings.HasPrefix(l, "  images ") {
+			quoted = l
+		}
+	}
+	if quoted == "" {
+		t.Fatal("README.md: the quoted banner has no images line")
+	}
+	for _, tc := range []struct {
+		ep    gpuplane.Endpoints
+		works bool
+	}{
+		{gpuplane.Endpoints{Images: []string{gpuplane.BusyboxRef}}, true},
+		{gpuplane.Endpoints{Images: []string{gpuplane.BusyboxRef}, ImagesNote: "container runs fail with runtime_unavailable: no runc (Debian: apt-get install runc)"}, false},
+		{gpuplane.Endpoints{Images: []string{gpuplane.BusyboxRef}, ImagesNote: "container runs fail: runc needs root"}, false},
+	} {
+		var line string
+		for _, l := range strings.Split(banner(tc.ep, ""), "\n") {
+			if strings.HasPrefix(l, "  images ") {
+				line = l
+			}
+		}
+		if ok, _ := matches(quoted, []string{line}, 0); !ok {
+			t.Errorf("README's %q does not match the banner's %q", quoted, line)
+		}
+		if got := strings.Contains(line, containersWork); got != tc.works {
+			t.Errorf("banner line %q: says containers work = %v, want %v", line, got, tc.works)
+		}
+		if !tc.works && !strings.Contains(line, tc.ep.ImagesNote) {
+			t.Errorf("banner line %q does not say why: %q", line, tc.ep.ImagesNote)
 		}
 	}
 }
