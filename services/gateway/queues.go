@@ -45,17 +45,37 @@ func (s *server) listQueues(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	poolFilter := r.URL.Query().Get("pool")
-	if poolFilter != "" && poolFilter != anyPool {
-		if err := contracts.ValidatePool(poolFilter); err != nil {
-			writeError(w, http.StatusBadRequest, contracts.ReasonInvalidValue, err.Error(),
-				[]contracts.FieldError{{Field: "pool", Reason: contracts.ReasonInvalidValue, Message: err.Error()}})
-			return
-		}
+	if !validPoolFilter(w, poolFilter) {
+		return
 	}
 	quotas, ok := s.readQuotas(w, r)
 	if !ok {
 		return
 	}
+	out, err := s.buildQueues(r.Context(), p, poolFilter, quotas)
+	if err != nil {
+		s.internalError(w, "read model", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// validPoolFilter answers 400 and returns false when the ?pool= filter is
+// neither empty, * nor a pool name.
+func validPoolFilter(w http.ResponseWriter, poolFilter string) bool {
+	if poolFilter != "" && poolFilter != anyPool {
+		if err := contracts.ValidatePool(poolFilter); err != nil {
+			writeError(w, http.StatusBadRequest, contracts.ReasonInvalidValue, err.Error(),
+				[]contracts.FieldError{{Field: "pool", Reason: contracts.ReasonInvalidValue, Message: err.Error()}})
+			return false
+		}
+	}
+	return true
+}
+
+// buildQueues assembles the queues as p sees them (GET /v1/queues and
+// each event of GET /v1/queues/events); poolFilter keeps one pool.
+func (s *server) buildQueues(ctx context.Context, p Principal, poolFilter string, quotas map[string]contracts.TenantQuota) (contracts.QueueList, error) {
 	visible := func(t string) bool { return p.has(contracts.RoleViewer, t) }
 
 	type key struct{ pool, tenant string }
@@ -99,10 +119,9 @@ func (s *server) listQueues(w http.ResponseWriter, r *http.Request) {
 		if !visible(t) {
 			continue
 		}
-		jobs, err := s.model.Jobs(r.Context(), t, jobQuery{State: contracts.StateQueued})
+		jobs, err := s.model.Jobs(ctx, t, jobQuery{State: contracts.StateQueued})
 		if err != nil {
-			s.internalError(w, "read model", err)
-			return
+			return contracts.QueueList{}, fmt.Errorf("queued jobs of %s: %w", t, err)
 		}
 		for _, st := range jobs {
 			pool, prio, gpus := anyPool, contracts.PriorityNormal, 0.0
@@ -151,7 +170,7 @@ func (s *server) listQueues(w http.ResponseWriter, r *http.Request) {
 		}
 		out.Pools = append(out.Pools, contracts.PoolQueue{Pool: pool, Tenants: ts})
 	}
-	writeJSON(w, http.StatusOK, out)
+	return out, nil
 }
 
 // readQuotas reads every tenant's quota (one that does not decode is

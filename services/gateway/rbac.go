@@ -111,10 +111,11 @@ var accessRules = map[string]access{
 	// work as hidden to a tenant's caller (fleet_events.go), the queues
 	// only the caller's tenants (queues.go); operations are the
 	// platform's.
-	"GET /v1/fleet/events": onAnyTenant("fleet.events", RoleViewer),
-	"GET /v1/queues":       onAnyTenant("queue.list", RoleViewer),
-	"GET /v1/ops/events":   platform("ops.events"),
-	"GET /v1/tenants":      self("tenant.list"),
+	"GET /v1/fleet/events":  onAnyTenant("fleet.events", RoleViewer),
+	"GET /v1/queues":        onAnyTenant("queue.list", RoleViewer),
+	"GET /v1/queues/events": onAnyTenant("queue.events", RoleViewer),
+	"GET /v1/ops/events":    platform("ops.events"),
+	"GET /v1/tenants":       self("tenant.list"),
 }
 
 // ruleFor returns the rule of a route; an unlisted route is platform-admin

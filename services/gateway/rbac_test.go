@@ -79,6 +79,7 @@ var matrix = []matrixRoute{
 	{"PUT", "/v1/pricebook", "/v1/pricebook", `{}`, need{RolePlatformAdmin, ""}},
 	{"GET", "/v1/fleet/events", "/v1/fleet/events", "", need{"any-viewer", ""}},
 	{"GET", "/v1/queues", "/v1/queues", "", need{"any-viewer", ""}},
+	{"GET", "/v1/queues/events", "/v1/queues/events", "", need{"any-viewer", ""}},
 	{"GET", "/v1/ops/events", "/v1/ops/events", "", need{RolePlatformAdmin, ""}},
 	{"GET", "/v1/tenants", "/v1/tenants", "", need{"self", ""}},
 }

@@ -63,6 +63,8 @@ type server struct {
 	fleet    *fleetHub
 	ops      *opsHub
 	opsReady func() bool
+	// queues wakes the queue streams (queues_events.go).
+	queues *queuesHub
 }
 
 // handler routes the API. Every route is registered per method, and its
@@ -131,6 +133,7 @@ func (s *server) handler() http.Handler {
 	route("/v1/audit/verify", map[string]http.HandlerFunc{http.MethodGet: s.verifyAudit})
 	route("/v1/fleet/events", map[string]http.HandlerFunc{http.MethodGet: s.fleetEvents})
 	route("/v1/queues", map[string]http.HandlerFunc{http.MethodGet: s.listQueues})
+	route("/v1/queues/events", map[string]http.HandlerFunc{http.MethodGet: s.queuesEvents})
 	route("/v1/ops/events", map[string]http.HandlerFunc{http.MethodGet: s.opsEvents})
 	route("/v1/tenants", map[string]http.HandlerFunc{http.MethodGet: s.listTenants})
 	route("/healthz", map[string]http.HandlerFunc{http.MethodGet: s.healthz})

@@ -412,6 +412,30 @@ func operations(s *schemaSet) []op {
 			params: []obj{query("pool", "Keep one pool (* for the jobs that name none).", str())},
 			ok:     http.StatusOK, okBody: jsonBody("QueueList"),
 			errors: map[int]string{400: errBadQuery, 503: errNotReady + " Or the quotas cannot be read."}},
+		{method: http.MethodGet, path: "/v1/queues/events", id: "watchQueues", tag: "console",
+			summary: "Stream the queues (server-sent events): the whole QueueList, then again whenever it changed",
+			description: "The first event (queues) is what GET /v1/queues answers, with the same pool filter and the same view " +
+				"(a caller who is not a platform admin sees only the tenants it holds a role on). Then another queues event, " +
+				"the whole list again, each time what the caller sees changed: a job event (queued, pending with a new " +
+				"reason, scheduled, ...) or a quota written or deleted. Changes are debounced (at most one event per half " +
+				"second) and a list that hashes as the last one sent (its time left out) is not sent. An event's id is the " +
+				"list's time; Last-Event-ID is not read: a reconnect starts with the list as it is then.",
+			params: []obj{query("pool", "Keep one pool (* for the jobs that name none).", str())},
+			ok:     http.StatusOK,
+			okBody: obj{"text/event-stream": obj{
+				"schema": obj{"type": "string", "description": "server-sent events: queues events; comments while idle"},
+				"x-sse": obj{
+					"event":      "queues",
+					"id":         "the list's time in microseconds (a reconnect gets the whole list again)",
+					"data":       "a QueueList as one line of JSON",
+					"dataSchema": componentRef("QueueList"),
+					"comments":   "': stream open' first, then ': heartbeat' every heartbeat interval while idle",
+				},
+			}},
+			okHeaders: obj{"Cache-Control": obj{"schema": str(), "description": "no-cache"}},
+			errors: map[int]string{400: errBadQuery,
+				429: "A caller who is not a platform admin has as many queue streams open as a tenant may have streams (too_many_streams); Retry-After says when to retry.",
+				503: errNotReady + " Or the quotas cannot be read."}},
 		{method: http.MethodGet, path: "/v1/ops/events", id: "watchOps", tag: "console",
 			summary: "Stream operations (server-sent events): alerts, scale decisions, machine events, migrations, preemptions",
 			description: "The latest events the gateway holds (after Last-Event-ID when given), then each new one, with links to " +
