@@ -121,7 +121,9 @@ func (b *tab) nodeEventCost(s *stack, victim string) eventCost {
 	}
 	b.t.Cleanup(func() { _, _ = s.admin.HoldNode(context.Background(), victim, gpuplane.Uncordon, "") })
 	card := fmt.Sprintf(`document.querySelector('article[data-testid="node-%s"]')`, safeID(victim))
-	b.until("the cordon on "+victim+"'s card", card+` && `+card+`.innerText.includes('cordoned')`)
+	// textContent: on a large fleet a card off the screen is not rendered
+	// (content-visibility), and innerText leaves its text out.
+	b.until("the cordon on "+victim+"'s card", card+` && `+card+`.textContent.includes('cordoned')`)
 	if eval[bool](b, card+".__mark === true") {
 		b.t.Errorf("%s's card shows the cordon but is the element from before it", victim)
 	}
@@ -177,8 +179,9 @@ func TestFaultTurnsTheGPUUnhealthyAndTheJobMigrates(t *testing.T) {
 	}
 	fleetTab.until("the GPU unhealthy on the fleet page", cell+` && `+cell+`.dataset.state === 'unhealthy'`)
 	fleetTab.shot("fleet-unhealthy")
-	jobTab.until("the migration on the job page", contains("migrated"))
-	jobTab.until("the job succeeded on the job page", contains("succeeded"))
+	timeline := `[...document.querySelectorAll('[data-testid=timeline-event]')].map(e => e.dataset.type)`
+	jobTab.until("the migration on the job's timeline", timeline+`.includes('migrating') && `+timeline+`.includes('migrated')`)
+	jobTab.untilWithin(2*waitFor, "the job succeeded on its page", `document.querySelector('[data-testid=job-state]').dataset.state === 'succeeded'`)
 	jobTab.shot("job-migrated")
 	for _, b := range []*tab{fleetTab, jobTab} {
 		if !eval[bool](b, "window.__sameDocument === true") {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/chromedp/chromedp"
 
@@ -139,4 +140,35 @@ func containsEach(words ...string) []string {
 		out = append(out, contains(w))
 	}
 	return out
+}
+
+// TestATenantSeesOnlyItsTenants: the demo user, a member of acme only,
+// finds acme alone in the tenant picker, acme's jobs and not another
+// tenant's, and the operations view refused as a platform admin's.
+func TestATenantSeesOnlyItsTenants(t *testing.T) {
+	s := needStack(t)
+	s.jobs(t)
+	other := contracts.JobRequest{ID: "console-other-tenant", Resources: contracts.Resources{GPU: contracts.GPURequest{Count: 1}},
+		Run: contracts.RunSpec{Duration: contracts.Duration(time.Second)}}
+	if _, err := s.admin.Submit(t.Context(), "globex", other); err != nil {
+		t.Fatal(err)
+	}
+	b := s.open(t, desktopWidth, 900)
+	b.login(s.ep.DemoToken)
+	b.navigate("/ui/jobs")
+	b.untilAll("acme's jobs", contains(longJob), hasTestID("tenant-picker"))
+	if opts := eval[[]string](b, `[...document.querySelectorAll('[data-testid=tenant-picker] option')].map(o => o.value)`); len(opts) != 1 || opts[0] != tenant {
+		t.Errorf("the tenant picker offers %q, want only %s", opts, tenant)
+	}
+	if strings.Contains(b.mainText(), other.ID) {
+		t.Errorf("globex's job shows to a member of acme")
+	}
+	b.navigate("/ui/ops")
+	b.until("operations refused", `(document.querySelector('[data-testid=ops-live]') || {}).dataset?.state === 'forbidden'`)
+	b.shot("ops-as-tenant")
+}
+
+// mainText is the main view's text.
+func (b *tab) mainText() string {
+	return eval[string](b, "(document.querySelector('main') || document.body).innerText")
 }
