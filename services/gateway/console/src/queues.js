@@ -1,9 +1,11 @@
 // Queues: per pool, the tenants in fair-share order with their quota use
 // against guarantee and max, and each waiting job with the scheduler's
-// reason and any backfill reservation (GET /v1/queues). Refreshed while
-// the tenant's jobs change, and every 5 s (the queue has no stream).
+// reason and any backfill reservation. Live over GET /v1/queues/events:
+// each event is the whole list as GET /v1/queues answers it, sent when
+// what the caller sees changed (the gateway debounces and skips
+// unchanged lists), so the page redraws per event and never polls.
 import { h, replace, badge, ago, safeId } from "./dom.js";
-import { get, enc } from "./api.js";
+import { get, stream, enc } from "./api.js";
 
 function quotaCell(t) {
   const q = t.quota;
@@ -24,10 +26,12 @@ export async function queuesPage(main, { query, signal }) {
   // ?pool= keeps one pool (the gateway filters: GET /v1/queues?pool=).
   const pool = query.get("pool") || "";
   const body = h("div", { testid: "queues" });
-  const stamp = h("span.mode", { role: "status", testid: "queues-live" });
+  const stamp = h("span.mode", { role: "status", testid: "queues-live" }, "connecting…");
   replace(main, h("div.page-head", h("h1", "Queues"), stamp), body);
+  let updated = "";
   const draw = (ql) => {
-    stamp.textContent = "updated " + new Date().toLocaleTimeString(undefined, { hour12: false });
+    updated = new Date().toLocaleTimeString(undefined, { hour12: false });
+    stamp.textContent = "● live · updated " + updated;
     const pools = ql.pools || [];
     replace(
       body,
@@ -83,14 +87,26 @@ export async function queuesPage(main, { query, signal }) {
       ),
     );
   };
-  const load = async () => {
-    try {
-      draw(await get("/v1/queues" + (pool ? "?pool=" + enc(pool) : ""), { signal }));
-    } catch (e) {
-      if (!signal.aborted) stamp.textContent = "✗ " + e.message;
-    }
-  };
-  await load();
-  const t = setInterval(load, 5000);
-  signal.addEventListener("abort", () => clearInterval(t));
+  const qs = pool ? "?pool=" + enc(pool) : "";
+  // The stream reconnects with a doubling wait (api.js); each new
+  // connection starts with the whole list again.
+  stream("/v1/queues/events" + qs, {
+    signal,
+    onEvent: (name, data) => {
+      if (name === "queues") draw(data);
+    },
+    onStatus: async (s) => {
+      if (s === "reconnecting") stamp.textContent = "… reconnecting" + (updated ? " · updated " + updated : "");
+      else if (s === "forbidden") stamp.textContent = "✗ no tenant of yours to show";
+      else if (s === "missing") {
+        // A gateway without the stream: the list once, said to be still.
+        try {
+          draw(await get("/v1/queues" + qs, { signal }));
+          stamp.textContent = "updated " + updated + " (not live: no queue stream on this gateway)";
+        } catch (e) {
+          if (!signal.aborted) stamp.textContent = "✗ " + e.message;
+        }
+      }
+    },
+  });
 }
