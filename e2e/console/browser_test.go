@@ -29,6 +29,8 @@ type tab struct {
 	s     *stack
 	ctx   context.Context
 	width int
+	// close closes the tab (and ends its requests).
+	close func()
 }
 
 // open opens a tab of width × height CSS pixels (a phone's with touch
@@ -38,7 +40,7 @@ func (s *stack) open(t testing.TB, width, height int) *tab {
 	ctx, cancel := context.WithTimeout(s.browser, 4*waitFor)
 	ctx, cancelTab := chromedp.NewContext(ctx)
 	t.Cleanup(func() { cancelTab(); cancel() })
-	b := &tab{t: t, s: s, ctx: ctx, width: width}
+	b := &tab{t: t, s: s, ctx: ctx, width: width, close: func() { cancelTab(); cancel() }}
 	var opts []chromedp.EmulateViewportOption
 	if width <= phoneWidth {
 		opts = append(opts, chromedp.EmulateMobile, chromedp.EmulateTouch, chromedp.EmulatePortrait)

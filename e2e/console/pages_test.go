@@ -81,13 +81,21 @@ func TestPagesRenderRealData(t *testing.T) {
 	f := s.jobs(t)
 	for _, width := range []int{desktopWidth, phoneWidth} {
 		t.Run(fmt.Sprint(width), func(t *testing.T) {
-			b := s.open(t, width, 900)
-			b.login(s.ep.AdminToken)
 			for _, p := range s.pages(t, f) {
+				// A tab per view: in one tab, after five full page loads of
+				// views that stream (fleet, machine, jobs, job), the next
+				// load waits about 60 s for a connection (Chromium's six
+				// per host over HTTP/1.1 stay held by the streams of pages
+				// already left); closing the tab frees them.
+				b := s.open(t, width, 900)
+				b.login(s.ep.AdminToken)
+				start := time.Now()
 				b.navigate(p.path)
 				b.untilAll(p.name+" shows the platform's data", p.ready...)
+				t.Logf("%s shows its data %s after the navigation", p.name, time.Since(start).Round(time.Millisecond))
 				b.noHorizontalScroll(p.name)
 				b.shot(p.name)
+				b.close()
 			}
 		})
 	}
@@ -114,9 +122,10 @@ func (b *tab) noHorizontalScroll(page string) {
 func TestDeepLinksSurviveAReload(t *testing.T) {
 	s := needStack(t)
 	f := s.jobs(t)
-	b := s.open(t, desktopWidth, 900)
-	b.login(s.ep.AdminToken)
 	for _, p := range s.pages(t, f) {
+		// A tab per view, as in TestPagesRenderRealData.
+		b := s.open(t, desktopWidth, 900)
+		b.login(s.ep.AdminToken)
 		b.navigate(p.path)
 		b.untilAll(p.name+" before the reload", p.ready...)
 		before := eval[string](b, "location.pathname + location.search")
@@ -125,6 +134,7 @@ func TestDeepLinksSurviveAReload(t *testing.T) {
 		if after := eval[string](b, "location.pathname + location.search"); after != before {
 			t.Errorf("%s: the reload moved from %s to %s", p.name, before, after)
 		}
+		b.close()
 	}
 }
 
