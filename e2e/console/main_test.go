@@ -86,6 +86,9 @@ func run(m *testing.M) int {
 // or why there is none.
 func findChromium() (path, why string) {
 	if p := os.Getenv("GPUPLANE_CHROMIUM"); p != "" {
+		if _, err := exec.LookPath(p); err != nil {
+			return "", fmt.Sprintf("GPUPLANE_CHROMIUM=%s: %v", p, err)
+		}
 		return p, ""
 	}
 	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
