@@ -68,18 +68,54 @@ export async function tryGet(path, opts) {
 
 export const enc = encodeURIComponent;
 
+// Every stream and followed log open in this document: each holds one of
+// the six HTTP/1.1 connections Chromium allows per host, so each is
+// aborted when its view is left (the view's signal) and all of them when
+// the document goes away (pagehide), or a few page loads later the next
+// request waits about a minute for a connection.
+const open = new Set();
+
+// linked is an AbortController that aborts with signal and on pagehide,
+// registered in open until it ends.
+function linked(signal) {
+  const c = new AbortController();
+  const stop = () => c.abort();
+  if (signal) {
+    if (signal.aborted) c.abort();
+    else signal.addEventListener("abort", stop, { once: true });
+  }
+  open.add(c);
+  return { signal: c.signal, done: () => (open.delete(c), signal && signal.removeEventListener("abort", stop)) };
+}
+
+// abortAll ends every stream of the document (pagehide, beforeunload).
+export function abortAll() {
+  for (const c of [...open]) c.abort();
+  open.clear();
+}
+addEventListener("pagehide", abortAll);
+addEventListener("beforeunload", abortAll);
+
 // stream follows a server-sent event stream with fetch (EventSource cannot
 // send an Authorization header). It reconnects with backoff, resuming with
 // Last-Event-ID after the last id seen, until signal aborts. onEvent gets
 // (name, data parsed as JSON when it is, id). onStatus gets "live",
 // "reconnecting", "missing" (a 404: the endpoint does not exist), "forbidden"
 // or "ended" (with ends: a stream that finishes by itself, a job's).
-export function stream(path, { onEvent, onStatus = () => {}, signal, ends = false, after = "" }) {
+export function stream(path, { onEvent, onStatus = () => {}, signal: viewSignal, ends = false, after = "" }) {
+  const { signal, done } = linked(viewSignal);
   // after: resume after this event ID from the start (what a list read
   // before the stream already showed).
   let lastId = after && after !== "0" ? after : "";
   let backoff = 500;
   (async () => {
+    try {
+      await run();
+    } finally {
+      done();
+    }
+  })();
+  async function run() {
     while (!signal.aborted) {
       try {
         const hdr = headers({ Accept: "text/event-stream" });
@@ -140,12 +176,21 @@ export function stream(path, { onEvent, onStatus = () => {}, signal, ends = fals
       await new Promise((r) => setTimeout(r, backoff));
       backoff = Math.min(backoff * 2, 10000);
     }
-  })();
+  }
 }
 
 // follow reads a text stream (logs) chunk by chunk until it ends or
 // signal aborts.
-export async function follow(path, onText, signal) {
+export async function follow(path, onText, viewSignal) {
+  const { signal, done } = linked(viewSignal);
+  try {
+    await followIn(path, onText, signal);
+  } finally {
+    done();
+  }
+}
+
+async function followIn(path, onText, signal) {
   const res = await fetch(path, { headers: headers({ Accept: "text/plain" }), signal });
   if (!res.ok) {
     let body = null;

@@ -10,10 +10,16 @@ const dashes = [[], [6, 3], [2, 2], [8, 3, 2, 3]];
 // the legend names it, so colour is never the only signal.
 export function lineChart(el, { title, xs, series, yLabel, width, height = 220, fmt }) {
   const w = width || Math.max(280, Math.min(el.clientWidth || 900, 1200));
+  // The time axis spans the data (chartData pads it one step either
+  // side), never uPlot's own rounding of a lone point out to years away.
+  const lo = xs.length ? xs[0] : 0, hi = xs.length ? xs[xs.length - 1] : 0;
+  el.dataset.xMin = String(lo);
+  el.dataset.xMax = String(hi);
   const opts = {
     title,
     width: w,
     height,
+    scales: { x: { time: true, range: () => (hi > lo ? [lo, hi] : [lo - 3600, lo + 3600]) } },
     series: [
       {},
       ...series.map((s, i) => ({

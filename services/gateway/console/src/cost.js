@@ -8,7 +8,8 @@ import { ctx } from "./main.js";
 import { lineChart } from "./charts.js";
 
 // A point is one step's usage of one pool and price class (and tenant):
-// {t: its start in unix seconds, pool, priceClass, tenant, gpuH, cost, saved}.
+// {t: its start in unix seconds, pool, priceClass, tenant, gpuS (GPU
+// seconds), cost, saved}.
 
 // seriesPoints reads GET /v1/tenants/{tenant}/usage/series: daily, or
 // hourly when the usage spans fewer than three days; null where the
@@ -21,12 +22,12 @@ export async function seriesPoints(tenant, signal) {
   return {
     step: s.step === "hour" ? 3600 : 86400,
     currency: s.currency || "",
-    points: (s.points || []).map((p) => ({
+    points: (s.points || []).filter((p) => isFinite(Date.parse(p.start))).map((p) => ({
       t: Math.floor(Date.parse(p.start) / 1000),
       pool: p.pool,
       priceClass: p.priceClass || "",
       tenant,
-      gpuH: (p.gpuMillis || 0) / 3.6e6,
+      gpuS: (p.gpuMillis || 0) / 1000,
       cost: (p.costMicros || 0) / 1e6,
       saved: (p.savedMicros || 0) / 1e6,
     })),
@@ -43,7 +44,7 @@ export function recordPoints(records, step, tenant) {
       pool: r.pool,
       priceClass: r.priceClass || "",
       tenant: r.tenant || tenant,
-      gpuH: (r.gpuMillis || 0) / 3.6e6,
+      gpuS: (r.gpuMillis || 0) / 1000,
       cost: (r.costMicros || 0) / 1e6,
       saved: ((r.onDemandCostMicros || 0) - (r.costMicros || 0)) / 1e6,
     }));
@@ -68,9 +69,25 @@ export function chartData(points, key, val, step) {
   return { xs, series: [...by.entries()].sort().map(([label, values]) => ({ label, values })) };
 }
 
-// num shows small amounts (a short job's GPU hours) with their digits.
+// num shows small amounts with their digits.
 const num = (v) => (v === 0 ? "0" : Math.abs(v) < 0.01 ? v.toPrecision(2) : v.toFixed(2));
-const hours = (ms) => num((ms || 0) / 3.6e6);
+
+// gpuTime shows GPU time in the unit that fits it: a second-long job's
+// usage is "3.2 GPU-s", not "0.00" GPU hours.
+export function gpuTime(ms) {
+  const v = (ms || 0) / 1000;
+  const u = timeUnit(v);
+  return num(v / u.seconds) + " " + u.name;
+}
+
+// timeUnit is the unit of GPU time (GPU-s, GPU-min, GPU-h) for an amount
+// of GPU seconds.
+export function timeUnit(seconds) {
+  const a = Math.abs(seconds);
+  if (a > 0 && a < 60) return { name: "GPU-s", seconds: 1 };
+  if (a > 0 && a < 3600) return { name: "GPU-min", seconds: 60 };
+  return { name: "GPU-h", seconds: 3600 };
+}
 
 export async function costPage(main, { query, signal }) {
   const tenant = ctx.tenant;
@@ -96,7 +113,12 @@ export async function costPage(main, { query, signal }) {
   periodIn.onchange = () => ctx.navigate(`/ui/cost?tenant=${enc(tenant)}&period=${enc(periodIn.value)}`);
 
   const chartBox = (title, testid) => h("figure.chart", { testid }, h("figcaption", title));
-  const poolGpu = chartBox(`GPU hours per ${stepName}, by pool`, "cost-chart-gpu-pool");
+  // The GPU time chart's unit is the one that fits its largest step.
+  const gpuUnit = timeUnit(Math.max(0, ...ser.points.map((p) => p.gpuS)));
+  const poolGpu = chartBox(`GPU time per ${stepName} (${gpuUnit.name}), by pool`, "cost-chart-gpu-pool");
+  // Without a price book nothing is priced: the cost charts and tiles say
+  // so once instead of drawing zeros in no currency ("()").
+  const priced = !!cur || (usage.costMicros || 0) > 0;
   const inCur = cur ? ` (${cur})` : "";
   const classCost = chartBox(`Cost per ${stepName}${inCur}, by price class`, "cost-chart-cost-class");
   const tenantsBox = chartBox(`Cost per ${stepName}${inCur}, by tenant`, "cost-chart-tenants");
@@ -109,11 +131,24 @@ export async function costPage(main, { query, signal }) {
     h("div.page-head", h("h1", "Cost of ", h("span", { testid: "cost-tenant" }, tenant)), field("Invoice month", periodIn)),
     h(
       "section.tiles",
-      h("div.tile", { testid: "cost-total" }, h("div.big", money(usage.costMicros, cur)), "usage cost so far"),
-      h("div.tile", { testid: "cost-gpu-hours" }, h("div.big", hours(usage.gpuMillis)), "GPU hours"),
-      h("div.tile", { testid: "spot-savings" }, h("div.big", invoice.spotSavings ? invoice.spotSavings + " " + cur : money(invoice.spotSavingsMicros || 0, cur)), "saved by spot this month (vs on-demand ", invoice.onDemandEquivalent || "", ")"),
+      priced
+        ? h("div.tile", { testid: "cost-total" }, h("div.big", money(usage.costMicros, cur)), "usage cost so far")
+        : h("div.tile", { testid: "cost-total" }, h("div.big", "–"), "not priced"),
+      h("div.tile", { testid: "cost-gpu-hours" }, h("div.big", gpuTime(usage.gpuMillis)), "GPU time"),
+      priced
+        ? h(
+            "div.tile",
+            { testid: "spot-savings" },
+            h("div.big", invoice.spotSavings ? invoice.spotSavings + (cur ? " " + cur : "") : money(invoice.spotSavingsMicros || 0, cur)),
+            "saved by spot this month",
+            invoice.onDemandEquivalent ? ` (vs ${invoice.onDemandEquivalent}${cur ? " " + cur : ""} on demand)` : "",
+          )
+        : null,
     ),
-    ser.points.length ? [poolGpu, classCost, savedBox, ctx.tenants.length > 1 ? tenantsBox : null] : h("p", { testid: "cost-empty" }, "No usage recorded for this tenant yet."),
+    priced ? null : h("p.note", { testid: "no-pricebook" }, "No price book set: usage is metered but not priced, so costs, savings and the invoice's amounts are empty until an operator sets one."),
+    ser.points.length
+      ? [poolGpu, priced ? [classCost, savedBox, ctx.tenants.length > 1 ? tenantsBox : null] : null]
+      : h("p", { testid: "cost-empty" }, "No usage recorded for this tenant yet."),
     h(
       "section",
       { testid: "budget" },
@@ -145,7 +180,7 @@ export async function costPage(main, { query, signal }) {
         : [
             h(
               "table",
-              h("thead", h("tr", ["Pool", "Price class", "GPU", "GPU hours", "Rate", "Cost", "On-demand"].map((c) => h("th", { scope: "col" }, c)))),
+              h("thead", h("tr", ["Pool", "Price class", "GPU", "GPU time", "Rate", "Cost", "On-demand"].map((c) => h("th", { scope: "col" }, c)))),
               h(
                 "tbody",
                 (invoice.lines || []).map((l) =>
@@ -154,25 +189,27 @@ export async function costPage(main, { query, signal }) {
                     h("td", l.pool),
                     h("td", l.priceClass),
                     h("td", l.gpuModel),
-                    h("td.num", hours(l.gpuMillis)),
-                    h("td.num", money(l.gpuRateMicros, "/h")),
-                    h("td.num", l.cost),
-                    h("td.num", money(l.onDemandCostMicros)),
+                    h("td.num", gpuTime(l.gpuMillis)),
+                    h("td.num", priced ? money(l.gpuRateMicros, (cur ? cur + " " : "") + "per GPU-h") : "–"),
+                    h("td.num", priced ? l.cost : "–"),
+                    h("td.num", priced ? money(l.onDemandCostMicros) : "–"),
                   ),
                 ),
               ),
-              h("tfoot", h("tr", h("th", { colspan: 5, scope: "row" }, "Total"), h("td.num", { testid: "invoice-total" }, invoice.total + " " + (invoice.currency || "")), h("td"))),
+              h("tfoot", h("tr", h("th", { colspan: 5, scope: "row" }, "Total"), h("td.num", { testid: "invoice-total" }, priced ? invoice.total + (invoice.currency ? " " + invoice.currency : "") : "–"), h("td"))),
             ),
             (invoice.byClass || []).length
               ? h("p", "By price class: ", invoice.byClass.map((c) => h("span.tag", `${c.priceClass} ${c.cost}${c.savings && c.savings !== "0" && c.savings !== "0.00" ? " (saved " + c.savings + ")" : ""}`)))
               : null,
-            invoice.unpricedGpuMillis ? h("p.note", "⚠ ", hours(invoice.unpricedGpuMillis), " GPU hours not yet priced") : null,
+            // Said once: without a price book the note above says it all.
+            priced && invoice.unpricedGpuMillis ? h("p.note", { testid: "unpriced" }, "⚠ ", gpuTime(invoice.unpricedGpuMillis), " not yet priced (no rate in the price book)") : null,
           ],
     ),
   );
   if (ser.points.length) {
     const pts = ser.points;
-    charts.push(lineChart(poolGpu, { ...chartData(pts, (p) => p.pool, (p) => p.gpuH, step), yLabel: "GPU h", fmt: num }));
+    charts.push(lineChart(poolGpu, { ...chartData(pts, (p) => p.pool, (p) => p.gpuS / gpuUnit.seconds, step), yLabel: gpuUnit.name, fmt: num }));
+    if (!priced) return;
     charts.push(lineChart(classCost, { ...chartData(pts, (p) => p.priceClass, (p) => p.cost, step), yLabel: cur, fmt: num }));
     charts.push(lineChart(savedBox, { ...chartData(pts, (p) => p.priceClass, (p) => p.saved, step), yLabel: cur, fmt: num }));
     if (ctx.tenants.length > 1) {

@@ -7,6 +7,13 @@ import { api, get, stream, follow, enc, ApiError } from "./api.js";
 import { ctx, navigate } from "./main.js";
 
 const TERMINAL = new Set(["succeeded", "failed", "cancelled", "rejected"]);
+
+// cancellable: a job that has not ended may be cancelled (queued,
+// scheduled, running, and whatever new state the API adds before its end).
+export const cancellable = (state) => !!state && !TERMINAL.has(state);
+// checkpointable: only a running job that asked for checkpoints
+// (run.checkpoint) can write one now (the gateway answers 409 otherwise).
+export const checkpointable = (d) => d.state === "running" && !!d.request?.run?.checkpoint;
 const PAGE = 500;
 
 function gpuText(req) {
@@ -120,17 +127,23 @@ export async function jobsPage(main, { query, signal }) {
   };
   let after = "";
   let lastSeq = 0;
+  // A page asks for one job more than it shows: that job's presence is
+  // the API saying a next page exists, so a tenant whose jobs fill the
+  // page exactly is not offered "Load more" (5 of 5 shown, and a button
+  // that loads nothing). ?limit= sets the page size (1 to 999).
+  const size = Math.min(999, Math.max(1, Number(query.get("limit")) || PAGE));
   const load = async () => {
-    const q = new URLSearchParams({ limit: String(PAGE) });
+    const q = new URLSearchParams({ limit: String(size + 1) });
     if (after) q.set("after", after);
     if (stateSel.value) q.set("state", stateSel.value);
     const list = await get(`/v1/tenants/${enc(tenant)}/jobs?${q}`, { signal });
-    const jobs = list.jobs || [];
+    const all = list.jobs || [];
+    const jobs = all.slice(0, size);
     for (const j of jobs) {
       put(j, false);
       lastSeq = Math.max(lastSeq, j.lastSeq || 0);
     }
-    after = jobs.length === PAGE ? jobs[jobs.length - 1].jobId : "";
+    after = all.length > size ? jobs[jobs.length - 1].jobId : "";
     more.hidden = !after;
     recount();
   };
@@ -209,7 +222,18 @@ export async function jobPage(main, { params, signal }) {
     );
   };
 
+  // The actions offered are those the job's state allows (the gateway
+  // refuses the others): cancel until it ends, a checkpoint while a job
+  // that writes them runs. Redrawn with the state.
+  const canAct = ctx.can("member", tenant);
+  const cancelBtn = h("button", { type: "button", testid: "job-cancel", onclick: () => confirm(`Cancel ${id}?`) && act("cancel") }, "Cancel");
+  const checkpointBtn = h("button", { type: "button", testid: "job-checkpoint", onclick: () => act("checkpoint") }, "Checkpoint now");
+  const syncActions = () => {
+    cancelBtn.hidden = !canAct || !cancellable(d.state);
+    checkpointBtn.hidden = !canAct || !checkpointable(d);
+  };
   const draw = () => {
+    syncActions();
     const req = d.request || {};
     const g = req.resources?.gpu || {};
     replace(
@@ -318,7 +342,6 @@ export async function jobPage(main, { params, signal }) {
       actionMsg.textContent = "✗ " + e.message;
     }
   };
-  const canAct = ctx.can("member", tenant);
   replace(
     main,
     h("p", h("a", { href: "/ui/jobs?tenant=" + enc(tenant) }, "← Jobs of " + tenant)),
@@ -326,8 +349,8 @@ export async function jobPage(main, { params, signal }) {
     h(
       "div.actions",
       { testid: "job-actions" },
-      canAct ? h("button", { type: "button", testid: "job-cancel", onclick: () => confirm(`Cancel ${id}?`) && act("cancel") }, "Cancel") : null,
-      canAct ? h("button", { type: "button", testid: "job-checkpoint", onclick: () => act("checkpoint") }, "Checkpoint now") : null,
+      cancelBtn,
+      checkpointBtn,
       canAct ? h("a.button", { href: `/ui/jobs/new?tenant=${enc(tenant)}&from=${enc(id)}`, testid: "job-resubmit" }, "Resubmit as new") : null,
     ),
     actionMsg,

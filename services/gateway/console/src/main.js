@@ -76,6 +76,11 @@ document.addEventListener("click", (ev) => {
   navigate(url.pathname + url.search + url.hash);
 });
 window.addEventListener("popstate", () => render(true));
+// Leaving the document ends the view (its streams, timers and charts; api.js
+// aborts every stream too); a page the browser kept and shows again
+// (back/forward cache) draws its view anew, live again.
+window.addEventListener("pagehide", () => current && current.abort());
+window.addEventListener("pageshow", (ev) => ev.persisted && render());
 
 hooks.onUnauthorized = () => {
   session.token = "";
