@@ -265,14 +265,28 @@ func TestResourceManagerStandbyFencesAFrozenLeader(t *testing.T) {
 				r.stored.Format(time.RFC3339Nano), r.stored.Sub(thawed).Seconds())
 		}
 	}
-	byStandby := 0
+	// SIGSTOP takes a loaded machine's threads a moment to stop: a plan
+	// the leader was handling then may have its commit sent before the
+	// stop, stored while it was frozen (under its lease, through the
+	// compare-and-set on the node's ledger subject), its answer read only
+	// at the thaw. That commit is the leader's, within its term.
+	byStandby, slipped := 0, 0
 	for _, r := range recs {
-		if r.source == "/gpuplane/"+standby && r.ledger.Kind == contracts.LedgerCommitted {
+		if r.ledger.Kind != contracts.LedgerCommitted {
+			continue
+		}
+		switch {
+		case r.source == "/gpuplane/"+standby:
 			byStandby++
+		case r.source == "/gpuplane/"+leader && r.stored.After(frozen) && r.stored.Before(frozen.Add(time.Second)):
+			slipped++
+			t.Logf("the leader's commit of %s was stored %.3fs after the SIGSTOP, before it took hold", r.ledger.Allocation.ID,
+				r.stored.Sub(frozen).Seconds())
 		}
 	}
-	if byStandby < len(during)+len(after) {
-		t.Errorf("the standby committed %d allocations, want at least the %d made after the freeze", byStandby, len(during)+len(after))
+	if byStandby+slipped < len(during)+len(after) {
+		t.Errorf("the standby committed %d allocations (and the leader %d as it froze), want at least the %d made after the freeze",
+			byStandby, slipped, len(during)+len(after))
 	}
 	if lost := nodeLosses(recs); len(lost) > 0 {
 		t.Errorf("nodes lost across the takeover:\n  %s", strings.Join(lost, "\n  "))
