@@ -35,17 +35,27 @@ const reservationPrefix = "capacity reserved on "
 // anyPool groups the queued jobs that name no pool.
 const anyPool = "*"
 
-func (s *server) listQueues(w http.ResponseWriter, r *http.Request) {
+// queuesRequest is what GET /v1/queues and its stream share before they
+// answer: a read model caught up, the caller, and a valid pool filter;
+// ok is false once it has answered the request itself.
+func (s *server) queuesRequest(w http.ResponseWriter, r *http.Request) (p Principal, pool string, ok bool) {
 	if !s.modelReady(w) {
-		return
+		return p, "", false
 	}
-	p, ok := principalFrom(r.Context())
-	if !ok {
+	if p, ok = principalFrom(r.Context()); !ok {
 		s.unauthorized(w, r, refused(contracts.ReasonUnauthenticated, "no credentials"))
-		return
+		return p, "", false
 	}
-	poolFilter := r.URL.Query().Get("pool")
-	if !validPoolFilter(w, poolFilter) {
+	pool = r.URL.Query().Get("pool")
+	if !validPoolFilter(w, pool) {
+		return p, "", false
+	}
+	return p, pool, true
+}
+
+func (s *server) listQueues(w http.ResponseWriter, r *http.Request) {
+	p, poolFilter, ok := s.queuesRequest(w, r)
+	if !ok {
 		return
 	}
 	quotas, ok := s.readQuotas(w, r)

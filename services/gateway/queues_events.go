@@ -139,16 +139,8 @@ func (s *server) loadQuotas(ctx context.Context) (map[string]contracts.TenantQuo
 
 // queuesEvents serves GET /v1/queues/events.
 func (s *server) queuesEvents(w http.ResponseWriter, r *http.Request) {
-	if !s.modelReady(w) {
-		return
-	}
-	p, ok := principalFrom(r.Context())
+	p, poolFilter, ok := s.queuesRequest(w, r)
 	if !ok {
-		s.unauthorized(w, r, refused(contracts.ReasonUnauthenticated, "no credentials"))
-		return
-	}
-	poolFilter := r.URL.Query().Get("pool")
-	if !validPoolFilter(w, poolFilter) {
 		return
 	}
 	if !p.isPlatformAdmin() {
