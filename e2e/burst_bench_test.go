@@ -38,7 +38,11 @@ pools:
 // cost of each (issue 13): both report their ratio to R1 (jobs/s-vs-R1). Beside
 // each, in the same run, the raw JetStream publish rate of as many
 // messages of the same size to a file-backed stream of the same
-// replicas: the ceiling any bus-based control plane works under.
+// replicas: the ceiling any bus-based control plane works under. R1 also
+// counts what the bus carried per job (busmeter_test.go): server messages
+// in and out, messages stored by stream and JetStream API requests, to the
+// scheduled event and to the running one, and reports the ideal rate,
+// the raw publish rate over the messages stored per job.
 //
 //	make bench   (or: go test -run '^$' -bench Burst -benchtime 1x ./e2e/)
 func BenchmarkBurst(b *testing.B) {
@@ -50,23 +54,40 @@ func BenchmarkBurst(b *testing.B) {
 	results := map[string]burstResult{}
 	for _, topo := range []struct {
 		name  string
-		start func(b *testing.B) (*stack, int)
+		start func(b *testing.B) (*stack, int, *busMeter)
 	}{
-		{"R1", func(b *testing.B) (*stack, int) { return startStack(b, &fl), 1 }},
-		{"R3", func(b *testing.B) (*stack, int) { return clusterStack(b, &fl, false), 3 }},
-		{"R3-sync-always", func(b *testing.B) (*stack, int) { return clusterStack(b, &fl, true), 3 }},
+		{"R1", func(b *testing.B) (*stack, int, *busMeter) {
+			s, m := meteredStack(b, &fl)
+			return s, 1, m
+		}},
+		{"R3", func(b *testing.B) (*stack, int, *busMeter) { return clusterStack(b, &fl, false), 3, nil }},
+		{"R3-sync-always", func(b *testing.B) (*stack, int, *busMeter) { return clusterStack(b, &fl, true), 3, nil }},
 	} {
 		b.Run(topo.name, func(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				b.StopTimer()
-				s, replicas := topo.start(b)
+				s, replicas, meter := topo.start(b)
 				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 				waitNodes(b, ctx, s, len(fl.Machines()))
 				waitReady(b, ctx, s, fmt.Sprintf("warmup-%d", i))
 				baseline := rawPublishRate(b, ctx, s.js, jobs, replicas)
+				var idle, from busCounts
+				if meter != nil {
+					// The platform's background (heartbeats, telemetry)
+					// over a second, to take out of the burst's counts.
+					idle = meter.read(ctx, b)
+					time.Sleep(time.Second)
+					from = meter.read(ctx, b)
+				}
 				b.StartTimer()
 				r := burst(b, ctx, s, fmt.Sprintf("b%d", i), jobs)
 				b.StopTimer()
+				if meter != nil {
+					toScheduled := meter.read(ctx, b)
+					started := waitStarted(b, ctx, r.started, jobs)
+					toStarted := meter.read(ctx, b)
+					reportBusCost(b, cost(idle, from, toScheduled, jobs), cost(idle, from, toStarted, jobs), started, baseline, r.jobsPerSec)
+				}
 				cancel()
 				r.raw = baseline
 				results[topo.name] = r
@@ -97,6 +118,46 @@ type burstResult struct {
 	p50, p99, max time.Duration
 	// raw is the raw publish rate measured beside it (msg/s).
 	raw float64
+	// started counts the jobs whose running event arrived; it keeps
+	// counting after burst returns (see waitStarted).
+	started func() int
+}
+
+// waitStarted waits, at most 30 s, until n jobs have started (their
+// running event arrived), and returns how many have.
+func waitStarted(b *testing.B, ctx context.Context, started func() int, n int) int {
+	b.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	for started() < n {
+		select {
+		case <-ctx.Done():
+			return started()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return started()
+}
+
+// reportBusCost reports what the bus carried per job to the scheduled
+// event and to the running one, and how close the platform came to the
+// bus's own cost: the raw publish rate over the messages stored per job
+// (to the running event) is the rate a control plane doing nothing but
+// storing those messages would reach.
+func reportBusCost(b *testing.B, sched, start busCost, started int, raw, jobsPerSec float64) {
+	b.Helper()
+	// Every message the platform stores per job counts against the
+	// ideal, the running path's too: the bus carries them during the
+	// burst, beside the scheduled path.
+	ideal := raw / start.stored
+	b.ReportMetric(sched.in, "srv-msgs-in/job")
+	b.ReportMetric(start.stored, "stored/job")
+	b.ReportMetric(ideal, "ideal-jobs/s")
+	b.ReportMetric(jobsPerSec/ideal, "of-ideal")
+	b.Logf("to scheduled, %s", sched)
+	b.Logf("to started (%d of %d jobs running), %s", started, start.jobs, start)
+	b.Logf("ideal at the bus's own cost: %.0f msg/s raw / %.2f stored msgs per job = %.0f jobs/s; reached %.0f (%.1f %%)",
+		raw, start.stored, ideal, jobsPerSec, 100*jobsPerSec/ideal)
 }
 
 func burst(b *testing.B, ctx context.Context, s *stack, prefix string, n int) burstResult {
@@ -104,10 +165,16 @@ func burst(b *testing.B, ctx context.Context, s *stack, prefix string, n int) bu
 	var mu sync.Mutex
 	scheduledAt := make(map[string]time.Time, n)
 	var lastQueued time.Time
+	running := map[string]bool{}
 	done := make(chan struct{})
 	// A core subscription sees each event as JetStream stores it.
 	sub, err := s.nc.Subscribe(contracts.SubjectTenantJobEvents("bench"), func(m *nats.Msg) {
 		now := time.Now()
+		if m.Header.Get(contracts.HeaderCEType) == "io.gpuplane.job.running.v1" {
+			mu.Lock()
+			running[m.Subject] = true
+			mu.Unlock()
+		}
 		if m.Header.Get(contracts.HeaderCEType) == "io.gpuplane.job.queued.v1" {
 			mu.Lock()
 			lastQueued = now
@@ -129,7 +196,7 @@ func burst(b *testing.B, ctx context.Context, s *stack, prefix string, n int) bu
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer sub.Unsubscribe()
+	b.Cleanup(func() { _ = sub.Unsubscribe() })
 
 	submittedAt := make(map[string]time.Time, n)
 	bodies := make([][]byte, n)
@@ -184,6 +251,11 @@ func burst(b *testing.B, ctx context.Context, s *stack, prefix string, n int) bu
 		p50:        lat[len(lat)/2],
 		p99:        lat[len(lat)*99/100],
 		max:        lat[len(lat)-1],
+		started: func() int {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(running)
+		},
 	}
 }
 

@@ -1,0 +1,127 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gpuplane/gpuplane/libs/natsserver"
+	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
+	"github.com/gpuplane/gpuplane/services/gpuplane"
+	"github.com/gpuplane/gpuplane/services/node-agent/fleet"
+)
+
+// meteredStack is startStack on a server of the test's own (natstest, the
+// same embedded server with R1 streams that startStack starts inside the
+// platform), so that a benchmark can read the server's message counters:
+// what the bus itself carried per job.
+func meteredStack(b testing.TB, fl *fleet.Fleet, tune ...func(*gpuplane.Config)) (*stack, *busMeter) {
+	b.Helper()
+	srv := natstest.Start(b)
+	s := startStack(b, fl, append([]func(*gpuplane.Config){func(cfg *gpuplane.Config) {
+		cfg.NATS = &gpuplane.ExternalNATS{URL: srv.URL(), Trust: srv.Trust(), Replicas: 1}
+	}}, tune...)...)
+	return s, &busMeter{servers: []*natsserver.Server{srv}, js: s.js}
+}
+
+// busMeter reads what the bus carried: the servers' messages in and out
+// (every publish, ack, pull request, delivery, reply and heartbeat) and,
+// per stream, the messages stored.
+type busMeter struct {
+	servers []*natsserver.Server
+	js      jetstream.JetStream
+}
+
+// busCounts is one reading of a busMeter.
+type busCounts struct {
+	at      time.Time
+	in, out int64
+	// stored is each stream's last sequence: the messages it ever stored.
+	stored map[string]uint64
+	// api is the JetStream API requests the account made (consumer and
+	// stream management, direct gets, ...), not counting publishes.
+	api uint64
+}
+
+func (m *busMeter) read(ctx context.Context, b testing.TB) busCounts {
+	b.Helper()
+	c := busCounts{at: time.Now(), stored: map[string]uint64{}}
+	for _, s := range m.servers {
+		v, err := s.Varz(nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		c.in += v.InMsgs
+		c.out += v.OutMsgs
+	}
+	lister := m.js.ListStreams(ctx)
+	for info := range lister.Info() {
+		c.stored[info.Config.Name] = info.State.LastSeq
+	}
+	if err := lister.Err(); err != nil {
+		b.Fatal(err)
+	}
+	if ai, err := m.js.AccountInfo(ctx); err == nil {
+		c.api = ai.API.Total
+	}
+	return c
+}
+
+// busCost is what the bus carried per job between two readings, less the
+// platform's background (heartbeats, telemetry, keep-alives) measured
+// while idle just before, scaled to the same duration.
+type busCost struct {
+	jobs int
+	// in and out are server messages per job; stored is stream messages
+	// per job (all streams), byStream the same by stream; api is
+	// JetStream API requests per job.
+	in, out, stored, api float64
+	byStream            map[string]float64
+}
+
+// cost returns the per-job cost of jobs between from and to; idle is a
+// reading taken before from with nothing but the background running.
+func cost(idle, from, to busCounts, jobs int) busCost {
+	scale := 0.0
+	if d := from.at.Sub(idle.at); d > 0 {
+		scale = to.at.Sub(from.at).Seconds() / d.Seconds()
+	}
+	net := func(i0, f, t float64) float64 { return ((t - f) - scale*(f-i0)) / float64(jobs) }
+	c := busCost{jobs: jobs, byStream: map[string]float64{},
+		in:  net(float64(idle.in), float64(from.in), float64(to.in)),
+		out: net(float64(idle.out), float64(from.out), float64(to.out)),
+		api: net(float64(idle.api), float64(from.api), float64(to.api))}
+	for name, seq := range to.stored {
+		// A stream created meanwhile (the raw publish's) counts from 0.
+		v := net(float64(idle.stored[name]), float64(from.stored[name]), float64(seq))
+		if name == rawStream || v < 0.005 {
+			continue
+		}
+		c.byStream[name] = v
+		c.stored += v
+	}
+	return c
+}
+
+// String lists the cost, streams by name.
+func (c busCost) String() string {
+	names := make([]string, 0, len(c.byStream))
+	for n := range c.byStream {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	parts := make([]string, 0, len(names))
+	for _, n := range names {
+		parts = append(parts, fmt.Sprintf("%s %.2f", n, c.byStream[n]))
+	}
+	return fmt.Sprintf("per job: %.1f server msgs in, %.1f out, %.2f stored (%s), %.2f JetStream API requests",
+		c.in, c.out, c.stored, strings.Join(parts, ", "), c.api)
+}
+
+// rawStream is the stream rawPublishRate writes to.
+const rawStream = "BENCH_RAW"

@@ -1,0 +1,226 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/services/node-agent/fleet"
+)
+
+// steadyFleet is BenchmarkSteadyLoad's fleet: 2,560 GPUs, so that at
+// 1,000 jobs/s of half-second jobs the fleet never fills and the latency
+// measured is the control plane's, not a wait for GPUs.
+func steadyFleet(machines int) string {
+	return fmt.Sprintf(`
+machineTypes:
+  hgx-h100-8: {gpuModel: H100-80GB, gpuCount: 8, nvlink: true}
+pools:
+  - {name: steady, machineType: hgx-h100-8, count: %d, zone: zone-a, priceClass: on-demand}
+`, machines)
+}
+
+// steadyJobDuration is each job's simulated run: short, so GPUs come back
+// as fast as they are handed out.
+const steadyJobDuration = 500 * time.Millisecond
+
+// BenchmarkSteadyLoad offers one-GPU jobs at a fixed rate (rate=1000 and
+// rate=5000 jobs/s) for a while, each submitted by a paced publisher on
+// JOBS (an async JetStream publish per job, at its due time, whatever the
+// platform does: an open loop), and reports submit→scheduled p50, p99 and
+// max, the rate achieved, the raw JetStream publish rate beside it and
+// what the bus carried per job (busmeter_test.go). The jobs run for half
+// a second each on a fleet large enough that it never fills at the lower
+// rate.
+//
+// The load lasts GPUPLANE_STEADY_SECONDS (default 10; `make bench` sets
+// the issue's 60); GPUPLANE_STEADY_MACHINES sizes the fleet (default 320
+// machines × 8 GPUs).
+//
+//	go test -run '^$' -bench SteadyLoad -benchtime 1x ./e2e/
+func BenchmarkSteadyLoad(b *testing.B) {
+	seconds := envInt(b, "GPUPLANE_STEADY_SECONDS", 10)
+	machines := envInt(b, "GPUPLANE_STEADY_MACHINES", 320)
+	fl, err := fleet.Parse([]byte(steadyFleet(machines)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, rate := range []int{1000, 5000} {
+		b.Run("rate="+strconv.Itoa(rate), func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				s, meter := meteredStack(b, &fl)
+				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(seconds)*6*time.Second+3*time.Minute)
+				waitNodes(b, ctx, s, len(fl.Machines()))
+				waitReady(b, ctx, s, fmt.Sprintf("warmup-%d", i))
+				raw := rawPublishRate(b, ctx, s.js, 1000, 1)
+				idle := meter.read(ctx, b)
+				time.Sleep(time.Second)
+				from := meter.read(ctx, b)
+				b.StartTimer()
+				r := paced(b, ctx, s, fmt.Sprintf("s%d", i), rate, time.Duration(seconds)*time.Second)
+				b.StopTimer()
+				to := meter.read(ctx, b)
+				cancel()
+				c := cost(idle, from, to, r.scheduled)
+				b.ReportMetric(r.p50.Seconds()*1000, "p50-ms")
+				b.ReportMetric(r.p99.Seconds()*1000, "p99-ms")
+				b.ReportMetric(r.max.Seconds()*1000, "max-ms")
+				b.ReportMetric(r.achieved, "jobs/s")
+				b.ReportMetric(raw, "raw-publish/s")
+				b.ReportMetric(c.stored, "stored/job")
+				b.Logf("%d jobs offered at %d/s for %ds (publisher at most %s behind): %d scheduled, %.0f jobs/s; submit→scheduled p50 %s, p99 %s, max %s; raw JetStream publish %.0f msg/s",
+					r.offered, rate, seconds, r.lag.Round(time.Millisecond), r.scheduled, r.achieved,
+					r.p50.Round(time.Millisecond), r.p99.Round(time.Millisecond), r.max.Round(time.Millisecond), raw)
+				b.Logf("%s", c)
+				if r.scheduled < r.offered {
+					b.Logf("%d jobs not scheduled within the drain bound: the platform fell behind the offered rate", r.offered-r.scheduled)
+				}
+			}
+		})
+	}
+}
+
+// pacedResult is what paced measured.
+type pacedResult struct {
+	offered, scheduled int
+	// achieved is scheduled jobs per second from the first submit to the
+	// last scheduled event.
+	achieved      float64
+	p50, p99, max time.Duration
+	// lag is how far behind its schedule the publisher ever was.
+	lag time.Duration
+}
+
+// paced submits one-GPU jobs at rate per second for d, each at its due
+// time, then waits (bounded) for their scheduled events. Latency runs from
+// each job's publish to its scheduled event as a core subscription sees it.
+func paced(b *testing.B, ctx context.Context, s *stack, prefix string, rate int, d time.Duration) pacedResult {
+	b.Helper()
+	n := int(float64(rate) * d.Seconds())
+	submittedAt := make([]time.Time, n)
+	scheduledAt := make([]time.Time, n)
+	var mu sync.Mutex
+	scheduled := 0
+	done := make(chan struct{})
+	prefixLen := len(contracts.SubjectJobEvents("bench", prefix+"-"))
+	sub, err := s.nc.Subscribe(contracts.SubjectTenantJobEvents("bench"), func(m *nats.Msg) {
+		if m.Header.Get(contracts.HeaderCEType) != "io.gpuplane.job.scheduled.v1" || len(m.Subject) <= prefixLen {
+			return
+		}
+		now := time.Now()
+		k, err := strconv.Atoi(m.Subject[prefixLen:])
+		if err != nil || k < 0 || k >= n {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if scheduledAt[k].IsZero() {
+			scheduledAt[k] = now
+			if scheduled++; scheduled == n {
+				close(done)
+			}
+		}
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := s.nc.Flush(); err != nil {
+		b.Fatal(err)
+	}
+	bodies := make([][]byte, n)
+	for i := range bodies {
+		bodies[i], _ = json.Marshal(contracts.JobRequest{ID: fmt.Sprintf("%s-%d", prefix, i),
+			Resources: contracts.Resources{GPU: contracts.GPURequest{Count: 1, Model: "H100-80GB"}},
+			Run:       contracts.RunSpec{Duration: contracts.Duration(steadyJobDuration)}})
+	}
+	futures := make([]jetstream.PubAckFuture, 0, n)
+	var lag time.Duration
+	interval := time.Second / time.Duration(rate)
+	start := time.Now()
+	for i := 0; i < n; {
+		// Publish every job due by now, then sleep to the next one's time.
+		due := min(n, int(time.Since(start)/interval)+1)
+		if due > i+1 {
+			lag = max(lag, time.Since(start)-time.Duration(i)*interval)
+		}
+		for ; i < due; i++ {
+			msg := nats.NewMsg(contracts.SubjectSubmit("bench"))
+			msg.Data = bodies[i]
+			msg.Header.Set(contracts.HeaderMsgID, contracts.SubmitMsgID("bench", fmt.Sprintf("%s-%d", prefix, i)))
+			mu.Lock()
+			submittedAt[i] = time.Now()
+			mu.Unlock()
+			f, err := s.js.PublishMsgAsync(msg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			futures = append(futures, f)
+		}
+		if i < n {
+			time.Sleep(time.Until(start.Add(time.Duration(i) * interval)))
+		}
+	}
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			b.Fatal(err)
+		case <-ctx.Done():
+			b.Fatal("publish acks: ", ctx.Err())
+		}
+	}
+	// Drain: a platform that keeps up needs a moment; one that fell
+	// behind gets a bound, and what it did not schedule is reported.
+	drain := time.NewTimer(max(time.Minute, 5*d))
+	defer drain.Stop()
+	select {
+	case <-done:
+	case <-drain.C:
+	case <-ctx.Done():
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	lat := make([]time.Duration, 0, n)
+	var last time.Time
+	for k, t := range scheduledAt {
+		if t.IsZero() {
+			continue
+		}
+		lat = append(lat, t.Sub(submittedAt[k]))
+		if t.After(last) {
+			last = t
+		}
+	}
+	if len(lat) == 0 {
+		b.Fatalf("none of %d jobs scheduled", n)
+	}
+	slices.Sort(lat)
+	return pacedResult{offered: n, scheduled: len(lat), achieved: float64(len(lat)) / last.Sub(start).Seconds(),
+		p50: lat[len(lat)/2], p99: lat[len(lat)*99/100], max: lat[len(lat)-1], lag: lag}
+}
+
+// envInt is the positive integer in environment variable name, or def.
+func envInt(b *testing.B, name string, def int) int {
+	b.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		b.Fatalf("%s=%q: want a positive integer", name, v)
+	}
+	return n
+}
