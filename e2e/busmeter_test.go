@@ -81,7 +81,7 @@ type busCost struct {
 	// per job (all streams), byStream the same by stream; api is
 	// JetStream API requests per job.
 	in, out, stored, api float64
-	byStream            map[string]float64
+	byStream             map[string]float64
 }
 
 // cost returns the per-job cost of jobs between from and to; idle is a
