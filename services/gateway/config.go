@@ -33,6 +33,9 @@ type Config struct {
 	Heartbeat time.Duration
 	// ShutdownTimeout bounds the graceful HTTP shutdown; default 10 s.
 	ShutdownTimeout time.Duration
+	// SSE sizes the shared tail the job event streams are served from
+	// (tail.go).
+	SSE SSEConfig
 
 	// TLSCert and TLSKey (PEM files) make the gateway serve TLS 1.3 only.
 	// Without them it serves plaintext, and only on a loopback address.
@@ -63,6 +66,7 @@ func DefaultConfig() Config {
 		Limits:          DefaultLimits(),
 		Heartbeat:       15 * time.Second,
 		ShutdownTimeout: 10 * time.Second,
+		SSE:             DefaultSSEConfig(),
 		LDAPUserFilter:  "(uid=%s)",
 		SessionTTL:      12 * time.Hour,
 	}
@@ -78,6 +82,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Limits.StreamsPerTenant, "tenant-streams", c.Limits.StreamsPerTenant, "event and log streams one tenant may hold open (0: unlimited)")
 	fs.Int64Var(&c.MaxBodyBytes, "max-body-bytes", c.MaxBodyBytes, "largest accepted request body in bytes")
 	fs.DurationVar(&c.Heartbeat, "sse-heartbeat", c.Heartbeat, "interval of keep-alive comments on idle event streams")
+	c.SSE.registerFlags(fs)
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a graceful shutdown waits for requests in flight")
 	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "PEM certificate (chain) for TLS 1.3; without it the gateway serves plaintext on loopback only")
 	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "PEM private key of -tls-cert")
@@ -105,6 +110,7 @@ func (c Config) Validate() error {
 	if c.Heartbeat <= 0 {
 		errs = append(errs, fmt.Errorf("sse heartbeat is %s; want > 0", c.Heartbeat))
 	}
+	errs = append(errs, c.SSE.validate())
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("shutdown timeout is %s; want > 0", c.ShutdownTimeout))
 	}

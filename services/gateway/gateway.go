@@ -74,6 +74,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	var opsReady atomic.Bool
 	s.opsReady = opsReady.Load
 	s.queues = newQueuesHub()
+	s.tail = newEventTail(rt.Bus, cfg.SSE, log)
 	in.observe = func(st contracts.JobStatus, ev contracts.JobEvent, _ uint64) {
 		s.fleet.observeJob(st)
 		s.ops.observeJob(ev)
@@ -126,6 +127,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	g.Go(func() error { return ids.follow(gctx, rt.Bus) })
 	g.Go(func() error { return s.fleet.follow(gctx, rt.Bus, log) })
 	g.Go(func() error { return s.queues.follow(gctx, rt.Bus, log) })
+	g.Go(func() error { return s.tail.run(gctx) })
 	g.Go(func() error { return s.ops.follow(gctx, rt.Bus, log, func() { opsReady.Store(true) }) })
 	g.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {

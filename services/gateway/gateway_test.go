@@ -725,7 +725,6 @@ func TestJobEventStream(t *testing.T) {
 	h := startGateway(t, nil, nil)
 	seqQueued := h.publishEvent(queued("acme", "j1", t0))
 	h.publishEvent(queued("acme", "other-job", t0))
-	baseline := h.streamInfo(contracts.StreamJobEvents).State.Consumers
 
 	frames, _ := h.openStream("/v1/tenants/acme/jobs/j1/events")
 	f, ok := nextEvent(t, frames)
@@ -755,6 +754,9 @@ func TestJobEventStream(t *testing.T) {
 		t.Fatalf("stream went on after the terminal event: %+v", f)
 	}
 
+	// Every consumer now is the gateway's own (read model, shared tail).
+	baseline := h.streamInfo(contracts.StreamJobEvents).State.Consumers
+
 	// Resume after scheduled: running and succeeded again, then the end.
 	resumed, _ := h.openStream("/v1/tenants/acme/jobs/j1/events", "Last-Event-ID", itoa(seqScheduled))
 	for _, want := range []string{"running", "succeeded"} {
@@ -771,11 +773,16 @@ func TestJobEventStream(t *testing.T) {
 		t.Fatalf("stream resumed after the end sent %+v", f)
 	}
 
-	// A client that goes away mid-stream leaves no consumer behind.
-	_, disconnect := h.openStream("/v1/tenants/acme/jobs/other-job/events")
-	h.eventually("the stream's consumer", func() bool {
-		return h.streamInfo(contracts.StreamJobEvents).State.Consumers == baseline+1
-	})
+	// A stream holds no consumer of its own (the gateway's shared tail
+	// serves it), and a client that goes away mid-stream leaves none
+	// behind.
+	other, disconnect := h.openStream("/v1/tenants/acme/jobs/other-job/events")
+	if f, ok := nextEvent(t, other); !ok || f.Event != "queued" {
+		t.Fatalf("other job: got %+v (open %v), want queued", f, ok)
+	}
+	if n := h.streamInfo(contracts.StreamJobEvents).State.Consumers; n != baseline {
+		t.Fatalf("%d consumers on %s with a stream open, want the %d of before", n, contracts.StreamJobEvents, baseline)
+	}
 	disconnect()
 	h.eventually("consumers back to the baseline", func() bool {
 		return h.streamInfo(contracts.StreamJobEvents).State.Consumers == baseline

@@ -65,6 +65,9 @@ type server struct {
 	opsReady func() bool
 	// queues wakes the queue streams (queues_events.go).
 	queues *queuesHub
+	// tail serves the job event streams (sse.go, tail.go); nil serves
+	// each from a consumer of its own.
+	tail *eventTail
 }
 
 // handler routes the API. Every route is registered per method, and its

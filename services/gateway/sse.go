@@ -1,17 +1,12 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gpuplane/gpuplane/contracts"
 )
@@ -38,11 +33,12 @@ func (s *server) jobEvents(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var st contracts.JobStatus
-	s.serveEvents(w, r, contracts.SubjectJobEvents(tenant, id), 0, func(ev contracts.JobEvent, seq uint64) (send, end bool) {
-		if ev.Tenant != tenant || ev.JobID != id || st.Apply(ev, seq) != nil {
+	s.serveEvents(w, r, jobFilter(tenant, id), 0, func(e *tailEvent) (send, end bool) {
+		ev, err := e.decode()
+		if err != nil || ev.Tenant != tenant || ev.JobID != id || st.Apply(ev, e.seq) != nil {
 			return false, false
 		}
-		return seq > after, st.State.Terminal()
+		return e.seq > after, st.State.Terminal()
 	})
 }
 
@@ -57,8 +53,8 @@ func (s *server) tenantEvents(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	s.serveEvents(w, r, contracts.SubjectTenantJobEvents(tenant), after+1, func(ev contracts.JobEvent, _ uint64) (send, end bool) {
-		return ev.Tenant == tenant, false
+	s.serveEvents(w, r, tenantFilter(tenant), after, func(e *tailEvent) (send, end bool) {
+		return e.bodyTenant == tenant, false
 	})
 }
 
@@ -81,8 +77,8 @@ func lastEventID(w http.ResponseWriter, r *http.Request) (uint64, bool) {
 	return n, true
 }
 
-// serveEvents relays the JOB_EVENTS messages on filter, from stream
-// sequence startSeq (0: the first), as server-sent events:
+// serveEvents relays the JOB_EVENTS messages of f after stream sequence
+// from as server-sent events:
 //
 //	event: <type>
 //	id: <stream sequence>
@@ -90,108 +86,71 @@ func lastEventID(w http.ResponseWriter, r *http.Request) (uint64, bool) {
 //
 // keep decides for each event whether it is sent and whether the stream
 // ends after it. A comment line goes out every Heartbeat while idle. The
-// stream ends when the client goes away, keep says so, or the gateway
-// shuts down; its ordered consumer is deleted then, not left to expire.
-func (s *server) serveEvents(w http.ResponseWriter, r *http.Request, filter string, startSeq uint64,
-	keep func(ev contracts.JobEvent, seq uint64) (send, end bool)) {
+// stream ends when the client goes away, keep says so, the history cannot
+// be read (a comment says why; the client resumes with Last-Event-ID), or
+// the gateway shuts down. The events come from the process's shared tail
+// (tail.go): a stream holds no JetStream consumer of its own, except for
+// one batch at a time while it reads history older than the tail's ring.
+func (s *server) serveEvents(w http.ResponseWriter, r *http.Request, f eventFilter, from uint64,
+	keep func(e *tailEvent) (send, end bool)) {
+	if s.tail == nil || s.cfg.SSE.PerSubscriberConsumers {
+		s.serveEventsFromConsumer(w, r, f, from, keep)
+		return
+	}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	stopOnShutdown := context.AfterFunc(s.streams, cancel)
 	defer stopOnShutdown()
-
-	cfg := jetstream.OrderedConsumerConfig{
-		FilterSubjects:    []string{filter},
-		DeliverPolicy:     jetstream.DeliverAllPolicy,
-		InactiveThreshold: streamInactiveThreshold,
-	}
-	if startSeq > 1 {
-		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, startSeq
-	}
-	js := s.bus.JetStream()
-	cons, err := js.OrderedConsumer(ctx, contracts.StreamJobEvents, cfg)
-	var it jetstream.MessagesContext
-	if err == nil {
-		it, err = cons.Messages()
-	}
-	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, contracts.ReasonUnavailable, fmt.Sprintf("reading job events: %v", err), nil)
-		return
-	}
-	msgs := make(chan jetstream.Msg)
-	readerDone := make(chan struct{})
-	go func() {
-		defer close(readerDone)
-		for {
-			m, err := it.Next(jetstream.NextContext(ctx))
-			if err != nil {
-				if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-					return
-				}
-				continue // the ordered consumer recreates itself after a gap
-			}
-			select {
-			case msgs <- m:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
-	defer func() {
-		cancel()
-		<-readerDone
-		it.Stop()
-		if info := cons.CachedInfo(); info != nil {
-			dctx, dcancel := context.WithTimeout(context.WithoutCancel(r.Context()), 2*time.Second)
-			defer dcancel()
-			if err := js.DeleteConsumer(dctx, contracts.StreamJobEvents, info.Name); err != nil &&
-				!errors.Is(err, jetstream.ErrConsumerNotFound) {
-				s.log.Debug("event stream consumer not deleted; it expires by itself", "consumer", info.Name, "err", err)
-			}
-		}
-	}()
+	rd := s.tail.reader(f, from)
+	defer rd.close()
 
 	rc := http.NewResponseController(w)
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
-	w.WriteHeader(http.StatusOK)
+	writeStreamHeader(w)
 	if _, err := fmt.Fprint(w, ": stream open\n\n"); err != nil || rc.Flush() != nil {
 		return
 	}
 	heartbeat := time.NewTicker(s.cfg.Heartbeat)
 	defer heartbeat.Stop()
-	var buf bytes.Buffer
 	for {
-		select {
-		case <-ctx.Done():
+		e, err := rd.next(ctx, heartbeat.C)
+		switch {
+		case err != nil && ctx.Err() != nil:
 			return
-		case <-heartbeat.C:
+		case err != nil:
+			s.log.Warn("event stream ends: its history cannot be read", "subject", f.subject, "after_seq", rd.from, "err", err)
+			_, _ = fmt.Fprintf(w, ": stream ends: history cannot be read now; resume with Last-Event-ID %d\n\n", rd.from)
+			_ = rc.Flush()
+			return
+		case e == nil:
 			if _, err := fmt.Fprint(w, ": heartbeat\n\n"); err != nil || rc.Flush() != nil {
 				return
 			}
-		case m := <-msgs:
-			md, err := m.Metadata()
-			if err != nil {
-				continue
-			}
-			seq := md.Sequence.Stream
-			var ev contracts.JobEvent
-			buf.Reset()
-			if err := json.Unmarshal(m.Data(), &ev); err != nil || json.Compact(&buf, m.Data()) != nil ||
-				ev.Type == "" || strings.ContainsAny(string(ev.Type), "\r\n") {
-				s.log.Warn("event stream skips a malformed job event", "subject", m.Subject(), "stream_seq", seq)
-				continue
-			}
-			send, end := keep(ev, seq)
-			if send {
-				if _, err := fmt.Fprintf(w, "event: %s\nid: %d\ndata: %s\n\n", ev.Type, seq, buf.Bytes()); err != nil || rc.Flush() != nil {
-					return
-				}
-			}
-			if end {
+			continue
+		}
+		send, end := keep(e)
+		if send {
+			if _, err := w.Write(e.frame); err != nil {
 				return
 			}
 		}
+		// Flush once what is at hand is written: a history of a
+		// thousand events goes out in a few large writes.
+		if end || !rd.buffered() {
+			if rc.Flush() != nil {
+				return
+			}
+		}
+		if end {
+			return
+		}
 	}
+}
+
+// writeStreamHeader starts a text/event-stream response.
+func writeStreamHeader(w http.ResponseWriter) {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
+	w.WriteHeader(http.StatusOK)
 }
