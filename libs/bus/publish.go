@@ -102,6 +102,29 @@ const publishAttempt = 5 * time.Second
 
 // PublishRaw publishes already-encoded data; Publish is the usual entry.
 func (b *Bus) PublishRaw(ctx context.Context, subject, id string, data []byte, opts ...PublishOption) (*jetstream.PubAck, error) {
+	out, err := b.prepare(ctx, subject, id, data, opts)
+	if err != nil {
+		return nil, err
+	}
+	defer out.span.End()
+	return out.send(ctx)
+}
+
+// outgoing is one message ready to publish, with its span (ended by
+// whoever settles it).
+type outgoing struct {
+	b       *Bus
+	subject string
+	msg     *nats.Msg
+	popts   []jetstream.PublishOpt
+	noRetry bool
+	span    trace.Span
+}
+
+// prepare builds the message of a publish: CloudEvents headers, the trace
+// context of ctx (the publish's own span, started here) and the
+// JetStream options.
+func (b *Bus) prepare(ctx context.Context, subject, id string, data []byte, opts []PublishOption) (*outgoing, error) {
 	var o publishOpts
 	for _, opt := range opts {
 		opt(&o)
@@ -120,7 +143,6 @@ func (b *Bus) PublishRaw(ctx context.Context, subject, id string, data []byte, o
 			attribute.String("messaging.message.id", id),
 			attribute.String("cloudevents.event_type", o.ceType),
 		), trace.WithAttributes(telemetry.Attrs(ctx)...))
-	defer span.End()
 
 	msg := nats.NewMsg(subject)
 	msg.Data = data
@@ -147,8 +169,13 @@ func (b *Bus) PublishRaw(ctx context.Context, subject, id string, data []byte, o
 	if o.expectLastSeq != nil {
 		popts = append(popts, jetstream.WithExpectLastSequence(*o.expectLastSeq))
 	}
+	return &outgoing{b: b, subject: subject, msg: msg, popts: popts, noRetry: o.noRetry, span: span}, nil
+}
+
+// send publishes the message and waits for its ack, retrying transient
+// failures until ctx ends unless NoRetry was given.
+func (out *outgoing) send(ctx context.Context) (*jetstream.PubAck, error) {
 	var ack *jetstream.PubAck
-	var err error
 	publish := func() error {
 		// Each attempt waits for its ack at most publishAttempt: a
 		// publish the server refused is never acked, and the refusal
@@ -156,35 +183,52 @@ func (b *Bus) PublishRaw(ctx context.Context, subject, id string, data []byte, o
 		actx, cancel := context.WithTimeout(ctx, publishAttempt)
 		defer cancel()
 		var err error
-		ack, err = b.js.PublishMsg(actx, msg, popts...)
-		if err != nil && b.refused(subject) {
+		ack, err = out.b.js.PublishMsg(actx, out.msg, out.popts...)
+		if err != nil && out.b.refused(out.subject) {
 			// The server said no (the error handler saw it); the ack
 			// timeout is only how the client noticed.
-			return fmt.Errorf("%w to publish %s: %w", ErrPermissionDenied, subject, err)
+			return fmt.Errorf("%w to publish %s: %w", ErrPermissionDenied, out.subject, err)
 		}
 		return err
 	}
-	if o.noRetry {
+	var err error
+	if out.noRetry {
 		err = publish()
 	} else {
 		err = retry(ctx, publish)
 	}
 	if err != nil {
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
-			err = fmt.Errorf("%w: %s: %w", ErrWrongLastSequence, subject, err)
-		} else {
-			err = fmt.Errorf("bus: publish %s: %w", subject, err)
-		}
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
-		return nil, err
+		return nil, out.failed(err)
 	}
-	span.SetAttributes(attribute.String("messaging.nats.stream", ack.Stream),
+	out.acked(ack)
+	return ack, nil
+}
+
+// failed wraps a publish's error (a lost compare-and-set as
+// ErrWrongLastSequence) and records it on the span.
+func (out *outgoing) failed(err error) error {
+	if wrongLastSequence(err) {
+		err = fmt.Errorf("%w: %s: %w", ErrWrongLastSequence, out.subject, err)
+	} else {
+		err = fmt.Errorf("bus: publish %s: %w", out.subject, err)
+	}
+	out.span.RecordError(err)
+	out.span.SetStatus(codes.Error, err.Error())
+	return err
+}
+
+func (out *outgoing) acked(ack *jetstream.PubAck) {
+	out.span.SetAttributes(attribute.String("messaging.nats.stream", ack.Stream),
 		attribute.String("messaging.nats.sequence", strconv.FormatUint(ack.Sequence, 10)),
 		attribute.Bool("messaging.nats.duplicate", ack.Duplicate))
-	return ack, nil
+}
+
+// wrongLastSequence reports whether err is JetStream's refusal of an
+// expected-last-sequence check.
+func wrongLastSequence(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }
 
 // PublishCore publishes v on core NATS (no stream, no ack): for
