@@ -404,6 +404,19 @@ func (b *Bus) workers(spec ConsumerSpec, settle func(jetstream.Msg)) (dispatch f
 // handle runs h on one message and settles it.
 func (b *Bus) handle(ctx context.Context, spec ConsumerSpec, raw jetstream.Msg, h Handler) {
 	m := newMsg(raw)
+	ctx, span := b.startProcess(ctx, spec, m)
+	defer span.End()
+	err := b.nakOnce(m)
+	if err == nil {
+		err = safeCall(ctx, h, m)
+	}
+	b.attempted(m, span, err != nil)
+	b.settle(ctx, spec, raw, m, span, err)
+}
+
+// startProcess starts the span of one message's handling, a child of its
+// publisher's, with the job's attributes in ctx.
+func (b *Bus) startProcess(ctx context.Context, spec ConsumerSpec, m *Msg) (context.Context, trace.Span) {
 	ctx = b.prop.Extract(ctx, headerCarrier(m.Header))
 	attrs := jobAttrs(m)
 	ctx = telemetry.WithAttrs(ctx, attrs...)
@@ -417,13 +430,7 @@ func (b *Bus) handle(ctx context.Context, spec ConsumerSpec, raw jetstream.Msg, 
 			attribute.Int64("messaging.nats.sequence", int64(m.StreamSeq)),
 			attribute.Int64("messaging.nats.delivered", int64(m.NumDelivered)),
 		), b.redeliveryLinks(ctx, m))
-	defer span.End()
-	err := b.nakOnce(m)
-	if err == nil {
-		err = safeCall(ctx, h, m)
-	}
-	b.attempted(m, span, err != nil)
-	b.settle(ctx, spec, raw, m, span, err)
+	return ctx, span
 }
 
 // settle acknowledges, redelivers or dead-letters one handled message

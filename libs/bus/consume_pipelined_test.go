@@ -1,0 +1,162 @@
+package bus_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+)
+
+// TestConsumePipelinedOverlapsKeysAndKeepsEachKeysOrder: several messages
+// are started before the first settles, yet a key's next message starts
+// only after its previous one's wait returned, in stream order, each once.
+func TestConsumePipelinedOverlapsKeysAndKeepsEachKeysOrder(t *testing.T) {
+	b := connect(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const keys, perKey = 10, 20
+	for i := range keys * perKey {
+		c := contracts.CancelRequest{JobID: fmt.Sprintf("k%d", i%keys), Reason: fmt.Sprint(i / keys)}
+		if _, err := b.Publish(ctx, contracts.SubjectCancel("acme"), fmt.Sprint("m", i), c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	started := map[string][]string{}
+	settled := map[string]int{} // per key, how many waits returned
+	violations := 0
+	var open, maxOpen atomic.Int32
+	go func() {
+		_ = b.ConsumePipelined(ctx, bus.ConsumerSpec{
+			Stream: contracts.StreamJobs, Durable: "pipelined", Batch: 64,
+			Key: func(m *bus.Msg) string {
+				var c contracts.CancelRequest
+				_ = m.Decode(&c)
+				return c.JobID
+			},
+		}, func(_ context.Context, m *bus.Msg) func() error {
+			var c contracts.CancelRequest
+			if err := m.Decode(&c); err != nil {
+				return func() error { return bus.Permanent(err) }
+			}
+			mu.Lock()
+			if len(started[c.JobID]) != settled[c.JobID] {
+				violations++ // started before the key's previous message settled
+			}
+			started[c.JobID] = append(started[c.JobID], c.Reason)
+			mu.Unlock()
+			n := open.Add(1)
+			for {
+				old := maxOpen.Load()
+				if n <= old || maxOpen.CompareAndSwap(old, n) {
+					break
+				}
+			}
+			return func() error {
+				open.Add(-1)
+				mu.Lock()
+				settled[c.JobID]++
+				mu.Unlock()
+				return nil
+			}
+		})
+	}()
+	eventually(t, 10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for _, v := range settled {
+			n += v
+		}
+		return n == keys*perKey
+	}, "every message settled")
+	mu.Lock()
+	defer mu.Unlock()
+	if violations > 0 {
+		t.Fatalf("%d messages started before their key's previous one settled", violations)
+	}
+	for k, got := range started {
+		for i, r := range got {
+			if r != fmt.Sprint(i) {
+				t.Fatalf("key %s started out of order or twice: %v", k, got)
+			}
+		}
+	}
+	if maxOpen.Load() < 2 {
+		t.Errorf("at most %d message started and unsettled at once; want several", maxOpen.Load())
+	}
+}
+
+// TestConsumePipelinedFates: each message's wait decides its own fate, as
+// a Handler's error does: a transient failure is redelivered, a permanent
+// one and a panic (in the start or in the wait) are dead-lettered, the
+// others are acknowledged once.
+func TestConsumePipelinedFates(t *testing.T) {
+	b := connect(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for _, id := range []string{"ok", "flaky", "poison", "panic-start", "panic-wait", "ok2"} {
+		if _, err := b.Publish(ctx, contracts.SubjectCancel("acme"), id, contracts.CancelRequest{JobID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	done := map[string]int{}
+	var flakyTries atomic.Int32
+	go func() {
+		_ = b.ConsumePipelined(ctx, bus.ConsumerSpec{
+			Stream: contracts.StreamJobs, Durable: "fates", FilterSubjects: []string{contracts.SubjectCancelAll},
+			Backoff: []time.Duration{20 * time.Millisecond}, MaxDeliver: 5,
+		}, func(_ context.Context, m *bus.Msg) func() error {
+			var c contracts.CancelRequest
+			if err := m.Decode(&c); err != nil {
+				return func() error { return bus.Permanent(err) }
+			}
+			if c.JobID == "panic-start" {
+				panic("boom")
+			}
+			return func() error {
+				switch c.JobID {
+				case "flaky":
+					if flakyTries.Add(1) < 3 {
+						return errors.New("transient")
+					}
+				case "poison":
+					return bus.Permanent(errors.New("never valid"))
+				case "panic-wait":
+					panic("boom")
+				}
+				mu.Lock()
+				done[c.JobID]++
+				mu.Unlock()
+				return nil
+			}
+		})
+	}()
+	var dead []string
+	var dmu sync.Mutex
+	go func() {
+		_ = b.Follow(ctx, bus.FollowSpec{Stream: contracts.StreamDeadLetters}, func(_ context.Context, m *bus.Msg) error {
+			dmu.Lock()
+			dead = append(dead, m.ID())
+			dmu.Unlock()
+			return nil
+		}, nil)
+	}()
+	eventually(t, 10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		dmu.Lock()
+		defer dmu.Unlock()
+		return done["ok"] == 1 && done["ok2"] == 1 && done["flaky"] == 1 && len(dead) == 3
+	}, "ok, ok2 and flaky handled once; poison and both panics dead-lettered")
+	if n := flakyTries.Load(); n != 3 {
+		t.Errorf("flaky handled %d times, want 3", n)
+	}
+}
