@@ -19,7 +19,7 @@ import (
 func (s *Store) checkDependencies(tenant string, req contracts.JobRequest, streamSeq uint64) error {
 	var errs []contracts.FieldError
 	for _, d := range req.DependsOn {
-		j := s.jobs[Key(tenant, d)]
+		j := s.lookup(tenant, d)
 		if j == nil {
 			// Requests are answered in parallel: one submitted before
 			// this one may still be storing its queued event.
@@ -70,7 +70,7 @@ func (s *Store) dependencies(j *Job) (depVerdict, placement.Pending) {
 	}
 	var waiting []string
 	for _, d := range j.Request.DependsOn {
-		dep := s.jobs[Key(j.Tenant, d)]
+		dep := s.lookup(j.Tenant, d)
 		switch {
 		case dep == nil:
 			// Submit accepted it while the dependency's request was being

@@ -351,7 +351,7 @@ func (s *Store) ApplyLedger(e contracts.LedgerEntry) []Publish {
 // ledgerFact applies a ledger entry to its job (the cluster has it).
 func (s *Store) ledgerFact(e contracts.LedgerEntry) {
 	a := e.Allocation
-	j := s.jobs[Key(a.Tenant, a.JobID)]
+	j := s.lookup(a.Tenant, a.JobID)
 	if s.ahead(j, a.Attempt, func() { s.ledgerFact(e) }) {
 		return
 	}

@@ -80,6 +80,11 @@ type Config struct {
 	// stopped anyway (default 30s; a deadline, such as a spot reclaim,
 	// shortens it).
 	CheckpointTimeout time.Duration
+	// RetainTerminal and RetainTerminalMax bound how long, and how many,
+	// ended jobs stay whole before they are retired (retention.go); both
+	// zero keeps every ended job whole.
+	RetainTerminal    time.Duration
+	RetainTerminalMax int
 }
 
 // Publish is one message to publish. Messages with the same Key (one job)
@@ -154,6 +159,8 @@ type Job struct {
 	// later are facts about attempts after the current one, applied when
 	// the job reaches that attempt (see Store.ahead).
 	later []func()
+	// stub marks the stand-in of a retired job (retention.go).
+	stub bool
 
 	// parts are the current attempt's allocations by rank: one for a job
 	// on one machine, one per machine for a gang. Nil while queued with
@@ -269,6 +276,8 @@ type Store struct {
 	// reservations are the last cycle's backfill reservations: the next
 	// cycle starts from them (reserve.go).
 	reservations []backfill.Reservation
+	// ret is what is kept of retired jobs (retention.go).
+	ret *retention
 }
 
 // New returns an empty store.
@@ -317,8 +326,8 @@ func Key(tenant, jobID string) string { return tenant + "/" + jobID }
 
 // Job returns a copy of the job's public view, for tests and logs.
 func (s *Store) Job(tenant, jobID string) (Job, bool) {
-	j, ok := s.jobs[Key(tenant, jobID)]
-	if !ok {
+	j := s.lookup(tenant, jobID) // a retired job's stand-in too
+	if j == nil {
 		return Job{}, false
 	}
 	return *j, true
@@ -342,6 +351,9 @@ func (s *Store) take() []Publish {
 // with Nats-Msg-Id msgID) into the store. Events the state machine refuses
 // are skipped, as every reader does.
 func (s *Store) ReplayJobEvent(ev contracts.JobEvent, seq uint64, msgID string) {
+	if s.jobs[Key(ev.Tenant, ev.JobID)] == nil && s.isRetired(Key(ev.Tenant, ev.JobID)) {
+		return // it ended: no event applies to it any more
+	}
 	if ev.Type == contracts.EventRejected && msgID != "" {
 		s.seenIDs[msgID] = struct{}{}
 	}
@@ -376,6 +388,7 @@ func (s *Store) ReplayJobEvent(ev contracts.JobEvent, seq uint64, msgID string) 
 		s.enqueue(j)
 	case contracts.EventRejected:
 		j.rejection = &rejection{reason: ev.Reason, errors: ev.Errors}
+		s.noteEnded(j, ev.Time)
 	case contracts.EventPending:
 		if ev.Attempt == j.Attempt {
 			j.pubPending, j.pubPendingAt, j.pubMessage = ev.Reason, ev.Time, ev.Message
@@ -415,6 +428,7 @@ func (s *Store) ReplayJobEvent(ev contracts.JobEvent, seq uint64, msgID string) 
 		s.enqueue(j)
 	case contracts.EventSucceeded, contracts.EventFailed, contracts.EventCancelled:
 		s.finish(j)
+		s.endedAt(j, ev.Time)
 	}
 }
 
@@ -559,8 +573,8 @@ func (s *Store) Submit(subject string, data []byte, streamSeq uint64) Submission
 	norm := req.Normalized(tenant)
 	h := hashRequest(norm)
 	key := Key(tenant, req.ID)
-	if j := s.jobs[key]; j != nil {
-		if j.rejection == nil && j.hash == h {
+	if j := s.lookup(tenant, req.ID); j != nil {
+		if j.rejection == nil && sameRequest(j, h) {
 			return Submission{Outcome: "unchanged"}
 		}
 		return s.duplicate(j, streamSeq)
@@ -626,8 +640,8 @@ func (s *Store) reject(tenant, id string, streamSeq uint64, err error) Submissio
 		id = contracts.RejectedJobID(streamSeq)
 	}
 	key := Key(tenant, id)
-	if j := s.jobs[key]; j != nil {
-		if j.rejection != nil && j.rejection.reason == ve.Reason && slices.Equal(j.rejection.errors, ve.Fields) {
+	if j := s.lookup(tenant, id); j != nil {
+		if sameRejection(j, ve.Reason, ve.Fields) {
 			return Submission{Outcome: "unchanged"}
 		}
 		return s.duplicate(j, streamSeq)
@@ -640,8 +654,10 @@ func (s *Store) reject(tenant, id string, streamSeq uint64, err error) Submissio
 		Publish: &Publish{Subject: contracts.SubjectJobEvents(tenant, id), ID: evID, Msg: ev, Key: key},
 		Outcome: "rejected",
 		commit: func(uint64) {
-			s.jobs[key] = &Job{Tenant: tenant, ID: id, key: key, State: contracts.StateRejected,
+			j := &Job{Tenant: tenant, ID: id, key: key, State: contracts.StateRejected,
 				rejection: &rejection{reason: ve.Reason, errors: ve.Fields}}
+			s.jobs[key] = j
+			s.noteEnded(j, s.cfg.Now())
 			s.seenIDs[evID] = struct{}{}
 		},
 	}
@@ -687,7 +703,7 @@ func (s *Store) Cancel(subject string, data []byte) ([]Publish, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cancel request: %w", err)
 	}
-	j := s.jobs[Key(tenant, c.JobID)]
+	j := s.lookup(tenant, c.JobID)
 	switch {
 	case j == nil:
 		return nil, fmt.Errorf("cancel %s/%s: %w", tenant, c.JobID, ErrUnknownJob)
@@ -822,6 +838,7 @@ func (s *Store) finish(j *Job) {
 	delete(s.evicting, j.key)
 	delete(s.cluster.claims, j.key)
 	j.Pending = placement.Pending{}
+	s.noteEnded(j, s.cfg.Now())
 	// Jobs that depend on this one may now run, or must be cancelled.
 	s.cfg.Wake()
 }

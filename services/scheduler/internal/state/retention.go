@@ -1,0 +1,214 @@
+package state
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"slices"
+	"time"
+
+	"github.com/gpuplane/gpuplane/contracts"
+)
+
+// Retention: a job that ended stays whole in the store for
+// Config.RetainTerminal (and while fewer than Config.RetainTerminalMax
+// ended jobs are whole), then is retired: the store forgets it but for a
+// fixed-size record (retiredJob) of what later decisions still ask of an
+// ended job. A resubmit of its ID must be recognised (identical:
+// unchanged; another body: duplicate_job_id), a job depending on it must
+// see how it ended, a cancel must learn it ended, and a late commit of
+// one of its allocations must be stopped. Nothing else reads an ended
+// job. So the store's memory is its live jobs plus ~50 bytes per ended
+// one, not every job's request, parts and events (issue 17: a million
+// jobs in the streams).
+
+// retiredKey identifies a retired job: the first 128 bits of the SHA-256
+// of its store key (a collision among even 10^12 jobs is ~10^-15 likely).
+type retiredKey [16]byte
+
+func retiredKeyOf(key string) retiredKey {
+	h := sha256.Sum256([]byte(key))
+	return retiredKey(h[:16])
+}
+
+// retiredJob is what is kept of a retired job.
+type retiredJob struct {
+	// hash is the first 64 bits of its request's hash (hashRequest), or of
+	// its rejection's (rejectionHash) when it was rejected.
+	hash    uint64
+	attempt uint32
+	state   uint8 // index in terminalStates
+}
+
+// terminalStates numbers the terminal states for retiredJob.state.
+var terminalStates = []contracts.JobState{contracts.StateSucceeded, contracts.StateFailed,
+	contracts.StateCancelled, contracts.StateRejected}
+
+func stateCode(s contracts.JobState) uint8 {
+	for i, t := range terminalStates {
+		if t == s {
+			return uint8(i)
+		}
+	}
+	return 0
+}
+
+// endedJob is one job that reached a terminal state, at when.
+type endedJob struct {
+	key  string
+	when time.Time
+}
+
+// retention is the store's part of it: a Store's ret (nil until used).
+type retention struct {
+	retired map[retiredKey]retiredJob
+	// why are the rejection reasons of retired rejected jobs (few), for the
+	// message of a request that depends on one.
+	why map[retiredKey]contracts.Reason
+	// ended are the ended jobs still whole, oldest first.
+	ended []endedJob
+}
+
+func (s *Store) retention() *retention {
+	if s.ret == nil {
+		s.ret = &retention{retired: map[retiredKey]retiredJob{}, why: map[retiredKey]contracts.Reason{}}
+	}
+	return s.ret
+}
+
+func hash64(h [sha256.Size]byte) uint64 { return binary.BigEndian.Uint64(h[:8]) }
+
+// rejectionHash is the hash of a rejection, as a retired job keeps it.
+func rejectionHash(reason contracts.Reason, errs []contracts.FieldError) [sha256.Size]byte {
+	b, _ := json.Marshal(struct {
+		R contracts.Reason
+		E []contracts.FieldError
+	}{reason, errs})
+	return sha256.Sum256(b)
+}
+
+// noteEnded records that j reached a terminal state at when (finish calls
+// it; a replay corrects when to the event's time with endedAt).
+func (s *Store) noteEnded(j *Job, when time.Time) {
+	if s.cfg.RetainTerminal <= 0 && s.cfg.RetainTerminalMax <= 0 {
+		return // retention off: ended jobs stay whole
+	}
+	r := s.retention()
+	r.ended = append(r.ended, endedJob{key: j.key, when: when})
+}
+
+// endedAt corrects the time of the last ended job noted (j's).
+func (s *Store) endedAt(j *Job, when time.Time) {
+	if r := s.ret; r != nil && len(r.ended) > 0 && r.ended[len(r.ended)-1].key == j.key {
+		r.ended[len(r.ended)-1].when = when
+	}
+}
+
+// RetireTerminal retires the ended jobs past their retention: those that
+// ended more than Config.RetainTerminal ago, and the oldest beyond
+// Config.RetainTerminalMax. It returns how many it retired. The scheduler
+// calls it now and then (and during a replay, so that a full replay of a
+// long history never holds it whole).
+func (s *Store) RetireTerminal() int {
+	r := s.ret
+	if r == nil {
+		return 0
+	}
+	cut := s.cfg.Now().Add(-s.cfg.RetainTerminal)
+	n := 0
+	for len(r.ended) > 0 {
+		e := r.ended[0]
+		over := s.cfg.RetainTerminalMax > 0 && len(r.ended) > s.cfg.RetainTerminalMax
+		if !over && (s.cfg.RetainTerminal <= 0 || e.when.After(cut)) {
+			break
+		}
+		r.ended[0] = endedJob{}
+		r.ended = r.ended[1:]
+		if j := s.jobs[e.key]; j != nil && j.State.Terminal() {
+			s.retire(j)
+			n++
+		}
+	}
+	if cap(r.ended) > 1024 && len(r.ended) < cap(r.ended)/4 {
+		r.ended = append([]endedJob(nil), r.ended...) // let the backing array go
+	}
+	return n
+}
+
+// retire replaces the ended job j by its record.
+func (s *Store) retire(j *Job) {
+	r := s.retention()
+	k := retiredKeyOf(j.key)
+	rec := retiredJob{hash: hash64(j.hash), attempt: uint32(max(j.Attempt, 0)), state: stateCode(j.State)}
+	if j.rejection != nil {
+		rec.hash = hash64(rejectionHash(j.rejection.reason, j.rejection.errors))
+		r.why[k] = j.rejection.reason
+	}
+	r.retired[k] = rec
+	delete(s.jobs, j.key)
+	delete(s.seenIDs, contracts.JobEventID(j.Tenant, j.ID, contracts.EventRejected, 0, 0))
+}
+
+// isRetired reports whether the job with store key key was retired.
+func (s *Store) isRetired(key string) bool {
+	if s.ret == nil {
+		return false
+	}
+	_, ok := s.ret.retired[retiredKeyOf(key)]
+	return ok
+}
+
+// lookup returns the job with store key key: the whole job, or, for a
+// retired one, a stand-in that holds what is kept of it (state, attempt,
+// request or rejection hash). A stand-in is not in the store: changing it
+// changes nothing, and it holds no parts. Nil when the job is unknown.
+func (s *Store) lookup(tenant, id string) *Job {
+	key := Key(tenant, id)
+	if j := s.jobs[key]; j != nil {
+		return j
+	}
+	if s.ret == nil {
+		return nil
+	}
+	k := retiredKeyOf(key)
+	rec, ok := s.ret.retired[k]
+	if !ok {
+		return nil
+	}
+	j := &Job{Tenant: tenant, ID: id, key: key, State: terminalStates[rec.state], Attempt: int(rec.attempt), stub: true}
+	binary.BigEndian.PutUint64(j.hash[:8], rec.hash)
+	if j.State == contracts.StateRejected {
+		j.rejection = &rejection{reason: s.ret.why[k]}
+	}
+	return j
+}
+
+// sameRequest reports whether a request hashing to h is the one j was
+// submitted with.
+func sameRequest(j *Job, h [sha256.Size]byte) bool {
+	if j.stub {
+		return binary.BigEndian.Uint64(j.hash[:8]) == hash64(h)
+	}
+	return j.hash == h
+}
+
+// sameRejection reports whether j was rejected for reason and errs.
+func sameRejection(j *Job, reason contracts.Reason, errs []contracts.FieldError) bool {
+	if j.rejection == nil {
+		return false
+	}
+	if j.stub {
+		return binary.BigEndian.Uint64(j.hash[:8]) == hash64(rejectionHash(reason, errs))
+	}
+	return j.rejection.reason == reason && slices.Equal(j.rejection.errors, errs)
+}
+
+// Retained counts the jobs the store holds whole (live and ended ones not
+// yet retired) and the retired records, for tests and the scheduler's
+// logs.
+func (s *Store) Retained() (whole, retired int) {
+	if s.ret != nil {
+		retired = len(s.ret.retired)
+	}
+	return len(s.jobs), retired
+}
