@@ -233,7 +233,7 @@ func runScale(b *testing.B, cfg scaleConfig) {
 	s := tr.summary()
 	cyc := cycles.summary()
 	b.Logf("%d machines × 8 GPUs (%d fleet-sim processes), %d jobs at %.0f/s (offered load %.2f× capacity, durations ×%.4g of the trace's, p50 %s, p99 %s), submitted in %s; load average %s",
-		cfg.machines, cfg.fleetProcs, cfg.jobs, cfg.rate, cfg.load, w.compress, w.p50.Round(time.Millisecond), w.p99.Round(time.Millisecond),
+		cfg.machines, cfg.fleetProcs, cfg.jobs, cfg.rate, w.load, w.compress, w.p50.Round(time.Millisecond), w.p99.Round(time.Millisecond),
 		submitted.Round(time.Millisecond), loadAvg())
 	b.Logf("submit→scheduled: %d scheduled, p50 %s, p99 %s, max %s; %d succeeded (%.1f jobs/s completed over %s), %d failed, %d rejected; at the end %d queued in the scheduler (at most %d during the run), %d not yet read by it",
 		s.scheduled, s.p50, s.p99, s.max, s.succeeded, float64(s.succeeded)/elapsed.Seconds(), elapsed.Round(time.Second), s.failed, s.rejected,
@@ -351,6 +351,10 @@ type workload struct {
 	gpus     []int
 	dur      []time.Duration
 	compress float64
+	// load is the GPUs busy at the end of the submissions over the
+	// fleet's, as the workload was made (cfg.load unless the trace's
+	// durations cannot fill the fleet in the run).
+	load     float64
 	p50, p99 time.Duration
 }
 
@@ -417,15 +421,11 @@ func newWorkload(b *testing.B, cfg scaleConfig) *workload {
 	rng := rand.New(rand.NewPCG(1, 7))
 	w := &workload{gpus: make([]int, cfg.jobs), dur: make([]time.Duration, cfg.jobs)}
 	drawn := make([]float64, cfg.jobs)
-	var gpuSecs float64
 	for i := range cfg.jobs {
 		t := tasks[rng.IntN(len(tasks))]
 		w.gpus[i], drawn[i] = t.gpus, min(t.secs, limit)
-		gpuSecs += float64(t.gpus) * drawn[i]
 	}
-	// Offered load = rate × mean GPU-seconds per job × compress / GPUs,
-	// over the jobs drawn.
-	w.compress = cfg.load * float64(8*cfg.machines) / (cfg.rate * gpuSecs / float64(cfg.jobs))
+	w.compress, w.load = compression(cfg, w.gpus, drawn)
 	for i := range cfg.jobs {
 		// At least a second: a job shorter than its own scheduling
 		// measures nothing.
@@ -434,6 +434,40 @@ func newWorkload(b *testing.B, cfg scaleConfig) *workload {
 	sorted := slices.Sorted(slices.Values(w.dur))
 	w.p50, w.p99 = sorted[len(sorted)/2], sorted[len(sorted)*99/100]
 	return w
+}
+
+// compression is the factor c on the trace's durations that makes the
+// GPUs busy at the end of the submissions cfg.load times the fleet's:
+// rate × mean(gpus × min(c × duration, T)) = load × GPUs, T the time the
+// submissions take. The mean over the whole trace would not do: with its
+// tail, most of a long job's GPU-seconds fall after a short run ends, and
+// the queue never grows. Found by bisection (the left side grows with c);
+// never more than 1 (the trace's own durations), so a fleet too large to
+// fill in the run gets the trace's durations and a lower load (which
+// compression's second result says).
+func compression(cfg scaleConfig, gpus []int, secs []float64) (c, load float64) {
+	window := float64(cfg.jobs) / cfg.rate
+	busy := func(c float64) float64 {
+		var sum float64
+		for i, g := range gpus {
+			sum += float64(g) * min(max(1, c*secs[i]), window)
+		}
+		return cfg.rate * sum / float64(len(gpus))
+	}
+	target := cfg.load * float64(8*cfg.machines)
+	lo, hi := 1e-9, 1.0
+	if busy(hi) < target {
+		return hi, busy(hi) / float64(8*cfg.machines)
+	}
+	for range 100 {
+		mid := math.Sqrt(lo * hi)
+		if busy(mid) < target {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return hi, busy(hi) / float64(8*cfg.machines)
 }
 
 func cmpOr(a, b string) string {
