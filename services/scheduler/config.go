@@ -30,9 +30,11 @@ type Config struct {
 	// ResyncInterval runs a cycle even when no fact arrived, so what only
 	// time makes eligible again (a refused node's backoff) is retried.
 	ResyncInterval time.Duration
-	// IntakeWorkers handle job requests in parallel; a job's own submit
-	// and cancel stay in stream order (they share a worker).
-	IntakeWorkers int
+	// IntakeBatch is how many job requests that have arrived are decided
+	// before their answers' acks are waited for (the answers share a
+	// round trip); a job's own submit and cancel stay in stream order.
+	// Default 256.
+	IntakeBatch int
 	// MaxPlanBytes bounds one plan message; a cycle that places more splits
 	// its plan. The PLANS stream refuses messages over 128 KiB. Default
 	// 96 KiB.
@@ -82,7 +84,7 @@ func DefaultConfig() Config {
 		CycleInterval:     5 * time.Millisecond,
 		DemandInterval:    time.Second,
 		Publishers:        16,
-		IntakeWorkers:     16,
+		IntakeBatch:       256,
 		ResyncInterval:    time.Second,
 		MaxPlanBytes:      96 * 1024,
 		LeaseTTL:          3 * time.Second,
@@ -102,7 +104,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.DemandInterval, "demand-interval", c.DemandInterval, "least time between two demand publishes of one pool")
 	fs.IntVar(&c.Publishers, "publishers", c.Publishers, "job events published concurrently (per-job order is kept)")
 	fs.DurationVar(&c.ResyncInterval, "resync-interval", c.ResyncInterval, "a cycle at least this often, even with no new fact")
-	fs.IntVar(&c.IntakeWorkers, "intake-workers", c.IntakeWorkers, "job requests handled in parallel (per-job order is kept)")
+	fs.IntVar(&c.IntakeBatch, "intake-batch", c.IntakeBatch, "job requests decided before their answers are awaited together (per-job order is kept)")
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "leader lease duration; a standby takes over at most this long after the leader dies")
 	fs.DurationVar(&c.RebuildTimeout, "rebuild-timeout", c.RebuildTimeout,
 		"a new leader that has not rebuilt its state within this long gives the lease up and tries again later (0: five lease TTLs)")
@@ -139,8 +141,8 @@ func (c Config) Validate() error {
 	if c.ResyncInterval <= 0 {
 		errs = append(errs, fmt.Errorf("resync interval is %s; want > 0", c.ResyncInterval))
 	}
-	if c.IntakeWorkers < 1 || c.IntakeWorkers > 1024 {
-		errs = append(errs, fmt.Errorf("intake workers is %d; want 1 to 1024", c.IntakeWorkers))
+	if c.IntakeBatch < 1 || c.IntakeBatch > 1024 {
+		errs = append(errs, fmt.Errorf("intake batch is %d; want 1 to 1024", c.IntakeBatch))
 	}
 	if c.Publishers < 1 || c.Publishers > 1024 {
 		errs = append(errs, fmt.Errorf("publishers is %d; want 1 to 1024", c.Publishers))

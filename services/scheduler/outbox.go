@@ -22,6 +22,14 @@ type publisher interface {
 
 var _ publisher = (*bus.Bus)(nil)
 
+// asyncPublisher publishes without waiting for each ack (bus.PublishAsync);
+// the outbox uses it when its publisher has it.
+type asyncPublisher interface {
+	PublishAsync(ctx context.Context, subject, id string, v any, opts ...bus.PublishOption) (*bus.Pending, error)
+}
+
+var _ asyncPublisher = (*bus.Bus)(nil)
+
 // outbox publishes the store's decisions. Messages with the same key (one
 // job) go to the same shard and out in the order they were enqueued, so a
 // reader never sees a job's running event before its scheduled one;
@@ -123,23 +131,77 @@ func (o *outbox) drain(ctx context.Context, sh *shard, fail context.CancelCauseF
 			if len(batch) == 0 {
 				break
 			}
-			for i, it := range batch {
-				err := o.publish(ctx, it.Publish)
-				if it.done != nil {
-					it.done <- err
-				}
-				if err != nil && ctx.Err() == nil {
-					fail(fmt.Errorf("outbox: %s not published, restart to rebuild: %w", it.ID, err))
-				}
-				if ctx.Err() != nil {
-					for _, rest := range batch[i+1:] {
-						if rest.done != nil {
-							rest.done <- ctx.Err()
-						}
-					}
-					break
+			for len(batch) > 0 && ctx.Err() == nil {
+				n := distinctKeys(batch, maxInFlight)
+				o.publishAll(ctx, batch[:n], fail)
+				batch = batch[n:]
+			}
+			for _, rest := range batch {
+				if rest.done != nil {
+					rest.done <- ctx.Err()
 				}
 			}
+		}
+	}
+}
+
+// maxInFlight bounds the messages of one shard sent and not yet acked.
+const maxInFlight = 256
+
+// distinctKeys is the length of the longest prefix of items, at most max,
+// in which no key comes twice: the messages publishAll may send together.
+// A job's second message waits for its first to be stored, so a failed
+// first one, sent again, still comes before it.
+func distinctKeys(items []outItem, max int) int {
+	if len(items) == 1 {
+		return 1
+	}
+	seen := make(map[string]struct{}, min(len(items), max))
+	for i, it := range items {
+		if _, dup := seen[it.Key]; dup || i == max {
+			return i
+		}
+		seen[it.Key] = struct{}{}
+	}
+	return len(items)
+}
+
+// publishAll publishes items of distinct keys, in order, and reports each
+// outcome to its waiter. With a bus it sends them all before waiting for
+// any ack: one round trip for the lot instead of one each. A message
+// whose async send fails goes again through publish's retries.
+func (o *outbox) publishAll(ctx context.Context, items []outItem, fail context.CancelCauseFunc) {
+	pending := make([]*bus.Pending, len(items))
+	if ap, ok := o.pub.(asyncPublisher); ok && len(items) > 1 {
+		for i, it := range items {
+			pctx := ctx
+			if o.traces != nil {
+				pctx = o.traces.jobContext(ctx, it.Key)
+			}
+			// An error (the message does not encode) is publish's to
+			// report below.
+			pending[i], _ = ap.PublishAsync(pctx, it.Subject, it.ID, it.Msg, bus.CESubject(it.Key))
+		}
+	}
+	for i, it := range items {
+		var err error
+		if p := pending[i]; p != nil {
+			if _, err = p.Wait(ctx); err == nil && o.traces != nil {
+				o.traces.published(it.Publish)
+			}
+		}
+		if pending[i] == nil || err != nil {
+			if ctx.Err() != nil {
+				err = ctx.Err()
+			} else {
+				err = o.publish(ctx, it.Publish)
+			}
+		}
+		if it.done != nil {
+			it.done <- err
+		}
+		if err != nil && ctx.Err() == nil {
+			fail(fmt.Errorf("outbox: %s not published, restart to rebuild: %w", it.ID, err))
 		}
 	}
 }

@@ -37,7 +37,6 @@ import (
 	"github.com/gpuplane/gpuplane/libs/bus"
 	"github.com/gpuplane/gpuplane/libs/lease"
 	"github.com/gpuplane/gpuplane/libs/service"
-	"github.com/gpuplane/gpuplane/libs/telemetry"
 	"github.com/gpuplane/gpuplane/services/scheduler/internal/state"
 )
 
@@ -180,9 +179,7 @@ func (s *scheduler) run(ctx context.Context) error {
 			return nil
 		case <-budgetsSynced:
 		}
-		return s.bus.Consume(ctx, bus.ConsumerSpec{Stream: contracts.StreamJobs, Durable: RequestsConsumer,
-			FilterSubjects: []string{contracts.SubjectSubmitAll, contracts.SubjectCancelAll},
-			Workers:        s.cfg.IntakeWorkers, Key: requestKey}, s.handleRequest)
+		return s.consumeRequests(ctx)
 	})
 	return g.Wait()
 }
@@ -479,46 +476,7 @@ func (s *scheduler) handleRequest(ctx context.Context, m *bus.Msg) error {
 }
 
 func (s *scheduler) submit(ctx context.Context, m *bus.Msg) error {
-	s.mu.Lock()
-	sub := s.st.Submit(m.Subject, m.Data, m.StreamSeq)
-	s.mu.Unlock()
-	log := s.log.With("subject", m.Subject, "stream_seq", m.StreamSeq, "outcome", sub.Outcome)
-	switch {
-	case sub.Invalid != nil:
-		// No tenant to answer under: answer on the reserved one, then
-		// park it for operators.
-		if err := s.answerInvalid(ctx, m, sub.Invalid); err != nil {
-			return err
-		}
-		log.Warn("job request on a subject naming no valid tenant: rejected on "+contracts.RejectedSubject(m.StreamSeq)+
-			" and dead-lettered", "err", sub.Invalid)
-		return bus.Permanent(sub.Invalid)
-	case sub.Publish == nil:
-		log.Debug("job request changes nothing")
-		return nil
-	}
-	p := sub.Publish
-	// The job's trace is this delivery's: what the scheduler publishes
-	// about the job later continues it (traces.go).
-	if tenant, job, ok := strings.Cut(p.Key, "/"); ok {
-		ctx = telemetry.WithAttrs(ctx, telemetry.JobAttrs(tenant, job)...)
-		telemetry.Annotate(ctx, telemetry.JobAttrs(tenant, job)...)
-		if ev, isEv := p.Msg.(contracts.JobEvent); !isEv || !ev.State.Terminal() {
-			s.traces.remember(p.Key, telemetry.TraceParent(ctx))
-		}
-	}
-	ack, err := s.bus.Publish(ctx, p.Subject, p.ID, p.Msg, bus.CESubject(p.Key))
-	if err != nil {
-		s.mu.Lock()
-		sub.Abandoned()
-		s.mu.Unlock()
-		return fmt.Errorf("publish %s: %w", p.ID, err)
-	}
-	s.mu.Lock()
-	sub.Published(ack.Sequence)
-	s.mu.Unlock()
-	log.Debug("job request handled", "event", p.ID)
-	return nil
+	return s.startSubmit(ctx, m)()
 }
 
 // answerInvalid publishes the rejection of a job request whose subject

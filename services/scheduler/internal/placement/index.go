@@ -37,6 +37,10 @@ type Placer struct {
 	// live lists classes in the order they gained their first member
 	// (created or emptied and refilled); shape lists catch up from it.
 	live []int32
+	// occupied are the classes with members, in no particular order
+	// (occupiedAt: each class's position there, -1 when empty): a cycle
+	// leaves thousands of emptied classes behind that explain skips.
+	occupied, occupiedAt []int32
 
 	shapes   map[string]*shape
 	keyBuf   []byte
@@ -46,7 +50,15 @@ type Placer struct {
 	version  int // node changes so far: pending messages are cached per version
 	placed   int // requests placed so far
 	memo     map[string]memoEntry
-	hostCap  map[int32][2]int64 // hostMax, by pool id (-1: all)
+	// failedKeys are the memo keys of requests that failed this cycle
+	// (failedBefore); failedPrefix their prefixes, a first test that asks
+	// no pool verdict.
+	failedKeys, failedPrefix map[string]struct{}
+	// noFailMemo turns failedBefore off (tests compare both paths);
+	// skipped counts the searches it saved.
+	noFailMemo bool
+	skipped    int
+	hostCap    map[int32][2]int64 // hostMax, by pool id (-1: all)
 
 	// per-request state
 	gen    uint64
@@ -169,13 +181,15 @@ type class struct {
 // by its first entry.
 func NewPlacer(snap Snapshot, opt Options) *Placer {
 	p := &Placer{
-		opt:       opt,
-		kindIndex: map[kindKey]int32{},
-		classHash: make(map[uint64]int32, 256),
-		fragViews: make(map[uint64][]*fragView, 256),
-		classes:   make([]class, 0, 256),
-		shapes:    map[string]*shape{},
-		memo:      map[string]memoEntry{},
+		opt:          opt,
+		kindIndex:    map[kindKey]int32{},
+		classHash:    make(map[uint64]int32, 256),
+		fragViews:    make(map[uint64][]*fragView, 256),
+		classes:      make([]class, 0, 256),
+		shapes:       map[string]*shape{},
+		memo:         map[string]memoEntry{},
+		failedKeys:   map[string]struct{}{},
+		failedPrefix: map[string]struct{}{},
 	}
 	src := make([]*Node, len(snap.Nodes))
 	for i := range snap.Nodes {
@@ -270,8 +284,11 @@ func NewPlacer(snap Snapshot, opt Options) *Placer {
 		p.initMembers[i] = all[start:len(all):len(all)]
 	}
 	p.live = make([]int32, len(p.classes))
+	p.occupied = make([]int32, len(p.classes))
+	p.occupiedAt = make([]int32, len(p.classes))
 	for i := range p.live {
 		p.live[i] = int32(i)
+		p.occupied[i], p.occupiedAt[i] = int32(i), int32(i)
 	}
 	p.poolPolicy = make([]policy, len(p.pools.list))
 	for i, name := range p.pools.list {
@@ -625,6 +642,9 @@ func (p *Placer) move(ord int32) {
 	if i, ok := slices.BinarySearch(old.members, ord); ok {
 		old.members = slices.Delete(old.members, i, i+1)
 	}
+	if len(old.members) == 0 {
+		p.vacate(n.class)
+	}
 	id := p.classFor(n, false)
 	c := &p.classes[id]
 	i, _ := slices.BinarySearch(c.members, ord)
@@ -632,7 +652,33 @@ func (p *Placer) move(ord int32) {
 	c.maxCPU, c.maxMem = max(c.maxCPU, n.cpu), max(c.maxMem, n.mem)
 	if len(c.members) == 1 {
 		p.live = append(p.live, id)
+		p.occupy(id)
 	}
 	n.class = id
 	p.version++
+}
+
+// occupy adds class id, which just gained its first member, to the
+// classes with members.
+func (p *Placer) occupy(id int32) {
+	for len(p.occupiedAt) <= int(id) {
+		p.occupiedAt = append(p.occupiedAt, -1)
+	}
+	if p.occupiedAt[id] < 0 {
+		p.occupiedAt[id] = int32(len(p.occupied))
+		p.occupied = append(p.occupied, id)
+	}
+}
+
+// vacate removes class id, which just lost its last member, from the
+// classes with members (in any order: their users sum and take maxima).
+func (p *Placer) vacate(id int32) {
+	if int(id) >= len(p.occupiedAt) || p.occupiedAt[id] < 0 {
+		return
+	}
+	i := p.occupiedAt[id]
+	last := p.occupied[len(p.occupied)-1]
+	p.occupied[i], p.occupiedAt[last] = last, i
+	p.occupied = p.occupied[:len(p.occupied)-1]
+	p.occupiedAt[id] = -1
 }

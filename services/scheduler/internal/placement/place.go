@@ -506,6 +506,9 @@ func (p *Placer) Place(r Request) Decision {
 		return Decision{Pending: Pending{Code: contracts.ReasonUnsatisfiable, Message: err.Error()}}
 	}
 	p.gen++
+	if p.failedBefore(&r) {
+		return Decision{Pending: p.why(&r)}
+	}
 	m := r.Machines()
 	if m == 1 {
 		s := p.shapeFor(&r, -1)

@@ -17,7 +17,11 @@ type memoEntry struct {
 // why explains a request that was not placed, from the most fundamental
 // cause to the most transient, and appends the queue and caller facts.
 func (p *Placer) why(r *Request) Pending {
-	pd := p.explainMemo(r)
+	return p.withQueue(p.explainMemo(r), r)
+}
+
+// withQueue appends to an explanation the queue and caller facts.
+func (p *Placer) withQueue(pd Pending, r *Request) Pending {
 	pd.Message += aheadText(r)
 	if r.Extra != "" {
 		pd.Message += "; " + r.Extra
@@ -29,26 +33,13 @@ func (p *Placer) why(r *Request) Pending {
 // (selector, reservations): a long queue of one shape behind a full
 // cluster is explained once per placement, not once per job.
 func (p *Placer) explainMemo(r *Request) Pending {
-	if len(r.Selector) > 0 || ((len(r.Exclude) > 0 || len(r.Reserved) > 0) && r.ExcludeKey == "") {
+	if !memoable(r) {
 		return p.explain(r)
 	}
 	s := p.shapeFor(r, -1)
-	b := append(p.keyBuf[:0], s.key...)
-	for _, v := range []int64{int64(r.GPU.Count), int64(r.GPU.Nodes), r.CPUMilli, r.MemoryMiB} {
-		b = append(b, '|')
-		b = strconv.AppendInt(b, v, 10)
-	}
-	if len(r.Exclude) > 0 || len(r.Reserved) > 0 {
-		b = append(b, '|')
-		b = append(b, r.ExcludeKey...)
-	}
-	b = append(b, '|')
-	for pool := range p.pools.list {
-		if r.Pool == "" || p.pools.list[pool] == r.Pool {
-			b = append(b, '0'+byte(boolInt(p.poolOK(r, int32(pool)))))
-		}
-	}
-	p.keyBuf = b
+	b := p.memoPrefix(r, s)
+	prefix := len(b)
+	b = p.memoPools(r, b)
 	if m, ok := p.memo[string(b)]; ok && m.version == p.version {
 		return m.pending
 	}
@@ -58,7 +49,75 @@ func (p *Placer) explainMemo(r *Request) Pending {
 		clear(p.memo)
 	}
 	p.memo[key] = memoEntry{version: p.version, pending: pd}
+	if len(p.failedKeys) > 1<<16 {
+		clear(p.failedKeys) // only an optimisation: forgetting is safe
+		clear(p.failedPrefix)
+	}
+	p.failedKeys[key] = struct{}{}
+	p.failedPrefix[key[:prefix]] = struct{}{}
 	return pd
+}
+
+// memoable reports whether r's placement is decided by its memo key:
+// no selector, and exclusions only under a key naming them.
+func memoable(r *Request) bool {
+	return len(r.Selector) == 0 && ((len(r.Exclude) == 0 && len(r.Reserved) == 0) || r.ExcludeKey != "")
+}
+
+// memoPrefix is the part of r's memo key that needs no caller verdict:
+// shape, counts, host resources and exclusions (in p.keyBuf).
+func (p *Placer) memoPrefix(r *Request, s *shape) []byte {
+	b := append(p.keyBuf[:0], s.key...)
+	for _, v := range [...]int64{int64(r.GPU.Count), int64(r.GPU.Nodes), r.CPUMilli, r.MemoryMiB} {
+		b = append(b, '|')
+		b = strconv.AppendInt(b, v, 10)
+	}
+	if len(r.Exclude) > 0 || len(r.Reserved) > 0 {
+		b = append(b, '|')
+		b = append(b, r.ExcludeKey...)
+	}
+	b = append(b, '|')
+	p.keyBuf = b
+	return b
+}
+
+// memoPools appends to a memo prefix the verdict of r.PoolRuns and
+// r.AllowPool on every pool in r's scope.
+func (p *Placer) memoPools(r *Request, b []byte) []byte {
+	for pool := range p.pools.list {
+		if r.Pool == "" || p.pools.list[pool] == r.Pool {
+			b = append(b, '0'+byte(boolInt(p.poolOK(r, int32(pool)))))
+		}
+	}
+	p.keyBuf = b
+	return b
+}
+
+// failedBefore reports whether a request with r's memo key failed
+// earlier in this cycle. Then r fails too and need not be searched again
+// (the tail of a deep queue behind a full cluster costs a map lookup per
+// job, and its explanation one per placement): within a cycle devices,
+// instances, shares and host capacity are only taken, never given back,
+// so a node that could not hold a request never comes to; a failed
+// placement has no effect on the Placer but its caches; and the key holds
+// everything the search reads (shape, counts, host resources, the
+// exclusions' key, every pool verdict) but r.Prefer, which only chooses
+// among nodes found.
+func (p *Placer) failedBefore(r *Request) bool {
+	if p.noFailMemo || len(p.failedKeys) == 0 || !memoable(r) {
+		return false
+	}
+	s := p.shapeFor(r, -1)
+	b := p.memoPrefix(r, s)
+	if _, ok := p.failedPrefix[string(b)]; !ok {
+		return false // no pool verdict asked before the search
+	}
+	b = p.memoPools(r, b)
+	_, ok := p.failedKeys[string(b)]
+	if ok {
+		p.skipped++
+	}
+	return ok
 }
 
 func boolInt(b bool) int {
@@ -117,12 +176,14 @@ func (p *Placer) explain(r *Request) Pending {
 		capZone, fitZone                     = map[int32]int{}, map[int32]int{}
 	)
 	better := func(n int, id string, best int, bestID string) bool { return n > best || n == best && id < bestID }
-	for cid := range p.classes {
+	// Every sum and maximum below is independent of the classes' order
+	// (ties go to the lowest node ID), so the occupied ones suffice.
+	for _, cid := range p.occupied {
 		c := &p.classes[cid]
 		if len(c.members) == 0 || s.pool >= 0 && c.pool != s.pool {
 			continue
 		}
-		f := p.facts(s, int32(cid))
+		f := p.facts(s, cid)
 		if !f.hw {
 			continue
 		}
@@ -153,7 +214,10 @@ func (p *Placer) explain(r *Request) Pending {
 		}
 		usableHere := 0
 		firstUsable := ""
-		if !perNode && !f.fits {
+		// A class whose GPUs do not fit has no member a reservation or
+		// exclusion could matter for (those count only machines that
+		// would take it): only a selector needs the walk then.
+		if (!perNode || len(r.Selector) == 0) && !f.fits {
 			usableHere, firstUsable = size, first
 		} else {
 			for _, ord := range c.members {

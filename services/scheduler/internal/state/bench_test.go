@@ -53,6 +53,23 @@ func BenchmarkCycle(b *testing.B) {
 			benchCycle(b, func() *Store { return benchMixed(b, size.nodes, size.queue) })
 		})
 	}
+	// The scale point: the mixed fleet and workload with a deep
+	// queue (the fill's batches are the mixed one's; then queued jobs wait).
+	b.Run("nodes=10000/queued=100000", func(b *testing.B) {
+		benchCycle(b, func() *Store { return benchDeep(b, 10000, 100000) })
+	})
+}
+
+// benchDeep is benchMixed's store (filled with batches of 5,000) with
+// queued more jobs of the same mix waiting for the measured cycle.
+func benchDeep(b testing.TB, nodes, queued int) *Store {
+	st := benchMixed(b, nodes, 5000)
+	rng := rand.New(rand.NewPCG(uint64(queued), 11))
+	for i := range queued {
+		seq := uint64(1_000_000 + i)
+		benchSubmit(b, st, benchTenant(rng.IntN(benchTenants)), benchRequest(rng, fmt.Sprintf("q%06d", i)), seq)
+	}
+	return st
 }
 
 // benchCycle times one Cycle per op on a store that setup builds outside
@@ -77,6 +94,7 @@ func benchCycle(b *testing.B, setup func() *Store) {
 	b.ReportMetric(float64(placed)/float64(b.N), "placed/cycle")
 	b.ReportMetric(float64(waiting)/float64(b.N), "waiting/cycle")
 	b.ReportMetric(float64(queued)/float64(b.N), "queued")
+	b.ReportMetric(perCycle*1000, "ms/cycle")
 }
 
 var benchT0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
