@@ -21,6 +21,13 @@ import (
 // checkpoint directory looked at.
 const watchInterval = 250 * time.Millisecond
 
+// simShipDelay is how long after its start a simulated run's first lines
+// are shipped (they are shipped at once when it ends or checkpoints
+// first). A burst of starts publishes its started facts without a log
+// chunk beside each, and a run shorter than this ships its whole output
+// in one chunk (issue 17).
+const simShipDelay = 2 * time.Second
+
 // NoExitCode is the exit code of a run fact when no process status
 // exists: the run never started, or the agent lost it.
 const NoExitCode = -1
@@ -463,7 +470,7 @@ func (a *agent) launch(ctx, pctx context.Context, run *activeRun, devices []cont
 	if info.PID == 0 { // simulated
 		startedAt = launchedAt
 	}
-	if info.LogPath != "" {
+	if info.LogPath != "" && !info.Simulated { // a simulated run's shipper keeps no record
 		if err := logship.Reset(info.LogPath); err != nil {
 			log.Warn("the log of a fresh run may be shipped from a stale offset", "err", err)
 		}
@@ -549,18 +556,26 @@ func (a *agent) watch(ctx context.Context, run *activeRun) {
 			}
 		}
 	}
-	var tick <-chan time.Time
+	var tick, first <-chan time.Time
 	if info.PID != 0 {
 		t := time.NewTicker(watchInterval)
 		defer t.Stop()
 		tick = t.C
 	}
-	flush(ctx)
+	if info.Simulated {
+		t := time.NewTimer(simShipDelay)
+		defer t.Stop()
+		first = t.C
+	} else {
+		flush(ctx)
+	}
 	for running := true; running; {
 		select {
 		case <-run.proc.Done():
 			running = false
 		case <-tick:
+		case <-first:
+			first = nil
 		case <-run.poke:
 		}
 		if running && ctx.Err() == nil {
@@ -599,19 +614,22 @@ func (a *agent) watch(ctx context.Context, run *activeRun) {
 		return
 	}
 	log.Info("run ended", "outcome", res.Outcome, "exit_code", res.ExitCode)
-	a.finish(pctx, ship, id, res.ExitCode)
+	a.finish(pctx, ship, id, res.ExitCode, !info.Simulated)
 }
 
 // finish ships the rest of an ended run's log, then forgets the run's
-// state; whatever fails is left for the next agent to finish.
-func (a *agent) finish(ctx context.Context, ship *logship.Shipper, id string, exitCode int) {
+// state (when it has any: a simulated run leaves none in the runner);
+// whatever fails is left for the next agent to finish.
+func (a *agent) finish(ctx context.Context, ship *logship.Shipper, id string, exitCode int, hasState bool) {
 	if ship != nil {
 		if err := ship.Finish(ctx, exitCode); err != nil {
 			a.log.Warn("end of run output not shipped; the next agent ships it", "allocation_id", id, "err", err)
 			return
 		}
 	}
-	a.forget(id)
+	if hasState {
+		a.forget(id)
+	}
 }
 
 // shipper ships a run's log, nil when it has none the agent can read.
@@ -619,8 +637,12 @@ func (a *agent) shipper(alloc contracts.Allocation, info runner.Info) *logship.S
 	if info.LogPath == "" {
 		return nil
 	}
-	s, err := logship.New(a.bus, logship.Run{AllocationID: alloc.ID, Tenant: alloc.Tenant, JobID: alloc.JobID,
-		Attempt: alloc.Attempt, NodeID: a.cfg.NodeID}, info.LogPath, a.cfg.Now)
+	run := logship.Run{AllocationID: alloc.ID, Tenant: alloc.Tenant, JobID: alloc.JobID, Attempt: alloc.Attempt, NodeID: a.cfg.NodeID}
+	if info.Simulated {
+		// It dies with this agent: no later one resumes its shipping.
+		return logship.NewVolatile(a.bus, run, info.LogPath, a.cfg.Now)
+	}
+	s, err := logship.New(a.bus, run, info.LogPath, a.cfg.Now)
 	if err != nil {
 		a.log.Warn("run output will not be shipped", "allocation_id", alloc.ID, "err", err)
 		return nil

@@ -43,8 +43,13 @@ const simStateFile = "state"
 
 // writeSimCheckpoint saves s as the job's next checkpoint, ckpt-<n> with n
 // above every ckpt-<n> there (attempts share the directory), then points
-// LATEST at it: the protocol a real job follows too.
+// LATEST at it: the protocol a real job follows too. The directory is
+// made here, by the run's first checkpoint (Local.prepare leaves it to
+// this for a simulated run).
 func writeSimCheckpoint(dir string, s simState) (string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return "", err

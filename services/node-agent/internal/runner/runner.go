@@ -33,9 +33,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
@@ -109,6 +111,10 @@ type Info struct {
 	// name of the checkpoint LATEST named at launch ("" when none).
 	CheckpointDir string
 	RestoredFrom  string
+	// Simulated is set for a simulated run: it lives in the agent's
+	// process and dies with it, so nothing of it (its log's shipping
+	// included) is ever resumed by a later agent.
+	Simulated bool
 }
 
 // Process is a started run.
@@ -156,6 +162,10 @@ type Local struct {
 	// shimProgram is the program started as a run's shim; "" means this
 	// one (tests start others to see a launch fail).
 	shimProgram string
+
+	// logDirMade is set once LogDir is known to exist: a burst of
+	// launches does not look for it again each time.
+	logDirMade atomic.Bool
 }
 
 var (
@@ -193,21 +203,46 @@ func (r *Local) Launch(ctx context.Context, l Launch) (Process, error) {
 	if l.Container != nil {
 		return r.startContainer(ctx, l, logPath)
 	}
-	if len(l.Spec.Command) == 0 {
-		logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	if simulated(l) {
+		p, err := startSim(l, logPath)
+		if errors.Is(err, fs.ErrNotExist) {
+			// LogDir went away since it was made: make it again.
+			r.logDirMade.Store(false)
+			if err = r.makeLogDir(); err == nil {
+				p, err = startSim(l, logPath)
+			}
+		}
 		if err != nil {
 			return nil, fmt.Errorf("%w: log file: %w", ErrLaunch, err)
 		}
-		return startSim(l, logFile, logPath), nil
+		return p, nil
 	}
 	return r.startShim(l, logPath, hostCommand(l, logPath))
 }
 
-// prepare creates the directories of a launch and fills in its checkpoint
-// fields.
-func (r *Local) prepare(l *Launch) error {
+// simulated reports whether l is a simulated run: no command, no image.
+func simulated(l Launch) bool { return l.Container == nil && len(l.Spec.Command) == 0 }
+
+// makeLogDir creates LogDir unless it was made already.
+func (r *Local) makeLogDir() error {
+	if r.logDirMade.Load() {
+		return nil
+	}
 	if err := os.MkdirAll(r.LogDir, 0o755); err != nil {
 		return fmt.Errorf("log dir: %w", err)
+	}
+	r.logDirMade.Store(true)
+	return nil
+}
+
+// prepare creates the directories of a launch and fills in its checkpoint
+// fields. A simulated run's checkpoint directory is made by its first
+// checkpoint (writeSimCheckpoint), not here: most simulated runs never
+// checkpoint, and a directory per job was a third of the file work of a
+// burst of starts (issue 17).
+func (r *Local) prepare(l *Launch) error {
+	if err := r.makeLogDir(); err != nil {
+		return err
 	}
 	for _, p := range []struct{ what, v string }{{"tenant", l.Tenant}, {"job ID", l.JobID}} {
 		// Both become a path component: nothing that could leave the root.
@@ -216,8 +251,11 @@ func (r *Local) prepare(l *Launch) error {
 		}
 	}
 	l.CheckpointDir = filepath.Join(r.checkpointRoot(), l.Tenant, l.JobID)
-	if err := os.MkdirAll(l.CheckpointDir, 0o755); err != nil {
-		return fmt.Errorf("checkpoint dir: %w", err)
+	if !simulated(*l) {
+		// A command (or container) is told the directory: it must exist.
+		if err := os.MkdirAll(l.CheckpointDir, 0o755); err != nil {
+			return fmt.Errorf("checkpoint dir: %w", err)
+		}
 	}
 	l.RestoreFrom = ""
 	if name, ok := LatestCheckpoint(l.CheckpointDir); ok {

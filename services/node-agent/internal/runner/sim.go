@@ -33,22 +33,31 @@ type simProc struct {
 
 	mu   sync.Mutex // guards exit and the log file
 	exit Exit
-	log  *os.File
+	// ended is set once the run ended: it writes no more output.
+	ended bool
 }
 
-func startSim(l Launch, logFile *os.File, logPath string) *simProc {
+// startSim starts a simulated run whose output goes to logPath. The file
+// is written whole at once (created, its first lines, closed) and opened
+// again only for a later line (a checkpoint): a run holds no descriptor
+// while it waits, which a fleet of thousands of simulated machines, each
+// with a run per GPU, would otherwise run out of.
+func startSim(l Launch, logPath string) (*simProc, error) {
 	total := max(l.Spec.Duration.D(), 0)
-	p := &simProc{done: make(chan struct{}), stop: make(chan struct{}), total: total, log: logFile,
-		info: Info{LogPath: logPath, CheckpointDir: l.CheckpointDir}}
-	p.logf("simulated run of %s on %v, exit code %d", total, visibleUUIDs(l.Devices), l.Spec.ExitCode)
+	p := &simProc{done: make(chan struct{}), stop: make(chan struct{}), total: total,
+		info: Info{LogPath: logPath, CheckpointDir: l.CheckpointDir, Simulated: true}}
+	out := fmt.Appendf(nil, "simulated run of %s on %v, exit code %d\n", total, visibleUUIDs(l.Devices), l.Spec.ExitCode)
 	if l.RestoreFrom != "" {
 		p.info.RestoredFrom = filepath.Base(l.RestoreFrom)
 		if s, err := readSimCheckpoint(l.RestoreFrom); err != nil {
-			p.logf("not restored (%v): starting from the beginning", err)
+			out = fmt.Appendf(out, "not restored (%v): starting from the beginning\n", err)
 		} else {
 			p.restored = min(s.Progress.D(), total)
-			p.logf("restored from %s at %s: %s to go", p.info.RestoredFrom, p.restored, total-p.restored)
+			out = fmt.Appendf(out, "restored from %s at %s: %s to go\n", p.info.RestoredFrom, p.restored, total-p.restored)
 		}
+	}
+	if err := os.WriteFile(logPath, out, 0o644); err != nil {
+		return nil, err
 	}
 	p.started = time.Now()
 	p.timer = time.NewTimer(total - p.restored)
@@ -63,12 +72,11 @@ func startSim(l Launch, logFile *os.File, logPath string) *simProc {
 		}
 		p.mu.Lock()
 		p.exit = exit
-		_ = p.log.Close()
-		p.log = nil
+		p.ended = true
 		p.mu.Unlock()
 		close(p.done)
 	}()
-	return p
+	return p, nil
 }
 
 func visibleUUIDs(devs []contracts.DeviceRef) []string {
@@ -83,9 +91,15 @@ func visibleUUIDs(devs []contracts.DeviceRef) []string {
 func (p *simProc) logf(format string, args ...any) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.log != nil {
-		fmt.Fprintf(p.log, format+"\n", args...)
+	if p.ended {
+		return
 	}
+	f, err := os.OpenFile(p.info.LogPath, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return // the log is the run's output, never a reason for it to fail
+	}
+	_, _ = fmt.Fprintf(f, format+"\n", args...)
+	_ = f.Close()
 }
 
 func (p *simProc) Wait() Exit {
