@@ -54,10 +54,15 @@ type Placer struct {
 	// (failedBefore); failedPrefix their prefixes, a first test that asks
 	// no pool verdict.
 	failedKeys, failedPrefix map[string]struct{}
-	// noFailMemo turns failedBefore off (tests compare both paths);
+	// noFailMemo turns failedBefore and initiallyFitMemo off (tests
+	// compare both paths);
 	// skipped counts the searches it saved.
 	noFailMemo bool
 	skipped    int
+	// explaining is the memo key of the request explainMemo is
+	// explaining ("" for none); initFit remembers initiallyFit by it.
+	explaining string
+	initFit    map[string]bool
 	hostCap    map[int32][2]int64 // hostMax, by pool id (-1: all)
 
 	// per-request state
@@ -190,6 +195,7 @@ func NewPlacer(snap Snapshot, opt Options) *Placer {
 		memo:         map[string]memoEntry{},
 		failedKeys:   map[string]struct{}{},
 		failedPrefix: map[string]struct{}{},
+		initFit:      map[string]bool{},
 	}
 	src := make([]*Node, len(snap.Nodes))
 	for i := range snap.Nodes {

@@ -44,7 +44,9 @@ func (p *Placer) explainMemo(r *Request) Pending {
 		return m.pending
 	}
 	key := string(b)
+	p.explaining = key
 	pd := p.explain(r)
+	p.explaining = ""
 	if len(p.memo) > 4096 {
 		clear(p.memo)
 	}
@@ -336,7 +338,7 @@ func (p *Placer) explain(r *Request) Pending {
 	case gpuFit >= m && fit < m && (!zone || maxOf(fitZone) < m):
 		return pending(contracts.PendingNoSchedulableNode, "its GPUs are free on %s but %s %d milli-CPU and %d MiB host memory free (most: %d milli-CPU and %d MiB on %s)",
 			countText(gpuFit, "machine"), noneText(m), r.CPUMilli, r.MemoryMiB, cpuBest, memBest, cpuNode)
-	case fit < m && p.placed > 0 && p.initiallyFit(s, r, m):
+	case fit < m && p.placed > 0 && p.initiallyFitMemo(s, r, m):
 		msg := fmt.Sprintf("the free capacity went to %s placed ahead of it this cycle", countText(p.placed, "job"))
 		if s.kind == contracts.GPUKindWhole && m == 1 && blockMax >= 0 {
 			msg += fmt.Sprintf("; largest free block%s is now %d on %s", p.domainText(r), blockMax, blockNode)
@@ -368,6 +370,24 @@ func (p *Placer) explain(r *Request) Pending {
 		return pending(contracts.PendingInsufficientGPUs, "no matching GPU is free on a usable machine%s", unusable)
 	}
 	return pending(contracts.PendingInsufficientGPUs, "largest free block%s is %d on %s%s", p.domainText(r), blockMax, blockNode, unusable)
+}
+
+// initiallyFitMemo is initiallyFit, remembered for the cycle by the memo
+// key of the request explained (p.explaining): the cycle's initial state
+// does not change, and the key holds all initiallyFit reads of r.
+func (p *Placer) initiallyFitMemo(s *shape, r *Request, m int) bool {
+	if p.explaining == "" || p.noFailMemo {
+		return p.initiallyFit(s, r, m)
+	}
+	if v, ok := p.initFit[p.explaining]; ok {
+		return v
+	}
+	v := p.initiallyFit(s, r, m)
+	if len(p.initFit) > 1<<16 {
+		clear(p.initFit)
+	}
+	p.initFit[p.explaining] = v
+	return v
 }
 
 // initiallyFit reports whether m machines could have taken r's parts when
