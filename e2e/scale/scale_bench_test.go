@@ -188,6 +188,11 @@ func runScale(b *testing.B, cfg scaleConfig) {
 		}
 		j, _ := srv.jsz()
 		mem.add(label, tr, procs, j)
+		// As it goes too: a long run's growth shows before its end.
+		if len(mem.rows) == 1 {
+			fmt.Println("scale: " + mem.header())
+		}
+		fmt.Println("scale: " + mem.row(mem.rows[len(mem.rows)-1]))
 	}
 	sample("start")
 	every := min(100000, max(1, cfg.jobs/10))
@@ -698,6 +703,7 @@ type memTable struct {
 
 type memRow struct {
 	label                               string
+	at                                  time.Time
 	scheduled, succeeded, queue, unread int
 	rss, heap, cpu                      []float64
 	storeMB, natsMemMB                  float64
@@ -710,7 +716,7 @@ func (m *memTable) add(label string, tr *tracker, procs []*proc, j jsz) {
 			m.names = append(m.names, p.name)
 		}
 	}
-	r := memRow{label: label, storeMB: float64(j.Storage) / (1 << 20), natsMemMB: float64(j.Memory) / (1 << 20), messages: j.Messages}
+	r := memRow{label: label, at: time.Now(), storeMB: float64(j.Storage) / (1 << 20), natsMemMB: float64(j.Memory) / (1 << 20), messages: j.Messages}
 	r.scheduled, r.succeeded, r.queue, r.unread = tr.counts()
 	for _, p := range procs {
 		p.mu.Lock()
@@ -722,23 +728,35 @@ func (m *memTable) add(label string, tr *tracker, procs []*proc, j jsz) {
 	m.rows = append(m.rows, r)
 }
 
-func (m *memTable) String() string {
+func (m *memTable) header() string {
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "%-12s %9s %9s %8s %8s", "at", "scheduled", "succeeded", "queued", "unread")
+	fmt.Fprintf(&sb, "%-12s %6s %9s %9s %8s %8s", "at", "t-s", "scheduled", "succeeded", "queued", "unread")
 	for _, n := range m.names {
 		fmt.Fprintf(&sb, " %18s", n)
 	}
-	fmt.Fprintf(&sb, " %10s %10s\n", "store-MB", "stored-msg")
+	fmt.Fprintf(&sb, " %10s %10s", "store-MB", "stored-msg")
+	return sb.String()
+}
+
+func (m *memTable) row(r memRow) string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "%-12s %6.0f %9d %9d %8d %8d", r.label, r.at.Sub(m.rows[0].at).Seconds(), r.scheduled, r.succeeded, max(0, r.queue), max(0, r.unread))
+	for i := range m.names {
+		fmt.Fprintf(&sb, " %18s", fmt.Sprintf("%.0f/%.0f", r.rss[i], r.heap[i]))
+	}
+	fmt.Fprintf(&sb, " %10.0f %10d", r.storeMB, r.messages)
+	return sb.String()
+}
+
+func (m *memTable) String() string {
+	var sb strings.Builder
+	sb.WriteString(m.header() + "\n")
 	for _, r := range m.rows {
-		fmt.Fprintf(&sb, "%-12s %9d %9d %8d %8d", r.label, r.scheduled, r.succeeded, max(0, r.queue), max(0, r.unread))
-		for i := range m.names {
-			fmt.Fprintf(&sb, " %18s", fmt.Sprintf("%.0f/%.0f", r.rss[i], r.heap[i]))
-		}
-		fmt.Fprintf(&sb, " %10.0f %10d\n", r.storeMB, r.messages)
+		sb.WriteString(m.row(r) + "\n")
 	}
 	// CPU seconds each process used over the run: where the time went.
 	first, last := m.rows[0], m.rows[len(m.rows)-1]
-	fmt.Fprintf(&sb, "%-50s", "CPU seconds over the run")
+	fmt.Fprintf(&sb, "%-57s", "CPU seconds over the run")
 	for i := range m.names {
 		fmt.Fprintf(&sb, " %18.1f", last.cpu[i]-first.cpu[i])
 	}
