@@ -37,6 +37,10 @@ type Config struct {
 	// out is refused with commit_conflict. Default 8.
 	CommitAttempts int
 	// CommitParallelism bounds how many nodes of one plan commit at once.
+	// Each node's commits wait for their compare-and-set round trip one
+	// after the other, so a plan takes about (items / this) round trips
+	// when it spans more nodes than this. Default 256: a burst's plans
+	// span hundreds of nodes, and a goroutine waiting on an ack is cheap.
 	CommitParallelism int
 	// PlanBatch is how many plans a replica pulls at once. Small, so that
 	// replicas share a burst rather than one taking it all. Default 32.
@@ -68,7 +72,7 @@ func DefaultConfig() Config {
 		HeartbeatTimeout:  6 * time.Second,
 		LivenessInterval:  500 * time.Millisecond,
 		CommitAttempts:    8,
-		CommitParallelism: 32,
+		CommitParallelism: 256,
 		PlanBatch:         32,
 		LeaseTTL:          10 * time.Second,
 		Now:               time.Now,
