@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"os"
@@ -30,6 +31,8 @@ import (
 // real gateway over a real JetStream, served by the shared tail and, as
 // the baseline in the same run, by a consumer per subscriber (the path
 // before it). It reports:
+//   - open-s: until every stream answered 200 (503s retried: retries);
+//     history-s: until every stream got its whole history;
 //   - join-p50/p99/max-ms: a live event published as soon as every
 //     stream is open, until each stream got it (after its history);
 //   - live-p50/p99/max-ms: then, each op, one live event published and
@@ -137,7 +140,10 @@ func benchFanout(b *testing.B, subs, history int, perSubscriber bool) {
 	defer func() { closeStreams(); wg.Wait() }()
 	arrivals := make(chan fanoutArrival, subs*4)
 	var opened sync.WaitGroup
-	var historyOK, failed atomic.Int64
+	var historyOK, failed, retries atomic.Int64
+	var whyNot atomic.Value // the first stream's failure
+	var lastHistory atomic.Int64
+	opening := time.Now()
 	lastPast := uint64(history)
 	opened.Add(subs)
 	for range subs {
@@ -149,15 +155,30 @@ func benchFanout(b *testing.B, subs, history int, perSubscriber bool) {
 					opened.Done()
 				}
 			}()
-			req, _ := http.NewRequestWithContext(streamCtx, http.MethodGet, url+"/v1/tenants/"+tenant+"/events", nil)
-			res, err := hc.Do(req)
-			if err != nil {
-				return
+			// A 503 (the per-subscriber path's consumer create timing
+			// out under hundreds at once) is retried, as the SDKs do.
+			var res *http.Response
+			for attempt := 0; ; attempt++ {
+				req, _ := http.NewRequestWithContext(streamCtx, http.MethodGet, url+"/v1/tenants/"+tenant+"/events", nil)
+				r, err := hc.Do(req)
+				if err != nil {
+					whyNot.CompareAndSwap(nil, err.Error())
+					return
+				}
+				if r.StatusCode == http.StatusOK {
+					res = r
+					break
+				}
+				body, _ := io.ReadAll(io.LimitReader(r.Body, 512))
+				r.Body.Close()
+				if r.StatusCode != http.StatusServiceUnavailable || attempt == 20 {
+					whyNot.CompareAndSwap(nil, r.Status+": "+string(body))
+					return
+				}
+				retries.Add(1)
+				time.Sleep(100 * time.Millisecond)
 			}
 			defer res.Body.Close()
-			if res.StatusCode != http.StatusOK {
-				return
-			}
 			signalled = true
 			opened.Done()
 			rd := bufio.NewReaderSize(res.Body, 64<<10)
@@ -178,6 +199,7 @@ func benchFanout(b *testing.B, subs, history int, perSubscriber bool) {
 				if seq <= lastPast {
 					if past++; past == history {
 						historyOK.Add(1)
+						lastHistory.Store(time.Now().UnixNano())
 					}
 					continue
 				}
@@ -190,8 +212,9 @@ func benchFanout(b *testing.B, subs, history int, perSubscriber bool) {
 		})
 	}
 	opened.Wait()
+	allOpen := time.Since(opening)
 	if n := failed.Load(); n > 0 {
-		b.Fatalf("%d of %d streams did not open", n, subs)
+		b.Fatalf("%d of %d streams did not open; first: %v", n, subs, whyNot.Load())
 	}
 	// await collects every stream's arrival of seq, published at t.
 	await := func(seq uint64, t time.Time) []time.Duration {
@@ -238,6 +261,9 @@ func benchFanout(b *testing.B, subs, history int, perSubscriber bool) {
 		b.ReportMetric(ms(1), name+"-max-ms")
 	}
 	report("join", join)
+	b.ReportMetric(allOpen.Seconds(), "open-s")
+	b.ReportMetric(time.Unix(0, lastHistory.Load()).Sub(opening).Seconds(), "history-s")
+	b.ReportMetric(float64(retries.Load()), "retries")
 	report("live", live)
 	b.ReportMetric(float64(heap)/(1<<20), "heap-MB")
 	b.ReportMetric(float64(rss)/(1<<20), "rss-MB")
