@@ -72,7 +72,7 @@ func BenchmarkSteadyLoad(b *testing.B) {
 				b.StopTimer()
 				to := meter.read(ctx, b)
 				cancel()
-				c := cost(idle, from, to, r.scheduled)
+				c := cost(idle, from, to, r.offered)
 				b.ReportMetric(r.p50.Seconds()*1000, "p50-ms")
 				b.ReportMetric(r.p99.Seconds()*1000, "p99-ms")
 				b.ReportMetric(r.max.Seconds()*1000, "max-ms")
@@ -145,6 +145,12 @@ func paced(b *testing.B, ctx context.Context, s *stack, prefix string, rate int,
 			Resources: contracts.Resources{GPU: contracts.GPURequest{Count: 1, Model: "H100-80GB"}},
 			Run:       contracts.RunSpec{Duration: contracts.Duration(steadyJobDuration)}})
 	}
+	// Its own JetStream context: an open loop at 5,000/s may have more
+	// acks outstanding than nats.go's default 4,000 allows.
+	js, err := jetstream.New(s.nc, jetstream.WithPublishAsyncMaxPending(n+1))
+	if err != nil {
+		b.Fatal(err)
+	}
 	futures := make([]jetstream.PubAckFuture, 0, n)
 	var lag time.Duration
 	interval := time.Second / time.Duration(rate)
@@ -162,7 +168,7 @@ func paced(b *testing.B, ctx context.Context, s *stack, prefix string, rate int,
 			mu.Lock()
 			submittedAt[i] = time.Now()
 			mu.Unlock()
-			f, err := s.js.PublishMsgAsync(msg)
+			f, err := js.PublishMsgAsync(msg)
 			if err != nil {
 				b.Fatal(err)
 			}
