@@ -9,6 +9,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/service"
+	"github.com/gpuplane/gpuplane/services/scheduler/internal/state"
 )
 
 // Config configures the scheduler.
@@ -68,11 +69,23 @@ type Config struct {
 	// CheckpointTimeout bounds the wait for the checkpoint a moved job is
 	// asked for before it is stopped anyway.
 	CheckpointTimeout time.Duration
+	// RetainEnded and RetainEndedMax bound how long, and how many, ended
+	// jobs stay whole in memory before only a small record of each is
+	// kept (state/retention.go): memory does not grow with history.
+	RetainEnded    time.Duration
+	RetainEndedMax int
+	// SnapshotInterval is how often the leader writes its snapshot of the
+	// log (snapshot.go) when the log moved; 0 writes none (and ignores one
+	// at start).
+	SnapshotInterval time.Duration
 
 	// rebuildHook, when set (tests only), runs at the start of each
 	// rebuild with its bounded context, to stand in for a rebuild that
 	// does not finish.
 	rebuildHook func(ctx context.Context) error
+	// snapshotWritten, when set (tests and benchmarks), is called after
+	// each snapshot written.
+	snapshotWritten func(state.SnapshotMeta)
 }
 
 // DefaultConfig returns the defaults, with the bus settings from the
@@ -93,6 +106,9 @@ func DefaultConfig() Config {
 		MinRuntime:        time.Minute,
 		MaxReservations:   4,
 		CheckpointTimeout: 30 * time.Second,
+		RetainEnded:       10 * time.Minute,
+		RetainEndedMax:    20_000,
+		SnapshotInterval:  time.Minute,
 	}
 }
 
@@ -120,6 +136,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.CheckpointTimeout, "checkpoint-timeout", c.CheckpointTimeout, "how long a moved job's requested checkpoint is waited for before it is stopped anyway")
 	fs.IntVar(&c.MaxReservations, "max-reservations", c.MaxReservations, "backfill reservations per cycle (0: no backfill protection)")
 	fs.IntVar(&c.MaxPlanBytes, "max-plan-bytes", c.MaxPlanBytes, "largest plan message; larger cycles split their plan")
+	fs.DurationVar(&c.RetainEnded, "retain-ended", c.RetainEnded, "how long an ended job stays whole in memory before only a record of it is kept")
+	fs.IntVar(&c.RetainEndedMax, "retain-ended-max", c.RetainEndedMax, "at most this many ended jobs stay whole in memory")
+	fs.DurationVar(&c.SnapshotInterval, "snapshot-interval", c.SnapshotInterval, "how often the leader writes its snapshot of the streams (0: none)")
 }
 
 // maxPlanLimit leaves room under the PLANS stream's message limit for

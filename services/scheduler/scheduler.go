@@ -123,6 +123,9 @@ type scheduler struct {
 	st *state.Store
 	// traces remembers each live job's trace (traces.go).
 	traces *jobTraces
+	// snap folds the streams into the next snapshot (snapshot.go); nil
+	// without snapshots.
+	snap *snapshotter
 }
 
 func newScheduler(cfg Config, b *bus.Bus, log *slog.Logger, term lease.Term) *scheduler {
@@ -136,7 +139,8 @@ func newScheduler(cfg Config, b *bus.Bus, log *slog.Logger, term lease.Term) *sc
 	s.budget = newBudgetGate(b, log)
 	s.st = state.New(state.Config{Scheduler: cfg.Name, Boot: boot, MaxPlanBytes: cfg.MaxPlanBytes, Log: log,
 		Wake: s.markDirty, Admit: s.budget.Admit, Policy: cfg.Policy, AllowHostCommands: cfg.AllowHostCommands, PreemptGrace: cfg.PreemptGrace,
-		MinRuntime: cfg.MinRuntime, MaxReservations: cfg.MaxReservations, CheckpointTimeout: cfg.CheckpointTimeout})
+		MinRuntime: cfg.MinRuntime, MaxReservations: cfg.MaxReservations, CheckpointTimeout: cfg.CheckpointTimeout,
+		RetainTerminal: cfg.RetainEnded, RetainTerminalMax: cfg.RetainEndedMax})
 	return s
 }
 
@@ -212,6 +216,23 @@ func (s *scheduler) rebuildBounded(ctx, bctx context.Context, g *errgroup.Group)
 			return err
 		}
 	}
+	snap, err := s.startSnapshots(ctx, bctx, g.Go)
+	if err != nil {
+		return err
+	}
+	// after is the last sequence applied per stream: the snapshot's, then
+	// the replays'. The snapshot's own messages are applied first, with
+	// the same code (snapshot.go).
+	after := map[string]uint64{}
+	byStream := map[string][]*bus.Msg{}
+	if snap != nil {
+		for name, seq := range snap.Meta.Seqs {
+			after[name] = seq
+		}
+		for _, lm := range snap.Msgs {
+			byStream[lm.Stream] = append(byStream[lm.Stream], busMsg(lm))
+		}
+	}
 	replays := []struct {
 		spec  bus.FollowSpec
 		apply func(*bus.Msg) error
@@ -240,19 +261,49 @@ func (s *scheduler) rebuildBounded(ctx, bctx context.Context, g *errgroup.Group)
 	}
 	for _, r := range replays {
 		n := 0
-		_, err := s.bus.Replay(bctx, r.spec, func(_ context.Context, m *bus.Msg) error {
+		apply := func(m *bus.Msg) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			n++
 			if err := r.apply(m); err != nil {
 				s.log.Warn("skipping undecodable message", "subject", m.Subject, "stream_seq", m.StreamSeq, "err", err)
 			}
+			// A full replay of a long history retires as it goes, so it
+			// never holds every job whole (state/retention.go).
+			if n%(1<<16) == 0 {
+				s.st.RetireTerminal()
+			}
+		}
+		for _, m := range byStream[r.spec.Stream] {
+			apply(m)
+		}
+		if r.spec.Stream == contracts.StreamJobEvents && snap != nil {
+			s.mu.Lock()
+			s.st.Restore(snap)
+			s.mu.Unlock()
+		}
+		r.spec.StartSeq = after[r.spec.Stream] + 1
+		_, err := s.bus.Replay(bctx, r.spec, func(ctx context.Context, m *bus.Msg) error {
+			apply(m)
+			s.snap.observe(ctx, m)
+			after[r.spec.Stream] = m.StreamSeq
 			return nil
 		})
 		if err != nil {
 			return fmt.Errorf("replay %s: %w", r.spec.Stream, err)
 		}
 		s.log.Debug("replayed", "stream", r.spec.Stream, "messages", n)
+	}
+	s.mu.Lock()
+	s.st.RetireTerminal()
+	s.mu.Unlock()
+	g.Go(func() error { return s.retireEnded(ctx) })
+	if s.snap != nil {
+		// The streams the scheduler writes, it does not follow once live:
+		// the compactor follows them on from where the replays ended.
+		for _, r := range replays {
+			g.Go(func() error { return s.followForSnapshot(ctx, r.spec, after[r.spec.Stream]) })
+		}
 	}
 
 	follows := []struct {
@@ -266,7 +317,22 @@ func (s *scheduler) rebuildBounded(ctx, bctx context.Context, g *errgroup.Group)
 	}
 	caught := make(chan struct{}, len(follows)+len(adminBuckets))
 	for _, f := range follows {
-		g.Go(func() error { return s.follow(ctx, f.spec, f.apply, func() { caught <- struct{}{} }) })
+		name := f.spec.Stream
+		for _, m := range byStream[name] {
+			s.mu.Lock()
+			_, _ = f.apply(m)
+			s.mu.Unlock()
+		}
+		apply := f.apply
+		if s.snap != nil && (name == contracts.StreamAllocations || name == contracts.StreamRuns) {
+			f.spec.StartSeq = after[name] + 1
+			apply = func(m *bus.Msg) ([]state.Publish, error) {
+				pubs, err := f.apply(m)
+				s.snap.observe(ctx, m)
+				return pubs, err
+			}
+		}
+		g.Go(func() error { return s.follow(ctx, f.spec, apply, func() { caught <- struct{}{} }) })
 	}
 	// Quotas, pool policies and cordons are known before the first cycle:
 	// a cycle run blind could admit past a quota or place on a cordoned
@@ -290,6 +356,17 @@ func (s *scheduler) rebuildBounded(ctx, bctx context.Context, g *errgroup.Group)
 			return bctx.Err()
 		case <-caught:
 		}
+	}
+	if s.snap != nil {
+		// A first snapshot once what the rebuild read is folded: the next
+		// start replays from here.
+		g.Go(func() error {
+			select {
+			case s.snap.in <- writeNow:
+			case <-ctx.Done():
+			}
+			return nil
+		})
 	}
 	return nil
 }

@@ -1,0 +1,532 @@
+package state
+
+import (
+	"bufio"
+	"cmp"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+
+	"github.com/gpuplane/gpuplane/contracts"
+)
+
+// A snapshot is the scheduler's log of record compacted: for each stream
+// the scheduler rebuilds from, the sequence it covers and those of its
+// messages that still matter, plus the records of retired jobs. A rebuild
+// from it replays those messages with the same code as a full replay,
+// installs the records, and then replays each stream from the sequence
+// after the one covered: the log stays the truth, the snapshot only skips
+// what it proves cannot change the rebuilt state.
+//
+// What it drops: every message about a job that ended (in JOB_EVENTS) and
+// whose allocations are all released (in ALLOCATIONS) once the job is
+// closed: its events, cancels, ledger entries, refusals and run facts.
+// Each is a no-op on a store where the job ended (Transition refuses
+// events after an end, facts about an ended job change only the cluster,
+// where the commits and releases of its allocations cancel out), and a
+// retired job's record answers what a whole ended job did. A plan is
+// dropped once none of its items' jobs is open. Everything else is kept.
+
+// SnapshotSchema is the version of the snapshot's encoding and of the
+// rules above; a snapshot of another version is ignored.
+const SnapshotSchema = 1
+
+// LogMsg is one message of a stream, as a snapshot keeps it.
+type LogMsg struct {
+	Stream  string
+	Seq     uint64
+	Subject string
+	Header  map[string][]string
+	Data    []byte
+}
+
+// SnapshotMeta describes a snapshot: whose it is and what it covers.
+type SnapshotMeta struct {
+	Schema    int    `json:"schema"`
+	Scheduler string `json:"scheduler"`
+	// Seqs is the last sequence covered per stream; Created each stream's
+	// creation time (RFC 3339), so one recreated since is noticed.
+	Seqs    map[string]uint64 `json:"seqs"`
+	Created map[string]string `json:"created"`
+	Jobs    int               `json:"jobs"`
+	Retired int               `json:"retired"`
+	Msgs    int               `json:"msgs"`
+}
+
+// Snapshot is a decoded snapshot.
+type Snapshot struct {
+	Meta    SnapshotMeta
+	Msgs    []*LogMsg // by stream, then sequence
+	retired map[retiredKey]retiredJob
+	why     map[retiredKey]contracts.Reason
+	work    workload
+}
+
+// cjob is an open job of a Compactor.
+type cjob struct {
+	msgs []*LogMsg
+	// seen is set once a JOB_EVENTS event of the job was read: until then
+	// (facts and cancels may be read first) it is not known to be ours.
+	seen      bool
+	state     contracts.JobState
+	attempt   int
+	hash      [sha256.Size]byte
+	rejection *rejection
+	// open are the committed allocations not released yet.
+	open map[string]bool
+	// mine is set when one of its allocations is (or may be: no name)
+	// this scheduler's, foreign when one names another scheduler. A job
+	// only foreign, never seen in our events, is closed once its
+	// allocations are all released: no event of ours will ever end it.
+	mine, foreign bool
+}
+
+// Compactor folds the streams' messages into what a snapshot keeps. Not
+// safe for concurrent use.
+type Compactor struct {
+	scheduler string
+	seqs      map[string]uint64
+	jobs      map[string]*cjob
+	plans     []*planMsg
+	retired   map[retiredKey]retiredJob
+	why       map[retiredKey]contracts.Reason
+	work      workload
+}
+
+// jobRef is the job a message is about (refusals, run facts, plan items
+// and allocations all name it so).
+type jobRef struct {
+	Tenant string `json:"tenant"`
+	JobID  string `json:"jobId"`
+}
+
+type planMsg struct {
+	msg  *LogMsg
+	keys []string
+}
+
+// NewCompactor returns an empty compactor for scheduler, or one that goes
+// on from snap when it is not nil.
+func NewCompactor(scheduler string, snap *Snapshot) *Compactor {
+	c := &Compactor{scheduler: scheduler, seqs: map[string]uint64{}, jobs: map[string]*cjob{},
+		retired: map[retiredKey]retiredJob{}, why: map[retiredKey]contracts.Reason{}}
+	if snap == nil {
+		return c
+	}
+	for k, v := range snap.Meta.Seqs {
+		c.seqs[k] = v
+	}
+	for k, v := range snap.retired {
+		c.retired[k] = v
+	}
+	for k, v := range snap.why {
+		c.why[k] = v
+	}
+	c.work = workload{reqs: slices.Clone(snap.work.reqs), next: snap.work.next}
+	for _, m := range snap.Msgs {
+		c.Observe(m)
+	}
+	return c
+}
+
+// Seqs returns the last sequence observed per stream.
+func (c *Compactor) Seqs() map[string]uint64 {
+	out := make(map[string]uint64, len(c.seqs))
+	for k, v := range c.seqs {
+		out[k] = v
+	}
+	return out
+}
+
+// Open is the number of open jobs (whose messages are kept).
+func (c *Compactor) Open() int { return len(c.jobs) }
+
+func (c *Compactor) job(key string) *cjob {
+	j := c.jobs[key]
+	if j == nil {
+		j = &cjob{state: contracts.StateNew, open: map[string]bool{}}
+		c.jobs[key] = j
+	}
+	return j
+}
+
+// Observe folds one message in. Messages of one stream must come in
+// stream order; streams may interleave in any way.
+func (c *Compactor) Observe(m *LogMsg) {
+	if m.Seq > c.seqs[m.Stream] {
+		c.seqs[m.Stream] = m.Seq
+	}
+	switch m.Stream {
+	case contracts.StreamJobEvents:
+		c.event(m)
+	case contracts.StreamJobs:
+		tenant, err := contracts.TenantFromSubject(m.Subject)
+		if err != nil {
+			return
+		}
+		cr, err := contracts.DecodeCancelRequest(m.Data)
+		if err != nil {
+			return
+		}
+		c.fact(Key(tenant, cr.JobID), m, "", "", "")
+	case contracts.StreamPlans:
+		var p struct{ Items []jobRef }
+		if json.Unmarshal(m.Data, &p) != nil {
+			return
+		}
+		pm := &planMsg{msg: m}
+		for _, it := range p.Items {
+			pm.keys = append(pm.keys, Key(it.Tenant, it.JobID))
+		}
+		c.plans = append(c.plans, pm)
+	case contracts.StreamAllocations:
+		switch {
+		case strings.HasPrefix(m.Subject, "gp.alloc.ledger."):
+			// Only the fields the compactor reads: a ledger entry carries a
+			// whole allocation, and this runs beside the rebuild.
+			var e struct {
+				Kind       contracts.LedgerKind
+				Allocation struct {
+					jobRef
+					ID, Scheduler string
+				}
+			}
+			if json.Unmarshal(m.Data, &e) != nil {
+				return
+			}
+			a := e.Allocation
+			c.fact(Key(a.Tenant, a.JobID), m, e.Kind, a.ID, a.Scheduler)
+		case strings.HasPrefix(m.Subject, "gp.alloc.refused."):
+			var r jobRef
+			if json.Unmarshal(m.Data, &r) != nil {
+				return
+			}
+			c.fact(Key(r.Tenant, r.JobID), m, "", "", "")
+		}
+	case contracts.StreamRuns:
+		var r jobRef
+		if json.Unmarshal(m.Data, &r) != nil {
+			return
+		}
+		c.fact(Key(r.Tenant, r.JobID), m, "", "", "")
+	}
+}
+
+func (c *Compactor) event(m *LogMsg) {
+	var ev struct {
+		Type          contracts.JobEventType `json:"type"`
+		Tenant, JobID string
+		Attempt       int
+		Reason        contracts.Reason
+		Errors        []contracts.FieldError
+		Request       *contracts.JobRequest
+	}
+	if json.Unmarshal(m.Data, &ev) != nil {
+		return
+	}
+	key := Key(ev.Tenant, ev.JobID)
+	if _, ok := c.retired[retiredKeyOf(key)]; ok && c.jobs[key] == nil {
+		return // no event applies to an ended job
+	}
+	j := c.job(key)
+	j.seen = true
+	j.msgs = append(j.msgs, m)
+	to, err := contracts.Transition(j.state, ev.Type)
+	if err != nil {
+		return
+	}
+	j.state = to
+	switch ev.Type {
+	case contracts.EventQueued:
+		if ev.Request != nil {
+			j.hash, j.attempt = hashRequest(*ev.Request), max(ev.Attempt, 1)
+			c.work.add(ev.Request.Resources.GPU)
+		}
+	case contracts.EventRejected:
+		j.rejection = &rejection{reason: ev.Reason, errors: ev.Errors}
+	case contracts.EventRequeued:
+		j.attempt = ev.Attempt
+	}
+	c.close(key, j)
+}
+
+// fact folds a message about a job other than its events: a cancel, a
+// ledger entry (kind, allocation and scheduler set), a refusal or a run
+// fact.
+func (c *Compactor) fact(key string, m *LogMsg, kind contracts.LedgerKind, alloc, scheduler string) {
+	j := c.jobs[key]
+	if j == nil {
+		if _, ok := c.retired[retiredKeyOf(key)]; ok && kind != contracts.LedgerCommitted {
+			return // about an ended job, and holds nothing
+		}
+		j = c.job(key)
+		if _, ok := c.retired[retiredKeyOf(key)]; ok {
+			// A commit after the end (a plan whose outcome came late): the
+			// cluster holds its devices until its release.
+			j.seen, j.state = true, contracts.StateSucceeded
+		}
+	}
+	j.msgs = append(j.msgs, m)
+	switch kind {
+	case contracts.LedgerCommitted:
+		j.open[alloc] = true
+		if scheduler == c.scheduler || scheduler == "" {
+			j.mine = true
+		} else {
+			j.foreign = true
+		}
+	case contracts.LedgerReleased:
+		delete(j.open, alloc)
+	}
+	c.close(key, j)
+}
+
+// close forgets the job's messages when nothing of it is left to apply:
+// it ended and holds no allocation (retired), or it is another
+// scheduler's and holds none.
+func (c *Compactor) close(key string, j *cjob) {
+	if len(j.open) > 0 {
+		return
+	}
+	switch {
+	case j.seen && j.state.Terminal():
+		k := retiredKeyOf(key)
+		if _, ok := c.retired[k]; !ok {
+			rec := retiredJob{hash: hash64(j.hash), attempt: uint32(max(j.attempt, 0)), state: stateCode(j.state)}
+			if j.rejection != nil {
+				rec.hash = hash64(rejectionHash(j.rejection.reason, j.rejection.errors))
+				c.why[k] = j.rejection.reason
+			}
+			c.retired[k] = rec
+		}
+		delete(c.jobs, key)
+	case !j.seen && j.foreign && !j.mine:
+		delete(c.jobs, key) // another scheduler's job, all released
+	}
+}
+
+// Snapshot returns what the compactor holds as a snapshot (sharing its
+// messages, which are never changed).
+func (c *Compactor) Snapshot() *Snapshot {
+	s := &Snapshot{Meta: SnapshotMeta{Schema: SnapshotSchema, Scheduler: c.scheduler, Seqs: c.Seqs(),
+		Jobs: len(c.jobs), Retired: len(c.retired)},
+		retired: c.retired, why: c.why, work: workload{reqs: slices.Clone(c.work.reqs), next: c.work.next}}
+	for _, j := range c.jobs {
+		s.Msgs = append(s.Msgs, j.msgs...)
+	}
+	live := c.plans[:0]
+	for _, p := range c.plans {
+		// Kept unless every item's job is retired (a job not seen yet
+		// may be one whose events are read later).
+		for _, k := range p.keys {
+			if _, ended := c.retired[retiredKeyOf(k)]; !ended || c.jobs[k] != nil {
+				live = append(live, p)
+				s.Msgs = append(s.Msgs, p.msg)
+				break
+			}
+		}
+	}
+	clear(c.plans[len(live):])
+	c.plans = live
+	slices.SortFunc(s.Msgs, func(a, b *LogMsg) int {
+		if a.Stream != b.Stream {
+			return strings.Compare(a.Stream, b.Stream)
+		}
+		return cmp.Compare(a.Seq, b.Seq)
+	})
+	s.Msgs = slices.CompactFunc(s.Msgs, func(a, b *LogMsg) bool { return a.Stream == b.Stream && a.Seq == b.Seq })
+	s.Meta.Msgs = len(s.Msgs)
+	return s
+}
+
+// Restore installs a snapshot's retired jobs and workload into s. Call
+// it after the snapshot's JOB_EVENTS messages were replayed and before
+// the stream's tail is.
+func (s *Store) Restore(snap *Snapshot) {
+	r := s.retention()
+	for k, v := range snap.retired {
+		r.retired[k] = v
+	}
+	for k, v := range snap.why {
+		r.why[k] = v
+	}
+	s.workload = workload{reqs: slices.Clone(snap.work.reqs), next: snap.work.next}
+}
+
+// ---- encoding ----
+
+var snapshotMagic = []byte("gpuplane-scheduler-snapshot\n")
+
+// Encode writes the snapshot: a magic line, its meta as JSON, the
+// messages, the retired records and the workload, then the SHA-256 of
+// all that.
+func (s *Snapshot) Encode(w io.Writer) error {
+	h := sha256.New()
+	bw := bufio.NewWriterSize(io.MultiWriter(w, h), 1<<16)
+	var scratch [binary.MaxVarintLen64]byte
+	uv := func(v uint64) { bw.Write(scratch[:binary.PutUvarint(scratch[:], v)]) }
+	bytes := func(b []byte) { uv(uint64(len(b))); bw.Write(b) }
+	str := func(v string) { uv(uint64(len(v))); bw.WriteString(v) }
+	bw.Write(snapshotMagic)
+	meta, err := json.Marshal(s.Meta)
+	if err != nil {
+		return err
+	}
+	bytes(meta)
+	uv(uint64(len(s.Msgs)))
+	for _, m := range s.Msgs {
+		str(m.Stream)
+		uv(m.Seq)
+		str(m.Subject)
+		uv(uint64(len(m.Header)))
+		for k, vs := range m.Header {
+			str(k)
+			uv(uint64(len(vs)))
+			for _, v := range vs {
+				str(v)
+			}
+		}
+		bytes(m.Data)
+	}
+	uv(uint64(len(s.retired)))
+	for k, v := range s.retired {
+		bw.Write(k[:])
+		uv(v.hash)
+		uv(uint64(v.attempt))
+		bw.WriteByte(v.state)
+		str(string(s.why[k]))
+	}
+	work, err := json.Marshal(s.work.reqs)
+	if err != nil {
+		return err
+	}
+	bytes(work)
+	uv(uint64(s.work.next))
+	if err := bw.Flush(); err != nil {
+		return err
+	}
+	_, err = w.Write(h.Sum(nil))
+	return err
+}
+
+// ErrBadSnapshot says a snapshot cannot be used: corrupt, truncated, or
+// of another schema.
+var ErrBadSnapshot = errors.New("unusable snapshot")
+
+// DecodeSnapshot reads what Encode wrote, checking its hash and schema.
+func DecodeSnapshot(data []byte) (*Snapshot, error) {
+	if len(data) < sha256.Size+len(snapshotMagic) {
+		return nil, fmt.Errorf("%w: %d bytes", ErrBadSnapshot, len(data))
+	}
+	body, sum := data[:len(data)-sha256.Size], data[len(data)-sha256.Size:]
+	if got := sha256.Sum256(body); string(got[:]) != string(sum) {
+		return nil, fmt.Errorf("%w: checksum mismatch", ErrBadSnapshot)
+	}
+	if string(body[:len(snapshotMagic)]) != string(snapshotMagic) {
+		return nil, fmt.Errorf("%w: not a scheduler snapshot", ErrBadSnapshot)
+	}
+	d := &decoder{b: body[len(snapshotMagic):]}
+	s := &Snapshot{retired: map[retiredKey]retiredJob{}, why: map[retiredKey]contracts.Reason{}}
+	if err := json.Unmarshal(d.bytes(), &s.Meta); err != nil {
+		return nil, fmt.Errorf("%w: meta: %w", ErrBadSnapshot, err)
+	}
+	if s.Meta.Schema != SnapshotSchema {
+		return nil, fmt.Errorf("%w: schema %d, want %d", ErrBadSnapshot, s.Meta.Schema, SnapshotSchema)
+	}
+	n := d.count()
+	s.Msgs = make([]*LogMsg, 0, n)
+	for range n {
+		m := &LogMsg{Stream: d.str(), Seq: d.uv(), Subject: d.str()}
+		if nh := d.count(); nh > 0 {
+			m.Header = make(map[string][]string, nh)
+			for range nh {
+				k := d.str()
+				vs := make([]string, d.count())
+				for i := range vs {
+					vs[i] = d.str()
+				}
+				m.Header[k] = vs
+			}
+		}
+		m.Data = d.bytes()
+		s.Msgs = append(s.Msgs, m)
+	}
+	for range d.count() {
+		var k retiredKey
+		copy(k[:], d.take(len(k)))
+		rec := retiredJob{hash: d.uv(), attempt: uint32(d.uv())}
+		if st := d.take(1); len(st) == 1 {
+			rec.state = st[0]
+		}
+		if int(rec.state) >= len(terminalStates) {
+			d.err = errors.New("bad state")
+		}
+		if why := d.str(); why != "" {
+			s.why[k] = contracts.Reason(why)
+		}
+		s.retired[k] = rec
+	}
+	if err := json.Unmarshal(d.bytes(), &s.work.reqs); err != nil && d.err == nil {
+		d.err = err
+	}
+	s.work.next = int(d.uv())
+	if d.err == nil && len(d.b) != 0 {
+		d.err = fmt.Errorf("%d bytes left over", len(d.b))
+	}
+	if d.err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadSnapshot, d.err)
+	}
+	return s, nil
+}
+
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) uv() uint64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	if n <= 0 {
+		d.err = errors.New("truncated")
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+// count reads a length, bounded by what is left (a corrupt count must not
+// allocate gigabytes).
+func (d *decoder) count() int {
+	v := d.uv()
+	if v > uint64(len(d.b)) {
+		if d.err == nil {
+			d.err = errors.New("count past the end")
+		}
+		return 0
+	}
+	return int(v)
+}
+
+func (d *decoder) take(n int) []byte {
+	if d.err != nil {
+		return nil
+	}
+	if n > len(d.b) {
+		d.err = errors.New("truncated")
+		return nil
+	}
+	out := d.b[:n:n]
+	d.b = d.b[n:]
+	return out
+}
+
+func (d *decoder) bytes() []byte { return d.take(d.count()) }
+func (d *decoder) str() string   { return string(d.bytes()) }
