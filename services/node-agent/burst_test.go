@@ -22,6 +22,7 @@ func TestSimulatedRunsShipTheirOutputWithoutStateFiles(t *testing.T) {
 	const node = "n-simlog"
 	cfg := testConfig(t, node)
 	cfg.CheckpointDir = t.TempDir()
+	cfg.SimLogDelay = 200 * time.Millisecond
 	runs := record[contracts.RunEvent](t, b, contracts.StreamRuns, contracts.SubjectRuns(node))
 	long := record[contracts.LogChunk](t, b, contracts.StreamLogs, contracts.SubjectJobLogs("acme", "long"))
 	short := record[contracts.LogChunk](t, b, contracts.StreamLogs, contracts.SubjectJobLogs("acme", "short"))

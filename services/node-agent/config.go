@@ -28,6 +28,8 @@ const (
 	DefaultPool              = "default"
 	DefaultGPUModel          = "H100-80GB"
 	DefaultGPUCount          = 8
+	// DefaultSimLogDelay: see Config.SimLogDelay.
+	DefaultSimLogDelay = time.Minute
 )
 
 // Backend kinds (Config.BackendKind).
@@ -100,6 +102,14 @@ type Config struct {
 	// StopGrace between SIGTERM and SIGKILL when a stop_run command does
 	// not carry its own grace period, and at a time limit; 0 means 10 s.
 	StopGrace time.Duration
+	// SimLogDelay is how long after its start a simulated run's first
+	// lines are shipped, unless it ends or checkpoints first (both ship
+	// its output at once); 0 means DefaultSimLogDelay. Its output is the
+	// agent's own few lines, known at its start: shipping them as its
+	// started fact goes out was a log chunk beside each start of a burst,
+	// and a run shorter than this ships its whole output as one chunk
+	// with its end (issue 17).
+	SimLogDelay time.Duration
 	// Now is the clock for every timestamp the agent publishes; nil means
 	// time.Now.
 	Now func() time.Time
@@ -343,6 +353,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.StopGrace == 0 {
 		c.StopGrace = DefaultStopGrace
+	}
+	if c.SimLogDelay <= 0 {
+		c.SimLogDelay = DefaultSimLogDelay
 	}
 	if c.Now == nil {
 		c.Now = time.Now

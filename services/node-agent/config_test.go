@@ -52,7 +52,7 @@ func TestZeroSettingsTakeDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.HeartbeatInterval != DefaultHeartbeatInterval || c.TelemetryInterval != DefaultTelemetryInterval ||
-		c.StopGrace != DefaultStopGrace || c.Now == nil || c.Hostname != "n1" || c.MachineType != "sim-t4-x2" {
+		c.StopGrace != DefaultStopGrace || c.SimLogDelay != DefaultSimLogDelay || c.Now == nil || c.Hostname != "n1" || c.MachineType != "sim-t4-x2" {
 		t.Fatalf("defaults not applied: %+v", c)
 	}
 }

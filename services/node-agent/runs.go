@@ -21,13 +21,6 @@ import (
 // checkpoint directory looked at.
 const watchInterval = 250 * time.Millisecond
 
-// simShipDelay is how long after its start a simulated run's first lines
-// are shipped (they are shipped at once when it ends or checkpoints
-// first). A burst of starts publishes its started facts without a log
-// chunk beside each, and a run shorter than this ships its whole output
-// in one chunk (issue 17).
-const simShipDelay = 2 * time.Second
-
 // NoExitCode is the exit code of a run fact when no process status
 // exists: the run never started, or the agent lost it.
 const NoExitCode = -1
@@ -563,7 +556,9 @@ func (a *agent) watch(ctx context.Context, run *activeRun) {
 		tick = t.C
 	}
 	if info.Simulated {
-		t := time.NewTimer(simShipDelay)
+		// Its first lines wait (Config.SimLogDelay): off the hot path of
+		// a burst of starts, and in its last chunk if it ends first.
+		t := time.NewTimer(a.cfg.SimLogDelay)
 		defer t.Stop()
 		first = t.C
 	} else {
