@@ -2,6 +2,7 @@ package scale
 
 import (
 	"math"
+	"os"
 	"testing"
 	"time"
 )
@@ -101,5 +102,66 @@ func TestCompression(t *testing.T) {
 				t.Fatalf("compression = %v, load %v; want a factor in (0, 1] giving load %v", c, load, tc.wantLoad)
 			}
 		})
+	}
+}
+
+func TestLogMsg(t *testing.T) {
+	for _, tc := range []struct{ line, want string }{
+		{`time=2026-11-26T21:03:23.539Z level=WARN msg="heartbeat feed stalled behind the stream; starting a new one" service=resource-manager epoch=1`,
+			"heartbeat feed stalled behind the stream; starting a new one"},
+		{`time=2026-11-26T21:03:23.539Z level=WARN msg=leader service=scheduler`, "leader"},
+		{`time=2026-11-26T21:03:23.539Z level=ERROR msg="quote \" inside" x=1`, `quote " inside`},
+		{"no msg at all\n", "no msg at all"},
+	} {
+		if got := logMsg(tc.line); got != tc.want {
+			t.Errorf("logMsg(%q) = %q; want %q", tc.line, got, tc.want)
+		}
+	}
+}
+
+// TestRefusedAndWarnings: plan refusals are counted by reason, and a
+// process's WARN and ERROR lines by message, commonest first.
+func TestRefusedAndWarnings(t *testing.T) {
+	c := &cycleLog{}
+	for _, l := range []string{
+		`time=2026-11-26T21:25:30.821Z level=INFO msg="plan item refused" service=scheduler epoch=1 tenant=scale job_id=s-0003222 node_id=scale1-0456 plan=p-214 reason=node_not_ready`,
+		`time=2026-11-26T21:25:30.821Z level=INFO msg="plan item refused" service=scheduler epoch=1 tenant=scale job_id=s-0003209 node_id=scale1-0455 plan=p-214 reason=node_not_ready`,
+		`time=2026-11-26T21:25:30.821Z level=INFO msg="plan item refused" service=scheduler plan=p-215 reason=devices_taken`,
+	} {
+		c.line(l + "\n")
+	}
+	if c.refused["node_not_ready"] != 2 || c.refused["devices_taken"] != 1 || len(c.took) != 0 {
+		t.Fatalf("refused %v, %d cycles; want node_not_ready 2, devices_taken 1, no cycle", c.refused, len(c.took))
+	}
+
+	dir := t.TempDir()
+	p := &proc{name: "resource-manager", logPath: dir + "/rm.log"}
+	log := "time=1 level=WARN msg=\"feed stalled\" a=1\n" +
+		"gc 3 @1.0s 1%: 0.01+0.2+0.003 ms clock, 0.02+0/0.1/0+0.006 ms cpu, 9->9->4 MB, 10 MB goal, 0 MB stacks, 0 MB globals, 2 P\n" +
+		"time=2 level=WARN msg=\"feed stalled\" a=2\n" +
+		"time=3 level=ERROR msg=boom\n" +
+		"time=4 level=INFO msg=fine\n" +
+		"time=5 level=WARN msg=\"half a li" // not yet whole: read on the next scan
+	if err := os.WriteFile(p.logPath, []byte(log), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p.scan()
+	if got, want := p.warningSummary(), `3: "feed stalled" ×2, "boom" ×1`; got != want {
+		t.Fatalf("warnings %q; want %q", got, want)
+	}
+	if p.heapMB != 4 {
+		t.Fatalf("live heap %v MB; want 4", p.heapMB)
+	}
+	f, err := os.OpenFile(p.logPath, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString("ne\" x=1\n"); err != nil {
+		t.Fatal(err)
+	}
+	_ = f.Close()
+	p.scan()
+	if got := p.warnings["half a line"]; got != 1 {
+		t.Fatalf("the line finished later counted %d times; want 1 (%v)", got, p.warnings)
 	}
 }

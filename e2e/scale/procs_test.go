@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -71,6 +72,9 @@ type proc struct {
 	heapMB float64
 	// onLine, when set, sees every new log line (the scheduler's cycles).
 	onLine func(line string)
+	// warnings counts the WARN and ERROR lines by message: trouble under
+	// load (a feed that stalls, a publish that times out) is a finding.
+	warnings map[string]int
 }
 
 // startProc starts bin with args and env (added to this process's), its
@@ -140,10 +144,59 @@ func (p *proc) scan() {
 			p.heapMB = h
 			continue
 		}
+		if strings.Contains(line, " level=WARN ") || strings.Contains(line, " level=ERROR ") {
+			if p.warnings == nil {
+				p.warnings = map[string]int{}
+			}
+			p.warnings[logMsg(line)]++
+		}
 		if p.onLine != nil {
 			p.onLine(line)
 		}
 	}
+}
+
+// logMsg is the msg= value of a slog text line (quoted or not).
+func logMsg(line string) string {
+	_, rest, ok := strings.Cut(line, " msg=")
+	if !ok {
+		return strings.TrimSpace(line)
+	}
+	if strings.HasPrefix(rest, `"`) {
+		if s, err := strconv.QuotedPrefix(rest); err == nil {
+			if u, err := strconv.Unquote(s); err == nil {
+				return u
+			}
+		}
+	}
+	msg, _, _ := strings.Cut(rest, " ")
+	return strings.TrimSpace(msg)
+}
+
+// warningSummary is "N: msg ×n, ..." for the commonest few, or "".
+func (p *proc) warningSummary() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.warnings) == 0 {
+		return ""
+	}
+	msgs := make([]string, 0, len(p.warnings))
+	total := 0
+	for m, n := range p.warnings {
+		msgs = append(msgs, m)
+		total += n
+	}
+	slices.SortFunc(msgs, func(a, b string) int {
+		if d := p.warnings[b] - p.warnings[a]; d != 0 {
+			return d
+		}
+		return strings.Compare(a, b)
+	})
+	var parts []string
+	for _, m := range msgs[:min(3, len(msgs))] {
+		parts = append(parts, fmt.Sprintf("%q ×%d", m, p.warnings[m]))
+	}
+	return fmt.Sprintf("%d: %s", total, strings.Join(parts, ", "))
 }
 
 // gcLiveHeap reads the live heap after a GC from a gctrace line:

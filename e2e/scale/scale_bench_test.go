@@ -55,6 +55,8 @@ import (
 //	GPUPLANE_SCALE_LOAD            offered GPU load / capacity (1.5)
 //	GPUPLANE_SCALE_FLEET_PROCS     fleet-sim processes (one per 2,500 machines)
 //	GPUPLANE_SCALE_TELEMETRY       each machine's telemetry interval (agent default, 1s)
+//	GPUPLANE_SCALE_HEARTBEAT       each machine's heartbeat interval (agent default, 2s; the
+//	                               resource manager declares a machine lost after 6s of silence)
 //	GPUPLANE_SCALE_TRACE           pod list CSV (the shared trace; a Pareto law when absent)
 //	GPUPLANE_SCALE_DRAIN           time after the last submit before the end figures (15s)
 //	GPUPLANE_SCALE_KEEP=1          keep the processes' logs and the store
@@ -74,6 +76,7 @@ func BenchmarkScale(b *testing.B) {
 		load:      envFloat(b, "GPUPLANE_SCALE_LOAD", 1.5),
 		drain:     envDuration(b, "GPUPLANE_SCALE_DRAIN", 15*time.Second),
 		telemetry: os.Getenv("GPUPLANE_SCALE_TELEMETRY"),
+		heartbeat: os.Getenv("GPUPLANE_SCALE_HEARTBEAT"),
 	}
 	cfg.fleetProcs = envInt(b, "GPUPLANE_SCALE_FLEET_PROCS", (cfg.machines+2499)/2500)
 	for range b.N {
@@ -85,7 +88,7 @@ type scaleConfig struct {
 	machines, jobs, fleetProcs int
 	rate, load                 float64
 	drain                      time.Duration
-	telemetry                  string
+	telemetry, heartbeat       string
 }
 
 // tenant submits every job of the benchmark.
@@ -154,6 +157,9 @@ func runScale(b *testing.B, cfg scaleConfig) {
 		if cfg.telemetry != "" {
 			args = append(args, "-telemetry-interval", cfg.telemetry)
 		}
+		if cfg.heartbeat != "" {
+			args = append(args, "-heartbeat-interval", cfg.heartbeat)
+		}
 		p := startProc(b, dir, name, filepath.Join(bin, "fleet-sim"), args, env(name, contracts.BusFleet, "warn"))
 		procs = append(procs, p)
 	}
@@ -161,7 +167,8 @@ func runScale(b *testing.B, cfg scaleConfig) {
 	nc, js := connect(b, srv)
 	startUp := time.Now()
 	waitNodes(b, ctx, js, procs, cfg.machines)
-	b.Logf("%d machines registered after %s", cfg.machines, time.Since(startUp).Round(time.Millisecond))
+	registered := time.Since(startUp)
+	b.Logf("%d machines registered after %s", cfg.machines, registered.Round(time.Millisecond))
 	for deadline := time.Now().Add(time.Minute); !healthz("http://" + gwAddr + "/healthz"); time.Sleep(200 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			b.Fatalf("the gateway is not healthy after a minute:\n%s", procs[6].tail(20))
@@ -245,8 +252,19 @@ func runScale(b *testing.B, cfg scaleConfig) {
 		s.queued-s.scheduled, s.maxQueue, cfg.jobs-s.queued-s.rejected)
 	b.Logf("scheduling cycle (%d cycles): p50 %s, p99 %s, max %s; most jobs one cycle left waiting %d, cycles that left ≥ 90%% of that: p50 %s, p99 %s, max %s (%d)",
 		cyc.n, cyc.p50, cyc.p99, cyc.max, cyc.maxWaiting, cyc.bigP50, cyc.bigP99, cyc.bigMax, cyc.bigN)
+	cycles.mu.Lock()
+	if len(cycles.refused) > 0 {
+		b.Logf("plan items the resource manager refused, by reason: %v", cycles.refused)
+	}
+	cycles.mu.Unlock()
+	for _, p := range procs {
+		if w := p.warningSummary(); w != "" {
+			b.Logf("%s warnings and errors %s", p.name, w)
+		}
+	}
 	b.Logf("memory over time (RSS MB / live heap MB after the last GC):\n%s", mem.String())
 	b.ReportMetric(float64(cfg.machines), "machines")
+	b.ReportMetric(registered.Seconds(), "registered-s")
 	b.ReportMetric(float64(s.scheduled), "scheduled")
 	b.ReportMetric(ms(s.p50), "sched-p50-ms")
 	b.ReportMetric(ms(s.p99), "sched-p99-ms")
@@ -636,9 +654,23 @@ type cycleLog struct {
 	mu      sync.Mutex
 	took    []time.Duration
 	waiting []int
+	// refused counts the plan items the resource manager refused, by
+	// reason (the scheduler logs each).
+	refused map[string]int
 }
 
 func (c *cycleLog) line(line string) {
+	if strings.Contains(line, `msg="plan item refused"`) {
+		_, reason, _ := strings.Cut(line, " reason=")
+		reason, _, _ = strings.Cut(reason, " ")
+		c.mu.Lock()
+		if c.refused == nil {
+			c.refused = map[string]int{}
+		}
+		c.refused[strings.TrimSpace(reason)]++
+		c.mu.Unlock()
+		return
+	}
 	if !strings.Contains(line, "msg=cycle ") {
 		return
 	}
