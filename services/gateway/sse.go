@@ -111,6 +111,7 @@ func (s *server) serveEvents(w http.ResponseWriter, r *http.Request, f eventFilt
 	}
 	heartbeat := time.NewTicker(s.cfg.Heartbeat)
 	defer heartbeat.Stop()
+	var batch []byte
 	for {
 		e, err := rd.next(ctx, heartbeat.C)
 		switch {
@@ -128,14 +129,31 @@ func (s *server) serveEvents(w http.ResponseWriter, r *http.Request, f eventFilt
 			continue
 		}
 		send, end := keep(e)
+		// Write what is at hand in one piece, up to sseWriteBatch: a
+		// history of a thousand events goes out in a few large writes
+		// (the response's own buffer is 4 KiB: a write each). A live
+		// event alone is written as it is, and an idle stream keeps no
+		// buffer.
+		now := end || !rd.buffered()
 		if send {
-			if _, err := w.Write(e.frame); err != nil {
-				return
+			if now && len(batch) == 0 {
+				if _, err := w.Write(e.frame); err != nil {
+					return
+				}
+			} else {
+				batch = append(batch, e.frame...)
 			}
 		}
-		// Flush once what is at hand is written: a history of a
-		// thousand events goes out in a few large writes.
-		if end || !rd.buffered() {
+		if now || len(batch) >= sseWriteBatch {
+			if len(batch) > 0 {
+				if _, err := w.Write(batch); err != nil {
+					return
+				}
+				batch = batch[:0]
+			}
+			if now {
+				batch = nil
+			}
 			if rc.Flush() != nil {
 				return
 			}
@@ -145,6 +163,9 @@ func (s *server) serveEvents(w http.ResponseWriter, r *http.Request, f eventFilt
 		}
 	}
 }
+
+// sseWriteBatch is the most a stream gathers before it writes.
+const sseWriteBatch = 32 << 10
 
 // writeStreamHeader starts a text/event-stream response.
 func writeStreamHeader(w http.ResponseWriter) {

@@ -181,7 +181,7 @@ func benchFanout(b *testing.B, subs, history int, perSubscriber bool) {
 			defer res.Body.Close()
 			signalled = true
 			opened.Done()
-			rd := bufio.NewReaderSize(res.Body, 64<<10)
+			rd := bufio.NewReaderSize(res.Body, 8<<10)
 			past := 0
 			for {
 				line, err := rd.ReadSlice('\n')

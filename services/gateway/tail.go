@@ -588,6 +588,9 @@ func (r *tailReader) next(ctx context.Context, idle <-chan time.Time) (*tailEven
 		for len(r.pending) > 0 {
 			e := r.pending[0]
 			r.pending[0], r.pending = nil, r.pending[1:]
+			if len(r.pending) == 0 {
+				r.pending = nil // let the batch's array go
+			}
 			if e.seq > r.from {
 				r.from = e.seq
 				return e, nil
