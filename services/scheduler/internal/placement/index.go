@@ -196,6 +196,7 @@ func NewPlacer(snap Snapshot, opt Options) *Placer {
 		failedKeys:   map[string]struct{}{},
 		failedPrefix: map[string]struct{}{},
 		initFit:      map[string]bool{},
+		noFailMemo:   opt.Exhaustive,
 	}
 	src := make([]*Node, len(snap.Nodes))
 	for i := range snap.Nodes {

@@ -169,4 +169,9 @@ type Options struct {
 	// Workload is the recent request mix fragaware optimises for; nil
 	// means DefaultWorkload.
 	Workload []contracts.GPURequest
+	// Exhaustive searches every request afresh, remembering no earlier
+	// failure of the cycle (explanations are still memoised until the
+	// next placement, as they always were): the reference the tests
+	// compare the remembering path with. Slow.
+	Exhaustive bool
 }

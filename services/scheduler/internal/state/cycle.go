@@ -47,7 +47,8 @@ func (s *Store) Cycle() CycleResult {
 	snap := s.cluster.snapshot(now)
 	s.drain(now)
 	s.checkEvicting()
-	p := placement.NewPlacer(snap, placement.Options{Policy: s.policyFor, Workload: s.workload.requests()})
+	p := placement.NewPlacer(snap, placement.Options{Policy: s.policyFor, Workload: s.workload.requests(),
+		Exhaustive: s.exhaustive})
 	book := s.book(snap)
 	type hit struct {
 		j *Job

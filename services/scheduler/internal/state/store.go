@@ -278,6 +278,10 @@ type Store struct {
 	reservations []backfill.Reservation
 	// ret is what is kept of retired jobs (retention.go).
 	ret *retention
+
+	// exhaustive has cycles place without the placer's failure memos
+	// (the tests' reference for them).
+	exhaustive bool
 }
 
 // New returns an empty store.
