@@ -215,11 +215,11 @@ func (l *seqList) popFront() {
 	}
 }
 
-// after returns a copy of the events after seq.
-func (l *seqList) after(seq uint64) []*tailEvent {
+// after returns a copy of the first n events after seq.
+func (l *seqList) after(seq uint64, n int) []*tailEvent {
 	live := l.evs[l.head:]
 	i := sort.Search(len(live), func(i int) bool { return live[i].seq > seq })
-	return append([]*tailEvent(nil), live[i:]...)
+	return append([]*tailEvent(nil), live[i:min(len(live), i+n)]...)
 }
 
 // tailSub is one subscriber registered for live events.
@@ -430,29 +430,50 @@ func (t *eventTail) leave(sub *tailSub) {
 	t.removeLocked(sub)
 }
 
+// joined is what join found for a subscriber.
+type joined struct {
+	// snap is events of the filter from the ring, in order; through is
+	// the sequence they account for when the subscriber is not yet
+	// registered (every event of the filter up to it is in snap).
+	snap    []*tailEvent
+	through uint64
+	// sub is set when the subscriber is registered on the live tail:
+	// its queue gets every event after those of snap.
+	sub *tailSub
+	// upto (> from) says to read (from, upto] from the stream first.
+	upto uint64
+	// wait is closed once the tail caught up with the stream at its start.
+	wait <-chan struct{}
+}
+
 // join is the handover. When the ring holds every event after from, it
 // returns the ring's matching events after from and registers a
-// subscriber whose queue gets every later one. Otherwise it returns upto
-// (> from): the events in (from, upto] must be read from the stream first.
-// Before the tail caught up with the stream it returns a channel that is
-// closed once it has.
-func (t *eventTail) join(f eventFilter, from uint64) (snap []*tailEvent, sub *tailSub, upto uint64, wait <-chan struct{}) {
+// subscriber whose queue gets every later one; when more than a history
+// batch of them are left, it returns a batch without registering (a
+// subscriber holds no more than a batch of the ring at once). Otherwise
+// it says which events to read from the stream first.
+func (t *eventTail) join(f eventFilter, from uint64) joined {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if !t.isReady {
-		return nil, nil, 0, t.ready
+		return joined{wait: t.ready}
 	}
 	if from < t.covered {
-		return nil, nil, t.covered, nil
+		return joined{upto: t.covered}
 	}
 	idx := t.bySubject
 	if f.job == "" {
 		idx = t.byTenant
 	}
+	var snap []*tailEvent
 	if l := idx[f.key()]; l != nil {
-		snap = l.after(from)
+		snap = l.after(from, t.cfg.HistoryBatch+1)
 	}
-	sub = &tailSub{f: f, queue: make(chan *tailEvent, t.cfg.QueueEvents)}
+	if len(snap) > t.cfg.HistoryBatch {
+		snap = snap[:t.cfg.HistoryBatch]
+		return joined{snap: snap, through: snap[len(snap)-1].seq}
+	}
+	sub := &tailSub{f: f, queue: make(chan *tailEvent, t.cfg.QueueEvents)}
 	m := t.subs(f)
 	set := m[f.key()]
 	if set == nil {
@@ -460,7 +481,7 @@ func (t *eventTail) join(f eventFilter, from uint64) (snap []*tailEvent, sub *ta
 		m[f.key()] = set
 	}
 	set[sub] = struct{}{}
-	return snap, sub, 0, nil
+	return joined{snap: snap, sub: sub}
 }
 
 // tailStats is what tests and benchmarks read of the tail.
@@ -598,19 +619,22 @@ func (r *tailReader) next(ctx context.Context, idle <-chan time.Time) (*tailEven
 		}
 		r.from = max(r.from, r.through)
 		if r.sub == nil {
-			snap, sub, upto, wait := r.t.join(r.f, r.from)
+			j := r.t.join(r.f, r.from)
 			switch {
-			case wait != nil:
+			case j.wait != nil:
 				select {
-				case <-wait:
+				case <-j.wait:
 					continue
 				case <-idle:
 					return nil, nil
 				case <-ctx.Done():
 					return nil, ctx.Err()
 				}
-			case sub != nil:
-				r.sub, r.pending = sub, snap
+			case j.sub != nil:
+				r.sub, r.pending = j.sub, j.snap
+				continue
+			case j.upto == 0:
+				r.pending, r.through = j.snap, j.through
 				continue
 			}
 			select {
@@ -620,7 +644,7 @@ func (r *tailReader) next(ctx context.Context, idle <-chan time.Time) (*tailEven
 			case <-ctx.Done():
 				return nil, ctx.Err()
 			}
-			evs, through, err := r.t.readBatch(ctx, r.f, r.from, upto)
+			evs, through, err := r.t.readBatch(ctx, r.f, r.from, j.upto)
 			<-r.t.history
 			if err != nil {
 				return nil, err
