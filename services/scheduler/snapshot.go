@@ -103,23 +103,46 @@ func (sn *snapshotter) run(ctx context.Context) error {
 	tick := time.NewTicker(sn.interval)
 	defer tick.Stop()
 	var lastSeqs map[string]uint64
+	// A snapshot is taken here (a copy of what the compactor holds) and
+	// written by a goroutine of its own, one at a time: the follows that
+	// feed the compactor (under the scheduler's lock) never wait for the
+	// bucket.
+	type result struct {
+		seqs map[string]uint64
+		slot int
+		err  error
+	}
+	results := make(chan result, 1)
+	writing := false
 	write := func() {
 		seqs := sn.comp.Seqs()
-		if equalSeqs(seqs, lastSeqs) || sn.interval <= 0 {
+		if writing || equalSeqs(seqs, lastSeqs) || sn.interval <= 0 {
 			return
 		}
-		if err := sn.write(ctx); err != nil {
-			if ctx.Err() == nil {
-				sn.log.Warn("snapshot not written; the next one will be", "err", err)
-			}
-			return
-		}
-		lastSeqs = seqs
+		writing = true
+		snap, slot := sn.comp.Snapshot(), 1-sn.slot
+		go func() {
+			err := sn.write(ctx, snap, slot)
+			results <- result{seqs: seqs, slot: slot, err: err}
+		}()
 	}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case r := <-results:
+			writing = false
+			switch {
+			case errors.Is(r.err, errRecreated):
+				sn.log.Warn("snapshots stop for this term", "err", r.err)
+				sn.interval = 0
+			case r.err != nil:
+				if ctx.Err() == nil {
+					sn.log.Warn("snapshot not written; the next one will be", "err", r.err)
+				}
+			default:
+				sn.slot, lastSeqs = r.slot, r.seqs
+			}
 		case m := <-sn.in:
 			if m == writeNow {
 				write()
@@ -144,9 +167,12 @@ func equalSeqs(a, b map[string]uint64) bool {
 	return true
 }
 
-// write encodes the compactor's snapshot into the slot the head does not
-// name, then points the head at it.
-func (sn *snapshotter) write(ctx context.Context) error {
+// errRecreated says a stream was recreated during the term.
+var errRecreated = errors.New("stream recreated during this term")
+
+// write encodes snap into slot (the one the head does not name), then
+// points the head at it. One runs at a time (run).
+func (sn *snapshotter) write(ctx context.Context, snap *state.Snapshot, slot int) error {
 	start := time.Now()
 	// The streams' creation times, looked up once per term: a stream
 	// recreated since makes this term's snapshots wrong, so it writes no
@@ -160,17 +186,14 @@ func (sn *snapshotter) write(ctx context.Context) error {
 	}
 	for name, c := range created {
 		if sn.created[name] != c {
-			sn.interval = 0
-			return fmt.Errorf("stream %s was recreated during this term: no more snapshots in it", name)
+			return fmt.Errorf("%w: %s", errRecreated, name)
 		}
 	}
-	snap := sn.comp.Snapshot()
 	snap.Meta.Created = sn.created
 	var buf bytes.Buffer
 	if err := snap.Encode(&buf); err != nil {
 		return err
 	}
-	slot := 1 - sn.slot
 	data := buf.Bytes()
 	chunks := 0
 	for off := 0; off < len(data); off += snapshotChunk {
@@ -187,7 +210,6 @@ func (sn *snapshotter) write(ctx context.Context) error {
 	if _, err := sn.kv.Put(ctx, contracts.SnapshotHeadKey(sn.name), head); err != nil {
 		return fmt.Errorf("head: %w", err)
 	}
-	sn.slot = slot
 	sn.log.Info("snapshot written", "bytes", len(data), "chunks", chunks, "open_jobs", snap.Meta.Jobs,
 		"retired_jobs", snap.Meta.Retired, "messages", snap.Meta.Msgs, "seqs", snap.Meta.Seqs, "took", time.Since(start))
 	if sn.written != nil {

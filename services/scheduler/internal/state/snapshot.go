@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 
@@ -310,12 +311,13 @@ func (c *Compactor) close(key string, j *cjob) {
 	}
 }
 
-// Snapshot returns what the compactor holds as a snapshot (sharing its
-// messages, which are never changed).
+// Snapshot returns what the compactor holds as a snapshot: a copy, which
+// another goroutine may encode while the compactor goes on (the messages
+// are shared; they are never changed).
 func (c *Compactor) Snapshot() *Snapshot {
 	s := &Snapshot{Meta: SnapshotMeta{Schema: SnapshotSchema, Scheduler: c.scheduler, Seqs: c.Seqs(),
 		Jobs: len(c.jobs), Retired: len(c.retired)},
-		retired: c.retired, why: c.why, work: workload{reqs: slices.Clone(c.work.reqs), next: c.work.next}}
+		retired: maps.Clone(c.retired), why: maps.Clone(c.why), work: workload{reqs: slices.Clone(c.work.reqs), next: c.work.next}}
 	for _, j := range c.jobs {
 		s.Msgs = append(s.Msgs, j.msgs...)
 	}
