@@ -32,6 +32,10 @@ import (
 var snapshotStreams = []string{contracts.StreamJobEvents, contracts.StreamJobs, contracts.StreamPlans,
 	contracts.StreamAllocations, contracts.StreamRuns}
 
+// snapshotEvery is how many messages folded since the last snapshot make
+// the next one due before its interval.
+const snapshotEvery = 200_000
+
 // snapshotChunk is the most snapshot bytes in one KV value (the bucket's
 // values are at most contracts.MaxMessageBytes, headers included).
 const snapshotChunk = contracts.MaxMessageBytes - 4096
@@ -114,12 +118,16 @@ func (sn *snapshotter) run(ctx context.Context) error {
 	}
 	results := make(chan result, 1)
 	writing := false
+	since := 0 // messages folded since the last snapshot was taken
 	write := func() {
-		seqs := sn.comp.Seqs()
-		if writing || equalSeqs(seqs, lastSeqs) || sn.interval <= 0 {
+		if writing || sn.interval <= 0 {
 			return
 		}
-		writing = true
+		seqs := sn.comp.Seqs()
+		if equalSeqs(seqs, lastSeqs) {
+			return
+		}
+		writing, since = true, 0
 		snap, slot := sn.comp.Snapshot(), 1-sn.slot
 		go func() {
 			err := sn.write(ctx, snap, slot)
@@ -149,6 +157,11 @@ func (sn *snapshotter) run(ctx context.Context) error {
 				continue
 			}
 			sn.comp.Observe(m)
+			// A busy log is snapshotted sooner: the tail a restart reads
+			// stays short at any rate of jobs.
+			if since++; since >= snapshotEvery {
+				write()
+			}
 		case <-tick.C:
 			write()
 		}
