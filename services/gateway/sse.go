@@ -119,6 +119,7 @@ func (s *server) serveEvents(w http.ResponseWriter, r *http.Request, f eventFilt
 			return
 		case err != nil:
 			s.log.Warn("event stream ends: its history cannot be read", "subject", f.subject, "after_seq", rd.from, "err", err)
+			_, _ = w.Write(batch)
 			_, _ = fmt.Fprintf(w, ": stream ends: history cannot be read now; resume with Last-Event-ID %d\n\n", rd.from)
 			_ = rc.Flush()
 			return
