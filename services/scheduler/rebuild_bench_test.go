@@ -305,12 +305,30 @@ func BenchmarkRebuild(b *testing.B) {
 				l, r, stop := start()
 				if mode.snapshots && i == 0 {
 					// The first start reads the streams whole and writes
-					// the first snapshot; the second is the one measured.
-					select {
-					case m := <-written:
-						b.Logf("snapshot: %d open jobs, %d retired, %d messages", m.Jobs, m.Retired, m.Msgs)
-					case <-time.After(10 * time.Minute):
-						b.Fatal("no snapshot written")
+					// snapshots (some while it reads); the second, once one
+					// covers the streams, is the one measured.
+					want := map[string]uint64{}
+					for _, name := range snapshotStreams {
+						st, err := ob.JetStream().Stream(ctx, name)
+						if err != nil {
+							b.Fatal(err)
+						}
+						want[name] = st.CachedInfo().State.LastSeq
+					}
+				wait:
+					for {
+						select {
+						case m := <-written:
+							for name, seq := range want {
+								if m.Seqs[name] < seq {
+									continue wait
+								}
+							}
+							b.Logf("snapshot: %d open jobs, %d retired, %d messages", m.Jobs, m.Retired, m.Msgs)
+							break wait
+						case <-time.After(20 * time.Minute):
+							b.Fatal("no snapshot written")
+						}
 					}
 					b.Logf("first start (no snapshot yet): live after %s, rebuilt in %s", l.Round(time.Millisecond), r.Round(time.Millisecond))
 					stop()
