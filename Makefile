@@ -12,8 +12,9 @@ test: lint
 	@# without Jaeger) appends its reason to GPUPLANE_SKIP_REPORT, shown here.
 	skips=$$(mktemp); GPUPLANE_SKIP_REPORT=$$skips $(GO) test -race -count=1 -timeout 20m $(PKGS); rc=$$?; \
 	  if [ -s $$skips ]; then echo "== skipped for a missing tool:"; cat $$skips; fi; rm -f $$skips; exit $$rc
-	@# The trace replay check skips under -race (40 s there, 3 s without).
-	set -o pipefail; $(GO) test -count=1 -run 'TestReproducesPaper' -v ./services/scheduler/internal/fragsim/ | grep -E '^(---|ok|FAIL|PASS)|unallocated'
+	@# The trace replay checks skip under -race (40 s there, 3 s without;
+	@# FragAware at or below FGD on every list: 3 seeds, about a minute).
+	set -o pipefail; $(GO) test -count=1 -run 'TestReproducesPaper|TestFragAwareNotAboveFGD' -v ./services/scheduler/internal/fragsim/ | grep -E '^(---|ok|FAIL|PASS)|unallocated'
 	$(MAKE) --no-print-directory test-python
 
 # The Python SDK's tests (sdk/python, standard library only) under Debian's
@@ -70,7 +71,7 @@ bench:
 	  GPUPLANE_STEADY_SECONDS=60 $(GO) test -run '^$$' -bench . -benchtime $(BENCHTIME) -timeout 60m ./e2e/ && \
 	  $(GO) test -run '^$$' -bench . -cpu 1 -benchtime 2000x ./services/scheduler/internal/placement/ && \
 	  $(GO) test -run '^$$' -bench . -benchtime 1s $$($(GO) list ./services/scheduler/... | grep -v '/internal/placement$$') ./services/resource-manager/... && \
-	  $(GO) run ./services/scheduler/cmd/tracesim -o bench-trace.out && \
+	  $(GO) run ./services/scheduler/cmd/tracesim -pods '../shared/traces/alibaba-gpu-v2023/openb_pod_list_*.csv' -o bench-trace.out && \
 	  $(GO) test -run '^$$' -bench 'Ingest' -benchtime 2000000x -cpu 1 ./services/monitor/internal/rules/ && \
 	  $(GO) test -run '^$$' -bench 'IngestBus' -benchtime 400000x -cpu 1,2 ./services/monitor/ && \
 	  $(GO) test -run '^$$' -bench 'UsageIngest$$' -benchtime 200000x -cpu 1 ./services/billing/ && \

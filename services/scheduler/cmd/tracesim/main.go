@@ -13,6 +13,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -120,6 +121,7 @@ func run(ctx context.Context, cfg config, stdout io.Writer) error {
 			return fmt.Errorf("%s: %w", path, err)
 		}
 		report(w, fragsim.ListName(path), len(pods), cfg.points, runs, time.Since(listStart))
+		compare(w, runs, int(math.Round(100*cfg.inflation)))
 	}
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
@@ -142,6 +144,34 @@ func report(w io.Writer, list string, tasks int, points []float64, runs []fragsi
 		}
 		fmt.Fprintf(w, " %12.2f\n", pr.MeanElapsed().Seconds())
 	}
+}
+
+// compare says, when both ran, at which whole arrival points FragAware's
+// median is above FGD's (issue 17's target: none, at every point of the
+// protocol, not only the reported ones).
+func compare(w io.Writer, runs []fragsim.PolicyRuns, maxPct int) {
+	var fgd, ours *fragsim.PolicyRuns
+	for i := range runs {
+		switch runs[i].Policy {
+		case "fgd":
+			fgd = &runs[i]
+		case "fragaware":
+			ours = &runs[i]
+		}
+	}
+	if fgd == nil || ours == nil {
+		return
+	}
+	above := fragsim.Above(*ours, *fgd, maxPct)
+	if len(above) == 0 {
+		fmt.Fprintf(w, "fragaware <= fgd at every arrived point 1..%d%%\n", maxPct)
+		return
+	}
+	fmt.Fprintf(w, "fragaware ABOVE fgd at %d of 1..%d%%:", len(above), maxPct)
+	for _, x := range above {
+		fmt.Fprintf(w, " %g%% (%.2f vs %.2f)", x, ours.Median(x), fgd.Median(x))
+	}
+	fmt.Fprintln(w)
 }
 
 func paper(fig map[float64]float64, x float64) string {

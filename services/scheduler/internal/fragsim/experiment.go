@@ -140,3 +140,21 @@ feed:
 	}
 	return out, nil
 }
+
+// Above lists the arrival points (whole percents from 1 to maxPct) at
+// which a's median unallocated share is above b's: where policy a
+// refused more than b by then. Points that either never reached are
+// skipped.
+func Above(a, b PolicyRuns, maxPct int) []float64 {
+	var out []float64
+	for x := 1; x <= maxPct; x++ {
+		ma, mb := a.Median(float64(x)), b.Median(float64(x))
+		if math.IsNaN(ma) || math.IsNaN(mb) {
+			continue
+		}
+		if ma > mb {
+			out = append(out, float64(x))
+		}
+	}
+	return out
+}

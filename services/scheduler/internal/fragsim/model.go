@@ -115,6 +115,16 @@ type NodeSpec struct {
 	MemoryMiB int64
 	GPUs      int
 	Model     uint8
+	// Machines is how many identical machines the spec stands for in the
+	// node list a policy is built from (NewFragAware), so that a scheduler
+	// can describe a fleet by its classes; 0 counts as 1. A replay's
+	// cluster (NewCluster) has one machine per spec whatever it says.
+	Machines int
+}
+
+// gpuMilli is the milli-GPU of every machine the spec stands for.
+func (s NodeSpec) gpuMilli() float64 {
+	return float64(max(s.Machines, 1)) * float64(s.GPUs) * MilliGPU
 }
 
 // NodeState is the free capacity of one node: what a Policy scores. GPULeft

@@ -1,6 +1,7 @@
 package fragsim
 
 import (
+	"cmp"
 	"math"
 	"slices"
 )
@@ -41,6 +42,17 @@ type FragAware struct {
 	// roomWaste is, by a device's free milli-GPU, the least room that the
 	// frequent sharing sizes leave when they fill it.
 	roomWaste [MilliGPU + 1]int64
+	// reserve are the multi-GPU kinds of the workload and what losing a
+	// node that could host one costs (reserveKind).
+	reserve []reserveKind
+}
+
+// reserveKind is a multi-GPU task kind that only a minority of the
+// machines can host, and the milli-GPU a placement is charged when it
+// leaves a node unable to host the kind (reserveKinds).
+type reserveKind struct {
+	Request
+	cost float64
 }
 
 // FragAwareOptions tune FragAware; DefaultFragAwareOptions are the
@@ -60,6 +72,14 @@ type FragAwareOptions struct {
 	// RoomShare is the share of sharing tasks a size needs to count as
 	// frequent when valuing a device's room.
 	RoomShare float64
+	// Reserve weighs the cost of leaving a node unable to host a
+	// multi-GPU kind that it could host and that few machines can
+	// (reserveKinds): the early refusals of multigpu20.
+	Reserve float64
+	// ReserveHome is the largest share of the GPU capacity a kind's home
+	// (the machines that fit it idle) may have for the kind to be
+	// reserved; kinds most machines can host need no reserve.
+	ReserveHome float64
 }
 
 // DefaultFragAwareOptions are the settings the replays measured best.
@@ -68,8 +88,10 @@ var DefaultFragAwareOptions = FragAwareOptions{
 	Quantum:       40,
 	Fluid:         0.75,
 	StrandMemory:  true,
-	ModelPressure: 0.2,
+	ModelPressure: 0.5,
 	RoomShare:     0.03,
+	Reserve:       0.15,
+	ReserveHome:   0.5,
 }
 
 // NewFragAware builds the policy for a cluster and the typical workload
@@ -97,6 +119,9 @@ func NewFragAwareWith(nodes []NodeSpec, pods []Pod, opt FragAwareOptions) *FragA
 		}
 	}
 	p.pressure = modelPressure(nodes, pods)
+	if opt.Reserve > 0 {
+		p.reserve = reserveKinds(nodes, pods, opt.Reserve, opt.ReserveHome)
+	}
 	return p
 }
 
@@ -151,6 +176,7 @@ func (p *FragAware) nodeTerm(n *NodeState, r Request, gpu int) float64 {
 	delta -= p.opt.Fluid * (p.stranded(idle-r.TotalMilliGPU(), n.CPULeft-r.CPUMilli, n.MemLeft-r.MemoryMiB) -
 		p.stranded(idle, n.CPULeft, n.MemLeft))
 	delta -= p.opt.ModelPressure * p.pressure[n.Model] * float64(r.TotalMilliGPU())
+	delta -= p.reserveLost(n, r, gpu)
 	q := delta
 	if p.opt.Quantum > 0 {
 		q = math.Floor(delta / p.opt.Quantum)
@@ -216,8 +242,8 @@ func modelPressure(nodes []NodeSpec, pods []Pod) [maxModels]float64 {
 	var capacity, pressure [maxModels]float64
 	var total, demand float64
 	for _, n := range nodes {
-		capacity[n.Model] += float64(n.GPUs * MilliGPU)
-		total += float64(n.GPUs * MilliGPU)
+		capacity[n.Model] += n.gpuMilli()
+		total += n.gpuMilli()
 	}
 	for _, t := range pods {
 		demand += float64(t.TotalMilliGPU())
@@ -246,4 +272,81 @@ func modelPressure(nodes []NodeSpec, pods []Pod) [maxModels]float64 {
 		}
 	}
 	return pressure
+}
+
+// reserveLost is the cost of the multi-GPU kinds that node n could host
+// and could not once r is placed (a sharing r on device gpu).
+func (p *FragAware) reserveLost(n *NodeState, r Request, gpu int) float64 {
+	if len(p.reserve) == 0 {
+		return 0
+	}
+	whole := n.wholeFree
+	switch {
+	case r.Shares():
+		if gpu >= 0 && n.GPULeft[gpu] == MilliGPU {
+			whole--
+		}
+	case r.GPUs > 0:
+		whole -= r.GPUs
+	}
+	cpu, mem := n.CPULeft-r.CPUMilli, n.MemLeft-r.MemoryMiB
+	lost := 0.0
+	for i := range p.reserve {
+		k := &p.reserve[i]
+		if n.wholeFree < k.GPUs || n.CPULeft < k.CPUMilli || n.MemLeft < k.MemoryMiB || !k.Models.Has(n.Model) {
+			continue // it could not host k before either
+		}
+		if whole < k.GPUs || cpu < k.CPUMilli || mem < k.MemoryMiB {
+			lost += k.cost
+		}
+	}
+	return lost
+}
+
+// reserveKinds groups the multi-GPU tasks of pods by request and prices
+// the kinds whose home (the machines that fit the kind when idle: enough
+// GPUs, CPU, memory, the model) holds at most maxHome of the GPU capacity:
+// weight × the kind's milli-GPU × its pressure, which is the kind's demand
+// by 100% arrived over its home's capacity, times how much smaller than
+// the fleet that home is, at most 1. On the openb node list an 8-GPU task
+// asking 120 cores fits only the 39 128-core G3 machines (5% of the GPUs):
+// its pressure is 1, and breaking an idle G3 costs 2 × 8,000 × weight; the
+// 64- and 88-core 8-GPU tasks fit 71% of the GPUs and are not reserved.
+// The product (demand over home, squared scarcity) and maxHome were chosen
+// on the replays (README): demand over home alone prices a kind that 39
+// machines must host like one that 600 can, and reserving every
+// multi-GPU kind spreads work onto the small, model-restricted machines.
+// Kinds no machine fits are left out.
+func reserveKinds(nodes []NodeSpec, pods []Pod, weight, maxHome float64) []reserveKind {
+	var capacity, demand float64
+	for _, n := range nodes {
+		capacity += n.gpuMilli()
+	}
+	need := map[Request]float64{}
+	for _, t := range pods {
+		demand += float64(t.TotalMilliGPU())
+		if t.GPUs > 1 {
+			need[t.Request] += float64(t.TotalMilliGPU())
+		}
+	}
+	var out []reserveKind
+	for r, d := range need {
+		var home float64
+		for _, n := range nodes {
+			if n.GPUs >= r.GPUs && n.CPUMilli >= r.CPUMilli && n.MemoryMiB >= r.MemoryMiB && r.Models.Has(n.Model) {
+				home += n.gpuMilli()
+			}
+		}
+		if home == 0 || home > maxHome*capacity {
+			continue
+		}
+		pressure := min(d/demand*capacity/home*capacity/home, 1)
+		out = append(out, reserveKind{Request: r, cost: weight * pressure * float64(r.TotalMilliGPU())})
+	}
+	// A fixed order keeps the sum's rounding, and so the replays,
+	// deterministic.
+	slices.SortFunc(out, func(a, b reserveKind) int {
+		return cmp.Or(cmp.Compare(a.GPUs, b.GPUs), cmp.Compare(a.CPUMilli, b.CPUMilli), cmp.Compare(a.MemoryMiB, b.MemoryMiB), cmp.Compare(a.Models, b.Models))
+	})
+	return out
 }
