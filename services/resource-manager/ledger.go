@@ -27,20 +27,26 @@ func (s *server) onLedgerMsg(_ context.Context, m *bus.Msg) error {
 		return nil
 	}
 	node := contracts.Token(m.Subject, 3)
-	log := s.log.With("subject", m.Subject, "stream_seq", m.StreamSeq, "node_id", node)
 	var e contracts.LedgerEntry
 	if err := m.Decode(&e); err != nil {
-		log.Error("undecodable ledger entry skipped", "err", err)
+		s.msgLog(m, node).Error("undecodable ledger entry skipped", "err", err)
 		s.advance(node, m.StreamSeq)
 		return nil
 	}
 	if e.Allocation.NodeID != node {
-		log.Error("ledger entry for another node skipped", "entry_node_id", e.Allocation.NodeID, "alloc_id", e.Allocation.ID)
+		s.msgLog(m, node).Error("ledger entry for another node skipped", "entry_node_id", e.Allocation.NodeID, "alloc_id", e.Allocation.ID)
 		s.advance(node, m.StreamSeq)
 		return nil
 	}
-	s.apply(log, e, m.StreamSeq)
+	s.apply(func() *slog.Logger { return s.msgLog(m, node) }, e, m.StreamSeq)
 	return nil
+}
+
+// msgLog is the logger of one message's handling. It is built only when
+// something is logged: a rebuild reads a million messages and logs almost
+// none, and slog's With formats its attributes at once.
+func (s *server) msgLog(m *bus.Msg, node string) *slog.Logger {
+	return s.log.With("subject", m.Subject, "stream_seq", m.StreamSeq, "node_id", node)
 }
 
 func (s *server) advance(node string, seq uint64) {
@@ -50,7 +56,7 @@ func (s *server) advance(node string, seq uint64) {
 }
 
 // apply folds an entry stored at seq into the ledger.
-func (s *server) apply(log *slog.Logger, e contracts.LedgerEntry, seq uint64) {
+func (s *server) apply(log func() *slog.Logger, e contracts.LedgerEntry, seq uint64) {
 	s.mu.Lock()
 	err := s.led.Apply(e, seq)
 	if e.Kind == contracts.LedgerReleased {
@@ -64,9 +70,9 @@ func (s *server) apply(log *slog.Logger, e contracts.LedgerEntry, seq uint64) {
 	case errors.Is(err, ledger.ErrConflict):
 		// Another writer broke G1. The log is the truth: keep the device
 		// held and say it loudly.
-		log.Error("ledger holds a device twice", "err", err, "alloc_id", e.Allocation.ID)
+		log().Error("ledger holds a device twice", "err", err, "alloc_id", e.Allocation.ID)
 	case err != nil:
-		log.Error("ledger entry skipped", "err", err)
+		log().Error("ledger entry skipped", "err", err)
 	}
 }
 
@@ -158,7 +164,7 @@ func (s *server) write(ctx context.Context, e contracts.LedgerEntry, check func(
 			if e.Kind == contracts.LedgerCommitted {
 				s.failpoint(FailAfterCommit)
 			}
-			s.apply(log, e, ack.Sequence)
+			s.apply(func() *slog.Logger { return log }, e, ack.Sequence)
 			log.Debug("ledger entry written", "stream_seq", ack.Sequence)
 			return v, true, nil
 		}

@@ -2,6 +2,7 @@ package resourcemanager
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
@@ -16,13 +17,13 @@ import (
 // skipped is retried until ctx ends.
 func (s *server) onRunMsg(ctx context.Context, m *bus.Msg) error {
 	node := contracts.Token(m.Subject, 2)
-	log := s.log.With("subject", m.Subject, "stream_seq", m.StreamSeq, "node_id", node)
 	var ev contracts.RunEvent
 	if err := m.Decode(&ev); err != nil {
-		log.Warn("undecodable run event skipped", "err", err)
+		s.msgLog(m, node).Warn("undecodable run event skipped", "err", err)
 		return nil
 	}
-	log = log.With("alloc_id", ev.AllocationID)
+	// Built only when needed (msgLog): a rebuild folds every run fact.
+	log := func() *slog.Logger { return s.msgLog(m, node).With("alloc_id", ev.AllocationID) }
 	a, live, known := s.allocation(ev.AllocationID)
 	if !known {
 		// Committed by another replica and not followed yet: read the
@@ -32,10 +33,10 @@ func (s *server) onRunMsg(ctx context.Context, m *bus.Msg) error {
 	}
 	switch {
 	case !known:
-		log.Warn("run fact for an allocation the ledger never committed; ignored", "kind", string(ev.Kind))
+		log().Warn("run fact for an allocation the ledger never committed; ignored", "kind", string(ev.Kind))
 		return nil
 	case a.NodeID != node:
-		log.Warn("run fact from a node that does not hold the allocation; ignored", "alloc_node_id", a.NodeID)
+		log().Warn("run fact from a node that does not hold the allocation; ignored", "alloc_node_id", a.NodeID)
 		return nil
 	case !live:
 		return nil
