@@ -52,20 +52,20 @@ func (in *ingester) followUsage(ctx context.Context) error {
 }
 
 func (in *ingester) applyJobEvent(ctx context.Context, m *bus.Msg) error {
-	log := in.log.With("subject", m.Subject, "stream_seq", m.StreamSeq)
+	log := func() *slog.Logger { return in.msgLog(m) }
 	// The subject names the job; the body must agree with it.
 	tenant, job := contracts.Token(m.Subject, 3), contracts.Token(m.Subject, 4)
 	if contracts.ValidateTenant(tenant) != nil || contracts.ValidateID(job) != nil {
-		log.Warn("skipping job event on a malformed subject")
+		log().Warn("skipping job event on a malformed subject")
 		return nil
 	}
 	var ev contracts.JobEvent
 	if err := m.Decode(&ev); err != nil {
-		log.Warn("skipping undecodable job event", "err", err)
+		log().Warn("skipping undecodable job event", "err", err)
 		return nil
 	}
 	if ev.Tenant != tenant || ev.JobID != job {
-		log.Warn("skipping job event whose body names another job", "tenant", ev.Tenant, "job_id", ev.JobID)
+		log().Warn("skipping job event whose body names another job", "tenant", ev.Tenant, "job_id", ev.JobID)
 		return nil
 	}
 	err := in.model.ApplyJobEvent(ctx, tenant, job, ev, m.StreamSeq)
@@ -79,34 +79,41 @@ func (in *ingester) applyJobEvent(ctx context.Context, m *bus.Msg) error {
 	case errors.Is(err, contracts.ErrStaleEvent), errors.Is(err, contracts.ErrTransition):
 		// A redelivery or a fact the state machine refuses (a rejected
 		// duplicate ID on an accepted job): harmless by design.
-		log.Debug("job event ignored", "tenant", tenant, "job_id", job, "err", err)
+		log().Debug("job event ignored", "tenant", tenant, "job_id", job, "err", err)
 	default:
-		log.Warn("job event not applied", "tenant", tenant, "job_id", job, "err", err)
+		log().Warn("job event not applied", "tenant", tenant, "job_id", job, "err", err)
 	}
 	return nil
 }
 
+// msgLog is the logger of one message's handling, built only when
+// something is logged: a rebuild folds every event of the stream and logs
+// almost none, and slog's With formats its attributes at once.
+func (in *ingester) msgLog(m *bus.Msg) *slog.Logger {
+	return in.log.With("subject", m.Subject, "stream_seq", m.StreamSeq)
+}
+
 func (in *ingester) applyUsage(ctx context.Context, m *bus.Msg) error {
-	log := in.log.With("subject", m.Subject, "stream_seq", m.StreamSeq)
+	log := func() *slog.Logger { return in.msgLog(m) }
 	tenant, err := contracts.TenantFromSubject(m.Subject)
 	if err != nil {
-		log.Warn("skipping usage record on a malformed subject", "err", err)
+		log().Warn("skipping usage record on a malformed subject", "err", err)
 		return nil
 	}
 	var rec contracts.UsageRecord
 	if err := m.Decode(&rec); err != nil {
-		log.Warn("skipping undecodable usage record", "err", err)
+		log().Warn("skipping undecodable usage record", "err", err)
 		return nil
 	}
 	if rec.Tenant != tenant {
-		log.Warn("skipping usage record whose body names another tenant", "tenant", rec.Tenant)
+		log().Warn("skipping usage record whose body names another tenant", "tenant", rec.Tenant)
 		return nil
 	}
 	if rec.ID == "" {
 		rec.ID = m.ID() // the Nats-Msg-Id is the same key (UsageID)
 	}
 	if _, err := in.model.ApplyUsage(ctx, tenant, rec); err != nil {
-		log.Warn("usage record not applied", "tenant", tenant, "err", err)
+		log().Warn("usage record not applied", "tenant", tenant, "err", err)
 	}
 	return nil
 }
