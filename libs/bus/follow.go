@@ -248,6 +248,9 @@ func (b *Bus) watchStall(ctx context.Context, spec FollowSpec, stallAfter time.D
 	}
 }
 
+// pumpAhead is how many messages readOnce's pump may hold for its reader.
+const pumpAhead = 256
+
 // readOnce reads through one ordered consumer (that nats.go may rebuild)
 // until fn says stop, fn fails, or ctx ends. A read of new messages sets
 // pos.next to where its consumer starts, so watchStall can tell whether
@@ -329,7 +332,12 @@ func (b *Bus) readOnce(ctx context.Context, spec FollowSpec, fn func(context.Con
 		raw jetstream.Msg
 		err error
 	}
-	nexts, quit := make(chan next), make(chan struct{})
+	// The pump reads ahead (messages nats.go has already pulled): an
+	// unbuffered hand-off switched goroutines for every message, the
+	// larger part of a replay's own cost. What is read ahead and not
+	// handed to fn when the read ends is dropped, as nats.go's buffer is;
+	// a replaced consumer starts after the last message fn saw.
+	nexts, quit := make(chan next, pumpAhead), make(chan struct{})
 	stopInBackground := false
 	defer func() {
 		close(quit)
