@@ -171,36 +171,7 @@ func BenchmarkFleetSnapshotOverNATS(b *testing.B) {
 	if err := g.Wait(); err != nil {
 		b.Fatal(err)
 	}
-	token, err := IssueToken(ctx, bb, Grant{ID: "bench-admin", Name: "bench-admin", Bindings: []contracts.Binding{{Role: RolePlatformAdmin}}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg := DefaultConfig()
-	cfg.Bus.NATSURL, cfg.Bus.Creds, cfg.Bus.OTLPEndpoint, cfg.Bus.Replicas = srv.URL(), natstest.Service(b, srv, contracts.BusGateway), "", 1
-	cfg.Addr = "127.0.0.1:0"
-	addrs := make(chan string, 1)
-	cfg.OnListen = func(a string) { addrs <- a }
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	start := time.Now()
-	go func() { done <- Run(runCtx, cfg, slog.New(slog.DiscardHandler)) }()
-	defer func() { stop(); <-done }()
-	url := "http://" + <-addrs
-	hc := &http.Client{Transport: bearer{token: token}}
-	for {
-		res, err := hc.Get(url + "/healthz")
-		if err == nil {
-			res.Body.Close()
-			if res.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		if time.Since(start) > 5*time.Minute {
-			b.Fatal("the gateway did not catch up in 5 minutes")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	catchup := time.Since(start)
+	url, hc, catchup := benchGateway(b, ctx, srv, bb, nil, nil)
 	var size int
 	var data string
 	for b.Loop() {

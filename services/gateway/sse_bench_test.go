@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"runtime"
@@ -104,36 +103,10 @@ func benchFanout(b *testing.B, subs, history int, perSubscriber bool) {
 	if err := g.Wait(); err != nil {
 		b.Fatal(err)
 	}
-	token, err := IssueToken(ctx, pub, Grant{ID: "bench-admin", Name: "bench-admin", Bindings: []contracts.Binding{{Role: RolePlatformAdmin}}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	cfg := DefaultConfig()
-	cfg.Bus.NATSURL, cfg.Bus.Creds, cfg.Bus.OTLPEndpoint, cfg.Bus.Replicas = srv.URL(), natstest.Service(b, srv, contracts.BusGateway), "", 1
-	cfg.Addr = "127.0.0.1:0"
-	cfg.Limits.StreamsPerTenant, cfg.Limits.RequestsPerSecond = 0, 0
-	cfg.SSE.PerSubscriberConsumers = perSubscriber
-	addrs := make(chan string, 1)
-	cfg.OnListen = func(a string) { addrs <- a }
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- Run(runCtx, cfg, slog.New(slog.DiscardHandler)) }()
-	defer func() { stop(); <-done }()
-	url := "http://" + <-addrs
-	hc := &http.Client{Transport: bearer{token: token, base: &http.Transport{MaxIdleConnsPerHost: subs}}}
-	for start := time.Now(); ; {
-		res, err := hc.Get(url + "/healthz")
-		if err == nil {
-			res.Body.Close()
-			if res.StatusCode == http.StatusOK {
-				break
-			}
-		}
-		if time.Since(start) > 5*time.Minute {
-			b.Fatal("the gateway did not catch up in 5 minutes")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	url, hc, _ := benchGateway(b, ctx, srv, pub, func(cfg *Config) {
+		cfg.Limits.StreamsPerTenant, cfg.Limits.RequestsPerSecond = 0, 0
+		cfg.SSE.PerSubscriberConsumers = perSubscriber
+	}, &http.Transport{MaxIdleConnsPerHost: subs})
 
 	mem := startMemSampler()
 	streamCtx, closeStreams := context.WithCancel(ctx)
