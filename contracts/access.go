@@ -178,8 +178,11 @@ var Buckets = []BucketAccess{
 	{Bucket: BucketBudgets, Writers: roles(BusGateway, BusAdmin), Readers: roles(BusBilling, BusGateway, BusAdmin)},
 	{Bucket: BucketBudgetStatus, Writers: roles(BusBilling), Readers: roles(BusScheduler, BusGateway, BusBilling, BusAdmin)},
 	{Bucket: BucketLeases, Writers: roles(services), Readers: roles(services, BusAdmin)},
-	// Only the scheduler writes and reads its snapshots (snapshots.go).
-	{Bucket: BucketSnapshots, Writers: roles(BusScheduler), Readers: roles(BusScheduler, BusAdmin)},
+	// Snapshots (snapshots.go): the scheduler writes the bucket, the
+	// resource manager only its own keys (RMSnapshotKeys).
+	{Bucket: BucketSnapshots, Writers: roles(BusScheduler),
+		KeyWriters: map[BusRole][]string{BusResourceManager: {RMSnapshotKeys}},
+		Readers:    roles(BusScheduler, BusResourceManager, BusAdmin)},
 	{Bucket: BucketQuotas, Writers: roles(BusGateway, BusAdmin), Readers: roles(services, BusAdmin)},
 	{Bucket: BucketPools, Writers: roles(BusGateway, BusAdmin), Readers: roles(services, BusAdmin)},
 	// Node holds: cordon and drain by administrators (the gateway), spot

@@ -23,3 +23,19 @@ func SnapshotHeadKey(name string) string { return "scheduler." + name + ".head" 
 func SnapshotChunkKey(name string, slot, i int) string {
 	return "scheduler." + name + "." + string(rune('a'+slot)) + "." + strconv.Itoa(i)
 }
+
+// The resource manager's snapshot of its ledger (services/resource-manager
+// /snapshot.go) lives in BucketSnapshots too, under keys of its own that
+// every replica shares (the ledger is one, whichever replica leads):
+// RMSnapshotHeadKey and RMSnapshotChunkKey, all matched by RMSnapshotKeys,
+// the only keys the resource manager may write there.
+const RMSnapshotKeys = "resource-manager.>"
+
+// RMSnapshotHeadKey is the key of the resource manager's snapshot head.
+func RMSnapshotHeadKey() string { return "resource-manager.head" }
+
+// RMSnapshotChunkKey is the key of chunk i of the resource manager's
+// snapshot in slot (0 or 1).
+func RMSnapshotChunkKey(slot, i int) string {
+	return "resource-manager." + string(rune('a'+slot)) + "." + strconv.Itoa(i)
+}
