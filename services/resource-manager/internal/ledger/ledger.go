@@ -76,6 +76,8 @@ func refuse(r contracts.Reason, format string, args ...any) Verdict {
 // released), so the first one is "the holder".
 type node struct {
 	id string
+	// idx is the node's index in Ledger.nodeIDs.
+	idx uint32
 	// hasInventory: an inventory was seen; devices is its GPUs by UUID.
 	hasInventory bool
 	devices      map[string]contracts.GPUInfo
@@ -137,17 +139,28 @@ func kindOf(d contracts.DeviceRef) claimKind {
 	}
 }
 
-// record is what the ledger keeps of one allocation ID ever committed.
+// record is what the ledger keeps of one live allocation. Once released
+// it is retired (retire.go): only a fixed-size record stays.
 type record struct {
-	alloc    contracts.Allocation
-	released bool
+	alloc contracts.Allocation
+	// order is the allocation's place in commit order: a snapshot lists
+	// the live allocations in it, so that claims rebuilt from one are in
+	// the order the log made them (the first claimant is the holder).
+	order uint64
 }
 
 // Ledger is the allocation ledger of every node. The zero value is not
 // usable; call New.
 type Ledger struct {
-	nodes  map[string]*node
-	allocs map[string]*record
+	nodes map[string]*node
+	// allocs are the live allocations by ID; retired the allocation IDs
+	// released (or whose release came first), by key hash (retire.go).
+	allocs  map[string]*record
+	retired map[retiredKey]retiredAlloc
+	// nodeIDs names each node by its index (node.idx), for retired
+	// records; commits counts commits, for record.order.
+	nodeIDs []string
+	commits uint64
 	// liveJobs maps tenant/job to the job's live allocation IDs, in
 	// commit order: a job holds one live allocation (J1), or the parts of
 	// one multi-machine attempt, one per machine.
@@ -156,16 +169,18 @@ type Ledger struct {
 
 // New returns an empty ledger.
 func New() *Ledger {
-	return &Ledger{nodes: map[string]*node{}, allocs: map[string]*record{}, liveJobs: map[string][]string{}}
+	return &Ledger{nodes: map[string]*node{}, allocs: map[string]*record{}, retired: map[retiredKey]retiredAlloc{},
+		liveJobs: map[string][]string{}}
 }
 
 func (l *Ledger) node(id string) *node {
 	n, ok := l.nodes[id]
 	if !ok {
-		n = &node{id: id, devices: map[string]contracts.GPUInfo{}, migInvalid: map[string]error{},
+		n = &node{id: id, idx: uint32(len(l.nodeIDs)), devices: map[string]contracts.GPUInfo{}, migInvalid: map[string]error{},
 			whole: map[string][]string{}, mig: map[string][]string{}, migOn: map[string][]string{},
 			shares: map[string][]shareClaim{}, live: map[string]struct{}{}}
 		l.nodes[id] = n
+		l.nodeIDs = append(l.nodeIDs, id)
 	}
 	return n
 }
@@ -272,12 +287,17 @@ func (l *Ledger) Advance(nodeID string, seq uint64) {
 
 // Allocation returns the allocation with that ID and whether it is live;
 // ok is false when the ledger never saw it committed.
+//
+// Of an allocation no longer live only its ID and node are kept (a
+// retired record): that is all a run fact or a release of it asks.
 func (l *Ledger) Allocation(id string) (a contracts.Allocation, live, ok bool) {
-	r, ok := l.allocs[id]
-	if !ok {
-		return contracts.Allocation{}, false, false
+	if r, ok := l.allocs[id]; ok {
+		return r.alloc, true, true
 	}
-	return r.alloc, !r.released, true
+	if r, ok := l.retired[retiredKeyOf(id)]; ok {
+		return contracts.Allocation{ID: id, NodeID: l.nodeIDs[r.node]}, false, true
+	}
+	return contracts.Allocation{}, false, false
 }
 
 // Live returns the live allocations of a node, sorted by ID.
@@ -388,6 +408,13 @@ func (l *Ledger) Verify(a contracts.Allocation) Verdict {
 			return Verdict{Duplicate: true, Message: "allocation already committed"}
 		}
 		return refuse(contracts.RefusedAlreadyPlaced, "allocation %s is already committed on node %s", a.ID, r.alloc.NodeID)
+	}
+	if r, ok := l.retired[retiredKeyOf(a.ID)]; ok {
+		// Released since: the same answer as when it was live.
+		if r.place == placementHash(a) {
+			return Verdict{Duplicate: true, Message: "allocation already committed"}
+		}
+		return refuse(contracts.RefusedAlreadyPlaced, "allocation %s is already committed on node %s", a.ID, l.nodeIDs[r.node])
 	}
 	for _, other := range l.liveJobs[jobKey(a)] {
 		if o := l.allocs[other].alloc; !sameGang(o, a) {
@@ -766,9 +793,13 @@ func (l *Ledger) Apply(e contracts.LedgerEntry, seq uint64) error {
 
 func (l *Ledger) commit(n *node, a contracts.Allocation) error {
 	if _, ok := l.allocs[a.ID]; ok {
-		return nil // already committed (and maybe released): idempotent
+		return nil // already committed: idempotent
 	}
-	l.allocs[a.ID] = &record{alloc: a}
+	if _, ok := l.retired[retiredKeyOf(a.ID)]; ok {
+		return nil // committed and released, or released first: idempotent
+	}
+	l.commits++
+	l.allocs[a.ID] = &record{alloc: a, order: l.commits}
 	n.live[a.ID] = struct{}{}
 	l.liveJobs[jobKey(a)] = append(l.liveJobs[jobKey(a)], a.ID)
 	cpu, mem := hostHeld(a)
@@ -790,17 +821,18 @@ func (l *Ledger) commit(n *node, a contracts.Allocation) error {
 func (l *Ledger) release(a contracts.Allocation) {
 	r, ok := l.allocs[a.ID]
 	if !ok {
-		// A release of an allocation never seen committed: remember the
-		// ID so a late commit of it stays a no-op.
-		l.allocs[a.ID] = &record{alloc: a, released: true}
+		// A release of an allocation never seen committed, or released
+		// already: remember the ID so a late commit of it stays a no-op.
+		k := retiredKeyOf(a.ID)
+		if _, done := l.retired[k]; !done {
+			l.retired[k] = retiredAlloc{place: placementHash(a), node: l.node(a.NodeID).idx}
+		}
 		return
 	}
-	if r.released {
-		return
-	}
-	r.released = true
 	held := r.alloc
 	n := l.node(held.NodeID)
+	delete(l.allocs, held.ID)
+	l.retired[retiredKeyOf(held.ID)] = retiredAlloc{place: placementHash(held), node: n.idx}
 	delete(n.live, held.ID)
 	k := jobKey(held)
 	if rest := slices.DeleteFunc(l.liveJobs[k], func(id string) bool { return id == held.ID }); len(rest) > 0 {

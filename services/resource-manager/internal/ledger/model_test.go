@@ -713,7 +713,10 @@ func runModel(rng chooser, steps int, done func() bool, seen map[string]int) err
 			return fmt.Errorf("step %d (%s): %w", step, what, err)
 		}
 	}
-	return checkRebuild(l, m, nodes, log, randomItem)
+	if err := checkRebuild(l, m, nodes, log, randomItem); err != nil {
+		return err
+	}
+	return checkStateRoundTrip(l, m, log, randomItem)
 }
 
 func verdictName(v Verdict, a contracts.Allocation) string {

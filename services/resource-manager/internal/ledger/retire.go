@@ -1,0 +1,66 @@
+package ledger
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"slices"
+
+	"github.com/gpuplane/gpuplane/contracts"
+)
+
+// Retirement (issue 17: a million jobs in the streams). A released
+// allocation leaves the ledger but for a fixed-size record of what later
+// decisions still ask of it: a late or redelivered commit of its ID must
+// get the answer it got while live (Duplicate for the identical
+// placement, job_already_allocated for another), a commit or release
+// read again must stay a no-op, and a run fact about it must learn that
+// it is known, not live, and on which node. Nothing else reads an ended
+// allocation. So the ledger's memory is its live allocations plus ~40
+// bytes per ended one, not every allocation's devices, run spec and
+// trace context.
+
+// retiredKey identifies a retired allocation: the first 128 bits of the
+// SHA-256 of its ID (a collision among even 10^12 IDs is ~10^-15 likely).
+type retiredKey [16]byte
+
+func retiredKeyOf(id string) retiredKey {
+	h := sha256.Sum256([]byte(id))
+	return retiredKey(h[:16])
+}
+
+// retiredAlloc is what is kept of a retired allocation.
+type retiredAlloc struct {
+	// place is placementHash of the allocation as committed (or as its
+	// release named it, when the release came first).
+	place uint64
+	// node is the index of its node in Ledger.nodeIDs.
+	node uint32
+}
+
+// placementHash is the first 64 bits of the SHA-256 of what samePlacement
+// compares (beside the ID, which the record's key holds): the node and
+// the multiset of what the devices claim, in a canonical order. Two
+// placements samePlacement tells apart hash apart but with a chance of
+// 2^-64.
+func placementHash(a contracts.Allocation) uint64 {
+	keys := make([]string, len(a.Devices))
+	for i, d := range a.Devices {
+		keys[i] = deviceKey(d)
+	}
+	slices.Sort(keys)
+	h := sha256.New()
+	h.Write([]byte(a.NodeID))
+	for _, k := range keys {
+		h.Write([]byte{0})
+		h.Write([]byte(k))
+	}
+	var sum [sha256.Size]byte
+	return binary.BigEndian.Uint64(h.Sum(sum[:0]))
+}
+
+// Retired is the number of retired allocation records.
+func (l *Ledger) Retired() int { return len(l.retired) }
+
+// Records is the number of whole allocations the ledger holds: its live
+// ones (what grows with the fleet, not with history).
+func (l *Ledger) Records() int { return len(l.allocs) }

@@ -1,0 +1,160 @@
+package ledger
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/gpuplane/gpuplane/contracts"
+)
+
+// State is what a snapshot keeps of a ledger: what the allocation log made
+// of it, and nothing the other logs set (inventories, readiness, holds),
+// which a rebuild reads from them as it always does.
+type State struct {
+	// Nodes are the nodes the ledger knows with the last ledger sequence
+	// applied on each (the expected sequence of the next compare-and-set
+	// there); a retired record names its node by its index here.
+	Nodes []NodeSeq `json:"nodes"`
+	// Live are the live allocations in commit order.
+	Live []contracts.Allocation `json:"live"`
+	// Retired are the retired records, RetiredRecordSize bytes each: the
+	// key (16), the placement hash (8, big-endian) and the node's index
+	// in Nodes (4, big-endian).
+	Retired []byte `json:"-"`
+}
+
+// NodeSeq is a node and the last ledger sequence applied on it.
+type NodeSeq struct {
+	ID      string `json:"id"`
+	LastSeq uint64 `json:"lastSeq"`
+}
+
+// RetiredRecordSize is the size of one record in State.Retired.
+const RetiredRecordSize = 28
+
+// ErrBadState says a State cannot be loaded.
+var ErrBadState = errors.New("ledger: unusable state")
+
+// Export returns the ledger's state. It copies what it returns: the
+// ledger may change as soon as the caller's lock is released.
+func (l *Ledger) Export() State {
+	st := State{Nodes: make([]NodeSeq, len(l.nodeIDs)), Live: make([]contracts.Allocation, 0, len(l.allocs)),
+		Retired: make([]byte, 0, len(l.retired)*RetiredRecordSize)}
+	for i, id := range l.nodeIDs {
+		st.Nodes[i] = NodeSeq{ID: id, LastSeq: l.nodes[id].lastSeq}
+	}
+	live := make([]*record, 0, len(l.allocs))
+	for _, r := range l.allocs {
+		live = append(live, r)
+	}
+	slices.SortFunc(live, func(a, b *record) int { return cmp.Compare(a.order, b.order) })
+	for _, r := range live {
+		st.Live = append(st.Live, r.alloc)
+	}
+	var rec [RetiredRecordSize]byte
+	for k, r := range l.retired {
+		copy(rec[:16], k[:])
+		binary.BigEndian.PutUint64(rec[16:24], r.place)
+		binary.BigEndian.PutUint32(rec[24:28], r.node)
+		st.Retired = append(st.Retired, rec[:]...)
+	}
+	return st
+}
+
+// FromState returns a ledger holding st: its nodes' sequences, its live
+// allocations committed again in their order (so every claim is where the
+// log put it, a conflict the log holds included) and its retired records.
+// Inventories, readiness and holds are for the caller to set.
+func FromState(st State) (*Ledger, error) {
+	if len(st.Retired)%RetiredRecordSize != 0 {
+		return nil, fmt.Errorf("%w: retired records of %d bytes", ErrBadState, len(st.Retired))
+	}
+	l := New()
+	for _, n := range st.Nodes {
+		if _, dup := l.nodes[n.ID]; dup || n.ID == "" {
+			return nil, fmt.Errorf("%w: node %q empty or listed twice", ErrBadState, n.ID)
+		}
+		l.node(n.ID).lastSeq = n.LastSeq
+	}
+	for _, a := range st.Live {
+		if a.ID == "" || a.NodeID == "" {
+			return nil, fmt.Errorf("%w: live allocation %q on node %q", ErrBadState, a.ID, a.NodeID)
+		}
+		if _, dup := l.allocs[a.ID]; dup {
+			return nil, fmt.Errorf("%w: live allocation %s listed twice", ErrBadState, a.ID)
+		}
+		// ErrConflict: the log holds a device twice, and so does the
+		// ledger it made; the rebuild from the log said so already.
+		_ = l.commit(l.node(a.NodeID), a)
+	}
+	l.retired = make(map[retiredKey]retiredAlloc, len(st.Retired)/RetiredRecordSize)
+	for off := 0; off < len(st.Retired); off += RetiredRecordSize {
+		rec := st.Retired[off : off+RetiredRecordSize]
+		r := retiredAlloc{place: binary.BigEndian.Uint64(rec[16:24]), node: binary.BigEndian.Uint32(rec[24:28])}
+		if int(r.node) >= len(st.Nodes) {
+			return nil, fmt.Errorf("%w: retired record names node %d of %d", ErrBadState, r.node, len(st.Nodes))
+		}
+		l.retired[retiredKey(rec[:16])] = r
+	}
+	for _, a := range st.Live {
+		if _, ok := l.retired[retiredKeyOf(a.ID)]; ok {
+			return nil, fmt.Errorf("%w: allocation %s both live and retired", ErrBadState, a.ID)
+		}
+	}
+	return l, nil
+}
+
+// Digest is a hash of everything the allocation log decides in the
+// ledger, independent of the order in which nodes became known and of
+// how entries of different nodes interleaved: per node its last sequence,
+// live allocations, claims in order and host use; the jobs' live
+// allocations; the retired records. Two ledgers with the same digest
+// answer every Verify, Allocation and LastSeq alike (given the same
+// inventories, readiness and holds). For tests and checks, O(state).
+func (l *Ledger) Digest() [sha256.Size]byte {
+	var b strings.Builder
+	for _, id := range l.Nodes() {
+		n := l.nodes[id]
+		fmt.Fprintf(&b, "node %s seq %d host %d %d\n", id, n.lastSeq, n.cpuUsed, n.memUsed)
+		for _, a := range l.Live(id) {
+			fmt.Fprintf(&b, " live %s %x\n", a.ID, placementHash(a))
+		}
+		for _, m := range []map[string][]string{n.whole, n.mig, n.migOn} {
+			for _, k := range sortedKeys(m) {
+				fmt.Fprintf(&b, " claim %s %v\n", k, m[k])
+			}
+		}
+		for _, k := range sortedKeys(n.shares) {
+			fmt.Fprintf(&b, " share %s %v\n", k, n.shares[k])
+		}
+	}
+	for _, k := range sortedKeys(l.liveJobs) {
+		ids := slices.Sorted(slices.Values(l.liveJobs[k]))
+		fmt.Fprintf(&b, "job %s %v\n", k, ids)
+	}
+	keys := make([]retiredKey, 0, len(l.retired))
+	for k := range l.retired {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b retiredKey) int { return strings.Compare(string(a[:]), string(b[:])) })
+	for _, k := range keys {
+		r := l.retired[k]
+		fmt.Fprintf(&b, "retired %x %x %s\n", k, r.place, l.nodeIDs[r.node])
+	}
+	return sha256.Sum256([]byte(b.String()))
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	return slices.Sorted(func(yield func(string) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	})
+}
