@@ -179,10 +179,11 @@ var Buckets = []BucketAccess{
 	{Bucket: BucketBudgetStatus, Writers: roles(BusBilling), Readers: roles(BusScheduler, BusGateway, BusBilling, BusAdmin)},
 	{Bucket: BucketLeases, Writers: roles(services), Readers: roles(services, BusAdmin)},
 	// Snapshots (snapshots.go): the scheduler writes the bucket, the
-	// resource manager only its own keys (RMSnapshotKeys).
+	// resource manager and the gateway only their own keys (RMSnapshotKeys,
+	// GatewaySnapshotKeys).
 	{Bucket: BucketSnapshots, Writers: roles(BusScheduler),
-		KeyWriters: map[BusRole][]string{BusResourceManager: {RMSnapshotKeys}},
-		Readers:    roles(BusScheduler, BusResourceManager, BusAdmin)},
+		KeyWriters: map[BusRole][]string{BusResourceManager: {RMSnapshotKeys}, BusGateway: {GatewaySnapshotKeys}},
+		Readers:    roles(BusScheduler, BusResourceManager, BusGateway, BusAdmin)},
 	{Bucket: BucketQuotas, Writers: roles(BusGateway, BusAdmin), Readers: roles(services, BusAdmin)},
 	{Bucket: BucketPools, Writers: roles(BusGateway, BusAdmin), Readers: roles(services, BusAdmin)},
 	// Node holds: cordon and drain by administrators (the gateway), spot
