@@ -56,6 +56,11 @@ type Config struct {
 	// lease cannot be renewed; a 3 s lease made every such death a
 	// failover and a rebuild of the whole ledger.
 	LeaseTTL time.Duration
+	// SnapshotInterval is how often the leader writes its snapshot of
+	// ALLOCATIONS and RUNS (snapshot.go), also once a term is ready and
+	// after every 200,000 messages read; a term starts from the last one.
+	// 0 turns snapshots off (both streams are read whole). Default 1m.
+	SnapshotInterval time.Duration
 	// Now is the clock liveness and entry times read; default time.Now.
 	Now func() time.Time
 	// Failpoint arms a crash drill (failpoint.go); DefaultConfig reads it
@@ -75,6 +80,7 @@ func DefaultConfig() Config {
 		CommitParallelism: 256,
 		PlanBatch:         32,
 		LeaseTTL:          10 * time.Second,
+		SnapshotInterval:  time.Minute,
 		Now:               time.Now,
 		Failpoint:         failpointFromEnv(),
 	}
@@ -90,6 +96,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.CommitParallelism, "commit-parallelism", c.CommitParallelism, "nodes of one plan committed concurrently")
 	fs.IntVar(&c.CommitAttempts, "commit-attempts", c.CommitAttempts, "compare-and-set attempts of one ledger write before giving up")
 	fs.IntVar(&c.PlanBatch, "plan-batch", c.PlanBatch, "plans pulled at once by this replica")
+	fs.DurationVar(&c.SnapshotInterval, "snapshot-interval", c.SnapshotInterval, "how often the leader snapshots its ledger for a fast restart (0: off, every start reads the streams whole)")
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "leader lease duration: one replica leads, a standby takes over at most this long after it dies (0: no election, every replica active)")
 }
 
@@ -120,6 +127,9 @@ func (c Config) Validate() error {
 	}
 	if c.LeaseTTL != 0 && (c.LeaseTTL < 30*time.Millisecond || c.LeaseTTL > time.Minute) {
 		errs = append(errs, fmt.Errorf("lease ttl is %s; want 0 (no election) or 30ms to 1m", c.LeaseTTL))
+	}
+	if c.SnapshotInterval < 0 {
+		errs = append(errs, fmt.Errorf("snapshot interval is %s; want >= 0", c.SnapshotInterval))
 	}
 	if c.PlanBatch < 1 {
 		errs = append(errs, fmt.Errorf("plan batch is %d; want >= 1", c.PlanBatch))

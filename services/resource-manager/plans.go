@@ -140,7 +140,8 @@ func refusalKey(i int, a contracts.Allocation) string {
 func (s *server) wasRefused(planID string, i int, a contracts.Allocation) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.refused[contracts.RefusalID(planID, refusalKey(i, a))]
+	_, ok := s.refused[refusalHashOf(contracts.RefusalID(planID, refusalKey(i, a)))]
+	return ok
 }
 
 // refuse publishes the refusal of one plan item on its tenant's subject.
@@ -172,7 +173,7 @@ func (s *server) refuse(ctx context.Context, planID string, i int, a contracts.A
 		return err
 	}
 	s.mu.Lock()
-	s.refused[id] = true
+	s.refused[refusalHashOf(id)] = struct{}{}
 	s.mu.Unlock()
 	log.Debug("plan item refused", "message", v.Message)
 	return nil

@@ -140,11 +140,21 @@ type server struct {
 	led       *ledger.Ledger
 	started   map[string]time.Time // live allocation ID -> its run's start
 	nodeLocks map[string]*sync.Mutex
-	// refused holds the RefusalIDs in ALLOCATIONS: a plan item refused once
-	// stays refused when the plan is redelivered.
-	refused map[string]bool
+	// refused holds the RefusalIDs in ALLOCATIONS (hashed: they grow with
+	// history): a plan item refused once stays refused when the plan is
+	// redelivered.
+	refused map[refusalHash]struct{}
 	// epochs is the highest fencing epoch seen per scheduler (leases.go).
 	epochs map[string]uint64
+	// allocSeq is the ALLOCATIONS sequence up to which every ledger entry
+	// and refusal is applied (the in-order read's position); runsSeq the
+	// RUNS sequence of the last run fact fully handled. What a snapshot
+	// covers (snapshot.go).
+	allocSeq, runsSeq uint64
+	// sinceSnapshot counts the messages of both read since the last
+	// snapshot was written; snapLoaded says this term started from one.
+	sinceSnapshot int
+	snapLoaded    bool
 }
 
 func newServer(cfg Config, b *bus.Bus, log *slog.Logger) *server {
@@ -155,7 +165,7 @@ func newServer(cfg Config, b *bus.Bus, log *slog.Logger) *server {
 		led:       ledger.New(),
 		started:   map[string]time.Time{},
 		nodeLocks: map[string]*sync.Mutex{},
-		refused:   map[string]bool{},
+		refused:   map[refusalHash]struct{}{},
 		epochs:    map[string]uint64{},
 		refeed:    make(chan struct{}, 1),
 	}
@@ -181,12 +191,19 @@ func (s *server) lockNode(node string) func() {
 var allocSubjects = []string{contracts.SubjectLedgerAll, contracts.SubjectRefusedAll}
 
 func (s *server) run(ctx context.Context) error {
+	// 0. The snapshot, when there is a usable one: ALLOCATIONS and RUNS
+	// are then read only after what it covers.
+	snaps := s.startSnapshots(ctx)
+	s.mu.Lock()
+	allocStart, runsStart := s.allocSeq, s.runsSeq
+	s.mu.Unlock()
 	// 1. The ledger, recording each node's last subject sequence.
 	allocSeq, err := s.bus.Replay(ctx, bus.FollowSpec{Stream: contracts.StreamAllocations,
-		FilterSubjects: allocSubjects}, s.onLedgerMsg)
+		FilterSubjects: allocSubjects, StartSeq: allocStart + 1}, s.onAllocMsg)
 	if err != nil {
 		return fmt.Errorf("rebuild ledger: %w", err)
 	}
+	allocSeq = max(allocSeq, allocStart)
 	// 2. Inventories and lifecycle events: replayed, nothing published.
 	nodesSeq, err := s.bus.Replay(ctx, bus.FollowSpec{Stream: contracts.StreamNodes,
 		FilterSubjects: nodeSubjects}, func(ctx context.Context, m *bus.Msg) error {
@@ -203,13 +220,13 @@ func (s *server) run(ctx context.Context) error {
 	}
 	s.mu.Unlock()
 	s.log.Info("ledger and nodes rebuilt", "ledger_seq", allocSeq, "nodes_seq", nodesSeq,
-		"nodes", len(s.tracker.Nodes()), "live_allocations", live)
+		"nodes", len(s.tracker.Nodes()), "live_allocations", live, "from_snapshot", s.snapLoaded)
 
 	g, gctx := errgroup.WithContext(ctx)
 	// Entries other replicas write, and our own seen again (no-ops).
 	g.Go(func() error {
 		return s.bus.Follow(gctx, bus.FollowSpec{Stream: contracts.StreamAllocations,
-			FilterSubjects: allocSubjects, StartSeq: allocSeq + 1}, s.onLedgerMsg, nil)
+			FilterSubjects: allocSubjects, StartSeq: allocSeq + 1}, s.onAllocMsg, nil)
 	})
 	g.Go(func() error {
 		return s.bus.Follow(gctx, bus.FollowSpec{Stream: contracts.StreamNodes,
@@ -241,7 +258,7 @@ func (s *server) run(ctx context.Context) error {
 	runsCaughtUp := make(chan struct{})
 	g.Go(func() error {
 		return s.bus.Follow(gctx, bus.FollowSpec{Stream: contracts.StreamRuns,
-			FilterSubjects: []string{contracts.SubjectRunsAll}}, s.onRunMsg, func() { close(runsCaughtUp) })
+			FilterSubjects: []string{contracts.SubjectRunsAll}, StartSeq: runsStart + 1}, s.onRunFact, func() { close(runsCaughtUp) })
 	})
 	g.Go(func() error {
 		for _, c := range []chan struct{}{runsCaughtUp, leasesKnown, adminKnown} {
@@ -259,6 +276,7 @@ func (s *server) run(ctx context.Context) error {
 		s.checkLiveness(gctx)
 		s.log.Info("ready: consuming plans")
 		lg, lctx := errgroup.WithContext(gctx)
+		lg.Go(func() error { return s.runSnapshots(lctx, snaps) })
 		lg.Go(func() error { return s.livenessLoop(lctx) })
 		lg.Go(func() error {
 			return s.bus.Consume(lctx, bus.ConsumerSpec{

@@ -1,0 +1,450 @@
+package resourcemanager
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/services/resource-manager/internal/ledger"
+)
+
+// Snapshots (issue 17: restart with a million jobs in the streams ≤ 30 s).
+// The leader writes what ALLOCATIONS and RUNS made of its state to
+// contracts.BucketSnapshots now and then: the ledger (each node's last
+// sequence, the live allocations in commit order, the retired records),
+// the refusals, the start times of live runs, and the sequence of each
+// stream it covers. A new term loads it and reads each stream only after
+// the sequence covered; NODES is read whole as before (it grows with the
+// fleet, not with jobs). The streams stay the truth: a snapshot missing,
+// corrupt, truncated, of another schema, ahead of a stream or from before
+// a stream was recreated is ignored and both are read whole.
+//
+// What makes a snapshot a state the log itself leads to: everything in it
+// was applied from a stored message (the ledger applies a write only once
+// JetStream acknowledged it). ALLOCATIONS' covered sequence is the
+// position of the follow that reads the stream in order: every entry up to
+// it is applied; entries after it that the manager applied itself (its
+// own writes, catch-ups) are read again and skipped by their node's
+// sequence, as the follow skips them. RUNS' covered sequence is that of
+// the last run fact whose handling finished: a run's end is covered only
+// once its allocation's release is stored, so a crash between the fact
+// and the release leaves the fact to the next term, as a full replay
+// would.
+
+// snapshotSchema is the version of the encoding and of the rules above.
+const snapshotSchema = 1
+
+// snapshotMagic starts every snapshot's payload.
+const snapshotMagic = "gpuplane-rm-snapshot\n"
+
+// snapshotEvery is how many stream messages read since the last snapshot
+// make the next one due before its interval: at thousands of jobs a
+// second a minute's tail would be most of a restart's work.
+const snapshotEvery = 200_000
+
+// snapshotChunk is the most snapshot bytes in one KV value (the bucket's
+// values are at most contracts.MaxMessageBytes, headers included).
+const snapshotChunk = contracts.MaxMessageBytes - 4096
+
+// snapshotStreams are the streams a snapshot covers.
+var snapshotStreams = []string{contracts.StreamAllocations, contracts.StreamRuns}
+
+// snapshotHead is the value of contracts.RMSnapshotHeadKey.
+type snapshotHead struct {
+	Slot    int       `json:"slot"`
+	Chunks  int       `json:"chunks"`
+	Bytes   int       `json:"bytes"`
+	Written time.Time `json:"written"`
+}
+
+// snapshotMeta is the JSON part of a snapshot.
+type snapshotMeta struct {
+	Schema int `json:"schema"`
+	// Seqs is the last sequence covered per stream; Created each stream's
+	// creation time (RFC 3339), so one recreated since is noticed.
+	Seqs    map[string]uint64 `json:"seqs"`
+	Created map[string]string `json:"created"`
+	Ledger  ledger.State      `json:"ledger"`
+	// Started are the start times of live allocations' runs.
+	Started map[string]time.Time `json:"started"`
+	// RetiredBytes and RefusedBytes are the sizes of the binary parts
+	// that follow the JSON: the ledger's retired records, then the
+	// refusals' keys (refusalKeySize bytes each).
+	RetiredBytes int `json:"retiredBytes"`
+	RefusedBytes int `json:"refusedBytes"`
+}
+
+// snapshot is a snapshot in memory.
+type snapshot struct {
+	meta    snapshotMeta
+	refused map[refusalHash]struct{}
+}
+
+// errBadSnapshot says a snapshot cannot be decoded; errStaleSnapshot that
+// it does not fit the streams as they are.
+var (
+	errBadSnapshot   = errors.New("snapshot unreadable")
+	errStaleSnapshot = errors.New("snapshot does not fit the streams")
+)
+
+// encode writes the snapshot's payload: the magic, the SHA-256 of the
+// rest, the JSON's length (4 bytes), the JSON, the retired records, the
+// refusals' keys.
+func (sn *snapshot) encode() ([]byte, error) {
+	refused := make([]byte, 0, len(sn.refused)*refusalKeySize)
+	for k := range sn.refused {
+		refused = append(refused, k[:]...)
+	}
+	sn.meta.RetiredBytes, sn.meta.RefusedBytes = len(sn.meta.Ledger.Retired), len(refused)
+	js, err := json.Marshal(sn.meta)
+	if err != nil {
+		return nil, fmt.Errorf("encode snapshot: %w", err)
+	}
+	var body bytes.Buffer
+	body.Grow(4 + len(js) + len(sn.meta.Ledger.Retired) + len(refused))
+	body.Write(binary.BigEndian.AppendUint32(nil, uint32(len(js))))
+	body.Write(js)
+	body.Write(sn.meta.Ledger.Retired)
+	body.Write(refused)
+	sum := sha256.Sum256(body.Bytes())
+	out := make([]byte, 0, len(snapshotMagic)+len(sum)+body.Len())
+	out = append(out, snapshotMagic...)
+	out = append(out, sum[:]...)
+	return append(out, body.Bytes()...), nil
+}
+
+// decodeSnapshot reads what encode wrote; any damage is errBadSnapshot.
+func decodeSnapshot(data []byte) (*snapshot, error) {
+	rest, ok := bytes.CutPrefix(data, []byte(snapshotMagic))
+	if !ok || len(rest) < sha256.Size+4 {
+		return nil, fmt.Errorf("%w: no snapshot header", errBadSnapshot)
+	}
+	body := rest[sha256.Size:]
+	if sum := sha256.Sum256(body); !bytes.Equal(sum[:], rest[:sha256.Size]) {
+		return nil, fmt.Errorf("%w: checksum mismatch (%d bytes)", errBadSnapshot, len(body))
+	}
+	n := int(binary.BigEndian.Uint32(body[:4]))
+	if n > len(body)-4 {
+		return nil, fmt.Errorf("%w: JSON of %d bytes in %d", errBadSnapshot, n, len(body)-4)
+	}
+	sn := &snapshot{}
+	if err := json.Unmarshal(body[4:4+n], &sn.meta); err != nil {
+		return nil, fmt.Errorf("%w: %w", errBadSnapshot, err)
+	}
+	if sn.meta.Schema != snapshotSchema {
+		return nil, fmt.Errorf("%w: schema %d, want %d", errBadSnapshot, sn.meta.Schema, snapshotSchema)
+	}
+	bin := body[4+n:]
+	r, f := sn.meta.RetiredBytes, sn.meta.RefusedBytes
+	if r < 0 || f < 0 || r+f != len(bin) || f%refusalKeySize != 0 {
+		return nil, fmt.Errorf("%w: %d binary bytes, header says %d + %d", errBadSnapshot, len(bin), r, f)
+	}
+	sn.meta.Ledger.Retired = bin[:r]
+	sn.refused = make(map[refusalHash]struct{}, f/refusalKeySize)
+	for off := r; off < len(bin); off += refusalKeySize {
+		sn.refused[refusalHash(bin[off:off+refusalKeySize])] = struct{}{}
+	}
+	return sn, nil
+}
+
+// takeSnapshot copies what a snapshot keeps, under s.mu (a few tens of
+// milliseconds at a million ended jobs, once a minute at most).
+func (s *server) takeSnapshot() *snapshot {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sn := &snapshot{meta: snapshotMeta{Schema: snapshotSchema,
+		Seqs:    map[string]uint64{contracts.StreamAllocations: s.allocSeq, contracts.StreamRuns: s.runsSeq},
+		Ledger:  s.led.Export(),
+		Started: make(map[string]time.Time, len(s.started))},
+		refused: make(map[refusalHash]struct{}, len(s.refused))}
+	for k, v := range s.started {
+		sn.meta.Started[k] = v
+	}
+	for k := range s.refused {
+		sn.refused[k] = struct{}{}
+	}
+	return sn
+}
+
+// streamsNow returns each snapshot stream's creation time (RFC 3339) and
+// last sequence.
+func streamsNow(ctx context.Context, b *bus.Bus) (created map[string]string, last map[string]uint64, err error) {
+	created, last = map[string]string{}, map[string]uint64{}
+	for _, name := range snapshotStreams {
+		st, err := b.JetStream().Stream(ctx, name)
+		if err != nil {
+			return nil, nil, fmt.Errorf("stream %s: %w", name, err)
+		}
+		info := st.CachedInfo()
+		created[name] = info.Created.UTC().Format(time.RFC3339Nano)
+		last[name] = info.State.LastSeq
+	}
+	return created, last, nil
+}
+
+// snapshots is this term's snapshot writer.
+type snapshots struct {
+	kv jetstream.KeyValue
+	// created are the streams' creation times when the term started: a
+	// stream recreated since makes this term's state wrong for it, so it
+	// writes no more snapshots.
+	created map[string]string
+	// seqs are the sequences the last snapshot written or loaded covers.
+	seqs map[string]uint64
+}
+
+// loadSnapshot reads the snapshot and checks it against the streams. It
+// returns nil and why when there is none or it cannot be used.
+func (s *server) loadSnapshot(ctx context.Context, kv jetstream.KeyValue, created map[string]string, last map[string]uint64) (*snapshot, error) {
+	e, err := kv.Get(ctx, contracts.RMSnapshotHeadKey())
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, errors.New("no snapshot")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("snapshot head: %w", err)
+	}
+	var head snapshotHead
+	if err := json.Unmarshal(e.Value(), &head); err != nil || head.Slot < 0 || head.Slot > 1 || head.Chunks < 1 || head.Bytes < 0 {
+		return nil, fmt.Errorf("%w: head %q", errBadSnapshot, e.Value())
+	}
+	data := make([]byte, 0, head.Bytes)
+	for i := range head.Chunks {
+		c, err := kv.Get(ctx, contracts.RMSnapshotChunkKey(head.Slot, i))
+		if err != nil {
+			return nil, fmt.Errorf("%w: chunk %d: %w", errBadSnapshot, i, err)
+		}
+		data = append(data, c.Value()...)
+	}
+	sn, err := decodeSnapshot(data)
+	if err != nil {
+		return nil, err
+	}
+	for _, name := range snapshotStreams {
+		if sn.meta.Created[name] != created[name] {
+			return nil, fmt.Errorf("%w: stream %s was created at %s, the snapshot's at %s",
+				errStaleSnapshot, name, created[name], sn.meta.Created[name])
+		}
+		if seq := sn.meta.Seqs[name]; seq > last[name] {
+			return nil, fmt.Errorf("%w: it covers %s up to %d, the stream ends at %d", errStaleSnapshot, name, seq, last[name])
+		}
+	}
+	for _, n := range sn.meta.Ledger.Nodes {
+		if n.LastSeq > last[contracts.StreamAllocations] {
+			return nil, fmt.Errorf("%w: node %s's ledger at %d, the stream ends at %d",
+				errStaleSnapshot, n.ID, n.LastSeq, last[contracts.StreamAllocations])
+		}
+	}
+	return sn, nil
+}
+
+// startSnapshots loads the snapshot into the server, which must be fresh,
+// and returns the writer of this term's snapshots: nil when snapshots are
+// off or the streams could not be looked at (the term runs without).
+// A snapshot that cannot be used leaves the server as it was.
+func (s *server) startSnapshots(ctx context.Context) *snapshots {
+	if s.cfg.SnapshotInterval <= 0 {
+		return nil
+	}
+	kv, err := s.bus.KeyValue(ctx, contracts.BucketSnapshots)
+	if err != nil {
+		s.log.Warn("snapshots off for this term", "err", err)
+		return nil
+	}
+	created, last, err := streamsNow(ctx, s.bus)
+	if err != nil {
+		s.log.Warn("snapshots off for this term", "err", err)
+		return nil
+	}
+	w := &snapshots{kv: kv, created: created}
+	start := time.Now()
+	sn, err := s.loadSnapshot(ctx, kv, created, last)
+	if err == nil {
+		err = s.install(sn)
+	}
+	if err != nil {
+		s.log.Info("rebuilding from the streams' beginning", "why", err)
+		return w
+	}
+	w.seqs = sn.meta.Seqs
+	s.log.Info("snapshot loaded", "seqs", sn.meta.Seqs, "live_allocations", len(sn.meta.Ledger.Live),
+		"retired_allocations", len(sn.meta.Ledger.Retired)/ledger.RetiredRecordSize, "refusals", len(sn.refused),
+		"took", time.Since(start))
+	return w
+}
+
+// install makes sn the server's state.
+func (s *server) install(sn *snapshot) error {
+	led, err := ledger.FromState(sn.meta.Ledger)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errBadSnapshot, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.led, s.refused = led, sn.refused
+	s.started = make(map[string]time.Time, len(sn.meta.Started))
+	for id, t := range sn.meta.Started {
+		if _, live, _ := led.Allocation(id); live {
+			s.started[id] = t
+		}
+	}
+	s.allocSeq, s.runsSeq = sn.meta.Seqs[contracts.StreamAllocations], sn.meta.Seqs[contracts.StreamRuns]
+	s.snapLoaded = true
+	return nil
+}
+
+// errRecreated says a stream was recreated during the term.
+var errRecreated = errors.New("stream recreated during this term")
+
+// write takes a snapshot and writes it into the slot the head does not
+// name, then points the head at it; nothing when it would cover what the
+// last one did. One runs at a time (runSnapshots).
+func (w *snapshots) write(ctx context.Context, s *server) error {
+	sn := s.takeSnapshot()
+	if equalSeqs(sn.meta.Seqs, w.seqs) {
+		return nil
+	}
+	start := time.Now()
+	created, _, err := streamsNow(ctx, s.bus)
+	if err != nil {
+		return err
+	}
+	for name, c := range created {
+		if w.created[name] != c {
+			return fmt.Errorf("%w: %s", errRecreated, name)
+		}
+	}
+	sn.meta.Created = w.created
+	data, err := sn.encode()
+	if err != nil {
+		return err
+	}
+	// The slot the head names now, whoever wrote it: with several active
+	// replicas (no lease) two may write at once, and the checksum then
+	// makes the next term read the streams whole.
+	slot := 1
+	if e, err := w.kv.Get(ctx, contracts.RMSnapshotHeadKey()); err == nil {
+		var head snapshotHead
+		if json.Unmarshal(e.Value(), &head) == nil && head.Slot == 1 {
+			slot = 0
+		}
+	}
+	chunks := 0
+	for off := 0; off < len(data); off += snapshotChunk {
+		end := min(off+snapshotChunk, len(data))
+		if _, err := w.kv.Put(ctx, contracts.RMSnapshotChunkKey(slot, chunks), data[off:end]); err != nil {
+			return fmt.Errorf("chunk %d: %w", chunks, err)
+		}
+		chunks++
+	}
+	head, err := json.Marshal(snapshotHead{Slot: slot, Chunks: chunks, Bytes: len(data), Written: time.Now().UTC()})
+	if err != nil {
+		return err
+	}
+	if _, err := w.kv.Put(ctx, contracts.RMSnapshotHeadKey(), head); err != nil {
+		return fmt.Errorf("head: %w", err)
+	}
+	w.seqs = sn.meta.Seqs
+	s.mu.Lock()
+	s.sinceSnapshot = 0
+	s.mu.Unlock()
+	s.log.Info("snapshot written", "bytes", len(data), "chunks", chunks, "seqs", sn.meta.Seqs,
+		"live_allocations", len(sn.meta.Ledger.Live), "retired_allocations", len(sn.meta.Ledger.Retired)/ledger.RetiredRecordSize,
+		"refusals", len(sn.refused), "took", time.Since(start))
+	return nil
+}
+
+func equalSeqs(a, b map[string]uint64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// snapshotPoll is how often the writer looks whether a snapshot is due.
+const snapshotPoll = time.Second
+
+// runSnapshots writes a snapshot at once (the term is ready: a restart
+// soon after a long rebuild should not repeat it), then every
+// SnapshotInterval, or sooner once snapshotEvery messages were read.
+func (s *server) runSnapshots(ctx context.Context, w *snapshots) error {
+	if w == nil {
+		return nil
+	}
+	last := time.Now()
+	t := time.NewTicker(min(snapshotPoll, s.cfg.SnapshotInterval))
+	defer t.Stop()
+	for first := true; ; first = false {
+		if !first {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-t.C:
+			}
+			s.mu.Lock()
+			busy := s.sinceSnapshot >= snapshotEvery
+			s.mu.Unlock()
+			if !busy && time.Since(last) < s.cfg.SnapshotInterval {
+				continue
+			}
+		}
+		last = time.Now()
+		err := w.write(ctx, s)
+		switch {
+		case errors.Is(err, errRecreated):
+			s.log.Warn("snapshots stop for this term", "err", err)
+			return nil
+		case err != nil && ctx.Err() == nil:
+			s.log.Warn("snapshot not written; the next one will be", "err", err)
+		}
+	}
+}
+
+// refusalHash is a RefusalID's key in server.refused: the first 128 bits
+// of its SHA-256 (they grow with history; a RefusalID is ~100 bytes).
+type refusalHash [refusalKeySize]byte
+
+const refusalKeySize = 16
+
+func refusalHashOf(id string) refusalHash {
+	h := sha256.Sum256([]byte(id))
+	return refusalHash(h[:refusalKeySize])
+}
+
+// onAllocMsg is onLedgerMsg for the in-order read of ALLOCATIONS (the
+// rebuild and its follow): it also moves the position a snapshot covers.
+func (s *server) onAllocMsg(ctx context.Context, m *bus.Msg) error {
+	err := s.onLedgerMsg(ctx, m)
+	s.mu.Lock()
+	s.allocSeq = max(s.allocSeq, m.StreamSeq)
+	s.sinceSnapshot++
+	s.mu.Unlock()
+	return err
+}
+
+// onRunFact is onRunMsg for the follow of RUNS: a fact is covered once
+// handled, unless ctx ended first (its release may not be stored).
+func (s *server) onRunFact(ctx context.Context, m *bus.Msg) error {
+	err := s.onRunMsg(ctx, m)
+	if ctx.Err() != nil {
+		return err
+	}
+	s.mu.Lock()
+	s.runsSeq = max(s.runsSeq, m.StreamSeq)
+	s.sinceSnapshot++
+	s.mu.Unlock()
+	return err
+}
