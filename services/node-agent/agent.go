@@ -102,7 +102,8 @@ type agent struct {
 
 	mu       sync.Mutex
 	facts    map[string]*runFacts
-	released map[string]contracts.Reason      // allocations the ledger released, and why
+	released map[string]releaseNote           // allocations the ledger released, why and where
+	closed   closedRuns                       // allocations forgotten once closed (closed.go)
 	stops    map[string]contracts.NodeCommand // stops for allocations not started yet
 	active   map[string]*activeRun
 	runs     sync.WaitGroup // one per watched run, and per container being pulled
@@ -141,7 +142,7 @@ func newAgent(cfg Config, b *bus.Bus, log *slog.Logger) (*agent, error) {
 		cfg: cfg, bus: b, log: log, backend: cfg.Backend, runner: cfg.Runner,
 		incarnation:   newIncarnation(),
 		facts:         map[string]*runFacts{},
-		released:      map[string]contracts.Reason{},
+		released:      map[string]releaseNote{},
 		stops:         map[string]contracts.NodeCommand{},
 		active:        map[string]*activeRun{},
 		mpsChanged:    make(chan struct{}, 1),

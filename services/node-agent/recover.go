@@ -104,7 +104,9 @@ func (a *agent) resumeUnstarted(ctx context.Context) error {
 	a.mu.Unlock()
 	for _, alloc := range resume {
 		a.log.Info("resuming a container run the previous agent did not start", "allocation_id", alloc.ID, "image", alloc.Run.Image)
-		if err := a.onCommitted(ctx, alloc, false); err != nil {
+		// Not released as the rebuild read the ledger: not closed either,
+		// whatever its sequence (the highest one skips the look-up).
+		if err := a.onCommitted(ctx, alloc, false, ^uint64(0)); err != nil {
 			return err
 		}
 	}
@@ -187,7 +189,8 @@ func (a *agent) takeOver(ctx context.Context, l runner.Leftover) error {
 	}
 
 	a.mu.Lock()
-	if reason, released := a.released[id]; released {
+	if rel, released := a.released[id]; released {
+		reason := rel.reason
 		if reason == "" {
 			reason = contracts.ReasonStopRequested
 		}

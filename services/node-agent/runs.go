@@ -77,8 +77,9 @@ type stopRequest struct {
 }
 
 // rebuild reads the node's own history before any consumer runs: the run
-// facts (what was started or ended), the ledger's releases (what must
-// never start) and the stop commands (what must not start), so that
+// facts (what was started or ended), the stop commands (what must not
+// start) and the ledger's releases (what must never start; a closed
+// allocation is forgotten as its release is read, closed.go), so that
 // neither a redelivery nor the order in which the durable consumers
 // deliver can start a run twice or start a stopped one.
 func (a *agent) rebuild(ctx context.Context) error {
@@ -86,36 +87,7 @@ func (a *agent) rebuild(ctx context.Context) error {
 		return err
 	}
 	node := a.cfg.NodeID
-	err := a.feed.Replay(ctx, contracts.StreamAllocations, contracts.SubjectLedger(node), func(_ context.Context, m *bus.Msg) error {
-		if !fromResourceManager(m) {
-			// A forged release would keep a real allocation from running.
-			a.log.Warn("skipping a ledger entry not published by the resource manager",
-				"source", m.Header.Get(contracts.HeaderCESource), "stream_seq", m.StreamSeq)
-			return nil
-		}
-		var e contracts.LedgerEntry
-		if err := m.Decode(&e); err != nil {
-			a.log.Warn("skipping undecodable ledger entry", "stream_seq", m.StreamSeq, "err", err)
-			return nil
-		}
-		switch id := e.Allocation.ID; {
-		case e.Kind == contracts.LedgerReleased:
-			a.released[id] = e.Reason
-			delete(a.unstarted, id)
-		case e.Kind == contracts.LedgerCommitted && e.Allocation.Run.IsContainer() && id != "" && e.Allocation.NodeID == node:
-			// Its entry is acked before its image is pulled: a previous
-			// agent may have died pulling it, and nothing redelivers it.
-			if a.unstarted == nil {
-				a.unstarted = map[string]contracts.Allocation{}
-			}
-			a.unstarted[id] = e.Allocation
-		}
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("replay ledger: %w", err)
-	}
-	err = a.feed.Replay(ctx, contracts.StreamNodeCommands, contracts.SubjectNodeCommands(node), func(_ context.Context, m *bus.Msg) error {
+	err := a.feed.Replay(ctx, contracts.StreamNodeCommands, contracts.SubjectNodeCommands(node), func(_ context.Context, m *bus.Msg) error {
 		var c contracts.NodeCommand
 		if err := m.Decode(&c); err != nil {
 			a.log.Warn("skipping undecodable node command", "stream_seq", m.StreamSeq, "err", err)
@@ -131,6 +103,38 @@ func (a *agent) rebuild(ctx context.Context) error {
 	})
 	if err != nil {
 		return fmt.Errorf("replay node commands: %w", err)
+	}
+	err = a.feed.Replay(ctx, contracts.StreamAllocations, contracts.SubjectLedger(node), func(_ context.Context, m *bus.Msg) error {
+		if !fromResourceManager(m) {
+			// A forged release would keep a real allocation from running.
+			a.log.Warn("skipping a ledger entry not published by the resource manager",
+				"source", m.Header.Get(contracts.HeaderCESource), "stream_seq", m.StreamSeq)
+			return nil
+		}
+		var e contracts.LedgerEntry
+		if err := m.Decode(&e); err != nil {
+			a.log.Warn("skipping undecodable ledger entry", "stream_seq", m.StreamSeq, "err", err)
+			return nil
+		}
+		switch id := e.Allocation.ID; {
+		case e.Kind == contracts.LedgerReleased:
+			a.mu.Lock()
+			a.released[id] = releaseNote{reason: e.Reason, seq: m.StreamSeq}
+			delete(a.unstarted, id)
+			a.maybeClose(id) // after the commands: a closed run's stop goes too
+			a.mu.Unlock()
+		case e.Kind == contracts.LedgerCommitted && e.Allocation.Run.IsContainer() && id != "" && e.Allocation.NodeID == node:
+			// Its entry is acked before its image is pulled: a previous
+			// agent may have died pulling it, and nothing redelivers it.
+			if a.unstarted == nil {
+				a.unstarted = map[string]contracts.Allocation{}
+			}
+			a.unstarted[id] = e.Allocation
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("replay ledger: %w", err)
 	}
 	return nil
 }
@@ -171,6 +175,7 @@ func (a *agent) recordFact(ev contracts.RunEvent) {
 		f.started = &ev
 	case contracts.RunEnded:
 		f.ended = true
+		a.maybeClose(ev.AllocationID)
 	case contracts.RunCheckpointed:
 		if ev.Checkpoint != nil {
 			f.checkpoint = ev.Checkpoint.Name
@@ -217,9 +222,9 @@ func (a *agent) onLedger(ctx context.Context, m *bus.Msg) error {
 	}
 	switch e.Kind {
 	case contracts.LedgerCommitted:
-		return a.onCommitted(ctx, e.Allocation, m.NumDelivered > 1)
+		return a.onCommitted(ctx, e.Allocation, m.NumDelivered > 1, m.StreamSeq)
 	case contracts.LedgerReleased:
-		a.onReleased(e)
+		a.onReleased(e, m.StreamSeq)
 		return nil
 	default:
 		return bus.Permanent(fmt.Errorf("unknown ledger entry kind %q", e.Kind))
@@ -233,21 +238,30 @@ func (a *agent) onLedger(ctx context.Context, m *bus.Msg) error {
 // A container's run is launched by a goroutine of its own (pullAndLaunch)
 // and the entry acked at once: its image may take minutes to pull, and
 // the ledger's single worker must not hold every other run of the machine
-// (or the entry, unacked past its AckWait) for that long.
-func (a *agent) onCommitted(ctx context.Context, alloc contracts.Allocation, redelivered bool) error {
+// (or the entry, unacked past its AckWait) for that long. seq is the
+// entry's ledger sequence (closed.go).
+func (a *agent) onCommitted(ctx context.Context, alloc contracts.Allocation, redelivered bool, seq uint64) error {
 	id := alloc.ID
 	log := a.log.With("allocation_id", id)
-	if redelivered {
+	a.mu.Lock()
+	forgotten := a.mustLookUp(id, seq)
+	a.mu.Unlock()
+	if redelivered || forgotten {
 		// An earlier delivery may have published a started fact whose
-		// acknowledgement was lost: look again before deciding.
-		if err := a.replayRuns(ctx); err != nil {
-			return err
+		// acknowledgement was lost, or the allocation may be closed and
+		// forgotten: look again before deciding.
+		if err := a.lookup(ctx, id, forgotten); err != nil {
+			return fmt.Errorf("look up allocation %s: %w", id, err)
 		}
 	}
 	a.mu.Lock()
 	_, running := a.active[id]
 	stop, stopped := a.stops[id]
 	switch {
+	case a.closed.has(id):
+		a.mu.Unlock()
+		log.Debug("allocation closed (ended and released); not starting it again")
+		return nil
 	case a.facts[id] != nil:
 		a.mu.Unlock()
 		log.Debug("allocation already has run facts; not starting it again")
@@ -358,6 +372,7 @@ func (a *agent) drop(run *activeRun) {
 	a.mu.Lock()
 	if a.active[run.alloc.ID] == run {
 		delete(a.active, run.alloc.ID)
+		a.maybeClose(run.alloc.ID)
 	}
 	a.mu.Unlock()
 }
@@ -677,12 +692,15 @@ func runResult(exit runner.Exit, stop *stopRequest, run *activeRun, endedAt time
 // onReleased notes a release so the allocation never starts; a run still
 // going is stopped, since its devices are no longer its own (the usual
 // release follows the run's end and finds nothing running).
-func (a *agent) onReleased(e contracts.LedgerEntry) {
+func (a *agent) onReleased(e contracts.LedgerEntry, seq uint64) {
 	id := e.Allocation.ID
 	a.mu.Lock()
-	a.released[id] = e.Reason
+	if !a.closed.has(id) { // a redelivered release of a closed one: nothing to note
+		a.released[id] = releaseNote{reason: e.Reason, seq: seq}
+	}
 	delete(a.stops, id)
 	run := a.active[id]
+	a.maybeClose(id) // an ended run's release (the usual one) closes it
 	var proc runner.Process
 	if run != nil && run.stop == nil {
 		outcome := contracts.OutcomeFailed
@@ -712,7 +730,7 @@ func (r *activeRun) abandonPull() {
 }
 
 // onCommand handles one command of gp.cmd.node.<node>.
-func (a *agent) onCommand(_ context.Context, m *bus.Msg) error {
+func (a *agent) onCommand(ctx context.Context, m *bus.Msg) error {
 	var c contracts.NodeCommand
 	if err := m.Decode(&c); err != nil {
 		return bus.Permanent(err)
@@ -722,8 +740,7 @@ func (a *agent) onCommand(_ context.Context, m *bus.Msg) error {
 	}
 	switch c.Kind {
 	case contracts.CommandStopRun:
-		a.stopRun(c)
-		return nil
+		return a.stopRun(ctx, c)
 	case contracts.CommandCheckpointRun:
 		a.checkpointRun(c, m.ID()) // checkpoints.go
 		return nil
@@ -736,9 +753,20 @@ func (a *agent) onCommand(_ context.Context, m *bus.Msg) error {
 
 // stopRun stops a running allocation, or remembers the stop so the
 // allocation never starts (commands and the ledger are different streams:
-// the stop may come first). Idempotent.
-func (a *agent) stopRun(c contracts.NodeCommand) {
+// the stop may come first). Idempotent: the stop of an allocation closed
+// and forgotten (closed.go) is looked up in the streams of record first,
+// so that it finds the run ended rather than waiting for a start.
+func (a *agent) stopRun(ctx context.Context, c contracts.NodeCommand) error {
 	id := c.AllocationID
+	a.mu.Lock()
+	_, active := a.active[id]
+	forgotten := !active && a.closed.below > 0 && a.facts[id] == nil && !a.closed.has(id)
+	a.mu.Unlock()
+	if forgotten {
+		if err := a.lookup(ctx, id, true); err != nil {
+			return fmt.Errorf("look up allocation %s: %w", id, err)
+		}
+	}
 	grace := c.GracePeriod.D()
 	if grace <= 0 {
 		grace = a.cfg.StopGrace
@@ -762,13 +790,14 @@ func (a *agent) stopRun(c contracts.NodeCommand) {
 		} else {
 			run.abandonPull()
 		}
-	case a.facts[id] != nil:
+	case a.facts[id] != nil, a.closed.has(id):
 		a.mu.Unlock() // already ended
 	default:
 		a.stops[id] = c
 		a.mu.Unlock()
 		a.log.Info("stop for an allocation not started; it will not start", "allocation_id", id)
 	}
+	return nil
 }
 
 // shutdown stops every run when the agent stops and waits for them (at
