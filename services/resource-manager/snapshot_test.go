@@ -1,0 +1,513 @@
+package resourcemanager
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/natsserver"
+	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
+)
+
+// signals counts log records by message, for a test to wait on them.
+type signals struct {
+	mu     sync.Mutex
+	counts map[string]int
+	next   slog.Handler
+}
+
+func (h *signals) Enabled(context.Context, slog.Level) bool { return true }
+func (h *signals) Handle(ctx context.Context, r slog.Record) error {
+	h.mu.Lock()
+	h.counts[r.Message]++
+	h.mu.Unlock()
+	return nil
+}
+func (h *signals) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *signals) WithGroup(string) slog.Handler      { return h }
+
+func (h *signals) count(msg string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.counts[msg]
+}
+
+// eventually waits, bounded, for cond.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// snapEnv is a NATS server, the operator's client (playing the scheduler's
+// commits, the node agents' run facts and other replicas) and a way to
+// start resource managers on it.
+type snapEnv struct {
+	t   *testing.T
+	srv *natsserver.Server
+	op  *bus.Bus
+	rng *rand.Rand
+	// the workload's model: live allocations by ID, free GPUs per node.
+	live  map[string]contracts.Allocation
+	free  map[string][]int
+	ended []contracts.Allocation
+	next  int
+}
+
+var snapNodes = []string{"n1", "n2", "n3", "n4"}
+
+func newSnapEnv(t *testing.T, seed uint64) *snapEnv {
+	srv := natstest.Start(t)
+	ctx := t.Context()
+	op, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "operator", Logger: slog.New(slog.DiscardHandler),
+		CredsFile: natstest.Operator(t, srv)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = op.Close(context.Background()) })
+	if err := op.EnsureStreams(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e := &snapEnv{t: t, srv: srv, op: op, rng: rand.New(rand.NewPCG(seed, seed^0x5eed)),
+		live: map[string]contracts.Allocation{}, free: map[string][]int{}}
+	for _, n := range snapNodes {
+		e.free[n] = []int{0, 1, 2, 3}
+	}
+	return e
+}
+
+// rm is one running resource manager of a test.
+type rm struct {
+	s    *server
+	log  *signals
+	stop func()
+}
+
+// start runs a resource manager until it is ready (or, with wait false,
+// only starts it).
+func (e *snapEnv) start(interval time.Duration, wait bool) *rm {
+	t := e.t
+	t.Helper()
+	b, err := bus.Connect(t.Context(), bus.Config{URL: e.srv.URL(), Name: "rm", Logger: slog.New(slog.DiscardHandler),
+		CredsFile: natstest.Service(t, e.srv, contracts.BusResourceManager)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.HeartbeatTimeout = time.Hour // no heartbeats here: no node is lost
+	cfg.LeaseTTL = 0
+	cfg.SnapshotInterval = interval
+	h := &signals{counts: map[string]int{}}
+	s := newServer(cfg, b, slog.New(h))
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- s.run(ctx) }()
+	r := &rm{s: s, log: h}
+	var once sync.Once
+	r.stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+				t.Errorf("resource manager: %v", err)
+			}
+			_ = b.Close(context.Background())
+		})
+	}
+	t.Cleanup(r.stop)
+	if wait {
+		eventually(t, "ready", func() bool { return h.count("ready: consuming plans") > 0 })
+	}
+	return r
+}
+
+func (e *snapEnv) pub(subject, id string, v any) {
+	e.t.Helper()
+	if _, err := e.op.Publish(e.t.Context(), subject, id, v); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *snapEnv) entry(kind contracts.LedgerKind, a contracts.Allocation) {
+	e.pub(contracts.SubjectLedger(a.NodeID), contracts.LedgerEntryID(kind, a.ID),
+		contracts.LedgerEntry{SchemaVersion: 1, Kind: kind, Allocation: a, Time: time.Unix(int64(e.next), 0).UTC()})
+}
+
+func (e *snapEnv) fact(kind contracts.RunKind, a contracts.Allocation) {
+	ev := contracts.RunEvent{SchemaVersion: 1, Kind: kind, AllocationID: a.ID, Tenant: a.Tenant, JobID: a.JobID,
+		Attempt: a.Attempt, NodeID: a.NodeID, Devices: a.Devices, Time: time.Unix(int64(e.next), 0).UTC()}
+	if kind == contracts.RunEnded {
+		ev.Result = &contracts.RunResult{Outcome: contracts.OutcomeSucceeded}
+	}
+	e.pub(contracts.SubjectRuns(a.NodeID), contracts.RunEventID(kind, a.ID), ev)
+}
+
+// workload publishes n random steps: commits (with or without their
+// run's start), run ends whose release is left to the resource manager,
+// run ends with their release, releases before any commit, refusals,
+// double commits of a held GPU (a conflict the log holds), and old
+// entries and facts sent again.
+func (e *snapEnv) workload(n int) {
+	for range n {
+		e.next++
+		node := snapNodes[e.rng.IntN(len(snapNodes))]
+		job := fmt.Sprintf("j%05d", e.next)
+		a := contracts.Allocation{ID: contracts.AllocationID("acme", job, 1), Tenant: "acme", JobID: job, Attempt: 1, NodeID: node}
+		switch p := e.rng.IntN(100); {
+		case p < 40 && len(e.free[node]) > 0:
+			i := e.rng.IntN(len(e.free[node]))
+			g := e.free[node][i]
+			e.free[node] = append(e.free[node][:i], e.free[node][i+1:]...)
+			a.Devices = []contracts.DeviceRef{{Index: g, UUID: gpu(node, g), Model: "L4"}}
+			e.entry(contracts.LedgerCommitted, a)
+			e.live[a.ID] = a
+			if e.rng.IntN(4) > 0 {
+				e.fact(contracts.RunStarted, a)
+			}
+		case p < 75 && len(e.live) > 0:
+			ids := sortedIDs(e.live)
+			a = e.live[ids[e.rng.IntN(len(ids))]]
+			delete(e.live, a.ID)
+			g := a.Devices[0].Index
+			e.free[a.NodeID] = append(e.free[a.NodeID], g)
+			e.fact(contracts.RunEnded, a)
+			if e.rng.IntN(2) == 0 {
+				e.entry(contracts.LedgerReleased, a) // else the resource manager writes it
+			}
+			e.ended = append(e.ended, a)
+		case p < 80:
+			a.Devices = []contracts.DeviceRef{{Index: 0, UUID: gpu(node, 0), Model: "L4"}}
+			e.entry(contracts.LedgerReleased, a)
+		case p < 90:
+			plan := fmt.Sprintf("p%d", e.next)
+			e.pub(contracts.SubjectRefused("acme"), contracts.RefusalID(plan, a.ID),
+				contracts.Refusal{SchemaVersion: 1, PlanID: plan, AllocationID: a.ID, Tenant: "acme", JobID: job,
+					Attempt: 1, NodeID: node, Reason: contracts.RefusedDeviceTaken})
+		case p < 93:
+			// A second writer commits a GPU someone holds: the log is the
+			// truth, and the claim order decides who holds it.
+			g := e.rng.IntN(4)
+			a.Devices = []contracts.DeviceRef{{Index: g, UUID: gpu(node, g), Model: "L4"}}
+			e.entry(contracts.LedgerCommitted, a)
+			e.fact(contracts.RunEnded, a) // and it ends at once
+		case len(e.ended) > 0:
+			old := e.ended[e.rng.IntN(len(e.ended))]
+			e.entry(contracts.LedgerCommitted, old) // deduplicated, or a late commit
+			e.fact(contracts.RunStarted, old)
+		}
+	}
+}
+
+func sortedIDs(m map[string]contracts.Allocation) []string {
+	ids := make([]string, 0, len(m))
+	for id := range m {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// rmState is what a rebuild decides, to compare two of them.
+type rmState struct {
+	digest  [32]byte
+	refused map[refusalHash]struct{}
+	started map[string]time.Time
+	records int
+}
+
+func (r *rm) state() rmState {
+	r.s.mu.Lock()
+	defer r.s.mu.Unlock()
+	return rmState{digest: r.s.led.Digest(), refused: maps.Clone(r.s.refused), started: maps.Clone(r.s.started),
+		records: r.s.led.Records()}
+}
+
+func (a rmState) diff(b rmState) string {
+	switch {
+	case a.digest != b.digest:
+		return "ledger digests differ"
+	case !maps.Equal(a.refused, b.refused):
+		return fmt.Sprintf("refusals differ: %d and %d", len(a.refused), len(b.refused))
+	case !maps.Equal(a.started, b.started):
+		return fmt.Sprintf("run starts differ: %v and %v", a.started, b.started)
+	}
+	return ""
+}
+
+// settled waits until the server has released every allocation whose run
+// ended in the workload and read every message published so far.
+func (e *snapEnv) settled(r *rm) {
+	e.t.Helper()
+	last := func(stream string) uint64 {
+		st, err := e.op.JetStream().Stream(e.t.Context(), stream)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		return st.CachedInfo().State.LastSeq
+	}
+	eventually(e.t, "the streams read", func() bool {
+		a, runs := last(contracts.StreamAllocations), last(contracts.StreamRuns)
+		r.s.mu.Lock()
+		defer r.s.mu.Unlock()
+		return r.s.allocSeq >= a && r.s.runsSeq >= runs
+	})
+}
+
+// A rebuild from a snapshot and the streams' tail holds what a rebuild
+// from the streams' beginning holds: random workloads that go on while the
+// snapshots are written (every 20 ms, at whatever point the reads are)
+// and after the last one, with run ends whose releases a crash left
+// unwritten.
+func TestSnapshotRebuildEqualsFullReplay(t *testing.T) {
+	for seed := range uint64(3) {
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+			e := newSnapEnv(t, seed)
+			e.workload(150)
+			a := e.start(20*time.Millisecond, true)
+			e.workload(150) // while a reads and snapshots
+			eventually(t, "a snapshot", func() bool { return a.log.count("snapshot written") > 1 })
+			a.stop() // a crash: what it was doing is cut off
+			e.workload(100)
+
+			b := e.start(time.Hour, true)
+			if !b.s.snapLoaded {
+				t.Fatal("the rebuild did not start from the snapshot")
+			}
+			e.settled(b)
+			fromSnap := b.state()
+			b.stop()
+			c := e.start(0, true)
+			e.settled(c)
+			full := c.state()
+			c.stop()
+			if d := fromSnap.diff(full); d != "" {
+				t.Fatalf("rebuild from the snapshot differs from the full replay: %s", d)
+			}
+			// Ended history leaves no whole record: the ledger's are
+			// its live allocations alone.
+			if full.records > len(e.live)+len(snapNodes)*4 || fromSnap.records != full.records {
+				t.Fatalf("whole records: %d from the snapshot, %d from the log; live allocations %d", fromSnap.records,
+					full.records, len(e.live))
+			}
+		})
+	}
+}
+
+// Every snapshot that cannot be used is ignored: the rebuild reads the
+// streams whole and holds what a rebuild without snapshots holds.
+func TestUnusableSnapshotFallsBackToTheLog(t *testing.T) {
+	e := newSnapEnv(t, 7)
+	e.workload(200)
+	a := e.start(time.Hour, true)
+	e.settled(a)
+	eventually(t, "a snapshot", func() bool { return a.log.count("snapshot written") > 0 })
+	a.stop()
+	kv, err := e.op.KeyValue(t.Context(), contracts.BucketSnapshots)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	saved := map[string][]byte{}
+	keys, err := kv.Keys(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		v, err := kv.Get(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		saved[k] = v.Value()
+	}
+	var head snapshotHead
+	if err := json.Unmarshal(saved[contracts.RMSnapshotHeadKey()], &head); err != nil {
+		t.Fatal(err)
+	}
+	chunk0 := contracts.RMSnapshotChunkKey(head.Slot, 0)
+	put := func(k string, v []byte) {
+		if _, err := kv.Put(ctx, k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// rewrite decodes the snapshot, changes it and writes it back whole.
+	rewrite := func(change func(*snapshot)) {
+		var data []byte
+		for i := range head.Chunks {
+			data = append(data, saved[contracts.RMSnapshotChunkKey(head.Slot, i)]...)
+		}
+		sn, err := decodeSnapshot(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		change(sn)
+		out, err := sn.encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(out) > snapshotChunk {
+			t.Fatal("test snapshot larger than a chunk")
+		}
+		put(chunk0, out)
+		h, _ := json.Marshal(snapshotHead{Slot: head.Slot, Chunks: 1, Bytes: len(out)})
+		put(contracts.RMSnapshotHeadKey(), h)
+	}
+	ref := e.start(0, true)
+	want := ref.state()
+	ref.stop()
+	// The good snapshot is used (the cases below differ from it only by
+	// what they spoil).
+	for k, v := range saved {
+		put(k, v)
+	}
+	good := e.start(time.Hour, true)
+	if !good.s.snapLoaded {
+		t.Fatal("the good snapshot was not used")
+	}
+	if d := good.state().diff(want); d != "" {
+		t.Fatalf("rebuild from the good snapshot: %s", d)
+	}
+	good.stop()
+
+	for _, tc := range []struct {
+		name  string
+		spoil func()
+	}{
+		{"missing", func() {
+			if err := kv.Delete(ctx, contracts.RMSnapshotHeadKey()); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"head unreadable", func() { put(contracts.RMSnapshotHeadKey(), []byte("{")) }},
+		{"corrupt", func() {
+			c := append([]byte(nil), saved[chunk0]...)
+			c[len(c)/2] ^= 0xff
+			put(chunk0, c)
+		}},
+		{"truncated", func() { put(chunk0, saved[chunk0][:len(saved[chunk0])/2]) }},
+		{"chunk missing", func() {
+			h, _ := json.Marshal(snapshotHead{Slot: head.Slot, Chunks: head.Chunks + 1, Bytes: head.Bytes})
+			put(contracts.RMSnapshotHeadKey(), h)
+		}},
+		{"other schema", func() { rewrite(func(sn *snapshot) { sn.meta.Schema = snapshotSchema + 1 }) }},
+		{"ahead of a stream", func() {
+			rewrite(func(sn *snapshot) { sn.meta.Seqs[contracts.StreamRuns] += 1000 })
+		}},
+		{"node ahead of the stream", func() {
+			rewrite(func(sn *snapshot) { sn.meta.Ledger.Nodes[0].LastSeq += 1000 })
+		}},
+		{"ledger state broken", func() {
+			rewrite(func(sn *snapshot) {
+				sn.meta.Ledger.Retired = append(sn.meta.Ledger.Retired, make([]byte, 28)...)
+				sn.meta.Ledger.Retired[len(sn.meta.Ledger.Retired)-1] = 0xff // names no node
+			})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range saved {
+				put(k, v)
+			}
+			tc.spoil()
+			r := e.start(time.Hour, true)
+			defer r.stop()
+			if r.s.snapLoaded || r.log.count("rebuilding from the streams' beginning") != 1 {
+				t.Fatalf("the spoiled snapshot was used (loaded %v)", r.s.snapLoaded)
+			}
+			if d := r.state().diff(want); d != "" {
+				t.Fatalf("rebuild past a spoiled snapshot: %s", d)
+			}
+		})
+	}
+
+	t.Run("stream recreated", func(t *testing.T) {
+		for k, v := range saved {
+			put(k, v)
+		}
+		// RUNS deleted and created again with as many facts as before:
+		// the snapshot's sequences fit, but not its stream.
+		var n uint64
+		if st, err := e.op.JetStream().Stream(ctx, contracts.StreamRuns); err == nil {
+			n = st.CachedInfo().State.LastSeq
+		}
+		if err := e.op.JetStream().DeleteStream(ctx, contracts.StreamRuns); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.op.EnsureStreams(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for i := range n {
+			a := contracts.Allocation{ID: fmt.Sprintf("acme/other-%d/1", i), Tenant: "acme", JobID: "x", NodeID: "n1"}
+			e.fact(contracts.RunStarted, a)
+		}
+		ref := e.start(0, true)
+		want := ref.state()
+		ref.stop()
+		for k, v := range saved {
+			put(k, v)
+		}
+		r := e.start(time.Hour, true)
+		defer r.stop()
+		if r.s.snapLoaded {
+			t.Fatal("a snapshot of a recreated stream was used")
+		}
+		if d := r.state().diff(want); d != "" {
+			t.Fatalf("rebuild past a recreated stream: %s", d)
+		}
+	})
+}
+
+var _ jetstream.KeyValue // the bucket's client type, used through bus.KeyValue
+
+// A run's end is covered by a snapshot only once its allocation's release
+// is stored: a term cut off before (ctx ended) leaves the fact to the
+// next one, which a snapshot must not skip.
+func TestRunEndCoveredOnlyOnceReleased(t *testing.T) {
+	s, _ := writeServer(t)
+	a := alloc("ends", "n1", 0)
+	if v, err := s.commit(t.Context(), a); err != nil || !v.OK() {
+		t.Fatalf("commit = %+v, %v", v, err)
+	}
+	data, err := json.Marshal(contracts.RunEvent{SchemaVersion: 1, Kind: contracts.RunEnded, AllocationID: a.ID,
+		Tenant: a.Tenant, JobID: a.JobID, Attempt: 1, NodeID: a.NodeID, Result: &contracts.RunResult{Outcome: contracts.OutcomeSucceeded}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &bus.Msg{Stream: contracts.StreamRuns, StreamSeq: 42, Subject: contracts.SubjectRuns(a.NodeID), Data: data}
+	cut, cancel := context.WithCancel(t.Context())
+	cancel()
+	for _, tc := range []struct {
+		name      string
+		ctx       context.Context
+		live      bool
+		coveredTo uint64
+	}{
+		{"cut off before the release", cut, true, 0},
+		{"released", t.Context(), false, 42},
+	} {
+		if err := s.onRunFact(tc.ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		_, live, _ := s.allocation(a.ID)
+		s.mu.Lock()
+		covered := s.runsSeq
+		s.mu.Unlock()
+		if live != tc.live || covered != tc.coveredTo {
+			t.Fatalf("%s: live %v, RUNS covered to %d; want %v, %d", tc.name, live, covered, tc.live, tc.coveredTo)
+		}
+	}
+}
