@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,11 +26,13 @@ import (
 type readySignal struct {
 	slog.Handler
 	ch chan struct{}
+	// on is the message that closes ch; "" is the ready line.
+	on string
 }
 
 func (h readySignal) Enabled(context.Context, slog.Level) bool { return true }
 func (h readySignal) Handle(ctx context.Context, r slog.Record) error {
-	if r.Message == "ready: consuming plans" {
+	if r.Message == h.msg() {
 		select {
 		case <-h.ch:
 		default:
@@ -37,6 +40,13 @@ func (h readySignal) Handle(ctx context.Context, r slog.Record) error {
 		}
 	}
 	return nil
+}
+
+func (h readySignal) msg() string {
+	if h.on != "" {
+		return h.on
+	}
+	return "ready: consuming plans"
 }
 func (h readySignal) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h readySignal) WithGroup(string) slog.Handler      { return h }
@@ -50,6 +60,11 @@ func (h readySignal) WithGroup(string) slog.Handler      { return h }
 // 100,000 jobs (heap while it runs less the heap once it stopped; the
 // embedded server is in the same process). The resource manager reads
 // ALLOCATIONS and RUNS from their beginning (issue 17's figure to beat).
+//
+// GPUPLANE_REBUILD_MODES picks what is measured (both by default):
+// "full", a start that reads both streams whole (snapshots off), and
+// "snapshot", a start from the snapshot a first start wrote once ready
+// (that first start is not measured), reading only the tail after it.
 func BenchmarkRebuild(b *testing.B) {
 	n := 50_000
 	if v := os.Getenv("GPUPLANE_REBUILD_JOBS"); v != "" {
@@ -134,6 +149,43 @@ func BenchmarkRebuild(b *testing.B) {
 	cfg.Name = "rm-bench"
 	cfg.HeartbeatTimeout = time.Hour // no heartbeats here: no node is lost while measuring
 	cfg.LeaseTTL = 0
+	modes := []string{"full", "snapshot"}
+	if v := os.Getenv("GPUPLANE_REBUILD_MODES"); v != "" {
+		modes = strings.Split(v, ",")
+	}
+	for _, mode := range modes {
+		switch mode {
+		case "full":
+			cfg.SnapshotInterval = 0
+		case "snapshot":
+			// A first start writes the snapshot once ready.
+			cfg.SnapshotInterval = time.Hour
+			sig := readySignal{ch: make(chan struct{}), on: "snapshot written"}
+			rctx, cancel := context.WithCancel(ctx)
+			done := make(chan error, 1)
+			start := time.Now()
+			go func() { done <- resourcemanager.Run(rctx, cfg, slog.New(sig)) }()
+			select {
+			case <-sig.ch:
+			case err := <-done:
+				b.Fatalf("resource manager ended before it wrote a snapshot: %v", err)
+			}
+			b.Logf("first start and snapshot written in %s", time.Since(start).Round(time.Millisecond))
+			cancel()
+			if err := <-done; err != nil {
+				b.Fatal(err)
+			}
+		default:
+			b.Fatalf("GPUPLANE_REBUILD_MODES: unknown mode %q (full, snapshot)", mode)
+		}
+		b.Run(mode, func(b *testing.B) { measureStart(b, cfg, n) })
+	}
+}
+
+// measureStart measures b.N starts of a resource manager with cfg on
+// streams holding n jobs' histories.
+func measureStart(b *testing.B, cfg resourcemanager.Config, n int) {
+	ctx := context.Background()
 	heapNow := func() float64 {
 		runtime.GC()
 		var m runtime.MemStats
