@@ -62,7 +62,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	addr := ln.Addr().String()
 
-	in := &ingester{bus: rt.Bus, model: newMemoryModel(), nodes: newNodeModel(), log: log}
+	ret := cfg.Retention.withDefaults()
+	model := newRetainingModel(ret, time.Now, streamFetcher(rt.Bus), func(ctx context.Context, tenant string, want map[string]*contracts.JobStatus) error {
+		return tenantFetch(ctx, rt.Bus, tenant, want)
+	})
+	in := &ingester{bus: rt.Bus, model: model, nodes: newNodeModel(), log: log, snaps: newModelSnapshotter(rt.Bus, ret.SnapshotInterval, log)}
 	streams, endStreams := context.WithCancel(context.Background())
 	defer endStreams()
 	s := &server{cfg: cfg, bus: rt.Bus, model: in.model, nodes: in.nodes, ready: in.ready, adminReady: in.adminReady.Load,
@@ -78,6 +82,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	in.observe = func(st contracts.JobStatus, ev contracts.JobEvent, _ uint64) {
 		s.fleet.observeJob(st)
 		s.ops.observeJob(ev)
+		s.queues.changed()
+	}
+	in.loaded = func(st contracts.JobStatus) {
+		s.fleet.observeJob(st)
 		s.queues.changed()
 	}
 	s.limits = newTenantLimits(cfg.Limits, nil)
@@ -121,6 +129,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return in.followJobEvents(gctx) })
+	g.Go(func() error { return in.snaps.run(gctx) })
 	g.Go(func() error { return in.followUsage(gctx) })
 	g.Go(func() error { return in.followNodes(gctx) })
 	g.Go(func() error { return in.followNodeAdmin(gctx) })

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync/atomic"
+	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
@@ -28,6 +29,16 @@ type ingester struct {
 	// observe, when set, is told of every job event applied, with the
 	// job's status after it (the console's fleet and operations views).
 	observe func(st contracts.JobStatus, ev contracts.JobEvent, seq uint64)
+	// loaded, when set, is told of every job a snapshot brought whole
+	// (the fleet view learns who holds which GPU).
+	loaded func(st contracts.JobStatus)
+	// snaps, when set, loads the read model's snapshot at start and
+	// writes the next ones (readmodel_snapshot.go).
+	snaps *modelSnapshotter
+	// startSeq is the JOB_EVENTS sequence the fold started from (0: the
+	// beginning; after a snapshot: the one after it covers); folded is
+	// the last one it handled.
+	startSeq, folded atomic.Uint64
 }
 
 // ready reports whether every stream has been caught up with.
@@ -35,11 +46,48 @@ func (in *ingester) ready() bool {
 	return in.jobsReady.Load() && in.usageReady.Load() && in.nodesReady.Load()
 }
 
-// followJobEvents runs until ctx ends.
+// followJobEvents runs until ctx ends. With snapshots it starts from the
+// last usable one (readmodel_snapshot.go) and takes the next ones.
 func (in *ingester) followJobEvents(ctx context.Context) error {
-	return in.bus.Follow(ctx, bus.FollowSpec{Stream: contracts.StreamJobEvents}, in.applyJobEvent, func() {
+	start := time.Now()
+	spec := bus.FollowSpec{Stream: contracts.StreamJobEvents}
+	if in.snaps != nil {
+		if mm, ok := in.model.(*memoryModel); ok {
+			s, err := loadModelSnapshot(ctx, in.bus)
+			if err != nil {
+				in.log.Info("reading job events from the stream's beginning", "why", err)
+			} else {
+				mm.install(s)
+				spec.StartSeq = s.seq + 1
+				in.startSeq.Store(spec.StartSeq)
+				if in.loaded != nil {
+					for _, st := range s.live {
+						in.loaded(*st)
+					}
+				}
+				retired := 0
+				for _, recs := range s.retired {
+					retired += len(recs)
+				}
+				in.log.Info("read model snapshot loaded", "seq", s.seq, "live_jobs", len(s.live), "retired_jobs", retired,
+					"took", time.Since(start))
+			}
+		}
+	}
+	return in.bus.Follow(ctx, spec, func(ctx context.Context, m *bus.Msg) error {
+		err := in.applyJobEvent(ctx, m)
+		in.folded.Store(m.StreamSeq)
+		if now := time.Now(); in.snaps.due(now) {
+			if mm, ok := in.model.(*memoryModel); ok {
+				// Taken here, between two events: the copy is the fold
+				// of the stream up to this message exactly.
+				in.snaps.offer(mm.snapshot(m.StreamSeq), now)
+			}
+		}
+		return err
+	}, func() {
 		in.jobsReady.Store(true)
-		in.log.Info("job events caught up", "stream", contracts.StreamJobEvents)
+		in.log.Info("job events caught up", "stream", contracts.StreamJobEvents, "took", time.Since(start))
 	})
 }
 

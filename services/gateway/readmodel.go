@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
 )
@@ -55,12 +56,33 @@ type readModel interface {
 
 var _ readModel = (*memoryModel)(nil)
 
-// memoryModel is the in-memory readModel: rebuilt from the streams at every
-// start, lost at exit.
+// memoryModel is the in-memory readModel: rebuilt at every start from the
+// streams (or from a snapshot and the streams after it,
+// readmodel_snapshot.go), lost at exit. With a retention (retire.go) it
+// keeps ended jobs whole only for a while, then as retired records.
 type memoryModel struct {
 	mu    sync.RWMutex
 	jobs  map[string]map[string]*contracts.JobStatus  // tenant -> job ID -> status
 	usage map[string]map[string]contracts.UsageRecord // tenant -> record ID -> record
+
+	// ret is zero when every job is kept whole (no fetch).
+	ret RetentionConfig
+	now func() time.Time
+	// ended lists the ended jobs kept whole in the order they ended
+	// (from endedHead on): the next to retire first.
+	ended     []jobKey
+	endedHead int
+	// retired holds each tenant's retired jobs; retiredKeys says which
+	// jobs are retired (retiredKey).
+	retired     map[string]*retiredSet
+	retiredKeys map[uint64]struct{}
+	fetch       jobFetcher
+	cache       *statusCache
+	// tenantFetch folds many retired jobs of a tenant in one read.
+	tenantFetch func(ctx context.Context, tenant string, want map[string]*contracts.JobStatus) error
+	// fetchOne is the most retired jobs of a list fetched one by one
+	// (maxFetchOne; tests lower it).
+	fetchOne int
 }
 
 func newMemoryModel() *memoryModel {
@@ -70,10 +92,37 @@ func newMemoryModel() *memoryModel {
 	}
 }
 
+// newRetainingModel is a memoryModel that retires ended jobs after ret
+// and folds them again with fetch (one job) or many (a tenant's) when
+// asked for them.
+func newRetainingModel(ret RetentionConfig, now func() time.Time, fetch jobFetcher,
+	many func(ctx context.Context, tenant string, want map[string]*contracts.JobStatus) error) *memoryModel {
+	m := newMemoryModel()
+	m.ret, m.now, m.fetch, m.tenantFetch = ret.withDefaults(), now, fetch, many
+	m.retired, m.retiredKeys = map[string]*retiredSet{}, map[uint64]struct{}{}
+	m.cache = newStatusCache(m.ret.CachedJobs)
+	m.fetchOne = maxFetchOne
+	return m
+}
+
+// retiring reports whether the model retires ended jobs.
+func (m *memoryModel) retiring() bool { return m.fetch != nil }
+
 func (m *memoryModel) ApplyJobEvent(_ context.Context, tenant, job string, ev contracts.JobEvent, seq uint64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.retiring() {
+		// Jobs that ended a while ago leave before this event, not
+		// after: the caller reads the job it just changed (observe).
+		m.retireLocked()
+	}
 	st := m.jobs[tenant][job]
+	if st == nil && m.retiring() {
+		if _, ok := m.retiredKeys[retiredKey(tenant, job)]; ok {
+			// An ended job takes no event: as Apply would refuse it.
+			return fmt.Errorf("job %s/%s seq %d: retired: %w", tenant, job, seq, contracts.ErrTransition)
+		}
+	}
 	next := contracts.JobStatus{}
 	if st != nil {
 		next = *st
@@ -86,7 +135,50 @@ func (m *memoryModel) ApplyJobEvent(_ context.Context, tenant, job string, ev co
 		m.jobs[tenant] = map[string]*contracts.JobStatus{}
 	}
 	m.jobs[tenant][job] = &next
+	if m.retiring() && endedIndex(next.State) >= 0 {
+		m.ended = append(m.ended, jobKey{tenant, job})
+	}
 	return nil
+}
+
+// retireLocked retires the ended jobs past the retention (m.mu held).
+func (m *memoryModel) retireLocked() {
+	horizon := m.now().Add(-m.ret.RetainEnded)
+	for m.endedHead < len(m.ended) {
+		k := m.ended[m.endedHead]
+		st := m.jobs[k.tenant][k.job]
+		if st != nil && len(m.ended)-m.endedHead <= m.ret.RetainEndedMax && !st.UpdatedAt.Before(horizon) {
+			break
+		}
+		m.ended[m.endedHead] = jobKey{}
+		m.endedHead++
+		if st != nil {
+			m.retireJob(k, st)
+		}
+	}
+	// The list's head is dropped once it is half the list.
+	if m.endedHead > 1024 && m.endedHead*2 > len(m.ended) {
+		m.ended = append(m.ended[:0:0], m.ended[m.endedHead:]...)
+		m.endedHead = 0
+	}
+}
+
+// retireJob replaces the ended job k's status with its record.
+func (m *memoryModel) retireJob(k jobKey, st *contracts.JobStatus) {
+	delete(m.jobs[k.tenant], k.job)
+	if len(m.jobs[k.tenant]) == 0 {
+		delete(m.jobs, k.tenant)
+	}
+	rs := m.retired[k.tenant]
+	if rs == nil {
+		rs = &retiredSet{sorted: true}
+		m.retired[k.tenant] = rs
+	}
+	id := internID(k.job)
+	rs.add(retiredJob{sec: st.CreatedAt.Unix(), nsec: int32(st.CreatedAt.Nanosecond()), id: id, last: st.LastSeq,
+		state: uint8(endedIndex(st.State))})
+	m.retiredKeys[retiredKey(k.tenant, k.job)] = struct{}{}
+	m.cache.put(cacheKey(k.tenant, k.job), st)
 }
 
 func (m *memoryModel) ApplyUsage(_ context.Context, tenant string, rec contracts.UsageRecord) (bool, error) {
@@ -105,37 +197,184 @@ func (m *memoryModel) ApplyUsage(_ context.Context, tenant string, rec contracts
 	return true, nil
 }
 
-func (m *memoryModel) Job(_ context.Context, tenant, job string) (contracts.JobStatus, error) {
+func (m *memoryModel) Job(ctx context.Context, tenant, job string) (contracts.JobStatus, error) {
 	m.mu.RLock()
-	defer m.mu.RUnlock()
 	st, ok := m.jobs[tenant][job]
-	if !ok {
-		return contracts.JobStatus{}, fmt.Errorf("job %s/%s: %w", tenant, job, errUnknownJob)
+	retired := false
+	if !ok && m.retiring() {
+		_, retired = m.retiredKeys[retiredKey(tenant, job)]
 	}
-	return *st, nil
+	m.mu.RUnlock()
+	switch {
+	case ok:
+		return *st, nil
+	case retired:
+		return m.retiredJob(ctx, tenant, job)
+	}
+	return contracts.JobStatus{}, fmt.Errorf("job %s/%s: %w", tenant, job, errUnknownJob)
 }
 
-func (m *memoryModel) Jobs(_ context.Context, tenant string, q jobQuery) ([]contracts.JobStatus, error) {
-	m.mu.RLock()
+// retiredJob returns a retired job's status: cached, or folded again from
+// the log of record.
+func (m *memoryModel) retiredJob(ctx context.Context, tenant, job string) (contracts.JobStatus, error) {
+	key := cacheKey(tenant, job)
+	if st, ok := m.cache.get(key); ok {
+		return *st, nil
+	}
+	st, err := m.fetch(ctx, tenant, job)
+	if err != nil {
+		return contracts.JobStatus{}, fmt.Errorf("retired job: %w", err)
+	}
+	m.cache.put(key, &st)
+	return st, nil
+}
+
+// maxFetchOne is the most retired jobs of one list folded one by one
+// (direct gets); a list with more reads the tenant's events once.
+const maxFetchOne = 256
+
+func (m *memoryModel) Jobs(ctx context.Context, tenant string, q jobQuery) ([]contracts.JobStatus, error) {
 	var cursor *contracts.JobStatus
 	if q.After != "" {
-		if cursor = m.jobs[tenant][q.After]; cursor == nil {
-			m.mu.RUnlock()
-			return nil, fmt.Errorf("after %s/%s: %w", tenant, q.After, errUnknownJob)
+		st, err := m.Job(ctx, tenant, q.After)
+		if err != nil {
+			return nil, fmt.Errorf("after: %w", err)
 		}
+		cursor = &st
 	}
+	m.sortRetired(tenant)
+	m.mu.RLock()
 	out := make([]contracts.JobStatus, 0, len(m.jobs[tenant]))
 	for _, st := range m.jobs[tenant] {
 		if (q.State == contracts.StateNew || st.State == q.State) && (cursor == nil || listOrder(*cursor, *st) < 0) {
 			out = append(out, *st)
 		}
 	}
+	// The retired jobs after the cursor that match, in list order: a
+	// page's worth at most (the list takes Limit of both).
+	var refs []retiredJob
+	if rs := m.retired[tenant]; rs != nil {
+		si := endedIndex(q.State)
+		if q.State == contracts.StateNew || (si >= 0 && rs.states[si] > 0) {
+			end := len(rs.recs)
+			if cursor != nil {
+				// Records before end come after the cursor in the list.
+				end = searchRecs(rs.recs, *cursor)
+			}
+			for i := end - 1; i >= 0; i-- {
+				r := rs.recs[i]
+				if q.State == contracts.StateNew || int(r.state) == si {
+					refs = append(refs, r)
+					if q.Limit > 0 && len(refs) == q.Limit {
+						break
+					}
+				}
+			}
+		}
+	}
 	m.mu.RUnlock()
 	slices.SortFunc(out, listOrder)
-	if q.Limit > 0 && len(out) > q.Limit {
-		out = out[:q.Limit]
+	if len(refs) == 0 {
+		if q.Limit > 0 && len(out) > q.Limit {
+			out = out[:q.Limit]
+		}
+		return out, nil
 	}
-	return out, nil
+	// Merge the two lists, then fold the retired jobs the page kept.
+	merged := make([]contracts.JobStatus, 0, len(out)+len(refs))
+	var fetch []int // indexes in merged of retired jobs
+	i, j := 0, 0
+	for (q.Limit <= 0 || len(merged) < q.Limit) && (i < len(out) || j < len(refs)) {
+		if j == len(refs) || (i < len(out) && listOrderAt(&refs[j], out[i]) > 0) {
+			merged = append(merged, out[i])
+			i++
+			continue
+		}
+		fetch = append(fetch, len(merged))
+		merged = append(merged, contracts.JobStatus{Tenant: tenant, JobID: refs[j].id})
+		j++
+	}
+	if err := m.fillRetired(ctx, tenant, merged, fetch); err != nil {
+		return nil, err
+	}
+	return merged, nil
+}
+
+// searchRecs returns the index of the first record (in store order) that
+// is not after cursor in the list order: those before it are.
+func searchRecs(recs []retiredJob, cursor contracts.JobStatus) int {
+	lo, hi := 0, len(recs)
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if listOrderAt(&recs[mid], cursor) > 0 {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	return lo
+}
+
+// sortRetired puts a tenant's retired records in list order if an append
+// left them out of it.
+func (m *memoryModel) sortRetired(tenant string) {
+	if !m.retiring() {
+		return
+	}
+	m.mu.RLock()
+	rs := m.retired[tenant]
+	sorted := rs == nil || rs.sorted
+	m.mu.RUnlock()
+	if sorted {
+		return
+	}
+	m.mu.Lock()
+	if !rs.sorted {
+		slices.SortFunc(rs.recs, storeOrder)
+		rs.sorted = true
+	}
+	m.mu.Unlock()
+}
+
+// fillRetired replaces the jobs at idx in page with their statuses, from
+// the cache or the log of record.
+func (m *memoryModel) fillRetired(ctx context.Context, tenant string, page []contracts.JobStatus, idx []int) error {
+	want := map[string]*contracts.JobStatus{}
+	for _, i := range idx {
+		if st, ok := m.cache.get(cacheKey(tenant, page[i].JobID)); ok {
+			page[i] = *st
+			continue
+		}
+		want[page[i].JobID] = &contracts.JobStatus{}
+	}
+	if len(want) > m.fetchOne && m.tenantFetch != nil {
+		if err := m.tenantFetch(ctx, tenant, want); err != nil {
+			return err
+		}
+	} else {
+		for id, st := range want {
+			got, err := m.fetch(ctx, tenant, id)
+			if err != nil {
+				return fmt.Errorf("retired job: %w", err)
+			}
+			*st = got
+		}
+	}
+	for _, i := range idx {
+		st, ok := want[page[i].JobID]
+		if !ok {
+			continue
+		}
+		if st.State == contracts.StateNew {
+			// Not errUnknownJob: that would say the cursor is unknown.
+			return fmt.Errorf("retired job %s/%s has no event left in %s", tenant, page[i].JobID, contracts.StreamJobEvents)
+		}
+		page[i] = *st
+		if len(want) <= m.ret.CachedJobs/4 {
+			m.cache.put(cacheKey(tenant, st.JobID), st)
+		}
+	}
+	return nil
 }
 
 // listOrder is the order of a job list: newest first, ties by ID.

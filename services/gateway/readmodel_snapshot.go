@@ -1,0 +1,474 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+)
+
+// Snapshots of the read model (issue 17: the gateway's restart with a
+// million jobs in JOB_EVENTS ≤ 30 s). The ingester copies the model now
+// and then (every Retention.SnapshotInterval, or after snapshotEvery
+// events) at the JOB_EVENTS sequence it has folded, and a goroutine of
+// its own encodes the copy and writes it to BucketSnapshots in chunks,
+// into the slot the head does not name, then switches the head. A
+// starting gateway loads it, installs it and follows JOB_EVENTS from the
+// sequence after the one it covers. The stream stays the truth: a
+// snapshot that is missing, corrupt (its SHA-256 is in the head and at
+// its end), truncated, of another schema, ahead of the stream or from
+// another life of the stream (created, first sequence) is ignored and the
+// stream is read whole (TestUnusableReadModelSnapshotFallsBackToTheLog).
+// Every replica writes the same keys: the model is a pure fold of the
+// stream, so any replica's snapshot is every replica's; two replicas
+// writing at once may spoil a slot, which the checksum then refuses.
+
+// snapshotEvery is how many job events folded since the last snapshot make
+// the next one due before its interval.
+const snapshotEvery = 200_000
+
+// snapshotChunk is the most snapshot bytes in one KV value (the bucket's
+// values are at most contracts.MaxMessageBytes, headers included).
+const snapshotChunk = contracts.MaxMessageBytes - 4096
+
+// snapshotMagic starts every encoded snapshot; its version changes with
+// the encoding (another version is ignored).
+const snapshotMagic = "gpuplane gateway read model 1\n"
+
+// modelSnap is a copy of the read model at JOB_EVENTS sequence seq.
+type modelSnap struct {
+	seq uint64
+	// created and first identify the stream's life the snapshot is of:
+	// its creation time (RFC 3339) and first sequence.
+	created string
+	first   uint64
+	live    []*contracts.JobStatus
+	retired map[string][]retiredJob // tenant -> records in store order
+}
+
+// snapshotHeadValue is the value of contracts.GatewaySnapshotHeadKey.
+type snapshotHeadValue struct {
+	Slot    int       `json:"slot"`
+	Chunks  int       `json:"chunks"`
+	Bytes   int       `json:"bytes"`
+	SHA256  string    `json:"sha256"`
+	Seq     uint64    `json:"seq"`
+	Live    int       `json:"live"`
+	Retired int       `json:"retired"`
+	Written time.Time `json:"written"`
+}
+
+// snapshot copies the model. Statuses are never changed in place (Apply
+// works on a copy), so the copy shares them; the retired records are
+// copied.
+func (m *memoryModel) snapshot(seq uint64) *modelSnap {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	s := &modelSnap{seq: seq, retired: make(map[string][]retiredJob, len(m.retired))}
+	for _, jobs := range m.jobs {
+		for _, st := range jobs {
+			s.live = append(s.live, st)
+		}
+	}
+	for tenant, rs := range m.retired {
+		recs := slices.Clone(rs.recs)
+		if !rs.sorted {
+			slices.SortFunc(recs, storeOrder)
+		}
+		s.retired[tenant] = recs
+	}
+	return s
+}
+
+// install replaces the model's jobs with the snapshot's. Ended jobs kept
+// whole retire in the order they ended: that of their last event.
+func (m *memoryModel) install(s *modelSnap) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.jobs = map[string]map[string]*contracts.JobStatus{}
+	m.ended, m.endedHead = nil, 0
+	m.retired, m.retiredKeys = map[string]*retiredSet{}, map[uint64]struct{}{}
+	var ended []*contracts.JobStatus
+	for _, st := range s.live {
+		if m.jobs[st.Tenant] == nil {
+			m.jobs[st.Tenant] = map[string]*contracts.JobStatus{}
+		}
+		m.jobs[st.Tenant][st.JobID] = st
+		if endedIndex(st.State) >= 0 {
+			ended = append(ended, st)
+		}
+	}
+	slices.SortFunc(ended, func(a, b *contracts.JobStatus) int { return cmpUint(a.LastSeq, b.LastSeq) })
+	for _, st := range ended {
+		m.ended = append(m.ended, jobKey{st.Tenant, st.JobID})
+	}
+	for tenant, recs := range s.retired {
+		rs := &retiredSet{recs: recs, sorted: true}
+		for _, r := range recs {
+			rs.states[r.state]++
+			m.retiredKeys[retiredKey(tenant, r.id)] = struct{}{}
+		}
+		m.retired[tenant] = rs
+	}
+}
+
+func cmpUint(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// counts returns the jobs kept whole and the retired ones (tests, logs).
+func (m *memoryModel) counts() (live, retired int) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	for _, jobs := range m.jobs {
+		live += len(jobs)
+	}
+	return live, len(m.retiredKeys)
+}
+
+// encode writes s: the magic, the sequences, each live status as JSON,
+// each tenant's retired records in binary, and the SHA-256 of all that.
+func (s *modelSnap) encode() ([]byte, error) {
+	var buf bytes.Buffer
+	buf.Grow(64 + len(s.live)*700 + len(s.retired)*64)
+	var tmp [binary.MaxVarintLen64]byte
+	uv := func(v uint64) { buf.Write(tmp[:binary.PutUvarint(tmp[:], v)]) }
+	str := func(v string) { uv(uint64(len(v))); buf.WriteString(v) }
+	buf.WriteString(snapshotMagic)
+	uv(s.seq)
+	uv(s.first)
+	str(s.created)
+	uv(uint64(len(s.live)))
+	for _, st := range s.live {
+		data, err := json.Marshal(st)
+		if err != nil {
+			return nil, fmt.Errorf("job %s/%s: %w", st.Tenant, st.JobID, err)
+		}
+		uv(uint64(len(data)))
+		buf.Write(data)
+	}
+	tenants := slices.Sorted(maps.Keys(s.retired))
+	uv(uint64(len(tenants)))
+	for _, t := range tenants {
+		str(t)
+		recs := s.retired[t]
+		uv(uint64(len(recs)))
+		for _, r := range recs {
+			buf.Write(tmp[:binary.PutVarint(tmp[:], r.sec)])
+			uv(uint64(r.nsec))
+			buf.WriteByte(r.state)
+			uv(r.last)
+			str(r.id)
+		}
+	}
+	sum := sha256.Sum256(buf.Bytes())
+	buf.Write(sum[:])
+	return buf.Bytes(), nil
+}
+
+// errBadSnapshot says a snapshot cannot be decoded.
+var errBadSnapshot = errors.New("unusable read model snapshot")
+
+// decodeModelSnap is encode's inverse; any damage is an errBadSnapshot.
+func decodeModelSnap(data []byte) (*modelSnap, error) {
+	if len(data) < len(snapshotMagic)+sha256.Size || string(data[:len(snapshotMagic)]) != snapshotMagic {
+		return nil, fmt.Errorf("%w: not a snapshot of this version", errBadSnapshot)
+	}
+	body := data[:len(data)-sha256.Size]
+	if sum := sha256.Sum256(body); !bytes.Equal(sum[:], data[len(body):]) {
+		return nil, fmt.Errorf("%w: checksum mismatch", errBadSnapshot)
+	}
+	r := bufio.NewReader(bytes.NewReader(body[len(snapshotMagic):]))
+	var err error
+	uv := func() uint64 {
+		if err != nil {
+			return 0
+		}
+		var v uint64
+		v, err = binary.ReadUvarint(r)
+		return v
+	}
+	bytesN := func() []byte {
+		n := uv()
+		if err != nil {
+			return nil
+		}
+		if n > uint64(len(body)) {
+			err = io.ErrUnexpectedEOF
+			return nil
+		}
+		b := make([]byte, n)
+		_, err = io.ReadFull(r, b)
+		return b
+	}
+	s := &modelSnap{retired: map[string][]retiredJob{}}
+	s.seq, s.first = uv(), uv()
+	s.created = string(bytesN())
+	nLive := uv()
+	for i := uint64(0); i < nLive && err == nil; i++ {
+		data := bytesN()
+		if err != nil {
+			break
+		}
+		st := &contracts.JobStatus{}
+		if err = json.Unmarshal(data, st); err == nil && (st.Tenant == "" || st.JobID == "") {
+			err = errors.New("a status without tenant or job")
+		}
+		s.live = append(s.live, st)
+	}
+	nTenants := uv()
+	for i := uint64(0); i < nTenants && err == nil; i++ {
+		tenant := string(bytesN())
+		n := uv()
+		if err == nil && n > uint64(len(body)) {
+			err = io.ErrUnexpectedEOF
+		}
+		if err != nil {
+			break
+		}
+		recs := make([]retiredJob, 0, n)
+		for j := uint64(0); j < n && err == nil; j++ {
+			var rec retiredJob
+			if rec.sec, err = binary.ReadVarint(r); err != nil {
+				break
+			}
+			rec.nsec = int32(uv())
+			var b byte
+			if err == nil {
+				b, err = r.ReadByte()
+			}
+			rec.state = b
+			rec.last = uv()
+			rec.id = string(bytesN())
+			if err == nil && (int(rec.state) >= len(endedStates) || rec.nsec < 0 || rec.nsec >= 1e9 || rec.id == "") {
+				err = errors.New("a retired record out of range")
+			}
+			recs = append(recs, rec)
+		}
+		if err == nil && !slices.IsSortedFunc(recs, storeOrder) {
+			err = errors.New("retired records out of order")
+		}
+		s.retired[tenant] = recs
+	}
+	if err == nil && r.Buffered() > 0 {
+		err = errors.New("trailing bytes")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errBadSnapshot, err)
+	}
+	return s, nil
+}
+
+// modelSnapshotter writes the snapshots the ingester takes, one at a
+// time, never holding up the ingester: a snapshot taken while the last is
+// being written is dropped (the next one comes).
+type modelSnapshotter struct {
+	bus      *bus.Bus
+	log      *slog.Logger
+	interval time.Duration
+	// pending takes the next snapshot to write (capacity 1).
+	pending chan *modelSnap
+	// taken and since are the ingester's: when the last snapshot was
+	// taken, and events folded since.
+	taken time.Time
+	since int
+	// written, if set, is called after each snapshot is written (tests).
+	written func(snapshotHeadValue)
+}
+
+func newModelSnapshotter(b *bus.Bus, interval time.Duration, log *slog.Logger) *modelSnapshotter {
+	return &modelSnapshotter{bus: b, log: log, interval: interval, pending: make(chan *modelSnap, 1), taken: time.Now()}
+}
+
+// due reports whether a snapshot should be taken now (the ingester's
+// goroutine calls it after each event folded).
+func (sn *modelSnapshotter) due(now time.Time) bool {
+	if sn == nil || sn.interval < 0 {
+		return false
+	}
+	sn.since++
+	return sn.since >= snapshotEvery || now.Sub(sn.taken) >= sn.interval
+}
+
+// offer hands s to the writer, or drops it when one is being written.
+func (sn *modelSnapshotter) offer(s *modelSnap, now time.Time) {
+	sn.taken, sn.since = now, 0
+	select {
+	case sn.pending <- s:
+	default:
+	}
+}
+
+// run writes the snapshots offered until ctx ends.
+func (sn *modelSnapshotter) run(ctx context.Context) error {
+	if sn == nil || sn.interval < 0 {
+		return nil
+	}
+	var kv jetstream.KeyValue
+	for {
+		var s *modelSnap
+		select {
+		case <-ctx.Done():
+			return nil
+		case s = <-sn.pending:
+		}
+		if kv == nil {
+			var err error
+			if kv, err = sn.bus.KeyValue(ctx, contracts.BucketSnapshots); err != nil {
+				sn.log.Warn("read model snapshot not written", "err", err)
+				continue
+			}
+		}
+		if err := sn.write(ctx, kv, s); err != nil && ctx.Err() == nil {
+			sn.log.Warn("read model snapshot not written; the next one will be", "err", err)
+		}
+	}
+}
+
+// streamLife returns JOB_EVENTS' creation time (RFC 3339), first and last
+// sequence.
+func streamLife(ctx context.Context, b *bus.Bus) (created string, first, last uint64, err error) {
+	st, err := b.JetStream().Stream(ctx, contracts.StreamJobEvents)
+	if err != nil {
+		return "", 0, 0, fmt.Errorf("stream %s: %w", contracts.StreamJobEvents, err)
+	}
+	info := st.CachedInfo()
+	return info.Created.UTC().Format(time.RFC3339Nano), info.State.FirstSeq, info.State.LastSeq, nil
+}
+
+// write encodes s into the slot the head does not name, then switches the
+// head (only if no one switched it meanwhile).
+func (sn *modelSnapshotter) write(ctx context.Context, kv jetstream.KeyValue, s *modelSnap) error {
+	start := time.Now()
+	created, first, _, err := streamLife(ctx, sn.bus)
+	if err != nil {
+		return err
+	}
+	s.created, s.first = created, first
+	var head snapshotHeadValue
+	var rev uint64
+	switch e, err := kv.Get(ctx, contracts.GatewaySnapshotHeadKey()); {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		head.Slot = 1 // the first snapshot goes to slot 0
+	case err != nil:
+		return fmt.Errorf("head: %w", err)
+	default:
+		rev = e.Revision()
+		if json.Unmarshal(e.Value(), &head) != nil {
+			head.Slot = 1
+		}
+		if head.Seq >= s.seq && head.Seq > 0 {
+			return nil // another replica got as far
+		}
+	}
+	data, err := s.encode()
+	if err != nil {
+		return err
+	}
+	slot, chunks := 1-head.Slot&1, 0
+	for off := 0; off < len(data); off += snapshotChunk {
+		end := min(off+snapshotChunk, len(data))
+		if _, err := kv.Put(ctx, contracts.GatewaySnapshotChunkKey(slot, chunks), data[off:end]); err != nil {
+			return fmt.Errorf("chunk %d: %w", chunks, err)
+		}
+		chunks++
+	}
+	retired := 0
+	for _, recs := range s.retired {
+		retired += len(recs)
+	}
+	sum := sha256.Sum256(data)
+	next := snapshotHeadValue{Slot: slot, Chunks: chunks, Bytes: len(data), SHA256: fmt.Sprintf("%x", sum),
+		Seq: s.seq, Live: len(s.live), Retired: retired, Written: time.Now().UTC()}
+	value, err := json.Marshal(next)
+	if err != nil {
+		return err
+	}
+	if rev == 0 {
+		_, err = kv.Create(ctx, contracts.GatewaySnapshotHeadKey(), value)
+	} else {
+		_, err = kv.Update(ctx, contracts.GatewaySnapshotHeadKey(), value, rev)
+	}
+	if err != nil {
+		return fmt.Errorf("head (another replica may have written one): %w", err)
+	}
+	sn.log.Info("read model snapshot written", "seq", s.seq, "bytes", len(data), "chunks", chunks, "live_jobs", len(s.live),
+		"retired_jobs", retired, "took", time.Since(start))
+	if sn.written != nil {
+		sn.written(next)
+	}
+	return nil
+}
+
+// loadModelSnapshot reads the snapshot and checks it against JOB_EVENTS
+// as it is; an error says why it cannot be used (the stream is then read
+// from its beginning).
+func loadModelSnapshot(ctx context.Context, b *bus.Bus) (*modelSnap, error) {
+	kv, err := b.KeyValue(ctx, contracts.BucketSnapshots)
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", contracts.BucketSnapshots, err)
+	}
+	e, err := kv.Get(ctx, contracts.GatewaySnapshotHeadKey())
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, errors.New("no snapshot")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("snapshot head: %w", err)
+	}
+	var head snapshotHeadValue
+	if err := json.Unmarshal(e.Value(), &head); err != nil || head.Slot < 0 || head.Slot > 1 || head.Chunks < 1 ||
+		head.Bytes < 1 || head.Bytes > head.Chunks*snapshotChunk {
+		return nil, fmt.Errorf("%w: head %q", errBadSnapshot, e.Value())
+	}
+	data := make([]byte, 0, head.Bytes)
+	for i := range head.Chunks {
+		c, err := kv.Get(ctx, contracts.GatewaySnapshotChunkKey(head.Slot, i))
+		if err != nil {
+			return nil, fmt.Errorf("%w: chunk %d: %w", errBadSnapshot, i, err)
+		}
+		data = append(data, c.Value()...)
+	}
+	if sum := sha256.Sum256(data); fmt.Sprintf("%x", sum) != head.SHA256 {
+		return nil, fmt.Errorf("%w: chunks do not match the head's checksum", errBadSnapshot)
+	}
+	s, err := decodeModelSnap(data)
+	if err != nil {
+		return nil, err
+	}
+	created, first, last, err := streamLife(ctx, b)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case s.created != created:
+		return nil, fmt.Errorf("%w: %s was created at %s, the snapshot's at %s", errStaleModelSnap, contracts.StreamJobEvents, created, s.created)
+	case s.first != first:
+		return nil, fmt.Errorf("%w: %s starts at %d, the snapshot's at %d", errStaleModelSnap, contracts.StreamJobEvents, first, s.first)
+	case s.seq > last:
+		return nil, fmt.Errorf("%w: it covers %s up to %d, the stream ends at %d", errStaleModelSnap, contracts.StreamJobEvents, s.seq, last)
+	}
+	return s, nil
+}
+
+// errStaleModelSnap says a snapshot does not fit the stream as it is.
+var errStaleModelSnap = errors.New("read model snapshot does not fit the stream")

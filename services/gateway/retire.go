@@ -1,0 +1,291 @@
+package gateway
+
+import (
+	"cmp"
+	"container/list"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"hash/maphash"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+)
+
+// Retention of ended jobs (issue 17: bounded memory, nothing grows with
+// history). The read model keeps a job whole while it is open and for a
+// while after it ended (RetainEnded, at most RetainEndedMax ended jobs);
+// then it retires it: what stays in memory is a record of what a list
+// needs to place and filter it (created-at, ID, state, last sequence,
+// about 70 bytes with its index entry), and the job's status is folded
+// again from its own subject of JOB_EVENTS when asked for (behind a
+// bounded cache). A job's ended state accepts no event, so a retired
+// record never changes, and the answers of Job and Jobs are the same
+// before and after retirement (TestRetiredJobsAnswerAsBefore).
+
+// RetentionConfig says how long the read model keeps ended jobs whole.
+// Zero fields take the defaults of DefaultRetentionConfig.
+type RetentionConfig struct {
+	// RetainEnded is how long after its end (by the ending event's time)
+	// a job stays whole in memory; RetainEndedMax is the most ended jobs
+	// kept whole.
+	RetainEnded    time.Duration
+	RetainEndedMax int
+	// CachedJobs bounds the statuses of retired jobs kept after a read.
+	CachedJobs int
+	// SnapshotInterval is how often the read model is written to
+	// BucketSnapshots (readmodel_snapshot.go); negative: never.
+	SnapshotInterval time.Duration
+}
+
+// DefaultRetentionConfig keeps ended jobs whole for 10 minutes, at most
+// 20,000 of them (as the scheduler does), and 10,000 retired statuses.
+func DefaultRetentionConfig() RetentionConfig {
+	return RetentionConfig{RetainEnded: 10 * time.Minute, RetainEndedMax: 20_000, CachedJobs: 10_000, SnapshotInterval: time.Minute}
+}
+
+func (c RetentionConfig) withDefaults() RetentionConfig {
+	d := DefaultRetentionConfig()
+	c.RetainEnded = cmp.Or(c.RetainEnded, d.RetainEnded)
+	c.RetainEndedMax = cmp.Or(c.RetainEndedMax, d.RetainEndedMax)
+	c.CachedJobs = cmp.Or(c.CachedJobs, d.CachedJobs)
+	c.SnapshotInterval = cmp.Or(c.SnapshotInterval, d.SnapshotInterval)
+	return c
+}
+
+// endedStates are the states a job never leaves (contracts' state
+// machine has no transition out of them): the only ones retired.
+var endedStates = []contracts.JobState{contracts.StateSucceeded, contracts.StateFailed, contracts.StateCancelled,
+	contracts.StateRejected}
+
+func endedIndex(s contracts.JobState) int {
+	for i, e := range endedStates {
+		if e == s {
+			return i
+		}
+	}
+	return -1
+}
+
+// retiredJob is what stays of a retired job: its place in the list order
+// (created-at, ID), its state and the sequence of its last event.
+type retiredJob struct {
+	sec   int64
+	last  uint64
+	id    string
+	nsec  int32
+	state uint8 // index in endedStates
+}
+
+func (r *retiredJob) createdAt() time.Time { return time.Unix(r.sec, int64(r.nsec)).UTC() }
+
+// listOrderAt is listOrder on a retired record and a status.
+func listOrderAt(r *retiredJob, b contracts.JobStatus) int {
+	if c := b.CreatedAt.Compare(r.createdAt()); c != 0 {
+		return c
+	}
+	return cmp.Compare(r.id, b.JobID)
+}
+
+// retiredSet holds a tenant's retired jobs, oldest first (the list
+// order reversed: jobs retire mostly in the order they were created, so
+// they are mostly appended in order).
+type retiredSet struct {
+	recs []retiredJob
+	// sorted is false after an append out of order; the next list sorts.
+	sorted bool
+	states [4]int // how many retired jobs are in each endedStates
+}
+
+// storeOrder is the order of retiredSet.recs: the list order reversed.
+func storeOrder(a, b retiredJob) int {
+	if c := cmp.Compare(a.sec, b.sec); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.nsec, b.nsec); c != 0 {
+		return c
+	}
+	return cmp.Compare(b.id, a.id)
+}
+
+func (rs *retiredSet) add(r retiredJob) {
+	if n := len(rs.recs); n > 0 && storeOrder(rs.recs[n-1], r) > 0 {
+		rs.sorted = false
+	}
+	rs.recs = append(rs.recs, r)
+	rs.states[r.state]++
+}
+
+var keySeed = maphash.MakeSeed()
+
+// retiredKey is a retired job's entry in the model's set of them: 64 bits
+// of a hash of tenant and ID (a collision among a million jobs is about
+// one chance in 10^7; it would make a new job's events be ignored as a
+// retired one's, as the scheduler's 64-bit records would).
+func retiredKey(tenant, job string) uint64 {
+	var h maphash.Hash
+	h.SetSeed(keySeed)
+	_, _ = h.WriteString(tenant)
+	_ = h.WriteByte('/')
+	_, _ = h.WriteString(job)
+	return h.Sum64()
+}
+
+// jobFetcher folds one job's events from the log of record.
+type jobFetcher func(ctx context.Context, tenant, job string) (contracts.JobStatus, error)
+
+// statusCache is a bounded LRU of retired jobs' statuses.
+type statusCache struct {
+	mu    sync.Mutex
+	max   int
+	ll    *list.List
+	items map[string]*list.Element
+}
+
+type cacheEntry struct {
+	key string
+	st  *contracts.JobStatus
+}
+
+func newStatusCache(max int) *statusCache {
+	return &statusCache{max: max, ll: list.New(), items: map[string]*list.Element{}}
+}
+
+func (c *statusCache) get(key string) (*contracts.JobStatus, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.items[key]
+	if !ok {
+		return nil, false
+	}
+	c.ll.MoveToFront(e)
+	return e.Value.(*cacheEntry).st, true
+}
+
+func (c *statusCache) put(key string, st *contracts.JobStatus) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.items[key]; ok {
+		e.Value.(*cacheEntry).st = st
+		c.ll.MoveToFront(e)
+		return
+	}
+	c.items[key] = c.ll.PushFront(&cacheEntry{key: key, st: st})
+	for c.ll.Len() > c.max {
+		e := c.ll.Back()
+		c.ll.Remove(e)
+		delete(c.items, e.Value.(*cacheEntry).key)
+	}
+}
+
+func (c *statusCache) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ll.Len()
+}
+
+// streamFetcher folds a job's status from its subject of JOB_EVENTS with
+// direct gets (the next message of the subject from a sequence), the way
+// the ingester folds it: the same events, the same checks, the same
+// state machine, so the same status.
+func streamFetcher(b *bus.Bus) jobFetcher {
+	var (
+		mu     sync.Mutex
+		stream jetstream.Stream
+	)
+	return func(ctx context.Context, tenant, job string) (contracts.JobStatus, error) {
+		mu.Lock()
+		s := stream
+		mu.Unlock()
+		if s == nil {
+			var err error
+			if s, err = b.JetStream().Stream(ctx, contracts.StreamJobEvents); err != nil {
+				return contracts.JobStatus{}, fmt.Errorf("stream %s: %w", contracts.StreamJobEvents, err)
+			}
+			mu.Lock()
+			stream = s
+			mu.Unlock()
+		}
+		subject := contracts.SubjectJobEvents(tenant, job)
+		var st contracts.JobStatus
+		for seq := uint64(1); ; {
+			raw, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				break
+			}
+			if err != nil {
+				return contracts.JobStatus{}, fmt.Errorf("job %s/%s from seq %d: %w", tenant, job, seq, err)
+			}
+			foldJobEvent(&st, tenant, job, &bus.Msg{Stream: contracts.StreamJobEvents, Subject: raw.Subject,
+				StreamSeq: raw.Sequence, Data: raw.Data, Header: raw.Header})
+			seq = raw.Sequence + 1
+		}
+		if st.State == contracts.StateNew {
+			return st, fmt.Errorf("job %s/%s: %w", tenant, job, errUnknownJob)
+		}
+		return st, nil
+	}
+}
+
+// foldJobEvent applies m to st as the ingester does (applyJobEvent):
+// a message it would skip or the state machine refuses changes nothing.
+func foldJobEvent(st *contracts.JobStatus, tenant, job string, m *bus.Msg) {
+	var ev contracts.JobEvent
+	if m.Decode(&ev) != nil || ev.Tenant != tenant || ev.JobID != job {
+		return
+	}
+	next := *st
+	if next.Apply(ev, m.StreamSeq) == nil {
+		*st = next
+	}
+}
+
+// tenantFetch folds every job of want from one read of the tenant's
+// subjects: a page with more retired jobs than this costs one read of
+// the tenant's events rather than a direct get per event.
+func tenantFetch(ctx context.Context, b *bus.Bus, tenant string, want map[string]*contracts.JobStatus) error {
+	spec := bus.FollowSpec{Stream: contracts.StreamJobEvents, FilterSubjects: []string{contracts.SubjectTenantJobEvents(tenant)}}
+	_, err := b.Replay(ctx, spec, func(_ context.Context, m *bus.Msg) error {
+		job := contracts.Token(m.Subject, 4)
+		if st, ok := want[job]; ok {
+			foldJobEvent(st, tenant, job, m)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("tenant %s's job events: %w", tenant, err)
+	}
+	return nil
+}
+
+// cacheKey is a job's key in the status cache.
+func cacheKey(tenant, job string) string { return tenant + "/" + job }
+
+// internID copies s out of the buffer it was decoded from, so that a
+// retired record does not keep a whole event's bytes alive.
+func internID(s string) string { return strings.Clone(s) }
+
+func (c *RetentionConfig) registerFlags(fs *flag.FlagSet) {
+	fs.DurationVar(&c.RetainEnded, "retain-ended", c.RetainEnded, "how long an ended job stays whole in the read model before it is retired (read again from JOB_EVENTS when asked for)")
+	fs.IntVar(&c.RetainEndedMax, "retain-ended-max", c.RetainEndedMax, "most ended jobs kept whole in the read model")
+	fs.IntVar(&c.CachedJobs, "retired-cache", c.CachedJobs, "retired jobs' statuses cached after a read")
+	fs.DurationVar(&c.SnapshotInterval, "snapshot-interval", c.SnapshotInterval, "how often the read model is written to the gp-snapshots bucket (negative: never)")
+}
+
+// validate reports every negative size.
+func (c RetentionConfig) validate() error {
+	var errs []error
+	if c.RetainEnded < 0 {
+		errs = append(errs, fmt.Errorf("retain ended is %s; want > 0 (0: the default)", c.RetainEnded))
+	}
+	if c.RetainEndedMax < 0 || c.CachedJobs < 0 {
+		errs = append(errs, fmt.Errorf("retain ended max %d and retired cache %d; want > 0 (0: the default)", c.RetainEndedMax, c.CachedJobs))
+	}
+	return errors.Join(errs...)
+}
