@@ -569,9 +569,17 @@ func (b *Book) Add(res Reservation) { b.res = append(b.res, res) }
 // Reservations returns the reservations added, in order.
 func (b *Book) Reservations() []Reservation { return slices.Clone(b.res) }
 
-// Drop forgets the reservation of key (its job is being decided again).
-func (b *Book) Drop(key string) {
+// All returns the reservations added, in order, without a copy: the
+// caller must not modify the slice or keep it past the next Add or Drop
+// (a cycle reads it once per job).
+func (b *Book) All() []Reservation { return b.res }
+
+// Drop forgets the reservation of key (its job is being decided again)
+// and reports whether there was one.
+func (b *Book) Drop(key string) bool {
+	n := len(b.res)
 	b.res = slices.DeleteFunc(b.res, func(r Reservation) bool { return r.Key == key })
+	return len(b.res) != n
 }
 
 // Len is how many reservations the book holds.

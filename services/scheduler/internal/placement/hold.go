@@ -109,7 +109,10 @@ func (p *Placer) placeHeld(r *Request, tolerated bool) (Part, bool) {
 			ord, ok := slices.BinarySearchFunc(p.nodes, id, func(n nodeState, id string) int {
 				return strings.Compare(n.src.ID, id)
 			})
-			if !ok || !p.poolOK(r, p.nodes[ord].pool) {
+			// Outside r's pool FitNode refuses the node anyway; asking the
+			// pool's verdict would tell the caller of a quota r never needs
+			// (and that a search skipped by the failure memo never asks).
+			if !ok || (r.Pool != "" && p.nodes[ord].src.Pool != r.Pool) || !p.poolOK(r, p.nodes[ord].pool) {
 				continue
 			}
 			n := p.current(int32(ord))

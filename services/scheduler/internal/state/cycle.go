@@ -56,7 +56,7 @@ func (s *Store) Cycle() CycleResult {
 	}
 	var (
 		hits       []hit
-		misses     []miss
+		misses     = make([]miss, 0, s.queue.Len())
 		preemptors []miss
 		ahead      = s.newAhead()
 		resv       = s.carriedReservations()
@@ -91,6 +91,7 @@ func (s *Store) Cycle() CycleResult {
 		items = append(items, fairshare.Item{Key: j.key, Tenant: j.Tenant, Priority: j.Request.Priority, Seq: j.seq,
 			Usage: usageOf(j.Request)})
 	}
+	var reservedForJob func(j *Job, expected time.Duration) (map[string]placement.Hold, string)
 	binds := func(j *Job) func(backfill.Reservation) bool {
 		return func(res backfill.Reservation) bool {
 			if fresh[res.Key] {
@@ -100,14 +101,37 @@ func (s *Store) Cycle() CycleResult {
 			return rj != nil && rj.Request != nil && rj.Request.Priority.Rank() >= j.Request.Priority.Rank()
 		}
 	}
+	// reservedFor's answers by (priority rank, expected run time): they
+	// depend on nothing else about the job. resvGen names the state they
+	// were computed on; it moves whenever a reservation is made or
+	// dropped, or a job that may hold one ends (binds reads its request).
+	type resvAsk struct {
+		gen, rank int
+		expected  time.Duration
+	}
+	type resvAnswer struct {
+		holds map[string]placement.Hold
+		key   string
+	}
+	resvGen := 0
+	resvMemo := map[resvAsk]resvAnswer{}
 	reservedFor := func(j *Job, expected time.Duration) (map[string]placement.Hold, string) {
+		ask := resvAsk{gen: resvGen, rank: j.Request.Priority.Rank(), expected: expected}
+		if a, ok := resvMemo[ask]; ok && !s.exhaustive {
+			return a.holds, a.key
+		}
+		m, k := reservedForJob(j, expected)
+		resvMemo[ask] = resvAnswer{m, k}
+		return m, k
+	}
+	reservedForJob = func(j *Job, expected time.Duration) (map[string]placement.Hold, string) {
 		applies := binds(j)
 		var key strings.Builder
 		// The generation: a key names one version of each reservation,
 		// for placement's explanations too.
 		key.WriteString(strconv.Itoa(holdsGen))
 		key.WriteByte(':')
-		for _, res := range resv.Reservations() {
+		for _, res := range resv.All() {
 			if backfill.Delays(res, now, expected) && applies(res) {
 				key.WriteString(res.Key)
 				key.WriteByte(',')
@@ -136,11 +160,13 @@ func (s *Store) Cycle() CycleResult {
 		}
 		if t := j.Request.PlacementTimeout.D(); t > 0 && !j.queuedAt.IsZero() && now.Sub(j.queuedAt) > t {
 			s.timeOut(j, t)
+			resvGen++
 			continue
 		}
 		switch v, why := s.dependencies(j); v {
 		case depFailed:
 			s.failDependent(j, why)
+			resvGen++
 			continue
 		case depWaiting:
 			s.setPending(j, why)
@@ -185,7 +211,9 @@ func (s *Store) Cycle() CycleResult {
 			}
 			return v.OK
 		}
-		resv.Drop(j.key) // its own reservation of an earlier cycle: decided again now
+		if resv.Drop(j.key) { // its own reservation of an earlier cycle: decided again now
+			resvGen++
+		}
 		if resv.Len() > 0 {
 			r.Reserved, r.ExcludeKey = reservedFor(j, expectedRunTime(j.Request))
 		}
@@ -240,6 +268,7 @@ func (s *Store) Cycle() CycleResult {
 					fresh[j.key] = true
 					clear(holds)
 					holdsGen++
+					resvGen++
 					reserved++
 					pend.Message += "; " + res.Message
 				}
