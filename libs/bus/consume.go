@@ -2,7 +2,6 @@ package bus
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	segjson "github.com/segmentio/encoding/json"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -34,9 +34,16 @@ type Msg struct {
 	raw          jetstream.Msg
 }
 
-// Decode unmarshals the body into v.
+// Decode unmarshals the body into v. It decodes with
+// github.com/segmentio/encoding/json, which reads what encoding/json
+// writes and fills v as encoding/json would (field names matched without
+// regard to case, unknown fields ignored, the types' own UnmarshalJSON and
+// UnmarshalText used), at about a third of its CPU and half its
+// allocations: decoding was the largest single cost of every follower in
+// a burst (issue 17). decode_compat_test.go holds it to encoding/json on
+// every message type of the contracts.
 func (m *Msg) Decode(v any) error {
-	if err := json.Unmarshal(m.Data, v); err != nil {
+	if err := segjson.Unmarshal(m.Data, v); err != nil {
 		return fmt.Errorf("decode %s seq %d: %w", m.Subject, m.StreamSeq, err)
 	}
 	return nil
