@@ -27,12 +27,18 @@ func (s *server) onLedgerMsg(_ context.Context, m *bus.Msg) error {
 		return nil
 	}
 	node := contracts.Token(m.Subject, 3)
-	var e contracts.LedgerEntry
-	if err := m.Decode(&e); err != nil {
+	// Only what the ledger applies (kind and allocation): a rebuild
+	// decodes every entry, and a release's run result is not needed.
+	var le struct {
+		Kind       contracts.LedgerKind `json:"kind"`
+		Allocation contracts.Allocation `json:"allocation"`
+	}
+	if err := m.Decode(&le); err != nil {
 		s.msgLog(m, node).Error("undecodable ledger entry skipped", "err", err)
 		s.advance(node, m.StreamSeq)
 		return nil
 	}
+	e := contracts.LedgerEntry{Kind: le.Kind, Allocation: le.Allocation}
 	if e.Allocation.NodeID != node {
 		s.msgLog(m, node).Error("ledger entry for another node skipped", "entry_node_id", e.Allocation.NodeID, "alloc_id", e.Allocation.ID)
 		s.advance(node, m.StreamSeq)

@@ -17,7 +17,7 @@ import (
 // skipped is retried until ctx ends.
 func (s *server) onRunMsg(ctx context.Context, m *bus.Msg) error {
 	node := contracts.Token(m.Subject, 2)
-	var ev contracts.RunEvent
+	var ev runFact
 	if err := m.Decode(&ev); err != nil {
 		s.msgLog(m, node).Warn("undecodable run event skipped", "err", err)
 		return nil
@@ -58,6 +58,16 @@ func (s *server) onRunMsg(ctx context.Context, m *bus.Msg) error {
 		s.retry(ctx, "release", func() error { return s.release(ctx, ev.AllocationID, reason, ev.Result) })
 	}
 	return nil
+}
+
+// runFact is what the manager reads of a contracts.RunEvent: a rebuild
+// decodes every run fact, and the devices, names and process details it
+// also carries are not needed (decoding was most of a rebuild's time).
+type runFact struct {
+	Kind         contracts.RunKind    `json:"kind"`
+	AllocationID string               `json:"allocationId"`
+	Time         time.Time            `json:"time"`
+	Result       *contracts.RunResult `json:"result,omitempty"`
 }
 
 func (s *server) allocation(id string) (contracts.Allocation, bool, bool) {
