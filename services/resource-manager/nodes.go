@@ -91,15 +91,15 @@ func (s *server) catchUpNode(ctx context.Context, node string) error {
 // back (returned, or registered for a new incarnation).
 func (s *server) onHeartbeatMsg(ctx context.Context, m *bus.Msg) error {
 	node := contracts.Token(m.Subject, 2)
-	var hb contracts.Heartbeat
-	if err := m.Decode(&hb); err != nil {
-		s.log.Warn("undecodable heartbeat skipped", "subject", m.Subject, "err", err)
+	incarnation, err := heartbeatIncarnation(m.Data)
+	if err != nil {
+		s.log.Warn("undecodable heartbeat skipped", "subject", m.Subject, "stream_seq", m.StreamSeq, "err", err)
 		return nil
 	}
 	s.lifeMu.Lock()
 	defer s.lifeMu.Unlock()
 	s.hbSeq = max(s.hbSeq, m.StreamSeq)
-	if d, owed := s.tracker.Heartbeat(node, hb.Incarnation, m.StreamSeq, s.cfg.Now()); owed {
+	if d, owed := s.tracker.Heartbeat(node, incarnation, m.StreamSeq, s.cfg.Now()); owed {
 		s.publishLifecycle(ctx, d)
 	}
 	return nil
