@@ -33,6 +33,16 @@ const (
 // must still be idempotent on their own keys: a redelivery can come later.
 const DuplicateWindow = 2 * time.Minute
 
+// SampleDuplicateWindow is the shorter window of HEARTBEATS and TELEMETRY.
+// JetStream keeps every message ID of a stream for its window, and an
+// agent sends a heartbeat every 2 s and a telemetry batch every second:
+// at 10,000 machines two minutes of their IDs are 1.8 million entries, at
+// about 170 bytes each in the NATS server's heap (its profile in
+// BenchmarkScale) some 300 MB (issue 17). An agent retries a
+// heartbeat within its interval, a telemetry batch within seconds; one
+// stored twice after the window is one more sign of life or sample.
+const SampleDuplicateWindow = 30 * time.Second
+
 // MaxMessageBytes bounds every message body a service accepts. Larger
 // bodies are rejected with ReasonTooLarge before decoding.
 const MaxMessageBytes = 64 * 1024
@@ -115,6 +125,10 @@ func Streams(o StreamOptions) []jetstream.StreamConfig {
 		c.DenyPurge = true
 		return c
 	}
+	samples := func(c jetstream.StreamConfig) jetstream.StreamConfig {
+		c.Duplicates = SampleDuplicateWindow
+		return c
+	}
 	return []jetstream.StreamConfig{
 		evidence(record(StreamJobs, "job requests and cancel requests, per tenant", SubjectSubmitAll, SubjectCancelAll)),
 		record(StreamJobEvents, "job lifecycle events, per tenant and job", SubjectJobEventsAll),
@@ -122,8 +136,8 @@ func Streams(o StreamOptions) []jetstream.StreamConfig {
 		evidence(record(StreamAllocations, "allocation ledger (per-node CAS) and refused plan items", SubjectAllocAll)),
 		record(StreamRuns, "run facts reported by node agents", SubjectRunsAll),
 		aging(StreamNodes, "node inventory, lifecycle and GPU health", 7*24*time.Hour, 1000, SubjectNodesAll),
-		aging(StreamHeartbeats, "node agent heartbeats, the last few per node", time.Hour, 3, SubjectHeartbeatAll),
-		aging(StreamTelemetry, "per-machine GPU telemetry batches, 1 s", o.TelemetryMaxAge, -1, SubjectTelemetryAll),
+		samples(aging(StreamHeartbeats, "node agent heartbeats, the last few per node", time.Hour, 3, SubjectHeartbeatAll)),
+		samples(aging(StreamTelemetry, "per-machine GPU telemetry batches, 1 s", o.TelemetryMaxAge, -1, SubjectTelemetryAll)),
 		aging(StreamNodeCommands, "commands for node agents", 7*24*time.Hour, -1, SubjectNodeCommandsAll),
 		aging(StreamOps, "pending demand, scale decisions, machine events and alerts", 7*24*time.Hour, -1, SubjectDemandAll, SubjectScaleAll, SubjectMachinesAll, SubjectAlertsAll),
 		evidence(record(StreamUsage, "metered usage records, per tenant", SubjectUsageAll)),
