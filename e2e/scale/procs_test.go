@@ -51,6 +51,7 @@ func serveNATS(dir string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
+	serveHeapProfiles(dir)
 	fmt.Printf("%s http://%s\n", srv.URL(), srv.MonitorAddr())
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	srv.Shutdown()

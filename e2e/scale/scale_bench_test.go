@@ -194,6 +194,7 @@ func runScale(b *testing.B, cfg scaleConfig) {
 			p.scan()
 		}
 		j, _ := srv.jsz()
+		srv.heapProfile()
 		mem.add(label, tr, procs, j)
 		// As it goes too: a long run's growth shows before its end.
 		if len(mem.rows) == 1 {
@@ -263,6 +264,9 @@ func runScale(b *testing.B, cfg scaleConfig) {
 		}
 	}
 	b.Logf("memory over time (RSS MB / live heap MB after the last GC):\n%s", mem.String())
+	if ss, err := srv.streams(); err == nil {
+		b.Logf("streams at the end (the NATS server's heap profile at each memory row: nats-heap-<row>.pprof in the kept directory):\n%s", streamTable(ss))
+	}
 	b.ReportMetric(float64(cfg.machines), "machines")
 	b.ReportMetric(registered.Seconds(), "registered-s")
 	b.ReportMetric(float64(s.scheduled), "scheduled")
