@@ -153,7 +153,7 @@ func (a *agent) takeOver(ctx context.Context, l runner.Leftover) error {
 		go func() {
 			defer a.runs.Done()
 			exit := l.Proc.Wait()
-			a.finish(ctx, a.shipper(alloc, info), id, exit.Code, true)
+			a.finish(ctx, a.shipper(alloc, info, nil), id, exit.Code, true)
 		}()
 		return nil
 	}

@@ -556,7 +556,7 @@ func (a *agent) watch(ctx context.Context, run *activeRun) {
 	id := run.alloc.ID
 	log := a.log.With("allocation_id", id)
 	info := run.proc.Info()
-	ship := a.shipper(run.alloc, info)
+	ship := a.shipper(run.alloc, info, run.proc)
 	flush := func(ctx context.Context) {
 		if ship != nil {
 			if err := ship.Flush(ctx); err != nil && ctx.Err() == nil {
@@ -643,11 +643,16 @@ func (a *agent) finish(ctx context.Context, ship *logship.Shipper, id string, ex
 }
 
 // shipper ships a run's log, nil when it has none the agent can read.
-func (a *agent) shipper(alloc contracts.Allocation, info runner.Info) *logship.Shipper {
+// proc, when it holds its log itself (a simulated run's, in memory until
+// it ends: logship.Source), is read instead of the file.
+func (a *agent) shipper(alloc contracts.Allocation, info runner.Info, proc any) *logship.Shipper {
 	if info.LogPath == "" {
 		return nil
 	}
 	run := logship.Run{AllocationID: alloc.ID, Tenant: alloc.Tenant, JobID: alloc.JobID, Attempt: alloc.Attempt, NodeID: a.cfg.NodeID}
+	if src, ok := proc.(logship.Source); ok && info.Simulated {
+		return logship.NewVolatileSource(a.bus, run, src, a.cfg.Now)
+	}
 	if info.Simulated {
 		// It dies with this agent: no later one resumes its shipping.
 		return logship.NewVolatile(a.bus, run, info.LogPath, a.cfg.Now)

@@ -303,13 +303,16 @@ func checkpointRun(t *testing.T, b *testBus, a contracts.Allocation, seq int) {
 
 func TestCheckpointRoundTrip(t *testing.T) {
 	for name, c := range map[string]struct {
-		spec     contracts.RunSpec
-		ready    string // the log says so once the run handles SIGUSR1
+		spec contracts.RunSpec
+		// ready: the log says so once the run handles SIGUSR1; "" for
+		// a simulated run, which handles it once started and writes its
+		// log file only when it ends.
+		ready    string
 		restored func(ckpt string) string
 	}{
 		"command": {contracts.RunSpec{Command: []string{"sh", "-c", checkpointScript}, Checkpoint: true}, "resumed at 0\n",
 			func(ckpt string) string { return "resumed at " + strings.TrimPrefix(ckpt, "step-") + "\n" }},
-		"simulated": {contracts.RunSpec{Duration: contracts.Duration(time.Hour), Checkpoint: true}, "simulated run",
+		"simulated": {contracts.RunSpec{Duration: contracts.Duration(time.Hour), Checkpoint: true}, "",
 			func(ckpt string) string { return "restored from " + ckpt + " at " }},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -360,6 +363,10 @@ func TestCheckpointRoundTrip(t *testing.T) {
 			a2.Attempt, a2.ID = 2, contracts.AllocationID(a.Tenant, a.JobID, 2)
 			ledger(t, b, contracts.LedgerCommitted, a2, "")
 			killGroupAtEnd(t, waitStarted(t, runs, a2.ID).PID)
+			if c.ready == "" { // a simulated run's log is on disk once it ended
+				stopRun(t, b, a2, time.Second)
+				waitEnded(t, runs, a2.ID)
+			}
 			eventually(t, "the next attempt to restore", func() bool {
 				out, _ := os.ReadFile(runner.LogPath(cfg.LogDir, a2.ID))
 				return strings.Contains(string(out), c.restored(ck.Name))

@@ -71,6 +71,7 @@ type Shipper struct {
 	run      Run
 	path     string
 	markPath string // "" for a volatile shipper
+	src      Source // where a volatile shipper reads, nil: the file at path
 	now      func() time.Time
 	mark     mark
 }
@@ -108,6 +109,20 @@ func NewVolatile(pub Publisher, run Run, path string, now func() time.Time) *Shi
 	return &Shipper{pub: pub, run: run, path: path, now: now}
 }
 
+// Source is a log held somewhere else than a file: a simulated run keeps
+// its few lines in memory and writes its file only when it ends.
+type Source interface {
+	io.ReaderAt
+	// Size is how many bytes the log holds now.
+	Size() int64
+}
+
+// NewVolatileSource is NewVolatile for a log read from src instead of a
+// file: no stat, no open, no read of the disk at any flush.
+func NewVolatileSource(pub Publisher, run Run, src Source, now func() time.Time) *Shipper {
+	return &Shipper{pub: pub, run: run, src: src, now: now}
+}
+
 // Reset forgets what was shipped of the log at path: for a log that was
 // started afresh (a new launch truncates it), where an old record would
 // make a shipper skip output.
@@ -139,19 +154,31 @@ func (s *Shipper) ship(ctx context.Context, final bool, exitCode int) error {
 		return nil
 	}
 	if !final && s.mark.Pending == 0 && !s.mark.PendingEOF {
-		// A run that wrote nothing since the last flush (most ticks of
-		// most runs) costs one stat: no open, no read, no buffer.
-		fi, err := os.Stat(s.path)
-		if errors.Is(err, fs.ErrNotExist) || (err == nil && fi.Size() <= s.mark.Offset) {
-			return nil
+		if s.src != nil {
+			if s.src.Size() <= s.mark.Offset {
+				return nil
+			}
+		} else {
+			// A run that wrote nothing since the last flush (most ticks
+			// of most runs) costs one stat: no open, no read, no buffer.
+			fi, err := os.Stat(s.path)
+			if errors.Is(err, fs.ErrNotExist) || (err == nil && fi.Size() <= s.mark.Offset) {
+				return nil
+			}
 		}
 	}
-	f, err := os.Open(s.path)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("open log: %w", err)
-	}
-	if f != nil {
-		defer f.Close()
+	var f io.ReaderAt
+	if s.src != nil {
+		f = s.src
+	} else {
+		file, err := os.Open(s.path)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("open log: %w", err)
+		}
+		if file != nil {
+			defer file.Close()
+			f = file
+		}
 	}
 	bp := bufs.Get().(*[]byte)
 	defer bufs.Put(bp)
@@ -241,7 +268,7 @@ func (s *Shipper) save() error {
 
 // readAt reads up to len(buf) bytes of f at off; a missing file (nil f)
 // reads as empty.
-func readAt(f *os.File, buf []byte, off int64) ([]byte, error) {
+func readAt(f io.ReaderAt, buf []byte, off int64) ([]byte, error) {
 	if f == nil {
 		return buf[:0], nil
 	}

@@ -33,7 +33,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -205,15 +204,8 @@ func (r *Local) Launch(ctx context.Context, l Launch) (Process, error) {
 	}
 	if simulated(l) {
 		p, err := startSim(l, logPath)
-		if errors.Is(err, fs.ErrNotExist) {
-			// LogDir went away since it was made: make it again.
-			r.logDirMade.Store(false)
-			if err = r.makeLogDir(); err == nil {
-				p, err = startSim(l, logPath)
-			}
-		}
 		if err != nil {
-			return nil, fmt.Errorf("%w: log file: %w", ErrLaunch, err)
+			return nil, fmt.Errorf("%w: %w", ErrLaunch, err)
 		}
 		return p, nil
 	}

@@ -1,7 +1,10 @@
 package runner
 
 import (
+	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
@@ -31,17 +34,25 @@ type simProc struct {
 	restored time.Duration
 	ckpt     sync.Mutex // one checkpoint at a time: each takes the next name
 
-	mu   sync.Mutex // guards exit and the log file
+	mu   sync.Mutex // guards exit, out and the log file
 	exit Exit
 	// ended is set once the run ended: it writes no more output.
 	ended bool
+	// out is the run's whole output, kept in memory: a simulated run's
+	// output is a few lines, the agent ships it from here (ReadAt, Size),
+	// and it is written to logPath only when the run ends. A start then
+	// costs no file at all: creating one per run was most of a burst's
+	// start cost in the kernel (~360 µs of CPU per create with a hundred
+	// agents creating at once, issue 17). A run that dies with its agent
+	// leaves no log on disk, as it leaves nothing to resume (its shipping
+	// is volatile: logship.NewVolatile).
+	out []byte
 }
 
-// startSim starts a simulated run whose output goes to logPath. The file
-// is written whole at once (created, its first lines, closed) and opened
-// again only for a later line (a checkpoint): a run holds no descriptor
-// while it waits, which a fleet of thousands of simulated machines, each
-// with a run per GPU, would otherwise run out of.
+// startSim starts a simulated run whose output goes to logPath once it
+// ends (out until then): a run holds no file and no descriptor while it
+// waits, which a fleet of thousands of simulated machines, each with a run
+// per GPU, would otherwise pay for at every start.
 func startSim(l Launch, logPath string) (*simProc, error) {
 	total := max(l.Spec.Duration.D(), 0)
 	p := &simProc{done: make(chan struct{}), stop: make(chan struct{}), total: total,
@@ -56,9 +67,7 @@ func startSim(l Launch, logPath string) (*simProc, error) {
 			out = fmt.Appendf(out, "restored from %s at %s: %s to go\n", p.info.RestoredFrom, p.restored, total-p.restored)
 		}
 	}
-	if err := os.WriteFile(logPath, out, 0o644); err != nil {
-		return nil, err
-	}
+	p.out = out
 	p.started = time.Now()
 	p.timer = time.NewTimer(total - p.restored)
 	go func() {
@@ -73,6 +82,7 @@ func startSim(l Launch, logPath string) (*simProc, error) {
 		p.mu.Lock()
 		p.exit = exit
 		p.ended = true
+		p.writeLog()
 		p.mu.Unlock()
 		close(p.done)
 	}()
@@ -94,12 +104,39 @@ func (p *simProc) logf(format string, args ...any) {
 	if p.ended {
 		return
 	}
-	f, err := os.OpenFile(p.info.LogPath, os.O_WRONLY|os.O_APPEND, 0)
-	if err != nil {
-		return // the log is the run's output, never a reason for it to fail
+	p.out = fmt.Appendf(p.out, format+"\n", args...)
+}
+
+// writeLog writes the run's output to its log file, making the log
+// directory again if it went away; p.mu must be held. The log is the
+// run's output, never a reason for it to fail: an error is dropped.
+func (p *simProc) writeLog() {
+	err := os.WriteFile(p.info.LogPath, p.out, 0o644)
+	if errors.Is(err, fs.ErrNotExist) && os.MkdirAll(filepath.Dir(p.info.LogPath), 0o755) == nil {
+		_ = os.WriteFile(p.info.LogPath, p.out, 0o644)
 	}
-	_, _ = fmt.Fprintf(f, format+"\n", args...)
-	_ = f.Close()
+}
+
+// ReadAt reads the run's output from off, as a file would
+// (logship.Source).
+func (p *simProc) ReadAt(b []byte, off int64) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if off >= int64(len(p.out)) {
+		return 0, io.EOF
+	}
+	n := copy(b, p.out[off:])
+	if n < len(b) {
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+// Size is how many bytes of output the run wrote so far (logship.Source).
+func (p *simProc) Size() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return int64(len(p.out))
 }
 
 func (p *simProc) Wait() Exit {
