@@ -334,6 +334,14 @@ func (h *fleetHub) snapshot(v fleetView) []contracts.FleetNode {
 	return out
 }
 
+// noteTenant adds a tenant a job event named (a read model snapshot's
+// tenants whose jobs are all retired: no status of theirs is observed).
+func (h *fleetHub) noteTenant(t string) {
+	h.dmu.Lock()
+	h.tenants[t] = struct{}{}
+	h.dmu.Unlock()
+}
+
 // knownTenants returns every tenant a job event named, sorted.
 func (h *fleetHub) knownTenants() []string {
 	h.dmu.RLock()

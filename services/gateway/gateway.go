@@ -88,6 +88,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		s.fleet.observeJob(st)
 		s.queues.changed()
 	}
+	in.loadedTenant = s.fleet.noteTenant
+	in.loadedOps = s.ops.observeJob
 	s.limits = newTenantLimits(cfg.Limits, nil)
 	if cfg.AdminTokenFile != "" {
 		if err := bootstrapAdmin(ctx, rt.Bus, cfg.AdminTokenFile); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -30,8 +31,15 @@ type ingester struct {
 	// job's status after it (the console's fleet and operations views).
 	observe func(st contracts.JobStatus, ev contracts.JobEvent, seq uint64)
 	// loaded, when set, is told of every job a snapshot brought whole
-	// (the fleet view learns who holds which GPU).
-	loaded func(st contracts.JobStatus)
+	// (the fleet view learns who holds which GPU), of every tenant it
+	// named, and of the ops view's job events it kept.
+	loaded       func(st contracts.JobStatus)
+	loadedTenant func(tenant string)
+	loadedOps    func(ev contracts.JobEvent)
+	// opsEvents are the last opsRingSize job events of the ops view
+	// (migrations, preemptions), kept for the snapshot: a start from it
+	// shows the ops view what a start from the log would.
+	opsEvents []contracts.JobEvent
 	// snaps, when set, loads the read model's snapshot at start and
 	// writes the next ones (readmodel_snapshot.go).
 	snaps *modelSnapshotter
@@ -60,11 +68,8 @@ func (in *ingester) followJobEvents(ctx context.Context) error {
 				mm.install(s)
 				spec.StartSeq = s.seq + 1
 				in.startSeq.Store(spec.StartSeq)
-				if in.loaded != nil {
-					for _, st := range s.live {
-						in.loaded(*st)
-					}
-				}
+				in.opsEvents = s.ops
+				in.tellLoaded(s)
 				retired := 0
 				for _, recs := range s.retired {
 					retired += len(recs)
@@ -81,7 +86,9 @@ func (in *ingester) followJobEvents(ctx context.Context) error {
 			if mm, ok := in.model.(*memoryModel); ok {
 				// Taken here, between two events: the copy is the fold
 				// of the stream up to this message exactly.
-				in.snaps.offer(mm.snapshot(m.StreamSeq), now)
+				s := mm.snapshot(m.StreamSeq)
+				s.ops = slices.Clone(in.opsEvents)
+				in.snaps.offer(s, now)
 			}
 		}
 		return err
@@ -119,6 +126,12 @@ func (in *ingester) applyJobEvent(ctx context.Context, m *bus.Msg) error {
 	err := in.model.ApplyJobEvent(ctx, tenant, job, ev, m.StreamSeq)
 	switch {
 	case err == nil:
+		if _, _, ok := opsKind(ev); ok && in.snaps != nil {
+			if len(in.opsEvents) == opsRingSize {
+				in.opsEvents = slices.Delete(in.opsEvents, 0, 1)
+			}
+			in.opsEvents = append(in.opsEvents, ev)
+		}
 		if in.observe != nil {
 			if st, err := in.model.Job(ctx, tenant, job); err == nil {
 				in.observe(st, ev, m.StreamSeq)
@@ -164,4 +177,24 @@ func (in *ingester) applyUsage(ctx context.Context, m *bus.Msg) error {
 		log().Warn("usage record not applied", "tenant", tenant, "err", err)
 	}
 	return nil
+}
+
+// tellLoaded tells the views fed by the job events what a snapshot holds,
+// as a fold of the same events would have.
+func (in *ingester) tellLoaded(s *modelSnap) {
+	if in.loaded != nil {
+		for _, st := range s.live {
+			in.loaded(*st)
+		}
+	}
+	if in.loadedTenant != nil {
+		for t := range s.retired {
+			in.loadedTenant(t)
+		}
+	}
+	if in.loadedOps != nil {
+		for _, ev := range s.ops {
+			in.loadedOps(ev)
+		}
+	}
 }

@@ -103,16 +103,23 @@ func (h *opsHub) subscribe(after uint64) ([]opsItem, *opsSub, func()) {
 	}
 }
 
-// observeJob takes a migration or preemption from the job events.
-func (h *opsHub) observeJob(ev contracts.JobEvent) {
-	var typ, what string
+// opsKind says whether a job event is one of the ops view's (a
+// migration or preemption), and as what.
+func opsKind(ev contracts.JobEvent) (typ, what string, ok bool) {
 	switch {
 	case ev.Type == contracts.EventMigrating || ev.Type == contracts.EventMigrated:
-		typ, what = contracts.OpsMigration, string(ev.Type)
+		return contracts.OpsMigration, string(ev.Type), true
 	case ev.Reason == contracts.ReasonPreempted && (ev.Type == contracts.EventRequeued || ev.Type == contracts.EventFailed ||
 		ev.Type == contracts.EventCancelled):
-		typ, what = contracts.OpsPreemption, "preempted ("+string(ev.Type)+")"
-	default:
+		return contracts.OpsPreemption, "preempted (" + string(ev.Type) + ")", true
+	}
+	return "", "", false
+}
+
+// observeJob takes a migration or preemption from the job events.
+func (h *opsHub) observeJob(ev contracts.JobEvent) {
+	typ, what, ok := opsKind(ev)
+	if !ok {
 		return
 	}
 	out := contracts.OpsEvent{Type: typ, Jobs: []contracts.JobRef{{Tenant: ev.Tenant, JobID: ev.JobID}}, Job: &ev, Time: ev.Time}

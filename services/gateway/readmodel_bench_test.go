@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,13 +20,23 @@ import (
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 )
 
-// BenchmarkReadModelRebuild measures the gateway's read model at start:
-// the time its ingester takes to fold JOB_EVENTS holding
-// GPUPLANE_REBUILD_JOBS jobs' events (50,000 by default: queued,
+// BenchmarkReadModelRebuild measures the gateway at start on JOB_EVENTS
+// holding GPUPLANE_REBUILD_JOBS jobs' events (50,000 by default: queued,
 // scheduled, running, succeeded, 1 in 10 also pending; 1 % still
-// running) until it is ready, and the heap the model then holds per
-// 100,000 jobs. The model keeps every job it ever saw (issue 17's figure
-// to beat: memory grows with history).
+// running; every event a day old, so every ended job is past its
+// retention): the time until it is ready and the heap it then holds per
+// 100,000 jobs, in the modes of GPUPLANE_REBUILD_MODES (all by default):
+//
+//   - keepall: the read model alone keeping every job whole (the model
+//     before retention: the baseline of the same run);
+//   - full: the read model alone, retiring ended jobs, folding the stream
+//     from its beginning;
+//   - snapshot: the same from the snapshot a full start wrote (covering
+//     the stream: the tail after a snapshot costs what full costs per
+//     event, at most snapshotEvery events or a minute's);
+//   - gateway-full, gateway-snapshot: the whole gateway (Run until
+//     /healthz answers 200), its heap growth (every model, the SSE ring)
+//     per 100,000 jobs.
 func BenchmarkReadModelRebuild(b *testing.B) {
 	n := 50_000
 	if v := os.Getenv("GPUPLANE_REBUILD_JOBS"); v != "" {
@@ -33,6 +44,10 @@ func BenchmarkReadModelRebuild(b *testing.B) {
 		if n, err = strconv.Atoi(v); err != nil {
 			b.Fatal(err)
 		}
+	}
+	modes := []string{"keepall", "full", "snapshot", "gateway-full", "gateway-snapshot"}
+	if v := os.Getenv("GPUPLANE_REBUILD_MODES"); v != "" {
+		modes = strings.Split(v, ",")
 	}
 	srv := natstest.Start(b)
 	ctx := context.Background()
@@ -42,6 +57,108 @@ func BenchmarkReadModelRebuild(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer func() { _ = ob.Close(context.Background()) }()
+	publishRebuildJobs(b, ob, n)
+	heapNow := func() float64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return float64(m.HeapAlloc)
+	}
+	report := func(b *testing.B, took time.Duration, heap float64) {
+		b.ReportMetric(took.Seconds()/float64(b.N), "s-to-ready")
+		b.ReportMetric(heap/float64(b.N)/float64(n)*100_000/(1<<20), "MiB/100k-jobs")
+		b.ReportMetric(heap/float64(b.N)/(1<<20), "MiB")
+		b.ReportMetric(float64(n), "jobs")
+		b.ReportMetric(0, "ns/op")
+	}
+	// model starts an ingester on model and returns once it is ready.
+	model := func(model readModel, sn *modelSnapshotter) (*ingester, func()) {
+		in := &ingester{bus: ob, model: model, log: log, snaps: sn}
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- in.followJobEvents(rctx) }()
+		for !in.jobsReady.Load() {
+			time.Sleep(time.Millisecond)
+		}
+		return in, func() { cancel(); <-done }
+	}
+	retaining := func() *memoryModel {
+		return newRetainingModel(DefaultRetentionConfig(), time.Now, streamFetcher(ob),
+			func(ctx context.Context, tenant string, want map[string]*contracts.JobStatus) error {
+				return tenantFetch(ctx, ob, tenant, want)
+			})
+	}
+	snapshotted := false
+	for _, mode := range modes {
+		b.Run(mode, func(b *testing.B) {
+			if strings.HasSuffix(mode, "snapshot") && !snapshotted {
+				// A full start writes the snapshot the next starts load.
+				m := retaining()
+				in, stop := model(m, nil)
+				kv, err := ob.KeyValue(ctx, contracts.BucketSnapshots)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := newModelSnapshotter(ob, time.Minute, log).write(ctx, kv, m.snapshot(in.folded.Load())); err != nil {
+					b.Fatal(err)
+				}
+				stop()
+				snapshotted = true
+			}
+			var took time.Duration
+			var heap float64
+			for range b.N {
+				before := heapNow()
+				start := time.Now()
+				var keep any
+				var stop func()
+				switch mode {
+				case "keepall":
+					keep, stop = model(newMemoryModel(), nil)
+				case "full":
+					keep, stop = model(retaining(), nil)
+				case "snapshot":
+					var in *ingester
+					in, stop = model(retaining(), newModelSnapshotter(ob, -1, log))
+					if in.startSeq.Load() == 0 {
+						b.Fatal("the start did not load the snapshot")
+					}
+					keep = in
+				case "gateway-full", "gateway-snapshot":
+					if mode == "gateway-full" {
+						// No snapshot to load (the next snapshot mode
+						// writes it again).
+						kv, err := ob.KeyValue(ctx, contracts.BucketSnapshots)
+						if err == nil {
+							err = kv.Purge(ctx, contracts.GatewaySnapshotHeadKey())
+						}
+						if err != nil {
+							b.Fatal(err)
+						}
+						snapshotted = false
+						before = heapNow()
+						start = time.Now()
+					}
+					gctx, cancel := context.WithCancel(ctx)
+					_, _, _ = benchGateway(b, gctx, srv, ob, func(c *Config) { c.Retention.SnapshotInterval = -1 }, nil)
+					stop = cancel
+				default:
+					b.Fatalf("mode %q: want keepall, full, snapshot, gateway-full or gateway-snapshot", mode)
+				}
+				took += time.Since(start)
+				heap += heapNow() - before
+				runtime.KeepAlive(keep)
+				stop()
+			}
+			report(b, took, heap)
+		})
+	}
+}
+
+// publishRebuildJobs publishes n jobs' events on JOB_EVENTS (see
+// BenchmarkReadModelRebuild).
+func publishRebuildJobs(b *testing.B, ob *bus.Bus, n int) {
+	ctx := context.Background()
 	if err := ob.EnsureStreams(ctx); err != nil {
 		b.Fatal(err)
 	}
@@ -83,32 +200,4 @@ func BenchmarkReadModelRebuild(b *testing.B) {
 		}
 	}
 	<-js.PublishAsyncComplete()
-	heapNow := func() float64 {
-		runtime.GC()
-		var m runtime.MemStats
-		runtime.ReadMemStats(&m)
-		return float64(m.HeapAlloc)
-	}
-	var took time.Duration
-	var heap float64
-	for range b.N {
-		before := heapNow()
-		in := &ingester{bus: ob, model: newMemoryModel(), log: log}
-		rctx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		start := time.Now()
-		go func() { done <- in.followJobEvents(rctx) }()
-		for !in.jobsReady.Load() {
-			time.Sleep(time.Millisecond)
-		}
-		took += time.Since(start)
-		cancel()
-		<-done
-		heap += heapNow() - before
-		runtime.KeepAlive(in.model)
-	}
-	b.ReportMetric(took.Seconds()/float64(b.N), "s-to-ready")
-	b.ReportMetric(heap/float64(b.N)/float64(n)*100_000/(1<<20), "MiB/100k-jobs")
-	b.ReportMetric(float64(n), "jobs")
-	b.ReportMetric(0, "ns/op")
 }

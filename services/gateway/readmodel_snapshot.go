@@ -47,7 +47,7 @@ const snapshotChunk = contracts.MaxMessageBytes - 4096
 
 // snapshotMagic starts every encoded snapshot; its version changes with
 // the encoding (another version is ignored).
-const snapshotMagic = "gpuplane gateway read model 1\n"
+const snapshotMagic = "gpuplane gateway read model 2\n"
 
 // modelSnap is a copy of the read model at JOB_EVENTS sequence seq.
 type modelSnap struct {
@@ -58,6 +58,8 @@ type modelSnap struct {
 	first   uint64
 	live    []*contracts.JobStatus
 	retired map[string][]retiredJob // tenant -> records in store order
+	// ops are the ops view's last job events (ingester.opsEvents).
+	ops []contracts.JobEvent
 }
 
 // snapshotHeadValue is the value of contracts.GatewaySnapshotHeadKey.
@@ -167,6 +169,15 @@ func (s *modelSnap) encode() ([]byte, error) {
 		uv(uint64(len(data)))
 		buf.Write(data)
 	}
+	uv(uint64(len(s.ops)))
+	for _, ev := range s.ops {
+		data, err := json.Marshal(ev)
+		if err != nil {
+			return nil, fmt.Errorf("ops event of job %s/%s: %w", ev.Tenant, ev.JobID, err)
+		}
+		uv(uint64(len(data)))
+		buf.Write(data)
+	}
 	tenants := slices.Sorted(maps.Keys(s.retired))
 	uv(uint64(len(tenants)))
 	for _, t := range tenants {
@@ -235,6 +246,15 @@ func decodeModelSnap(data []byte) (*modelSnap, error) {
 			err = errors.New("a status without tenant or job")
 		}
 		s.live = append(s.live, st)
+	}
+	nOps := uv()
+	for i := uint64(0); i < nOps && err == nil; i++ {
+		data := bytesN()
+		var ev contracts.JobEvent
+		if err == nil {
+			err = json.Unmarshal(data, &ev)
+		}
+		s.ops = append(s.ops, ev)
 	}
 	nTenants := uv()
 	for i := uint64(0); i < nTenants && err == nil; i++ {
