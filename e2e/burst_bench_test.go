@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -79,9 +80,13 @@ func BenchmarkBurst(b *testing.B) {
 					time.Sleep(time.Second)
 					from = meter.read(ctx, b)
 				}
+				cpu := processCPU()
 				b.StartTimer()
 				r := burst(b, ctx, s, fmt.Sprintf("b%d", i), jobs)
 				b.StopTimer()
+				perJob, bound := reportCPU(b, cpu, jobs)
+				b.Logf("CPU to the last scheduled event: %s per job, all in this process; %d cores fully used would schedule %.0f jobs/s",
+					perJob.Round(time.Microsecond), runtime.GOMAXPROCS(0), bound)
 				if meter != nil {
 					toScheduled := meter.read(ctx, b)
 					started := waitStarted(b, ctx, r.started, jobs)

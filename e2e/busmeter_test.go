@@ -3,8 +3,10 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -125,3 +127,29 @@ func (c busCost) String() string {
 
 // rawStream is the stream rawPublishRate writes to.
 const rawStream = "BENCH_RAW"
+
+// processCPU is the CPU time (user and system) this process has used so
+// far. The benchmarks run the whole platform in it (NATS, every service,
+// every agent), so the CPU a burst took per job is what the platform costs
+// per job: a figure that a shared, busy machine skews far less than it
+// skews rates and latencies, which wait for CPU others hold.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// reportCPU reports the CPU used per job (cpu since from, over jobs) and
+// the rate the machine's cores would reach if that CPU were all a job
+// needed (GOMAXPROCS cores fully used): the rate a quiet machine gives a
+// CPU-bound platform.
+func reportCPU(b *testing.B, from time.Duration, jobs int) (perJob time.Duration, bound float64) {
+	b.Helper()
+	perJob = (processCPU() - from) / time.Duration(max(jobs, 1))
+	bound = float64(runtime.GOMAXPROCS(0)) / perJob.Seconds()
+	b.ReportMetric(float64(perJob.Microseconds())/1000, "cpu-ms/job")
+	b.ReportMetric(bound, "cpu-bound-jobs/s")
+	return perJob, bound
+}

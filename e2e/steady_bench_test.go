@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"sync"
@@ -67,9 +68,13 @@ func BenchmarkSteadyLoad(b *testing.B) {
 				idle := meter.read(ctx, b)
 				time.Sleep(time.Second)
 				from := meter.read(ctx, b)
+				cpu := processCPU()
 				b.StartTimer()
 				r := paced(b, ctx, s, fmt.Sprintf("s%d", i), rate, time.Duration(seconds)*time.Second)
 				b.StopTimer()
+				perJob, bound := reportCPU(b, cpu, r.offered)
+				b.Logf("CPU over the load and its drain: %s per job offered, all in this process; %d cores fully used would keep up with %.0f jobs/s",
+					perJob.Round(time.Microsecond), runtime.GOMAXPROCS(0), bound)
 				to := meter.read(ctx, b)
 				cancel()
 				c := cost(idle, from, to, r.offered)
