@@ -62,8 +62,12 @@ type Placer struct {
 	// explaining is the memo key of the request explainMemo is
 	// explaining ("" for none); initFit remembers initiallyFit by it.
 	explaining string
-	initFit    map[string]bool
-	hostCap    map[int32][2]int64 // hostMax, by pool id (-1: all)
+	// keyReady says p.keyBuf holds the memo key (prefix keyPrefix bytes
+	// long) of the request failedBefore just found failed.
+	keyReady  bool
+	keyPrefix int
+	initFit   map[string]bool
+	hostCap   map[int32][2]int64 // hostMax, by pool id (-1: all)
 
 	// per-request state
 	gen    uint64

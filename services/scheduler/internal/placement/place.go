@@ -506,6 +506,7 @@ func (p *Placer) Place(r Request) Decision {
 		return Decision{Pending: Pending{Code: contracts.ReasonUnsatisfiable, Message: err.Error()}}
 	}
 	p.gen++
+	p.keyReady = false
 	if p.failedBefore(&r) {
 		return Decision{Pending: p.why(&r)}
 	}

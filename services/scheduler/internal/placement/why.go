@@ -36,10 +36,17 @@ func (p *Placer) explainMemo(r *Request) Pending {
 	if !memoable(r) {
 		return p.explain(r)
 	}
-	s := p.shapeFor(r, -1)
-	b := p.memoPrefix(r, s)
-	prefix := len(b)
-	b = p.memoPools(r, b)
+	var b []byte
+	var prefix int
+	if p.keyReady {
+		// failedBefore just built r's key (a deep queue's common case).
+		b, prefix, p.keyReady = p.keyBuf, p.keyPrefix, false
+	} else {
+		s := p.shapeFor(r, -1)
+		b = p.memoPrefix(r, s)
+		prefix = len(b)
+		b = p.memoPools(r, b)
+	}
 	if m, ok := p.memo[string(b)]; ok && m.version == p.version {
 		return m.pending
 	}
@@ -114,10 +121,13 @@ func (p *Placer) failedBefore(r *Request) bool {
 	if _, ok := p.failedPrefix[string(b)]; !ok {
 		return false // no pool verdict asked before the search
 	}
+	prefix := len(b)
 	b = p.memoPools(r, b)
 	_, ok := p.failedKeys[string(b)]
 	if ok {
 		p.skipped++
+		// p.keyBuf holds r's memo key: why's explainMemo, next, reads it.
+		p.keyReady, p.keyPrefix = true, prefix
 	}
 	return ok
 }

@@ -91,7 +91,7 @@ func (s *Store) book(snap placement.Snapshot) *fairshare.Book {
 		b.Hold(a.Tenant, a.Pool, fairshare.Usage{MilliGPU: milliOf(a), CPUMilli: a.CPUMilli, MemoryMiB: a.MemoryMiB})
 	}
 	for _, a := range s.cluster.allocs {
-		hold(&a)
+		hold(a)
 	}
 	for _, a := range s.cluster.plans {
 		hold(a)
@@ -310,6 +310,10 @@ func (s *Store) preempt(now time.Time, preemptors []miss, b *fairshare.Book) []P
 	g := s.guarantees(b)
 	running := s.victimsOf(g)
 	var out []Preemption
+	var (
+		base    []keptRef // see kept
+		evicted []string
+	)
 	tried := 0
 	for _, m := range preemptors {
 		if tried == maxPreemptorsPerCycle {
@@ -343,12 +347,19 @@ func (s *Store) preempt(now time.Time, preemptors []miss, b *fairshare.Book) []P
 			msg: fmt.Sprintf("preempted by %s/%s (priority %s)", j.Tenant, j.ID, j.Request.Priority)}, nil)
 		// The work this decision keeps: its victims' next attempts leave
 		// it alone while j holds what it took.
-		k := &kept{by: j.key, attempt: j.Attempt, jobs: make(map[string]bool, len(running))}
-		for _, r := range running {
-			if key := Key(r.Tenant, r.JobID); !slices.Contains(keys, key) {
-				k.jobs[key] = true
+		// (Listed lazily, by keptFor: only a victim's next attempt that may
+		// preempt asks, and a cycle would otherwise build a map of every
+		// running job per decision.)
+		if base == nil {
+			// running as the cycle's first decision found it: a later
+			// decision's is this without the earlier decisions' victims.
+			base = make([]keptRef, len(running))
+			for i, r := range running {
+				base[i] = keptRef{r.Tenant, r.JobID}
 			}
 		}
+		evicted = append(evicted, keys...)
+		k := &kept{by: j.key, attempt: j.Attempt, running: base, victims: slices.Clone(evicted)}
 		for _, key := range keys {
 			s.jobs[key].kept = k
 		}
@@ -389,8 +400,16 @@ func (s *Store) preempt(now time.Time, preemptors []miss, b *fairshare.Book) []P
 type kept struct {
 	by      string
 	attempt int
+	// running are the jobs of the allocations the cycle's first decision
+	// considered (shared by the cycle's decisions), victims the jobs it
+	// and the decisions before it in the cycle evicted: jobs is every job
+	// of running but those, made on first use.
+	running []keptRef
+	victims []string
 	jobs    map[string]bool
 }
+
+type keptRef struct{ tenant, id string }
 
 // keptFor is the work j, a victim's next attempt, must leave alone; nil
 // when none (or the preemptor that kept it is done with what it took).
@@ -402,6 +421,15 @@ func (s *Store) keptFor(j *Job) map[string]bool {
 	if by := s.jobs[k.by]; by == nil || by.State.Terminal() || by.Attempt != k.attempt {
 		j.kept = nil
 		return nil
+	}
+	if k.jobs == nil {
+		k.jobs = make(map[string]bool, len(k.running))
+		for _, r := range k.running {
+			if key := Key(r.tenant, r.id); !slices.Contains(k.victims, key) {
+				k.jobs[key] = true
+			}
+		}
+		k.running = nil
 	}
 	return k.jobs
 }
@@ -538,7 +566,7 @@ func (s *Store) guarantees(b *fairshare.Book) *guarantee {
 		g.staying[preempt.TenantPool{Tenant: a.Tenant, Pool: a.Pool}] += milliOf(a)
 	}
 	for _, a := range s.cluster.allocs {
-		add(&a)
+		add(a)
 	}
 	for _, a := range s.cluster.plans {
 		add(a)
@@ -593,7 +621,15 @@ func (g *guarantee) spend(j *Job, choice preempt.Choice) {
 // victimsOf lists the committed allocations that preemption may consider;
 // g, when set, says which tenants borrow.
 func (s *Store) victimsOf(g *guarantee) []preempt.Running {
-	out := make([]preempt.Running, 0, len(s.cluster.allocs))
+	// Map order is random; the choice must not be. The candidates are
+	// sorted by allocation ID as pointers, before the (large) Running
+	// values are made.
+	type cand struct {
+		a *contracts.Allocation
+		j *Job
+		p *part
+	}
+	cands := make([]cand, 0, len(s.cluster.allocs))
 	for _, a := range s.cluster.allocs {
 		j := s.jobs[Key(a.Tenant, a.JobID)]
 		if j == nil || j.Request == nil || j.Attempt != a.Attempt || j.State.Terminal() || j.evict != "" || j.cancel {
@@ -603,6 +639,12 @@ func (s *Store) victimsOf(g *guarantee) []preempt.Running {
 		if p == nil || !p.committed || p.done() {
 			continue
 		}
+		cands = append(cands, cand{a, j, p})
+	}
+	slices.SortFunc(cands, func(x, y cand) int { return strings.Compare(x.a.ID, y.a.ID) })
+	out := make([]preempt.Running, 0, len(cands))
+	for _, c := range cands {
+		a, j, p := c.a, c.j, c.p
 		r := preempt.Running{AllocationID: a.ID, Tenant: a.Tenant, JobID: a.JobID, NodeID: a.NodeID, Pool: a.Pool,
 			Devices: a.Devices, CPUMilli: a.CPUMilli, MemoryMiB: a.MemoryMiB, Priority: j.Request.Priority,
 			Borrowing: g != nil && g.borrowing(a.Tenant, a.Pool), Checkpointable: j.Request.Run.Checkpoint}
@@ -617,8 +659,6 @@ func (s *Store) victimsOf(g *guarantee) []preempt.Running {
 		}
 		out = append(out, r)
 	}
-	// Map order is random; the choice must not be.
-	slices.SortFunc(out, func(a, b preempt.Running) int { return strings.Compare(a.AllocationID, b.AllocationID) })
 	return out
 }
 
@@ -648,7 +688,7 @@ func (s *Store) running(now time.Time) []backfill.Running {
 		out = append(out, r)
 	}
 	for _, a := range s.cluster.allocs {
-		add(&a)
+		add(a)
 	}
 	for _, a := range s.cluster.plans {
 		add(a)

@@ -56,7 +56,10 @@ func (s *Store) Cycle() CycleResult {
 	}
 	var (
 		hits       []hit
-		misses     = make([]miss, 0, s.queue.Len())
+		// missed are the jobs left waiting, waiting their requests (for
+		// pool demand, and defragment's victim searches).
+		missed     = make([]*Job, 0, s.queue.Len())
+		waiting    = make([]placement.Request, 0, s.queue.Len())
 		preemptors []miss
 		ahead      = s.newAhead()
 		resv       = s.carriedReservations()
@@ -145,6 +148,25 @@ func (s *Store) Cycle() CycleResult {
 		holds[k] = m
 		return m, k
 	}
+	// admit is the AllowPool of the job being decided (admitJob), one
+	// closure for the whole cycle rather than one per job: it notes the
+	// quota refusals the job's pending reason names. A request kept past
+	// its job's turn (a preemptor's) gets its own, admitFor.
+	var (
+		admitJob  *Job
+		admitNeed int64
+		quota     []string
+	)
+	admit := func(pool string) bool {
+		v := book.Admit(admitJob.Tenant, pool, admitNeed)
+		if !v.OK {
+			quota = append(quota, v.Message)
+		}
+		return v.OK
+	}
+	admitFor := func(j *Job, need int64) func(string) bool {
+		return func(pool string) bool { return book.Admit(j.Tenant, pool, need).OK }
+	}
 	round := book.NewRound(items)
 	blocked := func(it fairshare.Item) {
 		for _, held := range round.Blocked(it) {
@@ -202,15 +224,9 @@ func (s *Store) Cycle() CycleResult {
 			continue
 		}
 		r := s.request(j, ahead.next(j))
-		var quota []string
 		need := it.Usage.MilliGPU
-		r.AllowPool = func(pool string) bool {
-			v := book.Admit(j.Tenant, pool, need)
-			if !v.OK {
-				quota = append(quota, v.Message)
-			}
-			return v.OK
-		}
+		admitJob, admitNeed, quota = j, need, quota[:0]
+		r.AllowPool = admit
 		if resv.Drop(j.key) { // its own reservation of an earlier cycle: decided again now
 			resvGen++
 		}
@@ -248,8 +264,11 @@ func (s *Store) Cycle() CycleResult {
 			pend = placement.Pending{Code: contracts.PendingQuotaExceeded, Message: pend.Message + "; " + strings.Join(quota, "; ")}
 		}
 		if pend.Code == contracts.PendingInsufficientGPUs || pend.Code == contracts.PendingNoSchedulableNode {
-			if s.mayPreempt(j, book, r) {
-				preemptors = append(preemptors, miss{j, r})
+			// preempt tries the first maxPreemptorsPerCycle only.
+			if len(preemptors) < maxPreemptorsPerCycle && s.mayPreempt(j, book, r) {
+				pr := r
+				pr.AllowPool = admitFor(j, need) // asked again after the loop
+				preemptors = append(preemptors, miss{j, pr})
 			}
 			if note := s.guaranteeNote(j, book, r); note != "" {
 				pend.Message += "; " + note
@@ -276,10 +295,12 @@ func (s *Store) Cycle() CycleResult {
 			pend = withNote(j, pend)
 		}
 		s.setPending(j, pend)
-		misses = append(misses, miss{j, r})
+		r.AllowPool = nil // admit answers for the job being decided only
+		missed = append(missed, j)
+		waiting = append(waiting, r)
 	}
 
-	res := CycleResult{Placed: len(hits), Waiting: len(misses)}
+	res := CycleResult{Placed: len(hits), Waiting: len(missed)}
 	nowUTC := now.UTC()
 	used := map[string]int{}
 	size := 0
@@ -310,10 +331,16 @@ func (s *Store) Cycle() CycleResult {
 	if len(preemptors) > 0 {
 		res.Preempted = s.preempt(now, preemptors, book)
 	}
-	s.defragment(now, misses)
-	waiting := make([]placement.Request, len(misses))
-	for i, m := range misses {
-		waiting[i] = m.r
+	if len(s.defrag) > 0 {
+		misses := make([]miss, len(missed))
+		for i, j := range missed {
+			r := waiting[i]
+			if j.Request != nil {
+				r.AllowPool = admitFor(j, usageOf(j.Request).MilliGPU)
+			}
+			misses[i] = miss{j, r}
+		}
+		s.defragment(now, misses)
 	}
 	res.Publish = s.take()
 	res.Demand = demand.Compute(snap, used, waiting, s.cluster.pools(), nowUTC)

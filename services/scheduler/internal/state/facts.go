@@ -17,7 +17,7 @@ import (
 type cluster struct {
 	nodes  map[string]*nodeState
 	ids    []string                        // sorted node IDs with an inventory
-	allocs map[string]contracts.Allocation // committed, not yet released
+	allocs map[string]*contracts.Allocation // committed, not yet released (a pointer: cycles walk them all)
 	plans  map[string]*contracts.Allocation
 	// sizes counts the cards out of MIG mode by pool, model and
 	// framebuffer, migKinds the MIG instances by pool, model and profile
@@ -75,7 +75,7 @@ const suspectBackoff = time.Second
 const unlimited = int64(1) << 50
 
 func newCluster() *cluster {
-	return &cluster{nodes: map[string]*nodeState{}, allocs: map[string]contracts.Allocation{},
+	return &cluster{nodes: map[string]*nodeState{}, allocs: map[string]*contracts.Allocation{},
 		plans: map[string]*contracts.Allocation{}, claims: map[string]*claim{}, sizes: cardSizes{},
 		migKinds: map[migKind]int{}, imageNodes: map[string]int{}}
 }
@@ -124,7 +124,7 @@ func (c *cluster) forget(id, planID string) bool {
 // suspect node (which may let waiting jobs fit again).
 func (c *cluster) commit(a contracts.Allocation) bool {
 	c.forget(a.ID, "")
-	c.allocs[a.ID] = a
+	c.allocs[a.ID] = &a
 	n := c.node(a.NodeID)
 	n.held[a.ID] = &a
 	return n.clear()
@@ -133,7 +133,7 @@ func (c *cluster) commit(a contracts.Allocation) bool {
 func (c *cluster) release(a contracts.Allocation) {
 	c.forget(a.ID, "")
 	if held, ok := c.allocs[a.ID]; ok {
-		a = held
+		a = *held
 	}
 	delete(c.allocs, a.ID)
 	n := c.node(a.NodeID)

@@ -127,24 +127,42 @@ func (s *Store) enforcePromises(now time.Time) {
 // same pools (an L4 share is not behind MIG jobs of another pool).
 type ahead struct {
 	s      *Store
-	counts map[[2]string]int   // by tenant and pool
-	pools  map[string][]string // by request shape: the pools whose cards could hold it
+	counts map[[2]string]*int    // by tenant and pool
+	pools  map[poolsKey][]string // by request shape: the pools whose cards could hold it
+	named  map[string][]string   // a pool named by a request, as a list
+	cur    []*int                // next's scratch
+}
+
+// poolsKey is what poolsOf reads of a request naming no pool.
+type poolsKey struct {
+	kind       contracts.GPUKind
+	mig, model string
+	models     string // Models joined, when it lists any
 }
 
 func (s *Store) newAhead() *ahead {
-	return &ahead{s: s, counts: map[[2]string]int{}, pools: map[string][]string{}}
+	return &ahead{s: s, counts: map[[2]string]*int{}, pools: map[poolsKey][]string{}, named: map[string][]string{}}
 }
 
 // next returns how many jobs of j's tenant were offered before it in any
-// of the pools j could use, and counts j.
+// of the pools j could use, and counts j. It runs for every job a cycle
+// offers: one map lookup per pool, no allocation once the tenant and
+// pool were seen.
 func (a *ahead) next(j *Job) int {
 	pools := a.poolsOf(j.Request)
 	n := 0
+	a.cur = a.cur[:0]
 	for _, p := range pools {
-		n = max(n, a.counts[[2]string{j.Tenant, p}])
+		c := a.counts[[2]string{j.Tenant, p}]
+		if c == nil {
+			c = new(int)
+			a.counts[[2]string{j.Tenant, p}] = c
+		}
+		n = max(n, *c)
+		a.cur = append(a.cur, c)
 	}
-	for _, p := range pools {
-		a.counts[[2]string{j.Tenant, p}]++
+	for _, c := range a.cur {
+		*c++ // pools are distinct: each counted once
 	}
 	return n
 }
@@ -154,14 +172,22 @@ func (a *ahead) next(j *Job) int {
 // unnamed pool when none has.
 func (a *ahead) poolsOf(r *contracts.JobRequest) []string {
 	if r.Pool != "" {
-		return []string{r.Pool}
+		ps, ok := a.named[r.Pool]
+		if !ok {
+			ps = []string{r.Pool}
+			a.named[r.Pool] = ps
+		}
+		return ps
 	}
-	g := r.Resources.GPU
-	models := g.AllowedModels()
-	key := string(g.Kind()) + "\x00" + g.MIGProfile + "\x00" + strings.Join(models, ",")
+	g := &r.Resources.GPU
+	key := poolsKey{kind: g.Kind(), mig: g.MIGProfile, model: g.Model}
+	if len(g.Models) > 0 {
+		key.models = strings.Join(g.Models, ",")
+	}
 	if ps, ok := a.pools[key]; ok {
 		return ps
 	}
+	models := g.AllowedModels()
 	var ps []string
 	add := func(pool, model string) {
 		if (models == nil || slices.Contains(models, model)) && !slices.Contains(ps, pool) {

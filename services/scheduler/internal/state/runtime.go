@@ -65,7 +65,10 @@ func (s *Store) poolRuns(run contracts.RunSpec) func(string) bool {
 	if !needsRuntime(run) {
 		return nil
 	}
-	return func(pool string) bool { return contracts.CheckRuntime(s.runtimeOf(pool), false, run) == nil }
+	// A copy made here, not the parameter: captured, the parameter would
+	// be moved to the heap on every call (a cycle calls this per job).
+	spec := run
+	return func(pool string) bool { return contracts.CheckRuntime(s.runtimeOf(pool), false, spec) == nil }
 }
 
 // imageKeys are the inventory entries that name the image of run: its
@@ -118,10 +121,14 @@ func (c *cluster) indexImages(n *nodeState, images map[string]bool) {
 // prefer is the placement request's Prefer for run: the nodes whose
 // inventory lists its image; nil when it has none or no node holds it.
 func (s *Store) prefer(run contracts.RunSpec) func(string) bool {
-	keys := slices.DeleteFunc(imageKeys(run), func(k string) bool { return s.cluster.imageNodes[k] == 0 })
-	if len(keys) == 0 {
+	if run.Image == "" || len(s.cluster.imageNodes) == 0 {
+		return nil // no image, or no node lists one: nothing to prefer
+	}
+	found := slices.DeleteFunc(imageKeys(run), func(k string) bool { return s.cluster.imageNodes[k] == 0 })
+	if len(found) == 0 {
 		return nil
 	}
+	keys := found // captured: declared only when a closure is made
 	return func(node string) bool {
 		n := s.cluster.nodes[node]
 		if n == nil {

@@ -97,7 +97,7 @@ func newSteady(nodes int, stores ...*Store) *steady {
 				sd.running = append(sd.running, Key(a.Tenant, a.JobID))
 			}
 			if st == stores[0] {
-				sd.allocs[Key(a.Tenant, a.JobID)] = append(sd.allocs[Key(a.Tenant, a.JobID)], a)
+				sd.allocs[Key(a.Tenant, a.JobID)] = append(sd.allocs[Key(a.Tenant, a.JobID)], *a)
 			}
 		}
 	}
@@ -141,7 +141,7 @@ func (sd *steady) delta(arrivals, ends int) {
 		}
 		run := contracts.RunResult{Outcome: contracts.OutcomeCancelled, StartedAt: sd.now.Add(-time.Hour), EndedAt: sd.now}
 		for _, st := range sd.stores {
-			st.ApplyLedger(contracts.LedgerEntry{SchemaVersion: 1, Kind: contracts.LedgerReleased, Allocation: a,
+			st.ApplyLedger(contracts.LedgerEntry{SchemaVersion: 1, Kind: contracts.LedgerReleased, Allocation: *a,
 				Time: sd.now, Reason: contracts.ReasonPreempted, Run: &run})
 		}
 	}
