@@ -55,7 +55,7 @@ func (s *Store) Cycle() CycleResult {
 		d placement.Decision
 	}
 	var (
-		hits       []hit
+		hits []hit
 		// missed are the jobs left waiting, waiting their requests (for
 		// pool demand, and defragment's victim searches).
 		missed     = make([]*Job, 0, s.queue.Len())

@@ -16,7 +16,7 @@ import (
 // release, a refusal, or a failed plan publish, never by a timer.
 type cluster struct {
 	nodes  map[string]*nodeState
-	ids    []string                        // sorted node IDs with an inventory
+	ids    []string                         // sorted node IDs with an inventory
 	allocs map[string]*contracts.Allocation // committed, not yet released (a pointer: cycles walk them all)
 	plans  map[string]*contracts.Allocation
 	// sizes counts the cards out of MIG mode by pool, model and
