@@ -104,18 +104,20 @@ type Biller struct {
 	cfg    Config
 	mu     sync.Mutex
 	allocs map[string]*allocation
-	last   map[string]uint64 // usage subject → last sequence applied
-	until  time.Time         // end of the latest segment in USAGE
+	// settled holds the allocations billed to their end (settled.go).
+	settled map[settledKey]settledState
+	last    map[string]uint64 // usage subject → last sequence applied
+	until   time.Time         // end of the latest segment in USAGE
 }
 
 // New returns a biller.
 func New(cfg Config) *Biller {
-	return &Biller{cfg: cfg, allocs: map[string]*allocation{}, last: map[string]uint64{}}
+	return &Biller{cfg: cfg, allocs: map[string]*allocation{}, settled: map[settledKey]settledState{}, last: map[string]uint64{}}
 }
 
 // Billed reports how many allocations are billed to the end.
 func (b *Biller) Billed() int {
-	n := 0
+	n := len(b.settled)
 	for _, a := range b.allocs {
 		if a.final {
 			n++
@@ -250,7 +252,7 @@ func (b *Biller) bill(ctx context.Context, m *bus.Msg, bs basis) error {
 // should be.
 func (b *Biller) plan(ctx context.Context, bs basis) ([]contracts.UsageRecord, error) {
 	e := bs.entry
-	st := b.allocs[e.Allocation.ID]
+	st, _ := b.lookup(e.Allocation.ID)
 	if bs.provisional {
 		if st != nil && (!st.provisional || st.final) {
 			return nil, nil // billed: provisionally to the end, or on the agent's end
@@ -384,11 +386,15 @@ func (b *Biller) apply(_ context.Context, m *bus.Msg) error {
 
 // record notes rec, stored at seq on subj.
 func (b *Biller) record(rec contracts.UsageRecord, subj string, seq uint64) {
-	st := b.allocs[rec.AllocationID]
-	if st == nil {
-		st = &allocation{}
+	st, settled := b.lookup(rec.AllocationID)
+	if st == nil || settled {
+		if st == nil {
+			st = &allocation{}
+		}
+		delete(b.settled, keyOf(rec.AllocationID))
 		b.allocs[rec.AllocationID] = st
 	}
+	defer b.settle(rec.AllocationID, st)
 	st.next = max(st.next, rec.Segment+1)
 	b.last[subj] = max(b.last[subj], seq)
 	if rec.Voids != "" {
