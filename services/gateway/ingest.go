@@ -47,6 +47,12 @@ type ingester struct {
 	// beginning; after a snapshot: the one after it covers); folded is
 	// the last one it handled.
 	startSeq, folded atomic.Uint64
+	// usageFolded is the last USAGE sequence handled; usageFrom, set
+	// before loadDone is closed, the one the usage read starts after (a
+	// snapshot's).
+	usageFolded atomic.Uint64
+	usageFrom   uint64
+	loadDone    chan struct{}
 }
 
 // ready reports whether every stream has been caught up with.
@@ -59,6 +65,15 @@ func (in *ingester) ready() bool {
 func (in *ingester) followJobEvents(ctx context.Context) error {
 	start := time.Now()
 	spec := bus.FollowSpec{Stream: contracts.StreamJobEvents}
+	if in.loadDone != nil {
+		defer func() {
+			select {
+			case <-in.loadDone:
+			default:
+				close(in.loadDone)
+			}
+		}()
+	}
 	if in.snaps != nil {
 		if mm, ok := in.model.(*memoryModel); ok {
 			s, err := loadModelSnapshot(ctx, in.bus)
@@ -69,15 +84,20 @@ func (in *ingester) followJobEvents(ctx context.Context) error {
 				spec.StartSeq = s.seq + 1
 				in.startSeq.Store(spec.StartSeq)
 				in.opsEvents = s.ops
+				in.usageFrom = s.usageSeq
+				in.usageFolded.Store(s.usageSeq)
 				in.tellLoaded(s)
 				retired := 0
 				for _, recs := range s.retired {
 					retired += len(recs)
 				}
-				in.log.Info("read model snapshot loaded", "seq", s.seq, "live_jobs", len(s.live), "retired_jobs", retired,
+				in.log.Info("read model snapshot loaded", "seq", s.seq, "usage_seq", s.usageSeq, "live_jobs", len(s.live), "retired_jobs", retired,
 					"took", time.Since(start))
 			}
 		}
+	}
+	if in.loadDone != nil {
+		close(in.loadDone) // the usage read may start
 	}
 	return in.bus.Follow(ctx, spec, func(ctx context.Context, m *bus.Msg) error {
 		err := in.applyJobEvent(ctx, m)
@@ -86,7 +106,9 @@ func (in *ingester) followJobEvents(ctx context.Context) error {
 			if mm, ok := in.model.(*memoryModel); ok {
 				// Taken here, between two events: the copy is the fold
 				// of the stream up to this message exactly.
-				s := mm.snapshot(m.StreamSeq)
+				// USAGE's position is read before the copy: every
+				// record up to it is in the copy.
+				s := mm.snapshotWithUsage(m.StreamSeq, in.usageFolded.Load())
 				s.ops = slices.Clone(in.opsEvents)
 				in.snaps.offer(s, now)
 			}
@@ -98,9 +120,26 @@ func (in *ingester) followJobEvents(ctx context.Context) error {
 	})
 }
 
-// followUsage runs until ctx ends.
+// followUsage runs until ctx ends; with snapshots, from after the USAGE
+// sequence the loaded one covers (it waits for the load).
 func (in *ingester) followUsage(ctx context.Context) error {
-	return in.bus.Follow(ctx, bus.FollowSpec{Stream: contracts.StreamUsage}, in.applyUsage, func() {
+	spec := bus.FollowSpec{Stream: contracts.StreamUsage}
+	if in.loadDone != nil {
+		select {
+		case <-in.loadDone:
+		case <-ctx.Done():
+			return nil
+		}
+		if in.usageFrom > 0 {
+			spec.StartSeq = in.usageFrom + 1
+		}
+	}
+	apply := func(ctx context.Context, m *bus.Msg) error {
+		err := in.applyUsage(ctx, m)
+		in.usageFolded.Store(m.StreamSeq)
+		return err
+	}
+	return in.bus.Follow(ctx, spec, apply, func() {
 		in.usageReady.Store(true)
 		in.log.Info("usage caught up", "stream", contracts.StreamUsage)
 	})

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -14,12 +15,32 @@ import (
 // TestGatewayRestartAnswersAsBefore: through the HTTP API, a gateway
 // whose ended jobs are all retired answers as a replica that keeps them
 // whole, and a gateway started from the first one's snapshot answers as
-// both (jobs, pages, describe, tenants, queues).
+// both (jobs, pages, describe, tenants, queues, usage).
 func TestGatewayRestartAnswersAsBefore(t *testing.T) {
 	retiring := func(c *Config) {
 		c.Retention = RetentionConfig{RetainEnded: time.Nanosecond, RetainEndedMax: 1, CachedJobs: 2, SnapshotInterval: time.Nanosecond}
 	}
 	h := startGateway(t, retiring, nil)
+	usage := func(i int, alloc string) {
+		r := contracts.UsageRecord{SchemaVersion: 1, ID: contracts.UsageID(alloc), AllocationID: alloc, Tenant: "acme",
+			JobID: "done", Attempt: 1, GPUs: 2, Start: t0, End: t0.Add(time.Duration(i+1) * time.Hour), GPUMillis: int64(i+1) * 7200_000,
+			GPUSeconds: float64(i+1) * 7200, Time: t0}
+		// Distinct Nats-Msg-Ids: the repeat is the read model's to drop.
+		if _, err := h.bus.Publish(context.Background(), contracts.SubjectUsage("acme"), fmt.Sprintf("%s/%d", r.ID, i), r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	records := func(g *harness, n int) {
+		g.eventually(fmt.Sprintf("%d usage records", n), func() bool {
+			var sum contracts.UsageSummary
+			g.do(http.MethodGet, "/v1/tenants/acme/usage", "", &sum)
+			return sum.Records == n
+		})
+	}
+	usage(0, "a1")
+	usage(1, "a2")
+	usage(0, "a1")
+	records(h, 2) // before the job events: the snapshots hold them
 	at := t0
 	ev := func(typ contracts.JobEventType, tenant, id string, fill func(*contracts.JobEvent)) uint64 {
 		at = at.Add(time.Second)
@@ -79,17 +100,20 @@ func TestGatewayRestartAnswersAsBefore(t *testing.T) {
 		})
 		return false
 	})
+	usage(2, "a3") // after the snapshot: read from USAGE
+	records(h, 3)
 	keepAll := h.replica(func(c *Config) {
 		c.Retention = RetentionConfig{RetainEnded: 100 * 365 * 24 * time.Hour, RetainEndedMax: 1 << 30, SnapshotInterval: -1}
 	})
 	restarted := h.replica(retiring)
-	if !strings.Contains(restarted.logs.String(), "read model snapshot loaded") {
-		t.Fatal("the restarted gateway did not load the snapshot")
+	if logs := restarted.logs.String(); !strings.Contains(logs, "read model snapshot loaded") || strings.Contains(logs, "usage_seq=0 ") {
+		t.Fatal("the restarted gateway did not load the snapshot with the usage records")
 	}
 	paths := []string{"/v1/tenants", "/v1/queues", "/v1/tenants/umbrella/jobs", "/v1/tenants/umbrella/jobs/bad",
 		"/v1/tenants/acme/jobs", "/v1/tenants/acme/jobs?state=succeeded", "/v1/tenants/acme/jobs?state=running",
 		"/v1/tenants/acme/jobs?limit=2", "/v1/tenants/acme/jobs?limit=2&after=failed", "/v1/tenants/acme/jobs?after=done",
-		"/v1/tenants/acme/jobs?after=nope", "/v1/tenants/acme/jobs/nope"}
+		"/v1/tenants/acme/jobs?after=nope", "/v1/tenants/acme/jobs/nope", "/v1/tenants/acme/usage",
+		"/v1/tenants/acme/usage/series?step=hour", "/v1/tenants/umbrella/usage"}
 	for _, id := range []string{"done", "failed", "preempted", "running", "waiting"} {
 		paths = append(paths, "/v1/tenants/acme/jobs/"+id, "/v1/tenants/acme/jobs/"+id+"/describe")
 	}

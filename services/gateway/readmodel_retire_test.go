@@ -394,6 +394,12 @@ func TestReadModelSnapshotRestartAnswersAsTheLog(t *testing.T) {
 	h.ingest(all, nil)
 	h.sameAnswers(all, restarted)
 	h.sameAnswers(all, first)
+	// The ops view's job events (preemptions) came with the snapshot.
+	want, _ := json.Marshal(in.opsEvents)
+	got, _ := json.Marshal(rin.opsEvents)
+	if len(in.opsEvents) == 0 || string(got) != string(want) {
+		t.Fatalf("ops view's job events after the restart:\n%s\nwant (from the log)\n%s", got, want)
+	}
 }
 
 // TestUnusableReadModelSnapshotFallsBackToTheLog: a snapshot that is

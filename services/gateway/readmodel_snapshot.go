@@ -47,7 +47,7 @@ const snapshotChunk = contracts.MaxMessageBytes - 4096
 
 // snapshotMagic starts every encoded snapshot; its version changes with
 // the encoding (another version is ignored).
-const snapshotMagic = "gpuplane gateway read model 2\n"
+const snapshotMagic = "gpuplane gateway read model 3\n"
 
 // modelSnap is a copy of the read model at JOB_EVENTS sequence seq.
 type modelSnap struct {
@@ -60,6 +60,13 @@ type modelSnap struct {
 	retired map[string][]retiredJob // tenant -> records in store order
 	// ops are the ops view's last job events (ingester.opsEvents).
 	ops []contracts.JobEvent
+	// usage holds every usage record USAGE held up to usageSeq at least
+	// (records are applied once per ID, so one read again is harmless),
+	// and usageCreated, usageFirst that stream's life.
+	usageSeq     uint64
+	usageCreated string
+	usageFirst   uint64
+	usage        map[string][]contracts.UsageRecord // tenant -> records by ID
 }
 
 // snapshotHeadValue is the value of contracts.GatewaySnapshotHeadKey.
@@ -77,10 +84,18 @@ type snapshotHeadValue struct {
 // snapshot copies the model. Statuses are never changed in place (Apply
 // works on a copy), so the copy shares them; the retired records are
 // copied.
-func (m *memoryModel) snapshot(seq uint64) *modelSnap {
+func (m *memoryModel) snapshot(seq uint64) *modelSnap { return m.snapshotWithUsage(seq, 0) }
+
+// snapshotWithUsage is snapshot with the usage records, which cover USAGE
+// up to usageSeq (read before the call: every record up to it is in).
+func (m *memoryModel) snapshotWithUsage(seq, usageSeq uint64) *modelSnap {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	s := &modelSnap{seq: seq, retired: make(map[string][]retiredJob, len(m.retired))}
+	s := &modelSnap{seq: seq, retired: make(map[string][]retiredJob, len(m.retired)), usageSeq: usageSeq,
+		usage: make(map[string][]contracts.UsageRecord, len(m.usage))}
+	for tenant, recs := range m.usage {
+		s.usage[tenant] = slices.Collect(maps.Values(recs))
+	}
 	for _, jobs := range m.jobs {
 		for _, st := range jobs {
 			s.live = append(s.live, st)
@@ -117,6 +132,13 @@ func (m *memoryModel) install(s *modelSnap) {
 	slices.SortFunc(ended, func(a, b *contracts.JobStatus) int { return cmpUint(a.LastSeq, b.LastSeq) })
 	for _, st := range ended {
 		m.ended = append(m.ended, jobKey{st.Tenant, st.JobID})
+	}
+	m.usage = map[string]map[string]contracts.UsageRecord{}
+	for tenant, recs := range s.usage {
+		m.usage[tenant] = make(map[string]contracts.UsageRecord, len(recs))
+		for _, r := range recs {
+			m.usage[tenant][r.ID] = r
+		}
 	}
 	for tenant, recs := range s.retired {
 		rs := &retiredSet{recs: recs, sorted: true}
@@ -190,6 +212,24 @@ func (s *modelSnap) encode() ([]byte, error) {
 			buf.WriteByte(r.state)
 			uv(r.last)
 			str(r.id)
+		}
+	}
+	uv(s.usageSeq)
+	uv(s.usageFirst)
+	str(s.usageCreated)
+	tenants = slices.Sorted(maps.Keys(s.usage))
+	uv(uint64(len(tenants)))
+	for _, t := range tenants {
+		str(t)
+		recs := s.usage[t]
+		uv(uint64(len(recs)))
+		for _, r := range recs {
+			data, err := json.Marshal(r)
+			if err != nil {
+				return nil, fmt.Errorf("usage record %s: %w", r.ID, err)
+			}
+			uv(uint64(len(data)))
+			buf.Write(data)
 		}
 	}
 	sum := sha256.Sum256(buf.Bytes())
@@ -290,6 +330,29 @@ func decodeModelSnap(data []byte) (*modelSnap, error) {
 		}
 		s.retired[tenant] = recs
 	}
+	s.usageSeq, s.usageFirst = uv(), uv()
+	s.usageCreated = string(bytesN())
+	s.usage = map[string][]contracts.UsageRecord{}
+	nTenants = uv()
+	for i := uint64(0); i < nTenants && err == nil; i++ {
+		tenant := string(bytesN())
+		n := uv()
+		if err == nil && n > uint64(len(body)) {
+			err = io.ErrUnexpectedEOF
+		}
+		recs := make([]contracts.UsageRecord, 0, n)
+		for j := uint64(0); j < n && err == nil; j++ {
+			data := bytesN()
+			var rec contracts.UsageRecord
+			if err == nil {
+				if err = json.Unmarshal(data, &rec); err == nil && rec.ID == "" {
+					err = errors.New("a usage record without an id")
+				}
+			}
+			recs = append(recs, rec)
+		}
+		s.usage[tenant] = recs
+	}
 	if err == nil && r.Buffered() > 0 {
 		err = errors.New("trailing bytes")
 	}
@@ -365,12 +428,12 @@ func (sn *modelSnapshotter) run(ctx context.Context) error {
 	}
 }
 
-// streamLife returns JOB_EVENTS' creation time (RFC 3339), first and last
+// streamLife returns a stream's creation time (RFC 3339), first and last
 // sequence.
-func streamLife(ctx context.Context, b *bus.Bus) (created string, first, last uint64, err error) {
-	st, err := b.JetStream().Stream(ctx, contracts.StreamJobEvents)
+func streamLife(ctx context.Context, b *bus.Bus, stream string) (created string, first, last uint64, err error) {
+	st, err := b.JetStream().Stream(ctx, stream)
 	if err != nil {
-		return "", 0, 0, fmt.Errorf("stream %s: %w", contracts.StreamJobEvents, err)
+		return "", 0, 0, fmt.Errorf("stream %s: %w", stream, err)
 	}
 	info := st.CachedInfo()
 	return info.Created.UTC().Format(time.RFC3339Nano), info.State.FirstSeq, info.State.LastSeq, nil
@@ -380,11 +443,14 @@ func streamLife(ctx context.Context, b *bus.Bus) (created string, first, last ui
 // head (only if no one switched it meanwhile).
 func (sn *modelSnapshotter) write(ctx context.Context, kv jetstream.KeyValue, s *modelSnap) error {
 	start := time.Now()
-	created, first, _, err := streamLife(ctx, sn.bus)
+	created, first, _, err := streamLife(ctx, sn.bus, contracts.StreamJobEvents)
 	if err != nil {
 		return err
 	}
 	s.created, s.first = created, first
+	if s.usageCreated, s.usageFirst, _, err = streamLife(ctx, sn.bus, contracts.StreamUsage); err != nil {
+		return err
+	}
 	var head snapshotHeadValue
 	var rev uint64
 	switch e, err := kv.Get(ctx, contracts.GatewaySnapshotHeadKey()); {
@@ -475,7 +541,11 @@ func loadModelSnapshot(ctx context.Context, b *bus.Bus) (*modelSnap, error) {
 	if err != nil {
 		return nil, err
 	}
-	created, first, last, err := streamLife(ctx, b)
+	created, first, last, err := streamLife(ctx, b, contracts.StreamJobEvents)
+	if err != nil {
+		return nil, err
+	}
+	uCreated, uFirst, uLast, err := streamLife(ctx, b, contracts.StreamUsage)
 	if err != nil {
 		return nil, err
 	}
@@ -486,6 +556,9 @@ func loadModelSnapshot(ctx context.Context, b *bus.Bus) (*modelSnap, error) {
 		return nil, fmt.Errorf("%w: %s starts at %d, the snapshot's at %d", errStaleModelSnap, contracts.StreamJobEvents, first, s.first)
 	case s.seq > last:
 		return nil, fmt.Errorf("%w: it covers %s up to %d, the stream ends at %d", errStaleModelSnap, contracts.StreamJobEvents, s.seq, last)
+	case s.usageCreated != uCreated || s.usageFirst != uFirst || s.usageSeq > uLast:
+		return nil, fmt.Errorf("%w: %s created at %s, from %d to %d; the snapshot's created at %s, from %d, covering up to %d",
+			errStaleModelSnap, contracts.StreamUsage, uCreated, uFirst, uLast, s.usageCreated, s.usageFirst, s.usageSeq)
 	}
 	return s, nil
 }
