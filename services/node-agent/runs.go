@@ -643,15 +643,15 @@ func (a *agent) finish(ctx context.Context, ship *logship.Shipper, id string, ex
 }
 
 // shipper ships a run's log, nil when it has none the agent can read.
-// proc, when it holds its log itself (a simulated run's, in memory until
-// it ends: logship.Source), is read instead of the file.
+// proc, when it holds its log itself (a simulated run's, in memory only:
+// logship.Source), is read instead of a file.
 func (a *agent) shipper(alloc contracts.Allocation, info runner.Info, proc any) *logship.Shipper {
-	if info.LogPath == "" {
-		return nil
-	}
 	run := logship.Run{AllocationID: alloc.ID, Tenant: alloc.Tenant, JobID: alloc.JobID, Attempt: alloc.Attempt, NodeID: a.cfg.NodeID}
 	if src, ok := proc.(logship.Source); ok && info.Simulated {
 		return logship.NewVolatileSource(a.bus, run, src, a.cfg.Now)
+	}
+	if info.LogPath == "" {
+		return nil
 	}
 	if info.Simulated {
 		// It dies with this agent: no later one resumes its shipping.

@@ -203,7 +203,7 @@ func (r *Local) Launch(ctx context.Context, l Launch) (Process, error) {
 		return r.startContainer(ctx, l, logPath)
 	}
 	if simulated(l) {
-		p, err := startSim(l, logPath)
+		p, err := startSim(l)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrLaunch, err)
 		}

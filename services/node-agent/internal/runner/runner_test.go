@@ -256,8 +256,11 @@ func TestSimulatedRun(t *testing.T) {
 	if exit := waitExit(t, p, limit); exit.Code != 4 || exit.Stopped || p.Info().PID != 0 {
 		t.Fatalf("exit %+v, pid %d, want code 4 and no process", exit, p.Info().PID)
 	}
-	if _, err := os.Stat(logPath); err != nil {
-		t.Fatalf("simulated run has no log: %v", err)
+	if _, err := os.Stat(logPath); !os.IsNotExist(err) || p.Info().LogPath != "" {
+		t.Fatalf("a simulated run has a log file (%v) or names one (%q): its output is in memory only", err, p.Info().LogPath)
+	}
+	if out := simOutput(p); !strings.HasPrefix(out, "simulated run of 50ms") {
+		t.Fatalf("output %q, want its first line", out)
 	}
 	p, _ = launch(t, contracts.RunSpec{Duration: contracts.Duration(time.Hour)})
 	p.Stop(time.Second)
@@ -549,8 +552,7 @@ func TestSimulatedRunCheckpointsAndRestores(t *testing.T) {
 	if exit := waitExit(t, p2, limit); exit.Code != 5 || p2.Info().RestoredFrom != "ckpt-2" {
 		t.Fatalf("restored run: exit %+v, restored from %q; want it to end on its own with code 5", exit, p2.Info().RestoredFrom)
 	}
-	out, _ := os.ReadFile(LogPath(r.LogDir, l2.AllocationID))
-	if !strings.Contains(string(out), "restored from ckpt-2 at 59m59.9s: 100ms to go") {
+	if out := simOutput(p2); !strings.Contains(out, "restored from ckpt-2 at 59m59.9s: 100ms to go") {
 		t.Fatalf("log %q does not say it restored", out)
 	}
 	// Attempts share the directory: the next checkpoint does not reuse a name.
@@ -586,4 +588,12 @@ func BenchmarkLaunchCommand(b *testing.B) {
 			b.Fatalf("exit %+v", exit)
 		}
 	}
+}
+
+// simOutput is what a simulated run wrote, read as its shipper reads it.
+func simOutput(p Process) string {
+	src := p.(*simProc)
+	b := make([]byte, src.Size())
+	n, _ := src.ReadAt(b, 0)
+	return string(b[:n])
 }

@@ -1,11 +1,8 @@
 package runner
 
 import (
-	"errors"
 	"fmt"
 	"io"
-	"io/fs"
-	"os"
 	"path/filepath"
 	"sync"
 	"time"
@@ -38,25 +35,26 @@ type simProc struct {
 	exit Exit
 	// ended is set once the run ended: it writes no more output.
 	ended bool
-	// out is the run's whole output, kept in memory: a simulated run's
-	// output is a few lines, the agent ships it from here (ReadAt, Size),
-	// and it is written to logPath only when the run ends. A start then
-	// costs no file at all: creating one per run was most of a burst's
-	// start cost in the kernel (~360 µs of CPU per create with a hundred
-	// agents creating at once, issue 17). A run that dies with its agent
-	// leaves no log on disk, as it leaves nothing to resume (its shipping
-	// is volatile: logship.NewVolatile).
+	// out is the run's whole output, kept in memory and nowhere else: a
+	// simulated run's output is a few lines, the agent ships it from here
+	// (ReadAt, Size: logship.Source) to LOGS, where every reader reads
+	// it. A run costs no file at all: creating one per run was most of a
+	// burst's start cost in the kernel (~360 µs of CPU per create with a
+	// hundred agents creating at once, issue 17), and writing it at the
+	// end cost a steady load as much. Nothing is lost that a crash kept
+	// before: a simulated run dies with its agent, and its shipping was
+	// never resumed (logship.NewVolatile).
 	out []byte
 }
 
-// startSim starts a simulated run whose output goes to logPath once it
-// ends (out until then): a run holds no file and no descriptor while it
-// waits, which a fleet of thousands of simulated machines, each with a run
-// per GPU, would otherwise pay for at every start.
-func startSim(l Launch, logPath string) (*simProc, error) {
+// startSim starts a simulated run whose output stays in memory (Info has
+// no LogPath): a run holds no file and no descriptor while it waits,
+// which a fleet of thousands of simulated machines, each with a run per
+// GPU, would otherwise pay for at every start.
+func startSim(l Launch) (*simProc, error) {
 	total := max(l.Spec.Duration.D(), 0)
 	p := &simProc{done: make(chan struct{}), stop: make(chan struct{}), total: total,
-		info: Info{LogPath: logPath, CheckpointDir: l.CheckpointDir, Simulated: true}}
+		info: Info{CheckpointDir: l.CheckpointDir, Simulated: true}}
 	out := fmt.Appendf(nil, "simulated run of %s on %v, exit code %d\n", total, visibleUUIDs(l.Devices), l.Spec.ExitCode)
 	if l.RestoreFrom != "" {
 		p.info.RestoredFrom = filepath.Base(l.RestoreFrom)
@@ -82,7 +80,6 @@ func startSim(l Launch, logPath string) (*simProc, error) {
 		p.mu.Lock()
 		p.exit = exit
 		p.ended = true
-		p.writeLog()
 		p.mu.Unlock()
 		close(p.done)
 	}()
@@ -105,16 +102,6 @@ func (p *simProc) logf(format string, args ...any) {
 		return
 	}
 	p.out = fmt.Appendf(p.out, format+"\n", args...)
-}
-
-// writeLog writes the run's output to its log file, making the log
-// directory again if it went away; p.mu must be held. The log is the
-// run's output, never a reason for it to fail: an error is dropped.
-func (p *simProc) writeLog() {
-	err := os.WriteFile(p.info.LogPath, p.out, 0o644)
-	if errors.Is(err, fs.ErrNotExist) && os.MkdirAll(filepath.Dir(p.info.LogPath), 0o755) == nil {
-		_ = os.WriteFile(p.info.LogPath, p.out, 0o644)
-	}
 }
 
 // ReadAt reads the run's output from off, as a file would
