@@ -3,8 +3,10 @@ package gateway
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -61,9 +63,11 @@ var _ readModel = (*memoryModel)(nil)
 // readmodel_snapshot.go), lost at exit. With a retention (retire.go) it
 // keeps ended jobs whole only for a while, then as retired records.
 type memoryModel struct {
-	mu    sync.RWMutex
-	jobs  map[string]map[string]*contracts.JobStatus  // tenant -> job ID -> status
-	usage map[string]map[string]contracts.UsageRecord // tenant -> record ID -> record
+	mu   sync.RWMutex
+	jobs map[string]map[string]*contracts.JobStatus // tenant -> job ID -> status
+	// usage keeps each record as its JSON, decoded when a summary is
+	// asked for: a start from a snapshot need not decode a million.
+	usage map[string]map[string][]byte // tenant -> record ID -> record
 
 	// ret is zero when every job is kept whole (no fetch).
 	ret RetentionConfig
@@ -88,7 +92,7 @@ type memoryModel struct {
 func newMemoryModel() *memoryModel {
 	return &memoryModel{
 		jobs:  map[string]map[string]*contracts.JobStatus{},
-		usage: map[string]map[string]contracts.UsageRecord{},
+		usage: map[string]map[string][]byte{},
 	}
 }
 
@@ -185,15 +189,19 @@ func (m *memoryModel) ApplyUsage(_ context.Context, tenant string, rec contracts
 	if rec.ID == "" {
 		return false, errors.New("usage record without an id")
 	}
+	data, err := json.Marshal(rec)
+	if err != nil {
+		return false, fmt.Errorf("usage record %s: %w", rec.ID, err)
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if _, ok := m.usage[tenant][rec.ID]; ok {
 		return false, nil
 	}
 	if m.usage[tenant] == nil {
-		m.usage[tenant] = map[string]contracts.UsageRecord{}
+		m.usage[tenant] = map[string][]byte{}
 	}
-	m.usage[tenant][rec.ID] = rec
+	m.usage[tenant][rec.ID] = data
 	return true, nil
 }
 
@@ -387,11 +395,14 @@ func listOrder(a, b contracts.JobStatus) int {
 
 func (m *memoryModel) Usage(_ context.Context, tenant string) (contracts.UsageSummary, error) {
 	m.mu.RLock()
-	recs := make([]contracts.UsageRecord, 0, len(m.usage[tenant]))
-	for _, r := range m.usage[tenant] {
-		recs = append(recs, r)
-	}
+	raw := slices.Collect(maps.Values(m.usage[tenant]))
 	m.mu.RUnlock()
+	recs := make([]contracts.UsageRecord, len(raw))
+	for i, data := range raw {
+		if err := json.Unmarshal(data, &recs[i]); err != nil {
+			return contracts.UsageSummary{}, fmt.Errorf("usage record of %s: %w", tenant, err)
+		}
+	}
 	return summarize(tenant, recs), nil
 }
 

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -66,7 +65,7 @@ type modelSnap struct {
 	usageSeq     uint64
 	usageCreated string
 	usageFirst   uint64
-	usage        map[string][]contracts.UsageRecord // tenant -> records by ID
+	usage        map[string]map[string][]byte // tenant -> record ID -> its JSON
 }
 
 // snapshotHeadValue is the value of contracts.GatewaySnapshotHeadKey.
@@ -92,9 +91,9 @@ func (m *memoryModel) snapshotWithUsage(seq, usageSeq uint64) *modelSnap {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	s := &modelSnap{seq: seq, retired: make(map[string][]retiredJob, len(m.retired)), usageSeq: usageSeq,
-		usage: make(map[string][]contracts.UsageRecord, len(m.usage))}
+		usage: make(map[string]map[string][]byte, len(m.usage))}
 	for tenant, recs := range m.usage {
-		s.usage[tenant] = slices.Collect(maps.Values(recs))
+		s.usage[tenant] = maps.Clone(recs) // the records' bytes never change
 	}
 	for _, jobs := range m.jobs {
 		for _, st := range jobs {
@@ -133,13 +132,7 @@ func (m *memoryModel) install(s *modelSnap) {
 	for _, st := range ended {
 		m.ended = append(m.ended, jobKey{st.Tenant, st.JobID})
 	}
-	m.usage = map[string]map[string]contracts.UsageRecord{}
-	for tenant, recs := range s.usage {
-		m.usage[tenant] = make(map[string]contracts.UsageRecord, len(recs))
-		for _, r := range recs {
-			m.usage[tenant][r.ID] = r
-		}
-	}
+	m.usage = s.usage
 	for tenant, recs := range s.retired {
 		rs := &retiredSet{recs: recs, sorted: true}
 		for _, r := range recs {
@@ -223,11 +216,8 @@ func (s *modelSnap) encode() ([]byte, error) {
 		str(t)
 		recs := s.usage[t]
 		uv(uint64(len(recs)))
-		for _, r := range recs {
-			data, err := json.Marshal(r)
-			if err != nil {
-				return nil, fmt.Errorf("usage record %s: %w", r.ID, err)
-			}
+		for id, data := range recs {
+			str(id)
 			uv(uint64(len(data)))
 			buf.Write(data)
 		}
@@ -240,7 +230,81 @@ func (s *modelSnap) encode() ([]byte, error) {
 // errBadSnapshot says a snapshot cannot be decoded.
 var errBadSnapshot = errors.New("unusable read model snapshot")
 
+// cursor reads an encoded snapshot; the first error sticks.
+type cursor struct {
+	b   []byte
+	err error
+}
+
+func (c *cursor) fail(err error) {
+	if c.err == nil {
+		c.err = err
+	}
+}
+
+func (c *cursor) uvarint() uint64 {
+	if c.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(c.b)
+	if n <= 0 {
+		c.fail(io.ErrUnexpectedEOF)
+		return 0
+	}
+	c.b = c.b[n:]
+	return v
+}
+
+func (c *cursor) varint() int64 {
+	if c.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(c.b)
+	if n <= 0 {
+		c.fail(io.ErrUnexpectedEOF)
+		return 0
+	}
+	c.b = c.b[n:]
+	return v
+}
+
+func (c *cursor) byte1() byte {
+	if c.err != nil || len(c.b) == 0 {
+		c.fail(io.ErrUnexpectedEOF)
+		return 0
+	}
+	v := c.b[0]
+	c.b = c.b[1:]
+	return v
+}
+
+// bytes returns the next length-prefixed bytes, a slice of the snapshot.
+func (c *cursor) bytes() []byte {
+	n := c.uvarint()
+	if c.err != nil {
+		return nil
+	}
+	if n > uint64(len(c.b)) {
+		c.fail(io.ErrUnexpectedEOF)
+		return nil
+	}
+	v := c.b[:n:n]
+	c.b = c.b[n:]
+	return v
+}
+
+// count reads a number of items, each at least one byte long.
+func (c *cursor) count() uint64 {
+	n := c.uvarint()
+	if n > uint64(len(c.b)) {
+		c.fail(io.ErrUnexpectedEOF)
+		return 0
+	}
+	return n
+}
+
 // decodeModelSnap is encode's inverse; any damage is an errBadSnapshot.
+// The usage records are slices of data (not decoded: Usage decodes them).
 func decodeModelSnap(data []byte) (*modelSnap, error) {
 	if len(data) < len(snapshotMagic)+sha256.Size || string(data[:len(snapshotMagic)]) != snapshotMagic {
 		return nil, fmt.Errorf("%w: not a snapshot of this version", errBadSnapshot)
@@ -249,115 +313,71 @@ func decodeModelSnap(data []byte) (*modelSnap, error) {
 	if sum := sha256.Sum256(body); !bytes.Equal(sum[:], data[len(body):]) {
 		return nil, fmt.Errorf("%w: checksum mismatch", errBadSnapshot)
 	}
-	r := bufio.NewReader(bytes.NewReader(body[len(snapshotMagic):]))
-	var err error
-	uv := func() uint64 {
-		if err != nil {
-			return 0
-		}
-		var v uint64
-		v, err = binary.ReadUvarint(r)
-		return v
-	}
-	bytesN := func() []byte {
-		n := uv()
-		if err != nil {
-			return nil
-		}
-		if n > uint64(len(body)) {
-			err = io.ErrUnexpectedEOF
-			return nil
-		}
-		b := make([]byte, n)
-		_, err = io.ReadFull(r, b)
-		return b
-	}
-	s := &modelSnap{retired: map[string][]retiredJob{}}
-	s.seq, s.first = uv(), uv()
-	s.created = string(bytesN())
-	nLive := uv()
-	for i := uint64(0); i < nLive && err == nil; i++ {
-		data := bytesN()
-		if err != nil {
+	c := &cursor{b: body[len(snapshotMagic):]}
+	s := &modelSnap{retired: map[string][]retiredJob{}, usage: map[string]map[string][]byte{}}
+	s.seq, s.first = c.uvarint(), c.uvarint()
+	s.created = string(c.bytes())
+	for range c.count() {
+		data := c.bytes()
+		if c.err != nil {
 			break
 		}
 		st := &contracts.JobStatus{}
-		if err = json.Unmarshal(data, st); err == nil && (st.Tenant == "" || st.JobID == "") {
-			err = errors.New("a status without tenant or job")
+		if err := json.Unmarshal(data, st); err != nil {
+			c.fail(err)
+		} else if st.Tenant == "" || st.JobID == "" {
+			c.fail(errors.New("a status without tenant or job"))
 		}
 		s.live = append(s.live, st)
 	}
-	nOps := uv()
-	for i := uint64(0); i < nOps && err == nil; i++ {
-		data := bytesN()
-		var ev contracts.JobEvent
-		if err == nil {
-			err = json.Unmarshal(data, &ev)
-		}
-		s.ops = append(s.ops, ev)
-	}
-	nTenants := uv()
-	for i := uint64(0); i < nTenants && err == nil; i++ {
-		tenant := string(bytesN())
-		n := uv()
-		if err == nil && n > uint64(len(body)) {
-			err = io.ErrUnexpectedEOF
-		}
-		if err != nil {
+	for range c.count() {
+		data := c.bytes()
+		if c.err != nil {
 			break
 		}
+		var ev contracts.JobEvent
+		c.fail(json.Unmarshal(data, &ev))
+		s.ops = append(s.ops, ev)
+	}
+	for range c.count() {
+		tenant := string(c.bytes())
+		n := c.count()
 		recs := make([]retiredJob, 0, n)
-		for j := uint64(0); j < n && err == nil; j++ {
-			var rec retiredJob
-			if rec.sec, err = binary.ReadVarint(r); err != nil {
+		for range n {
+			rec := retiredJob{sec: c.varint(), nsec: int32(c.uvarint()), state: c.byte1(), last: c.uvarint(), id: string(c.bytes())}
+			if c.err != nil {
 				break
 			}
-			rec.nsec = int32(uv())
-			var b byte
-			if err == nil {
-				b, err = r.ReadByte()
-			}
-			rec.state = b
-			rec.last = uv()
-			rec.id = string(bytesN())
-			if err == nil && (int(rec.state) >= len(endedStates) || rec.nsec < 0 || rec.nsec >= 1e9 || rec.id == "") {
-				err = errors.New("a retired record out of range")
+			if int(rec.state) >= len(endedStates) || rec.nsec < 0 || rec.nsec >= 1e9 || rec.id == "" {
+				c.fail(errors.New("a retired record out of range"))
 			}
 			recs = append(recs, rec)
 		}
-		if err == nil && !slices.IsSortedFunc(recs, storeOrder) {
-			err = errors.New("retired records out of order")
+		if c.err == nil && !slices.IsSortedFunc(recs, storeOrder) {
+			c.fail(errors.New("retired records out of order"))
 		}
 		s.retired[tenant] = recs
 	}
-	s.usageSeq, s.usageFirst = uv(), uv()
-	s.usageCreated = string(bytesN())
-	s.usage = map[string][]contracts.UsageRecord{}
-	nTenants = uv()
-	for i := uint64(0); i < nTenants && err == nil; i++ {
-		tenant := string(bytesN())
-		n := uv()
-		if err == nil && n > uint64(len(body)) {
-			err = io.ErrUnexpectedEOF
-		}
-		recs := make([]contracts.UsageRecord, 0, n)
-		for j := uint64(0); j < n && err == nil; j++ {
-			data := bytesN()
-			var rec contracts.UsageRecord
-			if err == nil {
-				if err = json.Unmarshal(data, &rec); err == nil && rec.ID == "" {
-					err = errors.New("a usage record without an id")
-				}
+	s.usageSeq, s.usageFirst = c.uvarint(), c.uvarint()
+	s.usageCreated = string(c.bytes())
+	for range c.count() {
+		tenant := string(c.bytes())
+		n := c.count()
+		recs := make(map[string][]byte, n)
+		for range n {
+			id, rec := string(c.bytes()), c.bytes()
+			if c.err == nil && (id == "" || len(rec) == 0) {
+				c.fail(errors.New("a usage record without an id"))
 			}
-			recs = append(recs, rec)
+			recs[id] = rec
 		}
 		s.usage[tenant] = recs
 	}
-	if err == nil && r.Buffered() > 0 {
-		err = errors.New("trailing bytes")
+	if c.err == nil && len(c.b) > 0 {
+		c.fail(errors.New("trailing bytes"))
 	}
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", errBadSnapshot, err)
+	if c.err != nil {
+		return nil, fmt.Errorf("%w: %w", errBadSnapshot, c.err)
 	}
 	return s, nil
 }
