@@ -153,3 +153,54 @@ func BenchmarkOnHeartbeat(b *testing.B) {
 		}
 	})
 }
+
+// TestReplacedFeedRefreshesNothingOld: a replaced feed starts with each
+// node's newest heartbeat, which the old feed may have delivered already
+// (or which was stored before the manager listened): delivered again, it
+// must not restart the node's clock, or a dead node would be kept alive
+// by every new feed. A newer heartbeat does.
+func TestReplacedFeedRefreshesNothingOld(t *testing.T) {
+	now := time.Date(2026, 11, 27, 0, 0, 0, 0, time.UTC)
+	s := &server{cfg: Config{Now: func() time.Time { return now }}, log: slog.New(slog.DiscardHandler),
+		tracker: liveness.New(6 * time.Second), nodesSeq: map[string]uint64{}, hbSeq: 100, hbStart: 100}
+	for _, n := range []string{"n1", "n2"} {
+		s.tracker.Apply(contracts.NodeEvent{Kind: contracts.NodeRegistered, NodeID: n, Incarnation: "i1"}, 1, now)
+	}
+	hb := func(node string, seq uint64) {
+		t.Helper()
+		data, err := json.Marshal(contracts.Heartbeat{SchemaVersion: 1, NodeID: node, Incarnation: "i1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.onHeartbeatMsg(context.Background(), &bus.Msg{Subject: contracts.SubjectHeartbeat(node), Data: data, StreamSeq: seq}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lostAfter := func(d time.Duration) []string {
+		var out []string
+		for _, dec := range s.tracker.Due(now.Add(d)) {
+			out = append(out, dec.Event.NodeID)
+		}
+		return out
+	}
+	// The feed flows (n2 every 2 s: no gap of the whole feed), n1 falls
+	// silent after its heartbeat 101.
+	hb("n1", 90) // stored before the manager listened
+	hb("n1", 101)
+	hb("n2", 102)
+	now = now.Add(2 * time.Second)
+	hb("n2", 103)
+	now = now.Add(2 * time.Second)
+	hb("n2", 104)
+	now = now.Add(time.Second)
+	// A new feed: each node's newest heartbeat again, then n2's next one.
+	hb("n1", 101)
+	hb("n2", 104)
+	hb("n2", 105)
+	if got := lostAfter(2 * time.Second); len(got) != 1 || got[0] != "n1" {
+		t.Fatalf("due 7 s after n1's last new heartbeat: %v, want [n1] (its heartbeat delivered again refreshed it)", got)
+	}
+	if s.hbSeq != 105 {
+		t.Fatalf("hbSeq = %d, want 105", s.hbSeq)
+	}
+}

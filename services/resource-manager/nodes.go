@@ -98,7 +98,12 @@ func (s *server) onHeartbeatMsg(ctx context.Context, m *bus.Msg) error {
 	}
 	s.lifeMu.Lock()
 	defer s.lifeMu.Unlock()
-	s.hbSeq = max(s.hbSeq, m.StreamSeq)
+	if m.StreamSeq <= s.hbSeq {
+		// Delivered before, or stored before this manager listened: a
+		// replaced feed starts with each node's newest heartbeat (feed.go).
+		return nil
+	}
+	s.hbSeq = m.StreamSeq
 	if d, owed := s.tracker.Heartbeat(node, incarnation, m.StreamSeq, s.cfg.Now()); owed {
 		s.publishLifecycle(ctx, d)
 	}
