@@ -186,9 +186,14 @@ func (s *server) lockNode(node string) func() {
 
 // run rebuilds, then runs the follows, the liveness loop and the plan
 // consumer until ctx ends.
-// allocSubjects are what the resource manager reads of ALLOCATIONS: the
-// ledger, and refusals (final answers a redelivered plan must respect).
-var allocSubjects = []string{contracts.SubjectLedgerAll, contracts.SubjectRefusedAll}
+// allocSubjects filter what the resource manager reads of ALLOCATIONS:
+// nothing, since the stream (gp.alloc.>) holds only the ledger and the
+// refusals (final answers a redelivered plan must respect), and
+// onAllocMsg skips any other subject. Filtering on those two families made
+// the server match every stored message's subject against both for each
+// message delivered (most of a full rebuild's CPU at 100k jobs, more per
+// job the more nodes the ledger spans).
+var allocSubjects []string
 
 func (s *server) run(ctx context.Context) error {
 	// 0. The snapshot, when there is a usable one: ALLOCATIONS and RUNS
@@ -258,7 +263,7 @@ func (s *server) run(ctx context.Context) error {
 	runsCaughtUp := make(chan struct{})
 	g.Go(func() error {
 		return s.bus.Follow(gctx, bus.FollowSpec{Stream: contracts.StreamRuns,
-			FilterSubjects: []string{contracts.SubjectRunsAll}, StartSeq: runsStart + 1}, s.onRunFact, func() { close(runsCaughtUp) })
+			StartSeq: runsStart + 1}, s.onRunFact, func() { close(runsCaughtUp) })
 	})
 	g.Go(func() error {
 		for _, c := range []chan struct{}{runsCaughtUp, leasesKnown, adminKnown} {

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -425,10 +426,21 @@ func refusalHashOf(id string) refusalHash {
 	return refusalHash(h[:refusalKeySize])
 }
 
+// isLedgerSubject reports whether subject is gp.alloc.ledger.<node>.
+func isLedgerSubject(subject string) bool {
+	node, ok := strings.CutPrefix(subject, "gp.alloc.ledger.")
+	return ok && node != "" && !strings.Contains(node, ".")
+}
+
 // onAllocMsg is onLedgerMsg for the in-order read of ALLOCATIONS (the
 // rebuild and its follow): it also moves the position a snapshot covers.
 func (s *server) onAllocMsg(ctx context.Context, m *bus.Msg) error {
-	err := s.onLedgerMsg(ctx, m)
+	// The stream is read unfiltered (allocSubjects): only the ledger's
+	// and refusals' subjects are applied.
+	var err error
+	if isLedgerSubject(m.Subject) || strings.HasPrefix(m.Subject, "gp.alloc.refused.") {
+		err = s.onLedgerMsg(ctx, m)
+	}
 	s.mu.Lock()
 	s.allocSeq = max(s.allocSeq, m.StreamSeq)
 	s.sinceSnapshot++
@@ -439,7 +451,11 @@ func (s *server) onAllocMsg(ctx context.Context, m *bus.Msg) error {
 // onRunFact is onRunMsg for the follow of RUNS: a fact is covered once
 // handled, unless ctx ended first (its release may not be stored).
 func (s *server) onRunFact(ctx context.Context, m *bus.Msg) error {
-	err := s.onRunMsg(ctx, m)
+	var err error
+	// RUNS is read unfiltered: it holds gp.runs.<node> alone.
+	if strings.HasPrefix(m.Subject, "gp.runs.") && strings.Count(m.Subject, ".") == 2 {
+		err = s.onRunMsg(ctx, m)
+	}
 	if ctx.Err() != nil {
 		return err
 	}
