@@ -511,3 +511,22 @@ func TestRunEndCoveredOnlyOnceReleased(t *testing.T) {
 		}
 	}
 }
+
+// ALLOCATIONS and RUNS are read unfiltered: a message on a subject of
+// neither family is skipped, as the filtered read never delivered it.
+func TestOtherSubjectsInTheStreamsAreSkipped(t *testing.T) {
+	e := newSnapEnv(t, 11)
+	a := alloc("stray", "n9", 0)
+	e.pub("gp.alloc.other.n9", "stray-ledger", contracts.LedgerEntry{SchemaVersion: 1, Kind: contracts.LedgerCommitted, Allocation: a})
+	e.pub("gp.alloc.ledger.n9.more", "stray-ledger-deep", contracts.LedgerEntry{SchemaVersion: 1, Kind: contracts.LedgerCommitted, Allocation: a})
+	e.workload(30)
+	r := e.start(0, true)
+	e.settled(r)
+	r.s.mu.Lock()
+	_, _, known := r.s.led.Allocation(a.ID)
+	seq := r.s.led.LastSeq("n9")
+	r.s.mu.Unlock()
+	if known || seq != 0 {
+		t.Fatalf("a message outside the ledger's subjects was applied: allocation known %v, n9 at %d", known, seq)
+	}
+}
