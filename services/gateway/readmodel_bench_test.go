@@ -94,7 +94,9 @@ func BenchmarkReadModelRebuild(b *testing.B) {
 			if strings.HasSuffix(mode, "snapshot") && !snapshotted {
 				// A full start writes the snapshot the next starts load.
 				m := retaining()
+				start := time.Now()
 				in, stop := model(m, nil)
+				b.Logf("the full start that writes the snapshot took %s", time.Since(start))
 				kv, err := ob.KeyValue(ctx, contracts.BucketSnapshots)
 				if err != nil {
 					b.Fatal(err)

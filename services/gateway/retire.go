@@ -45,9 +45,10 @@ type RetentionConfig struct {
 }
 
 // DefaultRetentionConfig keeps ended jobs whole for 10 minutes, at most
-// 20,000 of them (as the scheduler does), and 10,000 retired statuses.
+// 20,000 of them (as the scheduler does), and 2,000 retired statuses
+// (about 2.6 KiB each with their requests: a few pages of every tenant).
 func DefaultRetentionConfig() RetentionConfig {
-	return RetentionConfig{RetainEnded: 10 * time.Minute, RetainEndedMax: 20_000, CachedJobs: 10_000, SnapshotInterval: time.Minute}
+	return RetentionConfig{RetainEnded: 10 * time.Minute, RetainEndedMax: 20_000, CachedJobs: 2_000, SnapshotInterval: time.Minute}
 }
 
 func (c RetentionConfig) withDefaults() RetentionConfig {
@@ -274,7 +275,7 @@ func internID(s string) string { return strings.Clone(s) }
 func (c *RetentionConfig) registerFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.RetainEnded, "retain-ended", c.RetainEnded, "how long an ended job stays whole in the read model before it is retired (read again from JOB_EVENTS when asked for)")
 	fs.IntVar(&c.RetainEndedMax, "retain-ended-max", c.RetainEndedMax, "most ended jobs kept whole in the read model")
-	fs.IntVar(&c.CachedJobs, "retired-cache", c.CachedJobs, "retired jobs' statuses cached after a read")
+	fs.IntVar(&c.CachedJobs, "retired-cache", c.CachedJobs, "retired jobs' statuses cached after a read or their retirement")
 	fs.DurationVar(&c.SnapshotInterval, "snapshot-interval", c.SnapshotInterval, "how often the read model is written to the gp-snapshots bucket (negative: never)")
 }
 
