@@ -274,12 +274,22 @@ type queue struct {
 func (b *Book) NewRound(items []Item) *Round {
 	r := &Round{book: b, queues: make(map[classTenant]*queue)}
 	byRank := make(map[int]*class)
+	// Two passes: count each queue's items, then fill slices of that size
+	// cut from one array (a deep queue's items grew every tenant's slice
+	// by doubling, most of a steady cycle's garbage here).
+	counts := make(map[classTenant]int)
+	for i := range items {
+		counts[classTenant{items[i].Priority.Rank(), items[i].Tenant}]++
+	}
+	backing := make([]Item, len(items))
 	for _, it := range items {
 		rank := it.Priority.Rank()
 		k := classTenant{rank, it.Tenant}
 		q := r.queues[k]
 		if q == nil {
-			q = &queue{tenant: it.Tenant, acct: b.account(it.Tenant)}
+			n := counts[k]
+			q = &queue{tenant: it.Tenant, acct: b.account(it.Tenant), items: backing[:0:n]}
+			backing = backing[n:]
 			r.queues[k] = q
 			c := byRank[rank]
 			if c == nil {
@@ -292,16 +302,21 @@ func (b *Book) NewRound(items []Item) *Round {
 		q.items = append(q.items, it)
 	}
 	slices.SortFunc(r.classes, func(a, b *class) int { return b.rank - a.rank })
-	for _, q := range r.queues {
-		slices.SortFunc(q.items, func(a, b Item) int {
-			if a.Seq != b.Seq {
-				if a.Seq < b.Seq {
-					return -1
-				}
-				return 1
+	byOrder := func(a, b Item) int {
+		if a.Seq != b.Seq {
+			if a.Seq < b.Seq {
+				return -1
 			}
-			return strings.Compare(a.Key, b.Key)
-		})
+			return 1
+		}
+		return strings.Compare(a.Key, b.Key)
+	}
+	for _, q := range r.queues {
+		// The scheduler's queue hands each tenant's items over in order
+		// already: checking costs one pass, sorting more.
+		if !slices.IsSortedFunc(q.items, byOrder) {
+			slices.SortFunc(q.items, byOrder)
+		}
 	}
 	return r
 }

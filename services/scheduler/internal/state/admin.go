@@ -90,8 +90,8 @@ func (s *Store) book(snap placement.Snapshot) *fairshare.Book {
 	hold := func(a *contracts.Allocation) {
 		b.Hold(a.Tenant, a.Pool, fairshare.Usage{MilliGPU: milliOf(a), CPUMilli: a.CPUMilli, MemoryMiB: a.MemoryMiB})
 	}
-	for _, a := range s.cluster.allocs {
-		hold(a)
+	for _, ref := range s.committed() {
+		hold(ref.a)
 	}
 	for _, a := range s.cluster.plans {
 		hold(a)
@@ -555,8 +555,7 @@ type guarantee struct {
 // decisions take the same borrowed GPUs twice.
 func (s *Store) guarantees(b *fairshare.Book) *guarantee {
 	g := &guarantee{book: b, staying: map[preempt.TenantPool]int64{}}
-	add := func(a *contracts.Allocation) {
-		j := s.jobs[Key(a.Tenant, a.JobID)]
+	add := func(a *contracts.Allocation, j *Job) {
 		if j == nil || j.Request == nil || j.Attempt != a.Attempt || j.State.Terminal() || j.evict != "" || j.cancel {
 			return
 		}
@@ -565,11 +564,11 @@ func (s *Store) guarantees(b *fairshare.Book) *guarantee {
 		}
 		g.staying[preempt.TenantPool{Tenant: a.Tenant, Pool: a.Pool}] += milliOf(a)
 	}
-	for _, a := range s.cluster.allocs {
-		add(a)
+	for _, ref := range s.committed() {
+		add(ref.a, ref.j)
 	}
 	for _, a := range s.cluster.plans {
-		add(a)
+		add(a, s.jobs[Key(a.Tenant, a.JobID)])
 	}
 	for key, cl := range s.cluster.claims {
 		if j := s.jobs[key]; j != nil && j.Request != nil {
@@ -621,17 +620,17 @@ func (g *guarantee) spend(j *Job, choice preempt.Choice) {
 // victimsOf lists the committed allocations that preemption may consider;
 // g, when set, says which tenants borrow.
 func (s *Store) victimsOf(g *guarantee) []preempt.Running {
-	// Map order is random; the choice must not be. The candidates are
-	// sorted by allocation ID as pointers, before the (large) Running
-	// values are made.
+	// In allocation ID order (committed's): map order is random, and the
+	// choice must not be.
 	type cand struct {
 		a *contracts.Allocation
 		j *Job
 		p *part
 	}
-	cands := make([]cand, 0, len(s.cluster.allocs))
-	for _, a := range s.cluster.allocs {
-		j := s.jobs[Key(a.Tenant, a.JobID)]
+	refs := s.committed()
+	cands := make([]cand, 0, len(refs))
+	for _, ref := range refs {
+		a, j := ref.a, ref.j
 		if j == nil || j.Request == nil || j.Attempt != a.Attempt || j.State.Terminal() || j.evict != "" || j.cancel {
 			continue
 		}
@@ -641,7 +640,6 @@ func (s *Store) victimsOf(g *guarantee) []preempt.Running {
 		}
 		cands = append(cands, cand{a, j, p})
 	}
-	slices.SortFunc(cands, func(x, y cand) int { return strings.Compare(x.a.ID, y.a.ID) })
 	out := make([]preempt.Running, 0, len(cands))
 	for _, c := range cands {
 		a, j, p := c.a, c.j, c.p
@@ -666,9 +664,8 @@ func (s *Store) victimsOf(g *guarantee) []preempt.Running {
 // go, for backfill reservations.
 func (s *Store) running(now time.Time) []backfill.Running {
 	out := make([]backfill.Running, 0, len(s.cluster.allocs)+len(s.cluster.plans))
-	add := func(a *contracts.Allocation) {
+	add := func(a *contracts.Allocation, j *Job) {
 		r := backfill.Running{NodeID: a.NodeID, Devices: a.Devices, CPUMilli: a.CPUMilli, MemoryMiB: a.MemoryMiB}
-		j := s.jobs[Key(a.Tenant, a.JobID)]
 		if ended(j, a) {
 			// Its run is over (or its job is, or it is not this attempt's):
 			// only the release is to come. Counted as never ending, it
@@ -687,13 +684,16 @@ func (s *Store) running(now time.Time) []backfill.Running {
 		}
 		out = append(out, r)
 	}
-	for _, a := range s.cluster.allocs {
-		add(a)
+	for _, ref := range s.committed() {
+		add(ref.a, ref.j)
 	}
 	for _, a := range s.cluster.plans {
-		add(a)
+		add(a, s.jobs[Key(a.Tenant, a.JobID)])
 	}
-	slices.SortFunc(out, func(a, b backfill.Running) int { return strings.Compare(a.NodeID, b.NodeID) })
+	// In map order: backfill.Reserve groups the jobs by node itself and
+	// orders each node's by release time; what is released by a time
+	// does not depend on the order (it was sorted by node, 25k values a
+	// cycle at issue 17's scale, for nothing).
 	return out
 }
 
@@ -706,4 +706,28 @@ func ended(j *Job, a *contracts.Allocation) bool {
 	}
 	p := j.part(a.ID)
 	return p != nil && p.done()
+}
+
+// allocRef is a committed allocation and its job (nil when the store has
+// none by that key).
+type allocRef struct {
+	a *contracts.Allocation
+	j *Job
+}
+
+// committed returns the committed allocations with their jobs, in
+// allocation ID order. A cycle computes it once (cycleRefs) for its four
+// walks over them (book, running, guarantees, victimsOf): while a cycle
+// runs neither changes, since ledger facts come between cycles and jobs
+// enter and leave the jobs map only with requests and RetireTerminal.
+func (s *Store) committed() []allocRef {
+	if s.cycleRefsOK {
+		return s.cycleRefs
+	}
+	refs := make([]allocRef, 0, len(s.cluster.allocs))
+	for _, a := range s.cluster.allocs {
+		refs = append(refs, allocRef{a, s.jobs[Key(a.Tenant, a.JobID)]})
+	}
+	slices.SortFunc(refs, func(x, y allocRef) int { return strings.Compare(x.a.ID, y.a.ID) })
+	return refs
 }

@@ -47,6 +47,11 @@ func (s *Store) Cycle() CycleResult {
 	snap := s.cluster.snapshot(now)
 	s.drain(now)
 	s.checkEvicting()
+	if !s.exhaustive { // the reference looks every job up afresh
+		s.cycleRefs = s.committed()
+		s.cycleRefsOK = true
+		defer func() { s.cycleRefs, s.cycleRefsOK = nil, false }()
+	}
 	p := placement.NewPlacer(snap, placement.Options{Policy: s.policyFor, Workload: s.workload.requests(),
 		Exhaustive: s.exhaustive})
 	book := s.book(snap)
@@ -157,8 +162,26 @@ func (s *Store) Cycle() CycleResult {
 		admitNeed int64
 		quota     []string
 	)
+	// bookMemo keeps the book's answers (quota verdicts, guarantee
+	// notes) until the book next changes: a placement (round.Placed)
+	// clears it. Most waiting jobs ask what the job before them asked.
+	type bookAsk struct {
+		tenant, pool string
+		need         int64
+	}
+	verdicts := map[bookAsk]fairshare.Verdict{}
+	notes := map[bookAsk]string{}
+	bookChanged := func() {
+		clear(verdicts)
+		clear(notes)
+	}
 	admit := func(pool string) bool {
-		v := book.Admit(admitJob.Tenant, pool, admitNeed)
+		ask := bookAsk{admitJob.Tenant, pool, admitNeed}
+		v, ok := verdicts[ask]
+		if !ok || s.exhaustive {
+			v = book.Admit(admitJob.Tenant, pool, admitNeed)
+			verdicts[ask] = v
+		}
 		if !v.OK {
 			quota = append(quota, v.Message)
 		}
@@ -252,6 +275,7 @@ func (s *Store) Cycle() CycleResult {
 				MemoryMiB: it.Usage.MemoryMiB / k}
 			for _, part := range d.Parts {
 				round.Placed(per, part.Pool)
+				bookChanged()
 			}
 			continue
 		}
@@ -270,7 +294,13 @@ func (s *Store) Cycle() CycleResult {
 				pr.AllowPool = admitFor(j, need) // asked again after the loop
 				preemptors = append(preemptors, miss{j, pr})
 			}
-			if note := s.guaranteeNote(j, book, r); note != "" {
+			ask := bookAsk{j.Tenant, r.Pool, r.GPU.MilliGPUs()}
+			note, ok := notes[ask]
+			if !ok || s.exhaustive {
+				note = s.guaranteeNote(j, book, r) // it reads no more of j and r than ask holds
+				notes[ask] = note
+			}
+			if note != "" {
 				pend.Message += "; " + note
 			}
 			if reserved < s.cfg.MaxReservations {

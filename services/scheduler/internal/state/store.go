@@ -279,6 +279,11 @@ type Store struct {
 	// ret is what is kept of retired jobs (retention.go).
 	ret *retention
 
+	// cycleRefs are committed()'s answer while a cycle runs
+	// (cycleRefsOK).
+	cycleRefs   []allocRef
+	cycleRefsOK bool
+
 	// exhaustive has cycles place without the placer's failure memos
 	// (the tests' reference for them).
 	exhaustive bool
