@@ -3,6 +3,7 @@ package billing
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"errors"
 	"sync"
 	"time"
@@ -70,17 +71,30 @@ func monthKey(t time.Time) string { return t.UTC().Format("2006-01") }
 // and of tests. Its content dies with the process, so every process has a
 // new generation and rebuilds from USAGE. It is safe for concurrent use.
 type MemoryStore struct {
-	mu      sync.Mutex
-	gen     string
-	applied map[string]struct{} // record IDs
-	totals  map[string]Totals   // by the same keys as RedisStore's
+	mu  sync.Mutex
+	gen string
+	// applied holds a digest of each applied record's ID (recordKey): the
+	// IDs themselves, some 70 bytes each, were most of what the store
+	// kept per record, and records come with every job (issue 17).
+	applied map[recordKey]struct{}
+	totals  map[string]Totals // by the same keys as RedisStore's
 }
 
 var _ Store = (*MemoryStore)(nil)
 
 // NewMemoryStore returns an empty in-memory store.
 func NewMemoryStore() *MemoryStore {
-	return &MemoryStore{gen: newGeneration(), applied: map[string]struct{}{}, totals: map[string]Totals{}}
+	return &MemoryStore{gen: newGeneration(), applied: map[recordKey]struct{}{}, totals: map[string]Totals{}}
+}
+
+// recordKey is the first 16 bytes of the SHA-256 of a record's ID: a
+// digest no tenant can collide on purpose (a collision would count one
+// record as another's redelivery).
+type recordKey [16]byte
+
+func keyOfRecord(id string) recordKey {
+	sum := sha256.Sum256([]byte(id))
+	return recordKey(sum[:16])
 }
 
 // newGeneration is a random name for a store's content.
@@ -95,10 +109,11 @@ func (s *MemoryStore) Apply(_ context.Context, recs []contracts.UsageRecord) (in
 	defer s.mu.Unlock()
 	n := 0
 	for _, r := range recs {
-		if _, ok := s.applied[r.ID]; ok {
+		k := keyOfRecord(r.ID)
+		if _, ok := s.applied[k]; ok {
 			continue
 		}
-		s.applied[r.ID] = struct{}{}
+		s.applied[k] = struct{}{}
 		n++
 		for _, k := range totalKeys(r) {
 			t := s.totals[k]
