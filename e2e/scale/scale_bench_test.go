@@ -56,7 +56,7 @@ import (
 //	GPUPLANE_SCALE_FLEET_PROCS     fleet-sim processes (one per 2,500 machines)
 //	GPUPLANE_SCALE_TELEMETRY       each machine's telemetry interval (agent default, 1s)
 //	GPUPLANE_SCALE_HEARTBEAT       each machine's heartbeat interval (agent default, 2s; the
-//	                               resource manager declares a machine lost after 6s of silence)
+//	                               resource manager declares a machine lost after 3 intervals of silence)
 //	GPUPLANE_SCALE_TRACE           pod list CSV (the shared trace; a Pareto law when absent)
 //	GPUPLANE_SCALE_DRAIN           time after the last submit before the end figures (15s)
 //	GPUPLANE_SCALE_KEEP=1          keep the processes' logs and the store
@@ -139,7 +139,19 @@ func runScale(b *testing.B, cfg scaleConfig) {
 	cycles := &cycleLog{}
 	sched := start("scheduler", contracts.BusScheduler, "debug", "-allow-host-commands")
 	sched.onLine = cycles.line
-	start("resource-manager", contracts.BusResourceManager, "warn")
+	// The manager declares a machine lost after three of its intervals
+	// without a heartbeat (6 s for the agents' 2 s): a longer interval
+	// with the default 6 s would lose machines whose heartbeat is a
+	// little late.
+	var rmArgs []string
+	if cfg.heartbeat != "" {
+		every, err := time.ParseDuration(cfg.heartbeat)
+		if err != nil {
+			b.Fatalf("GPUPLANE_SCALE_HEARTBEAT=%q: %v", cfg.heartbeat, err)
+		}
+		rmArgs = append(rmArgs, "-heartbeat-timeout", (3 * every).String())
+	}
+	start("resource-manager", contracts.BusResourceManager, "warn", rmArgs...)
 	start("monitor", contracts.BusMonitor, "warn", "-addr", freeAddr(b))
 	start("billing", contracts.BusBilling, "warn")
 	start("autoscaler", contracts.BusAutoscaler, "warn")
