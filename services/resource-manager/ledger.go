@@ -22,7 +22,7 @@ func (s *server) onLedgerMsg(_ context.Context, m *bus.Msg) error {
 		// A refusal (ours or another replica's) is final for its plan
 		// item: a redelivered plan must not commit what was refused.
 		s.mu.Lock()
-		s.refused[refusalHashOf(m.ID())] = struct{}{}
+		s.addRefusal(refusalHashOf(m.ID()))
 		s.mu.Unlock()
 		return nil
 	}

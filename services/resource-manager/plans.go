@@ -173,7 +173,7 @@ func (s *server) refuse(ctx context.Context, planID string, i int, a contracts.A
 		return err
 	}
 	s.mu.Lock()
-	s.refused[refusalHashOf(id)] = struct{}{}
+	s.addRefusal(refusalHashOf(id))
 	s.mu.Unlock()
 	log.Debug("plan item refused", "message", v.Message)
 	return nil

@@ -144,6 +144,9 @@ type server struct {
 	// history): a plan item refused once stays refused when the plan is
 	// redelivered.
 	refused map[refusalHash]struct{}
+	// refusedLog is refused's keys in the order added, append-only: a
+	// snapshot shares its prefix instead of copying under mu.
+	refusedLog []byte
 	// epochs is the highest fencing epoch seen per scheduler (leases.go).
 	epochs map[string]uint64
 	// allocSeq is the ALLOCATIONS sequence up to which every ledger entry

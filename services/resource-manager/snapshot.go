@@ -86,8 +86,11 @@ type snapshotMeta struct {
 
 // snapshot is a snapshot in memory.
 type snapshot struct {
-	meta    snapshotMeta
-	refused map[refusalHash]struct{}
+	meta snapshotMeta
+	// refusedKeys are the refusals' keys, refusalKeySize bytes each;
+	// refused the same as a set (decoded snapshots only).
+	refusedKeys []byte
+	refused     map[refusalHash]struct{}
 }
 
 // errBadSnapshot says a snapshot cannot be decoded; errStaleSnapshot that
@@ -101,10 +104,7 @@ var (
 // rest, the JSON's length (4 bytes), the JSON, the retired records, the
 // refusals' keys.
 func (sn *snapshot) encode() ([]byte, error) {
-	refused := make([]byte, 0, len(sn.refused)*refusalKeySize)
-	for k := range sn.refused {
-		refused = append(refused, k[:]...)
-	}
+	refused := sn.refusedKeys
 	sn.meta.RetiredBytes, sn.meta.RefusedBytes = len(sn.meta.Ledger.Retired), len(refused)
 	js, err := json.Marshal(sn.meta)
 	if err != nil {
@@ -150,7 +150,7 @@ func decodeSnapshot(data []byte) (*snapshot, error) {
 	if r < 0 || f < 0 || r+f != len(bin) || f%refusalKeySize != 0 {
 		return nil, fmt.Errorf("%w: %d binary bytes, header says %d + %d", errBadSnapshot, len(bin), r, f)
 	}
-	sn.meta.Ledger.Retired = bin[:r]
+	sn.meta.Ledger.Retired, sn.refusedKeys = bin[:r], bin[r:]
 	sn.refused = make(map[refusalHash]struct{}, f/refusalKeySize)
 	for off := r; off < len(bin); off += refusalKeySize {
 		sn.refused[refusalHash(bin[off:off+refusalKeySize])] = struct{}{}
@@ -158,23 +158,32 @@ func decodeSnapshot(data []byte) (*snapshot, error) {
 	return sn, nil
 }
 
-// takeSnapshot copies what a snapshot keeps, under s.mu (a few tens of
-// milliseconds at a million ended jobs, once a minute at most).
+// takeSnapshot takes what a snapshot keeps, under s.mu: copies of what
+// is live, and the prefixes of the append-only logs of what ended
+// (retired allocations, refusals), shared. The plans wait for it, so it
+// must not be O(history).
 func (s *server) takeSnapshot() *snapshot {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	n := len(s.refusedLog)
 	sn := &snapshot{meta: snapshotMeta{Schema: snapshotSchema,
 		Seqs:    map[string]uint64{contracts.StreamAllocations: s.allocSeq, contracts.StreamRuns: s.runsSeq},
 		Ledger:  s.led.Export(),
 		Started: make(map[string]time.Time, len(s.started))},
-		refused: make(map[refusalHash]struct{}, len(s.refused))}
+		refusedKeys: s.refusedLog[:n:n]}
 	for k, v := range s.started {
 		sn.meta.Started[k] = v
 	}
-	for k := range s.refused {
-		sn.refused[k] = struct{}{}
-	}
 	return sn
+}
+
+// addRefusal records a refusal's key once. Under s.mu.
+func (s *server) addRefusal(h refusalHash) {
+	if _, ok := s.refused[h]; ok {
+		return
+	}
+	s.refused[h] = struct{}{}
+	s.refusedLog = append(s.refusedLog, h[:]...)
 }
 
 // streamsNow returns each snapshot stream's creation time (RFC 3339) and
@@ -292,6 +301,8 @@ func (s *server) install(sn *snapshot) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.led, s.refused = led, sn.refused
+	// A copy: the decoded bytes are a slice of the whole snapshot.
+	s.refusedLog = append(make([]byte, 0, len(sn.refusedKeys)+len(sn.refusedKeys)/4), sn.refusedKeys...)
 	s.started = make(map[string]time.Time, len(sn.meta.Started))
 	for id, t := range sn.meta.Started {
 		if _, live, _ := led.Allocation(id); live {
@@ -360,7 +371,7 @@ func (w *snapshots) write(ctx context.Context, s *server) error {
 	s.mu.Unlock()
 	s.log.Info("snapshot written", "bytes", len(data), "chunks", chunks, "seqs", sn.meta.Seqs,
 		"live_allocations", len(sn.meta.Ledger.Live), "retired_allocations", len(sn.meta.Ledger.Retired)/ledger.RetiredRecordSize,
-		"refusals", len(sn.refused), "took", time.Since(start))
+		"refusals", len(sn.refusedKeys)/refusalKeySize, "took", time.Since(start))
 	return nil
 }
 

@@ -157,6 +157,10 @@ type Ledger struct {
 	// released (or whose release came first), by key hash (retire.go).
 	allocs  map[string]*record
 	retired map[retiredKey]retiredAlloc
+	// retiredLog is every retired record, encoded, in retirement order:
+	// append-only, so that Export hands out its prefix without copying
+	// (a snapshot is taken under the owner's lock).
+	retiredLog []byte
 	// nodeIDs names each node by its index (node.idx), for retired
 	// records; commits counts commits, for record.order.
 	nodeIDs []string
@@ -825,14 +829,14 @@ func (l *Ledger) release(a contracts.Allocation) {
 		// already: remember the ID so a late commit of it stays a no-op.
 		k := retiredKeyOf(a.ID)
 		if _, done := l.retired[k]; !done {
-			l.retired[k] = retiredAlloc{place: placementHash(a), node: l.node(a.NodeID).idx}
+			l.retire(k, retiredAlloc{place: placementHash(a), node: l.node(a.NodeID).idx})
 		}
 		return
 	}
 	held := r.alloc
 	n := l.node(held.NodeID)
 	delete(l.allocs, held.ID)
-	l.retired[retiredKeyOf(held.ID)] = retiredAlloc{place: placementHash(held), node: n.idx}
+	l.retire(retiredKeyOf(held.ID), retiredAlloc{place: placementHash(held), node: n.idx})
 	delete(n.live, held.ID)
 	k := jobKey(held)
 	if rest := slices.DeleteFunc(l.liveJobs[k], func(id string) bool { return id == held.ID }); len(rest) > 0 {

@@ -58,6 +58,19 @@ func placementHash(a contracts.Allocation) uint64 {
 	return binary.BigEndian.Uint64(h.Sum(sum[:0]))
 }
 
+// retire records r under k, which must be new.
+func (l *Ledger) retire(k retiredKey, r retiredAlloc) {
+	l.retired[k] = r
+	l.retiredLog = appendRetired(l.retiredLog, k, r)
+}
+
+// appendRetired appends the RetiredRecordSize-byte encoding of a record.
+func appendRetired(b []byte, k retiredKey, r retiredAlloc) []byte {
+	b = append(b, k[:]...)
+	b = binary.BigEndian.AppendUint64(b, r.place)
+	return binary.BigEndian.AppendUint32(b, r.node)
+}
+
 // Retired is the number of retired allocation records.
 func (l *Ledger) Retired() int { return len(l.retired) }
 

@@ -40,11 +40,15 @@ const RetiredRecordSize = 28
 // ErrBadState says a State cannot be loaded.
 var ErrBadState = errors.New("ledger: unusable state")
 
-// Export returns the ledger's state. It copies what it returns: the
-// ledger may change as soon as the caller's lock is released.
+// Export returns the ledger's state, which stays valid however the ledger
+// changes after: its nodes and live allocations are copied, and its
+// retired records are a prefix of an append-only log, shared (the caller
+// must not write to it). O(nodes + live allocations), not O(history):
+// a snapshot is taken under the owner's lock.
 func (l *Ledger) Export() State {
+	n := len(l.retiredLog)
 	st := State{Nodes: make([]NodeSeq, len(l.nodeIDs)), Live: make([]contracts.Allocation, 0, len(l.allocs)),
-		Retired: make([]byte, 0, len(l.retired)*RetiredRecordSize)}
+		Retired: l.retiredLog[:n:n]}
 	for i, id := range l.nodeIDs {
 		st.Nodes[i] = NodeSeq{ID: id, LastSeq: l.nodes[id].lastSeq}
 	}
@@ -55,13 +59,6 @@ func (l *Ledger) Export() State {
 	slices.SortFunc(live, func(a, b *record) int { return cmp.Compare(a.order, b.order) })
 	for _, r := range live {
 		st.Live = append(st.Live, r.alloc)
-	}
-	var rec [RetiredRecordSize]byte
-	for k, r := range l.retired {
-		copy(rec[:16], k[:])
-		binary.BigEndian.PutUint64(rec[16:24], r.place)
-		binary.BigEndian.PutUint32(rec[24:28], r.node)
-		st.Retired = append(st.Retired, rec[:]...)
 	}
 	return st
 }
@@ -93,13 +90,17 @@ func FromState(st State) (*Ledger, error) {
 		_ = l.commit(l.node(a.NodeID), a)
 	}
 	l.retired = make(map[retiredKey]retiredAlloc, len(st.Retired)/RetiredRecordSize)
+	l.retiredLog = make([]byte, 0, len(st.Retired)+len(st.Retired)/4)
 	for off := 0; off < len(st.Retired); off += RetiredRecordSize {
 		rec := st.Retired[off : off+RetiredRecordSize]
 		r := retiredAlloc{place: binary.BigEndian.Uint64(rec[16:24]), node: binary.BigEndian.Uint32(rec[24:28])}
 		if int(r.node) >= len(st.Nodes) {
 			return nil, fmt.Errorf("%w: retired record names node %d of %d", ErrBadState, r.node, len(st.Nodes))
 		}
-		l.retired[retiredKey(rec[:16])] = r
+		if _, dup := l.retired[retiredKey(rec[:16])]; dup {
+			return nil, fmt.Errorf("%w: a retired record listed twice", ErrBadState)
+		}
+		l.retire(retiredKey(rec[:16]), r)
 	}
 	for _, a := range st.Live {
 		if _, ok := l.retired[retiredKeyOf(a.ID)]; ok {
