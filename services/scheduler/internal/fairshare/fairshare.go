@@ -236,6 +236,9 @@ type Item struct {
 	Seq uint64
 	// Usage is what the job takes once placed (all machines of a gang).
 	Usage Usage
+	// Ref is the caller's, handed back as it came (an index into the
+	// caller's jobs saves a lookup by Key per item).
+	Ref int
 }
 
 // Round is one cycle's walk over the queue. Next hands out every item at

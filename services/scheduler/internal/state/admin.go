@@ -379,7 +379,7 @@ func (s *Store) preempt(now time.Time, preemptors []miss, b *fairshare.Book) []P
 			}
 		}
 		running = slices.DeleteFunc(running, func(r preempt.Running) bool {
-			return slices.Contains(keys, Key(r.Tenant, r.JobID))
+			return slices.ContainsFunc(keys, func(k string) bool { return isKey(k, r.Tenant, r.JobID) })
 		})
 		p := Preemption{Tenant: j.Tenant, JobID: j.ID, Parts: choice.Parts}
 		for _, v := range choice.Victims {
@@ -730,4 +730,11 @@ func (s *Store) committed() []allocRef {
 	}
 	slices.SortFunc(refs, func(x, y allocRef) int { return strings.Compare(x.a.ID, y.a.ID) })
 	return refs
+}
+
+// isKey reports whether k is Key(tenant, jobID), without building it (a
+// preemption decision asks it of every running allocation).
+func isKey(k, tenant, jobID string) bool {
+	return len(k) == len(tenant)+1+len(jobID) && k[:len(tenant)] == tenant && k[len(tenant)] == '/' &&
+		k[len(tenant)+1:] == jobID
 }

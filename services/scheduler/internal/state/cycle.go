@@ -91,13 +91,15 @@ func (s *Store) Cycle() CycleResult {
 		watermark = min(watermark, seq)
 	}
 	items := make([]fairshare.Item, 0, s.queue.Len())
+	offered := make([]*Job, 0, s.queue.Len()) // by fairshare.Item.Ref
 	for it := range s.queue.Order() {
 		j := it.Value
 		if j.seq > watermark {
 			continue
 		}
 		items = append(items, fairshare.Item{Key: j.key, Tenant: j.Tenant, Priority: j.Request.Priority, Seq: j.seq,
-			Usage: usageOf(j.Request)})
+			Ref: len(offered), Usage: usageOf(j.Request)})
+		offered = append(offered, j)
 	}
 	var reservedForJob func(j *Job, expected time.Duration) (map[string]placement.Hold, string)
 	binds := func(j *Job) func(backfill.Reservation) bool {
@@ -199,7 +201,12 @@ func (s *Store) Cycle() CycleResult {
 		}
 	}
 	for it, ok := round.Next(); ok; it, ok = round.Next() {
-		j := s.jobs[it.Key]
+		// The queue's job is the jobs map's (a queued job is never
+		// replaced there); the reference path looks it up as it did.
+		j := offered[it.Ref]
+		if s.exhaustive {
+			j = s.jobs[it.Key]
+		}
 		if j == nil || j.State != contracts.StateQueued || j.Request == nil || len(j.parts) > 0 {
 			continue
 		}
