@@ -3,16 +3,17 @@ package scheduler
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/kvsnap"
 	"github.com/gpuplane/gpuplane/services/scheduler/internal/state"
 )
 
@@ -36,16 +37,11 @@ var snapshotStreams = []string{contracts.StreamJobEvents, contracts.StreamJobs, 
 // the next one due before its interval.
 const snapshotEvery = 200_000
 
-// snapshotChunk is the most snapshot bytes in one KV value (the bucket's
-// values are at most contracts.MaxMessageBytes, headers included).
-const snapshotChunk = contracts.MaxMessageBytes - 4096
-
-// snapshotHead is the value of contracts.SnapshotHeadKey.
-type snapshotHead struct {
-	Slot    int       `json:"slot"`
-	Chunks  int       `json:"chunks"`
-	Bytes   int       `json:"bytes"`
-	Written time.Time `json:"written"`
+// snapshotStore is scheduler name's snapshot in kv (its own keys; a
+// scheduler writes under its lease, alone).
+func snapshotStore(kv jetstream.KeyValue, name string) kvsnap.Store {
+	return kvsnap.Store{KV: kv, HeadKey: contracts.SnapshotHeadKey(name),
+		ChunkKey: func(slot, i int) string { return contracts.SnapshotChunkKey(name, slot, i) }}
 }
 
 // keptHeaders are the headers a snapshot keeps of each message: the ID
@@ -76,12 +72,11 @@ type snapshotter struct {
 	name     string
 	interval time.Duration
 	bus      *bus.Bus
-	kv       jetstream.KeyValue
+	store    kvsnap.Store
 	log      *slog.Logger
 	in       chan *state.LogMsg
 	comp     *state.Compactor
 	created  map[string]string
-	slot     int // the slot the current head names
 	// written is called after each snapshot is written (tests, bench).
 	written func(state.SnapshotMeta)
 	// loaded is set when this term's rebuild started from a snapshot.
@@ -113,7 +108,6 @@ func (sn *snapshotter) run(ctx context.Context) error {
 	// bucket.
 	type result struct {
 		seqs map[string]uint64
-		slot int
 		err  error
 	}
 	results := make(chan result, 1)
@@ -124,14 +118,14 @@ func (sn *snapshotter) run(ctx context.Context) error {
 			return
 		}
 		seqs := sn.comp.Seqs()
-		if equalSeqs(seqs, lastSeqs) {
+		if maps.Equal(seqs, lastSeqs) {
 			return
 		}
 		writing, since = true, 0
-		snap, slot := sn.comp.Snapshot(), 1-sn.slot
+		snap := sn.comp.Snapshot()
 		go func() {
-			err := sn.write(ctx, snap, slot)
-			results <- result{seqs: seqs, slot: slot, err: err}
+			err := sn.write(ctx, snap)
+			results <- result{seqs: seqs, err: err}
 		}()
 	}
 	for {
@@ -141,7 +135,7 @@ func (sn *snapshotter) run(ctx context.Context) error {
 		case r := <-results:
 			writing = false
 			switch {
-			case errors.Is(r.err, errRecreated):
+			case errors.Is(r.err, kvsnap.ErrRecreated):
 				sn.log.Warn("snapshots stop for this term", "err", r.err)
 				sn.interval = 0
 			case r.err != nil:
@@ -149,7 +143,7 @@ func (sn *snapshotter) run(ctx context.Context) error {
 					sn.log.Warn("snapshot not written; the next one will be", "err", r.err)
 				}
 			default:
-				sn.slot, lastSeqs = r.slot, r.seqs
+				lastSeqs = r.seqs
 			}
 		case m := <-sn.in:
 			if m == writeNow {
@@ -168,62 +162,33 @@ func (sn *snapshotter) run(ctx context.Context) error {
 	}
 }
 
-func equalSeqs(a, b map[string]uint64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
-}
-
-// errRecreated says a stream was recreated during the term.
-var errRecreated = errors.New("stream recreated during this term")
-
-// write encodes snap into slot (the one the head does not name), then
-// points the head at it. One runs at a time (run).
-func (sn *snapshotter) write(ctx context.Context, snap *state.Snapshot, slot int) error {
+// write encodes snap into the slot the head does not name, then points
+// the head at it. One runs at a time (run).
+func (sn *snapshotter) write(ctx context.Context, snap *state.Snapshot) error {
 	start := time.Now()
 	// The streams' creation times, looked up once per term: a stream
 	// recreated since makes this term's snapshots wrong, so it writes no
 	// more (the next term reads the streams whole).
-	created, _, _, err := streamsNow(ctx, sn.bus)
+	lives, err := kvsnap.Lives(ctx, sn.bus.JetStream(), snapshotStreams...)
 	if err != nil {
 		return err
 	}
 	if len(sn.created) == 0 {
-		sn.created = created
+		sn.created = kvsnap.Created(lives)
 	}
-	for name, c := range created {
-		if sn.created[name] != c {
-			return fmt.Errorf("%w: %s", errRecreated, name)
-		}
-	}
-	snap.Meta.Created = sn.created
-	var buf bytes.Buffer
-	if err := snap.Encode(&buf); err != nil {
+	if err := kvsnap.Recreated(sn.created, lives); err != nil {
 		return err
 	}
-	data := buf.Bytes()
-	chunks := 0
-	for off := 0; off < len(data); off += snapshotChunk {
-		end := min(off+snapshotChunk, len(data))
-		if _, err := sn.kv.Put(ctx, contracts.SnapshotChunkKey(sn.name, slot, chunks), data[off:end]); err != nil {
-			return fmt.Errorf("chunk %d: %w", chunks, err)
-		}
-		chunks++
-	}
-	head, err := json.Marshal(snapshotHead{Slot: slot, Chunks: chunks, Bytes: len(data), Written: time.Now().UTC()})
+	snap.Meta.Created = sn.created
+	head, err := sn.store.Write(ctx, 0, func() ([]byte, error) {
+		var buf bytes.Buffer
+		err := snap.Encode(&buf)
+		return buf.Bytes(), err
+	})
 	if err != nil {
 		return err
 	}
-	if _, err := sn.kv.Put(ctx, contracts.SnapshotHeadKey(sn.name), head); err != nil {
-		return fmt.Errorf("head: %w", err)
-	}
-	sn.log.Info("snapshot written", "bytes", len(data), "chunks", chunks, "open_jobs", snap.Meta.Jobs,
+	sn.log.Info("snapshot written", "bytes", head.Bytes, "chunks", head.Chunks, "open_jobs", snap.Meta.Jobs,
 		"retired_jobs", snap.Meta.Retired, "messages", snap.Meta.Msgs, "seqs", snap.Meta.Seqs, "took", time.Since(start))
 	if sn.written != nil {
 		sn.written(snap.Meta)
@@ -231,81 +196,49 @@ func (sn *snapshotter) write(ctx context.Context, snap *state.Snapshot, slot int
 	return nil
 }
 
-// errStaleSnapshot says a snapshot does not fit the streams as they are.
-var errStaleSnapshot = errors.New("snapshot does not fit the streams")
-
-// streamsNow returns each snapshot stream's creation time (RFC 3339),
-// first and last sequence.
-func streamsNow(ctx context.Context, b *bus.Bus) (created map[string]string, first, last map[string]uint64, err error) {
-	created, first, last = map[string]string{}, map[string]uint64{}, map[string]uint64{}
-	for _, name := range snapshotStreams {
-		st, err := b.JetStream().Stream(ctx, name)
-		if err != nil {
-			return nil, nil, nil, fmt.Errorf("stream %s: %w", name, err)
-		}
-		info := st.CachedInfo()
-		created[name] = info.Created.UTC().Format(time.RFC3339Nano)
-		first[name], last[name] = info.State.FirstSeq, info.State.LastSeq
-	}
-	return created, first, last, nil
-}
-
 // loadSnapshot reads the scheduler's snapshot and checks it against the
-// streams (whose creation times it returns, for the next snapshot; nil
+// streams (whose creation times it returns, for the next snapshot; empty
 // when there is no snapshot: the writer looks them up). It returns a nil
 // snapshot, with the reason, when there is none or it cannot be used; a
 // nil created map too when the streams could not be looked at.
-func (s *scheduler) loadSnapshot(ctx context.Context, kv jetstream.KeyValue) (*state.Snapshot, map[string]string, int, error) {
-	e, err := kv.Get(ctx, contracts.SnapshotHeadKey(s.cfg.Name))
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, map[string]string{}, 0, errors.New("no snapshot")
+func (s *scheduler) loadSnapshot(ctx context.Context, store kvsnap.Store) (*state.Snapshot, map[string]string, error) {
+	data, _, err := store.Read(ctx)
+	if errors.Is(err, kvsnap.ErrNone) {
+		return nil, map[string]string{}, err
 	}
+	if err != nil && !errors.Is(err, kvsnap.ErrBad) {
+		return nil, nil, err
+	}
+	lives, lerr := kvsnap.Lives(ctx, s.bus.JetStream(), snapshotStreams...)
+	if lerr != nil {
+		return nil, nil, lerr
+	}
+	created := kvsnap.Created(lives)
 	if err != nil {
-		return nil, nil, 0, fmt.Errorf("snapshot head: %w", err)
-	}
-	created, first, last, err := streamsNow(ctx, s.bus)
-	if err != nil {
-		return nil, nil, 0, err
-	}
-	var head snapshotHead
-	if err := json.Unmarshal(e.Value(), &head); err != nil || head.Slot < 0 || head.Slot > 1 || head.Chunks < 1 {
-		return nil, created, 0, fmt.Errorf("%w: head %q", state.ErrBadSnapshot, e.Value())
-	}
-	data := make([]byte, 0, head.Bytes)
-	for i := range head.Chunks {
-		c, err := kv.Get(ctx, contracts.SnapshotChunkKey(s.cfg.Name, head.Slot, i))
-		if err != nil {
-			return nil, created, head.Slot, fmt.Errorf("%w: chunk %d: %w", state.ErrBadSnapshot, i, err)
-		}
-		data = append(data, c.Value()...)
+		return nil, created, fmt.Errorf("%w: %w", state.ErrBadSnapshot, err)
 	}
 	snap, err := state.DecodeSnapshot(data)
 	if err != nil {
-		return nil, created, head.Slot, err
+		return nil, created, err
 	}
 	if snap.Meta.Scheduler != s.cfg.Name {
-		return nil, created, head.Slot, fmt.Errorf("%w: scheduler %q's", errStaleSnapshot, snap.Meta.Scheduler)
+		return nil, created, fmt.Errorf("%w: scheduler %q's", kvsnap.ErrStale, snap.Meta.Scheduler)
 	}
 	for _, name := range snapshotStreams {
-		if snap.Meta.Created[name] != created[name] {
-			return nil, created, head.Slot, fmt.Errorf("%w: stream %s was created at %s, the snapshot's at %s",
-				errStaleSnapshot, name, created[name], snap.Meta.Created[name])
-		}
-		if seq := snap.Meta.Seqs[name]; seq > last[name] {
-			return nil, created, head.Slot, fmt.Errorf("%w: it covers %s up to %d, the stream ends at %d",
-				errStaleSnapshot, name, seq, last[name])
+		if err := kvsnap.Stale(name, lives[name], snap.Meta.Created[name], snap.Meta.Seqs[name]); err != nil {
+			return nil, created, err
 		}
 	}
 	// Messages a stream no longer holds (PLANS ages) are not replayed: a
 	// full replay would not see them either.
 	kept := snap.Msgs[:0]
 	for _, m := range snap.Msgs {
-		if m.Seq >= first[m.Stream] {
+		if m.Seq >= lives[m.Stream].First {
 			kept = append(kept, m)
 		}
 	}
 	snap.Msgs = kept
-	return snap, created, head.Slot, nil
+	return snap, created, nil
 }
 
 // startSnapshots loads the snapshot (nil when there is none or it cannot
@@ -319,7 +252,8 @@ func (s *scheduler) startSnapshots(ctx, bctx context.Context, goFn func(func() e
 		return nil, fmt.Errorf("bucket %s: %w", contracts.BucketSnapshots, err)
 	}
 	start := time.Now()
-	snap, created, slot, err := s.loadSnapshot(bctx, kv)
+	store := snapshotStore(kv, s.cfg.Name)
+	snap, created, err := s.loadSnapshot(bctx, store)
 	if created == nil {
 		// The streams could not be looked at: rebuild as without
 		// snapshots; the next term tries again.
@@ -332,9 +266,9 @@ func (s *scheduler) startSnapshots(ctx, bctx context.Context, goFn func(func() e
 		s.log.Info("snapshot loaded", "seqs", snap.Meta.Seqs, "open_jobs", snap.Meta.Jobs,
 			"retired_jobs", snap.Meta.Retired, "messages", len(snap.Msgs), "took", time.Since(start))
 	}
-	s.snap = &snapshotter{name: s.cfg.Name, interval: s.cfg.SnapshotInterval, bus: s.bus, kv: kv, log: s.log,
+	s.snap = &snapshotter{name: s.cfg.Name, interval: s.cfg.SnapshotInterval, bus: s.bus, store: store, log: s.log,
 		in: make(chan *state.LogMsg, 1<<14), comp: state.NewCompactor(s.cfg.Name, snap), created: created,
-		slot: slot, written: s.cfg.snapshotWritten, loaded: snap != nil}
+		written: s.cfg.snapshotWritten, loaded: snap != nil}
 	goFn(func() error { return s.snap.run(ctx) })
 	return snap, nil
 }

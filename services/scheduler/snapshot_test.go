@@ -14,6 +14,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/kvsnap"
 	"github.com/gpuplane/gpuplane/libs/lease"
 	"github.com/gpuplane/gpuplane/services/scheduler/internal/state"
 )
@@ -209,40 +210,29 @@ func TestUnusableSnapshotFallsBackToTheLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	name := e.cfg.Name
-	headOf := func() snapshotHead {
+	store := snapshotStore(kv, name)
+	headOf := func() kvsnap.Head {
 		ent, err := kv.Get(ctx, contracts.SnapshotHeadKey(name))
 		if err != nil {
 			t.Fatal(err)
 		}
-		var h snapshotHead
+		var h kvsnap.Head
 		if err := json.Unmarshal(ent.Value(), &h); err != nil {
 			t.Fatal(err)
 		}
 		return h
 	}
 	read := func() []byte {
-		h := headOf()
-		var data []byte
-		for i := range h.Chunks {
-			ent, err := kv.Get(ctx, contracts.SnapshotChunkKey(name, h.Slot, i))
-			if err != nil {
-				t.Fatal(err)
-			}
-			data = append(data, ent.Value()...)
+		data, _, err := store.Read(ctx)
+		if err != nil {
+			t.Fatal(err)
 		}
 		return data
 	}
+	// write stores data as a snapshot whole (its checksum in the head):
+	// what the cases spoil is the scheduler's encoding, not the store's.
 	write := func(data []byte) {
-		h := headOf()
-		h.Chunks, h.Bytes = 0, len(data)
-		for off := 0; off < len(data); off += snapshotChunk {
-			if _, err := kv.Put(ctx, contracts.SnapshotChunkKey(name, h.Slot, h.Chunks), data[off:min(off+snapshotChunk, len(data))]); err != nil {
-				t.Fatal(err)
-			}
-			h.Chunks++
-		}
-		b, _ := json.Marshal(h)
-		if _, err := kv.Put(ctx, contracts.SnapshotHeadKey(name), b); err != nil {
+		if _, err := store.Write(ctx, 0, func() ([]byte, error) { return data, nil }); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -273,6 +263,15 @@ func TestUnusableSnapshotFallsBackToTheLog(t *testing.T) {
 			write(bad)
 		}, false},
 		{"truncated", func() { write(good[:len(good)-100]) }, false},
+		{"a chunk spoiled under the head", func() {
+			write(good)
+			h := headOf()
+			bad := bytes.Clone(good[:min(len(good), kvsnap.ChunkBytes)])
+			bad[len(bad)/2] ^= 0x40
+			if _, err := kv.Put(ctx, contracts.SnapshotChunkKey(name, h.Slot, 0), bad); err != nil {
+				t.Fatal(err)
+			}
+		}, false},
 		{"another schema", func() { write(reencode(func(s *state.Snapshot) { s.Meta.Schema = state.SnapshotSchema + 1 })) }, false},
 		{"another scheduler", func() { write(reencode(func(s *state.Snapshot) { s.Meta.Scheduler = "other" })) }, false},
 		{"ahead of the stream", func() {
