@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/kvsnap"
 	"github.com/gpuplane/gpuplane/services/resource-manager/internal/ledger"
 )
 
@@ -52,19 +54,15 @@ const snapshotMagic = "gpuplane-rm-snapshot\n"
 // second a minute's tail would be most of a restart's work.
 const snapshotEvery = 200_000
 
-// snapshotChunk is the most snapshot bytes in one KV value (the bucket's
-// values are at most contracts.MaxMessageBytes, headers included).
-const snapshotChunk = contracts.MaxMessageBytes - 4096
-
 // snapshotStreams are the streams a snapshot covers.
 var snapshotStreams = []string{contracts.StreamAllocations, contracts.StreamRuns}
 
-// snapshotHead is the value of contracts.RMSnapshotHeadKey.
-type snapshotHead struct {
-	Slot    int       `json:"slot"`
-	Chunks  int       `json:"chunks"`
-	Bytes   int       `json:"bytes"`
-	Written time.Time `json:"written"`
+// snapshotStore is the resource manager's snapshot in kv. Every replica
+// writes the same keys; with several active (no lease) two may write at
+// once, and the head's checksum then makes the next term read the
+// streams whole.
+func snapshotStore(kv jetstream.KeyValue) kvsnap.Store {
+	return kvsnap.Store{KV: kv, HeadKey: contracts.RMSnapshotHeadKey(), ChunkKey: contracts.RMSnapshotChunkKey}
 }
 
 // snapshotMeta is the JSON part of a snapshot.
@@ -93,12 +91,8 @@ type snapshot struct {
 	refused     map[refusalHash]struct{}
 }
 
-// errBadSnapshot says a snapshot cannot be decoded; errStaleSnapshot that
-// it does not fit the streams as they are.
-var (
-	errBadSnapshot   = errors.New("snapshot unreadable")
-	errStaleSnapshot = errors.New("snapshot does not fit the streams")
-)
+// errBadSnapshot says a snapshot cannot be decoded.
+var errBadSnapshot = errors.New("snapshot unreadable")
 
 // encode writes the snapshot's payload: the magic, the SHA-256 of the
 // rest, the JSON's length (4 bytes), the JSON, the retired records, the
@@ -186,25 +180,9 @@ func (s *server) addRefusal(h refusalHash) {
 	s.refusedLog = append(s.refusedLog, h[:]...)
 }
 
-// streamsNow returns each snapshot stream's creation time (RFC 3339) and
-// last sequence.
-func streamsNow(ctx context.Context, b *bus.Bus) (created map[string]string, last map[string]uint64, err error) {
-	created, last = map[string]string{}, map[string]uint64{}
-	for _, name := range snapshotStreams {
-		st, err := b.JetStream().Stream(ctx, name)
-		if err != nil {
-			return nil, nil, fmt.Errorf("stream %s: %w", name, err)
-		}
-		info := st.CachedInfo()
-		created[name] = info.Created.UTC().Format(time.RFC3339Nano)
-		last[name] = info.State.LastSeq
-	}
-	return created, last, nil
-}
-
 // snapshots is this term's snapshot writer.
 type snapshots struct {
-	kv jetstream.KeyValue
+	store kvsnap.Store
 	// created are the streams' creation times when the term started: a
 	// stream recreated since makes this term's state wrong for it, so it
 	// writes no more snapshots.
@@ -213,45 +191,27 @@ type snapshots struct {
 	seqs map[string]uint64
 }
 
-// loadSnapshot reads the snapshot and checks it against the streams. It
-// returns nil and why when there is none or it cannot be used.
-func (s *server) loadSnapshot(ctx context.Context, kv jetstream.KeyValue, created map[string]string, last map[string]uint64) (*snapshot, error) {
-	e, err := kv.Get(ctx, contracts.RMSnapshotHeadKey())
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, errors.New("no snapshot")
-	}
+// loadSnapshot reads the snapshot and checks it against the streams as
+// they are (lives). It returns nil and why when there is none or it
+// cannot be used.
+func (s *server) loadSnapshot(ctx context.Context, store kvsnap.Store, lives map[string]kvsnap.Life) (*snapshot, error) {
+	data, _, err := store.Read(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("snapshot head: %w", err)
-	}
-	var head snapshotHead
-	if err := json.Unmarshal(e.Value(), &head); err != nil || head.Slot < 0 || head.Slot > 1 || head.Chunks < 1 || head.Bytes < 0 {
-		return nil, fmt.Errorf("%w: head %q", errBadSnapshot, e.Value())
-	}
-	data := make([]byte, 0, head.Bytes)
-	for i := range head.Chunks {
-		c, err := kv.Get(ctx, contracts.RMSnapshotChunkKey(head.Slot, i))
-		if err != nil {
-			return nil, fmt.Errorf("%w: chunk %d: %w", errBadSnapshot, i, err)
-		}
-		data = append(data, c.Value()...)
+		return nil, err
 	}
 	sn, err := decodeSnapshot(data)
 	if err != nil {
 		return nil, err
 	}
 	for _, name := range snapshotStreams {
-		if sn.meta.Created[name] != created[name] {
-			return nil, fmt.Errorf("%w: stream %s was created at %s, the snapshot's at %s",
-				errStaleSnapshot, name, created[name], sn.meta.Created[name])
-		}
-		if seq := sn.meta.Seqs[name]; seq > last[name] {
-			return nil, fmt.Errorf("%w: it covers %s up to %d, the stream ends at %d", errStaleSnapshot, name, seq, last[name])
+		if err := kvsnap.Stale(name, lives[name], sn.meta.Created[name], sn.meta.Seqs[name]); err != nil {
+			return nil, err
 		}
 	}
+	last := lives[contracts.StreamAllocations].Last
 	for _, n := range sn.meta.Ledger.Nodes {
-		if n.LastSeq > last[contracts.StreamAllocations] {
-			return nil, fmt.Errorf("%w: node %s's ledger at %d, the stream ends at %d",
-				errStaleSnapshot, n.ID, n.LastSeq, last[contracts.StreamAllocations])
+		if n.LastSeq > last {
+			return nil, fmt.Errorf("%w: node %s's ledger at %d, the stream ends at %d", kvsnap.ErrStale, n.ID, n.LastSeq, last)
 		}
 	}
 	return sn, nil
@@ -270,14 +230,14 @@ func (s *server) startSnapshots(ctx context.Context) *snapshots {
 		s.log.Warn("snapshots off for this term", "err", err)
 		return nil
 	}
-	created, last, err := streamsNow(ctx, s.bus)
+	lives, err := kvsnap.Lives(ctx, s.bus.JetStream(), snapshotStreams...)
 	if err != nil {
 		s.log.Warn("snapshots off for this term", "err", err)
 		return nil
 	}
-	w := &snapshots{kv: kv, created: created}
+	w := &snapshots{store: snapshotStore(kv), created: kvsnap.Created(lives)}
 	start := time.Now()
-	sn, err := s.loadSnapshot(ctx, kv, created, last)
+	sn, err := s.loadSnapshot(ctx, w.store, lives)
 	if err == nil {
 		err = s.install(sn)
 	}
@@ -314,77 +274,35 @@ func (s *server) install(sn *snapshot) error {
 	return nil
 }
 
-// errRecreated says a stream was recreated during the term.
-var errRecreated = errors.New("stream recreated during this term")
-
 // write takes a snapshot and writes it into the slot the head does not
 // name, then points the head at it; nothing when it would cover what the
 // last one did. One runs at a time (runSnapshots).
 func (w *snapshots) write(ctx context.Context, s *server) error {
 	sn := s.takeSnapshot()
-	if equalSeqs(sn.meta.Seqs, w.seqs) {
+	if maps.Equal(sn.meta.Seqs, w.seqs) {
 		return nil
 	}
 	start := time.Now()
-	created, _, err := streamsNow(ctx, s.bus)
+	lives, err := kvsnap.Lives(ctx, s.bus.JetStream(), snapshotStreams...)
 	if err != nil {
 		return err
 	}
-	for name, c := range created {
-		if w.created[name] != c {
-			return fmt.Errorf("%w: %s", errRecreated, name)
-		}
+	if err := kvsnap.Recreated(w.created, lives); err != nil {
+		return err
 	}
 	sn.meta.Created = w.created
-	data, err := sn.encode()
+	head, err := w.store.Write(ctx, 0, sn.encode)
 	if err != nil {
 		return err
-	}
-	// The slot the head names now, whoever wrote it: with several active
-	// replicas (no lease) two may write at once, and the checksum then
-	// makes the next term read the streams whole.
-	slot := 1
-	if e, err := w.kv.Get(ctx, contracts.RMSnapshotHeadKey()); err == nil {
-		var head snapshotHead
-		if json.Unmarshal(e.Value(), &head) == nil && head.Slot == 1 {
-			slot = 0
-		}
-	}
-	chunks := 0
-	for off := 0; off < len(data); off += snapshotChunk {
-		end := min(off+snapshotChunk, len(data))
-		if _, err := w.kv.Put(ctx, contracts.RMSnapshotChunkKey(slot, chunks), data[off:end]); err != nil {
-			return fmt.Errorf("chunk %d: %w", chunks, err)
-		}
-		chunks++
-	}
-	head, err := json.Marshal(snapshotHead{Slot: slot, Chunks: chunks, Bytes: len(data), Written: time.Now().UTC()})
-	if err != nil {
-		return err
-	}
-	if _, err := w.kv.Put(ctx, contracts.RMSnapshotHeadKey(), head); err != nil {
-		return fmt.Errorf("head: %w", err)
 	}
 	w.seqs = sn.meta.Seqs
 	s.mu.Lock()
 	s.sinceSnapshot = 0
 	s.mu.Unlock()
-	s.log.Info("snapshot written", "bytes", len(data), "chunks", chunks, "seqs", sn.meta.Seqs,
+	s.log.Info("snapshot written", "bytes", head.Bytes, "chunks", head.Chunks, "seqs", sn.meta.Seqs,
 		"live_allocations", len(sn.meta.Ledger.Live), "retired_allocations", len(sn.meta.Ledger.Retired)/ledger.RetiredRecordSize,
 		"refusals", len(sn.refusedKeys)/refusalKeySize, "took", time.Since(start))
 	return nil
-}
-
-func equalSeqs(a, b map[string]uint64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
 }
 
 // snapshotPoll is how often the writer looks whether a snapshot is due.
@@ -417,7 +335,7 @@ func (s *server) runSnapshots(ctx context.Context, w *snapshots) error {
 		last = time.Now()
 		err := w.write(ctx, s)
 		switch {
-		case errors.Is(err, errRecreated):
+		case errors.Is(err, kvsnap.ErrRecreated):
 			s.log.Warn("snapshots stop for this term", "err", err)
 			return nil
 		case err != nil && ctx.Err() == nil:

@@ -12,6 +12,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/kvsnap"
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 )
 
@@ -72,11 +73,11 @@ func BenchmarkSnapshotLoad(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	created, last, err := streamsNow(ctx, bb)
+	lives, err := kvsnap.Lives(ctx, bb.JetStream(), snapshotStreams...)
 	if err != nil {
 		b.Fatal(err)
 	}
-	w := &snapshots{kv: kv, created: created}
+	w := &snapshots{store: snapshotStore(kv), created: kvsnap.Created(lives)}
 	// What a leader's plans wait for: the copy taken under its lock.
 	start := time.Now()
 	_ = s.takeSnapshot()
@@ -104,7 +105,7 @@ func BenchmarkSnapshotLoad(b *testing.B) {
 		before := heapNow()
 		start := time.Now()
 		t := newServer(cfg, bb, slog.New(slog.DiscardHandler))
-		sn, err := t.loadSnapshot(ctx, kv, created, last)
+		sn, err := t.loadSnapshot(ctx, w.store, lives)
 		if err != nil {
 			b.Fatal(err)
 		}

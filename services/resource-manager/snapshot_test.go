@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/kvsnap"
 	"github.com/gpuplane/gpuplane/libs/natsserver"
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 )
@@ -335,13 +336,20 @@ func TestUnusableSnapshotFallsBackToTheLog(t *testing.T) {
 		}
 		saved[k] = v.Value()
 	}
-	var head snapshotHead
+	var head kvsnap.Head
 	if err := json.Unmarshal(saved[contracts.RMSnapshotHeadKey()], &head); err != nil {
 		t.Fatal(err)
 	}
 	chunk0 := contracts.RMSnapshotChunkKey(head.Slot, 0)
 	put := func(k string, v []byte) {
 		if _, err := kv.Put(ctx, k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// store writes a payload whole (its checksum in the head): what the
+	// cases that use it spoil is the manager's encoding, not the store's.
+	store := func(payload func() ([]byte, error)) {
+		if _, err := snapshotStore(kv).Write(ctx, 0, payload); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -356,16 +364,7 @@ func TestUnusableSnapshotFallsBackToTheLog(t *testing.T) {
 			t.Fatal(err)
 		}
 		change(sn)
-		out, err := sn.encode()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(out) > snapshotChunk {
-			t.Fatal("test snapshot larger than a chunk")
-		}
-		put(chunk0, out)
-		h, _ := json.Marshal(snapshotHead{Slot: head.Slot, Chunks: 1, Bytes: len(out)})
-		put(contracts.RMSnapshotHeadKey(), h)
+		store(sn.encode)
 	}
 	ref := e.start(0, true)
 	want := ref.state()
@@ -401,8 +400,18 @@ func TestUnusableSnapshotFallsBackToTheLog(t *testing.T) {
 		}},
 		{"truncated", func() { put(chunk0, saved[chunk0][:len(saved[chunk0])/2]) }},
 		{"chunk missing", func() {
-			h, _ := json.Marshal(snapshotHead{Slot: head.Slot, Chunks: head.Chunks + 1, Bytes: head.Bytes})
-			put(contracts.RMSnapshotHeadKey(), h)
+			h := head
+			h.Chunks++
+			b, _ := json.Marshal(h)
+			put(contracts.RMSnapshotHeadKey(), b)
+		}},
+		{"payload corrupt under its head's checksum", func() {
+			var data []byte
+			for i := range head.Chunks {
+				data = append(data, saved[contracts.RMSnapshotChunkKey(head.Slot, i)]...)
+			}
+			data[len(data)-1] ^= 0xff
+			store(func() ([]byte, error) { return data, nil })
 		}},
 		{"other schema", func() { rewrite(func(sn *snapshot) { sn.meta.Schema = snapshotSchema + 1 }) }},
 		{"ahead of a stream", func() {
