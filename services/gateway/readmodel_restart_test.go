@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/kvsnap"
 )
 
 // TestGatewayRestartAnswersAsBefore: through the HTTP API, a gateway
@@ -88,7 +89,7 @@ func TestGatewayRestartAnswersAsBefore(t *testing.T) {
 	filler := 1
 	h.eventually("a snapshot of every event", func() bool {
 		if e, err := kv.Get(ctx, contracts.GatewaySnapshotHeadKey()); err == nil {
-			var head snapshotHeadValue
+			var head kvsnap.Head
 			if json.Unmarshal(e.Value(), &head) == nil && head.Seq >= last {
 				return true
 			}

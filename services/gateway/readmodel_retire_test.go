@@ -16,6 +16,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/kvsnap"
 	"github.com/gpuplane/gpuplane/libs/natsserver"
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 )
@@ -371,7 +372,7 @@ func TestReadModelSnapshotRestartAnswersAsTheLog(t *testing.T) {
 	first := h.retiringModel(10, 8*time.Minute)
 	sn := newModelSnapshotter(h.gw, time.Nanosecond, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	var written atomic.Uint64
-	sn.written = func(v snapshotHeadValue) { written.Store(v.Seq) }
+	sn.written = func(v kvsnap.Head) { written.Store(v.Seq) }
 	in := h.ingest(first, sn)
 	mid := h.last
 	h.workload(60) // the snapshots are taken while the events come
@@ -410,26 +411,26 @@ func TestUnusableReadModelSnapshotFallsBackToTheLog(t *testing.T) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for _, tc := range []struct {
 		name  string
-		spoil func(t *testing.T, h *retireHarness, kv jetstream.KeyValue, head snapshotHeadValue)
+		spoil func(t *testing.T, h *retireHarness, kv jetstream.KeyValue, head kvsnap.Head)
 	}{
-		{"corrupt chunk", func(t *testing.T, h *retireHarness, kv jetstream.KeyValue, head snapshotHeadValue) {
+		{"corrupt chunk", func(t *testing.T, h *retireHarness, kv jetstream.KeyValue, head kvsnap.Head) {
 			putKV(t, kv, contracts.GatewaySnapshotChunkKey(head.Slot, 0), []byte("not a snapshot"))
 		}},
-		{"missing chunk", func(t *testing.T, h *retireHarness, kv jetstream.KeyValue, head snapshotHeadValue) {
+		{"missing chunk", func(t *testing.T, h *retireHarness, kv jetstream.KeyValue, head kvsnap.Head) {
 			head.Chunks++
 			b, _ := json.Marshal(head)
 			putKV(t, kv, contracts.GatewaySnapshotHeadKey(), b)
 		}},
-		{"garbled head", func(t *testing.T, h *retireHarness, kv jetstream.KeyValue, head snapshotHeadValue) {
+		{"garbled head", func(t *testing.T, h *retireHarness, kv jetstream.KeyValue, head kvsnap.Head) {
 			putKV(t, kv, contracts.GatewaySnapshotHeadKey(), []byte("{"))
 		}},
-		{"ahead of the stream", func(t *testing.T, h *retireHarness, kv jetstream.KeyValue, head snapshotHeadValue) {
+		{"ahead of the stream", func(t *testing.T, h *retireHarness, kv jetstream.KeyValue, head kvsnap.Head) {
 			s := h.retiringModel(10, time.Hour).snapshot(h.last + 100)
 			if err := newModelSnapshotter(h.gw, time.Minute, quiet).write(context.Background(), kv, s); err != nil {
 				t.Fatal(err)
 			}
 		}},
-		{"stream recreated", func(t *testing.T, h *retireHarness, kv jetstream.KeyValue, head snapshotHeadValue) {
+		{"stream recreated", func(t *testing.T, h *retireHarness, kv jetstream.KeyValue, head kvsnap.Head) {
 			ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 			defer cancel()
 			if err := h.op.JetStream().DeleteStream(ctx, contracts.StreamJobEvents); err != nil {
@@ -453,9 +454,9 @@ func TestUnusableReadModelSnapshotFallsBackToTheLog(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var head snapshotHeadValue
+			var head kvsnap.Head
 			sn := newModelSnapshotter(h.gw, time.Minute, quiet)
-			sn.written = func(v snapshotHeadValue) { head = v }
+			sn.written = func(v kvsnap.Head) { head = v }
 			if err := sn.write(ctx, kv, m.snapshot(h.last)); err != nil {
 				t.Fatal(err)
 			}

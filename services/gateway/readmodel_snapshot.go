@@ -18,6 +18,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/kvsnap"
 )
 
 // Snapshots of the read model (issue 17: the gateway's restart with a
@@ -39,10 +40,6 @@ import (
 // snapshotEvery is how many job events folded since the last snapshot make
 // the next one due before its interval.
 const snapshotEvery = 200_000
-
-// snapshotChunk is the most snapshot bytes in one KV value (the bucket's
-// values are at most contracts.MaxMessageBytes, headers included).
-const snapshotChunk = contracts.MaxMessageBytes - 4096
 
 // snapshotMagic starts every encoded snapshot; its version changes with
 // the encoding (another version is ignored).
@@ -68,16 +65,13 @@ type modelSnap struct {
 	usage        map[string]map[string][]byte // tenant -> record ID -> its JSON
 }
 
-// snapshotHeadValue is the value of contracts.GatewaySnapshotHeadKey.
-type snapshotHeadValue struct {
-	Slot    int       `json:"slot"`
-	Chunks  int       `json:"chunks"`
-	Bytes   int       `json:"bytes"`
-	SHA256  string    `json:"sha256"`
-	Seq     uint64    `json:"seq"`
-	Live    int       `json:"live"`
-	Retired int       `json:"retired"`
-	Written time.Time `json:"written"`
+// snapshotStore is the read model's snapshot in kv: every replica writes
+// the same keys, so the head is switched by compare-and-set, and a write
+// that would not go further than the head's JOB_EVENTS sequence is
+// skipped (another replica got as far).
+func snapshotStore(kv jetstream.KeyValue) kvsnap.Store {
+	return kvsnap.Store{KV: kv, HeadKey: contracts.GatewaySnapshotHeadKey(), ChunkKey: contracts.GatewaySnapshotChunkKey,
+		CompareAndSet: true}
 }
 
 // snapshot copies the model. Statuses are never changed in place (Apply
@@ -396,7 +390,7 @@ type modelSnapshotter struct {
 	taken time.Time
 	since int
 	// written, if set, is called after each snapshot is written (tests).
-	written func(snapshotHeadValue)
+	written func(kvsnap.Head)
 }
 
 func newModelSnapshotter(b *bus.Bus, interval time.Duration, log *slog.Logger) *modelSnapshotter {
@@ -448,140 +442,67 @@ func (sn *modelSnapshotter) run(ctx context.Context) error {
 	}
 }
 
-// streamLife returns a stream's creation time (RFC 3339), first and last
-// sequence.
-func streamLife(ctx context.Context, b *bus.Bus, stream string) (created string, first, last uint64, err error) {
-	st, err := b.JetStream().Stream(ctx, stream)
-	if err != nil {
-		return "", 0, 0, fmt.Errorf("stream %s: %w", stream, err)
-	}
-	info := st.CachedInfo()
-	return info.Created.UTC().Format(time.RFC3339Nano), info.State.FirstSeq, info.State.LastSeq, nil
-}
-
 // write encodes s into the slot the head does not name, then switches the
 // head (only if no one switched it meanwhile).
 func (sn *modelSnapshotter) write(ctx context.Context, kv jetstream.KeyValue, s *modelSnap) error {
 	start := time.Now()
-	created, first, _, err := streamLife(ctx, sn.bus, contracts.StreamJobEvents)
+	lives, err := kvsnap.Lives(ctx, sn.bus.JetStream(), contracts.StreamJobEvents, contracts.StreamUsage)
 	if err != nil {
 		return err
 	}
-	s.created, s.first = created, first
-	if s.usageCreated, s.usageFirst, _, err = streamLife(ctx, sn.bus, contracts.StreamUsage); err != nil {
-		return err
+	ev, usage := lives[contracts.StreamJobEvents], lives[contracts.StreamUsage]
+	s.created, s.first = ev.Created, ev.First
+	s.usageCreated, s.usageFirst = usage.Created, usage.First
+	head, err := snapshotStore(kv).Write(ctx, s.seq, s.encode)
+	if errors.Is(err, kvsnap.ErrSuperseded) {
+		sn.log.Debug("read model snapshot not written", "seq", s.seq, "why", err)
+		return nil
 	}
-	var head snapshotHeadValue
-	var rev uint64
-	switch e, err := kv.Get(ctx, contracts.GatewaySnapshotHeadKey()); {
-	case errors.Is(err, jetstream.ErrKeyNotFound):
-		head.Slot = 1 // the first snapshot goes to slot 0
-	case err != nil:
-		return fmt.Errorf("head: %w", err)
-	default:
-		rev = e.Revision()
-		if json.Unmarshal(e.Value(), &head) != nil {
-			head.Slot = 1
-		}
-		if head.Seq >= s.seq && head.Seq > 0 {
-			return nil // another replica got as far
-		}
-	}
-	data, err := s.encode()
 	if err != nil {
 		return err
-	}
-	slot, chunks := 1-head.Slot&1, 0
-	for off := 0; off < len(data); off += snapshotChunk {
-		end := min(off+snapshotChunk, len(data))
-		if _, err := kv.Put(ctx, contracts.GatewaySnapshotChunkKey(slot, chunks), data[off:end]); err != nil {
-			return fmt.Errorf("chunk %d: %w", chunks, err)
-		}
-		chunks++
 	}
 	retired := 0
 	for _, recs := range s.retired {
 		retired += len(recs)
 	}
-	sum := sha256.Sum256(data)
-	next := snapshotHeadValue{Slot: slot, Chunks: chunks, Bytes: len(data), SHA256: fmt.Sprintf("%x", sum),
-		Seq: s.seq, Live: len(s.live), Retired: retired, Written: time.Now().UTC()}
-	value, err := json.Marshal(next)
-	if err != nil {
-		return err
-	}
-	if rev == 0 {
-		_, err = kv.Create(ctx, contracts.GatewaySnapshotHeadKey(), value)
-	} else {
-		_, err = kv.Update(ctx, contracts.GatewaySnapshotHeadKey(), value, rev)
-	}
-	if err != nil {
-		return fmt.Errorf("head (another replica may have written one): %w", err)
-	}
-	sn.log.Info("read model snapshot written", "seq", s.seq, "bytes", len(data), "chunks", chunks, "live_jobs", len(s.live),
+	sn.log.Info("read model snapshot written", "seq", s.seq, "bytes", head.Bytes, "chunks", head.Chunks, "live_jobs", len(s.live),
 		"retired_jobs", retired, "took", time.Since(start))
 	if sn.written != nil {
-		sn.written(next)
+		sn.written(head)
 	}
 	return nil
 }
 
 // loadModelSnapshot reads the snapshot and checks it against JOB_EVENTS
-// as it is; an error says why it cannot be used (the stream is then read
-// from its beginning).
+// and USAGE as they are; an error says why it cannot be used (the stream
+// is then read from its beginning).
 func loadModelSnapshot(ctx context.Context, b *bus.Bus) (*modelSnap, error) {
 	kv, err := b.KeyValue(ctx, contracts.BucketSnapshots)
 	if err != nil {
 		return nil, fmt.Errorf("bucket %s: %w", contracts.BucketSnapshots, err)
 	}
-	e, err := kv.Get(ctx, contracts.GatewaySnapshotHeadKey())
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, errors.New("no snapshot")
-	}
+	data, _, err := snapshotStore(kv).Read(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("snapshot head: %w", err)
-	}
-	var head snapshotHeadValue
-	if err := json.Unmarshal(e.Value(), &head); err != nil || head.Slot < 0 || head.Slot > 1 || head.Chunks < 1 ||
-		head.Bytes < 1 || head.Bytes > head.Chunks*snapshotChunk {
-		return nil, fmt.Errorf("%w: head %q", errBadSnapshot, e.Value())
-	}
-	data := make([]byte, 0, head.Bytes)
-	for i := range head.Chunks {
-		c, err := kv.Get(ctx, contracts.GatewaySnapshotChunkKey(head.Slot, i))
-		if err != nil {
-			return nil, fmt.Errorf("%w: chunk %d: %w", errBadSnapshot, i, err)
-		}
-		data = append(data, c.Value()...)
-	}
-	if sum := sha256.Sum256(data); fmt.Sprintf("%x", sum) != head.SHA256 {
-		return nil, fmt.Errorf("%w: chunks do not match the head's checksum", errBadSnapshot)
+		return nil, err
 	}
 	s, err := decodeModelSnap(data)
 	if err != nil {
 		return nil, err
 	}
-	created, first, last, err := streamLife(ctx, b, contracts.StreamJobEvents)
+	lives, err := kvsnap.Lives(ctx, b.JetStream(), contracts.StreamJobEvents, contracts.StreamUsage)
 	if err != nil {
 		return nil, err
 	}
-	uCreated, uFirst, uLast, err := streamLife(ctx, b, contracts.StreamUsage)
-	if err != nil {
+	ev, usage := lives[contracts.StreamJobEvents], lives[contracts.StreamUsage]
+	if err := kvsnap.Stale(contracts.StreamJobEvents, ev, s.created, s.seq); err != nil {
 		return nil, err
 	}
-	switch {
-	case s.created != created:
-		return nil, fmt.Errorf("%w: %s was created at %s, the snapshot's at %s", errStaleModelSnap, contracts.StreamJobEvents, created, s.created)
-	case s.first != first:
-		return nil, fmt.Errorf("%w: %s starts at %d, the snapshot's at %d", errStaleModelSnap, contracts.StreamJobEvents, first, s.first)
-	case s.seq > last:
-		return nil, fmt.Errorf("%w: it covers %s up to %d, the stream ends at %d", errStaleModelSnap, contracts.StreamJobEvents, s.seq, last)
-	case s.usageCreated != uCreated || s.usageFirst != uFirst || s.usageSeq > uLast:
+	if s.first != ev.First {
+		return nil, fmt.Errorf("%w: %s starts at %d, the snapshot's at %d", kvsnap.ErrStale, contracts.StreamJobEvents, ev.First, s.first)
+	}
+	if s.usageCreated != usage.Created || s.usageFirst != usage.First || s.usageSeq > usage.Last {
 		return nil, fmt.Errorf("%w: %s created at %s, from %d to %d; the snapshot's created at %s, from %d, covering up to %d",
-			errStaleModelSnap, contracts.StreamUsage, uCreated, uFirst, uLast, s.usageCreated, s.usageFirst, s.usageSeq)
+			kvsnap.ErrStale, contracts.StreamUsage, usage.Created, usage.First, usage.Last, s.usageCreated, s.usageFirst, s.usageSeq)
 	}
 	return s, nil
 }
-
-// errStaleModelSnap says a snapshot does not fit the stream as it is.
-var errStaleModelSnap = errors.New("read model snapshot does not fit the stream")
