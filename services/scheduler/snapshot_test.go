@@ -3,7 +3,6 @@ package scheduler
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -212,12 +211,8 @@ func TestUnusableSnapshotFallsBackToTheLog(t *testing.T) {
 	name := e.cfg.Name
 	store := snapshotStore(kv, name)
 	headOf := func() kvsnap.Head {
-		ent, err := kv.Get(ctx, contracts.SnapshotHeadKey(name))
+		_, h, err := store.Read(ctx)
 		if err != nil {
-			t.Fatal(err)
-		}
-		var h kvsnap.Head
-		if err := json.Unmarshal(ent.Value(), &h); err != nil {
 			t.Fatal(err)
 		}
 		return h
