@@ -79,7 +79,7 @@ type memoryModel struct {
 	// retired holds each tenant's retired jobs; retiredKeys says which
 	// jobs are retired (retiredKey).
 	retired     map[string]*retiredSet
-	retiredKeys map[uint64]struct{}
+	retiredKeys map[retiredID]struct{}
 	fetch       jobFetcher
 	cache       *statusCache
 	// tenantFetch folds many retired jobs of a tenant in one read.
@@ -103,7 +103,7 @@ func newRetainingModel(ret RetentionConfig, now func() time.Time, fetch jobFetch
 	many func(ctx context.Context, tenant string, want map[string]*contracts.JobStatus) error) *memoryModel {
 	m := newMemoryModel()
 	m.ret, m.now, m.fetch, m.tenantFetch = ret.withDefaults(), now, fetch, many
-	m.retired, m.retiredKeys = map[string]*retiredSet{}, map[uint64]struct{}{}
+	m.retired, m.retiredKeys = map[string]*retiredSet{}, map[retiredID]struct{}{}
 	m.cache = newStatusCache(m.ret.CachedJobs)
 	m.fetchOne = maxFetchOne
 	return m

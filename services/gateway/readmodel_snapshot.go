@@ -111,7 +111,7 @@ func (m *memoryModel) install(s *modelSnap) {
 	defer m.mu.Unlock()
 	m.jobs = map[string]map[string]*contracts.JobStatus{}
 	m.ended, m.endedHead = nil, 0
-	m.retired, m.retiredKeys = map[string]*retiredSet{}, map[uint64]struct{}{}
+	m.retired, m.retiredKeys = map[string]*retiredSet{}, map[retiredID]struct{}{}
 	var ended []*contracts.JobStatus
 	for _, st := range s.live {
 		if m.jobs[st.Tenant] == nil {

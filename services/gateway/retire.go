@@ -123,19 +123,29 @@ func (rs *retiredSet) add(r retiredJob) {
 	rs.states[r.state]++
 }
 
-var keySeed = maphash.MakeSeed()
+var keySeeds = [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}
 
-// retiredKey is a retired job's entry in the model's set of them: 64 bits
-// of a hash of tenant and ID (a collision among a million jobs is about
-// one chance in 10^7; it would make a new job's events be ignored as a
-// retired one's, as the scheduler's 64-bit records would).
-func retiredKey(tenant, job string) uint64 {
-	var h maphash.Hash
-	h.SetSeed(keySeed)
-	_, _ = h.WriteString(tenant)
-	_ = h.WriteByte('/')
-	_, _ = h.WriteString(job)
-	return h.Sum64()
+// retiredID is a retired job's entry in the model's set of them: 128 bits
+// of two seeded hashes of tenant and ID. A collision would make a new
+// job's events be refused as a retired one's, so the key is as wide as
+// the scheduler's and resource manager's retired keys (a collision among
+// 10^12 jobs is about 10^-15 likely) rather than 64 bits (about 10^-7 at
+// a million jobs). The seeds are random per process: tenants choose IDs,
+// and cannot aim at a collision; the set is rebuilt from the records'
+// IDs at start, so nothing stored depends on them.
+type retiredID [2]uint64
+
+func retiredKey(tenant, job string) retiredID {
+	var k retiredID
+	for i, seed := range keySeeds {
+		var h maphash.Hash
+		h.SetSeed(seed)
+		_, _ = h.WriteString(tenant)
+		_ = h.WriteByte('/')
+		_, _ = h.WriteString(job)
+		k[i] = h.Sum64()
+	}
+	return k
 }
 
 // jobFetcher folds one job's events from the log of record.
