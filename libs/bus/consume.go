@@ -49,6 +49,14 @@ func (m *Msg) Decode(v any) error {
 	return nil
 }
 
+// Log returns base with the message's subject and stream sequence, then
+// args, as attributes: the logger of one message's handling. slog's With
+// formats its attributes at once, so a handler that folds many messages and
+// logs almost none (a rebuild reads a million) calls it only when it logs.
+func (m *Msg) Log(base *slog.Logger, args ...any) *slog.Logger {
+	return base.With(append([]any{"subject", m.Subject, "stream_seq", m.StreamSeq}, args...)...)
+}
+
 // ID is the message's Nats-Msg-Id (equal to its ce-id), "" when absent.
 func (m *Msg) ID() string { return m.Header.Get(contracts.HeaderMsgID) }
 

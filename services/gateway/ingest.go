@@ -146,7 +146,7 @@ func (in *ingester) followUsage(ctx context.Context) error {
 }
 
 func (in *ingester) applyJobEvent(ctx context.Context, m *bus.Msg) error {
-	log := func() *slog.Logger { return in.msgLog(m) }
+	log := func() *slog.Logger { return m.Log(in.log) }
 	// The subject names the job; the body must agree with it.
 	tenant, job := contracts.Token(m.Subject, 3), contracts.Token(m.Subject, 4)
 	if contracts.ValidateTenant(tenant) != nil || contracts.ValidateID(job) != nil {
@@ -186,15 +186,8 @@ func (in *ingester) applyJobEvent(ctx context.Context, m *bus.Msg) error {
 	return nil
 }
 
-// msgLog is the logger of one message's handling, built only when
-// something is logged: a rebuild folds every event of the stream and logs
-// almost none, and slog's With formats its attributes at once.
-func (in *ingester) msgLog(m *bus.Msg) *slog.Logger {
-	return in.log.With("subject", m.Subject, "stream_seq", m.StreamSeq)
-}
-
 func (in *ingester) applyUsage(ctx context.Context, m *bus.Msg) error {
-	log := func() *slog.Logger { return in.msgLog(m) }
+	log := func() *slog.Logger { return m.Log(in.log) }
 	tenant, err := contracts.TenantFromSubject(m.Subject)
 	if err != nil {
 		log().Warn("skipping usage record on a malformed subject", "err", err)

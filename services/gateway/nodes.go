@@ -274,7 +274,7 @@ func (in *ingester) applyNodeAdmin(e jetstream.KeyValueEntry) {
 
 // applyNode never fails: a message it cannot use is logged and skipped.
 func (in *ingester) applyNode(_ context.Context, m *bus.Msg) error {
-	log := in.log.With("subject", m.Subject, "stream_seq", m.StreamSeq)
+	log := m.Log(in.log)
 	node := contracts.Token(m.Subject, 3)
 	if contracts.ValidateID(node) != nil {
 		log.Warn("skipping node message on a malformed subject")

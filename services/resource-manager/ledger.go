@@ -34,25 +34,18 @@ func (s *server) onLedgerMsg(_ context.Context, m *bus.Msg) error {
 		Allocation contracts.Allocation `json:"allocation"`
 	}
 	if err := m.Decode(&le); err != nil {
-		s.msgLog(m, node).Error("undecodable ledger entry skipped", "err", err)
+		m.Log(s.log, "node_id", node).Error("undecodable ledger entry skipped", "err", err)
 		s.advance(node, m.StreamSeq)
 		return nil
 	}
 	e := contracts.LedgerEntry{Kind: le.Kind, Allocation: le.Allocation}
 	if e.Allocation.NodeID != node {
-		s.msgLog(m, node).Error("ledger entry for another node skipped", "entry_node_id", e.Allocation.NodeID, "alloc_id", e.Allocation.ID)
+		m.Log(s.log, "node_id", node).Error("ledger entry for another node skipped", "entry_node_id", e.Allocation.NodeID, "alloc_id", e.Allocation.ID)
 		s.advance(node, m.StreamSeq)
 		return nil
 	}
-	s.apply(func() *slog.Logger { return s.msgLog(m, node) }, e, m.StreamSeq)
+	s.apply(func() *slog.Logger { return m.Log(s.log, "node_id", node) }, e, m.StreamSeq)
 	return nil
-}
-
-// msgLog is the logger of one message's handling. It is built only when
-// something is logged: a rebuild reads a million messages and logs almost
-// none, and slog's With formats its attributes at once.
-func (s *server) msgLog(m *bus.Msg, node string) *slog.Logger {
-	return s.log.With("subject", m.Subject, "stream_seq", m.StreamSeq, "node_id", node)
 }
 
 func (s *server) advance(node string, seq uint64) {

@@ -19,11 +19,11 @@ func (s *server) onRunMsg(ctx context.Context, m *bus.Msg) error {
 	node := contracts.Token(m.Subject, 2)
 	var ev runFact
 	if err := m.Decode(&ev); err != nil {
-		s.msgLog(m, node).Warn("undecodable run event skipped", "err", err)
+		m.Log(s.log, "node_id", node).Warn("undecodable run event skipped", "err", err)
 		return nil
 	}
-	// Built only when needed (msgLog): a rebuild folds every run fact.
-	log := func() *slog.Logger { return s.msgLog(m, node).With("alloc_id", ev.AllocationID) }
+	// Built only when needed (bus.Msg.Log): a rebuild folds every run fact.
+	log := func() *slog.Logger { return m.Log(s.log, "node_id", node, "alloc_id", ev.AllocationID) }
 	a, live, known := s.allocation(ev.AllocationID)
 	if !known {
 		// Committed by another replica and not followed yet: read the
