@@ -32,7 +32,8 @@ type pull struct {
 	completed bool
 
 	// Only the pull's goroutine touches these.
-	reported int64
+	reported    int64
+	reportedAny bool
 }
 
 // waiter is one Acquire waiting for a pull. The pull fills img, release
@@ -112,10 +113,15 @@ func (c *Cache) unpinLocked(d string) {
 // about every tenth of it in between (no more often than every MiB): each
 // call may become a pulling fact on the bus (contracts.RunPulling).
 func (c *Cache) report(p *pull, done, total int64) {
+	if p.reportedAny && done == p.reported {
+		// Nothing new: the end is reported by the last layer's read and
+		// again once every layer is in; a waiter must see it once.
+		return
+	}
 	if done != 0 && done != total && done-p.reported < max(total/10, 1<<20) {
 		return
 	}
-	p.reported = done
+	p.reported, p.reportedAny = done, true
 	c.mu.Lock()
 	var fns []func(int64, int64)
 	for w := range p.waiters {
