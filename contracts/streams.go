@@ -58,13 +58,21 @@ type StreamOptions struct {
 	// LogsMaxBytes bounds the LOGS stream; the oldest output goes first
 	// (default 1 GiB).
 	LogsMaxBytes int64
+	// OpsMaxBytes bounds the OPS stream; the oldest event goes first
+	// (default 1 GiB). Its age bound alone let it grow with the fleet:
+	// 376 MB in 14 minutes at 10,000 machines (issue 17). What reads it
+	// back needs only recent history: the autoscaler each pool's last
+	// decision and its machines' events (locate falls back to the node's
+	// inventory), the monitor its open alert episodes.
+	OpsMaxBytes int64
 }
 
 // MaxConsumersPerStream bounds the consumers of each stream: room for
 // 2 x 10,000 standalone node agents and every service's replicas.
 const MaxConsumersPerStream = 32768
 
-func logs(c jetstream.StreamConfig, maxBytes int64) jetstream.StreamConfig {
+// sized bounds an aging stream by bytes too; DiscardOld makes room.
+func sized(c jetstream.StreamConfig, maxBytes int64) jetstream.StreamConfig {
 	c.MaxBytes = maxBytes
 	return c
 }
@@ -81,6 +89,9 @@ func Streams(o StreamOptions) []jetstream.StreamConfig {
 	}
 	if o.LogsMaxBytes <= 0 {
 		o.LogsMaxBytes = 1 << 30
+	}
+	if o.OpsMaxBytes <= 0 {
+		o.OpsMaxBytes = 1 << 30
 	}
 	storage := jetstream.FileStorage
 	if o.Memory {
@@ -139,10 +150,10 @@ func Streams(o StreamOptions) []jetstream.StreamConfig {
 		samples(aging(StreamHeartbeats, "node agent heartbeats, the last few per node", time.Hour, 3, SubjectHeartbeatAll)),
 		samples(aging(StreamTelemetry, "per-machine GPU telemetry batches, 1 s", o.TelemetryMaxAge, -1, SubjectTelemetryAll)),
 		aging(StreamNodeCommands, "commands for node agents", 7*24*time.Hour, -1, SubjectNodeCommandsAll),
-		aging(StreamOps, "pending demand, scale decisions, machine events and alerts", 7*24*time.Hour, -1, SubjectDemandAll, SubjectScaleAll, SubjectMachinesAll, SubjectAlertsAll),
+		sized(aging(StreamOps, "pending demand, scale decisions, machine events and alerts", 7*24*time.Hour, -1, SubjectDemandAll, SubjectScaleAll, SubjectMachinesAll, SubjectAlertsAll), o.OpsMaxBytes),
 		evidence(record(StreamUsage, "metered usage records, per tenant", SubjectUsageAll)),
 		aging(StreamDeadLetters, "messages a consumer gave up on, for inspection", 30*24*time.Hour, -1, SubjectDeadLetterAll),
-		logs(aging(StreamLogs, "run output chunks, per tenant and job", 7*24*time.Hour, -1, SubjectLogsAll), o.LogsMaxBytes),
+		sized(aging(StreamLogs, "run output chunks, per tenant and job", 7*24*time.Hour, -1, SubjectLogsAll), o.LogsMaxBytes),
 		evidence(record(StreamAudit, "audit trail: one hash-chained record per operation, denial and login", SubjectAuditAll)),
 	}
 }
