@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -47,8 +49,16 @@ pools:
 //
 //	make bench   (or: go test -run '^$' -bench Burst -benchtime 1x ./e2e/)
 func BenchmarkBurst(b *testing.B) {
-	const jobs = 1000
-	fl, err := fleet.Parse([]byte(benchFleet))
+	// GPUPLANE_BURST_JOBS sizes the burst (the fleet grows to hold it at
+	// once); GPUPLANE_BURST_CPUPROFILE names a file for a CPU profile of
+	// the burst alone (start-up and warm-up left out), R1 only.
+	jobs := envInt(b, "GPUPLANE_BURST_JOBS", 1000)
+	profile := os.Getenv("GPUPLANE_BURST_CPUPROFILE")
+	fleetYAML := benchFleet
+	if machines := (jobs + 7) / 8; machines > 125 {
+		fleetYAML = strings.Replace(benchFleet, "count: 160", fmt.Sprintf("count: %d", machines*5/4), 1)
+	}
+	fl, err := fleet.Parse([]byte(fleetYAML))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -80,10 +90,16 @@ func BenchmarkBurst(b *testing.B) {
 					time.Sleep(time.Second)
 					from = meter.read(ctx, b)
 				}
+				stopProfile := func() {}
+				if profile != "" && topo.name == "R1" {
+					stopProfile = startCPUProfile(b, profile)
+					b.Cleanup(stopProfile)
+				}
 				cpu := processCPU()
 				b.StartTimer()
 				r := burst(b, ctx, s, fmt.Sprintf("b%d", i), jobs)
 				b.StopTimer()
+				stopProfile()
 				perJob, bound := reportCPU(b, cpu, jobs)
 				b.Logf("CPU to the last scheduled event: %s per job, all in this process; %d cores fully used would schedule %.0f jobs/s",
 					perJob.Round(time.Microsecond), runtime.GOMAXPROCS(0), bound)
@@ -92,6 +108,7 @@ func BenchmarkBurst(b *testing.B) {
 					started := waitStarted(b, ctx, r.started, jobs)
 					toStarted := meter.read(ctx, b)
 					reportBusCost(b, cost(idle, from, toScheduled, jobs), cost(idle, from, toStarted, jobs), started, baseline, r.jobsPerSec)
+					b.Logf("to started, %s", deliveries(from, toStarted, jobs))
 				}
 				cancel()
 				r.raw = baseline
@@ -475,4 +492,26 @@ func steady(b *testing.B, ctx context.Context, s *stack, prefix string, n int, r
 	slices.Sort(lat)
 	return burstResult{total: last.Sub(start), jobsPerSec: float64(n) / last.Sub(start).Seconds(),
 		p50: lat[len(lat)/2], p99: lat[len(lat)*99/100], max: lat[len(lat)-1]}
+}
+
+// startCPUProfile writes a CPU profile of what follows to path and returns
+// what stops it (idempotent: the burst stops it once the jobs are
+// scheduled; Cleanup calls it again).
+func startCPUProfile(b *testing.B, path string) (stop func()) {
+	b.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		b.Fatal(err)
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			pprof.StopCPUProfile()
+			_ = f.Close()
+		})
+	}
 }

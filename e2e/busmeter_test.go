@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gpuplane/gpuplane/libs/natsserver"
@@ -48,11 +49,15 @@ type busCounts struct {
 	// api is the JetStream API requests the account made (consumer and
 	// stream management, direct gets, ...), not counting publishes.
 	api uint64
+	// delivered is each consumer's deliveries ("STREAM/consumer", an
+	// ordered consumer's name cut at its random part, so that its
+	// replacements add up).
+	delivered map[string]uint64
 }
 
 func (m *busMeter) read(ctx context.Context, b testing.TB) busCounts {
 	b.Helper()
-	c := busCounts{at: time.Now(), stored: map[string]uint64{}}
+	c := busCounts{at: time.Now(), stored: map[string]uint64{}, delivered: map[string]uint64{}}
 	for _, s := range m.servers {
 		v, err := s.Varz(nil)
 		if err != nil {
@@ -60,6 +65,17 @@ func (m *busMeter) read(ctx context.Context, b testing.TB) busCounts {
 		}
 		c.in += v.InMsgs
 		c.out += v.OutMsgs
+		jsz, err := s.Jsz(&server.JSzOptions{Accounts: true, Streams: true, Consumer: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, a := range jsz.AccountDetails {
+			for _, st := range a.Streams {
+				for _, ci := range st.Consumer {
+					c.delivered[st.Name+"/"+consumerKind(ci.Name)] += ci.Delivered.Consumer
+				}
+			}
+		}
 	}
 	lister := m.js.ListStreams(ctx)
 	for info := range lister.Info() {
@@ -108,6 +124,42 @@ func cost(idle, from, to busCounts, jobs int) busCost {
 		c.stored += v
 	}
 	return c
+}
+
+// consumerKind names a consumer without the random part of an ordered or
+// ephemeral one's name, so that consumers of one kind add up.
+func consumerKind(name string) string {
+	if i := strings.LastIndexByte(name, '_'); i > 0 && len(name)-i > 6 {
+		return name[:i] + "_*"
+	}
+	if len(name) >= 20 && !strings.ContainsAny(name, "-.") {
+		return "(ephemeral)"
+	}
+	return name
+}
+
+// deliveries lists what each consumer delivered per job between from and
+// to (deliveries of consumers that were there at both readings), most
+// first: the fan-out of the bus to the platform's readers.
+func deliveries(from, to busCounts, jobs int) string {
+	type row struct {
+		name string
+		n    float64
+	}
+	var rows []row
+	var total float64
+	for name, n := range to.delivered {
+		if d := float64(n-min(n, from.delivered[name])) / float64(jobs); d >= 0.005 {
+			rows = append(rows, row{name, d})
+			total += d
+		}
+	}
+	slices.SortFunc(rows, func(a, b row) int { return strings.Compare(fmt.Sprintf("%09.3f", b.n), fmt.Sprintf("%09.3f", a.n)) })
+	parts := make([]string, 0, len(rows))
+	for _, r := range rows {
+		parts = append(parts, fmt.Sprintf("%s %.2f", r.name, r.n))
+	}
+	return fmt.Sprintf("JetStream deliveries per job: %.2f (%s)", total, strings.Join(parts, ", "))
 }
 
 // String lists the cost, streams by name.
