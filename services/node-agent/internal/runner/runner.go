@@ -233,8 +233,14 @@ func (r *Local) makeLogDir() error {
 // checkpoint, and a directory per job was a third of the file work of a
 // burst of starts (issue 17).
 func (r *Local) prepare(l *Launch) error {
-	if err := r.makeLogDir(); err != nil {
-		return err
+	// A simulated run writes no log (its output stays in memory), so it
+	// needs no log directory: each agent's first simulated run made it,
+	// and a burst's first starts on a fleet waited on one another's
+	// mkdir in a shared parent (issue 17).
+	if !simulated(*l) {
+		if err := r.makeLogDir(); err != nil {
+			return err
+		}
 	}
 	for _, p := range []struct{ what, v string }{{"tenant", l.Tenant}, {"job ID", l.JobID}} {
 		// Both become a path component: nothing that could leave the root.
