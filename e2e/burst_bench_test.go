@@ -108,7 +108,7 @@ func BenchmarkBurst(b *testing.B) {
 					started := waitStarted(b, ctx, r.started, jobs)
 					toStarted := meter.read(ctx, b)
 					reportBusCost(b, cost(idle, from, toScheduled, jobs), cost(idle, from, toStarted, jobs), started, baseline, r.jobsPerSec)
-					b.Logf("to started, %s", deliveries(from, toStarted, jobs))
+					b.Logf("to started, %s", deliveries(idle, from, toStarted, jobs))
 				}
 				cancel()
 				r.raw = baseline

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"runtime"
@@ -139,9 +140,14 @@ func consumerKind(name string) string {
 }
 
 // deliveries lists what each consumer delivered per job between from and
-// to (deliveries of consumers that were there at both readings), most
+// to, less the background measured from idle to from as cost does (the
+// heartbeat and telemetry readers deliver while nothing runs), most
 // first: the fan-out of the bus to the platform's readers.
-func deliveries(from, to busCounts, jobs int) string {
+func deliveries(idle, from, to busCounts, jobs int) string {
+	scale := 0.0
+	if d := from.at.Sub(idle.at); d > 0 {
+		scale = to.at.Sub(from.at).Seconds() / d.Seconds()
+	}
 	type row struct {
 		name string
 		n    float64
@@ -149,12 +155,16 @@ func deliveries(from, to busCounts, jobs int) string {
 	var rows []row
 	var total float64
 	for name, n := range to.delivered {
-		if d := float64(n-min(n, from.delivered[name])) / float64(jobs); d >= 0.005 {
+		f, i := float64(from.delivered[name]), float64(idle.delivered[name])
+		if f < i {
+			i = f // a consumer made between the readings
+		}
+		if d := ((float64(n) - f) - scale*(f-i)) / float64(jobs); d >= 0.005 {
 			rows = append(rows, row{name, d})
 			total += d
 		}
 	}
-	slices.SortFunc(rows, func(a, b row) int { return strings.Compare(fmt.Sprintf("%09.3f", b.n), fmt.Sprintf("%09.3f", a.n)) })
+	slices.SortFunc(rows, func(a, b row) int { return cmp.Compare(b.n, a.n) })
 	parts := make([]string, 0, len(rows))
 	for _, r := range rows {
 		parts = append(parts, fmt.Sprintf("%s %.2f", r.name, r.n))

@@ -52,6 +52,9 @@ const steadyJobDuration = 500 * time.Millisecond
 func BenchmarkSteadyLoad(b *testing.B) {
 	seconds := envInt(b, "GPUPLANE_STEADY_SECONDS", 10)
 	machines := envInt(b, "GPUPLANE_STEADY_MACHINES", 320)
+	// GPUPLANE_STEADY_CPUPROFILE: a CPU profile of each rate's load and
+	// drain (start-up left out), in <path>.rate<N>.
+	profile := os.Getenv("GPUPLANE_STEADY_CPUPROFILE")
 	fl, err := fleet.Parse([]byte(steadyFleet(machines)))
 	if err != nil {
 		b.Fatal(err)
@@ -68,10 +71,16 @@ func BenchmarkSteadyLoad(b *testing.B) {
 				idle := meter.read(ctx, b)
 				time.Sleep(time.Second)
 				from := meter.read(ctx, b)
+				stopProfile := func() {}
+				if profile != "" {
+					stopProfile = startCPUProfile(b, fmt.Sprintf("%s.rate%d", profile, rate))
+					b.Cleanup(stopProfile)
+				}
 				cpu := processCPU()
 				b.StartTimer()
 				r := paced(b, ctx, s, fmt.Sprintf("s%d", i), rate, time.Duration(seconds)*time.Second)
 				b.StopTimer()
+				stopProfile()
 				perJob, bound := reportCPU(b, cpu, r.offered)
 				b.Logf("CPU over the load and its drain: %s per job offered, all in this process; %d cores fully used would keep up with %.0f jobs/s",
 					perJob.Round(time.Microsecond), runtime.GOMAXPROCS(0), bound)
@@ -88,6 +97,7 @@ func BenchmarkSteadyLoad(b *testing.B) {
 					r.offered, rate, seconds, r.lag.Round(time.Millisecond), r.scheduled, r.achieved,
 					r.p50.Round(time.Millisecond), r.p99.Round(time.Millisecond), r.max.Round(time.Millisecond), raw)
 				b.Logf("%s", c)
+				b.Logf("%s", deliveries(idle, from, to, r.offered))
 				if r.scheduled < r.offered {
 					b.Logf("%d jobs not scheduled within the drain bound: the platform fell behind the offered rate", r.offered-r.scheduled)
 				}
