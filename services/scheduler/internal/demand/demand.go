@@ -6,6 +6,7 @@ package demand
 import (
 	"cmp"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
@@ -92,15 +93,20 @@ func Compute(snap placement.Snapshot, used map[string]int, waiting []placement.R
 			v.d.FreeGPUs = max(0, v.d.FreeGPUs-n)
 		}
 	}
-	for _, r := range waiting {
+	// Equal requests count alike: each adds the same to the same pools
+	// (what a request adds reads only its GPU request, pool and runtime
+	// verdicts, and the snapshot), so a deep queue of a few shapes is
+	// counted once per shape, times its number.
+	for _, g := range groupRequests(waiting) {
+		r, n := g.r, g.n
 		perMachine, machines := 1, r.Machines()
 		gpus := 1 // a MIG instance or a share needs one GPU
 		if r.GPU.Kind() == contracts.GPUKindWhole {
 			perMachine, gpus = max(1, r.GPU.Count/machines), r.GPU.Count
 		}
 		count := func(v *poolView) {
-			v.d.PendingJobs++
-			v.d.PendingGPUs += gpus
+			v.d.PendingJobs += n
+			v.d.PendingGPUs += gpus * n
 			key := shapeKey{model: contracts.GPUModelAny, gpus: perMachine, mig: r.GPU.MIGProfile}
 			if allowed := r.GPU.AllowedModels(); len(allowed) == 1 {
 				key.model = allowed[0]
@@ -115,7 +121,7 @@ func Compute(snap placement.Snapshot, used map[string]int, waiting []placement.R
 				key.model = model
 			}
 			if holds || v.d.Nodes == 0 {
-				v.shapes[key] += machines
+				v.shapes[key] += machines * n
 			}
 		}
 		if r.Pool != "" {
@@ -248,4 +254,63 @@ func Same(a, b contracts.PoolDemand) bool {
 	return a.Pool == b.Pool && a.PendingJobs == b.PendingJobs && a.PendingGPUs == b.PendingGPUs &&
 		a.Nodes == b.Nodes && a.FreeGPUs == b.FreeGPUs && a.TotalGPUs == b.TotalGPUs &&
 		slices.EqualFunc(a.Waiting, b.Waiting, contracts.Shape.Equal)
+}
+
+// ungrouped, set by tests, counts every request on its own.
+var ungrouped bool
+
+// requestGroup is a number of waiting requests equal in every field
+// Compute reads.
+type requestGroup struct {
+	r placement.Request
+	n int
+}
+
+// groupKey is what Compute reads of a request: its GPU request but the
+// topology, and its pool. A request with a runtime verdict (PoolRuns, a
+// closure) is not grouped.
+type groupKey struct {
+	count, nodes       int
+	model, models, mig string
+	memMiB             int64
+	share              bool
+	shareMemMiB        int64
+	sharePercent       int
+	pool               string
+}
+
+// groupRequests groups waiting's requests that Compute counts alike, in
+// the order their first member comes.
+func groupRequests(waiting []placement.Request) []requestGroup {
+	var groups []requestGroup
+	if ungrouped { // the tests' reference: one group per request
+		for _, r := range waiting {
+			groups = append(groups, requestGroup{r, 1})
+		}
+		return groups
+	}
+	at := map[groupKey]int{}
+	for i := range waiting {
+		r := &waiting[i]
+		if r.PoolRuns != nil {
+			groups = append(groups, requestGroup{*r, 1})
+			continue
+		}
+		g := &r.GPU
+		k := groupKey{count: g.Count, nodes: g.Nodes, model: g.Model, mig: g.MIGProfile, memMiB: g.MemoryMiB, pool: r.Pool}
+		if len(g.Models) > 0 {
+			// A separator no model name holds: ["a,b"] and ["a","b"] differ.
+			k.models = strings.Join(g.Models, "\x00") + "\x00"
+		}
+		if g.Share != nil {
+			k.share, k.shareMemMiB, k.sharePercent = true, g.Share.MemoryMiB, g.Share.ComputePercent
+		}
+		if j, ok := at[k]; ok {
+			groups[j].n++
+			continue
+		}
+		at[k] = len(groups)
+		groups = append(groups, requestGroup{*r, 1})
+	}
+	return groups
 }

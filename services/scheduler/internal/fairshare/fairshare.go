@@ -280,15 +280,40 @@ func (b *Book) NewRound(items []Item) *Round {
 	// Two passes: count each queue's items, then fill slices of that size
 	// cut from one array (a deep queue's items grew every tenant's slice
 	// by doubling, most of a steady cycle's garbage here).
+	// Items usually come grouped by class and tenant (the scheduler's
+	// queue.ByTenant): an item of the previous item's class and tenant
+	// skips the map.
 	counts := make(map[classTenant]int)
+	var (
+		last  classTenant
+		run   int
+		valid bool
+	)
 	for i := range items {
-		counts[classTenant{items[i].Priority.Rank(), items[i].Tenant}]++
+		k := classTenant{items[i].Priority.Rank(), items[i].Tenant}
+		if valid && k == last {
+			run++
+			continue
+		}
+		if valid {
+			counts[last] += run
+		}
+		last, run, valid = k, 1, true
+	}
+	if valid {
+		counts[last] += run
 	}
 	backing := make([]Item, len(items))
+	var lastQ *queue
 	for _, it := range items {
 		rank := it.Priority.Rank()
 		k := classTenant{rank, it.Tenant}
+		if lastQ != nil && k == last {
+			lastQ.items = append(lastQ.items, it)
+			continue
+		}
 		q := r.queues[k]
+		last, lastQ = k, q
 		if q == nil {
 			n := counts[k]
 			q = &queue{tenant: it.Tenant, acct: b.account(it.Tenant), items: backing[:0:n]}
@@ -301,6 +326,7 @@ func (b *Book) NewRound(items []Item) *Round {
 				r.classes = append(r.classes, c)
 			}
 			c.queues = append(c.queues, q)
+			lastQ = q
 		}
 		q.items = append(q.items, it)
 	}

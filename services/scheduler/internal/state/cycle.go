@@ -63,8 +63,9 @@ func (s *Store) Cycle() CycleResult {
 		hits []hit
 		// missed are the jobs left waiting, waiting their requests (for
 		// pool demand, and defragment's victim searches).
-		missed     = make([]*Job, 0, s.queue.Len())
-		waiting    = make([]placement.Request, 0, s.queue.Len())
+		bufs       = s.cycleBufs.take(s.queue.Len())
+		missed     = bufs.missed
+		waiting    = bufs.waiting
 		preemptors []miss
 		ahead      = s.newAhead()
 		resv       = s.carriedReservations()
@@ -90,15 +91,20 @@ func (s *Store) Cycle() CycleResult {
 	for seq := range s.accepting {
 		watermark = min(watermark, seq)
 	}
-	items := make([]fairshare.Item, 0, s.queue.Len())
-	offered := make([]*Job, 0, s.queue.Len()) // by fairshare.Item.Ref
-	for it := range s.queue.Order() {
+	items := bufs.items
+	offered := bufs.offered // by fairshare.Item.Ref
+	defer func() {
+		s.cycleBufs.put(cycleBufs{missed: missed, waiting: waiting, items: items, offered: offered})
+	}()
+	// Fair share groups the items by class and tenant (NewRound): the
+	// queue hands them over grouped already, each tenant's in its order.
+	for it := range s.queue.ByTenant() {
 		j := it.Value
 		if j.seq > watermark {
 			continue
 		}
 		items = append(items, fairshare.Item{Key: j.key, Tenant: j.Tenant, Priority: j.Request.Priority, Seq: j.seq,
-			Ref: len(offered), Usage: usageOf(j.Request)})
+			Ref: len(offered), Usage: j.usage()})
 		offered = append(offered, j)
 	}
 	var reservedForJob func(j *Job, expected time.Duration) (map[string]placement.Hold, string)
@@ -384,6 +390,35 @@ func (s *Store) Cycle() CycleResult {
 	return res
 }
 
+// cycleBufs are the lists a cycle fills per offered job.
+type cycleBufs struct {
+	missed  []*Job
+	waiting []placement.Request
+	items   []fairshare.Item
+	offered []*Job
+}
+
+// take hands the kept lists over, empty, each with room for n.
+func (b *cycleBufs) take(n int) cycleBufs {
+	if cap(b.waiting) > 4*n+1024 {
+		*b = cycleBufs{} // the queue shrank: let the collector have them
+	}
+	out := cycleBufs{missed: slices.Grow(b.missed[:0], n), waiting: slices.Grow(b.waiting[:0], n),
+		items: slices.Grow(b.items[:0], n), offered: slices.Grow(b.offered[:0], n)}
+	*b = cycleBufs{}
+	return out
+}
+
+// put keeps a cycle's lists for the next one, cleared: a list must not
+// keep a job (or a request's closures) alive past its cycle.
+func (b *cycleBufs) put(used cycleBufs) {
+	clear(used.missed)
+	clear(used.waiting)
+	clear(used.items)
+	clear(used.offered)
+	*b = cycleBufs{missed: used.missed[:0], waiting: used.waiting[:0], items: used.items[:0], offered: used.offered[:0]}
+}
+
 // items turns a decision into plan items: one allocation, or one per
 // machine of a gang (AllocationPartID, with its rank and the gang's nodes).
 func (s *Store) items(j *Job, d placement.Decision) []*contracts.Allocation {
@@ -451,6 +486,16 @@ func usageOf(r *contracts.JobRequest) fairshare.Usage {
 	m := int64(r.Resources.GPU.Machines())
 	return fairshare.Usage{MilliGPU: r.Resources.GPU.MilliGPUs(), CPUMilli: r.Resources.CPUMilli * m,
 		MemoryMiB: r.Resources.MemoryMiB * m}
+}
+
+// usage is usageOf(j.Request), kept while the request stays the same:
+// every cycle asks it of every queued job, and a request is never changed
+// in place (a job given another one gets another pointer).
+func (j *Job) usage() fairshare.Usage {
+	if j.usageOf != j.Request || j.Request == nil {
+		j.usageOf, j.usageIs = j.Request, usageOf(j.Request)
+	}
+	return j.usageIs
 }
 
 // milliOf is what an allocation holds, in thousandths of a GPU.

@@ -33,6 +33,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/services/scheduler/internal/backfill"
+	"github.com/gpuplane/gpuplane/services/scheduler/internal/fairshare"
 	"github.com/gpuplane/gpuplane/services/scheduler/internal/placement"
 	"github.com/gpuplane/gpuplane/services/scheduler/internal/queue"
 )
@@ -167,6 +168,11 @@ type Job struct {
 	// no plan in flight.
 	parts []*part
 
+	// usageIs is usageOf(usageOf), the request it was computed for
+	// (usage).
+	usageOf *contracts.JobRequest
+	usageIs fairshare.Usage
+
 	// Pending is the job's current reason for waiting; pubPending the code
 	// of the last pending event published for this attempt, pendingSeq how
 	// many were published.
@@ -283,6 +289,10 @@ type Store struct {
 	// (cycleRefsOK).
 	cycleRefs   []allocRef
 	cycleRefsOK bool
+	// cycleBufs are a cycle's per-job lists, kept for the next cycle
+	// (emptied, so they hold no job): a deep queue's lists are tens of
+	// megabytes a cycle that the collector would otherwise reclaim.
+	cycleBufs cycleBufs
 
 	// exhaustive has cycles place without the placer's failure memos
 	// (the tests' reference for them).
