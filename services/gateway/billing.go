@@ -366,7 +366,7 @@ func (s *server) deleteBudget(w http.ResponseWriter, r *http.Request) {
 }
 
 // invoice bills a tenant for ?period=YYYY-MM (or YYYY-MM-DD) from the
-// usage records of the read model (contracts.BuildInvoice).
+// usage of the read model (contracts.BuildInvoice's answer).
 func (s *server) invoice(w http.ResponseWriter, r *http.Request) {
 	tenant, ok := tenant(w, r)
 	if !ok {
@@ -384,12 +384,7 @@ func (s *server) invoice(w http.ResponseWriter, r *http.Request) {
 	if !s.modelReady(w) {
 		return
 	}
-	sum, err := s.model.Usage(r.Context(), tenant)
-	if err != nil {
-		s.internalError(w, "read model", err)
-		return
-	}
-	inv, err := contracts.BuildInvoice(tenant, period, sum.ByJob)
+	inv, err := s.model.Invoice(r.Context(), tenant, period)
 	if err != nil {
 		s.internalError(w, "invoice", err)
 		return

@@ -39,6 +39,8 @@ type Config struct {
 	// Retention says how long the read model keeps ended jobs whole, and
 	// how often it snapshots itself (retire.go, readmodel_snapshot.go).
 	Retention RetentionConfig
+	// Usage bounds the usage read model (usage_agg.go).
+	Usage UsageConfig
 
 	// TLSCert and TLSKey (PEM files) make the gateway serve TLS 1.3 only.
 	// Without them it serves plaintext, and only on a loopback address.
@@ -71,6 +73,7 @@ func DefaultConfig() Config {
 		ShutdownTimeout: 10 * time.Second,
 		SSE:             DefaultSSEConfig(),
 		Retention:       DefaultRetentionConfig(),
+		Usage:           DefaultUsageConfig(),
 		LDAPUserFilter:  "(uid=%s)",
 		SessionTTL:      12 * time.Hour,
 	}
@@ -88,6 +91,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Heartbeat, "sse-heartbeat", c.Heartbeat, "interval of keep-alive comments on idle event streams")
 	c.SSE.registerFlags(fs)
 	c.Retention.registerFlags(fs)
+	c.Usage.registerFlags(fs)
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout, "how long a graceful shutdown waits for requests in flight")
 	fs.StringVar(&c.TLSCert, "tls-cert", c.TLSCert, "PEM certificate (chain) for TLS 1.3; without it the gateway serves plaintext on loopback only")
 	fs.StringVar(&c.TLSKey, "tls-key", c.TLSKey, "PEM private key of -tls-cert")
@@ -115,7 +119,7 @@ func (c Config) Validate() error {
 	if c.Heartbeat <= 0 {
 		errs = append(errs, fmt.Errorf("sse heartbeat is %s; want > 0", c.Heartbeat))
 	}
-	errs = append(errs, c.SSE.validate(), c.Retention.validate())
+	errs = append(errs, c.SSE.validate(), c.Retention.validate(), c.Usage.validate())
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("shutdown timeout is %s; want > 0", c.ShutdownTimeout))
 	}

@@ -136,6 +136,9 @@ func (in *ingester) followUsage(ctx context.Context) error {
 	}
 	apply := func(ctx context.Context, m *bus.Msg) error {
 		err := in.applyUsage(ctx, m)
+		if mm, ok := in.model.(*memoryModel); ok {
+			mm.usageSeq.Store(m.StreamSeq)
+		}
 		in.usageFolded.Store(m.StreamSeq)
 		return err
 	}
@@ -187,26 +190,13 @@ func (in *ingester) applyJobEvent(ctx context.Context, m *bus.Msg) error {
 }
 
 func (in *ingester) applyUsage(ctx context.Context, m *bus.Msg) error {
-	log := func() *slog.Logger { return m.Log(in.log) }
-	tenant, err := contracts.TenantFromSubject(m.Subject)
-	if err != nil {
-		log().Warn("skipping usage record on a malformed subject", "err", err)
+	tenant, rec, why := usageRecordOf(m)
+	if why != "" {
+		m.Log(in.log).Warn(why)
 		return nil
-	}
-	var rec contracts.UsageRecord
-	if err := m.Decode(&rec); err != nil {
-		log().Warn("skipping undecodable usage record", "err", err)
-		return nil
-	}
-	if rec.Tenant != tenant {
-		log().Warn("skipping usage record whose body names another tenant", "tenant", rec.Tenant)
-		return nil
-	}
-	if rec.ID == "" {
-		rec.ID = m.ID() // the Nats-Msg-Id is the same key (UsageID)
 	}
 	if _, err := in.model.ApplyUsage(ctx, tenant, rec); err != nil {
-		log().Warn("usage record not applied", "tenant", tenant, "err", err)
+		m.Log(in.log).Warn("usage record not applied", "tenant", tenant, "err", err)
 	}
 	return nil
 }

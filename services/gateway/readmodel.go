@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
@@ -54,6 +55,11 @@ type readModel interface {
 	Jobs(ctx context.Context, tenant string, q jobQuery) ([]contracts.JobStatus, error)
 	// Usage returns a tenant's usage summary (zero for an unknown tenant).
 	Usage(ctx context.Context, tenant string) (contracts.UsageSummary, error)
+	// UsageSeries returns a tenant's usage over time (usage_series.go).
+	UsageSeries(ctx context.Context, tenant string, q seriesQuery) (contracts.UsageSeries, error)
+	// Invoice bills a tenant for a period (contracts.BuildInvoice over
+	// its records).
+	Invoice(ctx context.Context, tenant, period string) (contracts.Invoice, error)
 }
 
 var _ readModel = (*memoryModel)(nil)
@@ -66,8 +72,15 @@ type memoryModel struct {
 	mu   sync.RWMutex
 	jobs map[string]map[string]*contracts.JobStatus // tenant -> job ID -> status
 	// usage keeps each record as its JSON, decoded when a summary is
-	// asked for: a start from a snapshot need not decode a million.
-	usage map[string]map[string][]byte // tenant -> record ID -> record
+	// asked for, unless the model folds usage into buckets (usageAgg,
+	// set by aggregateUsage: the gateway's), reading the records
+	// themselves from USAGE with usageRecs (usage_agg.go).
+	usage     map[string]map[string][]byte // tenant -> record ID -> record
+	usageAgg  *usageAgg
+	usageRecs usageReader
+	// usageSeq is the last USAGE sequence folded (the ingester's), the
+	// end of what usageRecs reads.
+	usageSeq atomic.Uint64
 
 	// ret is zero when every job is kept whole (no fetch).
 	ret RetentionConfig
@@ -185,9 +198,24 @@ func (m *memoryModel) retireJob(k jobKey, st *contracts.JobStatus) {
 	m.cache.put(cacheKey(k.tenant, k.job), st)
 }
 
+// aggregateUsage makes the model fold usage into buckets instead of
+// keeping the records, and read them from USAGE with read when a summary
+// is asked for. Call it before anything is applied.
+func (m *memoryModel) aggregateUsage(cfg UsageConfig, read usageReader) {
+	m.usageAgg, m.usageRecs = newUsageAgg(cfg), read
+}
+
 func (m *memoryModel) ApplyUsage(_ context.Context, tenant string, rec contracts.UsageRecord) (bool, error) {
 	if rec.ID == "" {
 		return false, errors.New("usage record without an id")
+	}
+	if m.usageAgg != nil {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		if m.now != nil {
+			m.usageAgg.prune(m.now())
+		}
+		return m.usageAgg.add(tenant, rec), nil
 	}
 	data, err := json.Marshal(rec)
 	if err != nil {
@@ -393,7 +421,14 @@ func listOrder(a, b contracts.JobStatus) int {
 	return cmp.Compare(a.JobID, b.JobID)
 }
 
-func (m *memoryModel) Usage(_ context.Context, tenant string) (contracts.UsageSummary, error) {
+func (m *memoryModel) Usage(ctx context.Context, tenant string) (contracts.UsageSummary, error) {
+	if m.usageAgg != nil {
+		recs, err := m.usageRecs(ctx, tenant, m.usageSeq.Load())
+		if err != nil {
+			return contracts.UsageSummary{}, err
+		}
+		return summarize(tenant, recs), nil
+	}
 	m.mu.RLock()
 	raw := slices.Collect(maps.Values(m.usage[tenant]))
 	m.mu.RUnlock()
@@ -404,6 +439,41 @@ func (m *memoryModel) Usage(_ context.Context, tenant string) (contracts.UsageSu
 		}
 	}
 	return summarize(tenant, recs), nil
+}
+
+func (m *memoryModel) UsageSeries(ctx context.Context, tenant string, q seriesQuery) (contracts.UsageSeries, error) {
+	if m.usageAgg != nil {
+		m.mu.RLock()
+		tu := m.usageAgg.tenants[tenant]
+		if tu == nil {
+			tu = newTenantUsage()
+		}
+		series, ok := tu.series(tenant, q)
+		m.mu.RUnlock()
+		if ok {
+			return series, nil
+		}
+	}
+	// The records themselves: the model keeps them, or the hours asked
+	// for were dropped.
+	sum, err := m.Usage(ctx, tenant)
+	if err != nil {
+		return contracts.UsageSeries{}, err
+	}
+	return seriesOf(sum, q), nil
+}
+
+func (m *memoryModel) Invoice(ctx context.Context, tenant, period string) (contracts.Invoice, error) {
+	if m.usageAgg != nil {
+		m.mu.RLock()
+		defer m.mu.RUnlock()
+		return m.usageAgg.tenants[tenant].invoiceFor(tenant, period)
+	}
+	sum, err := m.Usage(ctx, tenant)
+	if err != nil {
+		return contracts.Invoice{}, err
+	}
+	return contracts.BuildInvoice(tenant, period, sum.ByJob)
 }
 
 // summarize folds a tenant's distinct usage records into its summary,

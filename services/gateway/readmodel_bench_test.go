@@ -17,6 +17,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/kvsnap"
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 )
 
@@ -24,8 +25,11 @@ import (
 // holding GPUPLANE_REBUILD_JOBS jobs' events (50,000 by default: queued,
 // scheduled, running, succeeded, 1 in 10 also pending; 1 % still
 // running; every event a day old, so every ended job is past its
-// retention): the time until it is ready and the heap it then holds per
-// 100,000 jobs, in the modes of GPUPLANE_REBUILD_MODES (all by default):
+// retention) and USAGE a usage record of each ended job (as billing
+// writes them: a minute's segment, priced): the time until it is ready
+// and the heap it then holds per 100,000 jobs, in the modes of
+// GPUPLANE_REBUILD_MODES (all by default; snapshot also reports the
+// snapshot's size):
 //
 //   - keepall: the read model alone keeping every job whole (the model
 //     before retention: the baseline of the same run);
@@ -71,23 +75,28 @@ func BenchmarkReadModelRebuild(b *testing.B) {
 		b.ReportMetric(float64(n), "jobs")
 		b.ReportMetric(0, "ns/op")
 	}
-	// model starts an ingester on model and returns once it is ready.
+	// model starts an ingester on model (JOB_EVENTS and USAGE) and
+	// returns once it is ready.
 	model := func(model readModel, sn *modelSnapshotter) (*ingester, func()) {
-		in := &ingester{bus: ob, model: model, log: log, snaps: sn}
+		in := &ingester{bus: ob, model: model, log: log, snaps: sn, loadDone: make(chan struct{})}
 		rctx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
+		done := make(chan error, 2)
 		go func() { done <- in.followJobEvents(rctx) }()
-		for !in.jobsReady.Load() {
+		go func() { done <- in.followUsage(rctx) }()
+		for !in.jobsReady.Load() || !in.usageReady.Load() {
 			time.Sleep(time.Millisecond)
 		}
-		return in, func() { cancel(); <-done }
+		return in, func() { cancel(); <-done; <-done }
 	}
 	retaining := func() *memoryModel {
-		return newRetainingModel(DefaultRetentionConfig(), time.Now, streamFetcher(ob),
+		m := newRetainingModel(DefaultRetentionConfig(), time.Now, streamFetcher(ob),
 			func(ctx context.Context, tenant string, want map[string]*contracts.JobStatus) error {
 				return tenantFetch(ctx, ob, tenant, want)
 			})
+		benchUsageModel(m, ob)
+		return m
 	}
+	var snapshotBytes int
 	snapshotted := false
 	for _, mode := range modes {
 		b.Run(mode, func(b *testing.B) {
@@ -101,7 +110,9 @@ func BenchmarkReadModelRebuild(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				if err := newModelSnapshotter(ob, time.Minute, log).write(ctx, kv, m.snapshot(in.folded.Load())); err != nil {
+				sn := newModelSnapshotter(ob, time.Minute, log)
+				sn.written = func(h kvsnap.Head) { snapshotBytes = h.Bytes }
+				if err := sn.write(ctx, kv, m.snapshotWithUsage(in.folded.Load(), in.usageFolded.Load())); err != nil {
 					b.Fatal(err)
 				}
 				stop()
@@ -160,6 +171,9 @@ func BenchmarkReadModelRebuild(b *testing.B) {
 				heap += ready - min(before, heapNow())
 			}
 			report(b, took, heap)
+			if mode == "snapshot" {
+				b.ReportMetric(float64(snapshotBytes)/(1<<20), "MiB-snapshot")
+			}
 		})
 	}
 }
@@ -206,6 +220,26 @@ func publishRebuildJobs(b *testing.B, ob *bus.Bus, n int) {
 		ev(contracts.EventRunning, contracts.StateRunning, 0, nil)
 		if i < n-n/100 {
 			ev(contracts.EventSucceeded, contracts.StateSucceeded, 0, nil)
+			alloc := tenant + "/" + id + "/1"
+			rec := contracts.UsageRecord{SchemaVersion: contracts.SchemaVersion, ID: contracts.UsageSegmentID(alloc, 0),
+				AllocationID: alloc, Tenant: tenant, JobID: id, Attempt: 1, NodeID: fmt.Sprintf("node-%04d", i%2000), Pool: "east",
+				GPUModel: "H100-80GB", GPUs: 1, Start: at, End: at.Add(time.Minute), GPUMillis: 60_000, GPUSeconds: 60, Time: at,
+				UsageSegment: contracts.UsageSegment{Final: true, Reason: contracts.ReasonRunEnded, Seconds: 60, GPUShare: "1",
+					PriceClass: contracts.PriceOnDemand, PriceVersion: "v1", Currency: "USD", GPURateMicros: 3_900_000,
+					OnDemandRateMicros: 3_900_000, GPUCostMicros: 65_000, CostMicros: 65_000, OnDemandCostMicros: 65_000}}
+			data, err := json.Marshal(rec)
+			if err != nil {
+				b.Fatal(err)
+			}
+			m := nats.NewMsg(contracts.SubjectUsage(tenant))
+			m.Data = data
+			m.Header.Set(contracts.HeaderMsgID, rec.ID)
+			for {
+				if _, err = js.PublishMsgAsync(m); err == nil {
+					break
+				}
+				<-js.PublishAsyncComplete()
+			}
 		}
 	}
 	<-js.PublishAsyncComplete()
@@ -226,7 +260,8 @@ func BenchmarkReadModelRebuildSnapshotCodec(b *testing.B) {
 		}
 	}
 	at := time.Now().UTC().Add(-24 * time.Hour)
-	s := &modelSnap{seq: uint64(4 * n), retired: map[string][]retiredJob{}, usage: map[string]map[string][]byte{}}
+	s := &modelSnap{seq: uint64(4 * n), retired: map[string][]retiredJob{}}
+	agg := newUsageAgg(DefaultUsageConfig())
 	for i := range n {
 		tenant, id := fmt.Sprintf("t%d", i%8), fmt.Sprintf("j%07d", i)
 		created := at.Add(time.Duration(i) * time.Millisecond)
@@ -239,17 +274,11 @@ func BenchmarkReadModelRebuildSnapshotCodec(b *testing.B) {
 			s.retired[tenant] = append(s.retired[tenant], retiredJob{sec: created.Unix(), nsec: int32(created.Nanosecond()), id: id,
 				last: uint64(4*i + 4)})
 		}
-		rec, err := json.Marshal(contracts.UsageRecord{SchemaVersion: 1, ID: contracts.UsageID("a-" + id),
+		agg.add(tenant, contracts.UsageRecord{SchemaVersion: 1, ID: contracts.UsageID("a-" + id),
 			AllocationID: "a-" + id, Tenant: tenant, JobID: id, Attempt: 1, NodeID: "node-1", Pool: "east", GPUModel: "H100-80GB",
 			GPUs: 1, Start: created, End: created.Add(time.Minute), GPUMillis: 60_000, GPUSeconds: 60, Time: created})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if s.usage[tenant] == nil {
-			s.usage[tenant] = map[string][]byte{}
-		}
-		s.usage[tenant][contracts.UsageID("a-"+id)] = rec
 	}
+	s.usageSeq, s.usage, s.usageIDs, s.usageCut = uint64(n), agg.tenants, agg.ids, agg.cut
 	data, err := s.encode()
 	if err != nil {
 		b.Fatal(err)
@@ -265,6 +294,7 @@ func BenchmarkReadModelRebuildSnapshotCodec(b *testing.B) {
 		decode += time.Since(start)
 		start = time.Now()
 		m := newRetainingModel(DefaultRetentionConfig(), time.Now, nil, nil)
+		m.aggregateUsage(DefaultUsageConfig(), nil)
 		m.install(got)
 		install += time.Since(start)
 	}

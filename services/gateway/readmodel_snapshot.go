@@ -43,7 +43,7 @@ const snapshotEvery = 200_000
 
 // snapshotMagic starts every encoded snapshot; its version changes with
 // the encoding (another version is ignored).
-const snapshotMagic = "gpuplane gateway read model 3\n"
+const snapshotMagic = "gpuplane gateway read model 4\n"
 
 // modelSnap is a copy of the read model at JOB_EVENTS sequence seq.
 type modelSnap struct {
@@ -56,13 +56,17 @@ type modelSnap struct {
 	retired map[string][]retiredJob // tenant -> records in store order
 	// ops are the ops view's last job events (ingester.opsEvents).
 	ops []contracts.JobEvent
-	// usage holds every usage record USAGE held up to usageSeq at least
-	// (records are applied once per ID, so one read again is harmless),
-	// and usageCreated, usageFirst that stream's life.
+	// usage is the folded usage (usage_agg.go) of every record USAGE
+	// held up to usageSeq at least (records are folded once per ID, so
+	// one read again is harmless; 0 when the model keeps the records
+	// themselves, which a start then reads whole), and usageCreated,
+	// usageFirst that stream's life.
 	usageSeq     uint64
 	usageCreated string
 	usageFirst   uint64
-	usage        map[string]map[string][]byte // tenant -> record ID -> its JSON
+	usage        map[string]*tenantUsage
+	usageIDs     usageDigests
+	usageCut     int64
 }
 
 // snapshotStore is the read model's snapshot in kv: every replica writes
@@ -84,10 +88,14 @@ func (m *memoryModel) snapshot(seq uint64) *modelSnap { return m.snapshotWithUsa
 func (m *memoryModel) snapshotWithUsage(seq, usageSeq uint64) *modelSnap {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	s := &modelSnap{seq: seq, retired: make(map[string][]retiredJob, len(m.retired)), usageSeq: usageSeq,
-		usage: make(map[string]map[string][]byte, len(m.usage))}
-	for tenant, recs := range m.usage {
-		s.usage[tenant] = maps.Clone(recs) // the records' bytes never change
+	s := &modelSnap{seq: seq, retired: make(map[string][]retiredJob, len(m.retired)), usage: map[string]*tenantUsage{}}
+	if a := m.usageAgg; a != nil {
+		s.usageSeq, s.usageCut = usageSeq, a.cut
+		for tenant, tu := range a.tenants {
+			s.usage[tenant] = tu.clone()
+		}
+		// The sorted digests are never changed in place: shared.
+		s.usageIDs = usageDigests{sorted: a.ids.sorted, recent: maps.Clone(a.ids.recent)}
 	}
 	for _, jobs := range m.jobs {
 		for _, st := range jobs {
@@ -126,7 +134,12 @@ func (m *memoryModel) install(s *modelSnap) {
 	for _, st := range ended {
 		m.ended = append(m.ended, jobKey{st.Tenant, st.JobID})
 	}
-	m.usage = s.usage
+	if a := m.usageAgg; a != nil {
+		a.tenants, a.ids, a.cut = s.usage, usageDigests{sorted: s.usageIDs.merged()}, s.usageCut
+		m.usageSeq.Store(s.usageSeq)
+	} else {
+		s.usageSeq = 0 // a model keeping the records reads USAGE whole
+	}
 	for tenant, recs := range s.retired {
 		rs := &retiredSet{recs: recs, sorted: true}
 		for _, r := range recs {
@@ -204,18 +217,7 @@ func (s *modelSnap) encode() ([]byte, error) {
 	uv(s.usageSeq)
 	uv(s.usageFirst)
 	str(s.usageCreated)
-	tenants = slices.Sorted(maps.Keys(s.usage))
-	uv(uint64(len(tenants)))
-	for _, t := range tenants {
-		str(t)
-		recs := s.usage[t]
-		uv(uint64(len(recs)))
-		for id, data := range recs {
-			str(id)
-			uv(uint64(len(data)))
-			buf.Write(data)
-		}
-	}
+	s.encodeUsage(&buf)
 	sum := sha256.Sum256(buf.Bytes())
 	buf.Write(sum[:])
 	return buf.Bytes(), nil
@@ -298,7 +300,6 @@ func (c *cursor) count() uint64 {
 }
 
 // decodeModelSnap is encode's inverse; any damage is an errBadSnapshot.
-// The usage records are slices of data (not decoded: Usage decodes them).
 func decodeModelSnap(data []byte) (*modelSnap, error) {
 	if len(data) < len(snapshotMagic)+sha256.Size || string(data[:len(snapshotMagic)]) != snapshotMagic {
 		return nil, fmt.Errorf("%w: not a snapshot of this version", errBadSnapshot)
@@ -308,7 +309,7 @@ func decodeModelSnap(data []byte) (*modelSnap, error) {
 		return nil, fmt.Errorf("%w: checksum mismatch", errBadSnapshot)
 	}
 	c := &cursor{b: body[len(snapshotMagic):]}
-	s := &modelSnap{retired: map[string][]retiredJob{}, usage: map[string]map[string][]byte{}}
+	s := &modelSnap{retired: map[string][]retiredJob{}, usage: map[string]*tenantUsage{}}
 	s.seq, s.first = c.uvarint(), c.uvarint()
 	s.created = string(c.bytes())
 	for range c.count() {
@@ -354,19 +355,7 @@ func decodeModelSnap(data []byte) (*modelSnap, error) {
 	}
 	s.usageSeq, s.usageFirst = c.uvarint(), c.uvarint()
 	s.usageCreated = string(c.bytes())
-	for range c.count() {
-		tenant := string(c.bytes())
-		n := c.count()
-		recs := make(map[string][]byte, n)
-		for range n {
-			id, rec := string(c.bytes()), c.bytes()
-			if c.err == nil && (id == "" || len(rec) == 0) {
-				c.fail(errors.New("a usage record without an id"))
-			}
-			recs[id] = rec
-		}
-		s.usage[tenant] = recs
-	}
+	s.decodeUsage(c)
 	if c.err == nil && len(c.b) > 0 {
 		c.fail(errors.New("trailing bytes"))
 	}

@@ -65,12 +65,12 @@ func (s *server) usageSeries(w http.ResponseWriter, r *http.Request) {
 	if !s.modelReady(w) {
 		return
 	}
-	sum, err := s.model.Usage(r.Context(), tenant)
+	series, err := s.model.UsageSeries(r.Context(), tenant, seriesQuery{step: step, width: width, pool: pool, from: from, to: to})
 	if err != nil {
 		s.internalError(w, "read model", err)
 		return
 	}
-	writeJSON(w, http.StatusOK, seriesOf(sum, step, width, pool, from, to))
+	writeJSON(w, http.StatusOK, series)
 }
 
 type seriesKey struct {
@@ -78,60 +78,48 @@ type seriesKey struct {
 	pool, class string
 }
 
+// seriesQuery is what a series asks for: its step (hour or day) and
+// width, a pool ("" for all) and the time from..to (zero: unbounded).
+type seriesQuery struct {
+	step     string
+	width    time.Duration
+	pool     string
+	from, to time.Time
+}
+
 // seriesOf spreads a summary's records over steps of width, keeping pool
-// ("" for all) and the time from..to (zero: unbounded).
-func seriesOf(sum contracts.UsageSummary, step string, width time.Duration, pool string, from, to time.Time) contracts.UsageSeries {
-	out := contracts.UsageSeries{Tenant: sum.Tenant, Step: step, Pool: pool, Currency: sum.Currency,
-		Points: []contracts.UsagePoint{}, Totals: []contracts.UsagePoint{}}
+// ("" for all) and the time from..to (zero: unbounded): the series from
+// the records themselves (a model keeping them, or the records read from
+// USAGE when the buckets kept do not reach back far enough).
+func seriesOf(sum contracts.UsageSummary, q seriesQuery) contracts.UsageSeries {
 	points := map[seriesKey]*contracts.UsagePoint{}
-	add := func(k seriesKey, millis, cost, onDemand int64) {
-		p := points[k]
-		if p == nil {
-			p = &contracts.UsagePoint{Start: k.start, Pool: k.pool, PriceClass: k.class}
-			points[k] = p
-		}
-		p.GPUMillis += millis
-		p.CostMicros += cost
-		p.OnDemandCostMicros += onDemand
-	}
 	for _, rec := range sum.ByJob {
-		if pool != "" && rec.Pool != pool {
+		if q.pool != "" && rec.Pool != q.pool {
 			continue
 		}
-		start, end := rec.Start.UTC(), rec.End.UTC()
-		if !end.After(start) {
-			end = start.Add(time.Nanosecond) // an instant: all of it in its step
-		}
-		total := end.Sub(start)
-		var done time.Duration
-		var millis, cost, onDemand int64 // what earlier steps took
-		for b := start.Truncate(width); b.Before(end); b = b.Add(width) {
-			e, s0 := b.Add(width), b
-			if e.After(end) {
-				e = end
+		spread(rec, q.width, func(b time.Time, dm, dc, do int64) {
+			if (!q.from.IsZero() && !b.Add(q.width).After(q.from)) || (!q.to.IsZero() && !b.Before(q.to)) {
+				return
 			}
-			if start.After(s0) {
-				s0 = start
+			k := seriesKey{b, rec.Pool, string(rec.PriceClass)}
+			p := points[k]
+			if p == nil {
+				p = &contracts.UsagePoint{Start: k.start, Pool: k.pool, PriceClass: k.class}
+				points[k] = p
 			}
-			done += e.Sub(s0)
-			// Cumulative rounding: step i gets round(total·done_i) −
-			// round(total·done_{i−1}), so the steps sum to the record.
-			share := func(v int64, before *int64) int64 {
-				upto := int64(float64(v) * float64(done) / float64(total))
-				if e.Equal(end) {
-					upto = v
-				}
-				d := upto - *before
-				*before = upto
-				return d
-			}
-			dm, dc, do := share(rec.GPUMillis, &millis), share(rec.CostMicros, &cost), share(rec.OnDemandCostMicros, &onDemand)
-			if (!from.IsZero() && !b.Add(width).After(from)) || (!to.IsZero() && !b.Before(to)) {
-				continue
-			}
-			add(seriesKey{b, rec.Pool, string(rec.PriceClass)}, dm, dc, do)
-		}
+			p.GPUMillis += dm
+			p.CostMicros += dc
+			p.OnDemandCostMicros += do
+		})
 	}
+	return seriesOfPoints(sum.Tenant, sum.Currency, q, points)
+}
+
+// seriesOfPoints is the series of the points summed per step, pool and
+// price class: their totals, both in order.
+func seriesOfPoints(tenant, currency string, q seriesQuery, points map[seriesKey]*contracts.UsagePoint) contracts.UsageSeries {
+	out := contracts.UsageSeries{Tenant: tenant, Step: q.step, Pool: q.pool, Currency: currency,
+		Points: []contracts.UsagePoint{}, Totals: []contracts.UsagePoint{}}
 	totals := map[seriesKey]*contracts.UsagePoint{}
 	for k, p := range points {
 		p.GPUSeconds = float64(p.GPUMillis) / 1000
