@@ -53,6 +53,10 @@ func BenchmarkBurst(b *testing.B) {
 	// once); GPUPLANE_BURST_CPUPROFILE names a file for a CPU profile of
 	// the burst alone (start-up and warm-up left out), R1 only.
 	jobs := envInt(b, "GPUPLANE_BURST_JOBS", 1000)
+	// The platform runs here as the all-in-one binary runs it (GOGC and
+	// GOMEMLIMIT in the environment still rule: GOGC=100 measures the
+	// runtime's default).
+	b.Cleanup(gpuplane.TuneGC(gpuplane.DefaultGCPercent))
 	profile := os.Getenv("GPUPLANE_BURST_CPUPROFILE")
 	fleetYAML := benchFleet
 	if machines := (jobs + 7) / 8; machines > 125 {

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/services/gpuplane"
 	"github.com/gpuplane/gpuplane/services/node-agent/fleet"
 )
 
@@ -51,6 +52,8 @@ const steadyJobDuration = 500 * time.Millisecond
 //	go test -run '^$' -bench SteadyLoad -benchtime 1x ./e2e/
 func BenchmarkSteadyLoad(b *testing.B) {
 	seconds := envInt(b, "GPUPLANE_STEADY_SECONDS", 10)
+	// As the all-in-one binary runs (GOGC in the environment still rules).
+	b.Cleanup(gpuplane.TuneGC(gpuplane.DefaultGCPercent))
 	machines := envInt(b, "GPUPLANE_STEADY_MACHINES", 320)
 	// GPUPLANE_STEADY_CPUPROFILE: a CPU profile of each rate's load and
 	// drain (start-up left out), in <path>.rate<N>.

@@ -26,6 +26,9 @@ func main() {
 	// First: this program is also the supervisor of each command its node
 	// agents run (a copy started in shim mode never gets past this line).
 	nodeagent.MaybeRunShim()
+	// One heap holds NATS, every service and every agent: collect less
+	// often than the runtime's default (GOGC and GOMEMLIMIT still rule).
+	gpuplane.TuneGC(gpuplane.DefaultGCPercent)
 	cfg := gpuplane.DefaultConfig()
 	fs := flag.NewFlagSet("gpuplane", flag.ExitOnError)
 	cfg.RegisterFlags(fs)
