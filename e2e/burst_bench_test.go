@@ -99,12 +99,15 @@ func BenchmarkBurst(b *testing.B) {
 					stopProfile = startCPUProfile(b, profile)
 					b.Cleanup(stopProfile)
 				}
-				cpu := processCPU()
+				cpu, cpuStart := processCPU(), time.Now()
 				b.StartTimer()
 				r := burst(b, ctx, s, fmt.Sprintf("b%d", i), jobs)
 				b.StopTimer()
 				stopProfile()
 				perJob, bound := reportCPU(b, cpu, jobs)
+				if meter != nil {
+					reportNetCPU(b, perJob, idle, from, cpuStart, jobs)
+				}
 				b.Logf("CPU to the last scheduled event: %s per job, all in this process; %d cores fully used would schedule %.0f jobs/s",
 					perJob.Round(time.Microsecond), runtime.GOMAXPROCS(0), bound)
 				if meter != nil {

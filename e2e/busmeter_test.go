@@ -50,6 +50,8 @@ type busCounts struct {
 	// api is the JetStream API requests the account made (consumer and
 	// stream management, direct gets, ...), not counting publishes.
 	api uint64
+	// cpu is the process's CPU time so far (processCPU).
+	cpu time.Duration
 	// delivered is each consumer's deliveries ("STREAM/consumer", an
 	// ordered consumer's name cut at its random part, so that its
 	// replacements add up).
@@ -58,7 +60,7 @@ type busCounts struct {
 
 func (m *busMeter) read(ctx context.Context, b testing.TB) busCounts {
 	b.Helper()
-	c := busCounts{at: time.Now(), stored: map[string]uint64{}, delivered: map[string]uint64{}}
+	c := busCounts{at: time.Now(), cpu: processCPU(), stored: map[string]uint64{}, delivered: map[string]uint64{}}
 	for _, s := range m.servers {
 		v, err := s.Varz(nil)
 		if err != nil {
@@ -201,6 +203,25 @@ func processCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// reportNetCPU reports the CPU per job less the platform's background
+// (heartbeats, telemetry, liveness checks: what it burnt from idle to
+// from, a quiet second) over the window since start: cpu-ms/job charges
+// a job with the background of the seconds it took, which on a busy
+// machine are many.
+func reportNetCPU(b *testing.B, perJob time.Duration, idle, from busCounts, start time.Time, jobs int) {
+	b.Helper()
+	d := from.at.Sub(idle.at)
+	if d <= 0 {
+		return
+	}
+	rate := float64(from.cpu-idle.cpu) / float64(d) // CPU seconds per second
+	bg := time.Duration(rate * float64(time.Since(start)) / float64(max(jobs, 1)))
+	net := perJob - bg
+	b.ReportMetric(float64(net.Microseconds())/1000, "net-cpu-ms/job")
+	b.Logf("background (idle platform) %.0f ms CPU per second: %s of the %s per job; net %s per job",
+		rate*1000, bg.Round(time.Microsecond), perJob.Round(time.Microsecond), net.Round(time.Microsecond))
 }
 
 // reportCPU reports the CPU used per job (cpu since from, over jobs) and

@@ -79,12 +79,13 @@ func BenchmarkSteadyLoad(b *testing.B) {
 					stopProfile = startCPUProfile(b, fmt.Sprintf("%s.rate%d", profile, rate))
 					b.Cleanup(stopProfile)
 				}
-				cpu := processCPU()
+				cpu, cpuStart := processCPU(), time.Now()
 				b.StartTimer()
 				r := paced(b, ctx, s, fmt.Sprintf("s%d", i), rate, time.Duration(seconds)*time.Second)
 				b.StopTimer()
 				stopProfile()
 				perJob, bound := reportCPU(b, cpu, r.offered)
+				reportNetCPU(b, perJob, idle, from, cpuStart, r.offered)
 				b.Logf("CPU over the load and its drain: %s per job offered, all in this process; %d cores fully used would keep up with %.0f jobs/s",
 					perJob.Round(time.Microsecond), runtime.GOMAXPROCS(0), bound)
 				to := meter.read(ctx, b)
