@@ -22,6 +22,13 @@ type Config struct {
 	// CycleInterval is the least time between the starts of two cycles:
 	// facts arriving faster are coalesced into one cycle. Default 5 ms.
 	CycleInterval time.Duration
+	// CycleRest is how long, in multiples of a cycle's own duration, the
+	// scheduler waits after it before the next one starts (at most
+	// maxCycleRest; CycleInterval still applies): a cycle's work grows
+	// with the cluster and with the jobs waiting, and back-to-back cycles
+	// that place little took the CPU the facts that free GPUs needed.
+	// 0 turns it off. Default 1: cycles take at most half the time.
+	CycleRest float64
 	// DemandInterval is the least time between two PoolDemand publishes of
 	// one pool. Default 1 s.
 	DemandInterval time.Duration
@@ -95,6 +102,7 @@ func DefaultConfig() Config {
 		Bus:               service.DefaultBusConfig(),
 		Name:              "scheduler",
 		CycleInterval:     5 * time.Millisecond,
+		CycleRest:         1,
 		DemandInterval:    time.Second,
 		Publishers:        16,
 		IntakeBatch:       256,
@@ -117,6 +125,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	c.Bus.RegisterFlags(fs)
 	fs.StringVar(&c.Name, "name", c.Name, "scheduler ID: plans go to gp.plans.<name>")
 	fs.DurationVar(&c.CycleInterval, "cycle-interval", c.CycleInterval, "least time between two scheduling cycles")
+	fs.Float64Var(&c.CycleRest, "cycle-rest", c.CycleRest, "wait after a cycle, in multiples of its duration, before the next (0: none)")
 	fs.DurationVar(&c.DemandInterval, "demand-interval", c.DemandInterval, "least time between two demand publishes of one pool")
 	fs.IntVar(&c.Publishers, "publishers", c.Publishers, "job events published concurrently (per-job order is kept)")
 	fs.DurationVar(&c.ResyncInterval, "resync-interval", c.ResyncInterval, "a cycle at least this often, even with no new fact")
@@ -153,6 +162,9 @@ func (c Config) Validate() error {
 	}
 	if c.CycleInterval <= 0 || c.CycleInterval > time.Minute {
 		errs = append(errs, fmt.Errorf("cycle interval is %s; want more than 0 and at most 1m", c.CycleInterval))
+	}
+	if !(c.CycleRest >= 0 && c.CycleRest <= 100) {
+		errs = append(errs, fmt.Errorf("cycle rest is %g; want 0 to 100 times a cycle's duration", c.CycleRest))
 	}
 	if c.DemandInterval <= 0 {
 		errs = append(errs, fmt.Errorf("demand interval is %s; want more than 0", c.DemandInterval))

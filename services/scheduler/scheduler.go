@@ -605,10 +605,31 @@ func (s *scheduler) cancel(ctx context.Context, m *bus.Msg) error {
 	return nil
 }
 
+// maxCycleRest bounds the rest CycleRest asks for after a long cycle: a
+// job that arrives then waits at most this long more.
+const maxCycleRest = 250 * time.Millisecond
+
+// nextCycle is the earliest start of the cycle after one that started at
+// start, ended at end and spent took in the cycle itself (not waiting
+// for the lock): interval after its start, and rest times took after its
+// end (at most maxCycleRest). While the cycles are short (a few jobs
+// decided on a small cluster) only the interval counts; when the cycles
+// grow (many jobs waiting for GPUs that only releases free, a large
+// cluster, a busy machine) they stop taking all the CPU the facts they
+// wait for need, and each decides what arrived meanwhile at once.
+func nextCycle(start, end time.Time, took, interval time.Duration, rest float64) time.Time {
+	next := start.Add(interval)
+	if r := min(time.Duration(rest*float64(took)), maxCycleRest); r > 0 && end.Add(r).After(next) {
+		next = end.Add(r)
+	}
+	return next
+}
+
 // cycles runs a scheduling cycle whenever something changed, at most once
-// per CycleInterval, and publishes its plans.
+// per CycleInterval (and resting after a long one, nextCycle), and
+// publishes its plans.
 func (s *scheduler) cycles(ctx context.Context) error {
-	var last time.Time
+	var last, next time.Time
 	timer := time.NewTimer(0)
 	<-timer.C
 	// Cycles are driven by facts; the resync tick is the level-triggered
@@ -624,7 +645,7 @@ func (s *scheduler) cycles(ctx context.Context) error {
 		case <-s.wake:
 		case <-resync.C:
 		}
-		if wait := s.cfg.CycleInterval - time.Since(last); wait > 0 {
+		if wait := time.Until(next); wait > 0 {
 			timer.Reset(wait)
 			select {
 			case <-ctx.Done():
@@ -634,9 +655,12 @@ func (s *scheduler) cycles(ctx context.Context) error {
 		}
 		last = time.Now()
 		s.mu.Lock()
+		began := time.Now()
 		res := s.st.Cycle()
+		took := time.Since(began)
 		s.out.enqueue(res.Publish, false)
 		s.mu.Unlock()
+		next = nextCycle(last, time.Now(), took, s.cfg.CycleInterval, s.cfg.CycleRest)
 		for _, p := range res.Plans {
 			if !s.term.Valid() {
 				// Our lease ran out: a plan now could race the next
@@ -660,7 +684,7 @@ func (s *scheduler) cycles(ctx context.Context) error {
 				s.mu.Lock()
 				s.out.enqueue(s.st.PlanFailed(p.ID), false)
 				s.mu.Unlock()
-				last = time.Now().Add(time.Second)
+				next = time.Now().Add(time.Second)
 				continue
 			}
 			s.log.Debug("plan published", "plan", p.ID, "items", len(p.Items))
