@@ -228,7 +228,11 @@ type chooser struct {
 	perGPUs int // whole GPUs per machine
 	opt     Options
 	pri     contracts.Priority
+	priRank int // pri.Rank(), asked per running allocation
 	reclaim bool
+	// last is spend's previous budget look-up: running allocations come
+	// by ID, so one tenant's come together, mostly in one pool.
+	last spendMemo
 	// budgets are the caps of Options.Spare in use, by index.
 	budgets  []int64
 	budgetOf map[TenantPool]int
@@ -250,6 +254,7 @@ func newChooser(snap placement.Snapshot, running []Running, p Preemptor, opt Opt
 		perGPUs: g.Count / machines,
 		opt:     opt,
 		pri:     p.Priority,
+		priRank: p.Priority.Rank(),
 		reclaim: p.Reclaim,
 	}
 	if c.kind == contracts.GPUKindShare && (g.Share.ComputePercent < 1 || g.Share.ComputePercent > 100 || g.Share.MemoryMiB < 1) {
@@ -390,12 +395,19 @@ func (c *chooser) eligible(v *Running) bool {
 	if c.opt.Defragment {
 		return v.Gang == ""
 	}
-	vr, pr := v.Priority.Rank(), c.pri.Rank()
+	vr, pr := v.Priority.Rank(), c.priRank
 	own := v.Tenant == c.req.Tenant
 	if vr < pr && (own || v.Borrowing) {
 		return true
 	}
 	return c.reclaim && v.Borrowing && !own && vr <= pr
+}
+
+// spendMemo is one budget look-up of spend: b is key's budget, when has.
+type spendMemo struct {
+	key     TenantPool
+	b       int
+	has, ok bool
 }
 
 // spend records what evicting v takes from its tenant's budget, when v is
@@ -405,18 +417,29 @@ func (c *chooser) spend(un *unit, v *Running) {
 		return
 	}
 	key := TenantPool{v.Tenant, v.Pool}
-	b, ok := c.budgetOf[key]
-	if !ok {
-		limit, has := c.opt.Spare[key]
-		if !has {
+	var b int
+	if l := &c.last; l.ok && l.key == key {
+		if !l.has {
 			return
 		}
-		if c.budgetOf == nil {
-			c.budgetOf = map[TenantPool]int{}
+		b = l.b
+	} else {
+		var ok bool
+		b, ok = c.budgetOf[key]
+		if !ok {
+			limit, has := c.opt.Spare[key]
+			if !has {
+				*l = spendMemo{key: key, ok: true}
+				return
+			}
+			if c.budgetOf == nil {
+				c.budgetOf = map[TenantPool]int{}
+			}
+			b = len(c.budgets)
+			c.budgetOf[key] = b
+			c.budgets = append(c.budgets, max(limit, 0))
 		}
-		b = len(c.budgets)
-		c.budgetOf[key] = b
-		c.budgets = append(c.budgets, max(limit, 0))
+		l.key, l.b, l.has, l.ok = key, b, true, true
 	}
 	var m int64
 	for _, d := range v.Devices {
