@@ -2,6 +2,7 @@ package placement
 
 import (
 	"cmp"
+	"encoding/binary"
 	"math/bits"
 	"slices"
 	"strconv"
@@ -47,9 +48,19 @@ type Placer struct {
 	scratch  []slot
 	scratch2 []slot
 	runs     [][2]int
-	version  int // node changes so far: pending messages are cached per version
+	version  int // node changes so far
 	placed   int // requests placed so far
-	memo     map[string]memoEntry
+	// readPlaced is set when explain read placed (an explanation that
+	// names the jobs placed ahead changes with it).
+	readPlaced bool
+	// nodeGroup is each node's group (groupNodes), groupVer how many
+	// times a node of each group moved: a pending message is cached until
+	// a node of a group relevant to its shape moves.
+	nodeGroup   []int32
+	groupVer    []int
+	groupPool   []int32
+	groupModels [][]int32
+	memo        map[string]memoEntry
 	// failedKeys are the memo keys of requests that failed this cycle
 	// (failedBefore); failedPrefix their prefixes, a first test that asks
 	// no pool verdict.
@@ -66,6 +77,7 @@ type Placer struct {
 	// long) of the request failedBefore just found failed.
 	keyReady  bool
 	keyPrefix int
+	keyShape  *shape
 	initFit   map[string]bool
 	hostCap   map[int32][2]int64 // hostMax, by pool id (-1: all)
 
@@ -294,6 +306,7 @@ func NewPlacer(snap Snapshot, opt Options) *Placer {
 		all = append(all, p.classes[i].members...)
 		p.initMembers[i] = all[start:len(all):len(all)]
 	}
+	p.groupNodes()
 	p.live = make([]int32, len(p.classes))
 	p.occupied = make([]int32, len(p.classes))
 	p.occupiedAt = make([]int32, len(p.classes))
@@ -667,6 +680,75 @@ func (p *Placer) move(ord int32) {
 	}
 	n.class = id
 	p.version++
+	p.groupVer[p.nodeGroup[ord]]++
+}
+
+// groupNodes puts every node in the group of its pool and the GPU models
+// it has (both static): a node's move changes the explanations of the
+// shapes that may use one of those models in that pool only (relevant).
+func (p *Placer) groupNodes() {
+	p.nodeGroup = make([]int32, len(p.nodes))
+	index := map[string]int32{}
+	var key []byte
+	var models []int32
+	for cid := range p.initMembers {
+		if len(p.initMembers[cid]) == 0 {
+			continue
+		}
+		c := &p.classes[cid]
+		models = models[:0]
+		for _, sl := range c.view {
+			if m := p.kinds[sl.kind].model; !slices.Contains(models, m) {
+				models = append(models, m)
+			}
+		}
+		slices.Sort(models)
+		key = binary.AppendVarint(key[:0], int64(c.pool))
+		for _, m := range models {
+			key = binary.AppendVarint(key, int64(m))
+		}
+		g, ok := index[string(key)]
+		if !ok {
+			g = int32(len(p.groupVer))
+			index[string(key)] = g
+			p.groupVer = append(p.groupVer, 0)
+			p.groupPool = append(p.groupPool, c.pool)
+			p.groupModels = append(p.groupModels, slices.Clone(models))
+		}
+		for _, ord := range p.initMembers[cid] {
+			p.nodeGroup[ord] = g
+		}
+	}
+}
+
+// relevant lists the node groups whose nodes' moves may change an
+// explanation of shape s: those in s's pool with a model s allows (explain
+// skips every class without the hardware, and a class of a model s does
+// not allow has none).
+func (p *Placer) relevant(s *shape) []int32 {
+	if s.groupsOK {
+		return s.groups
+	}
+	for g, pool := range p.groupPool {
+		if s.pool >= 0 && pool != s.pool {
+			continue
+		}
+		if s.allowed == nil || slices.ContainsFunc(p.groupModels[g], func(m int32) bool { return s.allowed[m] }) {
+			s.groups = append(s.groups, int32(g))
+		}
+	}
+	s.groupsOK = true
+	return s.groups
+}
+
+// stamp sums the versions of s's relevant groups: versions only grow, so
+// the sum is the same exactly when no relevant node moved.
+func (p *Placer) stamp(s *shape) int {
+	n := 0
+	for _, g := range p.relevant(s) {
+		n += p.groupVer[g]
+	}
+	return n
 }
 
 // occupy adds class id, which just gained its first member, to the

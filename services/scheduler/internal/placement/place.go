@@ -31,6 +31,10 @@ type shape struct {
 	fs       fragsim.Request
 
 	facts []*classFacts // by class id, for pending messages
+	// groups are the node groups relevant to its explanations, once
+	// groupsOK (Placer.relevant).
+	groups   []int32
+	groupsOK bool
 
 	lists  [numPolicies][]entry // ranked classes of the pools of each policy
 	inList []bool               // by class id

@@ -8,10 +8,14 @@ import (
 	"github.com/gpuplane/gpuplane/contracts"
 )
 
-// memoEntry is an explanation valid until the next placement.
+// memoEntry is an explanation, valid while no node of a group relevant
+// to its shape moves (stamp), and, when it read how many were placed, no
+// more are.
 type memoEntry struct {
-	version int
-	pending Pending
+	stamp      int
+	readPlaced bool
+	placed     int
+	pending    Pending
 }
 
 // why explains a request that was not placed, from the most fundamental
@@ -38,26 +42,32 @@ func (p *Placer) explainMemo(r *Request) Pending {
 	}
 	var b []byte
 	var prefix int
+	var s *shape
 	if p.keyReady {
 		// failedBefore just built r's key (a deep queue's common case).
-		b, prefix, p.keyReady = p.keyBuf, p.keyPrefix, false
+		b, prefix, s, p.keyReady = p.keyBuf, p.keyPrefix, p.keyShape, false
 	} else {
-		s := p.shapeFor(r, -1)
+		s = p.shapeFor(r, -1)
 		b = p.memoPrefix(r, s)
 		prefix = len(b)
 		b = p.memoPools(r, b)
 	}
-	if m, ok := p.memo[string(b)]; ok && m.version == p.version {
+	stamp := p.stamp(s)
+	// The reference (noFailMemo) explains every request afresh; it builds
+	// the key all the same, since that asks every pool's verdict, which
+	// the caller notes (its quota notes).
+	if m, ok := p.memo[string(b)]; ok && m.stamp == stamp && (!m.readPlaced || m.placed == p.placed) && !p.noFailMemo {
 		return m.pending
 	}
 	key := string(b)
 	p.explaining = key
+	p.readPlaced = false
 	pd := p.explain(r)
 	p.explaining = ""
 	if len(p.memo) > 4096 {
 		clear(p.memo)
 	}
-	p.memo[key] = memoEntry{version: p.version, pending: pd}
+	p.memo[key] = memoEntry{stamp: stamp, readPlaced: p.readPlaced, placed: p.placed, pending: pd}
 	if len(p.failedKeys) > 1<<16 {
 		clear(p.failedKeys) // only an optimisation: forgetting is safe
 		clear(p.failedPrefix)
@@ -127,9 +137,15 @@ func (p *Placer) failedBefore(r *Request) bool {
 	if ok {
 		p.skipped++
 		// p.keyBuf holds r's memo key: why's explainMemo, next, reads it.
-		p.keyReady, p.keyPrefix = true, prefix
+		p.keyReady, p.keyPrefix, p.keyShape = true, prefix, s
 	}
 	return ok
+}
+
+// placedRead is p.placed, noted as read by the explanation being made.
+func (p *Placer) placedRead() int {
+	p.readPlaced = true
+	return p.placed
 }
 
 func boolInt(b bool) int {
@@ -348,7 +364,7 @@ func (p *Placer) explain(r *Request) Pending {
 	case gpuFit >= m && fit < m && (!zone || maxOf(fitZone) < m):
 		return pending(contracts.PendingNoSchedulableNode, "its GPUs are free on %s but %s %d milli-CPU and %d MiB host memory free (most: %d milli-CPU and %d MiB on %s)",
 			countText(gpuFit, "machine"), noneText(m), r.CPUMilli, r.MemoryMiB, cpuBest, memBest, cpuNode)
-	case fit < m && p.placed > 0 && p.initiallyFitMemo(s, r, m):
+	case fit < m && p.placedRead() > 0 && p.initiallyFitMemo(s, r, m):
 		msg := fmt.Sprintf("the free capacity went to %s placed ahead of it this cycle", countText(p.placed, "job"))
 		if s.kind == contracts.GPUKindWhole && m == 1 && blockMax >= 0 {
 			msg += fmt.Sprintf("; largest free block%s is now %d on %s", p.domainText(r), blockMax, blockNode)
