@@ -44,6 +44,7 @@ type CycleResult struct {
 // publishes nothing new.
 func (s *Store) Cycle() CycleResult {
 	now := s.cfg.Now()
+	s.cluster.noSnapCache = s.exhaustive // the reference builds every node afresh
 	snap := s.cluster.snapshot(now)
 	s.drain(now)
 	s.checkEvicting()

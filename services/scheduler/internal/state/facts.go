@@ -30,6 +30,9 @@ type cluster struct {
 	// claims are devices held for preemptors (by job key) until they
 	// commit or give up: what their victims free goes to them alone.
 	claims map[string]*claim
+	// noSnapCache has every snapshot built afresh (the exhaustive
+	// reference's cycles; nodeSnapshot).
+	noSnapCache bool
 }
 
 // claim is what a preemptor takes once its victims are gone: the parts
@@ -46,6 +49,14 @@ type claim struct {
 }
 
 type nodeState struct {
+	// ver moves whenever the node may change: every change goes through
+	// cluster.node or clear. snap is the node as nodeSnapshot last built
+	// it, claims aside, at version snapVer (when snapOK): most nodes do
+	// not change between two cycles, and a cycle snapshots twice.
+	ver, snapVer uint64
+	snapOK       bool
+	snap         placement.Node
+
 	inv  *contracts.NodeInventory
 	lost bool
 	// admin is the administrator's cordon or drain, nil when none.
@@ -86,6 +97,7 @@ func (c *cluster) node(id string) *nodeState {
 		n = &nodeState{held: map[string]*contracts.Allocation{}}
 		c.nodes[id] = n
 	}
+	n.ver++ // the caller may change it (the snapshot is built again)
 	return n
 }
 
@@ -94,6 +106,7 @@ func (c *cluster) node(id string) *nodeState {
 func (n *nodeState) clear() bool {
 	was := n.suspect || len(n.suspectGPUs) > 0
 	n.suspect, n.suspectGPUs = false, nil
+	n.ver++
 	return was
 }
 
@@ -165,6 +178,43 @@ func (c *cluster) nodeSnapshot(id string, now time.Time, skip string) (placement
 	if n.lost || n.suspect || n.inv == nil {
 		return placement.Node{}, false
 	}
+	var pn placement.Node
+	if n.snapOK && n.snapVer == n.ver && !c.noSnapCache {
+		pn = n.snap
+		pn.GPUs = cloneGPUs(n.snap.GPUs) // the caller may hold devices on its copy
+	} else {
+		pn = c.nodeBase(id, n)
+		n.snap, n.snapVer, n.snapOK = pn, n.ver, true
+		n.snap.GPUs = cloneGPUs(pn.GPUs)
+	}
+	// Claims are few (a preemptor's, while its victims stop).
+	for key, cl := range c.claims {
+		if key == skip {
+			continue
+		}
+		for _, p := range cl.parts {
+			if p.NodeID == id {
+				c.holdClaim(&pn, cl, p)
+			}
+		}
+	}
+	return pn, true
+}
+
+// cloneGPUs copies gs and their MIG instances: what holdOn changes.
+func cloneGPUs(gs []placement.GPU) []placement.GPU {
+	out := slices.Clone(gs)
+	for i := range out {
+		if out[i].Instances != nil {
+			out[i].Instances = slices.Clone(out[i].Instances)
+		}
+	}
+	return out
+}
+
+// nodeBase is n, ready and not suspect, as a snapshot has it before
+// claims: its healthy GPUs and host capacity less what it holds.
+func (c *cluster) nodeBase(id string, n *nodeState) placement.Node {
 	inv := n.inv
 	pn := placement.Node{ID: id, Pool: inv.Pool, Zone: inv.Zone, Labels: inv.Labels, Taints: inv.Taints,
 		Cordoned:     n.admin != nil && (n.admin.Cordoned || n.admin.Drain),
@@ -196,18 +246,7 @@ func (c *cluster) nodeSnapshot(id string, now time.Time, skip string) (placement
 	for _, a := range n.held {
 		holdOn(&pn, a.CPUMilli, a.MemoryMiB, a.Devices)
 	}
-	// Claims are few (a preemptor's, while its victims stop).
-	for key, cl := range c.claims {
-		if key == skip {
-			continue
-		}
-		for _, p := range cl.parts {
-			if p.NodeID == id {
-				c.holdClaim(&pn, cl, p)
-			}
-		}
-	}
-	return pn, true
+	return pn
 }
 
 // holdClaim marks part p of claim cl held on pn. What its victims still
