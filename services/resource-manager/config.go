@@ -42,6 +42,12 @@ type Config struct {
 	// when it spans more nodes than this. Default 256: a burst's plans
 	// span hundreds of nodes, and a goroutine waiting on an ack is cheap.
 	CommitParallelism int
+	// ReleaseParallelism bounds how many ended runs the follow of RUNS
+	// releases at once (runs_pipeline.go). Each release waits for its
+	// compare-and-set round trip; one at a time, in RUNS order, a steady
+	// load's releases queued behind one another and held GPUs that had
+	// finished. 1 releases one at a time. Default 64.
+	ReleaseParallelism int
 	// PlanBatch is how many plans a replica pulls at once. Small, so that
 	// replicas share a burst rather than one taking it all. Default 32.
 	PlanBatch int
@@ -72,17 +78,18 @@ type Config struct {
 // environment (service.DefaultBusConfig).
 func DefaultConfig() Config {
 	return Config{
-		Bus:               service.DefaultBusConfig(),
-		Name:              ServiceName,
-		HeartbeatTimeout:  6 * time.Second,
-		LivenessInterval:  500 * time.Millisecond,
-		CommitAttempts:    8,
-		CommitParallelism: 256,
-		PlanBatch:         32,
-		LeaseTTL:          10 * time.Second,
-		SnapshotInterval:  time.Minute,
-		Now:               time.Now,
-		Failpoint:         failpointFromEnv(),
+		Bus:                service.DefaultBusConfig(),
+		Name:               ServiceName,
+		HeartbeatTimeout:   6 * time.Second,
+		LivenessInterval:   500 * time.Millisecond,
+		CommitAttempts:     8,
+		CommitParallelism:  256,
+		ReleaseParallelism: 64,
+		PlanBatch:          32,
+		LeaseTTL:           10 * time.Second,
+		SnapshotInterval:   time.Minute,
+		Now:                time.Now,
+		Failpoint:          failpointFromEnv(),
 	}
 }
 
@@ -94,6 +101,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.HeartbeatTimeout, "heartbeat-timeout", c.HeartbeatTimeout, "declare a node lost after this long without a heartbeat")
 	fs.DurationVar(&c.LivenessInterval, "liveness-interval", c.LivenessInterval, "how often node liveness is checked")
 	fs.IntVar(&c.CommitParallelism, "commit-parallelism", c.CommitParallelism, "nodes of one plan committed concurrently")
+	fs.IntVar(&c.ReleaseParallelism, "release-parallelism", c.ReleaseParallelism, "ended runs released concurrently (1: one at a time)")
 	fs.IntVar(&c.CommitAttempts, "commit-attempts", c.CommitAttempts, "compare-and-set attempts of one ledger write before giving up")
 	fs.IntVar(&c.PlanBatch, "plan-batch", c.PlanBatch, "plans pulled at once by this replica")
 	fs.DurationVar(&c.SnapshotInterval, "snapshot-interval", c.SnapshotInterval, "how often the leader snapshots its ledger for a fast restart (0: off, every start reads the streams whole)")
@@ -121,6 +129,9 @@ func (c Config) Validate() error {
 	}
 	if c.CommitParallelism < 1 {
 		errs = append(errs, fmt.Errorf("commit parallelism is %d; want >= 1", c.CommitParallelism))
+	}
+	if c.ReleaseParallelism < 1 {
+		errs = append(errs, fmt.Errorf("release parallelism is %d; want >= 1", c.ReleaseParallelism))
 	}
 	if c.CommitAttempts < 1 {
 		errs = append(errs, fmt.Errorf("commit attempts is %d; want >= 1", c.CommitAttempts))

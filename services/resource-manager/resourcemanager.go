@@ -154,6 +154,14 @@ type server struct {
 	// RUNS sequence of the last run fact fully handled. What a snapshot
 	// covers (snapshot.go).
 	allocSeq, runsSeq uint64
+	// runsHandled is the RUNS sequence of the last run fact the follow
+	// handed over; runsReleasing the sequences of ended runs whose
+	// release is still being written (runs_pipeline.go): runsSeq stays
+	// below the first of them.
+	runsHandled   uint64
+	runsReleasing map[uint64]struct{}
+	// releases bounds the releases written at once (ReleaseParallelism).
+	releases chan struct{}
 	// sinceSnapshot counts the messages of both read since the last
 	// snapshot was written; snapLoaded says this term started from one.
 	sinceSnapshot int
@@ -171,6 +179,9 @@ func newServer(cfg Config, b *bus.Bus, log *slog.Logger) *server {
 		refused:   map[refusalHash]struct{}{},
 		epochs:    map[string]uint64{},
 		refeed:    make(chan struct{}, 1),
+
+		runsReleasing: map[uint64]struct{}{},
+		releases:      make(chan struct{}, max(cfg.ReleaseParallelism, 1)),
 	}
 }
 
@@ -276,6 +287,9 @@ func (s *server) run(ctx context.Context) error {
 				return nil
 			}
 		}
+		// The releases of the runs that ended before are stored before
+		// the first plan, as when the follow wrote them one at a time.
+		s.releasesDone(gctx)
 		s.lifeMu.Lock()
 		s.tracker.Grace(s.cfg.Now())
 		s.lifeMu.Unlock()

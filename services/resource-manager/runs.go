@@ -9,13 +9,14 @@ import (
 	"github.com/gpuplane/gpuplane/libs/bus"
 )
 
-// onRunMsg follows a node agent's run facts: a started run's time is kept
+// applyRunFact follows a node agent's run facts: a started run's time is kept
 // (a node_lost release reports it), an ended run of a live allocation is
-// released carrying its RunResult. Idempotent: an allocation is released
-// once; facts of released allocations change nothing. It always returns
-// nil (a follow handler's error would stop the service); what must not be
-// skipped is retried until ctx ends.
-func (s *server) onRunMsg(ctx context.Context, m *bus.Msg) error {
+// released carrying its RunResult: applyRunFact returns that release (nil for
+// any other fact), which the follow of RUNS runs at once or beside the
+// next facts (onRunFact, runs_pipeline.go). Idempotent: an allocation is
+// released once; facts of released allocations change nothing. What must
+// not be skipped is retried until ctx ends.
+func (s *server) applyRunFact(ctx context.Context, m *bus.Msg) (release func()) {
 	node := contracts.Token(m.Subject, 2)
 	var ev runFact
 	if err := m.Decode(&ev); err != nil {
@@ -55,7 +56,9 @@ func (s *server) onRunMsg(ctx context.Context, m *bus.Msg) error {
 		}
 		// The run has ended: its GPUs must come back, however long the
 		// bus takes.
-		s.retry(ctx, "release", func() error { return s.release(ctx, ev.AllocationID, reason, ev.Result) })
+		return func() {
+			s.retry(ctx, "release", func() error { return s.release(ctx, ev.AllocationID, reason, ev.Result) })
+		}
 	}
 	return nil
 }

@@ -377,20 +377,30 @@ func (s *server) onAllocMsg(ctx context.Context, m *bus.Msg) error {
 	return err
 }
 
-// onRunFact is onRunMsg for the follow of RUNS: a fact is covered once
-// handled, unless ctx ended first (its release may not be stored).
+// onRunFact is applyRunFact for the follow of RUNS: a fact is covered once
+// handled, unless ctx ended first (its release may not be stored). With
+// ReleaseParallelism above 1 a release runs beside the next facts, and
+// RUNS is covered only below the first fact whose release is not stored
+// yet (runs_pipeline.go).
 func (s *server) onRunFact(ctx context.Context, m *bus.Msg) error {
-	var err error
+	var release func()
 	// RUNS is read unfiltered: it holds gp.runs.<node> alone.
 	if strings.HasPrefix(m.Subject, "gp.runs.") && strings.Count(m.Subject, ".") == 2 {
-		err = s.onRunMsg(ctx, m)
+		release = s.applyRunFact(ctx, m)
+	}
+	if release != nil && s.cfg.ReleaseParallelism > 1 {
+		s.releaseBeside(ctx, m.StreamSeq, release)
+		return nil
+	}
+	if release != nil {
+		release()
 	}
 	if ctx.Err() != nil {
-		return err
+		return nil
 	}
 	s.mu.Lock()
-	s.runsSeq = max(s.runsSeq, m.StreamSeq)
+	s.coverRuns(m.StreamSeq)
 	s.sinceSnapshot++
 	s.mu.Unlock()
-	return err
+	return nil
 }

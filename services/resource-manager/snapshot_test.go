@@ -484,40 +484,112 @@ var _ jetstream.KeyValue // the bucket's client type, used through bus.KeyValue
 
 // A run's end is covered by a snapshot only once its allocation's release
 // is stored: a term cut off before (ctx ended) leaves the fact to the
-// next one, which a snapshot must not skip.
+// next one, which a snapshot must not skip. Releases written one at a
+// time by the follow and beside it (ReleaseParallelism).
 func TestRunEndCoveredOnlyOnceReleased(t *testing.T) {
-	s, _ := writeServer(t)
-	a := alloc("ends", "n1", 0)
-	if v, err := s.commit(t.Context(), a); err != nil || !v.OK() {
-		t.Fatalf("commit = %+v, %v", v, err)
+	cut, cancel := context.WithCancel(t.Context())
+	cancel()
+	for _, parallel := range []int{1, 64} {
+		for _, tc := range []struct {
+			name string
+			ctx  context.Context
+			live bool
+		}{
+			{"cut off before the release", cut, true},
+			{"released", t.Context(), false},
+		} {
+			t.Run(fmt.Sprintf("%s/parallel=%d", tc.name, parallel), func(t *testing.T) {
+				s, _ := writeServer(t)
+				s.cfg.ReleaseParallelism = parallel
+				a := alloc("ends", "n1", 0)
+				if v, err := s.commit(t.Context(), a); err != nil || !v.OK() {
+					t.Fatalf("commit = %+v, %v", v, err)
+				}
+				if err := s.onRunFact(tc.ctx, runEnded(t, a, 42)); err != nil {
+					t.Fatal(err)
+				}
+				s.releasesDone(t.Context())
+				_, live, _ := s.allocation(a.ID)
+				s.mu.Lock()
+				covered := s.runsSeq
+				s.mu.Unlock()
+				if live != tc.live || live && covered >= 42 || !live && covered != 42 {
+					t.Fatalf("live %v, RUNS covered to %d; want live %v, covered below 42 while live, to 42 once released", live, covered, tc.live)
+				}
+			})
+		}
 	}
+}
+
+// runEnded is the ended run fact of a at RUNS sequence seq.
+func runEnded(t *testing.T, a contracts.Allocation, seq uint64) *bus.Msg {
+	t.Helper()
 	data, err := json.Marshal(contracts.RunEvent{SchemaVersion: 1, Kind: contracts.RunEnded, AllocationID: a.ID,
 		Tenant: a.Tenant, JobID: a.JobID, Attempt: 1, NodeID: a.NodeID, Result: &contracts.RunResult{Outcome: contracts.OutcomeSucceeded}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &bus.Msg{Stream: contracts.StreamRuns, StreamSeq: 42, Subject: contracts.SubjectRuns(a.NodeID), Data: data}
-	cut, cancel := context.WithCancel(t.Context())
-	cancel()
-	for _, tc := range []struct {
-		name      string
-		ctx       context.Context
-		live      bool
-		coveredTo uint64
+	return &bus.Msg{Stream: contracts.StreamRuns, StreamSeq: seq, Subject: contracts.SubjectRuns(a.NodeID), Data: data}
+}
+
+// Releases written beside the follow of RUNS: every ended run is released,
+// and RUNS is never covered past a fact whose release is not stored, even
+// when the term ends with releases in flight (each fact below the
+// coverage has its allocation released).
+func TestReleasesBesideTheFollowCoverOnlyWhatIsStored(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		parallel int
+		cutAfter int // facts handed over before the term ends; 0: never
 	}{
-		{"cut off before the release", cut, true, 0},
-		{"released", t.Context(), false, 42},
+		{"all released", 64, 0},
+		{"two at a time", 2, 0},
+		{"term ends midway", 64, 5},
+		{"term ends after the first", 3, 1},
 	} {
-		if err := s.onRunFact(tc.ctx, m); err != nil {
-			t.Fatal(err)
-		}
-		_, live, _ := s.allocation(a.ID)
-		s.mu.Lock()
-		covered := s.runsSeq
-		s.mu.Unlock()
-		if live != tc.live || covered != tc.coveredTo {
-			t.Fatalf("%s: live %v, RUNS covered to %d; want %v, %d", tc.name, live, covered, tc.live, tc.coveredTo)
-		}
+		t.Run(c.name, func(t *testing.T) {
+			s, _ := writeServer(t)
+			s.cfg.ReleaseParallelism = c.parallel
+			s.releases = make(chan struct{}, c.parallel)
+			var allocs []contracts.Allocation
+			for _, n := range []string{"n1", "n2"} {
+				for i := range 4 {
+					a := alloc(fmt.Sprintf("job-%s-%d", n, i), n, i)
+					if v, err := s.commit(t.Context(), a); err != nil || !v.OK() {
+						t.Fatalf("commit %s = %+v, %v", a.ID, v, err)
+					}
+					allocs = append(allocs, a)
+				}
+			}
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			// Facts of both nodes interleaved, as RUNS holds them.
+			order := []int{0, 4, 1, 5, 2, 6, 3, 7}
+			for k, i := range order {
+				if c.cutAfter > 0 && k == c.cutAfter {
+					cancel()
+				}
+				if err := s.onRunFact(ctx, runEnded(t, allocs[i], uint64(k+1))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s.releasesDone(t.Context())
+			s.mu.Lock()
+			covered := s.runsSeq
+			s.mu.Unlock()
+			for k, i := range order {
+				_, live, _ := s.allocation(allocs[i].ID)
+				if uint64(k+1) <= covered && live {
+					t.Errorf("RUNS covered to %d, but the run ended at %d (%s) is not released", covered, k+1, allocs[i].ID)
+				}
+				if c.cutAfter == 0 && live {
+					t.Errorf("%s not released", allocs[i].ID)
+				}
+			}
+			if c.cutAfter == 0 && covered != uint64(len(order)) {
+				t.Errorf("RUNS covered to %d, want %d", covered, len(order))
+			}
+		})
 	}
 }
 
