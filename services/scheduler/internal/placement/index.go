@@ -53,6 +53,9 @@ type Placer struct {
 	// readPlaced is set when explain read placed (an explanation that
 	// names the jobs placed ahead changes with it).
 	readPlaced bool
+	// behindHead and behindTail are the text around the count of jobs
+	// placed ahead in the explanation just made, when it names them.
+	behindHead, behindTail string
 	// nodeGroup is each node's group (groupNodes), groupVer how many
 	// times a node of each group moved: a pending message is cached until
 	// a node of a group relevant to its shape moves.
@@ -60,7 +63,7 @@ type Placer struct {
 	groupVer    []int
 	groupPool   []int32
 	groupModels [][]int32
-	memo        map[string]memoEntry
+	memo        map[string]*memoEntry
 	// failedKeys are the memo keys of requests that failed this cycle
 	// (failedBefore); failedPrefix their prefixes, a first test that asks
 	// no pool verdict.
@@ -208,7 +211,7 @@ func NewPlacer(snap Snapshot, opt Options) *Placer {
 		fragViews:    make(map[uint64][]*fragView, 256),
 		classes:      make([]class, 0, 256),
 		shapes:       map[string]*shape{},
-		memo:         map[string]memoEntry{},
+		memo:         map[string]*memoEntry{},
 		failedKeys:   map[string]struct{}{},
 		failedPrefix: map[string]struct{}{},
 		initFit:      map[string]bool{},

@@ -16,6 +16,30 @@ type memoEntry struct {
 	readPlaced bool
 	placed     int
 	pending    Pending
+	// behind holds, for an explanation naming the jobs placed ahead, its
+	// text around that count (explain's behindHead and behindTail).
+	behind [2]string
+}
+
+// valid reports whether m explains its key's requests now, given the
+// stamp of their shape, updating its text when only the number of jobs
+// placed ahead changed. Once that number was read above zero, the branch
+// explain takes no longer depends on it (placed only grows; the rest of
+// what the branch reads is the stamp's or fixed for the cycle), so only
+// the number in its text moves.
+func (m *memoEntry) valid(stamp, placed int) bool {
+	switch {
+	case m.stamp != stamp:
+		return false
+	case !m.readPlaced || m.placed == placed:
+		return true
+	case m.placed == 0:
+		return false // the count read as zero ruled out the branch that names it
+	case m.behind[0] != "":
+		m.pending.Message = m.behind[0] + countText(placed, "job") + m.behind[1]
+	}
+	m.placed = placed
+	return true
 }
 
 // why explains a request that was not placed, from the most fundamental
@@ -56,18 +80,20 @@ func (p *Placer) explainMemo(r *Request) Pending {
 	// The reference (noFailMemo) explains every request afresh; it builds
 	// the key all the same, since that asks every pool's verdict, which
 	// the caller notes (its quota notes).
-	if m, ok := p.memo[string(b)]; ok && m.stamp == stamp && (!m.readPlaced || m.placed == p.placed) && !p.noFailMemo {
+	if m, ok := p.memo[string(b)]; ok && !p.noFailMemo && m.valid(stamp, p.placed) {
 		return m.pending
 	}
 	key := string(b)
 	p.explaining = key
 	p.readPlaced = false
+	p.behindHead, p.behindTail = "", ""
 	pd := p.explain(r)
 	p.explaining = ""
 	if len(p.memo) > 4096 {
 		clear(p.memo)
 	}
-	p.memo[key] = memoEntry{stamp: stamp, readPlaced: p.readPlaced, placed: p.placed, pending: pd}
+	p.memo[key] = &memoEntry{stamp: stamp, readPlaced: p.readPlaced, placed: p.placed, pending: pd,
+		behind: [2]string{p.behindHead, p.behindTail}}
 	if len(p.failedKeys) > 1<<16 {
 		clear(p.failedKeys) // only an optimisation: forgetting is safe
 		clear(p.failedPrefix)
@@ -365,11 +391,14 @@ func (p *Placer) explain(r *Request) Pending {
 		return pending(contracts.PendingNoSchedulableNode, "its GPUs are free on %s but %s %d milli-CPU and %d MiB host memory free (most: %d milli-CPU and %d MiB on %s)",
 			countText(gpuFit, "machine"), noneText(m), r.CPUMilli, r.MemoryMiB, cpuBest, memBest, cpuNode)
 	case fit < m && p.placedRead() > 0 && p.initiallyFitMemo(s, r, m):
-		msg := fmt.Sprintf("the free capacity went to %s placed ahead of it this cycle", countText(p.placed, "job"))
+		// The text around the count is kept apart: a cached explanation
+		// changes only in the count as more jobs are placed (memoEntry).
+		head, tail := desc+"; the free capacity went to ", " placed ahead of it this cycle"
 		if s.kind == contracts.GPUKindWhole && m == 1 && blockMax >= 0 {
-			msg += fmt.Sprintf("; largest free block%s is now %d on %s", p.domainText(r), blockMax, blockNode)
+			tail += fmt.Sprintf("; largest free block%s is now %d on %s", p.domainText(r), blockMax, blockNode)
 		}
-		return Pending{Code: contracts.PendingQueuedBehind, Message: desc + "; " + msg}
+		p.behindHead, p.behindTail = head, tail
+		return Pending{Code: contracts.PendingQueuedBehind, Message: head + countText(p.placed, "job") + tail}
 	case m > 1 && zone && fit >= m:
 		z, c := p.mostZone(fitZone)
 		return pending(contracts.PendingInsufficientGPUs, "machines with its GPUs free are in different zones; most are %d in zone %s", c, z)
