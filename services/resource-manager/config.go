@@ -48,6 +48,14 @@ type Config struct {
 	// load's releases queued behind one another and held GPUs that had
 	// finished. 1 releases one at a time. Default 64.
 	ReleaseParallelism int
+	// PlanWorkers is how many plans are handled at once. A plan's items
+	// commit concurrently across its nodes, but one plan at a time made a
+	// steady load's plans queue behind one another's compare-and-set round
+	// trips. Plans are independent (every item is verified under its
+	// node's writer lock against the latest ledger, and the stream drops a
+	// second commit of one allocation by its message ID), so their order
+	// does not matter. Default 8; 1 handles them one at a time.
+	PlanWorkers int
 	// PlanBatch is how many plans a replica pulls at once. Small, so that
 	// replicas share a burst rather than one taking it all. Default 32.
 	PlanBatch int
@@ -85,6 +93,7 @@ func DefaultConfig() Config {
 		CommitAttempts:     8,
 		CommitParallelism:  256,
 		ReleaseParallelism: 64,
+		PlanWorkers:        8,
 		PlanBatch:          32,
 		LeaseTTL:           10 * time.Second,
 		SnapshotInterval:   time.Minute,
@@ -101,6 +110,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.HeartbeatTimeout, "heartbeat-timeout", c.HeartbeatTimeout, "declare a node lost after this long without a heartbeat")
 	fs.DurationVar(&c.LivenessInterval, "liveness-interval", c.LivenessInterval, "how often node liveness is checked")
 	fs.IntVar(&c.CommitParallelism, "commit-parallelism", c.CommitParallelism, "nodes of one plan committed concurrently")
+	fs.IntVar(&c.PlanWorkers, "plan-workers", c.PlanWorkers, "plans handled at once (1: one at a time)")
 	fs.IntVar(&c.ReleaseParallelism, "release-parallelism", c.ReleaseParallelism, "ended runs released concurrently (1: one at a time)")
 	fs.IntVar(&c.CommitAttempts, "commit-attempts", c.CommitAttempts, "compare-and-set attempts of one ledger write before giving up")
 	fs.IntVar(&c.PlanBatch, "plan-batch", c.PlanBatch, "plans pulled at once by this replica")
@@ -129,6 +139,9 @@ func (c Config) Validate() error {
 	}
 	if c.CommitParallelism < 1 {
 		errs = append(errs, fmt.Errorf("commit parallelism is %d; want >= 1", c.CommitParallelism))
+	}
+	if c.PlanWorkers < 1 {
+		errs = append(errs, fmt.Errorf("plan workers is %d; want >= 1", c.PlanWorkers))
 	}
 	if c.ReleaseParallelism < 1 {
 		errs = append(errs, fmt.Errorf("release parallelism is %d; want >= 1", c.ReleaseParallelism))

@@ -305,6 +305,10 @@ func (s *server) run(ctx context.Context) error {
 				Stream: contracts.StreamPlans, Durable: PlansDurable,
 				FilterSubjects: []string{contracts.SubjectPlansAll},
 				Batch:          s.cfg.PlanBatch,
+				// Plans are handled PlanWorkers at once, each its own key
+				// (config.go: their order does not matter).
+				Workers: s.cfg.PlanWorkers,
+				Key:     planKey,
 				// A plan dead-lettered is a scheduler waiting forever for
 				// an answer: retry transient failures for a long time.
 				MaxDeliver: 1000,
@@ -339,3 +343,7 @@ func (s *server) heartbeatsLastSeq(ctx context.Context) (uint64, error) {
 }
 
 var nodeSubjects = []string{contracts.SubjectInventoryAll, contracts.SubjectNodeLifecycleAll}
+
+// planKey spreads plans over the plan workers: by stream sequence, so a
+// redelivered plan goes to the worker its first delivery went to.
+func planKey(m *bus.Msg) string { return strconv.FormatUint(m.StreamSeq, 10) }
