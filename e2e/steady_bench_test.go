@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -129,12 +130,20 @@ func paced(b *testing.B, ctx context.Context, s *stack, prefix string, rate int,
 	n := int(float64(rate) * d.Seconds())
 	submittedAt := make([]time.Time, n)
 	scheduledAt := make([]time.Time, n)
+	// queuedAt splits the latency: submit→queued is the scheduler's
+	// intake, queued→scheduled the cycle, the commit and the event.
+	queuedAt := make([]time.Time, n)
+	// plannedAt and committedAt split queued→scheduled further: the plan
+	// that placed the job seen on PLANS, its ledger entry on ALLOCATIONS.
+	plannedAt, committedAt := make([]time.Time, n), make([]time.Time, n)
 	var mu sync.Mutex
 	scheduled := 0
 	done := make(chan struct{})
 	prefixLen := len(contracts.SubjectJobEvents("bench", prefix+"-"))
 	sub, err := s.nc.Subscribe(contracts.SubjectTenantJobEvents("bench"), func(m *nats.Msg) {
-		if m.Header.Get(contracts.HeaderCEType) != "io.gpuplane.job.scheduled.v1" || len(m.Subject) <= prefixLen {
+		ceType := m.Header.Get(contracts.HeaderCEType)
+		queued := ceType == "io.gpuplane.job.queued.v1"
+		if !queued && ceType != "io.gpuplane.job.scheduled.v1" || len(m.Subject) <= prefixLen {
 			return
 		}
 		now := time.Now()
@@ -144,6 +153,12 @@ func paced(b *testing.B, ctx context.Context, s *stack, prefix string, rate int,
 		}
 		mu.Lock()
 		defer mu.Unlock()
+		if queued {
+			if queuedAt[k].IsZero() {
+				queuedAt[k] = now
+			}
+			return
+		}
 		if scheduledAt[k].IsZero() {
 			scheduledAt[k] = now
 			if scheduled++; scheduled == n {
@@ -155,6 +170,46 @@ func paced(b *testing.B, ctx context.Context, s *stack, prefix string, rate int,
 		b.Fatal(err)
 	}
 	defer sub.Unsubscribe()
+	index := func(tenant, job string) int {
+		if tenant != "bench" || !strings.HasPrefix(job, prefix+"-") {
+			return -1
+		}
+		k, err := strconv.Atoi(job[len(prefix)+1:])
+		if err != nil || k < 0 || k >= n {
+			return -1
+		}
+		return k
+	}
+	for subject, at := range map[string][]time.Time{contracts.SubjectPlansAll: plannedAt, contracts.SubjectLedgerAll: committedAt} {
+		psub, err := s.nc.Subscribe(subject, func(m *nats.Msg) {
+			now := time.Now()
+			var items []contracts.Allocation
+			if subject == contracts.SubjectPlansAll {
+				var p contracts.Plan
+				if json.Unmarshal(m.Data, &p) != nil {
+					return
+				}
+				items = p.Items
+			} else {
+				var e contracts.LedgerEntry
+				if json.Unmarshal(m.Data, &e) != nil || e.Kind != contracts.LedgerCommitted {
+					return
+				}
+				items = []contracts.Allocation{e.Allocation}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for _, a := range items {
+				if k := index(a.Tenant, a.JobID); k >= 0 && at[k].IsZero() {
+					at[k] = now
+				}
+			}
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer psub.Unsubscribe()
+	}
 	if err := s.nc.Flush(); err != nil {
 		b.Fatal(err)
 	}
@@ -218,12 +273,19 @@ func paced(b *testing.B, ctx context.Context, s *stack, prefix string, rate int,
 	mu.Lock()
 	defer mu.Unlock()
 	lat := make([]time.Duration, 0, n)
+	var intake, after, toPlan, toCommit, toEvent []time.Duration
 	var last time.Time
 	for k, t := range scheduledAt {
 		if t.IsZero() {
 			continue
 		}
 		lat = append(lat, t.Sub(submittedAt[k]))
+		if q := queuedAt[k]; !q.IsZero() {
+			intake, after = append(intake, q.Sub(submittedAt[k])), append(after, t.Sub(q))
+			if p, c := plannedAt[k], committedAt[k]; !p.IsZero() && !c.IsZero() {
+				toPlan, toCommit, toEvent = append(toPlan, p.Sub(q)), append(toCommit, c.Sub(p)), append(toEvent, t.Sub(c))
+			}
+		}
 		if t.After(last) {
 			last = t
 		}
@@ -232,6 +294,15 @@ func paced(b *testing.B, ctx context.Context, s *stack, prefix string, rate int,
 		b.Fatalf("none of %d jobs scheduled", n)
 	}
 	slices.Sort(lat)
+	pct := func(d []time.Duration) string {
+		if len(d) == 0 {
+			return "none"
+		}
+		slices.Sort(d)
+		return fmt.Sprintf("p50 %s, p99 %s", d[len(d)/2].Round(time.Millisecond), d[len(d)*99/100].Round(time.Millisecond))
+	}
+	b.Logf("submit→queued (intake) %s; queued→scheduled %s: queued→plan %s, plan→committed %s, committed→scheduled %s",
+		pct(intake), pct(after), pct(toPlan), pct(toCommit), pct(toEvent))
 	return pacedResult{offered: n, scheduled: len(lat), achieved: float64(len(lat)) / last.Sub(start).Seconds(),
 		p50: lat[len(lat)/2], p99: lat[len(lat)*99/100], max: lat[len(lat)-1], lag: lag}
 }
