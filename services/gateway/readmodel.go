@@ -92,7 +92,7 @@ type memoryModel struct {
 	// retired holds each tenant's retired jobs; retiredKeys says which
 	// jobs are retired (retiredKey).
 	retired     map[string]*retiredSet
-	retiredKeys map[retiredID]struct{}
+	retiredKeys usageDigests
 	fetch       jobFetcher
 	cache       *statusCache
 	// tenantFetch folds many retired jobs of a tenant in one read.
@@ -116,7 +116,7 @@ func newRetainingModel(ret RetentionConfig, now func() time.Time, fetch jobFetch
 	many func(ctx context.Context, tenant string, want map[string]*contracts.JobStatus) error) *memoryModel {
 	m := newMemoryModel()
 	m.ret, m.now, m.fetch, m.tenantFetch = ret.withDefaults(), now, fetch, many
-	m.retired, m.retiredKeys = map[string]*retiredSet{}, map[retiredID]struct{}{}
+	m.retired = map[string]*retiredSet{}
 	m.cache = newStatusCache(m.ret.CachedJobs)
 	m.fetchOne = maxFetchOne
 	return m
@@ -135,7 +135,7 @@ func (m *memoryModel) ApplyJobEvent(_ context.Context, tenant, job string, ev co
 	}
 	st := m.jobs[tenant][job]
 	if st == nil && m.retiring() {
-		if _, ok := m.retiredKeys[retiredKey(tenant, job)]; ok {
+		if m.retiredKeys.has(retiredKey(tenant, job)) {
 			// An ended job takes no event: as Apply would refuse it.
 			return fmt.Errorf("job %s/%s seq %d: retired: %w", tenant, job, seq, contracts.ErrTransition)
 		}
@@ -192,9 +192,8 @@ func (m *memoryModel) retireJob(k jobKey, st *contracts.JobStatus) {
 		m.retired[k.tenant] = rs
 	}
 	id := internID(k.job)
-	rs.add(retiredJob{sec: st.CreatedAt.Unix(), nsec: int32(st.CreatedAt.Nanosecond()), id: id, last: st.LastSeq,
-		state: uint8(endedIndex(st.State))})
-	m.retiredKeys[retiredKey(k.tenant, k.job)] = struct{}{}
+	rs.add(retiredJob{sec: st.CreatedAt.Unix(), nsec: int32(st.CreatedAt.Nanosecond()), id: id, state: uint8(endedIndex(st.State))})
+	m.retiredKeys.add(retiredKey(k.tenant, k.job))
 	m.cache.put(cacheKey(k.tenant, k.job), st)
 }
 
@@ -238,7 +237,7 @@ func (m *memoryModel) Job(ctx context.Context, tenant, job string) (contracts.Jo
 	st, ok := m.jobs[tenant][job]
 	retired := false
 	if !ok && m.retiring() {
-		_, retired = m.retiredKeys[retiredKey(tenant, job)]
+		retired = m.retiredKeys.has(retiredKey(tenant, job))
 	}
 	m.mu.RUnlock()
 	switch {

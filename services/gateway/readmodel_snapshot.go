@@ -119,7 +119,7 @@ func (m *memoryModel) install(s *modelSnap) {
 	defer m.mu.Unlock()
 	m.jobs = map[string]map[string]*contracts.JobStatus{}
 	m.ended, m.endedHead = nil, 0
-	m.retired, m.retiredKeys = map[string]*retiredSet{}, map[retiredID]struct{}{}
+	m.retired = map[string]*retiredSet{}
 	var ended []*contracts.JobStatus
 	for _, st := range s.live {
 		if m.jobs[st.Tenant] == nil {
@@ -140,14 +140,22 @@ func (m *memoryModel) install(s *modelSnap) {
 	} else {
 		s.usageSeq = 0 // a model keeping the records reads USAGE whole
 	}
+	n := 0
+	for _, recs := range s.retired {
+		n += len(recs)
+	}
+	// The keys sorted at once into one array of their size.
+	keys := make([]retiredID, 0, n)
 	for tenant, recs := range s.retired {
 		rs := &retiredSet{recs: recs, sorted: true}
 		for _, r := range recs {
 			rs.states[r.state]++
-			m.retiredKeys[retiredKey(tenant, r.id)] = struct{}{}
+			keys = append(keys, retiredKey(tenant, r.id))
 		}
 		m.retired[tenant] = rs
 	}
+	slices.SortFunc(keys, cmpDigest)
+	m.retiredKeys = usageDigests{sorted: slices.CompactFunc(keys, func(a, b retiredID) bool { return a == b })}
 }
 
 func cmpUint(a, b uint64) int {
@@ -167,7 +175,7 @@ func (m *memoryModel) counts() (live, retired int) {
 	for _, jobs := range m.jobs {
 		live += len(jobs)
 	}
-	return live, len(m.retiredKeys)
+	return live, m.retiredKeys.len()
 }
 
 // encode writes s: the magic, the sequences, each live status as JSON,
@@ -210,7 +218,7 @@ func (s *modelSnap) encode() ([]byte, error) {
 			buf.Write(tmp[:binary.PutVarint(tmp[:], r.sec)])
 			uv(uint64(r.nsec))
 			buf.WriteByte(r.state)
-			uv(r.last)
+			uv(0) // the last sequence, no longer kept
 			str(r.id)
 		}
 	}
@@ -339,7 +347,9 @@ func decodeModelSnap(data []byte) (*modelSnap, error) {
 		n := c.count()
 		recs := make([]retiredJob, 0, n)
 		for range n {
-			rec := retiredJob{sec: c.varint(), nsec: int32(c.uvarint()), state: c.byte1(), last: c.uvarint(), id: string(c.bytes())}
+			rec := retiredJob{sec: c.varint(), nsec: int32(c.uvarint()), state: c.byte1()}
+			c.uvarint() // the last sequence: not kept
+			rec.id = string(c.bytes())
 			if c.err != nil {
 				break
 			}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"container/list"
 	"context"
+	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
@@ -75,10 +76,12 @@ func endedIndex(s contracts.JobState) int {
 }
 
 // retiredJob is what stays of a retired job: its place in the list order
-// (created-at, ID), its state and the sequence of its last event.
+// (created-at, ID) and its state, 32 bytes beside its ID's. Nothing else
+// is read: its status is folded again from the job's subject, which
+// direct gets find without a sequence (the record kept its last one,
+// 8 bytes a job that no answer read; snapshots still carry a 0 there).
 type retiredJob struct {
 	sec   int64
-	last  uint64
 	id    string
 	nsec  int32
 	state uint8 // index in endedStates
@@ -133,7 +136,12 @@ var keySeeds = [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}
 // a million jobs). The seeds are random per process: tenants choose IDs,
 // and cannot aim at a collision; the set is rebuilt from the records'
 // IDs at start, so nothing stored depends on them.
-type retiredID [2]uint64
+//
+// The keys are held in a usageDigests set (a sorted array of 16 bytes a
+// key and a map of the recent ones, merged at an eighth of the array),
+// not in a map: a map of a million keys held ~19-38 bytes a key (its
+// load factor and the doubling of its table), the array 16.
+type retiredID = usageDigest
 
 func retiredKey(tenant, job string) retiredID {
 	var k retiredID
@@ -143,7 +151,7 @@ func retiredKey(tenant, job string) retiredID {
 		_, _ = h.WriteString(tenant)
 		_ = h.WriteByte('/')
 		_, _ = h.WriteString(job)
-		k[i] = h.Sum64()
+		binary.LittleEndian.PutUint64(k[8*i:], h.Sum64())
 	}
 	return k
 }
