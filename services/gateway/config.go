@@ -23,6 +23,9 @@ type Config struct {
 	// OnListen, if set, is called with the bound address once the listener
 	// is open and before requests are served. Not a flag.
 	OnListen func(addr string)
+	// onServer, if set, is called with the server once it is built
+	// (benchmarks: BenchmarkReadModelRebuild waits for its event tail).
+	onServer func(*server)
 	// MaxBodyBytes bounds a request body; a larger one is answered 413
 	// too_large. Default and maximum: contracts.MaxMessageBytes.
 	MaxBodyBytes int64

@@ -93,6 +93,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	in.loadedTenant = s.fleet.noteTenant
 	in.loadedOps = s.ops.observeJob
 	s.limits = newTenantLimits(cfg.Limits, nil)
+	if cfg.onServer != nil {
+		cfg.onServer(s)
+	}
 	if cfg.AdminTokenFile != "" {
 		if err := bootstrapAdmin(ctx, rt.Bus, cfg.AdminTokenFile); err != nil {
 			_ = ln.Close()

@@ -7,7 +7,9 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"testing"
@@ -122,9 +124,11 @@ func BenchmarkReadModelRebuild(b *testing.B) {
 			var heap float64
 			for range b.N {
 				before := heapNow()
+				writeHeapProfile(b, mode+"-before")
 				start := time.Now()
 				var keep any
 				var stop func()
+				var readyAt time.Time // when /healthz answered 200
 				switch mode {
 				case "keepall":
 					keep, stop = model(newMemoryModel(), nil)
@@ -150,21 +154,36 @@ func BenchmarkReadModelRebuild(b *testing.B) {
 						}
 						snapshotted = false
 						before = heapNow()
+						writeHeapProfile(b, mode+"-before")
 						start = time.Now()
 					}
 					gctx, cancel := context.WithCancel(ctx)
-					_, _, _ = benchGateway(b, gctx, srv, ob, func(c *Config) { c.Retention.SnapshotInterval = -1 }, nil)
+					servers := make(chan *server, 1)
+					_, _, _ = benchGateway(b, gctx, srv, ob, func(c *Config) {
+						c.Retention.SnapshotInterval = -1
+						c.onServer = func(s *server) { servers <- s }
+					}, nil)
+					// The event tail fills its ring beside the models
+					// (/healthz does not wait for it): a start from a
+					// snapshot is ready long before its ring is full,
+					// and its heap was measured with a part of the ring.
+					readyAt = time.Now()
+					<-(<-servers).tail.ready
 					// Run ends in the background: its heap is gone
 					// once its goroutines are.
 					stop = func() { cancel(); time.Sleep(2 * time.Second) }
 				default:
 					b.Fatalf("mode %q: want keepall, full, snapshot, gateway-full or gateway-snapshot", mode)
 				}
-				took += time.Since(start)
+				if readyAt.IsZero() {
+					readyAt = time.Now()
+				}
+				took += readyAt.Sub(start)
 				// What the start holds: the heap while it runs less the
 				// heap once it stopped (buffers of the publishes and
 				// earlier modes freed meanwhile do not count).
 				ready := heapNow()
+				writeHeapProfile(b, mode)
 				runtime.KeepAlive(keep)
 				stop()
 				keep = nil
@@ -271,8 +290,7 @@ func BenchmarkReadModelRebuildSnapshotCodec(b *testing.B) {
 			s.live = append(s.live, &contracts.JobStatus{Tenant: tenant, JobID: id, State: contracts.StateRunning, Attempt: 1,
 				Request: &req, CreatedAt: created, UpdatedAt: created, LastSeq: uint64(4*i + 3)})
 		} else {
-			s.retired[tenant] = append(s.retired[tenant], retiredJob{sec: created.Unix(), nsec: int32(created.Nanosecond()), id: id,
-				last: uint64(4*i + 4)})
+			s.retired[tenant] = append(s.retired[tenant], retiredJob{sec: created.Unix(), nsec: int32(created.Nanosecond()), id: id})
 		}
 		agg.add(tenant, contracts.UsageRecord{SchemaVersion: 1, ID: contracts.UsageID("a-" + id),
 			AllocationID: "a-" + id, Tenant: tenant, JobID: id, Attempt: 1, NodeID: "node-1", Pool: "east", GPUModel: "H100-80GB",
@@ -303,4 +321,23 @@ func BenchmarkReadModelRebuildSnapshotCodec(b *testing.B) {
 	b.ReportMetric(float64(len(data))/(1<<20), "MiB-snapshot")
 	b.ReportMetric(float64(n), "jobs")
 	b.ReportMetric(0, "ns/op")
+}
+
+// writeHeapProfile writes the heap as it is now (after a collection) to
+// GPUPLANE_REBUILD_HEAPPROFILE/<mode>.pprof when that directory is set:
+// what a start holds, by allocation site (go tool pprof -sample_index
+// inuse_space).
+func writeHeapProfile(b *testing.B, mode string) {
+	dir := os.Getenv("GPUPLANE_REBUILD_HEAPPROFILE")
+	if dir == "" {
+		return
+	}
+	f, err := os.Create(filepath.Join(dir, mode+".pprof"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+		b.Fatal(err)
+	}
 }
