@@ -725,8 +725,10 @@ func (s *Store) committed() []allocRef {
 		return s.cycleRefs
 	}
 	refs := make([]allocRef, 0, len(s.cluster.allocs))
+	var key []byte // Key's bytes: a look-up by string(key) allocates nothing
 	for _, a := range s.cluster.allocs {
-		refs = append(refs, allocRef{a, s.jobs[Key(a.Tenant, a.JobID)]})
+		key = append(append(append(key[:0], a.Tenant...), '/'), a.JobID...)
+		refs = append(refs, allocRef{a, s.jobs[string(key)]})
 	}
 	slices.SortFunc(refs, func(x, y allocRef) int { return strings.Compare(x.a.ID, y.a.ID) })
 	return refs

@@ -126,11 +126,14 @@ func (s *Store) enforcePromises(now time.Time) {
 // "N jobs ahead in queue research" counts only jobs that compete for the
 // same pools (an L4 share is not behind MIG jobs of another pool).
 type ahead struct {
-	s      *Store
-	counts map[[2]string]*int    // by tenant and pool
-	pools  map[poolsKey][]string // by request shape: the pools whose cards could hold it
-	named  map[string][]string   // a pool named by a request, as a list
-	cur    []*int                // next's scratch
+	s *Store
+	// counts are, by tenant, the jobs offered so far by pool id (ids
+	// interns the pool names): one look-up by tenant per job, not one by
+	// tenant and pool name per pool.
+	counts map[string]*[]int
+	ids    map[string]int32
+	pools  map[poolsKey][]int32 // by request shape: the pools whose cards could hold it
+	named  map[string][]int32   // a pool named by a request, as a list
 }
 
 // poolsKey is what poolsOf reads of a request naming no pool.
@@ -141,7 +144,18 @@ type poolsKey struct {
 }
 
 func (s *Store) newAhead() *ahead {
-	return &ahead{s: s, counts: map[[2]string]*int{}, pools: map[poolsKey][]string{}, named: map[string][]string{}}
+	return &ahead{s: s, counts: map[string]*[]int{}, ids: map[string]int32{}, pools: map[poolsKey][]int32{},
+		named: map[string][]int32{}}
+}
+
+// id interns a pool name.
+func (a *ahead) id(pool string) int32 {
+	id, ok := a.ids[pool]
+	if !ok {
+		id = int32(len(a.ids))
+		a.ids[pool] = id
+	}
+	return id
 }
 
 // next returns how many jobs of j's tenant were offered before it in any
@@ -150,31 +164,33 @@ func (s *Store) newAhead() *ahead {
 // pool were seen.
 func (a *ahead) next(j *Job) int {
 	pools := a.poolsOf(j.Request)
-	n := 0
-	a.cur = a.cur[:0]
-	for _, p := range pools {
-		c := a.counts[[2]string{j.Tenant, p}]
-		if c == nil {
-			c = new(int)
-			a.counts[[2]string{j.Tenant, p}] = c
-		}
-		n = max(n, *c)
-		a.cur = append(a.cur, c)
+	cs := a.counts[j.Tenant]
+	if cs == nil {
+		cs = new([]int)
+		a.counts[j.Tenant] = cs
 	}
-	for _, c := range a.cur {
-		*c++ // pools are distinct: each counted once
+	if len(*cs) < len(a.ids) {
+		*cs = append(*cs, make([]int, len(a.ids)-len(*cs))...)
+	}
+	c := *cs
+	n := 0
+	for _, p := range pools {
+		n = max(n, c[p])
+	}
+	for _, p := range pools {
+		c[p]++ // pools are distinct: each counted once
 	}
 	return n
 }
 
-// poolsOf lists the pools with a card that could hold r's kind of GPU
+// poolsOf lists (by id) the pools with a card that could hold r's kind of GPU
 // (r.Pool alone when it names one), from the fleet's card counts; one
 // unnamed pool when none has.
-func (a *ahead) poolsOf(r *contracts.JobRequest) []string {
+func (a *ahead) poolsOf(r *contracts.JobRequest) []int32 {
 	if r.Pool != "" {
 		ps, ok := a.named[r.Pool]
 		if !ok {
-			ps = []string{r.Pool}
+			ps = []int32{a.id(r.Pool)}
 			a.named[r.Pool] = ps
 		}
 		return ps
@@ -209,6 +225,10 @@ func (a *ahead) poolsOf(r *contracts.JobRequest) []string {
 	if len(ps) == 0 {
 		ps = []string{""}
 	}
-	a.pools[key] = ps
-	return ps
+	ids := make([]int32, len(ps))
+	for i, p := range ps {
+		ids[i] = a.id(p)
+	}
+	a.pools[key] = ids
+	return ids
 }
