@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -180,19 +181,21 @@ func (m *memoryModel) retireLocked() {
 	}
 }
 
-// retireJob replaces the ended job k's status with its record.
+// retireJob replaces the ended job k's status with its record (a job its
+// set cannot take stays whole).
 func (m *memoryModel) retireJob(k jobKey, st *contracts.JobStatus) {
-	delete(m.jobs[k.tenant], k.job)
-	if len(m.jobs[k.tenant]) == 0 {
-		delete(m.jobs, k.tenant)
-	}
 	rs := m.retired[k.tenant]
 	if rs == nil {
 		rs = &retiredSet{sorted: true}
 		m.retired[k.tenant] = rs
 	}
-	id := internID(k.job)
-	rs.add(retiredJob{sec: st.CreatedAt.Unix(), nsec: int32(st.CreatedAt.Nanosecond()), id: id, state: uint8(endedIndex(st.State))})
+	if !rs.add(retiredJob{sec: st.CreatedAt.Unix(), nsec: int32(st.CreatedAt.Nanosecond()), id: k.job, state: uint8(endedIndex(st.State))}) {
+		return
+	}
+	delete(m.jobs[k.tenant], k.job)
+	if len(m.jobs[k.tenant]) == 0 {
+		delete(m.jobs, k.tenant)
+	}
 	m.retiredKeys.add(retiredKey(k.tenant, k.job))
 	m.cache.put(cacheKey(k.tenant, k.job), st)
 }
@@ -291,13 +294,13 @@ func (m *memoryModel) Jobs(ctx context.Context, tenant string, q jobQuery) ([]co
 	if rs := m.retired[tenant]; rs != nil {
 		si := endedIndex(q.State)
 		if q.State == contracts.StateNew || (si >= 0 && rs.states[si] > 0) {
-			end := len(rs.recs)
+			end := rs.len()
 			if cursor != nil {
 				// Records before end come after the cursor in the list.
-				end = searchRecs(rs.recs, *cursor)
+				end = searchRecs(rs, *cursor)
 			}
 			for i := end - 1; i >= 0; i-- {
-				r := rs.recs[i]
+				r := rs.at(i)
 				if q.State == contracts.StateNew || int(r.state) == si {
 					refs = append(refs, r)
 					if q.Limit > 0 && len(refs) == q.Limit {
@@ -326,7 +329,8 @@ func (m *memoryModel) Jobs(ctx context.Context, tenant string, q jobQuery) ([]co
 			continue
 		}
 		fetch = append(fetch, len(merged))
-		merged = append(merged, contracts.JobStatus{Tenant: tenant, JobID: refs[j].id})
+		// A copy: the record's ID shares its set's array.
+		merged = append(merged, contracts.JobStatus{Tenant: tenant, JobID: strings.Clone(refs[j].id)})
 		j++
 	}
 	if err := m.fillRetired(ctx, tenant, merged, fetch); err != nil {
@@ -337,11 +341,11 @@ func (m *memoryModel) Jobs(ctx context.Context, tenant string, q jobQuery) ([]co
 
 // searchRecs returns the index of the first record (in store order) that
 // is not after cursor in the list order: those before it are.
-func searchRecs(recs []retiredJob, cursor contracts.JobStatus) int {
-	lo, hi := 0, len(recs)
+func searchRecs(rs *retiredSet, cursor contracts.JobStatus) int {
+	lo, hi := 0, rs.len()
 	for lo < hi {
 		mid := int(uint(lo+hi) >> 1)
-		if listOrderAt(&recs[mid], cursor) > 0 {
+		if r := rs.at(mid); listOrderAt(&r, cursor) > 0 {
 			lo = mid + 1
 		} else {
 			hi = mid
@@ -365,8 +369,7 @@ func (m *memoryModel) sortRetired(tenant string) {
 	}
 	m.mu.Lock()
 	if !rs.sorted {
-		slices.SortFunc(rs.recs, storeOrder)
-		rs.sorted = true
+		rs.sort()
 	}
 	m.mu.Unlock()
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -90,4 +92,54 @@ func TestRetiredKeysStayCompact(t *testing.T) {
 	}
 	// The events above retired the last job too.
 	check(t, r, n)
+}
+
+// TestRetiredSetPacksEveryRecord: a set gives back each record as it was
+// added (created-at to the nanosecond, negative seconds, every ended
+// state, IDs of 1 to 255 bytes), in store order once sorted, holds one
+// 16-byte record and the ID's bytes plus one per job, and refuses what
+// it cannot pack (an empty ID or one over 255 bytes, a state or
+// nanoseconds out of range) without changing.
+func TestRetiredSetPacksEveryRecord(t *testing.T) {
+	long := strings.Repeat("x", 255)
+	recs := []retiredJob{
+		{sec: t0.Unix(), nsec: 999_999_999, id: "a", state: 3},
+		{sec: t0.Unix(), nsec: 0, id: long, state: 0},
+		{sec: -62135596800, nsec: 1, id: "zero-time", state: 1}, // out of order: sorts first
+		{sec: t0.Unix(), nsec: 999_999_999, id: "b", state: 2},  // same instant: b sorts before a
+		{sec: t0.Unix() + 1, nsec: 5, id: "c-" + strings.Repeat("9", 126), state: 1},
+	}
+	rs := &retiredSet{sorted: true}
+	bytes := 0
+	for _, r := range recs {
+		if !rs.add(r) {
+			t.Fatalf("add(%+v) refused", r)
+		}
+		bytes += 1 + len(r.id)
+	}
+	for _, bad := range []retiredJob{{sec: 1, id: ""}, {sec: 1, id: long + "x"}, {sec: 1, id: "s", state: 4}, {sec: 1, id: "n", nsec: 1e9},
+		{sec: 1, id: "m", nsec: -1}} {
+		if rs.add(bad) {
+			t.Fatalf("add(%+v) accepted", bad)
+		}
+	}
+	if rs.len() != len(recs) || len(rs.ids) != bytes || rs.sorted {
+		t.Fatalf("%d records, %d id bytes, sorted %v; want %d, %d, false", rs.len(), len(rs.ids), rs.sorted, len(recs), bytes)
+	}
+	if got, want := rs.records(), slices.SortedFunc(slices.Values(recs), storeOrder); !slices.Equal(got, want) {
+		t.Fatalf("records %+v\nwant %+v", got, want)
+	}
+	rs.sort()
+	want := slices.SortedFunc(slices.Values(recs), storeOrder)
+	for i := range want {
+		if got := rs.at(i); got != want[i] {
+			t.Fatalf("record %d after sort: %+v, want %+v", i, got, want[i])
+		}
+	}
+	if want[0].id != "zero-time" || want[2].id != "b" || want[3].id != "a" {
+		t.Fatalf("store order %v", want)
+	}
+	if got := [4]int{1, 2, 1, 1}; rs.states != got {
+		t.Fatalf("states %v, want %v", rs.states, got)
+	}
 }

@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"time"
 
@@ -103,11 +104,7 @@ func (m *memoryModel) snapshotWithUsage(seq, usageSeq uint64) *modelSnap {
 		}
 	}
 	for tenant, rs := range m.retired {
-		recs := slices.Clone(rs.recs)
-		if !rs.sorted {
-			slices.SortFunc(recs, storeOrder)
-		}
-		s.retired[tenant] = recs
+		s.retired[tenant] = rs.records()
 	}
 	return s
 }
@@ -147,9 +144,14 @@ func (m *memoryModel) install(s *modelSnap) {
 	// The keys sorted at once into one array of their size.
 	keys := make([]retiredID, 0, n)
 	for tenant, recs := range s.retired {
-		rs := &retiredSet{recs: recs, sorted: true}
+		size := 0
 		for _, r := range recs {
-			rs.states[r.state]++
+			size += 1 + len(r.id)
+		}
+		// Decoded records are in store order and in range: each packs.
+		rs := &retiredSet{recs: make([]retiredRec, 0, len(recs)), ids: make([]byte, 0, size), sorted: true}
+		for _, r := range recs {
+			rs.add(r)
 			keys = append(keys, retiredKey(tenant, r.id))
 		}
 		m.retired[tenant] = rs
@@ -353,7 +355,7 @@ func decodeModelSnap(data []byte) (*modelSnap, error) {
 			if c.err != nil {
 				break
 			}
-			if int(rec.state) >= len(endedStates) || rec.nsec < 0 || rec.nsec >= 1e9 || rec.id == "" {
+			if int(rec.state) >= len(endedStates) || rec.nsec < 0 || rec.nsec >= 1e9 || rec.id == "" || len(rec.id) > math.MaxUint8 {
 				c.fail(errors.New("a retired record out of range"))
 			}
 			recs = append(recs, rec)

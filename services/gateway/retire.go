@@ -9,9 +9,11 @@ import (
 	"flag"
 	"fmt"
 	"hash/maphash"
-	"strings"
+	"math"
+	"slices"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -76,10 +78,11 @@ func endedIndex(s contracts.JobState) int {
 }
 
 // retiredJob is what stays of a retired job: its place in the list order
-// (created-at, ID) and its state, 32 bytes beside its ID's. Nothing else
-// is read: its status is folded again from the job's subject, which
-// direct gets find without a sequence (the record kept its last one,
-// 8 bytes a job that no answer read; snapshots still carry a 0 there).
+// (created-at, ID) and its state. Nothing else is read: its status is
+// folded again from the job's subject, which direct gets find without a
+// sequence (a record kept its last one, which no answer read; snapshots
+// still carry a 0 there). A set keeps it packed (retiredRec); this is
+// the record read back.
 type retiredJob struct {
 	sec   int64
 	id    string
@@ -97,15 +100,48 @@ func listOrderAt(r *retiredJob, b contracts.JobStatus) int {
 	return cmp.Compare(r.id, b.JobID)
 }
 
+// retiredRec is a retired job as its set keeps it: 16 bytes, its ID in
+// the set's ids (a length byte, then the ID: IDs are 1-128 bytes). A
+// record of its own with the ID as a string was 32 bytes beside the
+// ID's own allocation (16 bytes for an ID of 9-16 bytes, 48 for a UUID):
+// per job ever seen, the bulk of what the read model keeps.
+type retiredRec struct {
+	sec int64
+	off uint32 // where the ID's length byte is in ids
+	ns  uint32 // nanoseconds<<2 | state
+}
+
+// maxRetiredIDBytes bounds a set's ids (offsets are 32 bits): a tenant
+// with more than 4 GiB of retired IDs (30 million jobs or more) keeps
+// its later ended jobs whole instead.
+const maxRetiredIDBytes = math.MaxUint32
+
 // retiredSet holds a tenant's retired jobs, oldest first (the list
 // order reversed: jobs retire mostly in the order they were created, so
 // they are mostly appended in order).
 type retiredSet struct {
-	recs []retiredJob
+	recs []retiredRec
+	// ids holds every record's ID; appended to, never changed in place,
+	// so the strings at() makes over it stay valid (a grown array leaves
+	// the old one to those strings).
+	ids []byte
 	// sorted is false after an append out of order; the next list sorts.
 	sorted bool
 	states [4]int // how many retired jobs are in each endedStates
 }
+
+// at returns record i; its id shares the set's ids (no copy: clone it to
+// keep it beyond a request).
+func (rs *retiredSet) at(i int) retiredJob { return rs.unpack(rs.recs[i]) }
+
+func (rs *retiredSet) unpack(r retiredRec) retiredJob {
+	n := uint32(rs.ids[r.off])
+	return retiredJob{sec: r.sec, nsec: int32(r.ns >> 2), state: uint8(r.ns & 3),
+		id: unsafe.String(&rs.ids[r.off+1], int(n))}
+}
+
+// len is the number of records.
+func (rs *retiredSet) len() int { return len(rs.recs) }
 
 // storeOrder is the order of retiredSet.recs: the list order reversed.
 func storeOrder(a, b retiredJob) int {
@@ -118,12 +154,42 @@ func storeOrder(a, b retiredJob) int {
 	return cmp.Compare(b.id, a.id)
 }
 
-func (rs *retiredSet) add(r retiredJob) {
-	if n := len(rs.recs); n > 0 && storeOrder(rs.recs[n-1], r) > 0 {
+// add appends r; it reports false, adding nothing, when the set's ids
+// are full or r cannot be packed (an ID of 0 or over 255 bytes, a state
+// or nanoseconds out of range).
+func (rs *retiredSet) add(r retiredJob) bool {
+	if len(r.id) == 0 || len(r.id) > math.MaxUint8 || int(r.state) >= len(rs.states) || r.nsec < 0 || r.nsec >= 1e9 ||
+		uint64(len(rs.ids))+1+uint64(len(r.id)) > maxRetiredIDBytes {
+		return false
+	}
+	if n := len(rs.recs); n > 0 && storeOrder(rs.at(n-1), r) > 0 {
 		rs.sorted = false
 	}
-	rs.recs = append(rs.recs, r)
+	off := uint32(len(rs.ids))
+	rs.ids = append(rs.ids, byte(len(r.id)))
+	rs.ids = append(rs.ids, r.id...)
+	rs.recs = append(rs.recs, retiredRec{sec: r.sec, off: off, ns: uint32(r.nsec)<<2 | uint32(r.state)})
 	rs.states[r.state]++
+	return true
+}
+
+// sort puts the records in store order.
+func (rs *retiredSet) sort() {
+	slices.SortFunc(rs.recs, func(a, b retiredRec) int { return storeOrder(rs.unpack(a), rs.unpack(b)) })
+	rs.sorted = true
+}
+
+// records returns every record in store order (a snapshot's copy; the
+// ids still share the set's).
+func (rs *retiredSet) records() []retiredJob {
+	out := make([]retiredJob, len(rs.recs))
+	for i, r := range rs.recs {
+		out[i] = rs.unpack(r)
+	}
+	if !rs.sorted {
+		slices.SortFunc(out, storeOrder)
+	}
+	return out
 }
 
 var keySeeds = [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}
@@ -285,10 +351,6 @@ func tenantFetch(ctx context.Context, b *bus.Bus, tenant string, want map[string
 
 // cacheKey is a job's key in the status cache.
 func cacheKey(tenant, job string) string { return tenant + "/" + job }
-
-// internID copies s out of the buffer it was decoded from, so that a
-// retired record does not keep a whole event's bytes alive.
-func internID(s string) string { return strings.Clone(s) }
 
 func (c *RetentionConfig) registerFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.RetainEnded, "retain-ended", c.RetainEnded, "how long an ended job stays whole in the read model before it is retired (read again from JOB_EVENTS when asked for)")
