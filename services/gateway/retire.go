@@ -25,8 +25,9 @@ import (
 // history). The read model keeps a job whole while it is open and for a
 // while after it ended (RetainEnded, at most RetainEndedMax ended jobs);
 // then it retires it: what stays in memory is a record of what a list
-// needs to place and filter it (created-at, ID, state, last sequence,
-// about 70 bytes with its index entry), and the job's status is folded
+// needs to place and filter it (created-at, ID and state packed in 16
+// bytes beside the ID's, and its 16-byte key: about 40 bytes beside the
+// ID), and the job's status is folded
 // again from its own subject of JOB_EVENTS when asked for (behind a
 // bounded cache). A job's ended state accepts no event, so a retired
 // record never changes, and the answers of Job and Jobs are the same
