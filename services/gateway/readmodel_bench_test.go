@@ -55,6 +55,12 @@ func BenchmarkReadModelRebuild(b *testing.B) {
 	if v := os.Getenv("GPUPLANE_REBUILD_MODES"); v != "" {
 		modes = strings.Split(v, ",")
 	}
+	if os.Getenv("GPUPLANE_REBUILD_HEAPPROFILE") != "" {
+		// One sample per 4 KiB allocated instead of 512 KiB: a start's
+		// few MiB of one kind are then within a few percent.
+		defer func(rate int) { runtime.MemProfileRate = rate }(runtime.MemProfileRate)
+		runtime.MemProfileRate = 4096
+	}
 	srv := natstest.Start(b)
 	ctx := context.Background()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -324,7 +330,8 @@ func BenchmarkReadModelRebuildSnapshotCodec(b *testing.B) {
 }
 
 // writeHeapProfile writes the heap as it is now (after a collection) to
-// GPUPLANE_REBUILD_HEAPPROFILE/<mode>.pprof when that directory is set:
+// GPUPLANE_REBUILD_HEAPPROFILE/<mode>.pprof when that directory is set
+// (then sampled every 4 KiB):
 // what a start holds, by allocation site (go tool pprof -sample_index
 // inuse_space).
 func writeHeapProfile(b *testing.B, mode string) {
