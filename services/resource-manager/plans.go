@@ -43,6 +43,13 @@ func (s *server) onPlanMsg(ctx context.Context, m *bus.Msg) error {
 		s.observeEpoch(p.Scheduler, p.Epoch)
 		s.mu.Unlock()
 	}
+	// Plans that name a job in common are decided one after the other
+	// (plans_gate.go); others go on at once.
+	leave, err := s.planGate.enter(ctx, planJobs(p.Items))
+	if err != nil {
+		return err
+	}
+	defer leave()
 	var committed, duplicate, refused, settled atomic.Int64
 	// settle answers one item: committed, or refused in a stream.
 	settle := func(ctx context.Context, i int) error {

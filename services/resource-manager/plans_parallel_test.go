@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 
@@ -87,6 +88,75 @@ func TestPlansHandledAtOnceNeverShareADevice(t *testing.T) {
 						t.Errorf("plan %d item %d (%s on %s): neither committed nor refused", p, i, a.ID, a.NodeID)
 					}
 				}
+			}
+		})
+	}
+}
+
+// Two plans of one gang attempt on different machines, handled at once
+// (a plan published again after a publish that timed out but was stored,
+// or a deposed leader's beside its successor's): the job ends up in one
+// placement, never with one part of each (each naming the other's peers),
+// and the job gate is empty once both are decided.
+func TestPlansOfOneGangAtOnceNeverSplitIt(t *testing.T) {
+	for round := range 12 {
+		t.Run(fmt.Sprintf("round %d", round), func(t *testing.T) {
+			s, _ := writeServer(t)
+			for _, n := range []string{"n3", "n4"} { // each part on a node of its own
+				inv := contracts.NodeInventory{NodeID: n}
+				for i := range 4 {
+					inv.GPUs = append(inv.GPUs, contracts.GPUInfo{Index: i, UUID: gpu(n, i), Model: "L4", Healthy: true})
+				}
+				s.led.SetInventory(inv)
+				s.led.SetReady(n, true)
+			}
+			job := fmt.Sprintf("gang-%d", round)
+			part := func(rank int, nodes []string, gpu int) contracts.Allocation {
+				a := alloc(job, nodes[rank], gpu)
+				a.ID = contracts.AllocationPartID("acme", job, 1, rank)
+				a.Gang = &contracts.GangPart{Rank: rank, Size: len(nodes), Nodes: nodes}
+				return a
+			}
+			placements := [][]string{{"n1", "n2"}, {"n3", "n4"}}
+			var msgs []*bus.Msg
+			for p, nodes := range placements {
+				items := []contracts.Allocation{part(0, nodes, p), part(1, nodes, p)}
+				data, err := json.Marshal(contracts.Plan{SchemaVersion: 1, ID: fmt.Sprintf("plan-%d-%d", round, p),
+					Scheduler: "sched-test", Items: items})
+				if err != nil {
+					t.Fatal(err)
+				}
+				msgs = append(msgs, &bus.Msg{Stream: contracts.StreamPlans, StreamSeq: uint64(p + 1),
+					Subject: contracts.SubjectPlan("sched-test"), Data: data})
+			}
+			var wg sync.WaitGroup
+			for _, m := range msgs {
+				wg.Go(func() {
+					if err := s.onPlanMsg(t.Context(), m); err != nil {
+						t.Errorf("plan at %d: %v", m.StreamSeq, err)
+					}
+				})
+			}
+			wg.Wait()
+			if n := s.planGate.inFlight(); n != 0 {
+				t.Errorf("%d jobs still held by the gate after both plans", n)
+			}
+			// The stream is the truth: every committed part of the job
+			// belongs to one placement, and the job holds both ranks.
+			var placed [][]string
+			if _, err := s.bus.Replay(t.Context(), bus.FollowSpec{Stream: contracts.StreamAllocations},
+				func(_ context.Context, m *bus.Msg) error {
+					var e contracts.LedgerEntry
+					if err := m.Decode(&e); err != nil || e.Kind != contracts.LedgerCommitted || e.Allocation.JobID != job {
+						return err
+					}
+					placed = append(placed, e.Allocation.Gang.Nodes)
+					return nil
+				}); err != nil {
+				t.Fatal(err)
+			}
+			if len(placed) != 2 || !slices.Equal(placed[0], placed[1]) {
+				t.Fatalf("the gang's committed parts name placements %v; want both ranks of one", placed)
 			}
 		})
 	}
