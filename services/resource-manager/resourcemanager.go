@@ -162,6 +162,8 @@ type server struct {
 	runsReleasing map[uint64]struct{}
 	// releases bounds the releases written at once (ReleaseParallelism).
 	releases chan struct{}
+	// planGate keeps plans of one job from being decided at once.
+	planGate jobGate
 	// sinceSnapshot counts the messages of both read since the last
 	// snapshot was written; snapLoaded says this term started from one.
 	sinceSnapshot int
@@ -277,7 +279,7 @@ func (s *server) run(ctx context.Context) error {
 	runsCaughtUp := make(chan struct{})
 	g.Go(func() error {
 		return s.bus.Follow(gctx, bus.FollowSpec{Stream: contracts.StreamRuns,
-			StartSeq: runsStart + 1}, s.onRunFact, func() { close(runsCaughtUp) })
+			StartSeq: runsStart + 1}, s.runFactHandler(gctx), func() { close(runsCaughtUp) })
 	})
 	g.Go(func() error {
 		for _, c := range []chan struct{}{runsCaughtUp, leasesKnown, adminKnown} {

@@ -2,6 +2,8 @@ package resourcemanager
 
 import (
 	"context"
+
+	"github.com/gpuplane/gpuplane/libs/bus"
 )
 
 // Releases beside the follow of RUNS (issue 17). Each ended run's release
@@ -84,4 +86,16 @@ func (s *server) releasesDone(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// runFactHandler is onRunFact for the follow of RUNS, under the term's
+// context rather than the read's: the bus ends a read's context when it
+// replaces a consumer that stalled (a NATS server's death), and a release
+// handed beside the follow (releaseBeside) would stop retrying with it,
+// perhaps before it is stored, while the read goes on past its fact: the
+// ended run's GPUs would stay held for the rest of the term. The term's
+// context ends only with the term, whose successor reads RUNS again from
+// what was covered.
+func (s *server) runFactHandler(term context.Context) func(context.Context, *bus.Msg) error {
+	return func(_ context.Context, m *bus.Msg) error { return s.onRunFact(term, m) }
 }

@@ -611,3 +611,29 @@ func TestOtherSubjectsInTheStreamsAreSkipped(t *testing.T) {
 		t.Fatalf("a message outside the ledger's subjects was applied: allocation known %v, n9 at %d", known, seq)
 	}
 }
+
+// The follow of RUNS hands ended runs' releases beside it under the term's
+// context: a read whose context ends (the bus replacing a stalled
+// consumer) while the term goes on still gets the release stored and the
+// fact covered.
+func TestReleaseOutlivesAReplacedRead(t *testing.T) {
+	s, _ := writeServer(t)
+	s.cfg.ReleaseParallelism = 64
+	a := alloc("ends", "n1", 0)
+	if v, err := s.commit(t.Context(), a); err != nil || !v.OK() {
+		t.Fatalf("commit = %+v, %v", v, err)
+	}
+	read, cancel := context.WithCancel(t.Context())
+	cancel()
+	if err := s.runFactHandler(t.Context())(read, runEnded(t, a, 42)); err != nil {
+		t.Fatal(err)
+	}
+	s.releasesDone(t.Context())
+	_, live, _ := s.allocation(a.ID)
+	s.mu.Lock()
+	covered := s.runsSeq
+	s.mu.Unlock()
+	if live || covered != 42 {
+		t.Fatalf("live %v, RUNS covered to %d; want released and covered to 42", live, covered)
+	}
+}
