@@ -280,8 +280,7 @@ func (m *memoryModel) Jobs(ctx context.Context, tenant string, q jobQuery) ([]co
 		}
 		cursor = &st
 	}
-	m.sortRetired(tenant)
-	m.mu.RLock()
+	m.rlockSorted(tenant)
 	out := make([]contracts.JobStatus, 0, len(m.jobs[tenant]))
 	for _, st := range m.jobs[tenant] {
 		if (q.State == contracts.StateNew || st.State == q.State) && (cursor == nil || listOrder(*cursor, *st) < 0) {
@@ -372,6 +371,21 @@ func (m *memoryModel) sortRetired(tenant string) {
 		rs.sort()
 	}
 	m.mu.Unlock()
+}
+
+// rlockSorted takes the read lock with tenant's retired records in list
+// order: a job retired between sortRetired's write lock and this read
+// lock appends out of order, and the page's binary searches would then
+// answer from an unsorted set.
+func (m *memoryModel) rlockSorted(tenant string) {
+	for {
+		m.sortRetired(tenant)
+		m.mu.RLock()
+		if rs := m.retired[tenant]; !m.retiring() || rs == nil || rs.sorted {
+			return
+		}
+		m.mu.RUnlock()
+	}
 }
 
 // fillRetired replaces the jobs at idx in page with their statuses, from
