@@ -71,6 +71,29 @@ func TestSubmittedJobGoesToSucceededLive(t *testing.T) {
 	b.until("the job succeeded in the list", row+` && `+row+`.dataset.state === 'succeeded'`)
 }
 
+// TestJobPageWaitsForAJobNotYetQueued: the job page opened before its job
+// is known (the submit form opens it on the submit's 202, before the
+// scheduler has queued the job) says it is waiting, then shows the job
+// once it is queued, without a reload.
+func TestJobPageWaitsForAJobNotYetQueued(t *testing.T) {
+	s := needStack(t)
+	b := s.open(t, desktopWidth, 900)
+	b.login(s.ep.DemoToken)
+	id := "console-not-yet-queued"
+	b.navigate("/ui/jobs/" + tenant + "/" + id)
+	b.until("the page waiting for the job", hasTestID("job-waiting"))
+	_ = eval[bool](b, "window.__sameDocument = true")
+	if _, err := s.admin.Submit(t.Context(), tenant, contracts.JobRequest{ID: id,
+		Resources: contracts.Resources{GPU: contracts.GPURequest{Count: 1, Model: "L4"}},
+		Run:       contracts.RunSpec{Duration: contracts.Duration(time.Second)}}); err != nil {
+		t.Fatal(err)
+	}
+	b.until("the job's page", hasTestID("job-state"))
+	if !eval[bool](b, "window.__sameDocument === true") {
+		t.Errorf("the page reloaded to show the job")
+	}
+}
+
 // TestInvalidSubmitShowsTheFieldMessageOnce: a negative duration is
 // refused by the API with a field error on run.duration; the form shows
 // that message, word for word, exactly once in the page, beside the

@@ -182,10 +182,35 @@ function rankOf(p, i) {
   return parts.length >= 4 && /^\d+$/.test(parts[3]) ? Number(parts[3]) : i;
 }
 
+// knownWithin is how long the job page waits for a job it does not know
+// yet: the submit form opens the page on the submit's 202, and the job
+// appears once the scheduler has queued or rejected it, a few
+// milliseconds later, seconds on a loaded platform.
+const knownWithin = 60_000;
+
+// describeOnceKnown reads a job's description; while the gateway answers
+// unknown_job it says so on the page and asks again every half second,
+// for knownWithin, then shows the error as it is.
+async function describeOnceKnown(main, path, signal) {
+  const until = Date.now() + knownWithin;
+  for (;;) {
+    try {
+      return await get(path, { signal });
+    } catch (e) {
+      if (!(e instanceof ApiError) || e.status !== 404 || e.reason !== "unknown_job" || Date.now() > until) throw e;
+      replace(main, h("p.note", { role: "status", testid: "job-waiting" }, e.message, "; asking again…"));
+      await new Promise((resolve, reject) => {
+        const t = setTimeout(resolve, 500);
+        signal?.addEventListener("abort", () => (clearTimeout(t), reject(signal.reason)), { once: true });
+      });
+    }
+  }
+}
+
 export async function jobPage(main, { params, signal }) {
   const { tenant, id } = params;
   const base = `/v1/tenants/${enc(tenant)}/jobs/${enc(id)}`;
-  let d = await get(base + "/describe", { signal });
+  let d = await describeOnceKnown(main, base + "/describe", signal);
   const head = h("div");
   const pendingBox = h("section", { testid: "job-pending", "aria-live": "polite" });
   const placements = h("section", { testid: "job-placements" });
