@@ -94,4 +94,16 @@ func TestLeaseInBucketFencesBeforeFirstPlan(t *testing.T) {
 			t.Errorf("plan %s committed %s", plan, id)
 		}
 	}
+	// A deposed leader's plan for a device its successor holds now is
+	// refused as stale too, not as a device in use: plans are decided at
+	// once (PlanWorkers), and the answer must not depend on which came
+	// first.
+	h.plannedAt("deposed-late", 1, item("j4", 1, "n1", h100, 0))
+	h.eventually("deposed-late refused", func() bool {
+		_, ok := h.refusal("deposed-late", "acme/j4/1")
+		return ok
+	})
+	if r, _ := h.refusal("deposed-late", "acme/j4/1"); r.Reason != contracts.RefusedStaleEpoch {
+		t.Errorf("a deposed leader's plan for a held device refused with %s %q; want %s", r.Reason, r.Message, contracts.RefusedStaleEpoch)
+	}
 }

@@ -223,7 +223,13 @@ func (s *server) commitFenced(ctx context.Context, a contracts.Allocation, epoch
 	e := contracts.LedgerEntry{SchemaVersion: contracts.SchemaVersion, Kind: contracts.LedgerCommitted, Allocation: a}
 	v, _, err := s.write(ctx, e, func() (ledger.Verdict, bool) {
 		v := s.led.Verify(a)
-		if v.OK() {
+		// A stale epoch is the answer whatever else the ledger would say,
+		// but for a commit already stored (a redelivered plan must get
+		// Duplicate, never a contrary refusal): with plans decided at once
+		// (PlanWorkers), a deposed leader's plan may be verified after its
+		// successor's took the same devices, and its answer must not
+		// depend on which came first.
+		if !v.Duplicate {
 			if fv, ok := s.fenceCheck(a.Scheduler, epoch); !ok {
 				return fv, false
 			}
