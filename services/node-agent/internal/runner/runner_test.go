@@ -222,9 +222,10 @@ func TestStopReachesTheWholeProcessGroup(t *testing.T) {
 	if !exit.Stopped || exit.Code != 128+15 {
 		t.Fatalf("exit %+v, want stopped by SIGTERM (143)", exit)
 	}
-	if proctest.GroupAlive(t, p.Info().PID) {
-		t.Fatal("processes of the run's group outlived it")
-	}
+	// The signal reaches the whole group at once, but the sleep may still
+	// be on its way out when the shell's exit is seen (a loaded machine):
+	// it must be gone well before its own 60 s.
+	eventually(t, "the run's group to end with it", func() bool { return !proctest.GroupAlive(t, p.Info().PID) })
 }
 
 func TestStopEscalatesToSIGKILLAfterGrace(t *testing.T) {
@@ -406,9 +407,7 @@ func TestAdoptedRunsStopThroughTheirShim(t *testing.T) {
 	if e := waitExit(t, p, limit); !e.Stopped || e.Code != 128+9 {
 		t.Fatalf("launcher's exit %+v", e)
 	}
-	if proctest.GroupAlive(t, p.Info().PID) {
-		t.Fatal("the run's group outlived the stop")
-	}
+	eventually(t, "the run's group to end with the stop", func() bool { return !proctest.GroupAlive(t, p.Info().PID) })
 }
 
 func TestKilledShimTakesItsCommandAlong(t *testing.T) {
