@@ -102,14 +102,7 @@ func TestPlansOfOneGangAtOnceNeverSplitIt(t *testing.T) {
 	for round := range 12 {
 		t.Run(fmt.Sprintf("round %d", round), func(t *testing.T) {
 			s, _ := writeServer(t)
-			for _, n := range []string{"n3", "n4"} { // each part on a node of its own
-				inv := contracts.NodeInventory{NodeID: n}
-				for i := range 4 {
-					inv.GPUs = append(inv.GPUs, contracts.GPUInfo{Index: i, UUID: gpu(n, i), Model: "L4", Healthy: true})
-				}
-				s.led.SetInventory(inv)
-				s.led.SetReady(n, true)
-			}
+			readyNodes(s, "n3", "n4") // each part on a node of its own
 			job := fmt.Sprintf("gang-%d", round)
 			part := func(rank int, nodes []string, gpu int) contracts.Allocation {
 				a := alloc(job, nodes[rank], gpu)

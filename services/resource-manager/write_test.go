@@ -35,7 +35,13 @@ func writeServer(t *testing.T) (*server, *bus.Bus) {
 	cfg := DefaultConfig()
 	cfg.CommitAttempts = 3
 	s := newServer(cfg, connect("rm-under-test", natstest.Service(t, srv, contracts.BusResourceManager)), slog.New(slog.DiscardHandler))
-	for _, n := range []string{"n1", "n2"} {
+	readyNodes(s, "n1", "n2")
+	return s, connect("other-replica", natstest.Operator(t, srv))
+}
+
+// readyNodes gives s's ledger each node with four healthy L4s, ready.
+func readyNodes(s *server, nodes ...string) {
+	for _, n := range nodes {
 		inv := contracts.NodeInventory{NodeID: n}
 		for i := range 4 {
 			inv.GPUs = append(inv.GPUs, contracts.GPUInfo{Index: i, UUID: gpu(n, i), Model: "L4", Healthy: true})
@@ -43,7 +49,6 @@ func writeServer(t *testing.T) (*server, *bus.Bus) {
 		s.led.SetInventory(inv)
 		s.led.SetReady(n, true)
 	}
-	return s, connect("other-replica", natstest.Operator(t, srv))
 }
 
 func gpu(node string, i int) string { return "GPU-" + node + "-" + string(rune('0'+i)) }
