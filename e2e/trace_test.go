@@ -213,8 +213,10 @@ func submitTraced(t *testing.T, ctx context.Context, s *stack, tenant, jobID, d 
 }
 
 // wholeTrace waits until Jaeger holds the trace with a span of every one
-// of jobServices and billing's usage publish (the last step), and returns
-// it. The services' batch processors flush every half second.
+// of jobServices and billing's usage publish (the last step), and with
+// the parent of every span but one (the gateway's server span, whose
+// parent is the caller's), and returns it. The services' batch processors
+// flush every half second.
 func wholeTrace(t *testing.T, j *jaeger, traceID, tenant string) jTrace {
 	t.Helper()
 	var tr jTrace
@@ -235,7 +237,17 @@ func wholeTrace(t *testing.T, j *jaeger, traceID, tenant string) jTrace {
 				return false, fmt.Sprintf("no %s span yet among %d", svc, len(tr.Spans))
 			}
 		}
-		return usage, "no usage publish yet"
+		if !usage {
+			return false, "no usage publish yet"
+		}
+		// Each service's batch processor flushes on its own: a consumer's
+		// span can reach Jaeger before the publish span it is a child of
+		// (the publisher's span ends only at the ack). Wait until every
+		// parent is in; oneRoot then fails a span whose parent never came.
+		if r := roots(tr); len(r) > 1 {
+			return false, fmt.Sprintf("spans whose parent is not in yet: %v", r)
+		}
+		return true, ""
 	})
 	for _, sp := range tr.Spans {
 		if sp.TraceID != traceID {
