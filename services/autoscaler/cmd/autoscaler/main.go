@@ -6,11 +6,15 @@ import (
 	"flag"
 	"log/slog"
 
+	"github.com/gpuplane/gpuplane/libs/gctune"
 	"github.com/gpuplane/gpuplane/libs/service"
 	"github.com/gpuplane/gpuplane/services/autoscaler"
 )
 
 func main() {
+	// Collect less often than the runtime's default, within a soft memory
+	// limit (GOGC and GOMEMLIMIT in the environment still rule).
+	gctune.Tune(gctune.DefaultPercent)
 	cfg := autoscaler.DefaultConfig()
 	cfg.RegisterFlags(flag.CommandLine)
 	flag.Parse()

@@ -16,6 +16,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/gctune"
 	"github.com/gpuplane/gpuplane/libs/service"
 	"github.com/gpuplane/gpuplane/services/gpuctl"
 	"github.com/gpuplane/gpuplane/services/gpuplane"
@@ -28,7 +29,7 @@ func main() {
 	nodeagent.MaybeRunShim()
 	// One heap holds NATS, every service and every agent: collect less
 	// often than the runtime's default (GOGC and GOMEMLIMIT still rule).
-	gpuplane.TuneGC(gpuplane.DefaultGCPercent)
+	gctune.Tune(gctune.DefaultPercent)
 	cfg := gpuplane.DefaultConfig()
 	fs := flag.NewFlagSet("gpuplane", flag.ExitOnError)
 	cfg.RegisterFlags(fs)

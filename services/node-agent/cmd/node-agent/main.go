@@ -8,6 +8,7 @@ import (
 	"flag"
 	"log/slog"
 
+	"github.com/gpuplane/gpuplane/libs/gctune"
 	"github.com/gpuplane/gpuplane/libs/service"
 	nodeagent "github.com/gpuplane/gpuplane/services/node-agent"
 )
@@ -16,6 +17,9 @@ func main() {
 	// First: this program is also the supervisor of each command its node
 	// agents run (a copy started in shim mode never gets past this line).
 	nodeagent.MaybeRunShim()
+	// Collect less often than the runtime's default, within a soft memory
+	// limit (GOGC and GOMEMLIMIT in the environment still rule).
+	gctune.Tune(gctune.DefaultPercent)
 	cfg := nodeagent.DefaultConfig()
 	cfg.RegisterFlags(flag.CommandLine)
 	flag.Parse()

@@ -7,11 +7,15 @@ import (
 	"flag"
 	"log/slog"
 
+	"github.com/gpuplane/gpuplane/libs/gctune"
 	"github.com/gpuplane/gpuplane/libs/service"
 	"github.com/gpuplane/gpuplane/services/scheduler"
 )
 
 func main() {
+	// Collect less often than the runtime's default, within a soft memory
+	// limit (GOGC and GOMEMLIMIT in the environment still rule).
+	gctune.Tune(gctune.DefaultPercent)
 	cfg := scheduler.DefaultConfig()
 	cfg.RegisterFlags(flag.CommandLine)
 	flag.Parse()

@@ -1,4 +1,4 @@
-package gpuplane
+package gctune
 
 import (
 	"math"
@@ -15,10 +15,10 @@ func gcSettings() (percent int, limit int64) {
 	return percent, debug.SetMemoryLimit(-1)
 }
 
-// TestTuneGC: the target and the limit are set only where the
+// TestTune: the target and the limit are set only where the
 // environment leaves them to the program, and restore puts back what
 // was there. Not parallel: both settings are the process's.
-func TestTuneGC(t *testing.T) {
+func TestTune(t *testing.T) {
 	before, beforeLimit := gcSettings()
 	for _, c := range []struct {
 		name             string
@@ -28,10 +28,10 @@ func TestTuneGC(t *testing.T) {
 		wantLimitChanged bool
 		wantLimitKept    bool
 	}{
-		{name: "defaults", percent: DefaultGCPercent, wantPercent: DefaultGCPercent, wantLimitChanged: memoryAvailable() > 0},
-		{name: "GOGC set", env: map[string]string{"GOGC": "150"}, percent: DefaultGCPercent, wantPercent: -2, wantLimitChanged: memoryAvailable() > 0},
+		{name: "defaults", percent: DefaultPercent, wantPercent: DefaultPercent, wantLimitChanged: memoryAvailable() > 0},
+		{name: "GOGC set", env: map[string]string{"GOGC": "150"}, percent: DefaultPercent, wantPercent: -2, wantLimitChanged: memoryAvailable() > 0},
 		{name: "GOMEMLIMIT set", env: map[string]string{"GOMEMLIMIT": "1GiB"}, percent: 250, wantPercent: 250, wantLimitKept: true},
-		{name: "both set", env: map[string]string{"GOGC": "off", "GOMEMLIMIT": "1GiB"}, percent: DefaultGCPercent, wantPercent: -2, wantLimitKept: true},
+		{name: "both set", env: map[string]string{"GOGC": "off", "GOMEMLIMIT": "1GiB"}, percent: DefaultPercent, wantPercent: -2, wantLimitKept: true},
 		{name: "no percent", percent: 0, wantPercent: -2, wantLimitChanged: memoryAvailable() > 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -46,7 +46,7 @@ func TestTuneGC(t *testing.T) {
 				}
 				t.Setenv(k, v)
 			}
-			restore := TuneGC(c.percent)
+			restore := Tune(c.percent)
 			percent, limit := gcSettings()
 			want := c.wantPercent
 			if want == -2 {
