@@ -81,6 +81,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	s.opsReady = opsReady.Load
 	s.queues = newQueuesHub()
 	s.tail = newEventTail(rt.Bus, cfg.SSE, log)
+	in.tail = s.tail // fed by the fold's read of JOB_EVENTS: no read of its own
 	in.observe = func(st contracts.JobStatus, ev contracts.JobEvent, _ uint64) {
 		s.fleet.observeJob(st)
 		s.ops.observeJob(ev)
@@ -143,7 +144,6 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	g.Go(func() error { return ids.follow(gctx, rt.Bus) })
 	g.Go(func() error { return s.fleet.follow(gctx, rt.Bus, log) })
 	g.Go(func() error { return s.queues.follow(gctx, rt.Bus, log) })
-	g.Go(func() error { return s.tail.run(gctx) })
 	g.Go(func() error { return s.ops.follow(gctx, rt.Bus, log, func() { opsReady.Store(true) }) })
 	g.Go(func() error {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync/atomic"
@@ -40,6 +41,10 @@ type ingester struct {
 	// (migrations, preemptions), kept for the snapshot: a start from it
 	// shows the ops view what a start from the log would.
 	opsEvents []contracts.JobEvent
+	// tail, when set, is fed every job event the fold reads: the
+	// gateway reads JOB_EVENTS once for its read model and its event
+	// streams (one JetStream delivery per event, not two; issue 17).
+	tail *eventTail
 	// snaps, when set, loads the read model's snapshot at start and
 	// writes the next ones (readmodel_snapshot.go).
 	snaps *modelSnapshotter
@@ -99,25 +104,76 @@ func (in *ingester) followJobEvents(ctx context.Context) error {
 	if in.loadDone != nil {
 		close(in.loadDone) // the usage read may start
 	}
-	return in.bus.Follow(ctx, spec, func(ctx context.Context, m *bus.Msg) error {
-		err := in.applyJobEvent(ctx, m)
-		in.folded.Store(m.StreamSeq)
-		if now := time.Now(); in.snaps.due(now) {
-			if mm, ok := in.model.(*memoryModel); ok {
-				// Taken here, between two events: the copy is the fold
-				// of the stream up to this message exactly.
-				// USAGE's position is read before the copy: every
-				// record up to it is in the copy.
-				s := mm.snapshotWithUsage(m.StreamSeq, in.usageFolded.Load())
-				s.ops = slices.Clone(in.opsEvents)
-				in.snaps.offer(s, now)
-			}
+	// The fold needs the events after its snapshot, the tail the last
+	// RingEvents of the stream (its ring, the history a new stream
+	// replays from memory): one read from the earlier of the two feeds
+	// both, each taking the events from its own start on.
+	foldFrom := max(spec.StartSeq, 1)
+	next := foldFrom
+	if in.tail != nil {
+		tailFrom, err := in.tail.startSeq(ctx)
+		if err != nil {
+			return nil // ctx ended
+		}
+		in.tail.startAt(tailFrom)
+		next = min(foldFrom, tailFrom)
+	}
+	handle := func(ctx context.Context, m *bus.Msg) error {
+		next = m.StreamSeq + 1
+		var err error
+		if m.StreamSeq >= foldFrom {
+			err = in.foldJobEvent(ctx, m)
+		} else if in.tail != nil && in.tail.wants(m.StreamSeq) {
+			// Before the snapshot: the tail's alone.
+			e, perr := parseTailEvent(m.Subject, m.StreamSeq, m.Data)
+			in.tail.add(m.Subject, m.StreamSeq, e, perr)
 		}
 		return err
-	}, func() {
+	}
+	caughtUp := func() {
 		in.jobsReady.Store(true)
+		if in.tail != nil {
+			in.tail.caughtUp()
+		}
 		in.log.Info("job events caught up", "stream", contracts.StreamJobEvents, "took", time.Since(start))
-	})
+	}
+	for {
+		spec.StartSeq = next
+		err := in.bus.Follow(ctx, spec, handle, caughtUp)
+		if ctx.Err() != nil {
+			return nil
+		}
+		// bus.Follow replaces a consumer that stalls by itself; an
+		// error is one it could not get past (the stream unreadable):
+		// read again after the last event handled, so neither the read
+		// model nor the event streams ever see a gap.
+		in.log.Warn("job event read stopped; reading again", "stream", contracts.StreamJobEvents, "stream_seq", next, "err", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// foldJobEvent folds one job event into the read model (and, with a tail,
+// hands it to the event streams after), then takes a snapshot when one
+// is due.
+func (in *ingester) foldJobEvent(ctx context.Context, m *bus.Msg) error {
+	err := in.applyJobEvent(ctx, m)
+	in.folded.Store(m.StreamSeq)
+	if now := time.Now(); in.snaps.due(now) {
+		if mm, ok := in.model.(*memoryModel); ok {
+			// Taken here, between two events: the copy is the fold
+			// of the stream up to this message exactly.
+			// USAGE's position is read before the copy: every
+			// record up to it is in the copy.
+			s := mm.snapshotWithUsage(m.StreamSeq, in.usageFolded.Load())
+			s.ops = slices.Clone(in.opsEvents)
+			in.snaps.offer(s, now)
+		}
+	}
+	return err
 }
 
 // followUsage runs until ctx ends; with snapshots, from after the USAGE
@@ -150,15 +206,29 @@ func (in *ingester) followUsage(ctx context.Context) error {
 
 func (in *ingester) applyJobEvent(ctx context.Context, m *bus.Msg) error {
 	log := func() *slog.Logger { return m.Log(in.log) }
+	var ev contracts.JobEvent
+	derr := m.Decode(&ev)
+	if in.tail != nil && in.tail.wants(m.StreamSeq) {
+		// After the model, so that a stream's client that reads an
+		// event finds the job as it left it. The tail takes what the
+		// body says whatever the subject (its filters match subjects).
+		var e *tailEvent
+		var perr error
+		if derr == nil {
+			e, perr = buildTailEvent(m.Subject, m.StreamSeq, m.Data, ev.Type, ev.Tenant)
+		} else {
+			perr = fmt.Errorf("decode: %w", derr)
+		}
+		defer in.tail.add(m.Subject, m.StreamSeq, e, perr)
+	}
 	// The subject names the job; the body must agree with it.
 	tenant, job := contracts.Token(m.Subject, 3), contracts.Token(m.Subject, 4)
 	if contracts.ValidateTenant(tenant) != nil || contracts.ValidateID(job) != nil {
 		log().Warn("skipping job event on a malformed subject")
 		return nil
 	}
-	var ev contracts.JobEvent
-	if err := m.Decode(&ev); err != nil {
-		log().Warn("skipping undecodable job event", "err", err)
+	if derr != nil {
+		log().Warn("skipping undecodable job event", "err", derr)
 		return nil
 	}
 	if ev.Tenant != tenant || ev.JobID != job {

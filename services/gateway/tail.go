@@ -28,8 +28,8 @@ import (
 // subscriber: 500 subscribers each replaying a tenant's history from the
 // server took 13 to 20 s to see a live event, and 687 MB (issue 17).
 //
-//	JOB_EVENTS ──one ordered read──▶ eventTail ──┬─ ring: the last RingEvents/RingBytes events, indexed by tenant and job
-//	                                             └─ fan-out ──▶ each subscriber's bounded queue ──▶ its HTTP stream
+//	JOB_EVENTS ──the read model's ordered read (ingest.go)──▶ eventTail ──┬─ ring: the last RingEvents/RingBytes events, indexed by tenant and job
+//	                                                                      └─ fan-out ──▶ each subscriber's bounded queue ──▶ its HTTP stream
 //	JOB_EVENTS ──short-lived consumer, one batch, HistoryReaders at once──▶ a subscriber whose history is older than the ring
 //
 // A subscriber asks for the events of its filter after a stream sequence
@@ -141,30 +141,71 @@ func parseTailEvent(subject string, seq uint64, data []byte) (*tailEvent, error)
 	if err := json.Unmarshal(data, &ev); err != nil {
 		return nil, fmt.Errorf("decode: %w", err)
 	}
-	if ev.Type == "" || strings.ContainsAny(string(ev.Type), "\r\n") {
-		return nil, fmt.Errorf("event type %q cannot be sent", ev.Type)
+	return buildTailEvent(subject, seq, data, ev.Type, ev.Tenant)
+}
+
+// buildTailEvent builds the frame of one JOB_EVENTS message whose body was
+// decoded already (the read model's fold decodes every event once for
+// both: ingest.go), given the body's type and tenant.
+func buildTailEvent(subject string, seq uint64, data []byte, typ contracts.JobEventType, bodyTenant string) (*tailEvent, error) {
+	if typ == "" || strings.ContainsAny(string(typ), "\r\n") {
+		return nil, fmt.Errorf("event type %q cannot be sent", typ)
 	}
 	var buf bytes.Buffer
-	buf.Grow(len(data) + len(ev.Type) + 40)
+	buf.Grow(len(data) + len(typ) + 40)
 	buf.WriteString("event: ")
-	buf.WriteString(string(ev.Type))
+	buf.WriteString(string(typ))
 	buf.WriteString("\nid: ")
 	buf.WriteString(strconv.FormatUint(seq, 10))
 	buf.WriteString("\ndata: ")
 	start := buf.Len()
-	if err := json.Compact(&buf, data); err != nil {
+	if isCompact(data) {
+		// What encoding/json writes, as every producer does: Compact
+		// would copy it unchanged (its scan was 5-10 % of the tail's
+		// CPU in a burst).
+		buf.Write(data)
+	} else if err := json.Compact(&buf, data); err != nil {
 		return nil, fmt.Errorf("compact: %w", err)
 	}
 	end := buf.Len()
 	buf.WriteString("\n\n")
 	frame := buf.Bytes()
-	parts := strings.Split(subject, ".")
-	e := &tailEvent{seq: seq, subject: subject, bodyTenant: ev.Tenant, frame: frame, data: frame[start:end:end]}
-	if len(parts) > 3 {
-		e.tenant = parts[3]
+	tenant, plain := subjectTenant(subject)
+	return &tailEvent{seq: seq, subject: subject, tenant: tenant, plain: plain, bodyTenant: bodyTenant,
+		frame: frame, data: frame[start:end:end]}, nil
+}
+
+// isCompact says whether data has no whitespace byte at all: a JSON
+// document (data decoded as one) without any is what json.Compact
+// returns for it. One with a space inside a string goes through Compact.
+func isCompact(data []byte) bool {
+	for _, c := range data {
+		switch c {
+		case ' ', '\t', '\n', '\r':
+			return false
+		}
 	}
-	e.plain = len(parts) == 5
-	return e, nil
+	return true
+}
+
+// subjectTenant returns a job event subject's tenant token (the fourth,
+// gp.jobs.events.<tenant>...) and whether the subject is
+// gp.jobs.events.<tenant>.<job>, what a tenant's filter matches, without
+// splitting it.
+func subjectTenant(subject string) (tenant string, plain bool) {
+	tokens := 1 + strings.Count(subject, ".")
+	rest := subject
+	for range 3 {
+		i := strings.IndexByte(rest, '.')
+		if i < 0 {
+			return "", false
+		}
+		rest = rest[i+1:]
+	}
+	if i := strings.IndexByte(rest, '.'); i >= 0 {
+		rest = rest[:i]
+	}
+	return rest, tokens == 5
 }
 
 // eventFilter is what one stream sends: a tenant's events, or one job's.
@@ -261,16 +302,17 @@ func newEventTail(b *bus.Bus, cfg SSEConfig, log *slog.Logger) *eventTail {
 }
 
 // run follows JOB_EVENTS from RingEvents before its end (filling the ring)
-// until ctx ends. A read that fails starts again after the last message
+// until ctx ends: a tail with a read of its own (tests). The gateway's
+// tail has none: its read model's fold reads from the earlier of the
+// tail's start and its snapshot's and feeds it (ingester.tail), so each
+// job event is delivered to the gateway once, not twice (issue 17). A read that fails starts again after the last message
 // read: the ring and the subscribers never see a gap.
 func (t *eventTail) run(ctx context.Context) error {
 	start, err := t.startSeq(ctx)
 	if err != nil {
 		return nil // ctx ended
 	}
-	t.mu.Lock()
-	t.covered, t.last = start-1, start-1
-	t.mu.Unlock()
+	t.startAt(start)
 	for {
 		t.mu.Lock()
 		next := t.last + 1
@@ -328,17 +370,46 @@ func (t *eventTail) caughtUp() {
 // apply adds one message to the ring and hands it to the subscribers it
 // matches. It never blocks on a subscriber.
 func (t *eventTail) apply(_ context.Context, m *bus.Msg) error {
+	if !t.wants(m.StreamSeq) {
+		return nil
+	}
 	e, perr := parseTailEvent(m.Subject, m.StreamSeq, m.Data)
+	t.add(m.Subject, m.StreamSeq, e, perr)
+	return nil
+}
+
+// startAt sets where the tail's read starts when another reader feeds it
+// (the read model's fold, ingest.go): the ring covers every event before
+// seq, as none of them will come.
+func (t *eventTail) startAt(seq uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if m.StreamSeq <= t.last {
-		return nil // read again after a restart
+	t.covered, t.last = seq-1, seq-1
+}
+
+// wants says whether the message at seq is one the tail has not read yet
+// (a read that started again, or earlier than the tail for the read model,
+// brings older ones): the frame of one it does not want is not built.
+func (t *eventTail) wants(seq uint64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return seq > t.last
+}
+
+// add adds the event read at seq (e, or perr saying why it cannot be
+// sent) to the ring and hands it to the subscribers it matches. It never
+// blocks on a subscriber.
+func (t *eventTail) add(subject string, seq uint64, e *tailEvent, perr error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if seq <= t.last {
+		return // read again after a restart
 	}
-	t.last = m.StreamSeq
+	t.last = seq
 	if perr != nil {
 		// Never sendable: the ring covers its sequence without it.
-		t.log.Warn("event streams skip a malformed job event", "subject", m.Subject, "stream_seq", m.StreamSeq, "err", perr)
-		return nil
+		t.log.Warn("event streams skip a malformed job event", "subject", subject, "stream_seq", seq, "err", perr)
+		return
 	}
 	t.ring.push(e)
 	t.index(t.bySubject, e.subject).push(e)
@@ -353,7 +424,6 @@ func (t *eventTail) apply(_ context.Context, m *bus.Msg) error {
 		t.fanOut(t.tenantSubs[e.tenant], e)
 	}
 	t.fanOut(t.jobSubs[e.subject], e)
-	return nil
 }
 
 func (t *eventTail) index(m map[string]*seqList, key string) *seqList {
