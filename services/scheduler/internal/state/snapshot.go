@@ -13,6 +13,8 @@ import (
 	"slices"
 	"strings"
 
+	segjson "github.com/segmentio/encoding/json"
+
 	"github.com/gpuplane/gpuplane/contracts"
 )
 
@@ -86,6 +88,17 @@ type cjob struct {
 	// allocations are all released: no event of ours will ever end it.
 	mine, foreign bool
 }
+
+// decodeMsg decodes the fields the compactor reads from a message's body.
+// It is the bus's decoder (bus.Msg.Decode: github.com/segmentio/encoding/json,
+// held to encoding/json on every contract type by libs/bus's
+// decode_compat_test), so the compactor reads each message as the store
+// that applies it does, at about a third of encoding/json's CPU: the
+// compactor follows every JOB_EVENTS, ALLOCATIONS and RUNS message beside
+// the live scheduler, and its decoding was 4 % of a burst's CPU
+// (BenchmarkBurst R1, issue 17). A variable so that a test and a benchmark
+// can set encoding/json beside it.
+var decodeMsg = segjson.Unmarshal
 
 // Compactor folds the streams' messages into what a snapshot keeps. Not
 // safe for concurrent use.
@@ -177,7 +190,7 @@ func (c *Compactor) Observe(m *LogMsg) {
 		c.fact(Key(tenant, cr.JobID), m, "", "", "")
 	case contracts.StreamPlans:
 		var p struct{ Items []jobRef }
-		if json.Unmarshal(m.Data, &p) != nil {
+		if decodeMsg(m.Data, &p) != nil {
 			return
 		}
 		pm := &planMsg{msg: m}
@@ -197,21 +210,21 @@ func (c *Compactor) Observe(m *LogMsg) {
 					ID, Scheduler string
 				}
 			}
-			if json.Unmarshal(m.Data, &e) != nil {
+			if decodeMsg(m.Data, &e) != nil {
 				return
 			}
 			a := e.Allocation
 			c.fact(Key(a.Tenant, a.JobID), m, e.Kind, a.ID, a.Scheduler)
 		case strings.HasPrefix(m.Subject, "gp.alloc.refused."):
 			var r jobRef
-			if json.Unmarshal(m.Data, &r) != nil {
+			if decodeMsg(m.Data, &r) != nil {
 				return
 			}
 			c.fact(Key(r.Tenant, r.JobID), m, "", "", "")
 		}
 	case contracts.StreamRuns:
 		var r jobRef
-		if json.Unmarshal(m.Data, &r) != nil {
+		if decodeMsg(m.Data, &r) != nil {
 			return
 		}
 		c.fact(Key(r.Tenant, r.JobID), m, "", "", "")
@@ -225,10 +238,18 @@ func (c *Compactor) event(m *LogMsg) {
 		Attempt       int
 		Reason        contracts.Reason
 		Errors        []contracts.FieldError
-		Request       *contracts.JobRequest
+		// Request (queued only) is decoded on its own, into maps made
+		// beforehand (decodeRequest).
+		Request json.RawMessage
 	}
-	if json.Unmarshal(m.Data, &ev) != nil {
+	if decodeMsg(m.Data, &ev) != nil {
 		return
+	}
+	var req *contracts.JobRequest
+	if len(ev.Request) > 0 && string(ev.Request) != "null" {
+		if req = decodeRequest(ev.Request); req == nil {
+			return // the event does not decode whole: ignored, as the store does
+		}
 	}
 	key := Key(ev.Tenant, ev.JobID)
 	if _, ok := c.retired[retiredKeyOf(key)]; ok && c.jobs[key] == nil {
@@ -244,9 +265,9 @@ func (c *Compactor) event(m *LogMsg) {
 	j.state = to
 	switch ev.Type {
 	case contracts.EventQueued:
-		if ev.Request != nil {
-			j.hash, j.attempt = hashRequest(*ev.Request), max(ev.Attempt, 1)
-			c.work.add(ev.Request.Resources.GPU)
+		if req != nil {
+			j.hash, j.attempt = hashRequest(*req), max(ev.Attempt, 1)
+			c.work.add(req.Resources.GPU)
 		}
 	case contracts.EventRejected:
 		j.rejection = &rejection{reason: ev.Reason, errors: ev.Errors}
@@ -254,6 +275,22 @@ func (c *Compactor) event(m *LogMsg) {
 		j.attempt = ev.Attempt
 	}
 	c.close(key, j)
+}
+
+// decodeRequest decodes a queued event's request, nil when it does not
+// decode. Its maps are made empty beforehand: segmentio's decoder makes a
+// map it has to create with room for 64 entries (~4.6 KB for each of
+// labels, node selector and environment, twice encoding/json's bytes per
+// labelled job in BenchmarkCompactorObserve) and fills one it is given.
+// An empty map is what a nil one is to hashRequest (omitempty), the only
+// reader of the request besides its GPU.
+func decodeRequest(data []byte) *contracts.JobRequest {
+	req := &contracts.JobRequest{Labels: map[string]string{}, NodeSelector: map[string]string{},
+		Run: contracts.RunSpec{Env: map[string]string{}}}
+	if decodeMsg(data, req) != nil {
+		return nil
+	}
+	return req
 }
 
 // fact folds a message about a job other than its events: a cancel, a
