@@ -2,14 +2,20 @@ package gateway
 
 import (
 	"context"
+	"io"
+	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/kvsnap"
 )
 
 // readConsumers returns the JOB_EVENTS consumers that read (not paused),
@@ -125,4 +131,98 @@ func consumerNames(infos []*jetstream.ConsumerInfo) []string {
 		names = append(names, c.Name)
 	}
 	return names
+}
+
+// ingestWithTail is retireHarness.ingest with the tail fed by the fold.
+func (h *retireHarness) ingestWithTail(model readModel, sn *modelSnapshotter, tail *eventTail) *ingester {
+	h.t.Helper()
+	in := &ingester{bus: h.gw, model: model, log: slog.New(slog.NewTextHandler(io.Discard, nil)), snaps: sn, tail: tail}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- in.followJobEvents(ctx) }()
+	h.shutdown = append(h.shutdown, func() {
+		cancel()
+		<-done
+	})
+	h.caughtUp(in)
+	return in
+}
+
+// TestSnapshotStartFillsTheTail: a gateway that starts from a read model
+// snapshot reads JOB_EVENTS once, from the earlier of the snapshot's next
+// sequence and the tail's start. With a ring reaching back before the
+// snapshot (the tail takes events the fold skips) and one starting after
+// it (the fold takes events the tail skips), the ring holds the stream's
+// last RingEvents events, a reader of each tenant from the beginning gets
+// every event of its tenant once and in order (the ring, or the stream
+// then the ring), and the model answers as a fold of the whole log.
+func TestSnapshotStartFillsTheTail(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for _, tc := range []struct {
+		name string
+		ring int
+	}{{"ring before the snapshot", 10_000}, {"ring after the snapshot", 7}} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newRetireHarness(t, 4)
+			h.workload(60)
+			first := h.retiringModel(10, 8*time.Minute)
+			sn := newModelSnapshotter(h.gw, time.Nanosecond, quiet)
+			var written atomic.Uint64
+			sn.written = func(v kvsnap.Head) { written.Store(v.Seq) }
+			in := h.ingest(first, sn)
+			mid := h.last
+			h.workload(30) // the snapshots are taken while the events come
+			h.caughtUp(in)
+			deadline := time.Now().Add(waitFor)
+			for written.Load() < mid {
+				if time.Now().After(deadline) {
+					t.Fatalf("no snapshot past seq %d written (last %d)", mid, written.Load())
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			h.workload(40) // and after the last one
+			h.caughtUp(in)
+
+			tail := newEventTail(h.gw, SSEConfig{RingEvents: tc.ring, HistoryBatch: 5}, quiet)
+			restarted := h.retiringModel(10, 8*time.Minute)
+			rin := h.ingestWithTail(restarted, newModelSnapshotter(h.gw, -1, quiet), tail)
+			if rin.startSeq.Load() < mid {
+				t.Fatalf("the restart read JOB_EVENTS from %d, want from a snapshot past %d", rin.startSeq.Load(), mid)
+			}
+			select {
+			case <-tail.ready:
+			case <-time.After(waitFor):
+				t.Fatal("the tail did not catch up in time")
+			}
+			st := tail.stats()
+			if wantRing := min(tc.ring, int(h.last)); st.last != h.last || st.ringEvents != wantRing || st.covered+uint64(st.ringEvents) != st.last {
+				t.Fatalf("tail %+v; want the last %d events of %d", st, wantRing, h.last)
+			}
+			if tc.ring < int(h.last) && st.covered+1 <= rin.startSeq.Load() {
+				t.Fatalf("ring starts at %d, not after the snapshot's %d: the case is not tested", st.covered+1, rin.startSeq.Load())
+			}
+
+			want := map[string][]uint64{}
+			ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+			defer cancel()
+			if _, err := h.op.Replay(ctx, bus.FollowSpec{Stream: contracts.StreamJobEvents}, func(_ context.Context, m *bus.Msg) error {
+				tenant := contracts.Token(m.Subject, 3)
+				want[tenant] = append(want[tenant], m.StreamSeq)
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+			for _, tenant := range h.tenants {
+				rd := tail.reader(tenantFilter(tenant), 0)
+				got := readTailUntil(t, rd, want[tenant][len(want[tenant])-1])
+				rd.close()
+				if !slices.Equal(got, want[tenant]) {
+					t.Errorf("tenant %s: reader got %v, want %v", tenant, got, want[tenant])
+				}
+			}
+			all := newMemoryModel()
+			h.ingest(all, nil)
+			h.sameAnswers(all, restarted)
+		})
+	}
 }
