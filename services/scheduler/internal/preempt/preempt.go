@@ -138,17 +138,18 @@ const (
 // without evicting anything, the choice has no victims. snap and running
 // are not modified.
 func Choose(snap placement.Snapshot, running []Running, p Preemptor, opt Options) (Choice, bool) {
-	c, ok := newChooser(snap, running, p, opt)
-	if !ok {
-		return Choice{}, false
-	}
+	return NewFleet(snap, running, opt.Now).Choose(p, opt, nil)
+}
+
+// run is the search of c.
+func (c *chooser) run() (Choice, bool) {
 	var (
 		best     selection
 		bestOK   bool
 		perZone  = [][]int{c.candidates()}
-		machines = p.Request.Machines()
+		machines = c.machines
 	)
-	if machines > 1 && p.Request.GPU.Topology == contracts.TopologyZone {
+	if machines > 1 && c.zone {
 		perZone = c.byZone(perZone[0])
 	}
 	for _, ords := range perZone {
@@ -163,14 +164,12 @@ func Choose(snap placement.Snapshot, running []Running, p Preemptor, opt Options
 	return c.finish(best)
 }
 
-// unit is what is evicted at once: one allocation, or every part of a gang.
+// unit is what is evicted at once: one allocation, or every part of a gang,
+// and what evicting it costs. Both depend on the running allocations and
+// the time only (Fleet); what depends on the preemptor is the chooser's.
 type unit struct {
-	parts    []int // indices into running
-	eligible bool
-	cost     cost
-	// spend is what evicting it takes from the budgets (Options.Spare) of
-	// tenants other than the preemptor's; nil for most units.
-	spend []budgetUse
+	parts []int // indices into running
+	cost  cost
 }
 
 // budgetUse is milli-GPUs taken from budget b.
@@ -214,22 +213,29 @@ func (a cost) compareLevel(b cost) int {
 	return cmp.Or(cmp.Compare(a.milli, b.milli), cmp.Compare(a.jobs, b.jobs))
 }
 
-// chooser holds what one Choose call derives from its inputs.
+// chooser holds what one Choose call derives from its inputs: the fleet's
+// (shared, read only) and what depends on the preemptor.
 type chooser struct {
 	nodes   []*placement.Node // node ID ascending
-	ordOf   map[string]int
 	running []Running
 	units   []unit
-	unitOf  []int   // running index -> unit
-	nodeOf  []int   // running index -> node ord, -1 when not in the snapshot
-	onNode  [][]int // node ord -> running indices of eligible units there
-	req     placement.Request
-	kind    contracts.GPUKind
-	perGPUs int // whole GPUs per machine
-	opt     Options
-	pri     contracts.Priority
-	priRank int // pri.Rank(), asked per running allocation
-	reclaim bool
+	unitOf  []int // running index -> unit
+	nodeOf  []int // running index -> node ord, -1 when not in the snapshot
+	// eligible and spends are per unit, for this preemptor: whether it may
+	// be evicted, and what evicting it takes from the budgets
+	// (Options.Spare) of tenants other than the preemptor's (nil for most).
+	eligible []bool
+	spends   [][]budgetUse
+	onNode   [][]int // node ord -> running indices of eligible units there
+	req      placement.Request
+	zone     bool // the request wants its machines in one zone
+	machines int  // the request's, before req is cut to one machine's part
+	kind     contracts.GPUKind
+	perGPUs  int // whole GPUs per machine
+	opt      Options
+	pri      contracts.Priority
+	priRank  int // pri.Rank(), asked per running allocation
+	reclaim  bool
 	// last is spend's previous budget look-up: running allocations come
 	// by ID, so one tenant's come together, mostly in one pool.
 	last spendMemo
@@ -238,24 +244,31 @@ type chooser struct {
 	budgetOf map[TenantPool]int
 }
 
-func newChooser(snap placement.Snapshot, running []Running, p Preemptor, opt Options) (*chooser, bool) {
+// newChooser derives p's search over f; false when placement would refuse
+// the request whatever is evicted. gone says, per unit, which are left out
+// (as if not in running).
+func (f *Fleet) newChooser(p Preemptor, opt Options, gone []bool) (*chooser, bool) {
 	r := p.Request
 	machines := r.Machines()
 	g := r.GPU
 	// What placement would refuse anyway is refused before any work.
-	if g.Count < 1 || g.Count%machines != 0 || machines > len(snap.Nodes) {
+	if g.Count < 1 || g.Count%machines != 0 || machines > len(f.nodes) {
 		return nil, false
 	}
 	c := &chooser{
-		ordOf:   make(map[string]int, len(snap.Nodes)),
-		running: running,
-		unitOf:  make([]int, len(running)),
-		kind:    g.Kind(),
-		perGPUs: g.Count / machines,
-		opt:     opt,
-		pri:     p.Priority,
-		priRank: p.Priority.Rank(),
-		reclaim: p.Reclaim,
+		nodes:    f.nodes,
+		running:  f.running,
+		units:    f.units,
+		unitOf:   f.unitOf,
+		nodeOf:   f.nodeOf,
+		zone:     g.Topology == contracts.TopologyZone,
+		machines: machines,
+		kind:     g.Kind(),
+		perGPUs:  g.Count / machines,
+		opt:      opt,
+		pri:      p.Priority,
+		priRank:  p.Priority.Rank(),
+		reclaim:  p.Reclaim,
 	}
 	if c.kind == contracts.GPUKindShare && (g.Share.ComputePercent < 1 || g.Share.ComputePercent > 100 || g.Share.MemoryMiB < 1) {
 		return nil, false
@@ -281,100 +294,54 @@ func newChooser(snap placement.Snapshot, running []Running, p Preemptor, opt Opt
 		}
 	}
 	c.req = r
-
-	c.nodes = make([]*placement.Node, len(snap.Nodes))
-	for i := range snap.Nodes {
-		c.nodes[i] = &snap.Nodes[i]
-	}
-	slices.SortStableFunc(c.nodes, func(a, b *placement.Node) int { return cmp.Compare(a.ID, b.ID) })
-	for i, n := range c.nodes {
-		if _, dup := c.ordOf[n.ID]; !dup {
-			c.ordOf[n.ID] = i
-		}
-	}
 	c.onNode = make([][]int, len(c.nodes))
-	c.buildUnits()
+	c.judgeUnits(f, gone)
 	return c, true
 }
 
-// buildUnits groups running into units and prices each one. Parts and
+// judgeUnits decides, per unit, whether the preemptor may evict it and
+// what that spends, and lists the eligible ones' parts per node. Parts and
 // per-node lists share flat backing arrays: a cycle has tens of thousands
 // of allocations, and Choose runs for every job that must preempt.
-func (c *chooser) buildUnits() {
-	var gangs map[string]int
-	counts := make([]int, 0, len(c.running))
-	c.units = make([]unit, 0, len(c.running))
-	c.nodeOf = make([]int, len(c.running))
-	lastNode, lastOrd := "", -1
-	for i := range c.running {
-		v := &c.running[i]
-		u := len(counts)
-		if v.Gang != "" {
-			if gu, ok := gangs[v.Gang]; ok {
-				u = gu
-			} else {
-				if gangs == nil {
-					gangs = map[string]int{}
-				}
-				gangs[v.Gang] = u
-			}
-		}
-		if u == len(counts) {
-			counts = append(counts, 0)
-			c.units = append(c.units, unit{eligible: true, cost: cost{jobs: 1, rank: noRank}})
-		}
-		counts[u]++
-		c.unitOf[i] = u
-		un := &c.units[u]
-		un.eligible = un.eligible && c.eligible(v)
-		c.spend(un, v)
-		un.cost.rank = max(un.cost.rank, v.Priority.Rank())
-		for _, d := range v.Devices {
-			un.cost.milli += d.MilliGPUs()
-		}
-		un.cost.lost = max(un.cost.lost, c.lost(v))
-		if !v.Checkpointable {
-			un.cost.noCkpt = 1
-		}
-		// Allocations usually come grouped by node: one lookup per run.
-		if i == 0 || v.NodeID != lastNode {
-			lastNode, lastOrd = v.NodeID, -1
-			if o, ok := c.ordOf[v.NodeID]; ok {
-				lastOrd = o
-			}
-		}
-		c.nodeOf[i] = lastOrd
+func (c *chooser) judgeUnits(f *Fleet, gone []bool) {
+	c.eligible = make([]bool, len(c.units))
+	for u := range c.eligible {
+		c.eligible[u] = !gone[u]
 	}
-	// A unit that alone takes a tenant below its guarantee never goes.
-	for u := range c.units {
-		for _, use := range c.units[u].spend {
-			if use.milli > c.budgets[use.b] {
-				c.units[u].eligible = false
-			}
-		}
-	}
-	flat := make([]int, len(c.running))
-	off := 0
-	for u := range c.units {
-		c.units[u].parts = flat[off : off : off+counts[u]]
-		off += counts[u]
-	}
-	perNode := make([]int, len(c.nodes))
+	// In running order, as the budgets are numbered by first use.
 	for i := range c.running {
 		u := c.unitOf[i]
-		c.units[u].parts = append(c.units[u].parts, i)
-		if o := c.nodeOf[i]; o >= 0 && c.units[u].eligible {
-			perNode[o]++
+		if gone[u] {
+			continue
+		}
+		v := &c.running[i]
+		c.eligible[u] = c.eligible[u] && c.eligibleRank(v, f.rank[i])
+		c.spend(u, v)
+	}
+	// A unit that alone takes a tenant below its guarantee never goes.
+	for u, uses := range c.spends {
+		for _, use := range uses {
+			if use.milli > c.budgets[use.b] {
+				c.eligible[u] = false
+			}
 		}
 	}
-	onNode := make([]int, 0, len(c.running))
+	perNode := make([]int, len(c.nodes))
+	total := 0
+	for i := range c.running {
+		if o := c.nodeOf[i]; o >= 0 && c.eligible[c.unitOf[i]] {
+			perNode[o]++
+			total++
+		}
+	}
+	onNode := make([]int, 0, total)
 	for o, n := range perNode {
 		c.onNode[o] = onNode[len(onNode) : len(onNode) : len(onNode)+n]
 		onNode = onNode[:len(onNode)+n]
 	}
 	// By unit, so a node's list has each unit's parts together.
-	for _, un := range c.units {
-		if !un.eligible {
+	for u, un := range c.units {
+		if !c.eligible[u] {
 			continue
 		}
 		for _, i := range un.parts {
@@ -385,17 +352,18 @@ func (c *chooser) buildUnits() {
 	}
 }
 
-// eligible says whether v may be evicted for the preemptor: a lower class,
-// or another tenant's borrower when the preemptor reclaims its guarantee;
-// never a started job younger than MinRuntime.
-func (c *chooser) eligible(v *Running) bool {
+// eligibleRank says whether v, of priority rank vr, may be evicted for the
+// preemptor: a lower class, or another tenant's borrower when the
+// preemptor reclaims its guarantee; never a started job younger than
+// MinRuntime.
+func (c *chooser) eligibleRank(v *Running, vr int) bool {
 	if !v.StartedAt.IsZero() && c.opt.Now.Sub(v.StartedAt) < c.opt.MinRuntime {
 		return false
 	}
 	if c.opt.Defragment {
 		return v.Gang == ""
 	}
-	vr, pr := v.Priority.Rank(), c.priRank
+	pr := c.priRank
 	own := v.Tenant == c.req.Tenant
 	if vr < pr && (own || v.Borrowing) {
 		return true
@@ -410,9 +378,10 @@ type spendMemo struct {
 	has, ok bool
 }
 
-// spend records what evicting v takes from its tenant's budget, when v is
-// another tenant's work and that tenant has a guarantee in v's pool.
-func (c *chooser) spend(un *unit, v *Running) {
+// spend records what evicting v (of unit u) takes from its tenant's
+// budget, when v is another tenant's work and that tenant has a guarantee
+// in v's pool.
+func (c *chooser) spend(u int, v *Running) {
 	if c.opt.Spare == nil || c.opt.Defragment || v.Tenant == c.req.Tenant {
 		return
 	}
@@ -445,13 +414,25 @@ func (c *chooser) spend(un *unit, v *Running) {
 	for _, d := range v.Devices {
 		m += d.MilliGPUs()
 	}
-	for i := range un.spend {
-		if un.spend[i].b == b {
-			un.spend[i].milli += m
+	if c.spends == nil {
+		c.spends = make([][]budgetUse, len(c.units))
+	}
+	uses := c.spends[u]
+	for i := range uses {
+		if uses[i].b == b {
+			uses[i].milli += m
 			return
 		}
 	}
-	un.spend = append(un.spend, budgetUse{b, m})
+	c.spends[u] = append(uses, budgetUse{b, m})
+}
+
+// spendOf is what evicting unit u takes from the budgets.
+func (c *chooser) spendOf(u int) []budgetUse {
+	if c.spends == nil {
+		return nil
+	}
+	return c.spends[u]
 }
 
 // withinBudgets reports whether evicting units, on top of used (what the
@@ -467,7 +448,7 @@ func (c *chooser) withinBudgets(used, tmp []int64, units func(yield func(int) bo
 		clear(tmp)
 	}
 	for u := range units {
-		for _, use := range c.units[u].spend {
+		for _, use := range c.spendOf(u) {
 			if tmp[use.b] += use.milli; tmp[use.b] > c.budgets[use.b] {
 				return false
 			}
@@ -476,8 +457,8 @@ func (c *chooser) withinBudgets(used, tmp []int64, units func(yield func(int) bo
 	return true
 }
 
-// lost is the progress v loses when stopped now.
-func (c *chooser) lost(v *Running) time.Duration {
+// lost is the progress v loses when stopped at now.
+func lost(v *Running, now time.Time) time.Duration {
 	if v.StartedAt.IsZero() {
 		return 0
 	}
@@ -485,7 +466,7 @@ func (c *chooser) lost(v *Running) time.Duration {
 	if v.LastCheckpoint.After(from) {
 		from = v.LastCheckpoint
 	}
-	return max(0, c.opt.Now.Sub(from))
+	return max(0, now.Sub(from))
 }
 
 // candidates is the node ords that pass the checks FitNode would fail
@@ -646,7 +627,7 @@ func (c *chooser) choose(ords []int, k int) (selection, bool) {
 				continue
 			}
 			s.evicted[u] = true
-			for _, use := range c.units[u].spend {
+			for _, use := range c.spendOf(u) {
 				s.used[use.b] += use.milli
 			}
 			sel.units = append(sel.units, u)

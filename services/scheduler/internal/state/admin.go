@@ -309,6 +309,9 @@ func (s *Store) preempt(now time.Time, preemptors []miss, b *fairshare.Book) []P
 	snap := s.cluster.snapshot(now)
 	g := s.guarantees(b)
 	running := s.victimsOf(g)
+	// Every search of the cycle shares one grouping and pricing of the
+	// running allocations; a decision's victims are removed from it.
+	fleet := preempt.NewFleet(snap, running, now)
 	var out []Preemption
 	var (
 		base    []keptRef // see kept
@@ -329,18 +332,18 @@ func (s *Store) preempt(now time.Time, preemptors []miss, b *fairshare.Book) []P
 		for _, pool := range append(s.reclaimPools(j, b, m.r), "") {
 			pr := preempt.Preemptor{Request: m.r, Priority: j.Request.Priority, Reclaim: pool != ""}
 			pr.Request.Exclude, pr.Request.Reserved = nil, nil // reservations yield to preemption by rank
-			rs := running
+			var skip func(*preempt.Running) bool
 			if pool != "" {
 				pr.Request.Pool = pool
 			} else if kept := s.keptFor(j); kept != nil {
-				rs = slices.DeleteFunc(slices.Clone(running), func(r preempt.Running) bool { return kept[Key(r.Tenant, r.JobID)] })
+				skip = func(r *preempt.Running) bool { return kept[Key(r.Tenant, r.JobID)] }
 			}
-			if choice, ok = preempt.Choose(snap, rs, pr, opt); ok {
+			if choice, ok = fleet.Choose(pr, opt, skip); ok {
 				break
 			}
 		}
 		if !ok || len(choice.Victims) == 0 {
-			s.notePreemptionLater(j, m.r, snap, running, opt) // when it would find room (waitnote.go)
+			s.notePreemptionLater(j, m.r, fleet, opt) // when it would find room (waitnote.go)
 			continue
 		}
 		keys := s.evictVictims(j, choice, move{reason: contracts.ReasonPreempted,
@@ -378,7 +381,7 @@ func (s *Store) preempt(now time.Time, preemptors []miss, b *fairshare.Book) []P
 				holdOn(&snap.Nodes[i], j.Request.Resources.CPUMilli, j.Request.Resources.MemoryMiB, part.Devices)
 			}
 		}
-		running = slices.DeleteFunc(running, func(r preempt.Running) bool {
+		fleet.Remove(func(r *preempt.Running) bool {
 			return slices.ContainsFunc(keys, func(k string) bool { return isKey(k, r.Tenant, r.JobID) })
 		})
 		p := Preemption{Tenant: j.Tenant, JobID: j.ID, Parts: choice.Parts}

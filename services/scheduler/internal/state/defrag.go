@@ -60,6 +60,7 @@ func (s *Store) defragment(now time.Time, misses []miss) {
 	}
 	var snap placement.Snapshot
 	var running []preempt.Running
+	var fleet *preempt.Fleet // every search below shares it: nothing moves until the one decision
 	defragPools := slices.Sorted(maps.Keys(s.defrag))
 	for _, m := range misses {
 		j := m.j
@@ -77,12 +78,13 @@ func (s *Store) defragment(now time.Time, misses []miss) {
 		if running == nil {
 			snap = s.cluster.snapshot(now)
 			running = s.movable(now)
+			fleet = preempt.NewFleet(snap, running, now)
 		}
 		for _, pool := range pools {
 			r := m.r
 			r.Pool, r.Exclude, r.Reserved, r.ExcludeKey = pool, nil, nil, ""
-			choice, ok := preempt.Choose(snap, running, preempt.Preemptor{Request: r, Priority: j.Request.Priority},
-				preempt.Options{Now: now, MinRuntime: s.cfg.MinRuntime, Defragment: true})
+			choice, ok := fleet.Choose(preempt.Preemptor{Request: r, Priority: j.Request.Priority},
+				preempt.Options{Now: now, MinRuntime: s.cfg.MinRuntime, Defragment: true}, nil)
 			if !ok || len(choice.Victims) == 0 || len(choice.Victims) > maxDefragMoves {
 				continue
 			}

@@ -22,19 +22,18 @@ import (
 // plus MinRuntime among the victims it would then choose. The note is
 // shown with j's pending reason from now on (and published at once when
 // new), until a later search says otherwise.
-func (s *Store) notePreemptionLater(j *Job, r placement.Request, snap placement.Snapshot, running []preempt.Running,
-	opt preempt.Options) {
+func (s *Store) notePreemptionLater(j *Job, r placement.Request, fleet *preempt.Fleet, opt preempt.Options) {
 	note := ""
 	if s.cfg.MinRuntime > 0 {
 		o := opt
 		o.MinRuntime = 0
 		pr := preempt.Preemptor{Request: r, Priority: j.Request.Priority}
 		pr.Request.Exclude, pr.Request.Reserved = nil, nil
-		rs := running
+		var skip func(*preempt.Running) bool
 		if kept := s.keptFor(j); kept != nil {
-			rs = slices.DeleteFunc(slices.Clone(running), func(v preempt.Running) bool { return kept[Key(v.Tenant, v.JobID)] })
+			skip = func(v *preempt.Running) bool { return kept[Key(v.Tenant, v.JobID)] }
 		}
-		if choice, ok := preempt.Choose(snap, rs, pr, o); ok && len(choice.Victims) > 0 {
+		if choice, ok := fleet.Choose(pr, o, skip); ok && len(choice.Victims) > 0 {
 			var when time.Time
 			var keys []string
 			for _, v := range choice.Victims {
