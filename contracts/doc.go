@@ -36,7 +36,8 @@
 //
 // Every message body is JSON with a schemaVersion field. Every message
 // carries the CloudEvents NATS binding as headers (ce-specversion, ce-type,
-// ce-source, ce-id, ce-time, ce-subject, content-type) and a Nats-Msg-Id
+// ce-source, ce-id, ce-subject; no ce-time, the stream's timestamp is the
+// time, and no content-type, every body is JSON) and a Nats-Msg-Id
 // equal to ce-id, which JetStream uses to drop duplicate publishes. Event IDs
 // are derived from what happened (job, attempt, kind), never random, so a
 // handler that runs twice publishes the same ID twice and the stream keeps one.

@@ -8,10 +8,10 @@ const (
 	HeaderCEType        = "ce-type"
 	HeaderCESource      = "ce-source"
 	HeaderCEID          = "ce-id"
-	HeaderCETime        = "ce-time"
+	HeaderCETime        = "ce-time" // not sent by libs/bus: the stream's timestamp is the time
 	HeaderCESubject     = "ce-subject"
 	HeaderCEDataSchema  = "ce-dataschema"
-	HeaderContentType   = "content-type"
+	HeaderContentType   = "content-type" // not sent by libs/bus: every body is JSON
 	// HeaderMsgID is JetStream's de-duplication header; always equal to ce-id.
 	HeaderMsgID = "Nats-Msg-Id"
 

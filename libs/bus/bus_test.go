@@ -80,12 +80,14 @@ func TestPublishSetsEnvelopeAndDeduplicates(t *testing.T) {
 		contracts.HeaderCESource:      "/gpuplane/test",
 		contracts.HeaderCEID:          "id-1",
 		contracts.HeaderCESubject:     "j1",
-		contracts.HeaderContentType:   "application/json",
 		contracts.HeaderMsgID:         "id-1",
 	} {
 		if h.Get(k) != want {
 			t.Errorf("header %s = %q, want %q", k, h.Get(k), want)
 		}
+	}
+	if v, ok := h[contracts.HeaderContentType]; ok {
+		t.Errorf("header %s = %q, want none (every body is JSON)", contracts.HeaderContentType, v)
 	}
 }
 
