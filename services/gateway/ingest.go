@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -222,7 +223,7 @@ func (in *ingester) applyJobEvent(ctx context.Context, m *bus.Msg) error {
 		defer in.tail.add(m.Subject, m.StreamSeq, e, perr)
 	}
 	// The subject names the job; the body must agree with it.
-	tenant, job := contracts.Token(m.Subject, 3), contracts.Token(m.Subject, 4)
+	tenant, job := jobEventSubject(m.Subject)
 	if contracts.ValidateTenant(tenant) != nil || contracts.ValidateID(job) != nil {
 		log().Warn("skipping job event on a malformed subject")
 		return nil
@@ -289,4 +290,20 @@ func (in *ingester) tellLoaded(s *modelSnap) {
 			in.loadedOps(ev)
 		}
 	}
+}
+
+// jobEventSubject returns the tenant and job tokens of a job event
+// subject (gp.jobs.events.<tenant>.<job>: contracts.Token 3 and 4)
+// without splitting it into a slice for every event.
+func jobEventSubject(subject string) (tenant, job string) {
+	tenant, plain := subjectTenant(subject)
+	if tenant == "" {
+		return "", ""
+	}
+	rest := subject[strings.LastIndexByte(subject, '.')+1:]
+	if !plain {
+		// More or fewer than five tokens: Token's answer for the fifth.
+		return tenant, contracts.Token(subject, 4)
+	}
+	return tenant, rest
 }

@@ -37,6 +37,10 @@ const queuesWriteTimeout = 30 * time.Second
 type queuesHub struct {
 	mu   sync.Mutex
 	wake chan struct{} // closed at the next change
+	// waited says some stream took wake (next) since it was made: a
+	// change nobody waits for closes and makes nothing (every job event
+	// of a burst is one, issue 17).
+	waited bool
 	// quotas is the quotas bucket as the hub's watch last read it;
 	// ready once the watch has read every current value.
 	quotas map[string]contracts.TenantQuota
@@ -51,14 +55,18 @@ func newQueuesHub() *queuesHub {
 func (h *queuesHub) changed() {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if !h.waited {
+		return // nobody holds wake: it stands for the next change still
+	}
 	close(h.wake)
-	h.wake = make(chan struct{})
+	h.wake, h.waited = make(chan struct{}), false
 }
 
 // next returns a channel closed at the next change.
 func (h *queuesHub) next() <-chan struct{} {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.waited = true
 	return h.wake
 }
 
