@@ -106,9 +106,14 @@ func (s *server) write(ctx context.Context, e contracts.LedgerEntry, check func(
 	ctx, span := telemetry.StartJobSpan(ctx, s.bus.Tracer(), "ledger "+string(e.Kind)+" "+e.Allocation.JobID, e.Allocation.TraceParent,
 		telemetry.AllocAttrs(e.Allocation.Tenant, e.Allocation.JobID, node, e.Allocation.Attempt)...)
 	defer span.End()
-	unlock := s.lockNode(node)
+	unlock := s.lockNode(node, e.Kind == contracts.LedgerCommitted)
 	defer unlock()
-	log := s.log.With("node_id", node, "alloc_id", e.Allocation.ID, "kind", string(e.Kind))
+	// Built only when something is logged: a steady load writes two
+	// entries a job, and With formatted its attributes for every one.
+	log := func() *slog.Logger {
+		return s.log.With("node_id", node, "alloc_id", e.Allocation.ID, "kind", string(e.Kind))
+	}
+	debug := s.log.Enabled(ctx, slog.LevelDebug)
 	id := contracts.LedgerEntryID(e.Kind, e.Allocation.ID)
 	subject := contracts.SubjectLedger(node)
 	stored := false // some attempt found this entry ID already stored
@@ -137,14 +142,16 @@ func (s *server) write(ctx context.Context, e contracts.LedgerEntry, check func(
 			// past its lease finds it over here when it thaws. What
 			// slips between this check and the publish meets the
 			// compare-and-set.
-			log.Warn("ledger write refused: lease term over", "expected_seq", last)
+			log().Warn("ledger write refused: lease term over", "expected_seq", last)
 			return v, false, errDeposed
 		}
 		ack, err := s.bus.Publish(ctx, subject, id, e, bus.ExpectLastSubjectSeq(last), bus.CESubject(e.Allocation.ID))
 		switch {
 		case errors.Is(err, bus.ErrWrongLastSequence):
 			// Another writer got there first: read what it wrote, check again.
-			log.Debug("ledger compare-and-set conflict", "expected_seq", last, "attempt", attempt)
+			if debug {
+				log().Debug("ledger compare-and-set conflict", "expected_seq", last, "attempt", attempt)
+			}
 			if err := s.catchUp(ctx, node); err != nil {
 				return v, false, err
 			}
@@ -154,7 +161,9 @@ func (s *server) write(ctx context.Context, e contracts.LedgerEntry, check func(
 			// This very entry ID is stored already (a redelivered plan
 			// after a crash, or a replica with the same idea), perhaps on
 			// another node's subject: read it in, then check again.
-			log.Debug("ledger entry already stored", "stream_seq", ack.Sequence)
+			if debug {
+				log().Debug("ledger entry already stored", "stream_seq", ack.Sequence)
+			}
 			stored = true
 			if err := s.catchUpStored(ctx, ack.Sequence, node); err != nil {
 				return v, false, err
@@ -163,8 +172,10 @@ func (s *server) write(ctx context.Context, e contracts.LedgerEntry, check func(
 			if e.Kind == contracts.LedgerCommitted {
 				s.failpoint(FailAfterCommit)
 			}
-			s.apply(func() *slog.Logger { return log }, e, ack.Sequence)
-			log.Debug("ledger entry written", "stream_seq", ack.Sequence)
+			s.apply(log, e, ack.Sequence)
+			if debug {
+				log().Debug("ledger entry written", "stream_seq", ack.Sequence)
+			}
 			return v, true, nil
 		}
 	}

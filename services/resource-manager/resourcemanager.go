@@ -139,7 +139,7 @@ type server struct {
 	mu        sync.Mutex
 	led       *ledger.Ledger
 	started   map[string]time.Time // live allocation ID -> its run's start
-	nodeLocks map[string]*sync.Mutex
+	nodeLocks map[string]*nodeLock
 	// refused holds the RefusalIDs in ALLOCATIONS (hashed: they grow with
 	// history): a plan item refused once stays refused when the plan is
 	// redelivered.
@@ -177,7 +177,7 @@ func newServer(cfg Config, b *bus.Bus, log *slog.Logger) *server {
 		nodesSeq:  map[string]uint64{},
 		led:       ledger.New(),
 		started:   map[string]time.Time{},
-		nodeLocks: map[string]*sync.Mutex{},
+		nodeLocks: map[string]*nodeLock{},
 		refused:   map[refusalHash]struct{}{},
 		epochs:    map[string]uint64{},
 		refeed:    make(chan struct{}, 1),
@@ -187,17 +187,18 @@ func newServer(cfg Config, b *bus.Bus, log *slog.Logger) *server {
 	}
 }
 
-// lockNode takes the node's writer lock and returns its unlock.
-func (s *server) lockNode(node string) func() {
+// lockNode takes the node's writer lock and returns its unlock; urgent (a
+// commit) goes before the releases waiting for it (nodelock.go).
+func (s *server) lockNode(node string, urgent bool) func() {
 	s.mu.Lock()
 	l, ok := s.nodeLocks[node]
 	if !ok {
-		l = &sync.Mutex{}
+		l = newNodeLock()
 		s.nodeLocks[node] = l
 	}
 	s.mu.Unlock()
-	l.Lock()
-	return l.Unlock
+	l.lock(urgent)
+	return l.unlock
 }
 
 // run rebuilds, then runs the follows, the liveness loop and the plan
