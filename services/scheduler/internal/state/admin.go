@@ -728,12 +728,19 @@ func (s *Store) committed() []allocRef {
 		return s.cycleRefs
 	}
 	refs := make([]allocRef, 0, len(s.cluster.allocs))
-	var key []byte // Key's bytes: a look-up by string(key) allocates nothing
-	for _, a := range s.cluster.allocs {
+	var key []byte    // Key's bytes: a look-up by string(key) allocates nothing
+	if s.exhaustive { // the reference sorts afresh
+		for _, a := range s.cluster.allocs {
+			key = append(append(append(key[:0], a.Tenant...), '/'), a.JobID...)
+			refs = append(refs, allocRef{a, s.jobs[string(key)]})
+		}
+		slices.SortFunc(refs, func(x, y allocRef) int { return strings.Compare(x.a.ID, y.a.ID) })
+		return refs
+	}
+	for _, a := range s.cluster.order.sorted(s.cluster.allocs) {
 		key = append(append(append(key[:0], a.Tenant...), '/'), a.JobID...)
 		refs = append(refs, allocRef{a, s.jobs[string(key)]})
 	}
-	slices.SortFunc(refs, func(x, y allocRef) int { return strings.Compare(x.a.ID, y.a.ID) })
 	return refs
 }
 

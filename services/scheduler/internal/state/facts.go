@@ -30,6 +30,8 @@ type cluster struct {
 	// claims are devices held for preemptors (by job key) until they
 	// commit or give up: what their victims free goes to them alone.
 	claims map[string]*claim
+	// order keeps allocs in ID order across cycles (committed()).
+	order allocOrder
 	// noSnapCache has every snapshot built afresh (the exhaustive
 	// reference's cycles; nodeSnapshot).
 	noSnapCache bool
@@ -137,7 +139,11 @@ func (c *cluster) forget(id, planID string) bool {
 // suspect node (which may let waiting jobs fit again).
 func (c *cluster) commit(a contracts.Allocation) bool {
 	c.forget(a.ID, "")
+	if old, ok := c.allocs[a.ID]; ok {
+		c.order.remove(old, len(c.allocs))
+	}
 	c.allocs[a.ID] = &a
+	c.order.add(&a, len(c.allocs))
 	n := c.node(a.NodeID)
 	n.held[a.ID] = &a
 	return n.clear()
@@ -147,6 +153,7 @@ func (c *cluster) release(a contracts.Allocation) {
 	c.forget(a.ID, "")
 	if held, ok := c.allocs[a.ID]; ok {
 		a = *held
+		c.order.remove(held, len(c.allocs))
 	}
 	delete(c.allocs, a.ID)
 	n := c.node(a.NodeID)
