@@ -76,6 +76,12 @@ type Bus struct {
 	name   string
 	log    *slog.Logger
 	tracer trace.Tracer
+	// traced is false when the tracer provider is the no-op one (no
+	// OTLP endpoint): the span of each publish and delivery is then
+	// started with no name or attributes, which such a span drops
+	// anyway. It still carries the publisher's trace context, so
+	// propagation is unchanged.
+	traced bool
 	prop   propagation.TextMapPropagator
 	opts   contracts.StreamOptions
 	mode   ProvisionMode
@@ -204,6 +210,8 @@ func Connect(ctx context.Context, cfg Config) (*Bus, error) {
 	}
 	b.nc, b.js, b.name, b.log = nc, js, cfg.Name, log
 	b.tracer = cfg.TracerProvider.Tracer("github.com/gpuplane/gpuplane/libs/bus")
+	_, untraced := cfg.TracerProvider.(noop.TracerProvider)
+	b.traced = !untraced
 	b.prop = propagation.TraceContext{}
 	b.nakOncePrefix = os.Getenv(EnvNakOnce)
 	b.opts, b.mode = cfg.Streams, cfg.Provision

@@ -152,14 +152,14 @@ func (b *Bus) prepare(ctx context.Context, subject, id string, data []byte, opts
 	if id == "" {
 		return nil, fmt.Errorf("bus: publish to %s: empty message ID", subject)
 	}
-	ctx, span := b.tracer.Start(ctx, "publish "+subject,
-		trace.WithSpanKind(trace.SpanKindProducer),
-		trace.WithAttributes(
-			attribute.String("messaging.system", "nats"),
-			attribute.String("messaging.destination.name", subject),
-			attribute.String("messaging.message.id", id),
-			attribute.String("cloudevents.event_type", o.ceType),
-		), trace.WithAttributes(telemetry.Attrs(ctx)...))
+	var span trace.Span
+	if !b.traced {
+		// A no-op span: it carries ctx's trace context into the headers
+		// and drops a name and attributes (startProcess).
+		ctx, span = b.tracer.Start(ctx, "")
+	} else {
+		ctx, span = b.startPublish(ctx, subject, id, o.ceType)
+	}
 
 	// Room for every header a publish sets, so the map is made once.
 	msg := &nats.Msg{Subject: subject, Data: data, Header: make(nats.Header, maxHeaders)}
@@ -185,6 +185,19 @@ func (b *Bus) prepare(ctx context.Context, subject, id string, data []byte, opts
 		popts = append(popts, jetstream.WithExpectLastSequence(*o.expectLastSeq))
 	}
 	return &outgoing{b: b, subject: subject, msg: msg, popts: popts, noRetry: o.noRetry, span: span}, nil
+}
+
+// startPublish starts the span of a publish, with the job attributes of
+// ctx (telemetry.WithAttrs) so that Jaeger's tag search finds it.
+func (b *Bus) startPublish(ctx context.Context, subject, id, ceType string) (context.Context, trace.Span) {
+	return b.tracer.Start(ctx, "publish "+subject,
+		trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(
+			attribute.String("messaging.system", "nats"),
+			attribute.String("messaging.destination.name", subject),
+			attribute.String("messaging.message.id", id),
+			attribute.String("cloudevents.event_type", ceType),
+		), trace.WithAttributes(telemetry.Attrs(ctx)...))
 }
 
 // send publishes the message and waits for its ack, retrying transient
@@ -233,6 +246,9 @@ func (out *outgoing) failed(err error) error {
 }
 
 func (out *outgoing) acked(ack *jetstream.PubAck) {
+	if !out.span.IsRecording() {
+		return
+	}
 	out.span.SetAttributes(attribute.String("messaging.nats.stream", ack.Stream),
 		attribute.String("messaging.nats.sequence", strconv.FormatUint(ack.Sequence, 10)),
 		attribute.Bool("messaging.nats.duplicate", ack.Duplicate))
