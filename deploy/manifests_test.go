@@ -223,6 +223,14 @@ func checkWorkloads(t *testing.T, r *rendered, production bool) map[string]bool 
 				}
 			}
 			checkSecurity(t, cid, w.name == "node-agent", spec.SecurityContext, c.SecurityContext)
+			// A Go service's soft memory limit is gctune's: 3/4 of the
+			// cgroup's. GOMEMLIMIT at the container's limit would let a heap
+			// at GOGC=300 grow to the kill limit itself.
+			for _, e := range c.Env {
+				if e.Name == "GOMEMLIMIT" && e.ValueFrom != nil && e.ValueFrom.ResourceFieldRef != nil {
+					t.Errorf("%s: GOMEMLIMIT from %s sets the collector's soft limit at the container's kill limit; leave it to gctune (3/4 of the cgroup's)", cid, e.ValueFrom.ResourceFieldRef.Resource)
+				}
+			}
 			checkReferences(t, cid, w, c)
 		}
 		if w.replicas > 1 {

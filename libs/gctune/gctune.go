@@ -99,18 +99,24 @@ func parseMemInfoKB(v string) uint64 {
 	return kb * 1024
 }
 
-// cgroupMemoryLimit is the cgroup v2 memory.max of this process's
-// cgroup in bytes, 0 when there is none ("max") or it cannot be read.
+// cgroupMemoryLimit is this process's cgroup memory limit in bytes: v2's
+// memory.max, else v1's memory.limit_in_bytes (a Kubernetes node may run
+// either); 0 when there is none ("max") or neither can be read. v1 says
+// "no limit" with a huge number, which memoryAvailable's comparison with
+// the machine's memory discards.
 func cgroupMemoryLimit() uint64 {
-	b, err := os.ReadFile("/sys/fs/cgroup/memory.max")
-	if err != nil {
-		return 0
+	for _, f := range []string{"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"} {
+		if b, err := os.ReadFile(f); err == nil {
+			if n := parseCgroupMax(b); n > 0 {
+				return n
+			}
+		}
 	}
-	return parseCgroupMax(b)
+	return 0
 }
 
-// parseCgroupMax reads a cgroup v2 memory.max file: a byte count, or
-// "max" for none (0).
+// parseCgroupMax reads a cgroup v2 memory.max file (a byte count, or
+// "max" for none: 0) or a v1 memory.limit_in_bytes file (a byte count).
 func parseCgroupMax(b []byte) uint64 {
 	n, err := strconv.ParseUint(string(bytes.TrimSpace(b)), 10, 64)
 	if err != nil {
