@@ -468,12 +468,17 @@ func (b *Bus) startProcess(ctx context.Context, spec ConsumerSpec, m *Msg) (cont
 // message (issue 13, finding 6); on R3 every ack also waited for its
 // replication.
 func (b *Bus) settle(ctx context.Context, spec ConsumerSpec, raw jetstream.Msg, m *Msg, span trace.Span, err error) {
-	log := b.log.With("subject", m.Subject, "stream_seq", m.StreamSeq, "consumer", spec.Durable)
+	// The message's logger is built only when it logs: slog's With
+	// formats its attributes at once, and a handled message (nearly
+	// every one) logs nothing; it was 1.3 % of a burst's CPU (issue 17).
+	log := func() *slog.Logger {
+		return b.log.With("subject", m.Subject, "stream_seq", m.StreamSeq, "consumer", spec.Durable)
+	}
 	switch {
 	case err == nil:
 		if aerr := raw.Ack(); aerr != nil && ctx.Err() == nil {
 			// The work is done and idempotent: a redelivery is harmless.
-			log.Warn("ack failed; message may be redelivered", "err", aerr)
+			log().Warn("ack failed; message may be redelivered", "err", aerr)
 		}
 		return
 	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
@@ -488,10 +493,10 @@ func (b *Bus) settle(ctx context.Context, spec ConsumerSpec, raw jetstream.Msg, 
 		if !IsPermanent(err) {
 			reason = fmt.Sprintf("gave up after %d deliveries: %v", m.NumDelivered, err)
 		}
-		log.Warn("dead-lettering message", "err", err, "delivered", m.NumDelivered)
+		log().Warn("dead-lettering message", "err", err, "delivered", m.NumDelivered)
 		if derr := b.deadLetter(ctx, spec, m, reason); derr != nil {
 			// Could not park it: keep it in the stream rather than lose it.
-			log.Error("dead-letter publish failed; will retry", "err", derr)
+			log().Error("dead-letter publish failed; will retry", "err", derr)
 			_ = raw.NakWithDelay(backoff(spec.Backoff, m.NumDelivered))
 			return
 		}
@@ -502,7 +507,7 @@ func (b *Bus) settle(ctx context.Context, spec ConsumerSpec, raw jetstream.Msg, 
 	if ra, ok := errors.AsType[*RetryAfterError](err); ok {
 		d = ra.Delay
 	}
-	log.Info("handler failed; will retry", "err", err, "delivered", m.NumDelivered, "delay", d)
+	log().Info("handler failed; will retry", "err", err, "delivered", m.NumDelivered, "delay", d)
 	_ = raw.NakWithDelay(d)
 }
 
