@@ -16,7 +16,11 @@ import (
 // releases, asks between them or not, and bursts past the bound that make
 // it sort afresh.
 func TestAllocOrderIsTheSortedMap(t *testing.T) {
-	for seed := range uint64(20) {
+	seeds := uint64(20)
+	if testing.Short() || raceEnabled {
+		seeds = 5
+	}
+	for seed := range seeds {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 7))
 			c := newCluster()
