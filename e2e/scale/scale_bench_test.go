@@ -60,6 +60,7 @@ import (
 //	GPUPLANE_SCALE_TRACE           pod list CSV (the shared trace; a Pareto law when absent)
 //	GPUPLANE_SCALE_DRAIN           time after the last submit before the end figures (15s)
 //	GPUPLANE_SCALE_KEEP=1          keep the processes' logs and the store
+//	GPUPLANE_SCALE_PPROF=1         a 30 s CPU profile of the scheduler near the last submit (largest queue), saved as scheduler-cpu.pprof in the kept directory
 //	GPUPLANE_SCALE_BIN=DIR         the service binaries, built already (go build -o DIR/ ./services/...)
 //
 // The full size: GPUPLANE_SCALE_MACHINES=10000 GPUPLANE_SCALE_JOBS=1000000.
@@ -129,8 +130,13 @@ func runScale(b *testing.B, cfg scaleConfig) {
 		return []string{"GPUPLANE_NATS_URL=" + srv.url, "GPUPLANE_NATS_CREDS=" + creds(name, role),
 			"GPUPLANE_LOG_LEVEL=" + level, "GPUPLANE_OTLP_ENDPOINT=", "GPUPLANE_STREAM_REPLICAS=1"}
 	}
+	prof := newSchedProfile(b, dir)
 	start := func(name string, role contracts.BusRole, level string, args ...string) *proc {
-		p := startProc(b, dir, name, filepath.Join(bin, name), args, env(name, role, level))
+		e := env(name, role, level)
+		if name == "scheduler" {
+			e = append(e, prof.env()...)
+		}
+		p := startProc(b, dir, name, filepath.Join(bin, name), args, e)
 		procs = append(procs, p)
 		return p
 	}
@@ -240,6 +246,11 @@ func runScale(b *testing.B, cfg scaleConfig) {
 	began := time.Now()
 	submit(b, ctx, js, w, tr, cfg.rate, every, func(n int) {
 		sample(fmt.Sprintf("%d jobs", n))
+		// The queue grows to the end of the submits: the profile's 30 s
+		// end near the last one (earlier in a run shorter than that).
+		if float64(cfg.jobs-n)/cfg.rate <= 40 {
+			prof.start(b, 30)
+		}
 		for _, p := range procs {
 			if p.exited() {
 				b.Fatalf("%s exited during the run:\n%s", p.name, p.tail(30))
@@ -248,6 +259,7 @@ func runScale(b *testing.B, cfg scaleConfig) {
 	})
 	submitted := time.Since(began)
 	time.Sleep(cfg.drain)
+	prof.wait()
 	elapsed := time.Since(began)
 	b.StopTimer()
 	close(stopSampler)

@@ -122,7 +122,8 @@ func (r *Runtime) Close() {
 }
 
 // Main is the body of a thin main: it builds the logger from
-// GPUPLANE_LOG_LEVEL and GPUPLANE_LOG_FORMAT, runs run until SIGINT or
+// GPUPLANE_LOG_LEVEL and GPUPLANE_LOG_FORMAT, starts the profiling
+// listener when GPUPLANE_PPROF_ADDR asks for one, runs run until SIGINT or
 // SIGTERM, and exits non-zero on error.
 func Main(name string, run func(ctx context.Context, log *slog.Logger) error) {
 	log, err := telemetry.NewLogger(os.Stderr, telemetry.LogConfig{
@@ -133,6 +134,11 @@ func Main(name string, run func(ctx context.Context, log *slog.Logger) error) {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// GPUPLANE_PPROF_ADDR: opt-in profiling of a running service (pprof.go).
+	if err := startPprofFromEnv(ctx, log.With("service", name)); err != nil {
+		log.Error("exit", "service", name, "err", err)
+		os.Exit(2)
+	}
 	if err := run(ctx, log); err != nil && !errors.Is(err, context.Canceled) {
 		log.Error("exit", "service", name, "err", err)
 		stop()
