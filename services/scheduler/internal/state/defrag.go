@@ -1,6 +1,7 @@
 package state
 
 import (
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -62,6 +63,14 @@ func (s *Store) defragment(now time.Time, misses []miss) {
 	var running []preempt.Running
 	var fleet *preempt.Fleet // every search below shares it: nothing moves until the one decision
 	defragPools := slices.Sorted(maps.Keys(s.defrag))
+	// searched keeps, per search asked (defragAsk), what the search and
+	// the refit check found: nothing moves until the one decision, so a
+	// blocked job asking what an earlier one asked gets the same answer.
+	// Thousands of jobs wait behind a few request shapes while a pool is
+	// fragmented, and each search walks the whole fleet. Only what is
+	// worth it (the job's own wait) is judged per job. The exhaustive
+	// reference searches every job afresh.
+	searched := map[string]defragFound{}
 	for _, m := range misses {
 		j := m.j
 		if j.State != contracts.StateQueued || len(j.parts) > 0 || len(j.victims) > 0 || j.Request == nil ||
@@ -75,26 +84,28 @@ func (s *Store) defragment(now time.Time, misses []miss) {
 			}
 			pools = []string{m.r.Pool}
 		}
+		askBase, memo := defragAsk(m.r, j.Request.Priority, usageOf(j.Request).MilliGPU)
+		memo = memo && !s.exhaustive
 		if running == nil {
 			snap = s.cluster.snapshot(now)
 			running = s.movable(now)
 			fleet = preempt.NewFleet(snap, running, now)
 		}
 		for _, pool := range pools {
-			r := m.r
-			r.Pool, r.Exclude, r.Reserved, r.ExcludeKey = pool, nil, nil, ""
-			choice, ok := fleet.Choose(preempt.Preemptor{Request: r, Priority: j.Request.Priority},
-				preempt.Options{Now: now, MinRuntime: s.cfg.MinRuntime, Defragment: true}, nil)
-			if !ok || len(choice.Victims) == 0 || len(choice.Victims) > maxDefragMoves {
+			found, ok := searched[askBase+pool]
+			if !ok || !memo {
+				r := m.r
+				r.Pool, r.Exclude, r.Reserved, r.ExcludeKey = pool, nil, nil, ""
+				found = s.defragSearch(fleet, snap, r, j.Request.Priority, now)
+				s.defragSearches++
+				if memo {
+					searched[askBase+pool] = found
+				}
+			}
+			if !found.ok {
 				continue
 			}
-			freed := map[string]bool{}
-			for _, p := range choice.Parts {
-				freed[p.NodeID] = true
-			}
-			if !s.refits(snap, choice.Victims, freed) {
-				continue
-			}
+			choice, freed := found.choice, found.freed
 			lost, gain := moveCost(now, choice.Victims), gpuSeconds(j.Request.Resources.GPU.MilliGPUs(), now.Sub(j.queuedAt))
 			if lost > gain {
 				s.log.Debug("defragmentation not worth it", "tenant", j.Tenant, "job_id", j.ID, "lost_gpu_s", lost, "gain_gpu_s", gain)
@@ -104,6 +115,60 @@ func (s *Store) defragment(now time.Time, misses []miss) {
 			return
 		}
 	}
+}
+
+// defragFound is a defragment search's answer for one blocked request in
+// one pool: ok when its victims are few enough and all fit elsewhere.
+type defragFound struct {
+	ok     bool
+	choice preempt.Choice
+	freed  map[string]bool
+}
+
+// defragSearch finds the victims whose move would let r start in its pool
+// (r.Pool), and whether they all fit elsewhere, off the nodes they free.
+func (s *Store) defragSearch(fleet *preempt.Fleet, snap placement.Snapshot, r placement.Request, prio contracts.Priority, now time.Time) defragFound {
+	choice, ok := fleet.Choose(preempt.Preemptor{Request: r, Priority: prio},
+		preempt.Options{Now: now, MinRuntime: s.cfg.MinRuntime, Defragment: true}, nil)
+	if !ok || len(choice.Victims) == 0 || len(choice.Victims) > maxDefragMoves {
+		return defragFound{}
+	}
+	freed := map[string]bool{}
+	for _, p := range choice.Parts {
+		freed[p.NodeID] = true
+	}
+	if !s.refits(snap, choice.Victims, freed) {
+		return defragFound{}
+	}
+	return defragFound{ok: true, choice: choice, freed: freed}
+}
+
+// defragAsk names everything a defragment search reads of a blocked
+// job's request (preempt.Choose, with the pool appended by the caller):
+// its tenant (whose quota AllowPool asks), priority, GPUs, host CPU
+// and memory, selector and tolerations, and the need (milli-GPUs) its
+// AllowPool asks the quota about. The message fields
+// (Ahead, Extra) and Prefer are not read by a search; a request with a
+// runtime check (PoolRuns, a closure over the job's run) is not named
+// (false): it is searched on its own.
+func defragAsk(r placement.Request, prio contracts.Priority, need int64) (string, bool) {
+	if r.PoolRuns != nil {
+		return "", false
+	}
+	b, err := json.Marshal(struct {
+		Tenant      string
+		Priority    contracts.Priority
+		GPU         contracts.GPURequest
+		CPU, Mem    int64
+		Need        int64
+		Quota       bool
+		Selector    map[string]string
+		Tolerations []contracts.Toleration
+	}{r.Tenant, prio, r.GPU, r.CPUMilli, r.MemoryMiB, need, r.AllowPool != nil, r.Selector, r.Tolerations})
+	if err != nil {
+		return "", false
+	}
+	return string(b) + "\x00", true
 }
 
 // movable lists the single-machine jobs a consolidation may move: not

@@ -297,6 +297,9 @@ type Store struct {
 	// exhaustive has cycles place without the placer's failure memos
 	// (the tests' reference for them).
 	exhaustive bool
+	// defragSearches counts defragment's victim searches (tests: the
+	// searches shared among blocked jobs that ask the same).
+	defragSearches int
 }
 
 // New returns an empty store.
