@@ -44,6 +44,9 @@ func (p *schedProfile) start(b *testing.B, secs int) {
 		return
 	}
 	p.done = make(chan struct{})
+	// Also on a b.Fatal before the benchmark's own wait: the
+	// goroutine's b.Logf must not outlive the benchmark.
+	b.Cleanup(p.wait)
 	go func() {
 		defer close(p.done)
 		path := filepath.Join(p.dir, "scheduler-cpu.pprof")

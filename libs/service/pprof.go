@@ -7,8 +7,12 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"os"
+	"runtime"
+	"runtime/pprof"
+	"runtime/trace"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -22,31 +26,24 @@ const PprofAddrEnv = "GPUPLANE_PPROF_ADDR"
 // itself can reach them.
 const PprofAllowRemoteEnv = "GPUPLANE_PPROF_ALLOW_REMOTE"
 
-// StartPprof serves net/http/pprof's handlers (CPU and heap profiles,
-// goroutines, traces) on addr until ctx ends, and returns the address it
-// listens on. addr must be a loopback address unless allowRemote.
+// StartPprof serves profiles (CPU, heap and every other runtime/pprof
+// profile, execution traces) at the paths net/http/pprof uses, so `go tool
+// pprof http://addr/debug/pprof/profile` works, on addr until ctx ends,
+// and returns the address it listens on. addr must be a loopback IP
+// unless allowRemote.
 func StartPprof(ctx context.Context, addr string, allowRemote bool, log *slog.Logger) (string, error) {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return "", fmt.Errorf("pprof address %q: %w", addr, err)
 	}
 	if !allowRemote && !isLoopback(host) {
-		return "", fmt.Errorf("pprof address %q is not loopback (set %s=1 to allow it)", addr, PprofAllowRemoteEnv)
+		return "", fmt.Errorf("pprof address %q is not a loopback IP such as 127.0.0.1 (set %s=1 to allow it)", addr, PprofAllowRemoteEnv)
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return "", fmt.Errorf("pprof listen: %w", err)
 	}
-	// Its own mux: nothing else a service registers on
-	// http.DefaultServeMux is exposed, and the handlers are not
-	// registered on it either.
-	mux := http.NewServeMux()
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	srv := &http.Server{Handler: pprofHandler(), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Warn("pprof listener stopped", "err", err)
@@ -62,14 +59,88 @@ func StartPprof(ctx context.Context, addr string, allowRemote bool, log *slog.Lo
 	return ln.Addr().String(), nil
 }
 
-// isLoopback says whether host (an IP or a name) is this machine only.
-// A name other than localhost is refused: it could resolve elsewhere.
+// isLoopback says whether host is a loopback IP. Names, localhost
+// included, are refused: what they resolve to is the resolver's choice.
 func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// pprofHandler serves runtime/pprof's profiles on a mux of its own.
+// net/http/pprof is not imported: its init registers its handlers on
+// http.DefaultServeMux, which would expose them, unauthenticated, on any
+// server of the process that uses the default mux, listener or not.
+func pprofHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /debug/pprof/{$}", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintln(w, "profile?seconds=N (CPU), trace?seconds=N, cmdline, and:")
+		for _, p := range pprof.Profiles() {
+			fmt.Fprintf(w, "%s (%d)\n", p.Name(), p.Count())
+		}
+	})
+	mux.HandleFunc("GET /debug/pprof/cmdline", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprint(w, strings.Join(os.Args, "\x00"))
+	})
+	mux.HandleFunc("GET /debug/pprof/profile", func(w http.ResponseWriter, r *http.Request) {
+		d := pprofSeconds(r, 30*time.Second)
+		w.Header().Set("Content-Type", "application/octet-stream")
+		if err := pprof.StartCPUProfile(w); err != nil {
+			// Another CPU profile is running: one at a time per process.
+			http.Error(w, "cpu profile: "+err.Error(), http.StatusConflict)
+			return
+		}
+		sleepOrDone(r.Context(), d)
+		pprof.StopCPUProfile()
+	})
+	mux.HandleFunc("GET /debug/pprof/trace", func(w http.ResponseWriter, r *http.Request) {
+		d := pprofSeconds(r, time.Second)
+		w.Header().Set("Content-Type", "application/octet-stream")
+		if err := trace.Start(w); err != nil {
+			http.Error(w, "trace: "+err.Error(), http.StatusConflict)
+			return
+		}
+		sleepOrDone(r.Context(), d)
+		trace.Stop()
+	})
+	mux.HandleFunc("GET /debug/pprof/{name}", func(w http.ResponseWriter, r *http.Request) {
+		p := pprof.Lookup(r.PathValue("name"))
+		if p == nil {
+			http.Error(w, "unknown profile "+strconv.Quote(r.PathValue("name")), http.StatusNotFound)
+			return
+		}
+		debug, _ := strconv.Atoi(r.URL.Query().Get("debug"))
+		if debug > 0 {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		} else {
+			w.Header().Set("Content-Type", "application/octet-stream")
+		}
+		if r.URL.Query().Get("gc") == "1" {
+			runtime.GC()
+		}
+		_ = p.WriteTo(w, debug)
+	})
+	return mux
+}
+
+// pprofSeconds is the request's ?seconds=, def when absent or invalid,
+// at most ten minutes.
+func pprofSeconds(r *http.Request, def time.Duration) time.Duration {
+	n, err := strconv.Atoi(r.URL.Query().Get("seconds"))
+	if err != nil || n <= 0 {
+		return def
+	}
+	return min(time.Duration(n)*time.Second, 10*time.Minute)
+}
+
+func sleepOrDone(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
 }
 
 // startPprofFromEnv starts the listener when PprofAddrEnv is set.
