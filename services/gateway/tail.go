@@ -310,35 +310,6 @@ func newEventTail(b *bus.Bus, cfg SSEConfig, log *slog.Logger) *eventTail {
 		tenantSubs: map[string]map[*tailSub]struct{}{}, jobSubs: map[string]map[*tailSub]struct{}{}}
 }
 
-// run follows JOB_EVENTS from RingEvents before its end (filling the ring)
-// until ctx ends: a tail with a read of its own (tests). The gateway's
-// tail has none: its read model's fold reads from the earlier of the
-// tail's start and its snapshot's and feeds it (ingester.tail), so each
-// job event is delivered to the gateway once, not twice (issue 17). A read that fails starts again after the last message
-// read: the ring and the subscribers never see a gap.
-func (t *eventTail) run(ctx context.Context) error {
-	start, err := t.startSeq(ctx)
-	if err != nil {
-		return nil // ctx ended
-	}
-	t.startAt(start)
-	for {
-		t.mu.Lock()
-		next := t.last + 1
-		t.mu.Unlock()
-		err := t.bus.Follow(ctx, bus.FollowSpec{Stream: contracts.StreamJobEvents, StartSeq: next}, t.apply, t.caughtUp)
-		if ctx.Err() != nil {
-			return nil
-		}
-		t.log.Warn("job event tail stopped; reading again", "stream", contracts.StreamJobEvents, "stream_seq", next, "err", err)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(time.Second):
-		}
-	}
-}
-
 // startSeq is where the tail starts: RingEvents messages before the
 // stream's end, so that the ring is full once the tail caught up.
 func (t *eventTail) startSeq(ctx context.Context) (uint64, error) {
@@ -374,17 +345,6 @@ func (t *eventTail) caughtUp() {
 		close(t.ready)
 		t.log.Info("job event tail caught up", "stream", contracts.StreamJobEvents, "stream_seq", t.last, "ring_events", t.ring.len())
 	}
-}
-
-// apply adds one message to the ring and hands it to the subscribers it
-// matches. It never blocks on a subscriber.
-func (t *eventTail) apply(_ context.Context, m *bus.Msg) error {
-	if !t.wants(m.StreamSeq) {
-		return nil
-	}
-	e, perr := parseTailEvent(m.Subject, m.StreamSeq, m.Data)
-	t.add(m.Subject, m.StreamSeq, e, perr)
-	return nil
 }
 
 // startAt sets where the tail's read starts when another reader feeds it
