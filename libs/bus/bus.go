@@ -226,7 +226,7 @@ func Connect(ctx context.Context, cfg Config) (*Bus, error) {
 
 // EnsureStreams makes sure every stream of contracts.Streams exists: it
 // creates the missing ones and, with ProvisionUpdate (the operator), also
-// updates the others to contracts' config. A service may only create:
+// updates the others that differ from contracts' config. A service may only create:
 // editing a stream is the operator's (a service that could edit one could
 // turn off DenyPurge). It is idempotent and retries while JetStream is not
 // yet available (a cluster still electing its meta leader).
@@ -247,10 +247,6 @@ func (b *Bus) EnsureStreams(ctx context.Context) error {
 }
 
 func (b *Bus) ensureStream(ctx context.Context, sc jetstream.StreamConfig) error {
-	if b.mode == ProvisionUpdate {
-		_, err := b.js.CreateOrUpdateStream(ctx, sc)
-		return err
-	}
 	s, err := b.js.Stream(ctx, sc.Name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		s, err = b.js.CreateStream(ctx, sc)
@@ -263,7 +259,18 @@ func (b *Bus) ensureStream(ctx context.Context, sc jetstream.StreamConfig) error
 	if err != nil {
 		return err
 	}
-	b.checkStream(sc, s.CachedInfo().Config)
+	got := s.CachedInfo().Config
+	if b.mode != ProvisionUpdate {
+		b.checkStream(sc, got)
+		return nil
+	}
+	// The operator updates only a stream that drifted (drift.go says why
+	// not every time).
+	if drift := streamDrift(sc, got); len(drift) > 0 {
+		b.log.Info("updating stream to its contract", "stream", sc.Name, "fields", strings.Join(drift, ","))
+		_, err = b.js.UpdateStream(ctx, sc)
+		return err
+	}
 	return nil
 }
 

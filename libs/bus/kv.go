@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,18 +25,26 @@ func (b *Bus) KeyValue(ctx context.Context, bucket string) (jetstream.KeyValue, 
 		// One bound per call, as for streams (EnsureStreams).
 		if err := retryEach(ctx, func(ctx context.Context) error {
 			var err error
-			if b.mode == ProvisionUpdate {
-				kv, err = b.js.CreateOrUpdateKeyValue(ctx, cfg)
-				return err
-			}
 			// A service opens the bucket, creating it when missing; only
-			// the operator updates a bucket's config.
+			// the operator updates a bucket's config, and only when it
+			// drifted (drift.go says why not every time).
 			kv, err = b.js.KeyValue(ctx, bucket)
 			if errors.Is(err, jetstream.ErrBucketNotFound) {
 				kv, err = b.js.CreateKeyValue(ctx, cfg)
 				if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 					kv, err = b.js.KeyValue(ctx, bucket)
 				}
+			}
+			if err != nil || b.mode != ProvisionUpdate {
+				return err
+			}
+			st, err := kv.Status(ctx)
+			if err != nil {
+				return err
+			}
+			if drift := kvDrift(cfg, st.Config()); len(drift) > 0 {
+				b.log.Info("updating kv bucket to its contract", "bucket", bucket, "fields", strings.Join(drift, ","))
+				kv, err = b.js.UpdateKeyValue(ctx, cfg)
 			}
 			return err
 		}); err != nil {

@@ -558,8 +558,9 @@ func envOr(k, d string) string {
 // fixed, so each start replaces the secrets of the last one. The secrets
 // are written to dir (0600) for people and scripts.
 func localLogins(ctx context.Context, url, creds string, streams contracts.StreamOptions, dir string, log *slog.Logger) (admin, demo string, err error) {
-	// The operator's connect updates every stream to streams: the same
-	// replicas as provision, or it would scale R3 down.
+	// The operator's connect updates each stream that differs from
+	// streams: it needs the same replicas as provision, or it would scale
+	// R3 down.
 	b, err := bus.Connect(ctx, bus.Config{URL: url, Name: "logins", CredsFile: creds, Logger: log, Streams: streams})
 	if err != nil {
 		return "", "", fmt.Errorf("local logins: %w", err)
