@@ -43,8 +43,17 @@ type Placer struct {
 	// leaves thousands of emptied classes behind that explain skips.
 	occupied, occupiedAt []int32
 
-	shapes   map[string]*shape
-	keyBuf   []byte
+	shapes map[string]*shape
+	keyBuf []byte
+	msgBuf []byte // withQueue's
+	// id names the Placer for RequestMemo; reqMemo is the memo of the
+	// request being placed (PlaceMemo), nil for none.
+	id      uint64
+	reqMemo *RequestMemo
+	// shapeList holds the shapes by index (shape.index).
+	shapeList []*shape
+	// prefixes interns RequestMemo prefixes.
+	prefixes map[string]string
 	scratch  []slot
 	scratch2 []slot
 	runs     [][2]int
@@ -216,6 +225,7 @@ func NewPlacer(snap Snapshot, opt Options) *Placer {
 		failedPrefix: map[string]struct{}{},
 		initFit:      map[string]bool{},
 		noFailMemo:   opt.Exhaustive,
+		id:           placerIDs.Add(1),
 	}
 	src := make([]*Node, len(snap.Nodes))
 	for i := range snap.Nodes {

@@ -15,6 +15,7 @@ import (
 // cycle and only new or refilled classes are scored as they appear.
 type shape struct {
 	key      string
+	index    int32 // in Placer.shapeList
 	kind     contracts.GPUKind
 	k        int    // whole cards per machine
 	allowed  []bool // by model id; nil: any model
@@ -156,6 +157,8 @@ func (p *Placer) shapeFor(r *Request, model int32) *shape {
 		s.units = int64(s.k) * 1000
 		s.fs = fragsim.Request{GPUs: s.k, GPUMilli: fragsim.MilliGPU, Models: fragsim.AnyModel}
 	}
+	s.index = int32(len(p.shapeList))
+	p.shapeList = append(p.shapeList, s)
 	p.shapes[s.key] = s
 	return s
 }
@@ -505,44 +508,47 @@ func (p *Placer) take(ord int32, s *shape, r *Request) (Part, bool) {
 // Place decides one request and, when it fits, takes its devices and host
 // CPU and memory for the rest of the cycle. A gang's parts are placed all
 // or nothing: when not every machine is found, nothing is taken.
-func (p *Placer) Place(r Request) Decision {
-	if err := validate(r); err != nil {
+func (p *Placer) Place(r Request) Decision { return p.place(&r) }
+
+// place is Place of *r: the request is ~300 bytes, copied once per call.
+func (p *Placer) place(r *Request) Decision {
+	if err := validate(*r); err != nil {
 		return Decision{Pending: Pending{Code: contracts.ReasonUnsatisfiable, Message: err.Error()}}
 	}
 	p.gen++
 	p.keyReady = false
-	if p.failedBefore(&r) {
-		return Decision{Pending: p.why(&r)}
+	if p.failedBefore(r) {
+		return Decision{Pending: p.why(r)}
 	}
 	m := r.Machines()
 	if m == 1 {
-		s := p.shapeFor(&r, -1)
-		ord := p.searchOne(s, &r)
+		s := p.anyShape(r)
+		ord := p.searchOne(s, r)
 		if ord >= 0 && p.tierOf(s, p.nodes[ord].taints) > 0 {
 			// A last resort: a held node's hole without the taint first.
-			if part, ok := p.placeHeld(&r, true); ok {
+			if part, ok := p.placeHeld(r, true); ok {
 				p.placed++
 				return Decision{Parts: []Part{part}}
 			}
 		}
 		if ord >= 0 {
-			if part, ok := p.take(ord, s, &r); ok {
+			if part, ok := p.take(ord, s, r); ok {
 				p.placed++
 				return Decision{Parts: []Part{part}}
 			}
 		}
-		if part, ok := p.placeHeld(&r, false); ok {
+		if part, ok := p.placeHeld(r, false); ok {
 			p.placed++
 			return Decision{Parts: []Part{part}}
 		}
-		return Decision{Pending: p.why(&r)}
+		return Decision{Pending: p.why(r)}
 	}
 	// A gang's machines share one model: the first allowed model (in the
 	// request's order, or the snapshot's for any model) that holds it all.
-	models := p.gangModels(&r)
+	models := p.gangModels(r)
 	for _, model := range models {
-		s := p.shapeFor(&r, model)
-		ords := p.searchGang(s, &r, m, r.GPU.Topology == contracts.TopologyZone)
+		s := p.shapeFor(r, model)
+		ords := p.searchGang(s, r, m, r.GPU.Topology == contracts.TopologyZone)
 		if len(ords) < m {
 			continue
 		}
@@ -552,18 +558,18 @@ func (p *Placer) Place(r Request) Decision {
 		// keeps a bug from leaving half a gang taken.
 		for _, ord := range ords {
 			if !p.fits(ord, s) {
-				return Decision{Pending: p.why(&r)}
+				return Decision{Pending: p.why(r)}
 			}
 		}
 		parts := make([]Part, 0, m)
 		for _, ord := range ords {
-			part, _ := p.take(ord, s, &r)
+			part, _ := p.take(ord, s, r)
 			parts = append(parts, part)
 		}
 		p.placed++
 		return Decision{Parts: parts}
 	}
-	return Decision{Pending: p.why(&r)}
+	return Decision{Pending: p.why(r)}
 }
 
 // gangModels lists the model ids a gang may use, in preference order.

@@ -48,13 +48,39 @@ func (p *Placer) why(r *Request) Pending {
 	return p.withQueue(p.explainMemo(r), r)
 }
 
-// withQueue appends to an explanation the queue and caller facts.
+// withQueue appends to an explanation the queue and caller facts: the
+// text aheadText and "; "+r.Extra would add, built in one buffer and
+// turned into one string. Every job a cycle leaves waiting gets one, and
+// the count in it moves nearly every cycle, so it cannot be kept; three
+// concatenations (the count, the queue text, the whole) allocated three.
 func (p *Placer) withQueue(pd Pending, r *Request) Pending {
-	pd.Message += aheadText(r)
-	if r.Extra != "" {
-		pd.Message += "; " + r.Extra
+	if r.Tenant == "" && r.Extra == "" {
+		return pd
 	}
+	b := append(p.msgBuf[:0], pd.Message...)
+	if r.Tenant != "" {
+		b = appendAhead(b, r.Ahead, r.Tenant)
+	}
+	if r.Extra != "" {
+		b = append(b, "; "...)
+		b = append(b, r.Extra...)
+	}
+	p.msgBuf = b
+	pd.Message = string(b)
 	return pd
+}
+
+// appendAhead appends aheadText's "; N jobs ahead in queue T".
+func appendAhead(b []byte, ahead int, tenant string) []byte {
+	b = append(b, "; "...)
+	b = strconv.AppendInt(b, int64(ahead), 10)
+	if ahead == 1 {
+		b = append(b, " job"...)
+	} else {
+		b = append(b, " jobs"...)
+	}
+	b = append(b, " ahead in queue "...)
+	return append(b, tenant...)
 }
 
 // explainMemo caches explanations of requests without per-node filters
@@ -71,8 +97,8 @@ func (p *Placer) explainMemo(r *Request) Pending {
 		// failedBefore just built r's key (a deep queue's common case).
 		b, prefix, s, p.keyReady = p.keyBuf, p.keyPrefix, p.keyShape, false
 	} else {
-		s = p.shapeFor(r, -1)
-		b = p.memoPrefix(r, s)
+		s = p.anyShape(r)
+		b = p.memoPrefixOf(r, s)
 		prefix = len(b)
 		b = p.memoPools(r, b)
 	}
@@ -113,10 +139,11 @@ func memoable(r *Request) bool {
 // shape, counts, host resources and exclusions (in p.keyBuf).
 func (p *Placer) memoPrefix(r *Request, s *shape) []byte {
 	b := append(p.keyBuf[:0], s.key...)
-	for _, v := range [...]int64{int64(r.GPU.Count), int64(r.GPU.Nodes), r.CPUMilli, r.MemoryMiB} {
-		b = append(b, '|')
-		b = strconv.AppendInt(b, v, 10)
-	}
+	return p.memoExclusions(r, appendCounts(b, r))
+}
+
+// memoExclusions ends a memo prefix: the exclusions' key.
+func (p *Placer) memoExclusions(r *Request, b []byte) []byte {
 	if len(r.Exclude) > 0 || len(r.Reserved) > 0 {
 		b = append(b, '|')
 		b = append(b, r.ExcludeKey...)
@@ -152,8 +179,8 @@ func (p *Placer) failedBefore(r *Request) bool {
 	if p.noFailMemo || len(p.failedKeys) == 0 || !memoable(r) {
 		return false
 	}
-	s := p.shapeFor(r, -1)
-	b := p.memoPrefix(r, s)
+	s := p.anyShape(r)
+	b := p.memoPrefixOf(r, s)
 	if _, ok := p.failedPrefix[string(b)]; !ok {
 		return false // no pool verdict asked before the search
 	}
@@ -212,7 +239,7 @@ func (p *Placer) explain(r *Request) Pending {
 			return pending(contracts.PendingNoNodes, "no nodes in pool %s", r.Pool)
 		}
 	}
-	s := p.shapeFor(r, -1)
+	s := p.anyShape(r)
 	m := r.Machines()
 	perNode := len(r.Selector) > 0 || len(r.Exclude) > 0 || len(r.Reserved) > 0
 

@@ -162,14 +162,14 @@ func (s *Store) Cycle() CycleResult {
 		holds[k] = m
 		return m, k
 	}
-	// admit is the AllowPool of the job being decided (admitJob), one
+	// admit is the AllowPool of the job being decided (admitTenant), one
 	// closure for the whole cycle rather than one per job: it notes the
 	// quota refusals the job's pending reason names. A request kept past
 	// its job's turn (a preemptor's) gets its own, admitFor.
 	var (
-		admitJob  *Job
-		admitNeed int64
-		quota     []string
+		admitTenant string // the job's tenant
+		admitNeed   int64
+		quota       []string
 	)
 	// bookMemo keeps the book's answers (quota verdicts, guarantee
 	// notes) until the book next changes: a placement (round.Placed)
@@ -185,10 +185,10 @@ func (s *Store) Cycle() CycleResult {
 		clear(notes)
 	}
 	admit := func(pool string) bool {
-		ask := bookAsk{admitJob.Tenant, pool, admitNeed}
+		ask := bookAsk{admitTenant, pool, admitNeed}
 		v, ok := verdicts[ask]
 		if !ok || s.exhaustive {
-			v = book.Admit(admitJob.Tenant, pool, admitNeed)
+			v = book.Admit(admitTenant, pool, admitNeed)
 			verdicts[ask] = v
 		}
 		if !v.OK {
@@ -262,7 +262,13 @@ func (s *Store) Cycle() CycleResult {
 		}
 		r := s.request(j, ahead.next(j))
 		need := it.Usage.MilliGPU
-		admitJob, admitNeed, quota = j, need, quota[:0]
+		admitTenant, admitNeed, quota = j.Tenant, need, quota[:0]
+		if !s.exhaustive {
+			// The same text, shared by the tenant's jobs (aheadTables):
+			// hashed and copied for each, it is then in cache.
+			r.Tenant = j.memo.tenantName
+			admitTenant = r.Tenant
+		}
 		r.AllowPool = admit
 		if resv.Drop(j.key) { // its own reservation of an earlier cycle: decided again now
 			resvGen++
@@ -275,7 +281,12 @@ func (s *Store) Cycle() CycleResult {
 			// freed (defrag.go).
 			r.Exclude, r.ExcludeKey = maps.Clone(j.avoid), ""
 		}
-		d := p.Place(r)
+		var d placement.Decision
+		if s.exhaustive { // the reference derives every request afresh
+			d = p.Place(r)
+		} else {
+			d = p.PlaceMemo(&r, &j.memo.place) // ahead.next made j.memo
+		}
 		if d.Placed() {
 			hits = append(hits, hit{j, d})
 			j.promise = s.promiseOf(j, d, resv.Reservations(), binds(j), now)
@@ -397,6 +408,8 @@ type cycleBufs struct {
 	waiting []placement.Request
 	items   []fairshare.Item
 	offered []*Job
+	// ahead are the ahead tables, kept across cycles (newAhead).
+	ahead *aheadTables
 }
 
 // take hands the kept lists over, empty, each with room for n.
@@ -406,7 +419,7 @@ func (b *cycleBufs) take(n int) cycleBufs {
 	}
 	out := cycleBufs{missed: slices.Grow(b.missed[:0], n), waiting: slices.Grow(b.waiting[:0], n),
 		items: slices.Grow(b.items[:0], n), offered: slices.Grow(b.offered[:0], n)}
-	*b = cycleBufs{}
+	*b = cycleBufs{ahead: b.ahead}
 	return out
 }
 
@@ -417,7 +430,8 @@ func (b *cycleBufs) put(used cycleBufs) {
 	clear(used.waiting)
 	clear(used.items)
 	clear(used.offered)
-	*b = cycleBufs{missed: used.missed[:0], waiting: used.waiting[:0], items: used.items[:0], offered: used.offered[:0]}
+	*b = cycleBufs{missed: used.missed[:0], waiting: used.waiting[:0], items: used.items[:0], offered: used.offered[:0],
+		ahead: b.ahead}
 }
 
 // items turns a decision into plan items: one allocation, or one per

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
@@ -127,14 +128,34 @@ func (s *Store) enforcePromises(now time.Time) {
 // same pools (an L4 share is not behind MIG jobs of another pool).
 type ahead struct {
 	s *Store
-	// counts are, by tenant, the jobs offered so far by pool id (ids
-	// interns the pool names): one look-up by tenant per job, not one by
-	// tenant and pool name per pool.
-	counts map[string]*[]int
-	ids    map[string]int32
-	pools  map[poolsKey][]int32 // by request shape: the pools whose cards could hold it
-	named  map[string][]int32   // a pool named by a request, as a list
+	*aheadTables
+	// counts are, by tenant id, the jobs offered so far by pool id: a
+	// job's tenant and pool ids are kept with it (jobMemo), so a job
+	// costs no map look-up once its request was seen.
+	counts []*[]int
 }
+
+// aheadTables intern pool names and tenants and list each request
+// shape's pools. They outlive a cycle: what a request's pools are depends
+// only on which pools have which cards (sig), so a job keeps its ids
+// (jobMemo) while the tables' generation stays.
+type aheadTables struct {
+	sig     string // the fleet's card kinds they were built for (cardKindsSig)
+	gen     uint64
+	ids     map[string]int32
+	tenants map[string]int32
+	// tenantNames are the tenants by id, one string each.
+	tenantNames []string
+	pools       map[poolsKey][]int32 // by request shape: the pools whose cards could hold it
+	named       map[string][]int32   // a pool named by a request, as a list
+}
+
+// aheadGens numbers the tables (0 is no generation).
+var aheadGens atomic.Uint64
+
+// maxAheadNames bounds the tables: pools named by requests and tenants
+// come from users; past it they are built afresh.
+const maxAheadNames = 1 << 14
 
 // poolsKey is what poolsOf reads of a request naming no pool.
 type poolsKey struct {
@@ -143,9 +164,38 @@ type poolsKey struct {
 	models     string // Models joined, when it lists any
 }
 
+// newAhead starts a cycle's count over the kept tables, or new ones when
+// the fleet's card kinds changed.
 func (s *Store) newAhead() *ahead {
-	return &ahead{s: s, counts: map[string]*[]int{}, ids: map[string]int32{}, pools: map[poolsKey][]int32{},
-		named: map[string][]int32{}}
+	sig := s.cardKindsSig()
+	t := s.cycleBufs.ahead
+	// The reference (exhaustive) builds them afresh every cycle.
+	if t == nil || t.sig != sig || len(t.named)+len(t.tenants) > maxAheadNames || s.exhaustive {
+		t = newAheadTables(sig)
+		s.cycleBufs.ahead = t
+	}
+	return &ahead{s: s, aheadTables: t}
+}
+
+func newAheadTables(sig string) *aheadTables {
+	return &aheadTables{sig: sig, gen: aheadGens.Add(1), ids: map[string]int32{}, tenants: map[string]int32{},
+		pools: map[poolsKey][]int32{}, named: map[string][]int32{}}
+}
+
+// cardKindsSig names the (pool, model) kinds of cards out of MIG mode and
+// the (pool, model, profile) kinds of MIG instances the fleet has: all
+// poolsOf reads of the cluster. A few dozen kinds, sorted.
+func (s *Store) cardKindsSig() string {
+	c := s.cluster
+	keys := make([]string, 0, len(c.sizes)+len(c.migKinds))
+	for k := range c.sizes {
+		keys = append(keys, k.pool+"\x00"+k.model)
+	}
+	for k := range c.migKinds {
+		keys = append(keys, k.pool+"\x00"+k.model+"\x00"+k.profile+"\x01")
+	}
+	slices.Sort(keys)
+	return strings.Join(keys, "\x02")
 }
 
 // id interns a pool name.
@@ -160,14 +210,28 @@ func (a *ahead) id(pool string) int32 {
 
 // next returns how many jobs of j's tenant were offered before it in any
 // of the pools j could use, and counts j. It runs for every job a cycle
-// offers: one map lookup per pool, no allocation once the tenant and
-// pool were seen.
+// offers: no map look-up once the job's request was seen with these
+// tables, no allocation once its tenant and pools were counted.
 func (a *ahead) next(j *Job) int {
-	pools := a.poolsOf(j.Request)
-	cs := a.counts[j.Tenant]
+	m := j.memoFor()
+	if m.aheadGen != a.gen {
+		m.pools = a.poolsOf(j.Request)
+		t, ok := a.tenants[j.Tenant]
+		if !ok {
+			t = int32(len(a.tenantNames))
+			a.tenants[j.Tenant] = t
+			a.tenantNames = append(a.tenantNames, j.Tenant)
+		}
+		m.tenant, m.tenantName, m.aheadGen = t, a.tenantNames[t], a.gen
+	}
+	pools := m.pools
+	for int(m.tenant) >= len(a.counts) {
+		a.counts = append(a.counts, nil)
+	}
+	cs := a.counts[m.tenant]
 	if cs == nil {
 		cs = new([]int)
-		a.counts[j.Tenant] = cs
+		a.counts[m.tenant] = cs
 	}
 	if len(*cs) < len(a.ids) {
 		*cs = append(*cs, make([]int, len(a.ids)-len(*cs))...)

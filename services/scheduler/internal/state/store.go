@@ -172,6 +172,8 @@ type Job struct {
 	// (usage).
 	usageOf *contracts.JobRequest
 	usageIs fairshare.Usage
+	// memo is what cycles derive from Request alone (jobmemo.go).
+	memo *jobMemo
 
 	// Pending is the job's current reason for waiting; pubPending the code
 	// of the last pending event published for this attempt, pendingSeq how
@@ -856,7 +858,7 @@ func (s *Store) finish(j *Job) {
 	s.queue.Remove(j.key)
 	s.landAll(j)
 	j.Request, j.parts, j.victims, j.later, j.promise = nil, nil, nil, nil, nil
-	j.migration, j.moved, j.avoid, j.kept = nil, nil, nil, nil
+	j.migration, j.moved, j.avoid, j.kept, j.memo = nil, nil, nil, nil, nil
 	delete(s.evicting, j.key)
 	delete(s.cluster.claims, j.key)
 	j.Pending = placement.Pending{}
