@@ -22,7 +22,7 @@ import (
 // It is the reference the Placer is tested against, and what preemption
 // uses to ask "would it fit once these jobs are gone".
 func FitNode(n *Node, r Request) ([]contracts.DeviceRef, bool) {
-	if n == nil || validate(r) != nil || !admits(n, r) {
+	if n == nil || validate(&r) != nil || !admits(n, r) {
 		return nil, false
 	}
 	if h, ok := r.Reserved[n.ID]; ok {
@@ -226,8 +226,8 @@ var errInvalid = errors.New("invalid request")
 // validate reports what makes r impossible to place on any cluster. The
 // scheduler validates requests when they are submitted; this keeps the
 // placer total over any input (no panic, no division by zero).
-func validate(r Request) error {
-	g := r.GPU
+func validate(r *Request) error {
+	g := &r.GPU // by pointer: Place asks it of every request
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: %s", errInvalid, fmt.Sprintf(format, args...))
 	}

@@ -62,7 +62,7 @@ func FuzzPlace(f *testing.F) {
 				req = randomRequest(rng, nil) // other work in between
 			}
 			var fits []string
-			single := validate(req) == nil && req.Machines() == 1
+			single := validate(&req) == nil && req.Machines() == 1
 			if single {
 				fits = m.fitting(req)
 			}

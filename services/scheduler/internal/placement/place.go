@@ -512,7 +512,7 @@ func (p *Placer) Place(r Request) Decision { return p.place(&r) }
 
 // place is Place of *r: the request is ~300 bytes, copied once per call.
 func (p *Placer) place(r *Request) Decision {
-	if err := validate(*r); err != nil {
+	if err := validate(r); err != nil {
 		return Decision{Pending: Pending{Code: contracts.ReasonUnsatisfiable, Message: err.Error()}}
 	}
 	p.gen++

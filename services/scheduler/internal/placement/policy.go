@@ -222,7 +222,7 @@ func workloadPods(reqs []contracts.GPURequest, models *fragsim.Models) []fragsim
 	}
 	var pods []fragsim.Pod
 	for _, g := range reqs {
-		if validate(Request{GPU: g}) != nil {
+		if validate(&Request{GPU: g}) != nil {
 			continue
 		}
 		spec := strings.Join(g.AllowedModels(), ",")

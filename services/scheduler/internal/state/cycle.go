@@ -132,8 +132,8 @@ func (s *Store) Cycle() CycleResult {
 	}
 	resvGen := 0
 	resvMemo := map[resvAsk]resvAnswer{}
-	reservedFor := func(j *Job, expected time.Duration) (map[string]placement.Hold, string) {
-		ask := resvAsk{gen: resvGen, rank: j.Request.Priority.Rank(), expected: expected}
+	reservedFor := func(j *Job, rank int, expected time.Duration) (map[string]placement.Hold, string) {
+		ask := resvAsk{gen: resvGen, rank: rank, expected: expected}
 		if a, ok := resvMemo[ask]; ok && !s.exhaustive {
 			return a.holds, a.key
 		}
@@ -178,18 +178,45 @@ func (s *Store) Cycle() CycleResult {
 		tenant, pool string
 		need         int64
 	}
-	verdicts := map[bookAsk]fairshare.Verdict{}
+	// verdicts are the quota verdicts by tenant and need, each a short
+	// list by pool: a job asks about every pool in its scope, and looks
+	// its tenant and need up once (admitting), not once per pool.
+	type admitAsk struct {
+		tenant string
+		need   int64
+	}
+	type poolVerdicts struct {
+		pools    []string
+		verdicts []fairshare.Verdict
+	}
+	verdicts := map[admitAsk]*poolVerdicts{}
+	var admitting *poolVerdicts // the job being decided's; nil until it asks
 	notes := map[bookAsk]string{}
 	bookChanged := func() {
 		clear(verdicts)
 		clear(notes)
+		admitting = nil
 	}
 	admit := func(pool string) bool {
-		ask := bookAsk{admitTenant, pool, admitNeed}
-		v, ok := verdicts[ask]
-		if !ok || s.exhaustive {
+		var v fairshare.Verdict
+		switch {
+		case s.exhaustive:
 			v = book.Admit(admitTenant, pool, admitNeed)
-			verdicts[ask] = v
+		default:
+			if admitting == nil {
+				ask := admitAsk{admitTenant, admitNeed}
+				if admitting = verdicts[ask]; admitting == nil {
+					admitting = &poolVerdicts{}
+					verdicts[ask] = admitting
+				}
+			}
+			if i := slices.Index(admitting.pools, pool); i >= 0 {
+				v = admitting.verdicts[i]
+			} else {
+				v = book.Admit(admitTenant, pool, admitNeed)
+				admitting.pools = append(admitting.pools, pool)
+				admitting.verdicts = append(admitting.verdicts, v)
+			}
 		}
 		if !v.OK {
 			quota = append(quota, v.Message)
@@ -262,7 +289,7 @@ func (s *Store) Cycle() CycleResult {
 		}
 		r := s.request(j, ahead.next(j))
 		need := it.Usage.MilliGPU
-		admitTenant, admitNeed, quota = j.Tenant, need, quota[:0]
+		admitTenant, admitNeed, quota, admitting = j.Tenant, need, quota[:0], nil
 		if !s.exhaustive {
 			// The same text, shared by the tenant's jobs (aheadTables):
 			// hashed and copied for each, it is then in cache.
@@ -274,7 +301,11 @@ func (s *Store) Cycle() CycleResult {
 			resvGen++
 		}
 		if resv.Len() > 0 {
-			r.Reserved, r.ExcludeKey = reservedFor(j, expectedRunTime(j.Request))
+			if s.exhaustive {
+				r.Reserved, r.ExcludeKey = reservedFor(j, j.Request.Priority.Rank(), expectedRunTime(j.Request))
+			} else {
+				r.Reserved, r.ExcludeKey = reservedFor(j, j.memo.rank, j.memo.expected)
+			}
 		}
 		if len(j.avoid) > 0 {
 			// A job moved to consolidate capacity stays off the nodes it

@@ -1,6 +1,8 @@
 package state
 
 import (
+	"time"
+
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/services/scheduler/internal/placement"
 )
@@ -14,6 +16,11 @@ type jobMemo struct {
 	of *contracts.JobRequest
 	// place is placement's (Placer.PlaceMemo).
 	place placement.RequestMemo
+	// rank and expected are the request's priority rank and
+	// expectedRunTime: what reservations a job must not delay depends on
+	// them (reservedFor).
+	rank     int
+	expected time.Duration
 	// pools and tenant are ahead's pool ids of the request and the job's
 	// tenant id, in the ahead tables of generation aheadGen (0: none);
 	// tenantName is the job's tenant, interned there.
@@ -28,6 +35,9 @@ type jobMemo struct {
 func (j *Job) memoFor() *jobMemo {
 	if j.memo == nil || j.memo.of != j.Request {
 		j.memo = &jobMemo{of: j.Request}
+		if j.Request != nil {
+			j.memo.rank, j.memo.expected = j.Request.Priority.Rank(), expectedRunTime(j.Request)
+		}
 	}
 	return j.memo
 }
