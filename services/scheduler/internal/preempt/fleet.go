@@ -35,6 +35,9 @@ type Fleet struct {
 	removed []bool
 	gone    []bool
 	split   bool
+	// facts are what judging an allocation for a preemptor reads of it
+	// (judge.go).
+	facts facts
 }
 
 // NewFleet prepares searches over snap and running at now (the progress a
@@ -52,6 +55,7 @@ func NewFleet(snap placement.Snapshot, running []Running, now time.Time) *Fleet 
 			ordOf[n.ID] = i
 		}
 	}
+	f.gatherFacts()
 	f.buildUnits(ordOf)
 	f.removed = make([]bool, len(running))
 	f.gone = make([]bool, len(f.units))
@@ -89,9 +93,7 @@ func (f *Fleet) buildUnits(ordOf map[string]int) {
 		f.rank[i] = v.Priority.Rank()
 		un := &f.units[u]
 		un.cost.rank = max(un.cost.rank, f.rank[i])
-		for _, d := range v.Devices {
-			un.cost.milli += d.MilliGPUs()
-		}
+		un.cost.milli += f.facts.milli[i]
 		un.cost.lost = max(un.cost.lost, lost(v, f.now))
 		if !v.Checkpointable {
 			un.cost.noCkpt = 1

@@ -236,12 +236,8 @@ type chooser struct {
 	pri      contracts.Priority
 	priRank  int // pri.Rank(), asked per running allocation
 	reclaim  bool
-	// last is spend's previous budget look-up: running allocations come
-	// by ID, so one tenant's come together, mostly in one pool.
-	last spendMemo
-	// budgets are the caps of Options.Spare in use, by index.
-	budgets  []int64
-	budgetOf map[TenantPool]int
+	// budgets are the caps of Options.Spare in use, by index (judge).
+	budgets []int64
 }
 
 // newChooser derives p's search over f; false when placement would refuse
@@ -309,15 +305,7 @@ func (c *chooser) judgeUnits(f *Fleet, gone []bool) {
 		c.eligible[u] = !gone[u]
 	}
 	// In running order, as the budgets are numbered by first use.
-	for i := range c.running {
-		u := c.unitOf[i]
-		if gone[u] {
-			continue
-		}
-		v := &c.running[i]
-		c.eligible[u] = c.eligible[u] && c.eligibleRank(v, f.rank[i])
-		c.spend(u, v)
-	}
+	c.judge(f, gone)
 	// A unit that alone takes a tenant below its guarantee never goes.
 	for u, uses := range c.spends {
 		for _, use := range uses {
@@ -350,81 +338,6 @@ func (c *chooser) judgeUnits(f *Fleet, gone []bool) {
 			}
 		}
 	}
-}
-
-// eligibleRank says whether v, of priority rank vr, may be evicted for the
-// preemptor: a lower class, or another tenant's borrower when the
-// preemptor reclaims its guarantee; never a started job younger than
-// MinRuntime.
-func (c *chooser) eligibleRank(v *Running, vr int) bool {
-	if !v.StartedAt.IsZero() && c.opt.Now.Sub(v.StartedAt) < c.opt.MinRuntime {
-		return false
-	}
-	if c.opt.Defragment {
-		return v.Gang == ""
-	}
-	pr := c.priRank
-	own := v.Tenant == c.req.Tenant
-	if vr < pr && (own || v.Borrowing) {
-		return true
-	}
-	return c.reclaim && v.Borrowing && !own && vr <= pr
-}
-
-// spendMemo is one budget look-up of spend: b is key's budget, when has.
-type spendMemo struct {
-	key     TenantPool
-	b       int
-	has, ok bool
-}
-
-// spend records what evicting v (of unit u) takes from its tenant's
-// budget, when v is another tenant's work and that tenant has a guarantee
-// in v's pool.
-func (c *chooser) spend(u int, v *Running) {
-	if c.opt.Spare == nil || c.opt.Defragment || v.Tenant == c.req.Tenant {
-		return
-	}
-	key := TenantPool{v.Tenant, v.Pool}
-	var b int
-	if l := &c.last; l.ok && l.key == key {
-		if !l.has {
-			return
-		}
-		b = l.b
-	} else {
-		var ok bool
-		b, ok = c.budgetOf[key]
-		if !ok {
-			limit, has := c.opt.Spare[key]
-			if !has {
-				*l = spendMemo{key: key, ok: true}
-				return
-			}
-			if c.budgetOf == nil {
-				c.budgetOf = map[TenantPool]int{}
-			}
-			b = len(c.budgets)
-			c.budgetOf[key] = b
-			c.budgets = append(c.budgets, max(limit, 0))
-		}
-		l.key, l.b, l.has, l.ok = key, b, true, true
-	}
-	var m int64
-	for _, d := range v.Devices {
-		m += d.MilliGPUs()
-	}
-	if c.spends == nil {
-		c.spends = make([][]budgetUse, len(c.units))
-	}
-	uses := c.spends[u]
-	for i := range uses {
-		if uses[i].b == b {
-			uses[i].milli += m
-			return
-		}
-	}
-	c.spends[u] = append(uses, budgetUse{b, m})
 }
 
 // spendOf is what evicting unit u takes from the budgets.
