@@ -103,3 +103,43 @@ func appendCounts(b []byte, r *Request) []byte {
 	}
 	return b
 }
+
+// Key is the request's failure-memo prefix (shape, counts, host
+// resources) as the placer last derived it; "" before. Requests whose
+// keys, exclusion keys and pool verdicts are equal fail alike while the
+// placer's Epoch stays (failedBefore's argument).
+func (m *RequestMemo) Key() string { return m.prefix }
+
+// Epoch moves whenever a node's free capacity does (a placement or any
+// take): a failure, and its explanation, hold for as long as it stays.
+func (p *Placer) Epoch() int { return p.version + p.placed }
+
+// Memoable reports whether r's placement is decided by its memo key and
+// pool verdicts: no selector, and exclusions only under a key naming them.
+func Memoable(r *Request) bool { return memoable(r) }
+
+// QueueText is pd with r's queue and caller facts appended, as a failed
+// Place appends them to its explanation.
+func (p *Placer) QueueText(pd Pending, r *Request) Pending { return p.withQueue(pd, r) }
+
+// Explanation is the explanation of a failed Place of r without the queue
+// and caller facts QueueText appends; false when pd does not end in them.
+func (p *Placer) Explanation(pd Pending, r *Request) (Pending, bool) {
+	var b []byte
+	if r.Tenant != "" {
+		b = appendAhead(p.msgBuf[:0], r.Ahead, r.Tenant)
+	} else {
+		b = p.msgBuf[:0]
+	}
+	if r.Extra != "" {
+		b = append(b, "; "...)
+		b = append(b, r.Extra...)
+	}
+	p.msgBuf = b
+	n := len(pd.Message) - len(b)
+	if n < 0 || pd.Message[n:] != string(b) {
+		return pd, false
+	}
+	pd.Message = pd.Message[:n]
+	return pd, true
+}

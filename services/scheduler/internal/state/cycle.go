@@ -190,12 +190,16 @@ func (s *Store) Cycle() CycleResult {
 		verdicts []fairshare.Verdict
 	}
 	verdicts := map[admitAsk]*poolVerdicts{}
+	// fails are this cycle's failures by what decides them (failcache.go):
+	// a job that asks what one before it asked fails alike, unsearched.
+	fails := s.cycleFails()
 	var admitting *poolVerdicts // the job being decided's; nil until it asks
 	notes := map[bookAsk]string{}
 	bookChanged := func() {
 		clear(verdicts)
 		clear(notes)
 		admitting = nil
+		fails.clear()
 	}
 	admit := func(pool string) bool {
 		var v fairshare.Verdict
@@ -316,7 +320,7 @@ func (s *Store) Cycle() CycleResult {
 		if s.exhaustive { // the reference derives every request afresh
 			d = p.Place(r)
 		} else {
-			d = p.PlaceMemo(&r, &j.memo.place) // ahead.next made j.memo
+			d = fails.place(p, &r, &j.memo.place, need, &quota) // ahead.next made j.memo
 		}
 		if d.Placed() {
 			hits = append(hits, hit{j, d})
@@ -441,6 +445,8 @@ type cycleBufs struct {
 	offered []*Job
 	// ahead are the ahead tables, kept across cycles (newAhead).
 	ahead *aheadTables
+	// failHits counts the failures the cycles' failCache answered.
+	failHits int
 }
 
 // take hands the kept lists over, empty, each with room for n.
@@ -450,7 +456,7 @@ func (b *cycleBufs) take(n int) cycleBufs {
 	}
 	out := cycleBufs{missed: slices.Grow(b.missed[:0], n), waiting: slices.Grow(b.waiting[:0], n),
 		items: slices.Grow(b.items[:0], n), offered: slices.Grow(b.offered[:0], n)}
-	*b = cycleBufs{ahead: b.ahead}
+	*b = cycleBufs{ahead: b.ahead, failHits: b.failHits}
 	return out
 }
 
@@ -462,7 +468,7 @@ func (b *cycleBufs) put(used cycleBufs) {
 	clear(used.items)
 	clear(used.offered)
 	*b = cycleBufs{missed: used.missed[:0], waiting: used.waiting[:0], items: used.items[:0], offered: used.offered[:0],
-		ahead: b.ahead}
+		ahead: b.ahead, failHits: b.failHits}
 }
 
 // items turns a decision into plan items: one allocation, or one per
