@@ -91,3 +91,21 @@ func TestAheadTablesKeptAcrossCycles(t *testing.T) {
 	}
 	t.Logf("%d counts over kept ids", reused)
 }
+
+// TestAheadTablesAreBounded: kept tables that grew past maxAheadNames
+// (pool names, tenants and model lists come from users) are built afresh
+// by the next cycle, not kept growing.
+func TestAheadTablesAreBounded(t *testing.T) {
+	h := newHarness(t)
+	h.inventory("n0", "p0", h100, 81920, 1)
+	a := h.st.newAhead()
+	if b := h.st.newAhead(); b.aheadTables != a.aheadTables {
+		t.Fatal("tables not kept between cycles with the same fleet")
+	}
+	for i := range maxAheadNames + 1 {
+		a.pools[poolsKey{models: fmt.Sprint("m", i)}] = nil
+	}
+	if b := h.st.newAhead(); b.aheadTables == a.aheadTables || b.gen == a.gen || len(b.pools) != 0 {
+		t.Fatalf("tables of %d shapes kept (generation %d, then %d)", len(a.pools), a.gen, b.gen)
+	}
+}

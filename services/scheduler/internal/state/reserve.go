@@ -153,8 +153,9 @@ type aheadTables struct {
 // aheadGens numbers the tables (0 is no generation).
 var aheadGens atomic.Uint64
 
-// maxAheadNames bounds the tables: pools named by requests and tenants
-// come from users; past it they are built afresh.
+// maxAheadNames bounds the tables: pools named by requests, tenants and
+// request shapes (model lists) come from users; past it they are built
+// afresh.
 const maxAheadNames = 1 << 14
 
 // poolsKey is what poolsOf reads of a request naming no pool.
@@ -170,7 +171,7 @@ func (s *Store) newAhead() *ahead {
 	sig := s.cardKindsSig()
 	t := s.cycleBufs.ahead
 	// The reference (exhaustive) builds them afresh every cycle.
-	if t == nil || t.sig != sig || len(t.named)+len(t.tenants) > maxAheadNames || s.exhaustive {
+	if t == nil || t.sig != sig || len(t.named)+len(t.tenants)+len(t.pools) > maxAheadNames || s.exhaustive {
 		t = newAheadTables(sig)
 		s.cycleBufs.ahead = t
 	}
