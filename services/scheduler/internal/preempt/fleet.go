@@ -122,13 +122,18 @@ func (f *Fleet) buildUnits(ordOf map[string]int) {
 // search, as if they were not in the list (a decision's victims, which the
 // next decisions must not count on).
 func (f *Fleet) Remove(match func(*Running) bool) {
+	f.removeIdx(func(i int) bool { return match(&f.running[i]) })
+}
+
+// removeIdx is Remove with match asked of running indices.
+func (f *Fleet) removeIdx(match func(int) bool) {
 	for u, un := range f.units {
 		if f.gone[u] {
 			continue
 		}
 		n := 0
 		for _, i := range un.parts {
-			if !f.removed[i] && match(&f.running[i]) {
+			if !f.removed[i] && match(i) {
 				f.removed[i] = true
 			}
 			if f.removed[i] {

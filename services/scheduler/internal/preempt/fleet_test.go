@@ -16,7 +16,8 @@ import (
 // A Fleet's searches decide as Choose on the list they stand for: the
 // running allocations less what Remove took (a decision's victims, whole
 // jobs; sometimes one part of a gang, which cuts its unit) and what skip
-// reports (a victim's kept work), for preemptors of every class, tenant,
+// reports (a victim's kept work); RemoveJobs of a job as Remove of its
+// allocations; for preemptors of every class, tenant,
 // reclaim and size over one fleet, budgets that move between searches,
 // and now and then another time (the costs are then not the fleet's).
 func TestFleetSearchesDecideAsChoose(t *testing.T) {
@@ -40,7 +41,15 @@ func TestFleetSearchesDecideAsChoose(t *testing.T) {
 						}
 						return r.Tenant == v.Tenant && r.JobID == v.JobID
 					}
-					fleet.Remove(match)
+					switch {
+					case onePart:
+						fleet.Remove(match)
+					case rng.IntN(2) == 0:
+						// By job, with a job nothing running is of.
+						fleet.RemoveJobs([]preempt.JobRef{{Tenant: "nobody", JobID: v.JobID}, {Tenant: v.Tenant, JobID: v.JobID}})
+					default:
+						fleet.Remove(match)
+					}
 					for _, r := range w.running {
 						if match(&r) {
 							removed[r.AllocationID] = true

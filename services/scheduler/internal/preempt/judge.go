@@ -1,6 +1,9 @@
 package preempt
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // facts are what judging a running allocation for a preemptor reads of it,
 // kept by the fleet in arrays of their own: a steady cycle judges ~38,000
@@ -165,4 +168,31 @@ func (c *chooser) addSpend(u, b int, m int64) {
 		}
 	}
 	c.spends[u] = append(uses, budgetUse{b, m})
+}
+
+// JobRef names a job by tenant and ID.
+type JobRef struct{ Tenant, JobID string }
+
+// RemoveJobs is Remove of every running allocation of the jobs named: a
+// decision's victims' jobs. An allocation's tenant is compared as the
+// fleet's index first, so only the named tenants' allocations are read
+// (a cycle removes a few jobs from ~38,000 allocations per decision).
+func (f *Fleet) RemoveJobs(jobs []JobRef) {
+	fc := &f.facts
+	tenants := make([]int32, 0, len(jobs))
+	for _, jr := range jobs {
+		if t, ok := fc.tenantIdx[jr.Tenant]; ok && !slices.Contains(tenants, t) {
+			tenants = append(tenants, t)
+		}
+	}
+	if len(tenants) == 0 {
+		return // nothing running is theirs
+	}
+	f.removeIdx(func(i int) bool {
+		if !slices.Contains(tenants, fc.tenant[i]) {
+			return false
+		}
+		v := &f.running[i]
+		return slices.ContainsFunc(jobs, func(jr JobRef) bool { return jr.Tenant == v.Tenant && jr.JobID == v.JobID })
+	})
 }

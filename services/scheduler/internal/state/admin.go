@@ -307,8 +307,7 @@ type Preemption struct {
 //     while the preemptor holds what it took.
 func (s *Store) preempt(now time.Time, preemptors []miss, b *fairshare.Book) []Preemption {
 	snap := s.cluster.snapshot(now)
-	g := s.guarantees(b)
-	running := s.victimsOf(g)
+	g, running := s.preemptInputs(b) // guarantees and victimsOf in one walk
 	// Every search of the cycle shares one grouping and pricing of the
 	// running allocations; a decision's victims are removed from it.
 	fleet := preempt.NewFleet(snap, running, now)
@@ -381,9 +380,7 @@ func (s *Store) preempt(now time.Time, preemptors []miss, b *fairshare.Book) []P
 				holdOn(&snap.Nodes[i], j.Request.Resources.CPUMilli, j.Request.Resources.MemoryMiB, part.Devices)
 			}
 		}
-		fleet.Remove(func(r *preempt.Running) bool {
-			return slices.ContainsFunc(keys, func(k string) bool { return isKey(k, r.Tenant, r.JobID) })
-		})
+		fleet.RemoveJobs(victimJobs(choice)) // every allocation of keys' jobs
 		p := Preemption{Tenant: j.Tenant, JobID: j.ID, Parts: choice.Parts}
 		for _, v := range choice.Victims {
 			p.Victims = append(p.Victims, v.AllocationID)
@@ -744,8 +741,7 @@ func (s *Store) committed() []allocRef {
 	return refs
 }
 
-// isKey reports whether k is Key(tenant, jobID), without building it (a
-// preemption decision asks it of every running allocation).
+// isKey reports whether k is Key(tenant, jobID), without building it.
 func isKey(k, tenant, jobID string) bool {
 	return len(k) == len(tenant)+1+len(jobID) && k[:len(tenant)] == tenant && k[len(tenant)] == '/' &&
 		k[len(tenant)+1:] == jobID

@@ -295,6 +295,8 @@ type Store struct {
 	// (emptied, so they hold no job): a deep queue's lists are tens of
 	// megabytes a cycle that the collector would otherwise reclaim.
 	cycleBufs cycleBufs
+	// preemptBuf is preemption's victim list, kept likewise (preempt_inputs.go).
+	preemptBuf preemptBufs
 
 	// exhaustive has cycles place without the placer's failure memos
 	// (the tests' reference for them).
