@@ -10,7 +10,7 @@ import (
 // allocations for each of its preemptors, and reading them off the Running
 // values (~200 bytes apart, the tenant a string compared per allocation,
 // the devices summed again per preemptor) was most of each judgement. The
-// answers are judgeRef's (the test's reference: eligibleRank and spend on
+// answers are refJudge's (the test's reference: eligibleRank and spend on
 // the Running values); TestJudgeUnitsAsReference compares.
 type facts struct {
 	tenant  []int32 // per running: index into tenants
