@@ -420,6 +420,11 @@ func (s *Store) Cycle() CycleResult {
 	s.enforcePromises(now)
 	if len(preemptors) > 0 {
 		res.Preempted = s.preempt(now, preemptors, book)
+	} else {
+		// Kept for the next cycle that preempts, the victim lists would
+		// hold released allocations and retired jobs' requests through a
+		// quiet spell; a steady cycle preempts every time and keeps them.
+		s.preemptBuf = preemptBufs{}
 	}
 	if len(s.defrag) > 0 {
 		misses := make([]miss, len(missed))
