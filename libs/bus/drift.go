@@ -28,10 +28,57 @@ func streamDrift(want, got jetstream.StreamConfig) []string {
 	return fieldsDiffering(normalStream(want), normalStream(got))
 }
 
-// kvDrift is streamDrift for a KV bucket's config (as its status reads it
-// back from the backing stream).
-func kvDrift(want, got jetstream.KeyValueConfig) []string {
-	return fieldsDiffering(normalKV(want), normalKV(got))
+// kvStream is the backing stream nats.go makes for a bucket of config c
+// (jetstream.prepareKeyValueConfig, nats.go v1.55.0), for a bucket that
+// neither mirrors nor sources (contracts' buckets do neither). A bucket is
+// compared as its stream, not through its status's KeyValueConfig: that
+// view leaves out what a hand edit of the stream can break (max messages,
+// rollups, direct gets, the discard policy, max consumers, subjects) and
+// reads the history through a uint8.
+func kvStream(c jetstream.KeyValueConfig) jetstream.StreamConfig {
+	history := int64(1)
+	if c.History > 0 {
+		history = int64(c.History)
+	}
+	maxBytes, maxMsgSize := c.MaxBytes, c.MaxValueSize
+	if maxBytes == 0 {
+		maxBytes = -1
+	}
+	if maxMsgSize == 0 {
+		maxMsgSize = -1
+	}
+	replicas := c.Replicas
+	if replicas == 0 {
+		replicas = 1
+	}
+	compression := jetstream.NoCompression
+	if c.Compression {
+		compression = jetstream.S2Compression
+	}
+	return jetstream.StreamConfig{
+		Name:                   "KV_" + c.Bucket,
+		Description:            c.Description,
+		Subjects:               []string{"$KV." + c.Bucket + ".>"},
+		MaxMsgsPerSubject:      history,
+		MaxBytes:               maxBytes,
+		MaxAge:                 c.TTL,
+		MaxMsgSize:             maxMsgSize,
+		Storage:                c.Storage,
+		Replicas:               replicas,
+		Placement:              c.Placement,
+		AllowRollup:            true,
+		DenyDelete:             true,
+		Duplicates:             defaultDuplicates(c.TTL),
+		MaxMsgs:                -1,
+		MaxConsumers:           -1,
+		AllowDirect:            true,
+		RePublish:              c.RePublish,
+		Compression:            compression,
+		Discard:                jetstream.DiscardNew,
+		AllowMsgTTL:            c.LimitMarkerTTL != 0,
+		SubjectDeleteMarkerTTL: c.LimitMarkerTTL,
+		Metadata:               c.Metadata,
+	}
 }
 
 // normalStream applies nats-server's defaults (server/stream.go,
@@ -61,23 +108,6 @@ func normalStream(c jetstream.StreamConfig) jetstream.StreamConfig {
 	}
 	if c.Duplicates == 0 {
 		c.Duplicates = defaultDuplicates(c.MaxAge)
-	}
-	c.Metadata = ownMetadata(c.Metadata)
-	return c
-}
-
-func normalKV(c jetstream.KeyValueConfig) jetstream.KeyValueConfig {
-	if c.History == 0 {
-		c.History = 1
-	}
-	if c.MaxBytes == 0 {
-		c.MaxBytes = -1
-	}
-	if c.MaxValueSize == 0 {
-		c.MaxValueSize = -1
-	}
-	if c.Replicas == 0 {
-		c.Replicas = 1
 	}
 	c.Metadata = ownMetadata(c.Metadata)
 	return c

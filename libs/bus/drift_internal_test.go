@@ -48,24 +48,3 @@ func TestStreamDrift(t *testing.T) {
 		})
 	}
 }
-
-func TestKVDrift(t *testing.T) {
-	want := jetstream.KeyValueConfig{Bucket: "b", Description: "d", History: 16, MaxValueSize: 1 << 20}
-	for _, tc := range []struct {
-		name  string
-		got   jetstream.KeyValueConfig
-		drift []string
-	}{
-		{"as read back", jetstream.KeyValueConfig{Bucket: "b", Description: "d", History: 16, MaxValueSize: 1 << 20,
-			MaxBytes: -1, Replicas: 1, Metadata: map[string]string{"_nats.level": "1"}}, nil},
-		{"history cut by hand", jetstream.KeyValueConfig{Bucket: "b", Description: "d", History: 1, MaxValueSize: 1 << 20}, []string{"History"}},
-		{"a ttl set by hand", jetstream.KeyValueConfig{Bucket: "b", Description: "d", History: 16, MaxValueSize: 1 << 20,
-			TTL: time.Hour}, []string{"TTL"}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			if got := kvDrift(want, tc.got); !slices.Equal(got, tc.drift) {
-				t.Errorf("kvDrift = %v, want %v", got, tc.drift)
-			}
-		})
-	}
-}

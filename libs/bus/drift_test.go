@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
@@ -17,8 +18,8 @@ import (
 
 // TestOperatorUpdatesOnlyWhatDrifted: an operator that connects to a bus
 // already at contracts' config sends no stream update at all (on file and
-// memory storage, and at R3 on a cluster), and one that finds a stream and a bucket edited by hand
-// puts those two back, and nothing else.
+// memory storage, and at R3 on a cluster), and one that finds streams and
+// buckets edited by hand puts exactly those back.
 func TestOperatorUpdatesOnlyWhatDrifted(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -105,23 +106,49 @@ func TestOperatorUpdatesOnlyWhatDrifted(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			edited := s.CachedInfo().Config
-			edited.MaxAge, edited.Description = time.Hour, "edited by hand"
-			if _, err := js.UpdateStream(ctx, edited); err != nil {
-				t.Fatal(err)
+			// Hand edits, each on its own stream: JOBS, and the backing
+			// streams of buckets, where an edit can leave no valid bucket
+			// to nats.go (unlimited history) or break one in ways a
+			// bucket's status does not show (a review of the first
+			// version, which compared statuses, found each of these).
+			kvs := contracts.KeyValues(opts)
+			edits := map[string]func(*jetstream.StreamConfig){
+				contracts.StreamJobs:  func(c *jetstream.StreamConfig) { c.MaxAge, c.Description = time.Hour, "edited by hand" },
+				"KV_" + kvs[0].Bucket: func(c *jetstream.StreamConfig) { c.MaxMsgsPerSubject = 2 },
+				"KV_" + kvs[1].Bucket: func(c *jetstream.StreamConfig) { c.MaxMsgsPerSubject = -1 },
+				"KV_" + kvs[2].Bucket: func(c *jetstream.StreamConfig) { c.MaxMsgs = 5 },
+				"KV_" + kvs[3].Bucket: func(c *jetstream.StreamConfig) { c.AllowRollup = false },
+				"KV_" + kvs[4].Bucket: func(c *jetstream.StreamConfig) { c.AllowDirect = false },
+				"KV_" + kvs[5].Bucket: func(c *jetstream.StreamConfig) { c.MaxConsumers = 1 },
+				"KV_" + kvs[6].Bucket: func(c *jetstream.StreamConfig) { c.Discard = jetstream.DiscardOld },
+				"KV_" + kvs[7].Bucket: func(c *jetstream.StreamConfig) { c.Subjects = append(c.Subjects, "gp-test.extra.>") },
+				"KV_" + kvs[8].Bucket: func(c *jetstream.StreamConfig) { c.MaxMsgsPerSubject = 257 },
 			}
-			kvCfg := contracts.KeyValues(opts)[0]
-			handKV := kvCfg
-			handKV.History = 2
-			if _, err := js.UpdateKeyValue(ctx, handKV); err != nil {
-				t.Fatal(err)
+			var edited []string
+			for name, edit := range edits {
+				es, err := js.Stream(ctx, name)
+				if err != nil {
+					t.Fatal(err)
+				}
+				cfg := es.CachedInfo().Config
+				edit(&cfg)
+				if _, err := js.UpdateStream(ctx, cfg); err != nil {
+					t.Fatalf("hand edit of %s: %v", name, err)
+				}
+				edited = append(edited, name)
 			}
-			updates(2)
+			slices.Sort(edited)
+			updates(len(edited))
 
 			third := connect()
 			third.Close(context.Background())
-			if u, want := updates(2), []string{contracts.StreamJobs, "KV_" + kvCfg.Bucket}; !slices.Equal(u, want) {
-				t.Errorf("after hand edits the operator updated %v, want %v", u, want)
+			if u := updates(len(edited)); !slices.Equal(u, edited) {
+				t.Errorf("after hand edits the operator updated %v, want %v", u, edited)
+			}
+			fourth := connect()
+			fourth.Close(context.Background())
+			if u := updates(0); len(u) > 0 {
+				t.Errorf("the operator's updates left %v off contract: the next connect updated them again", u)
 			}
 			info, err := s.Info(ctx)
 			if err != nil {
@@ -130,16 +157,18 @@ func TestOperatorUpdatesOnlyWhatDrifted(t *testing.T) {
 			if want := contracts.Streams(opts)[0]; info.Config.MaxAge != 0 || info.Config.Description != want.Description {
 				t.Errorf("JOBS after the operator connected: max age %v, description %q; want 0, %q", info.Config.MaxAge, info.Config.Description, want.Description)
 			}
-			kv, err := js.KeyValue(ctx, kvCfg.Bucket)
-			if err != nil {
-				t.Fatal(err)
-			}
-			st, err := kv.Status(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if st.History() != int64(kvCfg.History) {
-				t.Errorf("bucket %s history %d after the operator connected, want %d", kvCfg.Bucket, st.History(), kvCfg.History)
+			for _, kv := range kvs[:2] {
+				b, err := js.KeyValue(ctx, kv.Bucket)
+				if err != nil {
+					t.Fatalf("bucket %s after the operator connected: %v", kv.Bucket, err)
+				}
+				st, err := b.Status(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if st.History() != int64(kv.History) {
+					t.Errorf("bucket %s history %d after the operator connected, want %d", kv.Bucket, st.History(), kv.History)
+				}
 			}
 		})
 	}

@@ -25,26 +25,18 @@ func (b *Bus) KeyValue(ctx context.Context, bucket string) (jetstream.KeyValue, 
 		// One bound per call, as for streams (EnsureStreams).
 		if err := retryEach(ctx, func(ctx context.Context) error {
 			var err error
+			if b.mode == ProvisionUpdate {
+				kv, err = b.operatorKV(ctx, cfg)
+				return err
+			}
 			// A service opens the bucket, creating it when missing; only
-			// the operator updates a bucket's config, and only when it
-			// drifted (drift.go says why not every time).
+			// the operator updates a bucket's config.
 			kv, err = b.js.KeyValue(ctx, bucket)
 			if errors.Is(err, jetstream.ErrBucketNotFound) {
 				kv, err = b.js.CreateKeyValue(ctx, cfg)
 				if errors.Is(err, jetstream.ErrBucketExists) || errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
 					kv, err = b.js.KeyValue(ctx, bucket)
 				}
-			}
-			if err != nil || b.mode != ProvisionUpdate {
-				return err
-			}
-			st, err := kv.Status(ctx)
-			if err != nil {
-				return err
-			}
-			if drift := kvDrift(cfg, st.Config()); len(drift) > 0 {
-				b.log.Info("updating kv bucket to its contract", "bucket", bucket, "fields", strings.Join(drift, ","))
-				kv, err = b.js.UpdateKeyValue(ctx, cfg)
 			}
 			return err
 		}); err != nil {
@@ -53,6 +45,36 @@ func (b *Bus) KeyValue(ctx context.Context, bucket string) (jetstream.KeyValue, 
 		return kv, nil
 	}
 	return nil, fmt.Errorf("bus: %q is not a platform KV bucket", bucket)
+}
+
+// operatorKV opens the bucket of cfg for the operator: created when
+// missing, updated only when its backing stream drifted from what
+// nats.go makes of cfg (drift.go says why not every time). The stream is
+// read, not the bucket: a stream edited by hand (say, to unlimited
+// history) is no valid bucket to nats.go, and the operator must still put
+// it back.
+func (b *Bus) operatorKV(ctx context.Context, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	if cfg.Mirror != nil || len(cfg.Sources) > 0 {
+		return b.js.CreateOrUpdateKeyValue(ctx, cfg)
+	}
+	want := kvStream(cfg)
+	s, err := b.js.Stream(ctx, want.Name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		kv, err := b.js.CreateKeyValue(ctx, cfg)
+		if !errors.Is(err, jetstream.ErrBucketExists) && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return kv, err
+		}
+		// Another service created it first: compare what it made.
+		s, err = b.js.Stream(ctx, want.Name)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if drift := streamDrift(want, s.CachedInfo().Config); len(drift) > 0 {
+		b.log.Info("updating kv bucket to its contract", "bucket", cfg.Bucket, "fields", strings.Join(drift, ","))
+		return b.js.UpdateKeyValue(ctx, cfg)
+	}
+	return b.js.KeyValue(ctx, cfg.Bucket)
 }
 
 // WatchKV follows every key of the platform bucket until ctx ends: apply
