@@ -556,13 +556,9 @@ type guarantee struct {
 func (s *Store) guarantees(b *fairshare.Book) *guarantee {
 	g := &guarantee{book: b, staying: map[preempt.TenantPool]int64{}}
 	add := func(a *contracts.Allocation, j *Job) {
-		if j == nil || j.Request == nil || j.Attempt != a.Attempt || j.State.Terminal() || j.evict != "" || j.cancel {
-			return
+		if isStaying(a, j) {
+			g.staying[preempt.TenantPool{Tenant: a.Tenant, Pool: a.Pool}] += milliOf(a)
 		}
-		if p := j.part(a.ID); p != nil && (p.done() || p.stopSent != "") {
-			return // its run ends, or is being stopped (a gang's part retried)
-		}
-		g.staying[preempt.TenantPool{Tenant: a.Tenant, Pool: a.Pool}] += milliOf(a)
 	}
 	for _, ref := range s.committed() {
 		add(ref.a, ref.j)
@@ -570,6 +566,25 @@ func (s *Store) guarantees(b *fairshare.Book) *guarantee {
 	for _, a := range s.cluster.plans {
 		add(a, s.jobs[Key(a.Tenant, a.JobID)])
 	}
+	s.claimedAndSpare(g)
+	return g
+}
+
+// isStaying reports whether allocation a of job j is work that stays: its
+// job's current attempt, not ended, evicted or cancelled, and its part
+// neither ended nor being stopped (a gang's part retried).
+func isStaying(a *contracts.Allocation, j *Job) bool {
+	if j == nil || j.Request == nil || j.Attempt != a.Attempt || j.State.Terminal() || j.evict != "" || j.cancel {
+		return false
+	}
+	p := j.part(a.ID)
+	return p == nil || (!p.done() && p.stopSent == "")
+}
+
+// claimedAndSpare ends guarantees (and preemptInputs' walk): what is
+// claimed for preemptors stays too, and each guaranteed tenant's spare is
+// what of its staying work lies beyond its guarantee.
+func (s *Store) claimedAndSpare(g *guarantee) {
 	for key, cl := range s.cluster.claims {
 		if j := s.jobs[key]; j != nil && j.Request != nil {
 			per := j.Request.Resources.GPU.MilliGPUs() / int64(max(len(cl.parts), 1))
@@ -580,11 +595,10 @@ func (s *Store) guarantees(b *fairshare.Book) *guarantee {
 	}
 	g.spare = map[preempt.TenantPool]int64{}
 	for k, n := range g.staying {
-		if q := b.Guarantee(k.Tenant, k.Pool); q > 0 {
+		if q := g.book.Guarantee(k.Tenant, k.Pool); q > 0 {
 			g.spare[k] = max(0, n-q)
 		}
 	}
-	return g
 }
 
 // borrowing reports whether tenant holds more than its guarantee in pool

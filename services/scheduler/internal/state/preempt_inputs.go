@@ -101,29 +101,11 @@ func (s *Store) preemptInputs(b *fairshare.Book) (*guarantee, []preempt.Running)
 	}
 	// Plans and claims, as guarantees counts them.
 	for _, a := range s.cluster.plans {
-		j := s.jobs[Key(a.Tenant, a.JobID)]
-		if j == nil || j.Request == nil || j.Attempt != a.Attempt || j.State.Terminal() || j.evict != "" || j.cancel {
-			continue
-		}
-		if p := j.part(a.ID); p != nil && (p.done() || p.stopSent != "") {
-			continue
-		}
-		g.staying[preempt.TenantPool{Tenant: a.Tenant, Pool: a.Pool}] += milliOf(a)
-	}
-	for key, cl := range s.cluster.claims {
-		if j := s.jobs[key]; j != nil && j.Request != nil {
-			per := j.Request.Resources.GPU.MilliGPUs() / int64(max(len(cl.parts), 1))
-			for _, p := range cl.parts {
-				g.staying[preempt.TenantPool{Tenant: cl.tenant, Pool: p.Pool}] += per
-			}
+		if isStaying(a, s.jobs[Key(a.Tenant, a.JobID)]) {
+			g.staying[preempt.TenantPool{Tenant: a.Tenant, Pool: a.Pool}] += milliOf(a)
 		}
 	}
-	g.spare = map[preempt.TenantPool]int64{}
-	for k, n := range g.staying {
-		if q := b.Guarantee(k.Tenant, k.Pool); q > 0 {
-			g.spare[k] = max(0, n-q)
-		}
-	}
+	s.claimedAndSpare(g)
 	// victimsOf's list, with borrowing asked once per run of one tenant
 	// and pool (staying is complete now). Between steady cycles ~1 % of
 	// the running allocations change: an entry the last cycle made of the
