@@ -27,40 +27,61 @@ func TestCycleDecidesAsExhaustiveSearch(t *testing.T) {
 			placed := 0
 			for cycle := range 4 {
 				got, want := memo.Cycle(), full.Cycle()
-				if !reflect.DeepEqual(got, want) {
-					t.Fatalf("cycle %d differs:\n memos      placed %d waiting %d, %d plans, %d events\n exhaustive placed %d waiting %d, %d plans, %d events\n%s",
-						cycle, got.Placed, got.Waiting, len(got.Plans), len(got.Publish), want.Placed, want.Waiting,
-						len(want.Plans), len(want.Publish), firstDiff(got, want))
-				}
+				sameCycle(t, cycle, got, want)
 				placed += got.Placed
 				// Commit and start what was placed, end a third of it, and
 				// queue more, alike in both stores.
-				for _, p := range got.Plans {
-					for _, a := range p.Items {
-						end := rng.IntN(3) == 0
-						for _, st := range []*Store{memo, full} {
-							st.ApplyLedger(contracts.LedgerEntry{SchemaVersion: 1, Kind: contracts.LedgerCommitted, Allocation: a, Time: benchT0})
-							st.ApplyRun(contracts.RunEvent{SchemaVersion: 1, Kind: contracts.RunStarted, AllocationID: a.ID,
-								Tenant: a.Tenant, JobID: a.JobID, Attempt: a.Attempt, NodeID: a.NodeID, Devices: a.Devices, Time: benchT0})
-							if end {
-								run := contracts.RunResult{Outcome: contracts.OutcomeSucceeded, StartedAt: benchT0, EndedAt: benchT0.Add(time.Minute)}
-								st.ApplyLedger(contracts.LedgerEntry{SchemaVersion: 1, Kind: contracts.LedgerReleased, Allocation: a,
-									Time: benchT0, Reason: contracts.ReasonRunEnded, Run: &run})
-							}
-						}
-					}
-				}
-				for range size.queue / 4 {
-					seq++
-					tenant, r := benchTenant(rng.IntN(benchTenants)), benchRequest(rng, fmt.Sprintf("k%06d", seq))
-					benchSubmit(t, memo, tenant, r, seq)
-					benchSubmit(t, full, tenant, r, seq)
-				}
+				runPlaced(rng, benchT0, got, memo, full)
+				submitMixed(t, rng, &seq, size.queue/4, memo, full)
 			}
 			if placed == 0 {
 				t.Fatal("nothing placed: the comparison proves little")
 			}
 		})
+	}
+}
+
+// sameCycle fails the test unless the fast store's cycle got is the
+// exhaustive store's want.
+func sameCycle(t *testing.T, cycle int, got, want CycleResult) {
+	t.Helper()
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("cycle %d differs:\n memos      placed %d waiting %d, %d plans, %d events\n exhaustive placed %d waiting %d, %d plans, %d events\n%s",
+			cycle, got.Placed, got.Waiting, len(got.Plans), len(got.Publish), want.Placed, want.Waiting,
+			len(want.Plans), len(want.Publish), firstDiff(got, want))
+	}
+}
+
+// runPlaced commits and starts, in every store, what res placed, and
+// ends a third of it (released at now).
+func runPlaced(rng *rand.Rand, now time.Time, res CycleResult, stores ...*Store) {
+	for _, p := range res.Plans {
+		for _, a := range p.Items {
+			end := rng.IntN(3) == 0
+			for _, st := range stores {
+				st.ApplyLedger(contracts.LedgerEntry{SchemaVersion: 1, Kind: contracts.LedgerCommitted, Allocation: a, Time: now})
+				st.ApplyRun(contracts.RunEvent{SchemaVersion: 1, Kind: contracts.RunStarted, AllocationID: a.ID,
+					Tenant: a.Tenant, JobID: a.JobID, Attempt: a.Attempt, NodeID: a.NodeID, Devices: a.Devices, Time: now})
+				if end {
+					run := contracts.RunResult{Outcome: contracts.OutcomeSucceeded, StartedAt: now, EndedAt: now.Add(time.Minute)}
+					st.ApplyLedger(contracts.LedgerEntry{SchemaVersion: 1, Kind: contracts.LedgerReleased, Allocation: a,
+						Time: now, Reason: contracts.ReasonRunEnded, Run: &run})
+				}
+			}
+		}
+	}
+}
+
+// submitMixed queues n more of the mixed workload's jobs, alike in every
+// store.
+func submitMixed(t *testing.T, rng *rand.Rand, seq *uint64, n int, stores ...*Store) {
+	t.Helper()
+	for range n {
+		*seq++
+		tenant, r := benchTenant(rng.IntN(benchTenants)), benchRequest(rng, fmt.Sprintf("k%06d", *seq))
+		for _, st := range stores {
+			benchSubmit(t, st, tenant, r, *seq)
+		}
 	}
 }
 

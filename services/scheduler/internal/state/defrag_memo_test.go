@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"fmt"
 	"math/rand/v2"
-	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -40,38 +39,15 @@ func TestDefragmentDecidesAsExhaustiveSearch(t *testing.T) {
 			for cycle := range 6 {
 				now = now.Add(2 * time.Minute)
 				got, want := memo.Cycle(), full.Cycle()
-				if !reflect.DeepEqual(got, want) {
-					t.Fatalf("cycle %d differs:\n memos      placed %d waiting %d, %d plans, %d events\n exhaustive placed %d waiting %d, %d plans, %d events\n%s",
-						cycle, got.Placed, got.Waiting, len(got.Plans), len(got.Publish), want.Placed, want.Waiting,
-						len(want.Plans), len(want.Publish), firstDiff(got, want))
-				}
+				sameCycle(t, cycle, got, want)
 				placed += got.Placed
 				for _, p := range got.Publish {
 					if ev, ok := p.Msg.(contracts.JobEvent); ok && strings.HasPrefix(ev.Message, "defragmenting pool") {
 						moved++
 					}
 				}
-				for _, p := range got.Plans {
-					for _, a := range p.Items {
-						end := rng.IntN(3) == 0
-						for _, st := range []*Store{memo, full} {
-							st.ApplyLedger(contracts.LedgerEntry{SchemaVersion: 1, Kind: contracts.LedgerCommitted, Allocation: a, Time: now})
-							st.ApplyRun(contracts.RunEvent{SchemaVersion: 1, Kind: contracts.RunStarted, AllocationID: a.ID,
-								Tenant: a.Tenant, JobID: a.JobID, Attempt: a.Attempt, NodeID: a.NodeID, Devices: a.Devices, Time: now})
-							if end {
-								run := contracts.RunResult{Outcome: contracts.OutcomeSucceeded, StartedAt: now, EndedAt: now.Add(time.Minute)}
-								st.ApplyLedger(contracts.LedgerEntry{SchemaVersion: 1, Kind: contracts.LedgerReleased, Allocation: a,
-									Time: now, Reason: contracts.ReasonRunEnded, Run: &run})
-							}
-						}
-					}
-				}
-				for range size.queue / 4 {
-					seq++
-					tenant, r := benchTenant(rng.IntN(benchTenants)), benchRequest(rng, fmt.Sprintf("k%06d", seq))
-					benchSubmit(t, memo, tenant, r, seq)
-					benchSubmit(t, full, tenant, r, seq)
-				}
+				runPlaced(rng, now, got, memo, full)
+				submitMixed(t, rng, &seq, size.queue/4, memo, full)
 			}
 			if placed == 0 || full.defragSearches == 0 || memo.defragSearches >= full.defragSearches {
 				t.Fatalf("placed %d, searches %d shared vs %d exhaustive: the comparison proves little", placed, memo.defragSearches, full.defragSearches)
@@ -110,10 +86,7 @@ func TestDefragmentSharesSearchesOfTheSameAsk(t *testing.T) {
 	moved := false
 	for cycle := range 8 {
 		got, want := memo.cycle(), full.cycle()
-		if !reflect.DeepEqual(got, want) {
-			t.Fatalf("cycle %d differs:\n memos      placed %d waiting %d, %d events\n exhaustive placed %d waiting %d, %d events\n%s",
-				cycle, got.Placed, got.Waiting, len(got.Publish), want.Placed, want.Waiting, len(want.Publish), firstDiff(got, want))
-		}
+		sameCycle(t, cycle, got, want)
 		for _, p := range got.Publish {
 			if ev, ok := p.Msg.(contracts.JobEvent); ok && strings.HasPrefix(ev.Message, "defragmenting pool") {
 				moved = true
