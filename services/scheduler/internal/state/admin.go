@@ -754,9 +754,3 @@ func (s *Store) committed() []allocRef {
 	}
 	return refs
 }
-
-// isKey reports whether k is Key(tenant, jobID), without building it.
-func isKey(k, tenant, jobID string) bool {
-	return len(k) == len(tenant)+1+len(jobID) && k[:len(tenant)] == tenant && k[len(tenant)] == '/' &&
-		k[len(tenant)+1:] == jobID
-}

@@ -761,16 +761,3 @@ func TestFIFOFollowsArrivalNotAnswerOrder(t *testing.T) {
 	h.restart()
 	check("after a restart")
 }
-
-func TestIsKey(t *testing.T) {
-	for _, c := range []struct {
-		k, tenant, id string
-	}{
-		{"a/b", "a", "b"}, {"a/b", "a/", "b"}, {"a/b/c", "a", "b/c"}, {"a/b/c", "a/b", "c"}, {"ab", "a", "b"},
-		{"a/", "a", ""}, {"/b", "", "b"}, {"acme/j1", "acme", "j1"}, {"acme/j1", "acme", "j2"}, {"acme/j1", "acm", "e/j1"},
-	} {
-		if got, want := isKey(c.k, c.tenant, c.id), c.k == Key(c.tenant, c.id); got != want {
-			t.Errorf("isKey(%q, %q, %q) = %v, want %v", c.k, c.tenant, c.id, got, want)
-		}
-	}
-}
