@@ -13,7 +13,8 @@ import (
 // live heap after GC before and after queueing QUEUED_JOBS (default
 // 100,000) jobs of the mixed workload on an empty 100-machine fleet (no
 // cycle runs, so every job stays queued). bytes/job is the live heap's
-// growth over the jobs queued.
+// growth over the jobs queued. GPUPLANE_MEMPROF names a file for an inuse
+// heap profile taken while the jobs are held (BenchmarkRunningMemory).
 func BenchmarkQueuedMemory(b *testing.B) {
 	n := 100_000
 	if v, err := strconv.Atoi(os.Getenv("QUEUED_JOBS")); err == nil && v > 0 {
@@ -26,11 +27,13 @@ func BenchmarkQueuedMemory(b *testing.B) {
 		}
 		st.GoLive()
 		before := liveHeap()
+		writeHeapProfile(b, ".before")
 		rng := rand.New(rand.NewPCG(1, 2))
 		for i := range n {
 			benchSubmit(b, st, benchTenant(rng.IntN(benchTenants)), benchRequest(rng, fmt.Sprintf("q%07d", i)), uint64(i+1))
 		}
 		after := liveHeap()
+		writeHeapProfile(b, "")
 		if st.Queued() != n {
 			b.Fatalf("%d queued, want %d", st.Queued(), n)
 		}
