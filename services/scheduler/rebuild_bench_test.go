@@ -45,6 +45,15 @@ func rebuildJobs(tb testing.TB) int {
 // number of messages written.
 func history(tb testing.TB, b *bus.Bus, scheduler string, n int) int {
 	tb.Helper()
+	return writeHistory(tb, b, scheduler, n, max(n/100, 1), 1)
+}
+
+// writeHistory is history with live of the n jobs live (the last ones)
+// and, when waits > 1, every live queued job waited long: waits pending
+// events each (one a minute, its reason published again), not 1 in 10
+// jobs one.
+func writeHistory(tb testing.TB, b *bus.Bus, scheduler string, n, live, waits int) int {
+	tb.Helper()
 	js := b.JetStream()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 	defer cancel()
@@ -71,7 +80,6 @@ func history(tb testing.TB, b *bus.Bus, scheduler string, n int) int {
 		}
 		written++
 	}
-	live := max(n/100, 1)
 	running := live / 2
 	nodes := max(running/8+1, 10)
 	for i := range nodes {
@@ -108,12 +116,20 @@ func history(tb testing.TB, b *bus.Bus, scheduler string, n int) int {
 		ev(contracts.EventQueued, contracts.StateQueued, 0, func(e *contracts.JobEvent) {
 			e.Request, e.SubmitSeq = &req, uint64(i+1)
 		})
-		if i%10 == 0 {
-			ev(contracts.EventPending, contracts.StateQueued, 1, func(e *contracts.JobEvent) {
+		isLive := i >= n-live
+		pendings := 0
+		switch {
+		case waits > 1 && isLive && i >= n-live+running:
+			pendings = waits
+		case i%10 == 0:
+			pendings = 1
+		}
+		for k := 1; k <= pendings; k++ {
+			ev(contracts.EventPending, contracts.StateQueued, k, func(e *contracts.JobEvent) {
 				e.Reason, e.Message = contracts.PendingInsufficientGPUs, "no free H100 in pool east"
+				e.Time = at.Add(time.Duration(k) * time.Minute)
 			})
 		}
-		isLive := i >= n-live
 		if isLive && i >= n-live+running {
 			continue // queued
 		}

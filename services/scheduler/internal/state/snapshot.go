@@ -2,6 +2,7 @@ package state
 
 import (
 	"bufio"
+	"bytes"
 	"cmp"
 	"crypto/sha256"
 	"encoding/binary"
@@ -33,7 +34,9 @@ import (
 // events after an end, facts about an ended job change only the cluster,
 // where the commits and releases of its allocations cancel out), and a
 // retired job's record answers what a whole ended job did. A plan is
-// dropped once none of its items' jobs is open. Everything else is kept.
+// dropped once none of its items' jobs is open. Of a run of a live job's
+// pending events only the highest and the last are kept (pendingRun).
+// Everything else is kept.
 
 // SnapshotSchema is the version of the snapshot's encoding and of the
 // rules above; a snapshot of another version is ignored.
@@ -63,8 +66,12 @@ type SnapshotMeta struct {
 
 // Snapshot is a decoded snapshot.
 type Snapshot struct {
-	Meta    SnapshotMeta
-	Msgs    []*LogMsg // by stream, then sequence
+	Meta SnapshotMeta
+	Msgs []*LogMsg // by stream, then sequence (a decoded snapshot)
+	// recs are a compactor's snapshot's messages, each as Encode writes
+	// one (encodeMsg), by stream then sequence; Encode writes them as
+	// they are. Msgs is nil then.
+	recs    [][]byte
 	retired map[retiredKey]retiredJob
 	why     map[retiredKey]contracts.Reason
 	work    workload
@@ -72,7 +79,17 @@ type Snapshot struct {
 
 // cjob is an open job of a Compactor.
 type cjob struct {
-	msgs []*LogMsg
+	// msgs are the job's messages, each encoded as a snapshot writes it
+	// (encodeMsg): the exact bytes and one slice header each. Keeping the
+	// *LogMsg instead held nats.go's read buffer of each message (its
+	// headers and reply subject too), a header map and the record: about
+	// 10 KB per live job in a whole-platform run (issue 17), twice what
+	// the bytes are.
+	msgs [][]byte
+	// run is the run of pending events the job is in: a waiting job
+	// publishes one a minute for as long as it waits (more when its
+	// reason changes), and of a run only two matter (runPending).
+	run pendingRun
 	// seen is set once a JOB_EVENTS event of the job was read: until then
 	// (facts and cancels may be read first) it is not known to be ours.
 	seen      bool
@@ -120,7 +137,7 @@ type jobRef struct {
 }
 
 type planMsg struct {
-	msg  *LogMsg
+	rec  []byte // encodeMsg
 	keys []string
 }
 
@@ -193,7 +210,7 @@ func (c *Compactor) Observe(m *LogMsg) {
 		if decodeMsg(m.Data, &p) != nil {
 			return
 		}
-		pm := &planMsg{msg: m}
+		pm := &planMsg{rec: encodeMsg(m)}
 		for _, it := range p.Items {
 			pm.keys = append(pm.keys, Key(it.Tenant, it.JobID))
 		}
@@ -257,10 +274,15 @@ func (c *Compactor) event(m *LogMsg) {
 	}
 	j := c.job(key)
 	j.seen = true
-	j.msgs = append(j.msgs, m)
 	to, err := contracts.Transition(j.state, ev.Type)
 	if err != nil {
+		j.msgs, j.run = append(j.msgs, encodeMsg(m)), pendingRun{}
 		return
+	}
+	if ev.Type == contracts.EventPending {
+		j.runPending(m, ev.Attempt)
+	} else {
+		j.msgs, j.run = append(j.msgs, encodeMsg(m)), pendingRun{}
 	}
 	j.state = to
 	switch ev.Type {
@@ -275,6 +297,55 @@ func (c *Compactor) event(m *LogMsg) {
 		j.attempt = ev.Attempt
 	}
 	c.close(key, j)
+}
+
+// pendingRun is a run of a job's pending events: of one attempt, with
+// IDs that carry their sequence, and no other event of the job between
+// them. Replayed (Store.ReplayJobEvent), each of a run sets the reason
+// published and when, which the last one sets again, and raises the
+// job's pending sequence to its own, which the highest one does too:
+// every event of a run is applied or none is (the job's state and
+// attempt change only by its other events, which end the run). So a run
+// keeps two events, the highest (top) and the last (last; 0 when the top
+// is the last), and a snapshot replays to what the whole log does.
+// Indexes are into the job's msgs, plus one; top is 0 outside a run.
+type pendingRun struct {
+	top, last int
+	attempt   int
+	topSeq    int
+}
+
+// runPending keeps m, a pending event of attempt that its job's state
+// machine accepts, as its run allows.
+func (j *cjob) runPending(m *LogMsg, attempt int) {
+	var seq int
+	if ids := m.Header[contracts.HeaderMsgID]; len(ids) == 1 {
+		seq = pendingSeqOf(ids[0])
+	}
+	r := &j.run
+	switch {
+	case seq <= 0:
+		// No sequence to compare (not written by this code): kept, and
+		// no run around it.
+		j.msgs, j.run = append(j.msgs, encodeMsg(m)), pendingRun{}
+	case r.top == 0 || r.attempt != attempt:
+		j.msgs = append(j.msgs, encodeMsg(m))
+		j.run = pendingRun{top: len(j.msgs), attempt: attempt, topSeq: seq}
+	case seq >= r.topSeq:
+		// The highest and the last: it takes the top's place, and the
+		// last before it goes (it is the job's last message of JOB_EVENTS,
+		// and after the top, so no index kept moves).
+		j.msgs[r.top-1], r.topSeq = encodeMsg(m), seq
+		if r.last != 0 {
+			j.msgs = slices.Delete(j.msgs, r.last-1, r.last)
+			r.last = 0
+		}
+	case r.last != 0:
+		j.msgs[r.last-1] = encodeMsg(m)
+	default:
+		j.msgs = append(j.msgs, encodeMsg(m))
+		r.last = len(j.msgs)
+	}
 }
 
 // decodeRequest decodes a queued event's request, nil when it does not
@@ -309,7 +380,7 @@ func (c *Compactor) fact(key string, m *LogMsg, kind contracts.LedgerKind, alloc
 			j.seen, j.state = true, contracts.StateSucceeded
 		}
 	}
-	j.msgs = append(j.msgs, m)
+	j.msgs = append(j.msgs, encodeMsg(m))
 	switch kind {
 	case contracts.LedgerCommitted:
 		j.open[alloc] = true
@@ -355,8 +426,11 @@ func (c *Compactor) Snapshot() *Snapshot {
 	s := &Snapshot{Meta: SnapshotMeta{Schema: SnapshotSchema, Scheduler: c.scheduler, Seqs: c.Seqs(),
 		Jobs: len(c.jobs), Retired: len(c.retired)},
 		retired: maps.Clone(c.retired), why: maps.Clone(c.why), work: workload{reqs: slices.Clone(c.work.reqs), next: c.work.next}}
+	var recs []keyedRec
 	for _, j := range c.jobs {
-		s.Msgs = append(s.Msgs, j.msgs...)
+		for _, r := range j.msgs {
+			recs = append(recs, keyRec(r))
+		}
 	}
 	live := c.plans[:0]
 	for _, p := range c.plans {
@@ -365,22 +439,109 @@ func (c *Compactor) Snapshot() *Snapshot {
 		for _, k := range p.keys {
 			if _, ended := c.retired[retiredKeyOf(k)]; !ended || c.jobs[k] != nil {
 				live = append(live, p)
-				s.Msgs = append(s.Msgs, p.msg)
+				recs = append(recs, keyRec(p.rec))
 				break
 			}
 		}
 	}
 	clear(c.plans[len(live):])
 	c.plans = live
-	slices.SortFunc(s.Msgs, func(a, b *LogMsg) int {
-		if a.Stream != b.Stream {
-			return strings.Compare(a.Stream, b.Stream)
+	slices.SortFunc(recs, func(a, b keyedRec) int {
+		if c := bytes.Compare(a.stream, b.stream); c != 0 {
+			return c
 		}
-		return cmp.Compare(a.Seq, b.Seq)
+		return cmp.Compare(a.seq, b.seq)
 	})
-	s.Msgs = slices.CompactFunc(s.Msgs, func(a, b *LogMsg) bool { return a.Stream == b.Stream && a.Seq == b.Seq })
-	s.Meta.Msgs = len(s.Msgs)
+	recs = slices.CompactFunc(recs, func(a, b keyedRec) bool { return bytes.Equal(a.stream, b.stream) && a.seq == b.seq })
+	s.recs = make([][]byte, len(recs))
+	for i, r := range recs {
+		s.recs[i] = r.rec
+	}
+	s.Meta.Msgs = len(s.recs)
 	return s
+}
+
+// encodeMsg encodes m as a snapshot writes a message: its stream,
+// sequence, subject, headers and body, in one allocation of exactly their
+// size (the compactor keeps it for as long as the job lives).
+func encodeMsg(m *LogMsg) []byte {
+	strLen := func(v string) int { return uvarintLen(uint64(len(v))) + len(v) }
+	n := strLen(m.Stream) + uvarintLen(m.Seq) + strLen(m.Subject) + uvarintLen(uint64(len(m.Header))) +
+		uvarintLen(uint64(len(m.Data))) + len(m.Data)
+	for k, vs := range m.Header {
+		n += strLen(k) + uvarintLen(uint64(len(vs)))
+		for _, v := range vs {
+			n += strLen(v)
+		}
+	}
+	b := make([]byte, 0, n)
+	str := func(v string) { b = binary.AppendUvarint(b, uint64(len(v))); b = append(b, v...) }
+	str(m.Stream)
+	b = binary.AppendUvarint(b, m.Seq)
+	str(m.Subject)
+	b = binary.AppendUvarint(b, uint64(len(m.Header)))
+	for k, vs := range m.Header {
+		str(k)
+		b = binary.AppendUvarint(b, uint64(len(vs)))
+		for _, v := range vs {
+			str(v)
+		}
+	}
+	b = binary.AppendUvarint(b, uint64(len(m.Data)))
+	return append(b, m.Data...)
+}
+
+// uvarintLen is the length of v as binary.AppendUvarint writes it.
+func uvarintLen(v uint64) int {
+	n := 1
+	for ; v >= 0x80; v >>= 7 {
+		n++
+	}
+	return n
+}
+
+// keyedRec is an encoded message with the stream and sequence it is
+// sorted by (the stream a view into the record, not a copy).
+type keyedRec struct {
+	stream []byte
+	seq    uint64
+	rec    []byte
+}
+
+func keyRec(rec []byte) keyedRec {
+	d := &decoder{b: rec}
+	return keyedRec{stream: d.bytes(), seq: d.uv(), rec: rec}
+}
+
+// msg reads one message that encodeMsg wrote (as a snapshot holds them).
+func (d *decoder) msg() *LogMsg {
+	m := &LogMsg{Stream: d.str(), Seq: d.uv(), Subject: d.str()}
+	if nh := d.count(); nh > 0 {
+		m.Header = make(map[string][]string, nh)
+		for range nh {
+			k := d.str()
+			vs := make([]string, d.count())
+			for i := range vs {
+				vs[i] = d.str()
+			}
+			m.Header[k] = vs
+		}
+	}
+	m.Data = d.bytes()
+	return m
+}
+
+// messages returns the snapshot's messages decoded (a compactor's
+// snapshot holds them encoded).
+func (s *Snapshot) messages() []*LogMsg {
+	if s.recs == nil {
+		return s.Msgs
+	}
+	out := make([]*LogMsg, 0, len(s.recs))
+	for _, r := range s.recs {
+		out = append(out, (&decoder{b: r}).msg())
+	}
+	return out
 }
 
 // Restore installs a snapshot's retired jobs and workload into s. Call
@@ -417,20 +578,16 @@ func (s *Snapshot) Encode(w io.Writer) error {
 		return err
 	}
 	bytes(meta)
-	uv(uint64(len(s.Msgs)))
-	for _, m := range s.Msgs {
-		str(m.Stream)
-		uv(m.Seq)
-		str(m.Subject)
-		uv(uint64(len(m.Header)))
-		for k, vs := range m.Header {
-			str(k)
-			uv(uint64(len(vs)))
-			for _, v := range vs {
-				str(v)
-			}
+	if s.recs != nil {
+		uv(uint64(len(s.recs)))
+		for _, r := range s.recs {
+			bw.Write(r)
 		}
-		bytes(m.Data)
+	} else {
+		uv(uint64(len(s.Msgs)))
+		for _, m := range s.Msgs {
+			bw.Write(encodeMsg(m))
+		}
 	}
 	uv(uint64(len(s.retired)))
 	for k, v := range s.retired {
@@ -480,20 +637,7 @@ func DecodeSnapshot(data []byte) (*Snapshot, error) {
 	n := d.count()
 	s.Msgs = make([]*LogMsg, 0, n)
 	for range n {
-		m := &LogMsg{Stream: d.str(), Seq: d.uv(), Subject: d.str()}
-		if nh := d.count(); nh > 0 {
-			m.Header = make(map[string][]string, nh)
-			for range nh {
-				k := d.str()
-				vs := make([]string, d.count())
-				for i := range vs {
-					vs[i] = d.str()
-				}
-				m.Header[k] = vs
-			}
-		}
-		m.Data = d.bytes()
-		s.Msgs = append(s.Msgs, m)
+		s.Msgs = append(s.Msgs, d.msg())
 	}
 	for range d.count() {
 		var k retiredKey

@@ -140,7 +140,7 @@ type snapshotView struct {
 
 func viewOf(s *Snapshot) snapshotView {
 	v := snapshotView{Meta: s.Meta, Retired: s.retired, Why: s.why, Work: s.work}
-	for _, m := range s.Msgs {
+	for _, m := range s.messages() {
 		v.Msgs = append(v.Msgs, fmt.Sprintf("%s/%d", m.Stream, m.Seq))
 	}
 	return v

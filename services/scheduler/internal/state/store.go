@@ -419,7 +419,15 @@ func (s *Store) ReplayJobEvent(ev contracts.JobEvent, seq uint64, msgID string) 
 		if ev.Attempt == j.Attempt {
 			j.pubPending, j.pubPendingAt, j.pubMessage = ev.Reason, ev.Time, ev.Message
 			j.Pending = placement.Pending{Code: ev.Reason, Message: ev.Message}
-			j.pendingSeq = max(j.pendingSeq+1, pendingSeqOf(msgID))
+			// The highest sequence its ID carries (order-free, so a
+			// snapshot keeping the highest and the last of a run of them
+			// replays to the same: snapshot.go's pendingRun); one more
+			// for an event whose ID carries none.
+			if seq := pendingSeqOf(msgID); seq > 0 {
+				j.pendingSeq = max(j.pendingSeq, seq)
+			} else {
+				j.pendingSeq++
+			}
 		}
 	case contracts.EventScheduled:
 		s.queue.Remove(key)

@@ -1,0 +1,227 @@
+package state
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/gpuplane/gpuplane/contracts"
+)
+
+// TestCompactorSnapshotKeepsMessagesWhole: the compactor keeps each
+// message encoded, and its snapshot, encoded and decoded again, gives
+// back every kept message as it was fed (stream, sequence, subject,
+// every header value, body), each once, by stream then sequence, for
+// bare and labelled logs of several seeds.
+func TestCompactorSnapshotKeepsMessagesWhole(t *testing.T) {
+	for _, c := range []struct {
+		seed uint64
+		bare bool
+	}{{1, true}, {2, false}, {3, false}} {
+		t.Run(fmt.Sprint(c.seed, c.bare), func(t *testing.T) {
+			log := compactorLog(t, 400, c.seed, c.bare)
+			// Headers of several values and keys, as a message may carry.
+			for i, m := range log {
+				if i%7 == 0 {
+					m.Header["traceparent"] = []string{"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+					m.Header["tracestate"] = []string{"a=1", "b=2"}
+				}
+			}
+			fed := map[string]*LogMsg{}
+			comp := NewCompactor("s1", nil)
+			for _, m := range log {
+				fed[fmt.Sprintf("%s/%d", m.Stream, m.Seq)] = m
+				comp.Observe(m)
+			}
+			snap := comp.Snapshot()
+			var buf bytes.Buffer
+			if err := snap.Encode(&buf); err != nil {
+				t.Fatal(err)
+			}
+			got, err := DecodeSnapshot(buf.Bytes())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Meta.Msgs != len(got.Msgs) || len(got.Msgs) != len(snap.messages()) || len(got.Msgs) == 0 {
+				t.Fatalf("meta says %d messages, decoded %d, the compactor's snapshot holds %d",
+					got.Meta.Msgs, len(got.Msgs), len(snap.messages()))
+			}
+			for i, m := range got.Msgs {
+				want := fed[fmt.Sprintf("%s/%d", m.Stream, m.Seq)]
+				if want == nil {
+					t.Fatalf("message %s/%d was never fed", m.Stream, m.Seq)
+				}
+				if m.Subject != want.Subject || !bytes.Equal(m.Data, want.Data) ||
+					!maps.EqualFunc(m.Header, want.Header, slices.Equal[[]string]) {
+					t.Fatalf("message %s/%d: got %q %v %q, fed %q %v %q", m.Stream, m.Seq, m.Subject, m.Header, m.Data,
+						want.Subject, want.Header, want.Data)
+				}
+				if i > 0 {
+					p := got.Msgs[i-1]
+					if p.Stream > m.Stream || p.Stream == m.Stream && p.Seq >= m.Seq {
+						t.Fatalf("message %s/%d after %s/%d", m.Stream, m.Seq, p.Stream, p.Seq)
+					}
+				}
+			}
+			// A decoded snapshot encodes to the same bytes (a new term's
+			// compactor starts from it).
+			var again bytes.Buffer
+			if err := NewCompactor("s1", got).Snapshot().Encode(&again); err != nil {
+				t.Fatal(err)
+			}
+			if d, err := DecodeSnapshot(again.Bytes()); err != nil || !slices.EqualFunc(d.Msgs, got.Msgs, func(a, b *LogMsg) bool {
+				return a.Stream == b.Stream && a.Seq == b.Seq && bytes.Equal(a.Data, b.Data)
+			}) {
+				t.Fatalf("a compactor started from the snapshot snapshots other messages (err %v)", err)
+			}
+		})
+	}
+}
+
+// TestCompactorKeepsTheLastPendingEventOfAnAttempt: a waiting job's
+// pending events (one a minute for as long as it waits, more when its
+// reason changes) are kept as the last of each attempt, and a store
+// replaying what the snapshot keeps ends exactly where one replaying
+// every event does: the reason published and when, and the pending
+// sequence the next event's ID goes on from.
+func TestCompactorKeepsTheLastPendingEventOfAnAttempt(t *testing.T) {
+	const tenant, id = "t1", "wait"
+	req := contracts.JobRequest{SchemaVersion: 1, ID: id, Tenant: tenant,
+		Resources: contracts.Resources{GPU: contracts.GPURequest{Count: 64, Model: "h100"}}}
+	t0 := time.Date(2026, 11, 27, 11, 0, 0, 0, time.UTC)
+	var log []*LogMsg
+	ev := func(typ contracts.JobEventType, attempt, seq int, fill func(*contracts.JobEvent)) {
+		e := contracts.JobEvent{SchemaVersion: contracts.SchemaVersion, Type: typ, Tenant: tenant, JobID: id,
+			Attempt: attempt, Time: t0.Add(time.Duration(len(log)) * time.Minute)}
+		if fill != nil {
+			fill(&e)
+		}
+		data, err := json.Marshal(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		log = append(log, &LogMsg{Stream: contracts.StreamJobEvents, Seq: uint64(len(log) + 1),
+			Subject: contracts.SubjectJobEvents(tenant, id),
+			Header:  map[string][]string{contracts.HeaderMsgID: {contracts.JobEventID(tenant, id, typ, attempt, seq)}}, Data: data})
+	}
+	pending := func(attempt, seq int, code contracts.Reason) {
+		ev(contracts.EventPending, attempt, seq, func(e *contracts.JobEvent) {
+			e.Reason, e.Message = code, fmt.Sprintf("%s, %d ahead", code, 100-seq)
+		})
+	}
+	ev(contracts.EventQueued, 1, 0, func(e *contracts.JobEvent) { e.Request = &req; e.SubmitSeq = 1 })
+	for s := 1; s <= 5; s++ {
+		pending(1, s, []contracts.Reason{contracts.PendingInsufficientGPUs, contracts.PendingQuotaExceeded}[s%2])
+	}
+	ev(contracts.EventRequeued, 2, 0, nil)
+	for s := 1; s <= 3; s++ {
+		pending(2, s, contracts.PendingInsufficientGPUs)
+	}
+
+	comp := NewCompactor("s1", nil)
+	for _, m := range log {
+		comp.Observe(m)
+	}
+	var kept []uint64
+	for _, m := range comp.Snapshot().messages() {
+		kept = append(kept, m.Seq)
+	}
+	// queued, the fifth pending of attempt 1, requeued, the third of 2.
+	if want := []uint64{1, 6, 7, 10}; !slices.Equal(kept, want) {
+		t.Fatalf("kept sequences %v, want %v", kept, want)
+	}
+
+	checkPrefixes(t, log)
+}
+
+// TestCompactorPendingRunsReplayAsTheLog: random lives of a waiting job
+// (pending events in and out of order, repeated, of another attempt or
+// with IDs that carry no sequence, between requeues and placements):
+// every prefix's snapshot replays to what the prefix does.
+func TestCompactorPendingRunsReplayAsTheLog(t *testing.T) {
+	const tenant, id = "t1", "wait"
+	req := contracts.JobRequest{SchemaVersion: 1, ID: id, Tenant: tenant,
+		Resources: contracts.Resources{GPU: contracts.GPURequest{Count: 64, Model: "h100"}}}
+	t0 := time.Date(2026, 11, 27, 11, 0, 0, 0, time.UTC)
+	for seed := range uint64(200) {
+		rng := rand.New(rand.NewPCG(seed, 99))
+		var log []*LogMsg
+		ev := func(typ contracts.JobEventType, attempt, seq int, fill func(*contracts.JobEvent)) {
+			e := contracts.JobEvent{SchemaVersion: contracts.SchemaVersion, Type: typ, Tenant: tenant, JobID: id,
+				Attempt: attempt, Time: t0.Add(time.Duration(len(log)) * time.Minute)}
+			if fill != nil {
+				fill(&e)
+			}
+			data, err := json.Marshal(e)
+			if err != nil {
+				t.Fatal(err)
+			}
+			msgID := contracts.JobEventID(tenant, id, typ, attempt, seq)
+			if typ == contracts.EventPending && seq == 0 {
+				msgID = "legacy-" + fmt.Sprint(len(log))
+			}
+			log = append(log, &LogMsg{Stream: contracts.StreamJobEvents, Seq: uint64(len(log) + 1),
+				Subject: contracts.SubjectJobEvents(tenant, id),
+				Header:  map[string][]string{contracts.HeaderMsgID: {msgID}}, Data: data})
+		}
+		attempt, next := 1, 1
+		ev(contracts.EventQueued, 1, 0, func(e *contracts.JobEvent) { e.Request = &req; e.SubmitSeq = 1 })
+		for range 5 + rng.IntN(25) {
+			a, seq := attempt, next
+			switch k := rng.IntN(20); {
+			case k == 0:
+				attempt++
+				next = 1
+				ev(contracts.EventRequeued, attempt, 0, nil)
+				continue
+			case k == 1:
+				ev(contracts.EventScheduled, attempt, 0, nil)
+				continue
+			case k == 2:
+				seq = rng.IntN(next + 1) // lower, repeated, or none (0)
+			case k == 3:
+				a = attempt + rng.IntN(3) - 1 // another attempt's
+			default:
+				next++
+			}
+			ev(contracts.EventPending, a, seq, func(e *contracts.JobEvent) {
+				e.Reason = []contracts.Reason{contracts.PendingInsufficientGPUs, contracts.PendingQuotaExceeded}[rng.IntN(2)]
+				e.Message = fmt.Sprintf("%s, %d ahead", e.Reason, rng.IntN(100))
+			})
+		}
+		checkPrefixes(t, log)
+	}
+}
+
+// checkPrefixes checks that a store replaying a compactor's snapshot of
+// each prefix of log (JOB_EVENTS only) ends where one replaying the prefix
+// does.
+func checkPrefixes(t *testing.T, log []*LogMsg) {
+	t.Helper()
+	replay := func(msgs []*LogMsg) string {
+		st := newBenchStore()
+		for _, m := range msgs {
+			var e contracts.JobEvent
+			if err := json.Unmarshal(m.Data, &e); err != nil {
+				t.Fatal(err)
+			}
+			st.ReplayJobEvent(e, m.Seq, m.Header[contracts.HeaderMsgID][0])
+		}
+		return st.Digest()
+	}
+	for cut := 1; cut <= len(log); cut++ {
+		// Every prefix of the log: the snapshot may be taken anywhere.
+		comp := NewCompactor("s1", nil)
+		for _, m := range log[:cut] {
+			comp.Observe(m)
+		}
+		if got, want := replay(comp.Snapshot().messages()), replay(log[:cut]); got != want {
+			t.Fatalf("after %d events, replaying the snapshot:\n%s\nreplaying every event:\n%s", cut, got, want)
+		}
+	}
+}
