@@ -147,8 +147,8 @@ func refusalKey(i int, a contracts.Allocation) string {
 func (s *server) wasRefused(planID string, i int, a contracts.Allocation) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_, ok := s.refused[refusalHashOf(contracts.RefusalID(planID, refusalKey(i, a)))]
-	return ok
+	h := refusalHashOf(contracts.RefusalID(planID, refusalKey(i, a)))
+	return s.refused.Has(h[:])
 }
 
 // refuse publishes the refusal of one plan item on its tenant's subject.

@@ -35,6 +35,7 @@ import (
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
 	"github.com/gpuplane/gpuplane/libs/lease"
+	"github.com/gpuplane/gpuplane/libs/recset"
 	"github.com/gpuplane/gpuplane/libs/service"
 	"github.com/gpuplane/gpuplane/services/resource-manager/internal/ledger"
 	"github.com/gpuplane/gpuplane/services/resource-manager/internal/liveness"
@@ -140,13 +141,11 @@ type server struct {
 	led       *ledger.Ledger
 	started   map[string]time.Time // live allocation ID -> its run's start
 	nodeLocks map[string]*nodeLock
-	// refused holds the RefusalIDs in ALLOCATIONS (hashed: they grow with
-	// history): a plan item refused once stays refused when the plan is
-	// redelivered.
-	refused map[refusalHash]struct{}
-	// refusedLog is refused's keys in the order added, append-only: a
-	// snapshot shares its prefix instead of copying under mu.
-	refusedLog []byte
+	// refused holds the RefusalIDs in ALLOCATIONS, hashed (refusalHash,
+	// 16 bytes each: they grow with history), in the order added: a plan
+	// item refused once stays refused when the plan is redelivered, and a
+	// snapshot shares views of its records instead of copying under mu.
+	refused *recset.Set
 	// epochs is the highest fencing epoch seen per scheduler (leases.go).
 	epochs map[string]uint64
 	// allocSeq is the ALLOCATIONS sequence up to which every ledger entry
@@ -178,7 +177,7 @@ func newServer(cfg Config, b *bus.Bus, log *slog.Logger) *server {
 		led:       ledger.New(),
 		started:   map[string]time.Time{},
 		nodeLocks: map[string]*nodeLock{},
-		refused:   map[refusalHash]struct{}{},
+		refused:   recset.New(refusalKeySize),
 		epochs:    map[string]uint64{},
 		refeed:    make(chan struct{}, 1),
 

@@ -17,6 +17,7 @@ import (
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
 	"github.com/gpuplane/gpuplane/libs/kvsnap"
+	"github.com/gpuplane/gpuplane/libs/recset"
 	"github.com/gpuplane/gpuplane/services/resource-manager/internal/ledger"
 )
 
@@ -85,10 +86,10 @@ type snapshotMeta struct {
 // snapshot is a snapshot in memory.
 type snapshot struct {
 	meta snapshotMeta
-	// refusedKeys are the refusals' keys, refusalKeySize bytes each;
-	// refused the same as a set (decoded snapshots only).
-	refusedKeys []byte
-	refused     map[refusalHash]struct{}
+	// refusedKeys are the refusals' keys, refusalKeySize bytes each, in
+	// pieces whose concatenation is the keys (taken: views of the
+	// server's; decoded: one piece).
+	refusedKeys [][]byte
 }
 
 // errBadSnapshot says a snapshot cannot be decoded.
@@ -98,8 +99,11 @@ var errBadSnapshot = errors.New("snapshot unreadable")
 // rest, the JSON's length (4 bytes), the JSON, the retired records, the
 // refusals' keys.
 func (sn *snapshot) encode() ([]byte, error) {
-	refused := sn.refusedKeys
-	sn.meta.RetiredBytes, sn.meta.RefusedBytes = len(sn.meta.Ledger.Retired), len(refused)
+	refused := 0
+	for _, p := range sn.refusedKeys {
+		refused += len(p)
+	}
+	sn.meta.RetiredBytes, sn.meta.RefusedBytes = sn.meta.Ledger.RetiredLen(), refused
 	js, err := json.Marshal(sn.meta)
 	if err != nil {
 		return nil, fmt.Errorf("encode snapshot: %w", err)
@@ -107,12 +111,16 @@ func (sn *snapshot) encode() ([]byte, error) {
 	// One buffer, the checksum filled in last: at a million ended jobs a
 	// snapshot is tens of megabytes, written once a minute.
 	head := len(snapshotMagic) + sha256.Size
-	out := make([]byte, head, head+4+len(js)+len(sn.meta.Ledger.Retired)+len(refused))
+	out := make([]byte, head, head+4+len(js)+sn.meta.RetiredBytes+refused)
 	copy(out, snapshotMagic)
 	out = binary.BigEndian.AppendUint32(out, uint32(len(js)))
 	out = append(out, js...)
-	out = append(out, sn.meta.Ledger.Retired...)
-	out = append(out, refused...)
+	for _, p := range sn.meta.Ledger.Retired {
+		out = append(out, p...)
+	}
+	for _, p := range sn.refusedKeys {
+		out = append(out, p...)
+	}
 	sum := sha256.Sum256(out[head:])
 	copy(out[len(snapshotMagic):head], sum[:])
 	return out, nil
@@ -144,11 +152,7 @@ func decodeSnapshot(data []byte) (*snapshot, error) {
 	if r < 0 || f < 0 || r+f != len(bin) || f%refusalKeySize != 0 {
 		return nil, fmt.Errorf("%w: %d binary bytes, header says %d + %d", errBadSnapshot, len(bin), r, f)
 	}
-	sn.meta.Ledger.Retired, sn.refusedKeys = bin[:r], bin[r:]
-	sn.refused = make(map[refusalHash]struct{}, f/refusalKeySize)
-	for off := r; off < len(bin); off += refusalKeySize {
-		sn.refused[refusalHash(bin[off:off+refusalKeySize])] = struct{}{}
-	}
+	sn.meta.Ledger.Retired, sn.refusedKeys = [][]byte{bin[:r]}, [][]byte{bin[r:]}
 	return sn, nil
 }
 
@@ -159,12 +163,11 @@ func decodeSnapshot(data []byte) (*snapshot, error) {
 func (s *server) takeSnapshot() *snapshot {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := len(s.refusedLog)
 	sn := &snapshot{meta: snapshotMeta{Schema: snapshotSchema,
 		Seqs:    map[string]uint64{contracts.StreamAllocations: s.allocSeq, contracts.StreamRuns: s.runsSeq},
 		Ledger:  s.led.Export(),
 		Started: make(map[string]time.Time, len(s.started))},
-		refusedKeys: s.refusedLog[:n:n]}
+		refusedKeys: s.refused.Chunks()}
 	for k, v := range s.started {
 		sn.meta.Started[k] = v
 	}
@@ -173,11 +176,7 @@ func (s *server) takeSnapshot() *snapshot {
 
 // addRefusal records a refusal's key once. Under s.mu.
 func (s *server) addRefusal(h refusalHash) {
-	if _, ok := s.refused[h]; ok {
-		return
-	}
-	s.refused[h] = struct{}{}
-	s.refusedLog = append(s.refusedLog, h[:]...)
+	s.refused.Add(h[:])
 }
 
 // snapshots is this term's snapshot writer.
@@ -247,7 +246,7 @@ func (s *server) startSnapshots(ctx context.Context) *snapshots {
 	}
 	w.seqs = sn.meta.Seqs
 	s.log.Info("snapshot loaded", "seqs", sn.meta.Seqs, "live_allocations", len(sn.meta.Ledger.Live),
-		"retired_allocations", len(sn.meta.Ledger.Retired)/ledger.RetiredRecordSize, "refusals", len(sn.refused),
+		"retired_allocations", sn.meta.Ledger.RetiredLen()/ledger.RetiredRecordSize, "refusals", sn.meta.RefusedBytes/refusalKeySize,
 		"took", time.Since(start))
 	return w
 }
@@ -260,9 +259,15 @@ func (s *server) install(sn *snapshot) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.led, s.refused = led, sn.refused
-	// A copy: the decoded bytes are a slice of the whole snapshot.
-	s.refusedLog = append(make([]byte, 0, len(sn.refusedKeys)+len(sn.refusedKeys)/4), sn.refusedKeys...)
+	// Copied into a set of their own: the decoded bytes are a slice of
+	// the whole snapshot. A key listed twice is kept once.
+	refused := recset.New(refusalKeySize)
+	for _, p := range sn.refusedKeys {
+		for off := 0; off+refusalKeySize <= len(p); off += refusalKeySize {
+			refused.Add(p[off : off+refusalKeySize])
+		}
+	}
+	s.led, s.refused = led, refused
 	s.started = make(map[string]time.Time, len(sn.meta.Started))
 	for id, t := range sn.meta.Started {
 		if _, live, _ := led.Allocation(id); live {
@@ -300,8 +305,8 @@ func (w *snapshots) write(ctx context.Context, s *server) error {
 	s.sinceSnapshot = 0
 	s.mu.Unlock()
 	s.log.Info("snapshot written", "bytes", head.Bytes, "chunks", head.Chunks, "seqs", sn.meta.Seqs,
-		"live_allocations", len(sn.meta.Ledger.Live), "retired_allocations", len(sn.meta.Ledger.Retired)/ledger.RetiredRecordSize,
-		"refusals", len(sn.refusedKeys)/refusalKeySize, "took", time.Since(start))
+		"live_allocations", len(sn.meta.Ledger.Live), "retired_allocations", sn.meta.Ledger.RetiredLen()/ledger.RetiredRecordSize,
+		"refusals", sn.meta.RefusedBytes/refusalKeySize, "took", time.Since(start))
 	return nil
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/gpuplane/gpuplane/libs/kvsnap"
 	"github.com/gpuplane/gpuplane/libs/natsserver"
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
+	"github.com/gpuplane/gpuplane/libs/recset"
 )
 
 // signals counts log records by message, for a test to wait on them.
@@ -235,8 +236,19 @@ type rmState struct {
 func (r *rm) state() rmState {
 	r.s.mu.Lock()
 	defer r.s.mu.Unlock()
-	return rmState{digest: r.s.led.Digest(), refused: maps.Clone(r.s.refused), started: maps.Clone(r.s.started),
+	return rmState{digest: r.s.led.Digest(), refused: refusalSet(r.s.refused), started: maps.Clone(r.s.started),
 		records: r.s.led.Records()}
+}
+
+// refusalSet is the refusals' keys as a map, to compare.
+func refusalSet(s *recset.Set) map[refusalHash]struct{} {
+	out := make(map[refusalHash]struct{}, s.Len())
+	for _, c := range s.Chunks() {
+		for off := 0; off < len(c); off += refusalKeySize {
+			out[refusalHash(c[off:off+refusalKeySize])] = struct{}{}
+		}
+	}
+	return out
 }
 
 func (a rmState) diff(b rmState) string {
@@ -422,8 +434,9 @@ func TestUnusableSnapshotFallsBackToTheLog(t *testing.T) {
 		}},
 		{"ledger state broken", func() {
 			rewrite(func(sn *snapshot) {
-				sn.meta.Ledger.Retired = append(sn.meta.Ledger.Retired, make([]byte, 28)...)
-				sn.meta.Ledger.Retired[len(sn.meta.Ledger.Retired)-1] = 0xff // names no node
+				rec := make([]byte, 28)
+				rec[27] = 0xff // names no node
+				sn.meta.Ledger.Retired = append(sn.meta.Ledger.Retired, rec)
 			})
 		}},
 	} {

@@ -31,6 +31,7 @@ import (
 	"strings"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/recset"
 )
 
 // ErrConflict is returned (wrapped) by Apply when the log itself commits a
@@ -154,13 +155,12 @@ type record struct {
 type Ledger struct {
 	nodes map[string]*node
 	// allocs are the live allocations by ID; retired the allocation IDs
-	// released (or whose release came first), by key hash (retire.go).
+	// released (or whose release came first): their RetiredRecordSize
+	// records keyed by the ID's hash, in retirement order, append-only, so
+	// that Export hands out views of them without copying (a snapshot is
+	// taken under the owner's lock) (retire.go).
 	allocs  map[string]*record
-	retired map[retiredKey]retiredAlloc
-	// retiredLog is every retired record, encoded, in retirement order:
-	// append-only, so that Export hands out its prefix without copying
-	// (a snapshot is taken under the owner's lock).
-	retiredLog []byte
+	retired *recset.Set
 	// nodeIDs names each node by its index (node.idx), for retired
 	// records; commits counts commits, for record.order.
 	nodeIDs []string
@@ -173,7 +173,7 @@ type Ledger struct {
 
 // New returns an empty ledger.
 func New() *Ledger {
-	return &Ledger{nodes: map[string]*node{}, allocs: map[string]*record{}, retired: map[retiredKey]retiredAlloc{},
+	return &Ledger{nodes: map[string]*node{}, allocs: map[string]*record{}, retired: recset.New(RetiredRecordSize),
 		liveJobs: map[string][]string{}}
 }
 
@@ -298,7 +298,7 @@ func (l *Ledger) Allocation(id string) (a contracts.Allocation, live, ok bool) {
 	if r, ok := l.allocs[id]; ok {
 		return r.alloc, true, true
 	}
-	if r, ok := l.retired[retiredKeyOf(id)]; ok {
+	if r, ok := l.retiredOf(retiredKeyOf(id)); ok {
 		return contracts.Allocation{ID: id, NodeID: l.nodeIDs[r.node]}, false, true
 	}
 	return contracts.Allocation{}, false, false
@@ -413,7 +413,7 @@ func (l *Ledger) Verify(a contracts.Allocation) Verdict {
 		}
 		return refuse(contracts.RefusedAlreadyPlaced, "allocation %s is already committed on node %s", a.ID, r.alloc.NodeID)
 	}
-	if r, ok := l.retired[retiredKeyOf(a.ID)]; ok {
+	if r, ok := l.retiredOf(retiredKeyOf(a.ID)); ok {
 		// Released since: the same answer as when it was live.
 		if r.place == placementHash(a) {
 			return Verdict{Duplicate: true, Message: "allocation already committed"}
@@ -799,7 +799,7 @@ func (l *Ledger) commit(n *node, a contracts.Allocation) error {
 	if _, ok := l.allocs[a.ID]; ok {
 		return nil // already committed: idempotent
 	}
-	if _, ok := l.retired[retiredKeyOf(a.ID)]; ok {
+	if l.isRetired(retiredKeyOf(a.ID)) {
 		return nil // committed and released, or released first: idempotent
 	}
 	l.commits++
@@ -828,7 +828,7 @@ func (l *Ledger) release(a contracts.Allocation) {
 		// A release of an allocation never seen committed, or released
 		// already: remember the ID so a late commit of it stays a no-op.
 		k := retiredKeyOf(a.ID)
-		if _, done := l.retired[k]; !done {
+		if !l.isRetired(k) {
 			l.retire(k, retiredAlloc{place: placementHash(a), node: l.node(a.NodeID).idx})
 		}
 		return

@@ -1,9 +1,9 @@
 package ledger
 
 import (
+	"bytes"
 	"cmp"
 	"crypto/sha256"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -22,10 +22,12 @@ type State struct {
 	Nodes []NodeSeq `json:"nodes"`
 	// Live are the live allocations in commit order.
 	Live []contracts.Allocation `json:"live"`
-	// Retired are the retired records, RetiredRecordSize bytes each: the
-	// key (16), the placement hash (8, big-endian) and the node's index
-	// in Nodes (4, big-endian).
-	Retired []byte `json:"-"`
+	// Retired are the retired records, RetiredRecordSize bytes each, in
+	// pieces whose concatenation is the records (Export: the views of the
+	// ledger's chunks; a decoded snapshot: one piece): the key (16), the
+	// placement hash (8, big-endian) and the node's index in Nodes (4,
+	// big-endian).
+	Retired [][]byte `json:"-"`
 }
 
 // NodeSeq is a node and the last ledger sequence applied on it.
@@ -37,18 +39,26 @@ type NodeSeq struct {
 // RetiredRecordSize is the size of one record in State.Retired.
 const RetiredRecordSize = 28
 
+// RetiredLen is the size of st.Retired's records in bytes.
+func (st State) RetiredLen() int {
+	n := 0
+	for _, p := range st.Retired {
+		n += len(p)
+	}
+	return n
+}
+
 // ErrBadState says a State cannot be loaded.
 var ErrBadState = errors.New("ledger: unusable state")
 
 // Export returns the ledger's state, which stays valid however the ledger
 // changes after: its nodes and live allocations are copied, and its
-// retired records are a prefix of an append-only log, shared (the caller
-// must not write to it). O(nodes + live allocations), not O(history):
+// retired records are views of append-only chunks, shared (the caller
+// must not write to them). O(nodes + live allocations), not O(history):
 // a snapshot is taken under the owner's lock.
 func (l *Ledger) Export() State {
-	n := len(l.retiredLog)
 	st := State{Nodes: make([]NodeSeq, len(l.nodeIDs)), Live: make([]contracts.Allocation, 0, len(l.allocs)),
-		Retired: l.retiredLog[:n:n]}
+		Retired: l.retired.Chunks()}
 	for i, id := range l.nodeIDs {
 		st.Nodes[i] = NodeSeq{ID: id, LastSeq: l.nodes[id].lastSeq}
 	}
@@ -68,8 +78,9 @@ func (l *Ledger) Export() State {
 // log put it, a conflict the log holds included) and its retired records.
 // Inventories, readiness and holds are for the caller to set.
 func FromState(st State) (*Ledger, error) {
-	if len(st.Retired)%RetiredRecordSize != 0 {
-		return nil, fmt.Errorf("%w: retired records of %d bytes", ErrBadState, len(st.Retired))
+	retired := bytes.Join(st.Retired, nil) // a decoded snapshot's one piece: a copy, so the payload is not kept
+	if len(retired)%RetiredRecordSize != 0 {
+		return nil, fmt.Errorf("%w: retired records of %d bytes", ErrBadState, len(retired))
 	}
 	l := New()
 	for _, n := range st.Nodes {
@@ -89,21 +100,17 @@ func FromState(st State) (*Ledger, error) {
 		// ledger it made; the rebuild from the log said so already.
 		_ = l.commit(l.node(a.NodeID), a)
 	}
-	l.retired = make(map[retiredKey]retiredAlloc, len(st.Retired)/RetiredRecordSize)
-	l.retiredLog = make([]byte, 0, len(st.Retired)+len(st.Retired)/4)
-	for off := 0; off < len(st.Retired); off += RetiredRecordSize {
-		rec := st.Retired[off : off+RetiredRecordSize]
-		r := retiredAlloc{place: binary.BigEndian.Uint64(rec[16:24]), node: binary.BigEndian.Uint32(rec[24:28])}
-		if int(r.node) >= len(st.Nodes) {
+	for off := 0; off < len(retired); off += RetiredRecordSize {
+		rec := retired[off : off+RetiredRecordSize]
+		if r := decodeRetired(rec); int(r.node) >= len(st.Nodes) {
 			return nil, fmt.Errorf("%w: retired record names node %d of %d", ErrBadState, r.node, len(st.Nodes))
 		}
-		if _, dup := l.retired[retiredKey(rec[:16])]; dup {
+		if !l.retired.Add(rec) {
 			return nil, fmt.Errorf("%w: a retired record listed twice", ErrBadState)
 		}
-		l.retire(retiredKey(rec[:16]), r)
 	}
 	for _, a := range st.Live {
-		if _, ok := l.retired[retiredKeyOf(a.ID)]; ok {
+		if l.isRetired(retiredKeyOf(a.ID)) {
 			return nil, fmt.Errorf("%w: allocation %s both live and retired", ErrBadState, a.ID)
 		}
 	}
@@ -138,14 +145,16 @@ func (l *Ledger) Digest() [sha256.Size]byte {
 		ids := slices.Sorted(slices.Values(l.liveJobs[k]))
 		fmt.Fprintf(&b, "job %s %v\n", k, ids)
 	}
-	keys := make([]retiredKey, 0, len(l.retired))
-	for k := range l.retired {
-		keys = append(keys, k)
+	var recs [][]byte
+	for _, c := range l.retired.Chunks() {
+		for off := 0; off < len(c); off += RetiredRecordSize {
+			recs = append(recs, c[off:off+RetiredRecordSize])
+		}
 	}
-	slices.SortFunc(keys, func(a, b retiredKey) int { return strings.Compare(string(a[:]), string(b[:])) })
-	for _, k := range keys {
-		r := l.retired[k]
-		fmt.Fprintf(&b, "retired %x %x %s\n", k, r.place, l.nodeIDs[r.node])
+	slices.SortFunc(recs, func(a, b []byte) int { return bytes.Compare(a[:16], b[:16]) })
+	for _, rec := range recs {
+		r := decodeRetired(rec)
+		fmt.Fprintf(&b, "retired %x %x %s\n", rec[:16], r.place, l.nodeIDs[r.node])
 	}
 	return sha256.Sum256([]byte(b.String()))
 }

@@ -109,11 +109,11 @@ func TestFromStateRefusesBrokenStates(t *testing.T) {
 		name  string
 		spoil func(*State)
 	}{
-		{"truncated retired record", func(s *State) { s.Retired = append(s.Retired, 1, 2, 3) }},
+		{"truncated retired record", func(s *State) { s.Retired = append(s.Retired, []byte{1, 2, 3}) }},
 		{"retired record of an unknown node", func(s *State) {
 			rec := make([]byte, RetiredRecordSize)
 			rec[24] = 0xff
-			s.Retired = append(s.Retired, rec...)
+			s.Retired = append(s.Retired, rec)
 		}},
 		{"node twice", func(s *State) { s.Nodes = append(s.Nodes, s.Nodes[0]) }},
 		{"live twice", func(s *State) { s.Live = append(s.Live, s.Live[0]) }},
@@ -123,7 +123,7 @@ func TestFromStateRefusesBrokenStates(t *testing.T) {
 			st := good
 			st.Nodes = append([]NodeSeq(nil), good.Nodes...)
 			st.Live = append([]contracts.Allocation(nil), good.Live...)
-			st.Retired = append([]byte(nil), good.Retired...)
+			st.Retired = append([][]byte(nil), good.Retired...)
 			tc.spoil(&st)
 			if _, err := FromState(st); !errors.Is(err, ErrBadState) {
 				t.Fatalf("FromState = %v, want ErrBadState", err)
