@@ -204,14 +204,14 @@ func (s *Store) moveFor(id string, n *nodeState, a *contracts.Allocation, sick m
 // on its run's end, before the release frees its devices, so the victim
 // job's own state cannot tell (its next attempt has no parts yet).
 func (s *Store) preempting(j *Job) bool {
-	if len(j.victims) == 0 {
+	if len(j.moves().victims) == 0 {
 		return false
 	}
-	j.victims = slices.DeleteFunc(j.victims, func(id string) bool {
+	j.mv.victims = slices.DeleteFunc(j.mv.victims, func(id string) bool {
 		_, held := s.cluster.allocs[id]
 		return !held
 	})
-	return len(j.victims) > 0
+	return len(j.mv.victims) > 0
 }
 
 // awaitingRelease returns the allocations of j's previous attempt the
@@ -363,7 +363,7 @@ func (s *Store) preempt(now time.Time, preemptors []miss, b *fairshare.Book) []P
 		evicted = append(evicted, keys...)
 		k := &kept{by: j.key, attempt: j.Attempt, running: base, victims: slices.Clone(evicted)}
 		for _, key := range keys {
-			s.jobs[key].kept = k
+			s.jobs[key].movesW().kept = k
 		}
 		g.spend(j, choice)
 		// Its claim is its tenant's from now on: a later decision of the
@@ -414,12 +414,12 @@ type keptRef struct{ tenant, id string }
 // keptFor is the work j, a victim's next attempt, must leave alone; nil
 // when none (or the preemptor that kept it is done with what it took).
 func (s *Store) keptFor(j *Job) map[string]bool {
-	k := j.kept
+	k := j.moves().kept
 	if k == nil {
 		return nil
 	}
 	if by := s.jobs[k.by]; by == nil || by.State.Terminal() || by.Attempt != k.attempt {
-		j.kept = nil
+		j.mv.kept = nil
 		return nil
 	}
 	if k.jobs == nil {
@@ -441,9 +441,10 @@ func (s *Store) keptFor(j *Job) map[string]bool {
 // next. It returns the victim jobs' keys.
 func (s *Store) evictVictims(j *Job, choice preempt.Choice, m move, avoid map[string]bool) []string {
 	var keys []string
-	j.victims = j.victims[:0]
+	mv := j.movesW()
+	mv.victims = mv.victims[:0]
 	for _, v := range choice.Victims {
-		j.victims = append(j.victims, v.AllocationID)
+		mv.victims = append(mv.victims, v.AllocationID)
 		key := Key(v.Tenant, v.JobID)
 		if slices.Contains(keys, key) {
 			continue
@@ -451,11 +452,11 @@ func (s *Store) evictVictims(j *Job, choice preempt.Choice, m move, avoid map[st
 		keys = append(keys, key)
 		vj := s.jobs[key]
 		if avoid != nil {
-			vj.avoid = maps.Clone(avoid)
+			vj.movesW().avoid = maps.Clone(avoid)
 		}
 		s.evictJob(vj, m)
 	}
-	s.cluster.claims[j.key] = &claim{tenant: j.Tenant, parts: choice.Parts, victims: slices.Clone(j.victims),
+	s.cluster.claims[j.key] = &claim{tenant: j.Tenant, parts: choice.Parts, victims: slices.Clone(mv.victims),
 		cpuMilli: j.Request.Resources.CPUMilli, memoryMiB: j.Request.Resources.MemoryMiB}
 	return keys
 }

@@ -270,9 +270,9 @@ func (s *Store) Cycle() CycleResult {
 			continue
 		}
 		if s.preempting(j) {
-			j.note = "" // it found its room
+			j.mv.note = "" // it found its room (preempting: it has victims)
 			s.setPending(j, placement.Pending{Code: contracts.PendingPreempting,
-				Message: "waiting for " + strings.Join(j.victims, ", ") + " to stop and release their devices"})
+				Message: "waiting for " + strings.Join(j.mv.victims, ", ") + " to stop and release their devices"})
 			blocked(it)
 			continue
 		}
@@ -308,13 +308,13 @@ func (s *Store) Cycle() CycleResult {
 			if s.exhaustive {
 				r.Reserved, r.ExcludeKey = reservedFor(j, j.Request.Priority.Rank(), expectedRunTime(j.Request))
 			} else {
-				r.Reserved, r.ExcludeKey = reservedFor(j, j.memo.rank, j.memo.expected)
+				r.Reserved, r.ExcludeKey = reservedFor(j, int(j.memo.rank), j.memo.expected)
 			}
 		}
-		if len(j.avoid) > 0 {
+		if avoid := j.moves().avoid; len(avoid) > 0 {
 			// A job moved to consolidate capacity stays off the nodes it
 			// freed (defrag.go).
-			r.Exclude, r.ExcludeKey = maps.Clone(j.avoid), ""
+			r.Exclude, r.ExcludeKey = maps.Clone(avoid), ""
 		}
 		var d placement.Decision
 		if s.exhaustive { // the reference derives every request afresh
@@ -324,7 +324,9 @@ func (s *Store) Cycle() CycleResult {
 		}
 		if d.Placed() {
 			hits = append(hits, hit{j, d})
-			j.promise = s.promiseOf(j, d, resv.Reservations(), binds(j), now)
+			if pr := s.promiseOf(j, d, resv.Reservations(), binds(j), now); pr != nil || j.mv != nil {
+				j.movesW().promise = pr
+			}
 			s.servedSeq++
 			s.served[j.Tenant] = s.servedSeq
 			// Each machine's share counts in its own pool: a gang may span
@@ -545,15 +547,10 @@ func usageOf(r *contracts.JobRequest) fairshare.Usage {
 		MemoryMiB: r.Resources.MemoryMiB * m}
 }
 
-// usage is usageOf(j.Request), kept while the request stays the same:
-// every cycle asks it of every queued job, and a request is never changed
-// in place (a job given another one gets another pointer).
-func (j *Job) usage() fairshare.Usage {
-	if j.usageOf != j.Request || j.Request == nil {
-		j.usageOf, j.usageIs = j.Request, usageOf(j.Request)
-	}
-	return j.usageIs
-}
+// usage is usageOf(j.Request), kept in the request's memo: every cycle
+// asks it of every queued job (and only of queued jobs, whose memo the
+// cycle makes anyway).
+func (j *Job) usage() fairshare.Usage { return j.memoFor().usage }
 
 // milliOf is what an allocation holds, in thousandths of a GPU.
 func milliOf(a *contracts.Allocation) int64 {

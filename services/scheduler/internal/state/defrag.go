@@ -73,7 +73,7 @@ func (s *Store) defragment(now time.Time, misses []miss) {
 	searched := map[string]defragFound{}
 	for _, m := range misses {
 		j := m.j
-		if j.State != contracts.StateQueued || len(j.parts) > 0 || len(j.victims) > 0 || j.Request == nil ||
+		if j.State != contracts.StateQueued || len(j.parts) > 0 || len(j.moves().victims) > 0 || j.Request == nil ||
 			j.Pending.Code != contracts.PendingInsufficientGPUs {
 			continue
 		}

@@ -3,6 +3,7 @@ package state
 import (
 	"cmp"
 	"fmt"
+	"reflect"
 	"slices"
 	"time"
 
@@ -137,16 +138,38 @@ func (c *cluster) forget(id, planID string) bool {
 
 // commit records a committed allocation and reports whether it cleared a
 // suspect node (which may let waiting jobs fit again).
+//
+// The committed allocation is, nearly always, the plan item this store
+// assumed, decoded afresh from the ledger: its IDs, run spec and device
+// list would be a second copy, for as long as the job runs, of what the
+// assumed item shares with the job's request and the node's inventory.
+// The assumed item is kept instead when it equals the entry's.
 func (c *cluster) commit(a contracts.Allocation) bool {
+	held := c.plans[a.ID]
+	if held == nil || !reflect.DeepEqual(*held, a) {
+		held = new(contracts.Allocation)
+		*held = a
+	}
 	c.forget(a.ID, "")
 	if old, ok := c.allocs[a.ID]; ok {
 		c.order.remove(old, len(c.allocs))
 	}
-	c.allocs[a.ID] = &a
-	c.order.add(&a, len(c.allocs))
+	c.allocs[a.ID] = held
+	c.order.add(held, len(c.allocs))
 	n := c.node(a.NodeID)
-	n.held[a.ID] = &a
+	n.held[a.ID] = held
 	return n.clear()
+}
+
+// committedAlloc is the cluster's committed copy of a, shared by the part
+// that has it (nothing changes either in place), or a copy of a of its
+// own when the cluster holds another (a fact applied late, Store.ahead:
+// released since, or committed again from another plan).
+func (c *cluster) committedAlloc(a contracts.Allocation) *contracts.Allocation {
+	if held := c.allocs[a.ID]; held != nil && held.PlanID == a.PlanID && held.NodeID == a.NodeID && held.Attempt == a.Attempt {
+		return held
+	}
+	return &a
 }
 
 func (c *cluster) release(a contracts.Allocation) {
@@ -424,7 +447,8 @@ func (s *Store) ledgerFact(e contracts.LedgerEntry) {
 				// An allocation for a job already ended (it could only come
 				// from a plan whose outcome a restart or a failed publish
 				// hid, the job being cancelled or timed out since): stop it.
-				s.stop(j, &part{alloc: a, committed: true}, contracts.ReasonCancelled)
+				stray := a
+				s.stop(j, &part{alloc: &stray, committed: true}, contracts.ReasonCancelled)
 			}
 			break
 		}
@@ -448,11 +472,14 @@ func (s *Store) ledgerFact(e contracts.LedgerEntry) {
 			j.parts[rank] = p
 		}
 		s.land(p)
-		p.alloc, p.committed = a, true
+		p.alloc, p.committed = s.cluster.committedAlloc(a), true
 		// The nodes to avoid bound this attempt's placement, refused plans
 		// and retries included; committed, it has served. So has the work
 		// a preemption kept from this victim's next attempts.
-		j.avoid, j.kept = nil, nil
+		if m := j.mv; m != nil {
+			m.avoid, m.kept = nil, nil
+		}
+		j.memo = nil // not offered while it runs (fly)
 		s.queue.Remove(j.key)
 		s.advance(j)
 	case contracts.LedgerReleased:
@@ -538,7 +565,7 @@ func (s *Store) ApplyRefusal(r contracts.Refusal) []Publish {
 	if j.count(func(p *part) bool { return p.committed }) > 0 {
 		if j.evict == "" {
 			j.evict = contracts.ReasonGangIncomplete
-			j.evictMsg = fmt.Sprintf("part on %s was refused (%s: %s); the committed parts are released and the gang retried",
+			j.movesW().evictMsg = fmt.Sprintf("part on %s was refused (%s: %s); the committed parts are released and the gang retried",
 				r.NodeID, r.Reason, r.Message)
 		}
 		s.advance(j)
@@ -607,7 +634,7 @@ func (s *Store) runFact(r contracts.RunEvent) {
 		// A checkpoint counts as the move's when it was requested and
 		// written after the move was decided (a second of clock skew
 		// between scheduler and agent allowed).
-		if r.Checkpoint != nil && r.Checkpoint.Requested && !j.evictAt.IsZero() && !t.Before(j.evictAt.Add(-time.Second)) {
+		if r.Checkpoint != nil && r.Checkpoint.Requested && !j.moves().evictAt.IsZero() && !t.Before(j.moves().evictAt.Add(-time.Second)) {
 			p.askedDone = true
 		}
 	case contracts.RunEnded:
@@ -696,7 +723,7 @@ func (s *Store) advanceQueued(j *Job) bool {
 			s.cancelQueued(j)
 			return false
 		}
-		s.requeue(j, reason, cmp.Or(j.evictMsg, "a part of the gang was refused; the committed parts were released"))
+		s.requeue(j, reason, cmp.Or(j.moves().evictMsg, "a part of the gang was refused; the committed parts were released"))
 		return false
 	case j.cancel && n == 0:
 		s.cancelQueued(j)
@@ -740,7 +767,7 @@ func (s *Store) advanceHeld(j *Job) bool {
 			}
 		})
 	}
-	if j.State == contracts.StateRunning && j.moved != nil && j.evict == "" && !j.cancel {
+	if j.State == contracts.StateRunning && j.moves().moved != nil && j.evict == "" && !j.cancel {
 		s.migrated(j)
 	}
 	if j.count(func(p *part) bool { return p.done() }) < len(j.parts) {
@@ -812,7 +839,7 @@ func (s *Store) conclude(j *Job) {
 		// (or drained job) whose run succeeded before its stop took effect
 		// did its work, and ends below like any other.
 		reason := cmpReason(j.evict, moved.ended.Reason)
-		msg := cmp.Or(j.evictMsg, moved.ended.Message, "stopped on "+moved.alloc.NodeID+" ("+string(reason)+")")
+		msg := cmp.Or(j.moves().evictMsg, moved.ended.Message, "stopped on "+moved.alloc.NodeID+" ("+string(reason)+")")
 		s.requeue(j, reason, msg)
 	case failed != nil:
 		s.end(j, *failed.ended)
@@ -980,7 +1007,8 @@ func (s *Store) adoptInFlight(j *Job) {
 	for i, p := range parts {
 		id := p.alloc.ID
 		if a := s.cluster.plans[id]; a != nil && a.Attempt == j.Attempt {
-			parts[i] = &part{alloc: *a, inFlight: true}
+			cp := *a
+			parts[i] = &part{alloc: &cp, inFlight: true}
 			s.flying[id] = j
 			found = true
 		}
@@ -1019,8 +1047,8 @@ func (s *Store) stop(j *Job, p *part, reason contracts.Reason) {
 	var grace contracts.Duration
 	if movedBy(reason) {
 		g := s.cfg.PreemptGrace
-		if !j.evictBy.IsZero() {
-			g = min(g, max(time.Second, j.evictBy.Sub(now)-deadlineMargin))
+		if !j.moves().evictBy.IsZero() {
+			g = min(g, max(time.Second, j.moves().evictBy.Sub(now)-deadlineMargin))
 		}
 		grace = contracts.Duration(g)
 	}
@@ -1042,7 +1070,7 @@ func (s *Store) stop(j *Job, p *part, reason contracts.Reason) {
 func placeholders(tenant, jobID string, attempt, machines int) []*part {
 	parts := make([]*part, max(machines, 1))
 	for rank := range parts {
-		parts[rank] = &part{alloc: contracts.Allocation{ID: partID(tenant, jobID, attempt, rank, len(parts))}}
+		parts[rank] = &part{alloc: &contracts.Allocation{ID: partID(tenant, jobID, attempt, rank, len(parts))}}
 	}
 	return parts
 }

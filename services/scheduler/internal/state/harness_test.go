@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"reflect"
 	"testing"
 	"time"
 
@@ -48,6 +49,13 @@ func newHarness(t *testing.T, opts ...func(*Config)) *harness {
 		status: map[string]*contracts.JobStatus{}, opts: opts}
 	h.st = h.newStore(opts...)
 	h.collect(h.st.GoLive())
+	// Jobs without moves read a shared zero record (jobmoves.go): a write
+	// through moves() instead of movesW() would give every job its fields.
+	t.Cleanup(func() {
+		if !reflect.ValueOf(noMoves).IsZero() {
+			t.Errorf("the shared empty jobMoves was written: %+v", noMoves)
+		}
+	})
 	return h
 }
 

@@ -50,11 +50,12 @@ func (s *Store) evictJob(j *Job, m move) {
 	if j.evict != "" || j.cancel || j.State.Terminal() {
 		return
 	}
-	j.evict, j.evictMsg, j.evictBy, j.evictAt = m.reason, m.msg, m.deadline, s.cfg.Now()
+	mv := j.movesW()
+	j.evict, mv.evictMsg, mv.evictBy, mv.evictAt = m.reason, m.msg, m.deadline, s.cfg.Now()
 	s.evicting[j.key] = j
 	if migrates(m.reason) && (j.State == contracts.StateRunning || j.State == contracts.StateScheduled) {
 		mig := contracts.Migration{Reason: m.reason, FromAttempt: j.Attempt, From: placementsOf(j),
-			Checkpoint: s.checkpointable(j), KeepOff: slices.Sorted(maps.Keys(j.avoid))}
+			Checkpoint: s.checkpointable(j), KeepOff: slices.Sorted(maps.Keys(mv.avoid))}
 		if !m.deadline.IsZero() {
 			d := m.deadline.UTC()
 			mig.Deadline = &d
@@ -73,7 +74,7 @@ func (s *Store) evictJob(j *Job, m move) {
 		if s.emit(j, contracts.EventMigrating, 0, func(ev *contracts.JobEvent) {
 			ev.Reason, ev.Message, ev.Migration = m.reason, m.msg+"; "+plan, &mig
 		}) {
-			j.migration = &mig
+			mv.migration = &mig
 		}
 	}
 	s.advance(j)
@@ -89,10 +90,11 @@ func (s *Store) checkpointable(j *Job) bool {
 // for: CheckpointTimeout after the decision, ended early enough before a
 // deadline to leave the stop's grace and a margin.
 func (s *Store) checkpointWait(j *Job) time.Time {
-	until := j.evictAt.Add(s.cfg.CheckpointTimeout)
-	if !j.evictBy.IsZero() {
-		grace := min(s.cfg.PreemptGrace, j.evictBy.Sub(j.evictAt)/2)
-		until = minTime(until, j.evictBy.Add(-grace-deadlineMargin))
+	mv := j.moves()
+	until := mv.evictAt.Add(s.cfg.CheckpointTimeout)
+	if !mv.evictBy.IsZero() {
+		grace := min(s.cfg.PreemptGrace, mv.evictBy.Sub(mv.evictAt)/2)
+		until = minTime(until, mv.evictBy.Add(-grace-deadlineMargin))
 	}
 	return until
 }
@@ -110,7 +112,7 @@ func minTime(a, b time.Time) time.Time {
 // the wait runs out: SIGTERM right after SIGUSR1 would cut the checkpoint
 // short. A gang's parts are stopped together, as its checkpoint is one.
 func (s *Store) stopParts(j *Job, reason contracts.Reason) {
-	if movedBy(reason) && reason != contracts.ReasonGangIncomplete && s.checkpointable(j) && !j.evictAt.IsZero() {
+	if movedBy(reason) && reason != contracts.ReasonGangIncomplete && s.checkpointable(j) && !j.moves().evictAt.IsZero() {
 		now := s.cfg.Now()
 		waiting := false
 		for _, p := range j.parts {
@@ -147,21 +149,21 @@ func (s *Store) stopParts(j *Job, reason contracts.Reason) {
 // reason may differ (the spot machine was reclaimed before the stop
 // landed: node_lost): the job still moved for the migration's reason.
 func (s *Store) keepMove(j *Job) {
-	if j.migration == nil {
+	if j.moves().migration == nil {
 		return
 	}
-	m := *j.migration
+	m := *j.mv.migration
 	for _, p := range j.parts {
 		if p.askedDone {
 			m.Checkpointed = true
 		}
 	}
-	j.moved = &m
+	j.mv.moved = &m
 }
 
 // migrated announces that a moved job runs again.
 func (s *Store) migrated(j *Job) {
-	m := *j.moved
+	m := *j.moves().moved
 	m.RestoredFrom = j.lastCheckpoint
 	msg := movedMessage(m.From, placementsOf(j), m.FromAttempt, m.Reason)
 	if m.RestoredFrom != "" {
@@ -172,7 +174,7 @@ func (s *Store) migrated(j *Job) {
 	if s.emit(j, contracts.EventMigrated, 0, func(ev *contracts.JobEvent) {
 		ev.Reason, ev.Message, ev.Migration = m.Reason, msg, &m
 	}) {
-		j.moved = nil
+		j.mv.moved = nil
 	}
 }
 

@@ -100,14 +100,14 @@ func (s *Store) enforcePromises(now time.Time) {
 			for _, id := range slices.Sorted(maps.Keys(n.held)) {
 				a := n.held[id]
 				j := s.jobs[Key(a.Tenant, a.JobID)]
-				if j == nil || j.promise == nil || j.Attempt != a.Attempt || j.evict != "" || j.cancel || j.State.Terminal() {
+				if j == nil || j.moves().promise == nil || j.Attempt != a.Attempt || j.evict != "" || j.cancel || j.State.Terminal() {
 					continue
 				}
 				p := j.part(a.ID)
 				if p == nil || !p.committed || p.done() || p.started == nil || !overlaps(a.Devices, hold.Devices) {
 					continue
 				}
-				end := p.started.Add(j.promise.expected)
+				end := p.started.Add(j.moves().promise.expected)
 				if end.After(now) {
 					continue
 				}
@@ -116,7 +116,7 @@ func (s *Store) enforcePromises(now time.Time) {
 					"node_id", node, "reservation", res.Key)
 				s.evictJob(j, move{reason: contracts.ReasonRunTimeExceeded,
 					msg: fmt.Sprintf("ran past its expected run time of %s (started %s, expected to end by %s) on %s, "+
-						"capacity reserved for %s from %s", j.promise.expected, p.started.UTC().Format(time.RFC3339),
+						"capacity reserved for %s from %s", j.moves().promise.expected, p.started.UTC().Format(time.RFC3339),
 						end.UTC().Format(time.RFC3339), node, rj, res.Start.UTC().Format(time.RFC3339))})
 			}
 		}

@@ -33,7 +33,6 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/services/scheduler/internal/backfill"
-	"github.com/gpuplane/gpuplane/services/scheduler/internal/fairshare"
 	"github.com/gpuplane/gpuplane/services/scheduler/internal/placement"
 	"github.com/gpuplane/gpuplane/services/scheduler/internal/queue"
 )
@@ -119,68 +118,39 @@ type Job struct {
 	launchRetries int
 
 	// cancel is set once a cancel request was accepted.
-	cancel       bool
+	cancel bool
+	// stub marks the stand-in of a retired job (retention.go).
+	stub         bool
 	cancelReason string
 
 	// evict is why the scheduler is moving the current attempt off its
-	// machines (preempted, node_drained, gang_incomplete), with a message;
-	// the end of its runs then requeues the job as the next attempt.
-	evict    contracts.Reason
-	evictMsg string
-	// evictBy is when the devices go away (a spot reclaim); zero when
-	// they stay. evictAt is when the move was decided: a checkpoint asked
-	// for then is waited for until CheckpointTimeout (or evictBy) passes.
-	evictBy, evictAt time.Time
-	// migration is the current attempt's move, once its migrating event
-	// was published; moved is the last move, kept until an attempt runs
-	// again and migrated is published.
-	migration, moved *contracts.Migration
+	// machines (preempted, node_drained, gang_incomplete); the end of its
+	// runs then requeues the job as the next attempt.
+	evict contracts.Reason
 	// lastCheckpoint names the last complete checkpoint any attempt
 	// reported: what the next attempt restores (GPUPLANE_RESTORE_FROM).
 	lastCheckpoint string
-	// avoid are nodes the next attempt must not use, until a part of it
-	// commits: a job moved to consolidate capacity stays off the nodes it
-	// freed, also when a plan for it is refused and retried.
-	avoid map[string]bool
-	// note says when preemption will make room for it (waitnote.go);
-	// appended to its capacity reasons until a later search says otherwise.
-	note string
-	// promise is set when the current attempt took devices held for a
-	// backfill reservation on its expected run time: it is stopped if it
-	// runs past it into the reservation (reserve.go).
-	promise *promise
-	// victims are the allocations this one preempted, until the ledger
-	// releases them: it waits for their devices rather than choosing
-	// more victims (what it takes is claimed for it meanwhile: claims).
-	victims []string
-	// kept is, for a preemption victim, the work the decision that chose
-	// it kept: its next attempts do not evict that by priority while the
-	// preemptor holds what it took (admin.go). Nil for most jobs.
-	kept *kept
+	// mv is what moves, preemption and backfill add to a job (jobmoves.go);
+	// nil for most jobs. Read it through moves, change it through movesW.
+	mv *jobMoves
 	// later are facts about attempts after the current one, applied when
 	// the job reaches that attempt (see Store.ahead).
 	later []func()
-	// stub marks the stand-in of a retired job (retention.go).
-	stub bool
 
 	// parts are the current attempt's allocations by rank: one for a job
 	// on one machine, one per machine for a gang. Nil while queued with
 	// no plan in flight.
 	parts []*part
 
-	// usageIs is usageOf(usageOf), the request it was computed for
-	// (usage).
-	usageOf *contracts.JobRequest
-	usageIs fairshare.Usage
 	// memo is what cycles derive from Request alone (jobmemo.go).
 	memo *jobMemo
 
 	// Pending is the job's current reason for waiting; pubPending the code
-	// of the last pending event published for this attempt, pendingSeq how
-	// many were published.
+	// of the last pending event published for this attempt, pubMessage
+	// its message's msgKey, pendingSeq how many were published.
 	Pending    placement.Pending
 	pubPending contracts.Reason
-	pubMessage string
+	pubMessage uint64
 	pendingSeq int
 	// pubPendingAt is when the last pending event was published: a job
 	// waiting for capacity flips between "no free GPUs" and "the free ones
@@ -190,7 +160,11 @@ type Job struct {
 
 // part is one allocation of a job's attempt and the facts about it.
 type part struct {
-	alloc     contracts.Allocation
+	// alloc is never changed in place once the part has it (a fact
+	// replaces the pointer): a committed part shares the cluster's copy
+	// (committedAlloc), an in-flight one the cluster assumes (fly), so a
+	// running job holds its allocation once, not twice (~370 bytes).
+	alloc     *contracts.Allocation
 	inFlight  bool // proposed in a plan, not answered yet
 	committed bool
 	started   *time.Time
@@ -286,6 +260,8 @@ type Store struct {
 	reservations []backfill.Reservation
 	// ret is what is kept of retired jobs (retention.go).
 	ret *retention
+	// names interns what jobs' requests repeat (intern.go).
+	names names
 
 	// cycleRefs are committed()'s answer while a cycle runs
 	// (cycleRefsOK).
@@ -394,7 +370,7 @@ func (s *Store) ReplayJobEvent(ev contracts.JobEvent, seq uint64, msgID string) 
 		return
 	}
 	if j == nil {
-		j = &Job{Tenant: ev.Tenant, ID: ev.JobID, key: key}
+		j = &Job{Tenant: s.names.of(ev.Tenant), ID: ev.JobID, key: key}
 		s.jobs[key] = j
 	}
 	j.State = to
@@ -405,6 +381,7 @@ func (s *Store) ReplayJobEvent(ev contracts.JobEvent, seq uint64, msgID string) 
 			return
 		}
 		req := *ev.Request
+		s.names.request(&req)
 		order := ev.SubmitSeq
 		if order == 0 {
 			order = seq // written before queued events carried it
@@ -417,7 +394,7 @@ func (s *Store) ReplayJobEvent(ev contracts.JobEvent, seq uint64, msgID string) 
 		s.noteEnded(j, ev.Time)
 	case contracts.EventPending:
 		if ev.Attempt == j.Attempt {
-			j.pubPending, j.pubPendingAt, j.pubMessage = ev.Reason, ev.Time, ev.Message
+			j.pubPending, j.pubPendingAt, j.pubMessage = ev.Reason, ev.Time, msgKey(ev.Message)
 			j.Pending = placement.Pending{Code: ev.Reason, Message: ev.Message}
 			// The highest sequence its ID carries (order-free, so a
 			// snapshot keeping the highest and the last of a run of them
@@ -434,22 +411,25 @@ func (s *Store) ReplayJobEvent(ev contracts.JobEvent, seq uint64, msgID string) 
 	case contracts.EventMigrating:
 		if ev.Attempt == j.Attempt && ev.Migration != nil {
 			m := *ev.Migration
-			j.migration, j.evict, j.evictMsg, j.evictAt = &m, m.Reason, ev.Message, ev.Time
+			mv := j.movesW()
+			mv.migration, j.evict, mv.evictMsg, mv.evictAt = &m, m.Reason, ev.Message, ev.Time
 			if len(m.KeepOff) > 0 {
 				// Until the next attempt commits (a ledger fact, read after
 				// the events): the move's nodes stay someone else's.
-				j.avoid = map[string]bool{}
+				mv.avoid = map[string]bool{}
 				for _, n := range m.KeepOff {
-					j.avoid[n] = true
+					mv.avoid[n] = true
 				}
 			}
 			if m.Deadline != nil {
-				j.evictBy = *m.Deadline
+				mv.evictBy = *m.Deadline
 			}
 			s.evicting[key] = j
 		}
 	case contracts.EventMigrated:
-		j.moved = nil
+		if j.mv != nil {
+			j.mv.moved = nil
+		}
 	case contracts.EventRequeued:
 		if retriesLaunch(ev.Reason) {
 			j.launchRetries++
@@ -600,11 +580,13 @@ func (s *Store) Submit(subject string, data []byte, streamSeq uint64) Submission
 	if err != nil {
 		return Submission{Invalid: fmt.Errorf("job request: %w", err), Outcome: "invalid"}
 	}
+	tenant = s.names.of(tenant) // a piece of the subject: kept, it would keep the subject
 	req, err := contracts.DecodeJobRequest(data, tenant)
 	if err != nil {
 		return s.reject(tenant, req.ID, streamSeq, err)
 	}
 	norm := req.Normalized(tenant)
+	s.names.request(&norm)
 	h := hashRequest(norm)
 	key := Key(tenant, req.ID)
 	if j := s.lookup(tenant, req.ID); j != nil {
@@ -804,7 +786,8 @@ func (s *Store) setPending(j *Job, p placement.Pending) { s.publishPending(j, p,
 // (a new fact worth telling, such as when preemption will make room).
 func (s *Store) publishPending(j *Job, p placement.Pending, now bool) {
 	j.Pending = p
-	if !s.live || j.State != contracts.StateQueued || (p.Code == j.pubPending && p.Message == j.pubMessage) {
+	msg := msgKey(p.Message)
+	if !s.live || j.State != contracts.StateQueued || (p.Code == j.pubPending && msg == j.pubMessage) {
 		return
 	}
 	at := s.cfg.Now()
@@ -818,22 +801,27 @@ func (s *Store) publishPending(j *Job, p placement.Pending, now bool) {
 		return
 	}
 	j.pendingSeq++
-	j.pubPending, j.pubPendingAt, j.pubMessage = p.Code, at, p.Message
+	j.pubPending, j.pubPendingAt, j.pubMessage = p.Code, at, msg
 	s.emit(j, contracts.EventPending, j.pendingSeq, func(ev *contracts.JobEvent) {
 		ev.Reason, ev.Message = p.Code, p.Message
 	})
 }
 
 // fly records the parts of a plan for j's current attempt as in flight.
+// The parts take items over: the caller must not change or reuse them.
 func (s *Store) fly(j *Job, items []*contracts.Allocation) {
 	j.parts = make([]*part, len(items))
 	for i, item := range items {
-		j.parts[i] = &part{alloc: *item, inFlight: true}
+		j.parts[i] = &part{alloc: item, inFlight: true}
 		s.flying[item.ID] = j
-		s.cluster.assume(&j.parts[i].alloc)
+		s.cluster.assume(item)
 	}
 	s.queue.Remove(j.key)
 	delete(s.cluster.claims, j.key) // the plan holds the devices now
+	// Cycles offer only queued jobs: a placed one's memo (~130 bytes with
+	// its pools) would sit unread while it runs. A requeue derives it
+	// afresh (memoFor), as for a new request.
+	j.memo = nil
 	// Concatenation, not Sprintf: a burst cycle sets thousands of these.
 	j.Pending = placement.Pending{Code: contracts.PendingPlanInFlight,
 		Message: "proposed on " + items[0].NodeID + " in plan " + items[0].PlanID + "; waiting for the resource manager to commit"}
@@ -856,10 +844,10 @@ func (s *Store) landAll(j *Job) {
 func (s *Store) resetAttempt(j *Job, attempt int) {
 	s.landAll(j)
 	j.Attempt = attempt
-	j.parts, j.evict, j.evictMsg, j.victims, j.promise, j.note = nil, "", "", nil, nil, ""
-	j.evictBy, j.evictAt, j.migration = time.Time{}, time.Time{}, nil
+	j.parts, j.evict = nil, ""
+	j.endAttemptMoves()
 	delete(s.evicting, j.key)
-	j.pubPending, j.pendingSeq, j.Pending, j.pubPendingAt, j.pubMessage = "", 0, placement.Pending{}, time.Time{}, ""
+	j.pubPending, j.pendingSeq, j.Pending, j.pubPendingAt, j.pubMessage = "", 0, placement.Pending{}, time.Time{}, 0
 }
 
 // finish forgets what a terminal job no longer needs; the hash stays so a
@@ -867,8 +855,7 @@ func (s *Store) resetAttempt(j *Job, attempt int) {
 func (s *Store) finish(j *Job) {
 	s.queue.Remove(j.key)
 	s.landAll(j)
-	j.Request, j.parts, j.victims, j.later, j.promise = nil, nil, nil, nil, nil
-	j.migration, j.moved, j.avoid, j.kept, j.memo = nil, nil, nil, nil, nil
+	j.Request, j.parts, j.later, j.mv, j.memo = nil, nil, nil, nil, nil
 	delete(s.evicting, j.key)
 	delete(s.cluster.claims, j.key)
 	j.Pending = placement.Pending{}

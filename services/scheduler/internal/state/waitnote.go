@@ -53,10 +53,10 @@ func (s *Store) notePreemptionLater(j *Job, r placement.Request, fleet *preempt.
 			}
 		}
 	}
-	if note == j.note {
+	if note == j.moves().note {
 		return
 	}
-	j.note = note
+	j.movesW().note = note
 	if note != "" {
 		s.publishPending(j, withNote(j, stripNote(j.Pending)), true)
 	}
@@ -89,8 +89,8 @@ const noteSep = "; preemption makes room when "
 
 // withNote is p with j's preemption note appended.
 func withNote(j *Job, p placement.Pending) placement.Pending {
-	if j.note != "" {
-		p.Message += "; " + j.note
+	if note := j.moves().note; note != "" {
+		p.Message += "; " + note
 	}
 	return p
 }
