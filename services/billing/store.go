@@ -4,11 +4,13 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"sync"
 	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/recset"
 )
 
 // Totals is metered usage summed up; amounts are micro-units of the price
@@ -75,16 +77,65 @@ type MemoryStore struct {
 	gen string
 	// applied holds a digest of each applied record's ID (recordKey): the
 	// IDs themselves, some 70 bytes each, were most of what the store
-	// kept per record, and records come with every job (issue 17).
-	applied map[recordKey]struct{}
-	totals  map[string]Totals // by the same keys as RedisStore's
+	// kept per record, and records come with every job (issue 17). In a
+	// recset, 16 bytes a record and its index's slot (~24 B), not a Go
+	// map's slot (~36 B measured).
+	applied *recset.Set
+	// jobs are the totals by job (what grows with history): a record per
+	// job of the digest of its key (jobKey) and its totals (jobRecord).
+	// Keyed by the key's string in a Go map they took ~110 bytes a job
+	// (the key's bytes, the slot, the map's growth), here ~56.
+	jobs   *recset.Set
+	totals map[string]Totals // by the same keys as RedisStore's, but the jobs'
 }
 
 var _ Store = (*MemoryStore)(nil)
 
 // NewMemoryStore returns an empty in-memory store.
 func NewMemoryStore() *MemoryStore {
-	return &MemoryStore{gen: newGeneration(), applied: map[recordKey]struct{}{}, totals: map[string]Totals{}}
+	return &MemoryStore{gen: newGeneration(), applied: recset.New(recset.KeySize), jobs: recset.New(jobRecordSize),
+		totals: map[string]Totals{}}
+}
+
+// jobRecordSize is the size of a job's record in MemoryStore.jobs: the
+// digest of its total's key, then its Totals' four fields, 8 bytes each.
+const jobRecordSize = recset.KeySize + 4*8
+
+// jobDigest is the first 16 bytes of the SHA-256 of a job total's key
+// (as totalKeys names it): as for recordKey, a digest no tenant can
+// collide on purpose (a collision would add one job's usage to
+// another's totals).
+func jobDigest(key string) [recset.KeySize]byte {
+	sum := sha256.Sum256([]byte(key))
+	return [recset.KeySize]byte(sum[:recset.KeySize])
+}
+
+// jobTotals reads the totals of a job's record.
+func jobTotals(rec []byte) Totals {
+	v := rec[recset.KeySize:]
+	return Totals{Records: int64(binary.LittleEndian.Uint64(v[0:])), GPUMillis: int64(binary.LittleEndian.Uint64(v[8:])),
+		CostMicros: int64(binary.LittleEndian.Uint64(v[16:])), OnDemandMicros: int64(binary.LittleEndian.Uint64(v[24:]))}
+}
+
+// addJob adds r to the totals of the job whose total's key is key.
+func (s *MemoryStore) addJob(key string, r contracts.UsageRecord) {
+	k := jobDigest(key)
+	var rec [jobRecordSize]byte
+	copy(rec[:], k[:])
+	var t Totals
+	if old, ok := s.jobs.Get(k[:]); ok {
+		t = jobTotals(old)
+	}
+	t.Records++
+	t.GPUMillis += r.GPUMillis
+	t.CostMicros += r.CostMicros
+	t.OnDemandMicros += r.OnDemandCostMicros
+	v := rec[recset.KeySize:]
+	binary.LittleEndian.PutUint64(v[0:], uint64(t.Records))
+	binary.LittleEndian.PutUint64(v[8:], uint64(t.GPUMillis))
+	binary.LittleEndian.PutUint64(v[16:], uint64(t.CostMicros))
+	binary.LittleEndian.PutUint64(v[24:], uint64(t.OnDemandMicros))
+	s.jobs.Put(rec[:])
 }
 
 // recordKey is the first 16 bytes of the SHA-256 of a record's ID: a
@@ -110,12 +161,13 @@ func (s *MemoryStore) Apply(_ context.Context, recs []contracts.UsageRecord) (in
 	n := 0
 	for _, r := range recs {
 		k := keyOfRecord(r.ID)
-		if _, ok := s.applied[k]; ok {
+		if !s.applied.Add(k[:]) {
 			continue
 		}
-		s.applied[k] = struct{}{}
 		n++
-		for _, k := range totalKeys(r) {
+		keys := totalKeys(r)
+		s.addJob(keys[len(keys)-1], r)
+		for _, k := range keys[:len(keys)-1] {
 			t := s.totals[k]
 			t.Records++
 			t.GPUMillis += r.GPUMillis
@@ -128,7 +180,7 @@ func (s *MemoryStore) Apply(_ context.Context, recs []contracts.UsageRecord) (in
 }
 
 // totalKeys are the totals one record counts in, named as RedisStore
-// names its hashes (without the prefix).
+// names its hashes (without the prefix); the job's is the last.
 func totalKeys(r contracts.UsageRecord) []string {
 	day, month := dayKey(r.Start), monthKey(r.Start)
 	return []string{"tenant:" + r.Tenant, "tenant:" + r.Tenant + ":day:" + day, "tenant:" + r.Tenant + ":month:" + month,
@@ -163,5 +215,12 @@ func (s *MemoryStore) PoolDay(_ context.Context, pool string, day time.Time) (To
 
 // Job implements Store.
 func (s *MemoryStore) Job(_ context.Context, tenant, jobID string) (Totals, error) {
-	return s.get("job:" + tenant + ":" + jobID)
+	k := jobDigest("job:" + tenant + ":" + jobID)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec, ok := s.jobs.Get(k[:])
+	if !ok {
+		return Totals{}, nil
+	}
+	return jobTotals(rec), nil
 }
