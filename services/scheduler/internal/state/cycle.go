@@ -248,7 +248,7 @@ func (s *Store) Cycle() CycleResult {
 		if j == nil || j.State != contracts.StateQueued || j.Request == nil || len(j.parts) > 0 {
 			continue
 		}
-		if t := j.Request.PlacementTimeout.D(); t > 0 && !j.queuedAt.IsZero() && now.Sub(j.queuedAt) > t {
+		if t := j.Request.PlacementTimeout.D(); t > 0 && j.queuedAt != 0 && now.Sub(j.queued()) > t {
 			s.timeOut(j, t)
 			resvGen++
 			continue

@@ -106,7 +106,7 @@ func (s *Store) defragment(now time.Time, misses []miss) {
 				continue
 			}
 			choice, freed := found.choice, found.freed
-			lost, gain := moveCost(now, choice.Victims), gpuSeconds(j.Request.Resources.GPU.MilliGPUs(), now.Sub(j.queuedAt))
+			lost, gain := moveCost(now, choice.Victims), gpuSeconds(j.Request.Resources.GPU.MilliGPUs(), now.Sub(j.queued()))
 			if lost > gain {
 				s.log.Debug("defragmentation not worth it", "tenant", j.Tenant, "job_id", j.ID, "lost_gpu_s", lost, "gain_gpu_s", gain)
 				continue

@@ -979,7 +979,7 @@ func (s *Store) requeue(j *Job, reason contracts.Reason, msg string) {
 	if from != contracts.StateQueued {
 		// It was placed: its placement timeout counts from now. A gang
 		// never committed in full still waits for its first placement.
-		j.queuedAt = ev.Time
+		j.queuedAt = stampOf(ev.Time)
 	}
 	s.enqueue(j)
 	s.cfg.Wake()

@@ -106,6 +106,21 @@ func TestRequestTextsAreInterned(t *testing.T) {
 	if n := len(h.st.names.m); n == 0 || n > 16 {
 		t.Errorf("%d interned texts", n)
 	}
+	// The job's ID and its request's are its key's text, submitted and
+	// rebuilt from the events alike.
+	for _, phase := range []string{"submitted", "rebuilt"} {
+		if phase == "rebuilt" {
+			h.restart()
+		}
+		for _, j := range []*Job{h.st.jobs[Key("acme", "j1")], h.st.jobs[Key("acme", "j2")]} {
+			if id := j.key[len(j.Tenant)+1:]; !same(j.ID, id) || !same(j.Request.ID, id) {
+				t.Errorf("%s %s: ID and request ID are not the key's text", phase, j.key)
+			}
+		}
+	}
+	if sub := h.submit("acme", r); sub.Outcome != "unchanged" {
+		t.Errorf("resubmit after the rebuild: %s, want unchanged", sub.Outcome)
+	}
 }
 
 // A job's moves record goes with the attempt unless what it holds

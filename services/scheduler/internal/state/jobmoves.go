@@ -77,3 +77,23 @@ func (j *Job) endAttemptMoves() {
 		j.mv = nil
 	}
 }
+
+// stamp is a wall-clock time in Unix nanoseconds, 0 for the zero time: 8
+// bytes where a time.Time takes 24, for times a job keeps that carry no
+// monotonic reading (taken in UTC or read from an event).
+type stamp int64
+
+func stampOf(t time.Time) stamp {
+	if t.IsZero() {
+		return 0
+	}
+	return stamp(t.UnixNano())
+}
+
+// queued is when j was queued (zero when unknown).
+func (j *Job) queued() time.Time {
+	if j.queuedAt == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, int64(j.queuedAt)).UTC()
+}

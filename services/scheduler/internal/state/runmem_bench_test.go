@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"runtime/pprof"
 	"testing"
+	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
 )
@@ -104,5 +105,40 @@ func writeHeapProfile(b *testing.B, suffix string) {
 	defer f.Close()
 	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
 		b.Fatal(err)
+	}
+}
+
+// BenchmarkWaitingMemory is BenchmarkQueuedMemory's store after cycles:
+// WAITING_JOBS (default 50,000) jobs queued on a 100-machine fleet that
+// holds few of them, then cycles a second apart (placements committed and
+// started), so that every waiting job has a reason and a published
+// pending event behind it, as in a steady deep queue. bytes/job is the
+// live heap's growth over the jobs (waiting and running).
+func BenchmarkWaitingMemory(b *testing.B) {
+	n := envInt("WAITING_JOBS", 50_000)
+	for range b.N {
+		st := newBenchStore()
+		now := benchT0
+		st.cfg.Now = func() time.Time { return now }
+		for i := range 100 {
+			st.ApplyInventory(benchInventory(i))
+		}
+		st.GoLive()
+		st.Cycle()
+		before := liveHeap()
+		writeHeapProfile(b, ".before")
+		rng := rand.New(rand.NewPCG(5, 6))
+		for i := range n {
+			benchSubmit(b, st, benchTenant(rng.IntN(benchTenants)), benchRequest(rng, fmt.Sprintf("w%07d", i)), uint64(i+1))
+		}
+		for range 3 {
+			commitAndStart(b, st, st.Cycle())
+			now = now.Add(PendingRefreshInterval) // the next cycle may publish changed reasons
+		}
+		after := liveHeap()
+		writeHeapProfile(b, "")
+		runtime.KeepAlive(st)
+		b.ReportMetric(float64(st.Queued()), "waiting")
+		b.ReportMetric(float64(after-before)/float64(n), "bytes/job")
 	}
 }

@@ -109,9 +109,9 @@ type Job struct {
 	seq       uint64
 	rejection *rejection
 
-	// queuedAt is when the job was queued: its placement timeout counts
-	// from there.
-	queuedAt time.Time
+	// queuedAt is when the job was queued (stampOf; read through queued):
+	// its placement timeout counts from there.
+	queuedAt stamp
 
 	// launchRetries counts the attempts requeued because their run could
 	// not start for a reason that may pass (retriesLaunch).
@@ -326,6 +326,10 @@ func New(cfg Config) *Store {
 // Key is the store's key of a job.
 func Key(tenant, jobID string) string { return tenant + "/" + jobID }
 
+// idIn is the job ID in key, Key(tenant, id): a job's ID and its
+// request's share their key's text instead of a copy each.
+func idIn(key, tenant string) string { return key[len(tenant)+1:] }
+
 // Job returns a copy of the job's public view, for tests and logs.
 func (s *Store) Job(tenant, jobID string) (Job, bool) {
 	j := s.lookup(tenant, jobID) // a retired job's stand-in too
@@ -370,7 +374,7 @@ func (s *Store) ReplayJobEvent(ev contracts.JobEvent, seq uint64, msgID string) 
 		return
 	}
 	if j == nil {
-		j = &Job{Tenant: s.names.of(ev.Tenant), ID: ev.JobID, key: key}
+		j = &Job{Tenant: s.names.of(ev.Tenant), ID: idIn(key, ev.Tenant), key: key}
 		s.jobs[key] = j
 	}
 	j.State = to
@@ -382,11 +386,14 @@ func (s *Store) ReplayJobEvent(ev contracts.JobEvent, seq uint64, msgID string) 
 		}
 		req := *ev.Request
 		s.names.request(&req)
+		if req.ID == j.ID {
+			req.ID = j.ID // one text for the job's ID
+		}
 		order := ev.SubmitSeq
 		if order == 0 {
 			order = seq // written before queued events carried it
 		}
-		j.Request, j.hash, j.Attempt, j.seq, j.queuedAt = &req, hashRequest(req), max(ev.Attempt, 1), order, ev.Time
+		j.Request, j.hash, j.Attempt, j.seq, j.queuedAt = &req, hashRequest(req), max(ev.Attempt, 1), order, stampOf(ev.Time)
 		s.workload.add(req.Resources.GPU)
 		s.enqueue(j)
 	case contracts.EventRejected:
@@ -437,7 +444,7 @@ func (s *Store) ReplayJobEvent(ev contracts.JobEvent, seq uint64, msgID string) 
 		s.keepMove(j)
 		s.resetAttempt(j, ev.Attempt)
 		if from != contracts.StateQueued {
-			j.queuedAt = ev.Time // placed once: a new wait (requeue)
+			j.queuedAt = stampOf(ev.Time) // placed once: a new wait (requeue)
 		}
 		s.enqueue(j)
 	case contracts.EventSucceeded, contracts.EventFailed, contracts.EventCancelled:
@@ -589,6 +596,7 @@ func (s *Store) Submit(subject string, data []byte, streamSeq uint64) Submission
 	s.names.request(&norm)
 	h := hashRequest(norm)
 	key := Key(tenant, req.ID)
+	norm.ID = idIn(key, tenant) // the same text: the job keeps it in its key anyway
 	if j := s.lookup(tenant, req.ID); j != nil {
 		if j.rejection == nil && sameRequest(j, h) {
 			return Submission{Outcome: "unchanged"}
@@ -634,8 +642,8 @@ func (s *Store) Submit(subject string, data []byte, streamSeq uint64) Submission
 		// queued event was stored: requests are answered in parallel, so
 		// queued events may be stored out of arrival order.
 		commit: func(uint64) {
-			j := &Job{Tenant: tenant, ID: req.ID, key: key, State: contracts.StateQueued, Attempt: 1,
-				Request: &norm, hash: h, seq: streamSeq, queuedAt: now}
+			j := &Job{Tenant: tenant, ID: norm.ID, key: key, State: contracts.StateQueued, Attempt: 1,
+				Request: &norm, hash: h, seq: streamSeq, queuedAt: stampOf(now)}
 			s.jobs[key] = j
 			s.enqueue(j)
 			s.workload.add(norm.Resources.GPU)
