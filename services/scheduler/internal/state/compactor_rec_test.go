@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	segjson "github.com/segmentio/encoding/json"
+
 	"github.com/gpuplane/gpuplane/contracts"
 )
 
@@ -140,8 +142,9 @@ func TestCompactorKeepsTheLastPendingEventOfAnAttempt(t *testing.T) {
 }
 
 // TestCompactorPendingRunsReplayAsTheLog: random lives of a waiting job
-// (pending events in and out of order, repeated, of another attempt or
-// with IDs that carry no sequence, between requeues and placements):
+// (pending events in and out of order, repeated, of another attempt, with
+// IDs that carry no sequence or bodies the rebuild cannot decode, between
+// requeues and placements):
 // every prefix's snapshot replays to what the prefix does.
 func TestCompactorPendingRunsReplayAsTheLog(t *testing.T) {
 	const tenant, id = "t1", "wait"
@@ -160,6 +163,11 @@ func TestCompactorPendingRunsReplayAsTheLog(t *testing.T) {
 			data, err := json.Marshal(e)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if typ == contracts.EventPending && rng.IntN(12) == 0 {
+				// One the rebuild cannot decode (the compactor reads
+				// only a few fields): skipped by every replay.
+				data = bytes.Replace(data, []byte(`"message":"`), []byte(`"message":7,"x":"`), 1)
 			}
 			msgID := contracts.JobEventID(tenant, id, typ, attempt, seq)
 			if typ == contracts.EventPending && seq == 0 {
@@ -198,30 +206,128 @@ func TestCompactorPendingRunsReplayAsTheLog(t *testing.T) {
 	}
 }
 
-// checkPrefixes checks that a store replaying a compactor's snapshot of
-// each prefix of log (JOB_EVENTS only) ends where one replaying the prefix
-// does.
+// checkPrefixes checks, for every prefix of log (JOB_EVENTS only), that a
+// store replaying a compactor's snapshot of the prefix ends where one
+// replaying the prefix does, and so does one replaying what a compactor
+// started from that snapshot (encoded and decoded: a new term) holds
+// after the rest of the log.
 func checkPrefixes(t *testing.T, log []*LogMsg) {
 	t.Helper()
-	replay := func(msgs []*LogMsg) string {
-		st := newBenchStore()
-		for _, m := range msgs {
-			var e contracts.JobEvent
-			if err := json.Unmarshal(m.Data, &e); err != nil {
-				t.Fatal(err)
-			}
-			st.ReplayJobEvent(e, m.Seq, m.Header[contracts.HeaderMsgID][0])
-		}
-		return st.Digest()
-	}
+	whole := replayEvents(log)
 	for cut := 1; cut <= len(log); cut++ {
-		// Every prefix of the log: the snapshot may be taken anywhere.
 		comp := NewCompactor("s1", nil)
 		for _, m := range log[:cut] {
 			comp.Observe(m)
 		}
-		if got, want := replay(comp.Snapshot().messages()), replay(log[:cut]); got != want {
+		snap := comp.Snapshot()
+		if got, want := replayEvents(snap.messages()), replayEvents(log[:cut]); got != want {
 			t.Fatalf("after %d events, replaying the snapshot:\n%s\nreplaying every event:\n%s", cut, got, want)
 		}
+		var buf bytes.Buffer
+		if err := snap.Encode(&buf); err != nil {
+			t.Fatal(err)
+		}
+		decoded, err := DecodeSnapshot(buf.Bytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		next := NewCompactor("s1", decoded)
+		for _, m := range log { // the whole log again: what the snapshot covers is not read twice
+			next.Observe(m)
+		}
+		if got := replayEvents(next.Snapshot().messages()); got != whole {
+			t.Fatalf("cut %d, then the rest in a new term's compactor:\n%s\nreplaying every event:\n%s", cut, got, whole)
+		}
 	}
+}
+
+// replayEvents replays JOB_EVENTS messages into a new store as the
+// rebuild does (bus.Msg.Decode's decoder; a message that does not decode
+// is skipped) and returns its digest.
+func replayEvents(msgs []*LogMsg) string {
+	st := newBenchStore()
+	for _, m := range msgs {
+		var e contracts.JobEvent
+		if segjson.Unmarshal(m.Data, &e) != nil {
+			continue
+		}
+		st.ReplayJobEvent(e, m.Seq, m.Header[contracts.HeaderMsgID][0])
+	}
+	return st.Digest()
+}
+
+// TestCompactorPendingRunEdges: the review's counter-examples to the
+// first version of pendingRun. A pending event the rebuild cannot decode
+// (a message that is not a string; the compactor reads only a few
+// fields) took the place of its run's top or last, which the replay
+// applied; a message observed twice counted twice in its run.
+func TestCompactorPendingRunEdges(t *testing.T) {
+	type step struct {
+		seq     int
+		corrupt bool
+	}
+	for _, c := range []struct {
+		name  string
+		steps []step
+		again int // index+1 of a message observed a second time at the end
+	}{
+		{name: "undecodable after the top", steps: []step{{1, false}, {2, false}, {3, true}}},
+		{name: "undecodable after the last", steps: []step{{5, false}, {3, false}, {4, true}}},
+		{name: "undecodable first", steps: []step{{1, true}, {2, false}, {3, false}}},
+		{name: "observed twice", steps: []step{{5, false}, {3, false}}, again: 2},
+		{name: "out of order", steps: []step{{1, false}, {2, false}, {5, false}, {3, false}, {4, false}, {4, false}, {6, false}, {2, false}, {7, false}, {1, false}}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			log := waitLog(t, func(pending func(seq int, corrupt bool)) {
+				for _, s := range c.steps {
+					pending(s.seq, s.corrupt)
+				}
+			})
+			comp := NewCompactor("s1", nil)
+			for _, m := range log {
+				comp.Observe(m)
+			}
+			if c.again > 0 {
+				comp.Observe(log[c.again-1])
+			}
+			if got, want := replayEvents(comp.Snapshot().messages()), replayEvents(log); got != want {
+				t.Fatalf("replaying the snapshot:\n%s\nreplaying every event:\n%s", got, want)
+			}
+			checkPrefixes(t, log)
+		})
+	}
+}
+
+// waitLog is the log of a job queued once and then waiting: pending
+// events of attempt 1 with the sequences add gives, a corrupt one's
+// message a number (the rebuild cannot decode it).
+func waitLog(t *testing.T, add func(pending func(seq int, corrupt bool))) []*LogMsg {
+	const tenant, id = "t1", "wait"
+	t0 := time.Date(2026, 11, 27, 11, 0, 0, 0, time.UTC)
+	var log []*LogMsg
+	put := func(typ contracts.JobEventType, seq int, data []byte) {
+		log = append(log, &LogMsg{Stream: contracts.StreamJobEvents, Seq: uint64(len(log) + 1),
+			Subject: contracts.SubjectJobEvents(tenant, id),
+			Header:  map[string][]string{contracts.HeaderMsgID: {contracts.JobEventID(tenant, id, typ, 1, seq)}}, Data: data})
+	}
+	req := contracts.JobRequest{SchemaVersion: 1, ID: id, Tenant: tenant,
+		Resources: contracts.Resources{GPU: contracts.GPURequest{Count: 64, Model: "h100"}}}
+	q := contracts.JobEvent{SchemaVersion: contracts.SchemaVersion, Type: contracts.EventQueued, Tenant: tenant, JobID: id,
+		Attempt: 1, Time: t0, Request: &req, SubmitSeq: 1}
+	data, err := json.Marshal(q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put(contracts.EventQueued, 0, data)
+	add(func(seq int, corrupt bool) {
+		reason := []contracts.Reason{contracts.PendingInsufficientGPUs, contracts.PendingQuotaExceeded}[len(log)%2]
+		msg := `"` + string(reason) + `"`
+		if corrupt {
+			msg = "7"
+		}
+		put(contracts.EventPending, seq, fmt.Appendf(nil,
+			`{"specversion":"1","type":"pending","tenant":%q,"jobId":%q,"attempt":1,"state":"queued","time":%q,"reason":%q,"message":%s}`,
+			tenant, id, t0.Add(time.Duration(len(log))*time.Minute).Format(time.RFC3339Nano), reason, msg))
+	})
+	return log
 }

@@ -149,9 +149,6 @@ func NewCompactor(scheduler string, snap *Snapshot) *Compactor {
 	if snap == nil {
 		return c
 	}
-	for k, v := range snap.Meta.Seqs {
-		c.seqs[k] = v
-	}
 	for k, v := range snap.retired {
 		c.retired[k] = v
 	}
@@ -161,6 +158,10 @@ func NewCompactor(scheduler string, snap *Snapshot) *Compactor {
 	c.work = workload{reqs: slices.Clone(snap.work.reqs), next: snap.work.next}
 	for _, m := range snap.Msgs {
 		c.Observe(m)
+	}
+	// After its messages, which Observe would otherwise take as read.
+	for k, v := range snap.Meta.Seqs {
+		c.seqs[k] = max(c.seqs[k], v)
 	}
 	return c
 }
@@ -189,9 +190,12 @@ func (c *Compactor) job(key string) *cjob {
 // Observe folds one message in. Messages of one stream must come in
 // stream order; streams may interleave in any way.
 func (c *Compactor) Observe(m *LogMsg) {
-	if m.Seq > c.seqs[m.Stream] {
-		c.seqs[m.Stream] = m.Seq
+	if m.Seq <= c.seqs[m.Stream] {
+		// Read already (one follow per stream, in order): folding it again
+		// would count it twice in its job's run of pending events.
+		return
 	}
+	c.seqs[m.Stream] = m.Seq
 	switch m.Stream {
 	case contracts.StreamJobEvents:
 		c.event(m)
@@ -279,7 +283,7 @@ func (c *Compactor) event(m *LogMsg) {
 		j.msgs, j.run = append(j.msgs, encodeMsg(m)), pendingRun{}
 		return
 	}
-	if ev.Type == contracts.EventPending {
+	if ev.Type == contracts.EventPending && decodesWhole(m.Data) {
 		j.runPending(m, ev.Attempt)
 	} else {
 		j.msgs, j.run = append(j.msgs, encodeMsg(m)), pendingRun{}
@@ -313,6 +317,16 @@ type pendingRun struct {
 	top, last int
 	attempt   int
 	topSeq    int
+}
+
+// decodesWhole reports whether data decodes as a whole job event, as the
+// rebuild decodes each (bus.Msg.Decode): one that does not is skipped by
+// every replay, so it must not take the place of one of its run that a
+// replay applies. Only pending events pay for it (the compactor reads
+// the few fields it needs of the others).
+func decodesWhole(data []byte) bool {
+	var ev contracts.JobEvent
+	return decodeMsg(data, &ev) == nil
 }
 
 // runPending keeps m, a pending event of attempt that its job's state
