@@ -143,10 +143,22 @@ func (c *cluster) forget(id, planID string) bool {
 // assumed, decoded afresh from the ledger: its IDs, run spec and device
 // list would be a second copy, for as long as the job runs, of what the
 // assumed item shares with the job's request and the node's inventory.
-// The assumed item is kept instead when it equals the entry's.
+// The assumed item is kept instead when it equals the entry's, but for
+// the traceparent: the service puts each published item in its job's
+// trace (tracePlan) after the cycle, on the plan's copy; the assumed item
+// takes the entry's.
 func (c *cluster) commit(a contracts.Allocation) bool {
 	held := c.plans[a.ID]
-	if held == nil || !reflect.DeepEqual(*held, a) {
+	if held != nil {
+		traced := *held
+		traced.TraceParent = a.TraceParent
+		if reflect.DeepEqual(traced, a) {
+			held.TraceParent = a.TraceParent // nothing else holds it: the part is this commit's
+		} else {
+			held = nil
+		}
+	}
+	if held == nil {
 		held = new(contracts.Allocation)
 		*held = a
 	}

@@ -31,7 +31,10 @@ func TestCommittedPartSharesOneAllocation(t *testing.T) {
 		assumed bool // the assumed item is kept
 	}{
 		{name: "as planned", change: func(*contracts.Allocation) {}, assumed: true},
-		{name: "ledger differs", change: func(a *contracts.Allocation) { a.TraceParent = "00-ledger-01" }},
+		{name: "traced as published", change: func(a *contracts.Allocation) {
+			a.TraceParent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+		}, assumed: true},
+		{name: "ledger differs", change: func(a *contracts.Allocation) { a.CPUMilli++ }},
 		{name: "other plan", change: func(a *contracts.Allocation) { a.PlanID = "another-plan" }},
 	}
 	for _, tt := range tests {
