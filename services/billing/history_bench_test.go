@@ -43,6 +43,8 @@ import (
 // (B/job-history: a fixed cost cancels). GPUPLANE_BILLHIST_PROFILE=dir
 // writes a heap profile of each size while billing runs (heap-<n>.pprof;
 // compare with go tool pprof -base), sampled every 4 KiB.
+// GPUPLANE_BILLHIST_SETTLE (11s) is the wait before the two end
+// measurements.
 func BenchmarkHistoryMemory(b *testing.B) {
 	sizes := []int{2000, 8000}
 	if v := os.Getenv("GPUPLANE_BILLHIST_JOBS"); v != "" {
@@ -62,6 +64,15 @@ func BenchmarkHistoryMemory(b *testing.B) {
 			b.Fatalf("GPUPLANE_BILLHIST_LIVE: %q", v)
 		}
 	}
+	// Before each end measurement, as long as the embedded server (same
+	// heap) keeps recently used blocks cached: 10 s after their last use.
+	settle := 11 * time.Second
+	if v := os.Getenv("GPUPLANE_BILLHIST_SETTLE"); v != "" {
+		var err error
+		if settle, err = time.ParseDuration(v); err != nil {
+			b.Fatalf("GPUPLANE_BILLHIST_SETTLE: %v", err)
+		}
+	}
 	profDir := os.Getenv("GPUPLANE_BILLHIST_PROFILE")
 	if profDir != "" {
 		old := runtime.MemProfileRate
@@ -71,7 +82,7 @@ func BenchmarkHistoryMemory(b *testing.B) {
 	for range b.N {
 		var held []float64
 		for _, n := range sizes {
-			h, took := driveBilling(b, n, wave, profDir)
+			h, took := driveBilling(b, n, wave, profDir, settle)
 			held = append(held, h)
 			b.ReportMetric(h/1024, fmt.Sprintf("billing-KiB-%d", n))
 			b.Logf("%d jobs: billing holds %.0f KiB (%.0f B/job), %s", n, h/1024, h/float64(n), took.Round(time.Millisecond))
@@ -115,7 +126,7 @@ func caughtUp(b *testing.B, js jetstream.JetStream, streams ...string) {
 
 // driveBilling bills n jobs through one fresh billing, wave at a time,
 // and returns billing's heap once they are all in the store.
-func driveBilling(b *testing.B, n, wave int, profDir string) (held float64, took time.Duration) {
+func driveBilling(b *testing.B, n, wave int, profDir string, settle time.Duration) (held float64, took time.Duration) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	srv := natstest.Start(b)
@@ -227,6 +238,7 @@ func driveBilling(b *testing.B, n, wave int, profDir string) (held float64, took
 		runtime.ReadMemStats(&m)
 		return float64(m.HeapAlloc)
 	}
+	time.Sleep(settle)
 	running := heapNow()
 	if profDir != "" {
 		f, err := os.Create(filepath.Join(profDir, fmt.Sprintf("heap-%d.pprof", n)))
@@ -243,5 +255,6 @@ func driveBilling(b *testing.B, n, wave int, profDir string) (held float64, took
 		b.Fatalf("billing: %v", err)
 	}
 	cfg.Store, store = nil, nil
+	time.Sleep(settle)
 	return running - heapNow(), took
 }
