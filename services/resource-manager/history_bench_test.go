@@ -43,10 +43,12 @@ import (
 // It reports, per size, the manager's heap (rm-KiB-<n>), and the
 // difference between the largest and smallest size per job of history
 // (B/job-history: a fixed cost cancels), and the heap a live job costs
-// (B/live-job: the last 4 full waves of the smallest size measured
-// committed and started, then released, plus what its retirement keeps). GPUPLANE_RMHIST_PROFILE=dir
+// (B/live-job: the last full wave of the smallest size measured committed
+// and started, then released, plus what its retirement keeps). GPUPLANE_RMHIST_PROFILE=dir
 // writes a heap profile of each size while the manager runs
 // (heap-<n>.pprof; compare with go tool pprof -base), sampled every 4 KiB.
+// GPUPLANE_RMHIST_SETTLE (11s) is the wait before the end measurements
+// (histSettle).
 func BenchmarkHistoryMemory(b *testing.B) {
 	sizes := []int{2000, 8000}
 	if v := os.Getenv("GPUPLANE_RMHIST_JOBS"); v != "" {
@@ -66,6 +68,7 @@ func BenchmarkHistoryMemory(b *testing.B) {
 			b.Fatalf("GPUPLANE_RMHIST_LIVE: %q (at least 8)", v)
 		}
 	}
+	settle := histSettle(b, "GPUPLANE_RMHIST_SETTLE")
 	profDir := os.Getenv("GPUPLANE_RMHIST_PROFILE")
 	if profDir != "" {
 		old := runtime.MemProfileRate
@@ -76,16 +79,14 @@ func BenchmarkHistoryMemory(b *testing.B) {
 		var held []float64
 		var liveLess float64
 		for i, n := range sizes {
-			r := driveHistory(b, n, live, profDir)
+			// The live cost once, at the smallest size.
+			r := driveHistory(b, n, live, profDir, settle, i == 0)
 			held = append(held, r.held)
 			if i == 0 {
-				// At the smallest size: the embedded server's caches of
-				// longer streams come and go by megabytes between the
-				// two measurements of a wave, the same process's heap.
 				liveLess = r.liveLess
 			}
 			b.ReportMetric(r.held/1024, fmt.Sprintf("rm-KiB-%d", n))
-			b.Logf("%d jobs (%d live at once): manager holds %.0f KiB (%.0f KiB more at the last release, before it caught up), a live job %.0f B more than a released one, %d released, %s",
+			b.Logf("%d jobs (%d live at once): manager holds %.0f KiB (the process %.0f KiB more at the last release than once caught up and settled: the follows' backlog and the embedded server's caches), a live job %.0f B more than a released one, %d released, %s",
 				n, live, r.held/1024, r.lag/1024, r.liveLess, r.retired, r.took.Round(time.Millisecond))
 		}
 		perHistory := 0.0
@@ -130,21 +131,39 @@ func caughtUp(b *testing.B, js jetstream.JetStream, streams ...string) {
 	time.Sleep(200 * time.Millisecond)
 }
 
+// histSettle is how long to wait before each of the two end
+// measurements (GPUPLANE_*HIST_SETTLE, a duration; 11 s by default): the
+// embedded server, in the same heap, keeps a stream's recently used
+// blocks cached (megabytes each, from a sync.Pool two GCs do not empty)
+// for 10 s after their last use, so that a measurement taken sooner may
+// count them on one side only.
+func histSettle(b *testing.B, env string) time.Duration {
+	d := 11 * time.Second
+	if v := os.Getenv(env); v != "" {
+		var err error
+		if d, err = time.ParseDuration(v); err != nil {
+			b.Fatalf("%s: %v", env, err)
+		}
+	}
+	return d
+}
+
 // historyRun is what driveHistory measured.
 type historyRun struct {
 	held float64 // the manager's heap at the end (running less stopped)
-	// lag is what the heap held more at the last release than once the
-	// manager caught up with the streams (its follows' backlog).
+	// lag is what the process's heap held more at the last release than
+	// once the manager caught up with the streams and the server's block
+	// caches expired (both: they share the heap).
 	lag float64
-	// liveLess is the heap per job of the last full waves while live
-	// less once released (its retired record's cost not added back).
+	// liveLess is the heap per job of the last full wave while live less
+	// once released (its retired record's cost not added back).
 	liveLess float64
 	retired  int
 	took     time.Duration
 }
 
 // driveHistory takes n jobs through one fresh manager, live at a time.
-func driveHistory(b *testing.B, n, live int, profDir string) historyRun {
+func driveHistory(b *testing.B, n, live int, profDir string, settle time.Duration, measureLive bool) historyRun {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	srv := natstest.Start(b)
@@ -256,9 +275,9 @@ func driveHistory(b *testing.B, n, live int, profDir string) historyRun {
 	start := time.Now()
 	at := time.Now().UTC()
 	const perPlan = 64
-	// The live cost is measured on the last (up to) 4 full waves, each
-	// committed and started, then released: over several waves, an index
-	// or chunk that grows in one of them is spread over 4x the jobs.
+	// The live cost is measured on the last full wave (when measureLive),
+	// committed and started, then released, each once the manager and the
+	// server have settled.
 	var liveLess float64
 	waves := (n + live - 1) / live
 	full := n / live
@@ -288,12 +307,13 @@ func driveHistory(b *testing.B, n, live int, profDir string) historyRun {
 					JobID: a.JobID, Attempt: 1, NodeID: a.NodeID, Devices: a.Devices, Time: at})
 		}
 		flush()
-		measure := w < full && w >= full-4
+		measure := measureLive && w == full-1
 		var liveHeap float64
 		if measure {
 			// Committed and started, once the manager has read what
 			// was published (what lags is not what is kept).
 			caughtUp(b, js, contracts.StreamAllocations, contracts.StreamRuns)
+			time.Sleep(settle)
 			liveHeap = heapNow()
 		}
 		for _, a := range allocs {
@@ -306,6 +326,7 @@ func driveHistory(b *testing.B, n, live int, profDir string) historyRun {
 		waitFor("released", &released, last)
 		if measure {
 			caughtUp(b, js, contracts.StreamAllocations, contracts.StreamRuns)
+			time.Sleep(settle)
 			liveLess += liveHeap - heapNow()
 			measured += last - first
 		}
@@ -317,6 +338,7 @@ func driveHistory(b *testing.B, n, live int, profDir string) historyRun {
 	// what the lag held at the last release is reported beside.
 	lagHeap := heapNow()
 	caughtUp(b, js, contracts.StreamAllocations, contracts.StreamRuns)
+	time.Sleep(settle)
 	releasedHeap := heapNow()
 	if profDir != "" {
 		f, err := os.Create(filepath.Join(profDir, fmt.Sprintf("heap-%d.pprof", n)))
@@ -332,6 +354,7 @@ func driveHistory(b *testing.B, n, live int, profDir string) historyRun {
 	if err := <-done; err != nil {
 		b.Fatalf("resource manager: %v", err)
 	}
+	time.Sleep(settle)
 	stopped := heapNow()
 	held := releasedHeap - stopped
 	return historyRun{held: held, lag: lagHeap - releasedHeap, liveLess: liveLess / float64(max(measured, 1)),
