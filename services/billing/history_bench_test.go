@@ -28,7 +28,7 @@ import (
 // history (issue 17: "memory per 100k jobs in each service; nothing grows
 // with history"), with the in-memory store (make run's, and the one
 // whose totals live in billing's heap). For each size in
-// GPUPLANE_BILLHIST_JOBS (default "2000,8000"; e.g. "10000,40000" for the
+// GPUPLANE_BILLHIST_JOBS (default "5000,20000"; e.g. "10000,40000" for the
 // issue's figure) a fresh embedded NATS and billing bill that many jobs
 // as the resource manager and node agents report them: per job a ledger
 // commit, the agent's ended fact on RUNS and the release (both bill the
@@ -46,7 +46,7 @@ import (
 // GPUPLANE_BILLHIST_SETTLE (11s) is the wait before the two end
 // measurements.
 func BenchmarkHistoryMemory(b *testing.B) {
-	sizes := []int{2000, 8000}
+	sizes := []int{5000, 20000}
 	if v := os.Getenv("GPUPLANE_BILLHIST_JOBS"); v != "" {
 		sizes = nil
 		for _, f := range strings.Split(v, ",") {

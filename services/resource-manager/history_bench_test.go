@@ -30,7 +30,7 @@ import (
 // BenchmarkHistoryMemory measures what a running resource manager's heap
 // keeps per job of history (issue 17: "memory per 100k jobs in each
 // service; nothing grows with history"). For each size in
-// GPUPLANE_RMHIST_JOBS (default "2000,8000"; the issue's figure wants
+// GPUPLANE_RMHIST_JOBS (default "5000,20000"; the issue's figure wants
 // e.g. "10000,40000") a fresh embedded NATS and manager take that many
 // jobs through their whole life, as the scheduler and node agents would
 // send them: a plan commits them, a run starts and ends on each, and the
@@ -50,7 +50,7 @@ import (
 // GPUPLANE_RMHIST_SETTLE (11s) is the wait before the end measurements
 // (histSettle).
 func BenchmarkHistoryMemory(b *testing.B) {
-	sizes := []int{2000, 8000}
+	sizes := []int{5000, 20000}
 	if v := os.Getenv("GPUPLANE_RMHIST_JOBS"); v != "" {
 		sizes = nil
 		for _, f := range strings.Split(v, ",") {
