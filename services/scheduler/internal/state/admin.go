@@ -211,7 +211,11 @@ func (s *Store) preempting(j *Job) bool {
 		_, held := s.cluster.allocs[id]
 		return !held
 	})
-	return len(j.mv.victims) > 0
+	if len(j.mv.victims) > 0 {
+		return true
+	}
+	j.tidyMoves()
+	return false
 }
 
 // awaitingRelease returns the allocations of j's previous attempt the
@@ -420,6 +424,7 @@ func (s *Store) keptFor(j *Job) map[string]bool {
 	}
 	if by := s.jobs[k.by]; by == nil || by.State.Terminal() || by.Attempt != k.attempt {
 		j.mv.kept = nil
+		j.tidyMoves()
 		return nil
 	}
 	if k.jobs == nil {

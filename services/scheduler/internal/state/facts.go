@@ -490,6 +490,7 @@ func (s *Store) ledgerFact(e contracts.LedgerEntry) {
 		// a preemption kept from this victim's next attempts.
 		if m := j.mv; m != nil {
 			m.avoid, m.kept = nil, nil
+			j.tidyMoves()
 		}
 		j.memo = nil // not offered while it runs (fly)
 		s.queue.Remove(j.key)

@@ -78,6 +78,18 @@ func (j *Job) endAttemptMoves() {
 	}
 }
 
+// tidyMoves drops j's record once every field of it is back to zero (a
+// move published, the nodes to avoid or the kept work served, the
+// victims gone): moves() then reads the same zeros, and a job that was
+// moved once does not keep ~150 bytes for the rest of its attempt.
+func (j *Job) tidyMoves() {
+	m := j.mv
+	if m != nil && m.evictMsg == "" && m.evictBy.IsZero() && m.evictAt.IsZero() && m.migration == nil &&
+		m.moved == nil && len(m.avoid) == 0 && m.note == "" && m.promise == nil && len(m.victims) == 0 && m.kept == nil {
+		j.mv = nil
+	}
+}
+
 // stamp is a wall-clock time in Unix nanoseconds, 0 for the zero time: 8
 // bytes where a time.Time takes 24, for times a job keeps that carry no
 // monotonic reading (taken in UTC or read from an event).
@@ -87,7 +99,13 @@ func stampOf(t time.Time) stamp {
 	if t.IsZero() {
 		return 0
 	}
-	return stamp(t.UnixNano())
+	if ns := t.UnixNano(); ns != 0 {
+		return stamp(ns)
+	}
+	// The Unix epoch itself (a clock or an event at 1970-01-01): 1 ns
+	// later, since 0 says "unknown" and an unknown queue time never
+	// times out.
+	return 1
 }
 
 // queued is when j was queued (zero when unknown).

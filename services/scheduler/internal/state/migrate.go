@@ -175,6 +175,7 @@ func (s *Store) migrated(j *Job) {
 		ev.Reason, ev.Message, ev.Migration = m.Reason, msg, &m
 	}) {
 		j.mv.moved = nil
+		j.tidyMoves()
 	}
 }
 

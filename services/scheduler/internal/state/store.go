@@ -436,6 +436,7 @@ func (s *Store) ReplayJobEvent(ev contracts.JobEvent, seq uint64, msgID string) 
 	case contracts.EventMigrated:
 		if j.mv != nil {
 			j.mv.moved = nil
+			j.tidyMoves()
 		}
 	case contracts.EventRequeued:
 		if retriesLaunch(ev.Reason) {
