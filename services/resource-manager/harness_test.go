@@ -38,7 +38,10 @@ func (c *clock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
 type counter struct {
 	mu     sync.Mutex
 	counts map[string]int
-	base   slog.Handler
+	// ints are the last integer attributes by message and key
+	// ("snapshot loaded.retired_allocations").
+	ints map[string]int64
+	base slog.Handler
 }
 
 func newCounter() *counter {
@@ -46,7 +49,7 @@ func newCounter() *counter {
 	if os.Getenv("RM_TEST_LOG") != "" {
 		w = os.Stderr
 	}
-	return &counter{counts: map[string]int{}, base: slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug})}
+	return &counter{counts: map[string]int{}, ints: map[string]int64{}, base: slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug})}
 }
 
 func (c *counter) logger() *slog.Logger { return slog.New(countingHandler{root: c, next: c.base}) }
@@ -61,6 +64,12 @@ func (h countingHandler) Enabled(context.Context, slog.Level) bool { return true
 func (h countingHandler) Handle(ctx context.Context, r slog.Record) error {
 	h.root.mu.Lock()
 	h.root.counts[r.Message]++
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Value.Kind() == slog.KindInt64 {
+			h.root.ints[r.Message+"."+a.Key] = a.Value.Int64()
+		}
+		return true
+	})
 	h.root.mu.Unlock()
 	return h.next.Handle(ctx, r)
 }
@@ -69,6 +78,15 @@ func (h countingHandler) WithAttrs(as []slog.Attr) slog.Handler {
 }
 func (h countingHandler) WithGroup(g string) slog.Handler {
 	return countingHandler{root: h.root, next: h.next.WithGroup(g)}
+}
+
+// lastInt is the integer attribute key of the last record logged with
+// message msg (its own attributes, not a logger's).
+func (c *counter) lastInt(msg, key string) (int64, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	v, ok := c.ints[msg+"."+key]
+	return v, ok
 }
 
 func (c *counter) count(msg string) int {

@@ -113,6 +113,13 @@ func TestEndedJobsStayEndedOnRedelivery(t *testing.T) {
 	round("again-")
 	first.stop()
 	h.start(cfg)
+	// The restart started from a snapshot that holds the retired records
+	// (one is written every 20 ms while anything changes), not from the
+	// streams alone.
+	h.eventually("the restart loaded a snapshot", func() bool { return h.logs.count("snapshot loaded") == 1 })
+	if n, _ := h.logs.lastInt("snapshot loaded", "retired_allocations"); n < jobs {
+		t.Fatalf("the restart's snapshot holds %d retired allocations, want at least %d", n, jobs)
+	}
 	round("restart-")
 }
 

@@ -78,9 +78,12 @@ func (l *Ledger) Export() State {
 // log put it, a conflict the log holds included) and its retired records.
 // Inventories, readiness and holds are for the caller to set.
 func FromState(st State) (*Ledger, error) {
-	retired := bytes.Join(st.Retired, nil) // a decoded snapshot's one piece: a copy, so the payload is not kept
-	if len(retired)%RetiredRecordSize != 0 {
-		return nil, fmt.Errorf("%w: retired records of %d bytes", ErrBadState, len(retired))
+	size := 0
+	for _, p := range st.Retired {
+		size += len(p)
+	}
+	if size%RetiredRecordSize != 0 {
+		return nil, fmt.Errorf("%w: retired records of %d bytes", ErrBadState, size)
 	}
 	l := New()
 	for _, n := range st.Nodes {
@@ -100,13 +103,31 @@ func FromState(st State) (*Ledger, error) {
 		// ledger it made; the rebuild from the log said so already.
 		_ = l.commit(l.node(a.NodeID), a)
 	}
-	for off := 0; off < len(retired); off += RetiredRecordSize {
-		rec := retired[off : off+RetiredRecordSize]
-		if r := decodeRetired(rec); int(r.node) >= len(st.Nodes) {
-			return nil, fmt.Errorf("%w: retired record names node %d of %d", ErrBadState, r.node, len(st.Nodes))
-		}
-		if !l.retired.Add(rec) {
-			return nil, fmt.Errorf("%w: a retired record listed twice", ErrBadState)
+	// The records are read where they lie (Add copies each): joining the
+	// pieces first would copy every record once more, ~28 MB per million
+	// ended allocations while a restart loads. A record split between two
+	// pieces is put together in rec.
+	var rec [RetiredRecordSize]byte
+	have := 0
+	for _, p := range st.Retired {
+		for len(p) > 0 {
+			r := p
+			if have > 0 || len(p) < RetiredRecordSize {
+				n := copy(rec[have:], p)
+				have, p = have+n, p[n:]
+				if have < RetiredRecordSize {
+					continue
+				}
+				r, have = rec[:], 0
+			} else {
+				r, p = p[:RetiredRecordSize], p[RetiredRecordSize:]
+			}
+			if d := decodeRetired(r); int(d.node) >= len(st.Nodes) {
+				return nil, fmt.Errorf("%w: retired record names node %d of %d", ErrBadState, d.node, len(st.Nodes))
+			}
+			if !l.retired.Add(r) {
+				return nil, fmt.Errorf("%w: a retired record listed twice", ErrBadState)
+			}
 		}
 	}
 	for _, a := range st.Live {

@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"testing"
@@ -129,5 +130,53 @@ func TestFromStateRefusesBrokenStates(t *testing.T) {
 				t.Fatalf("FromState = %v, want ErrBadState", err)
 			}
 		})
+	}
+}
+
+// FromState reads the retired records where they lie, in pieces of any
+// length (a record may straddle two): the ledger it builds is the one a
+// single piece gives, and a length that is not whole records is refused.
+func TestFromStateReadsRetiredRecordsInPieces(t *testing.T) {
+	l := fixture(t)
+	seq := uint64(100)
+	for i := range 300 {
+		a := alloc("acme", fmt.Sprintf("ended-%d", i), 1, "n1", dev("n1", 1, "H100-80GB"))
+		for _, e := range []contracts.LedgerEntry{committed(a), released(a)} {
+			seq++
+			if err := l.Apply(e, seq); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	st := l.Export()
+	whole := bytes.Join(st.Retired, nil)
+	one := st
+	one.Retired = [][]byte{whole}
+	want, err := FromState(one)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want.Retired() != l.Retired() || want.Digest() != l.Digest() {
+		t.Fatalf("from one piece: %d retired, digest equal %t", want.Retired(), want.Digest() == l.Digest())
+	}
+	for _, cut := range []int{1, 5, RetiredRecordSize - 1, RetiredRecordSize + 3, 3*RetiredRecordSize - 2, 1000} {
+		var pieces [][]byte
+		for off := 0; off < len(whole); off += cut {
+			pieces = append(pieces, whole[off:min(off+cut, len(whole))])
+		}
+		split := st
+		split.Retired = pieces
+		got, err := FromState(split)
+		if err != nil {
+			t.Fatalf("pieces of %d bytes: %v", cut, err)
+		}
+		if got.Digest() != want.Digest() {
+			t.Fatalf("pieces of %d bytes: another ledger than from one piece", cut)
+		}
+	}
+	short := st
+	short.Retired = [][]byte{whole[:len(whole)-1]}
+	if _, err := FromState(short); !errors.Is(err, ErrBadState) {
+		t.Fatalf("records one byte short: %v, want ErrBadState", err)
 	}
 }
