@@ -73,6 +73,7 @@ bench:
 	  $(GO) test -run '^$$' -bench . -benchtime 1s $$($(GO) list ./services/scheduler/... | grep -v '/internal/placement$$') ./services/resource-manager/... && \
 	  $(GO) run ./services/scheduler/cmd/tracesim -pods '../shared/traces/alibaba-gpu-v2023/openb_pod_list_*.csv' -o bench-trace.out && \
 	  $(GO) test -run '^$$' -bench 'Ingest' -benchtime 2000000x -cpu 1 ./services/monitor/internal/rules/ && \
+	  $(GO) test -run '^$$' -bench 'EngineHeap' -benchtime 1x ./services/monitor/internal/rules/ && \
 	  $(GO) test -run '^$$' -bench 'IngestBus' -benchtime 400000x -cpu 1,2 ./services/monitor/ && \
 	  $(GO) test -run '^$$' -bench 'UsageIngest$$' -benchtime 200000x -cpu 1 ./services/billing/ && \
 	  $(GO) test -run '^$$' -bench 'UsageIngestFromStream' -benchtime 50000x -cpu 1 ./services/billing/ && \

@@ -10,8 +10,10 @@
 //	Evaluate(now) ──> []Transition (firing / resolved, one each per episode)
 //
 // Every series keeps one window.Ring per metric some rule (or the summary
-// window) reads at its scope, sized for the longest window read, so memory
-// is fixed per series and ingest allocates nothing once a series exists.
+// window) reads at its scope, sized for the longest window read and keeping
+// only the bucket fields those rules' aggregations read (a ring read for
+// its last value keeps no sum, min or max), so memory is fixed per series
+// and ingest allocates nothing once a series exists.
 //
 // Episodes are numbered per rule and key; Restore rebuilds the numbering
 // and the open episodes from the alerts already published, so a restarted
@@ -60,8 +62,11 @@ type Engine struct {
 	rules []Rule
 	// ring[scope][metric] is the index of the metric's ring in a series of
 	// that scope, -1 when no rule reads it; size[scope] the rings' buckets.
-	ring   [numScopes][numMetrics]int
-	size   [numScopes][]int
+	ring [numScopes][numMetrics]int
+	size [numScopes][]int
+	// layout[scope] are the rings' layouts, in ring order: each keeps only
+	// the bucket fields the rules (and the summary) reading it need.
+	layout [numScopes][]*window.Layout
 	series [numScopes]map[string]*series
 	// state[rule] by series key.
 	state []map[string]*ruleState
@@ -108,7 +113,12 @@ type ruleState struct {
 }
 
 // New returns an engine for cfg, which must be valid.
-func New(cfg Config) (*Engine, error) {
+func New(cfg Config) (*Engine, error) { return newEngine(cfg, false) }
+
+// newEngine is New; allFields keeps every bucket field in every ring, as
+// the engine did before layouts: the reference the differential tests
+// compare with.
+func newEngine(cfg Config, allFields bool) (*Engine, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -120,8 +130,10 @@ func New(cfg Config) (*Engine, error) {
 		}
 	}
 	spans := [numScopes][numMetrics]time.Duration{}
+	fields := [numScopes][numMetrics]window.Fields{}
 	for sc := range numScopes {
 		spans[sc][metricIndex(MetricGPUUtil)] = SummaryWindow
+		fields[sc][metricIndex(MetricGPUUtil)] = window.FieldSum // Utilisation's mean
 		e.series[sc] = map[string]*series{}
 	}
 	for _, r := range e.rules {
@@ -129,6 +141,10 @@ func New(cfg Config) (*Engine, error) {
 		for _, metric := range append([]Metric{r.Metric}, conditionMetrics(r.While)...) {
 			m := metricIndex(metric)
 			spans[sc][m] = max(spans[sc][m], time.Duration(r.Window))
+		}
+		fields[sc][metricIndex(r.Metric)] |= ruleFields(&r)
+		for _, c := range r.While {
+			fields[sc][metricIndex(c.Metric)] |= window.FieldLast
 		}
 		e.state = append(e.state, map[string]*ruleState{})
 		e.floor = append(e.floor, 0)
@@ -140,6 +156,11 @@ func New(cfg Config) (*Engine, error) {
 				continue
 			}
 			e.ring[sc][m] = len(e.size[sc])
+			f := fields[sc][m]
+			if allFields {
+				f = window.FieldAll
+			}
+			e.layout[sc] = append(e.layout[sc], window.NewLayout(e.res, f))
 			// One more bucket than the window reads: the slot of a sample
 			// stamped a bucket ahead must not be the window's oldest.
 			e.size[sc] = append(e.size[sc], window.Buckets(spans[sc][m], e.res)+2)
@@ -147,6 +168,28 @@ func New(cfg Config) (*Engine, error) {
 		}
 	}
 	return e, nil
+}
+
+// ruleFields are the bucket fields of its metric's ring that aggregate
+// reads for r.
+func ruleFields(r *Rule) window.Fields {
+	var f window.Fields
+	if r.Trend > 0 {
+		f |= window.FieldSum // the slope of the bucket means
+	}
+	switch r.Agg {
+	case AggAvg:
+		f |= window.FieldSum
+	case AggMax:
+		f |= window.FieldMax
+	case AggMin:
+		f |= window.FieldMin
+	case AggLast:
+		f |= window.FieldLast
+	case AggIncrease:
+		f |= window.FieldFirst | window.FieldLast
+	}
+	return f
 }
 
 // Kinds are the alert kinds the engine's rules raise, in rule order: the
@@ -254,8 +297,9 @@ func (e *Engine) get(sc Scope, key string, labels func() map[string]string) *ser
 	if s == nil {
 		s = &series{labels: labels()}
 		s.labels[contracts.AlertLabelScope] = string(sc)
-		for _, n := range e.size[i] {
-			s.rings = append(s.rings, window.New(e.res, n))
+		s.rings = make([]window.Ring, len(e.size[i]))
+		for ri, n := range e.size[i] {
+			s.rings[ri] = e.layout[i][ri].Ring(n)
 		}
 		// Episodes restored before the series reported are its own.
 		for ri, r := range e.rules {
