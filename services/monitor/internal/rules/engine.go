@@ -67,6 +67,10 @@ type Engine struct {
 	// layout[scope] are the rings' layouts, in ring order: each keeps only
 	// the bucket fields the rules (and the summary) reading it need.
 	layout [numScopes][]*window.Layout
+	// off[scope][i] is where ring i starts in a series' words, off[scope]
+	// [len] how many words a series of the scope holds: one allocation per
+	// series instead of one per ring and a slice of them.
+	off    [numScopes][]int
 	series [numScopes]map[string]*series
 	// state[rule] by series key.
 	state []map[string]*ruleState
@@ -96,9 +100,9 @@ func metricIndex(m Metric) int { return slices.Index(metrics, m) }
 
 type series struct {
 	labels map[string]string
-	rings  []window.Ring
-	last   int64 // unix ns of the newest sample
-	open   int   // episodes firing on this series
+	words  []uint64 // the rings, as Engine.off lays them out
+	last   int64    // unix ns of the newest sample
+	open   int      // episodes firing on this series
 }
 
 type ruleState struct {
@@ -166,8 +170,17 @@ func newEngine(cfg Config, allFields bool) (*Engine, error) {
 			e.size[sc] = append(e.size[sc], window.Buckets(spans[sc][m], e.res)+2)
 			e.span = max(e.span, spans[sc][m]+2*e.res)
 		}
+		e.off[sc] = []int{0}
+		for ri, n := range e.size[sc] {
+			e.off[sc] = append(e.off[sc], e.off[sc][ri]+e.layout[sc][ri].Words(n))
+		}
 	}
 	return e, nil
+}
+
+// ringOf is ring ri of series s of scope index sc.
+func (e *Engine) ringOf(sc int, s *series, ri int) window.Ring {
+	return e.layout[sc][ri].View(s.words[e.off[sc][ri]:e.off[sc][ri+1]])
 }
 
 // ruleFields are the bucket fields of its metric's ring that aggregate
@@ -297,10 +310,7 @@ func (e *Engine) get(sc Scope, key string, labels func() map[string]string) *ser
 	if s == nil {
 		s = &series{labels: labels()}
 		s.labels[contracts.AlertLabelScope] = string(sc)
-		s.rings = make([]window.Ring, len(e.size[i]))
-		for ri, n := range e.size[i] {
-			s.rings[ri] = e.layout[i][ri].Ring(n)
-		}
+		s.words = make([]uint64, e.off[i][len(e.size[i])])
 		// Episodes restored before the series reported are its own.
 		for ri, r := range e.rules {
 			if st := e.state[ri][key]; r.Scope == sc && st != nil && st.firing {
@@ -315,10 +325,10 @@ func (e *Engine) get(sc Scope, key string, labels func() map[string]string) *ser
 // add puts a GPU sample's metrics in the series' rings; pool platform
 // metrics are left to IngestPool.
 func (e *Engine) add(sc Scope, s *series, ns int64, v *[numMetrics]float64) {
-	idx := &e.ring[scopeIndex(sc)]
-	for m, r := range idx[:numTelemetryMetrics] {
+	i := scopeIndex(sc)
+	for m, r := range e.ring[i][:numTelemetryMetrics] {
 		if r >= 0 {
-			s.rings[r].Add(ns, v[m])
+			e.ringOf(i, s, r).Add(ns, v[m])
 		}
 	}
 	s.last = max(s.last, ns)
@@ -350,10 +360,10 @@ func (e *Engine) IngestPool(pool string, at time.Time, v PoolValues) {
 	}
 	s := e.get(ScopePool, pool, func() map[string]string { return map[string]string{contracts.AlertLabelPool: pool} })
 	if rf >= 0 {
-		s.rings[rf].Add(ns, v.FragmentationPct)
+		e.ringOf(scopeIndex(ScopePool), s, rf).Add(ns, v.FragmentationPct)
 	}
 	if rp >= 0 {
-		s.rings[rp].Add(ns, v.PendingJobs)
+		e.ringOf(scopeIndex(ScopePool), s, rp).Add(ns, v.PendingJobs)
 	}
 	s.last = max(s.last, ns)
 }
@@ -391,7 +401,7 @@ func (e *Engine) IngestNode(node, pool string, at time.Time, v NodeValues) {
 		labels[contracts.AlertLabelPool] = pool
 		s.labels = labels
 	}
-	s.rings[r].Add(ns, v.HeartbeatAge.Seconds())
+	e.ringOf(scopeIndex(ScopeNode), s, r).Add(ns, v.HeartbeatAge.Seconds())
 	s.last = max(s.last, ns)
 }
 
@@ -447,7 +457,7 @@ func (e *Engine) value(r *Rule, s *series, now int64) (v float64, holds, ok bool
 		if !holds {
 			break
 		}
-		last, ok := s.rings[e.ring[scopeIndex(r.Scope)][metricIndex(c.Metric)]].Last(now, time.Duration(r.Window))
+		last, ok := e.ringOf(scopeIndex(r.Scope), s, e.ring[scopeIndex(r.Scope)][metricIndex(c.Metric)]).Last(now, time.Duration(r.Window))
 		holds = ok && compare(c.Op, last, c.Threshold)
 	}
 	return v, holds, ok
@@ -455,21 +465,22 @@ func (e *Engine) value(r *Rule, s *series, now int64) (v float64, holds, ok bool
 
 // aggregate is value without the While conditions.
 func (e *Engine) aggregate(r *Rule, s *series, now int64) (v float64, holds, ok bool) {
-	ri := e.ring[scopeIndex(r.Scope)][metricIndex(r.Metric)]
+	sc := scopeIndex(r.Scope)
+	ring := e.ringOf(sc, s, e.ring[sc][metricIndex(r.Metric)])
 	// Fast paths: the bucket walks a rule without a trend needs.
 	if r.Trend == 0 && (r.Agg == AggLast || r.Agg == AggIncrease) {
 		if r.Agg == AggLast {
-			v, ok = s.rings[ri].Last(now, time.Duration(r.Window))
+			v, ok = ring.Last(now, time.Duration(r.Window))
 		} else {
-			v, ok = s.rings[ri].Increase(now, time.Duration(r.Window))
+			v, ok = ring.Increase(now, time.Duration(r.Window))
 		}
 		return v, ok && compare(r.Op, v, r.Threshold), ok
 	}
 	var st window.Stats
 	if r.Trend > 0 {
-		st = s.rings[ri].StatsSlope(now, time.Duration(r.Window))
+		st = ring.StatsSlope(now, time.Duration(r.Window))
 	} else {
-		st = s.rings[ri].Stats(now, time.Duration(r.Window))
+		st = ring.Stats(now, time.Duration(r.Window))
 	}
 	if st.Count == 0 {
 		return 0, false, false
@@ -663,7 +674,7 @@ func (e *Engine) Utilisation(now, freshSince time.Time, sc Scope) []Aggregate {
 		if s.last < freshSince.UnixNano() {
 			continue
 		}
-		st := s.rings[ri].Stats(now.UnixNano(), SummaryWindow)
+		st := e.ringOf(i, s, ri).Stats(now.UnixNano(), SummaryWindow)
 		if st.Count > 0 {
 			out = append(out, Aggregate{Scope: sc, Key: key, Labels: s.labels, Mean: st.Mean(), Samples: st.Count})
 		}

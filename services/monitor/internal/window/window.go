@@ -72,14 +72,23 @@ func (l *Layout) Fields() Fields { return l.fields }
 
 // Ring returns a ring of n buckets of the layout. n < 2 is raised to 2.
 func (l *Layout) Ring(n int) Ring {
-	return Ring{lay: l, w: make([]uint64, int64(max(n, 2))*l.stride)}
+	return l.View(make([]uint64, l.Words(n)))
 }
+
+// Words is how many words a ring of n buckets of the layout takes.
+func (l *Layout) Words(n int) int { return max(n, 2) * int(l.stride) }
+
+// View returns the ring of the layout over w, which must be Words(n)
+// long and zero, or the words of a ring of the same layout and n: rings
+// of one series can share one allocation.
+func (l *Layout) View(w []uint64) Ring { return Ring{lay: l, w: w} }
 
 // BytesPerBucket is what a bucket of the layout takes.
 func (l *Layout) BytesPerBucket() int { return int(l.stride) * 8 }
 
 // Ring is a rolling window of one value. The zero Ring is unusable; make
-// one with New or Layout.Ring. A Ring is not safe for concurrent use.
+// one with New, Layout.Ring or Layout.View. A Ring is a view of its
+// words: copies share them. A Ring is not safe for concurrent use.
 //
 // Buckets are words: w[i*stride] is bucket i's number (unix ns / res; 0
 // means never used), the layout's fields follow as float64 bits (the count
@@ -101,18 +110,18 @@ func Buckets(span, res time.Duration) int {
 	return int((span+res-1)/res) + 1
 }
 
-func (r *Ring) len() int64 { return int64(len(r.w)) / r.lay.stride }
+func (r Ring) len() int64 { return int64(len(r.w)) / r.lay.stride }
 
 // f reads the float field at word offset off of the bucket at base.
-func (r *Ring) f(base, off int64) float64 { return math.Float64frombits(r.w[base+off]) }
+func (r Ring) f(base, off int64) float64 { return math.Float64frombits(r.w[base+off]) }
 
-func (r *Ring) setf(base, off int64, v float64) { r.w[base+off] = math.Float64bits(v) }
+func (r Ring) setf(base, off int64, v float64) { r.w[base+off] = math.Float64bits(v) }
 
 // Add records v at unix time at (nanoseconds). Within a bucket, last is
 // the value added last, not the one with the latest time. Samples before
 // the first bucket after the Unix epoch are dropped: bucket number 0 marks
 // an unused bucket.
-func (r *Ring) Add(at int64, v float64) {
+func (r Ring) Add(at int64, v float64) {
 	l := r.lay
 	num := at / l.res
 	if num <= 0 {
@@ -189,12 +198,12 @@ func (s Stats) Mean() float64 {
 // covers at least span and at most span+res. The bucket after now's counts
 // too: a sample stamped by a clock slightly ahead is not lost. Slope is
 // left 0; StatsSlope computes it. Neither allocates.
-func (r *Ring) Stats(now int64, span time.Duration) Stats { return r.stats(now, span, false) }
+func (r Ring) Stats(now int64, span time.Duration) Stats { return r.stats(now, span, false) }
 
 // StatsSlope is Stats with Slope.
-func (r *Ring) StatsSlope(now int64, span time.Duration) Stats { return r.stats(now, span, true) }
+func (r Ring) StatsSlope(now int64, span time.Duration) Stats { return r.stats(now, span, true) }
 
-func (r *Ring) stats(now int64, span time.Duration, slope bool) Stats {
+func (r Ring) stats(now int64, span time.Duration, slope bool) Stats {
 	l := r.lay
 	n := r.len()
 	slope = slope && l.n != 0
@@ -261,7 +270,7 @@ func (r *Ring) stats(now int64, span time.Duration, slope bool) Stats {
 }
 
 // bounds returns the bucket numbers Stats reads.
-func (r *Ring) bounds(now int64, span time.Duration) (oldest, newest int64) {
+func (r Ring) bounds(now int64, span time.Duration) (oldest, newest int64) {
 	res := r.lay.res
 	k := max(min((int64(span)+res-1)/res+1, r.len()), 1)
 	return now/res - k + 1, now/res + 1
@@ -269,7 +278,7 @@ func (r *Ring) bounds(now int64, span time.Duration) (oldest, newest int64) {
 
 // find returns the word index of the bucket numbered num, -1 if the ring
 // does not hold it.
-func (r *Ring) find(num int64) int64 {
+func (r Ring) find(num int64) int64 {
 	if num <= 0 {
 		return -1
 	}
@@ -283,7 +292,7 @@ func (r *Ring) find(num int64) int64 {
 // Last is Stats(now, span).Last, found by walking back from the newest
 // bucket: usually one or two buckets read instead of the window's. It
 // needs FieldLast.
-func (r *Ring) Last(now int64, span time.Duration) (float64, bool) {
+func (r Ring) Last(now int64, span time.Duration) (float64, bool) {
 	oldest, newest := r.bounds(now, span)
 	for num := newest; num >= oldest; num-- {
 		if base := r.find(num); base >= 0 {
@@ -296,7 +305,7 @@ func (r *Ring) Last(now int64, span time.Duration) (float64, bool) {
 // Increase is Stats(now, span).Last − First, for counters: it reads the
 // newest and the oldest buckets holding samples and none between. It needs
 // FieldFirst and FieldLast.
-func (r *Ring) Increase(now int64, span time.Duration) (float64, bool) {
+func (r Ring) Increase(now int64, span time.Duration) (float64, bool) {
 	last, ok := r.Last(now, span)
 	if !ok {
 		return 0, false
