@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
@@ -93,35 +92,6 @@ func BenchmarkHistoryMemory(b *testing.B) {
 		}
 	}
 	b.ReportMetric(0, "ns/op")
-}
-
-// caughtUp waits, bounded, until every consumer of the streams has been
-// delivered every message it takes and acked it, then a little more
-// for the last deliveries to be handled.
-func caughtUp(b *testing.B, js jetstream.JetStream, streams ...string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	for _, name := range streams {
-		for {
-			st, err := js.Stream(ctx, name)
-			if err != nil {
-				b.Fatal(err)
-			}
-			behind := false
-			for info := range st.ListConsumers(ctx).Info() {
-				behind = behind || info.NumPending > 0 || info.NumAckPending > 0
-			}
-			if !behind {
-				break
-			}
-			select {
-			case <-ctx.Done():
-				b.Fatalf("consumers of %s not caught up in 2 minutes", name)
-			case <-time.After(10 * time.Millisecond):
-			}
-		}
-	}
-	time.Sleep(200 * time.Millisecond)
 }
 
 // driveBilling bills n jobs through one fresh billing, wave at a time,
@@ -227,7 +197,7 @@ func driveBilling(b *testing.B, n, wave int, profDir string, settle time.Duratio
 	took = time.Since(start)
 	// Billing reads each run twice (the release and the agent's fact) and
 	// its output again: what its consumers lag by is not what it keeps.
-	caughtUp(b, js, contracts.StreamAllocations, contracts.StreamRuns, contracts.StreamUsage)
+	natstest.CaughtUp(b, js, contracts.StreamAllocations, contracts.StreamRuns, contracts.StreamUsage)
 	if got := billed(); got != int64(n) {
 		b.Fatalf("%d records in the totals, want one per job (%d)", got, n)
 	}

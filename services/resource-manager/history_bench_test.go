@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
@@ -100,35 +99,6 @@ func BenchmarkHistoryMemory(b *testing.B) {
 		b.ReportMetric(liveLess+perHistory, "B/live-job")
 	}
 	b.ReportMetric(0, "ns/op")
-}
-
-// caughtUp waits, bounded, until every consumer of the streams has been
-// delivered every message it takes, then a little more for the last
-// deliveries to be handled.
-func caughtUp(b *testing.B, js jetstream.JetStream, streams ...string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	for _, name := range streams {
-		for {
-			st, err := js.Stream(ctx, name)
-			if err != nil {
-				b.Fatal(err)
-			}
-			behind := false
-			for info := range st.ListConsumers(ctx).Info() {
-				behind = behind || info.NumPending > 0 || info.NumAckPending > 0
-			}
-			if !behind {
-				break
-			}
-			select {
-			case <-ctx.Done():
-				b.Fatalf("consumers of %s not caught up in 2 minutes", name)
-			case <-time.After(10 * time.Millisecond):
-			}
-		}
-	}
-	time.Sleep(200 * time.Millisecond)
 }
 
 // histSettle is how long to wait before each of the two end
@@ -312,7 +282,7 @@ func driveHistory(b *testing.B, n, live int, profDir string, settle time.Duratio
 		if measure {
 			// Committed and started, once the manager has read what
 			// was published (what lags is not what is kept).
-			caughtUp(b, js, contracts.StreamAllocations, contracts.StreamRuns)
+			natstest.CaughtUp(b, js, contracts.StreamAllocations, contracts.StreamRuns)
 			time.Sleep(settle)
 			liveHeap = heapNow()
 		}
@@ -325,7 +295,7 @@ func driveHistory(b *testing.B, n, live int, profDir string, settle time.Duratio
 		flush()
 		waitFor("released", &released, last)
 		if measure {
-			caughtUp(b, js, contracts.StreamAllocations, contracts.StreamRuns)
+			natstest.CaughtUp(b, js, contracts.StreamAllocations, contracts.StreamRuns)
 			time.Sleep(settle)
 			liveLess += liveHeap - heapNow()
 			measured += last - first
@@ -337,7 +307,7 @@ func driveHistory(b *testing.B, n, live int, profDir string, settle time.Duratio
 	// history. Measured once every consumer has been handed everything;
 	// what the lag held at the last release is reported beside.
 	lagHeap := heapNow()
-	caughtUp(b, js, contracts.StreamAllocations, contracts.StreamRuns)
+	natstest.CaughtUp(b, js, contracts.StreamAllocations, contracts.StreamRuns)
 	time.Sleep(settle)
 	releasedHeap := heapNow()
 	if profDir != "" {

@@ -135,3 +135,35 @@ func RunService(t testing.TB, name string, run func(ctx context.Context) error) 
 	t.Cleanup(stop)
 	return stop
 }
+
+// CaughtUp waits, bounded by two minutes, until every consumer of each
+// stream has been delivered every message it takes and acknowledged it,
+// then 200 ms more for the last deliveries to be handled: what a
+// benchmark measures after it is what a service keeps, not what its
+// consumers lag by.
+func CaughtUp(tb testing.TB, js jetstream.JetStream, streams ...string) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, name := range streams {
+		for {
+			st, err := js.Stream(ctx, name)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			behind := false
+			for info := range st.ListConsumers(ctx).Info() {
+				behind = behind || info.NumPending > 0 || info.NumAckPending > 0
+			}
+			if !behind {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				tb.Fatalf("consumers of %s not caught up in 2 minutes", name)
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+}
