@@ -92,31 +92,14 @@ func TestCompactorSnapshotKeepsMessagesWhole(t *testing.T) {
 // every event does: the reason published and when, and the pending
 // sequence the next event's ID goes on from.
 func TestCompactorKeepsTheLastPendingEventOfAnAttempt(t *testing.T) {
-	const tenant, id = "t1", "wait"
-	req := contracts.JobRequest{SchemaVersion: 1, ID: id, Tenant: tenant,
-		Resources: contracts.Resources{GPU: contracts.GPURequest{Count: 64, Model: "h100"}}}
-	t0 := time.Date(2026, 11, 27, 11, 0, 0, 0, time.UTC)
-	var log []*LogMsg
-	ev := func(typ contracts.JobEventType, attempt, seq int, fill func(*contracts.JobEvent)) {
-		e := contracts.JobEvent{SchemaVersion: contracts.SchemaVersion, Type: typ, Tenant: tenant, JobID: id,
-			Attempt: attempt, Time: t0.Add(time.Duration(len(log)) * time.Minute)}
-		if fill != nil {
-			fill(&e)
-		}
-		data, err := json.Marshal(e)
-		if err != nil {
-			t.Fatal(err)
-		}
-		log = append(log, &LogMsg{Stream: contracts.StreamJobEvents, Seq: uint64(len(log) + 1),
-			Subject: contracts.SubjectJobEvents(tenant, id),
-			Header:  map[string][]string{contracts.HeaderMsgID: {contracts.JobEventID(tenant, id, typ, attempt, seq)}}, Data: data})
-	}
+	w := &waitingJob{t: t}
+	ev := w.event
 	pending := func(attempt, seq int, code contracts.Reason) {
 		ev(contracts.EventPending, attempt, seq, func(e *contracts.JobEvent) {
 			e.Reason, e.Message = code, fmt.Sprintf("%s, %d ahead", code, 100-seq)
 		})
 	}
-	ev(contracts.EventQueued, 1, 0, func(e *contracts.JobEvent) { e.Request = &req; e.SubmitSeq = 1 })
+	w.queued()
 	for s := 1; s <= 5; s++ {
 		pending(1, s, []contracts.Reason{contracts.PendingInsufficientGPUs, contracts.PendingQuotaExceeded}[s%2])
 	}
@@ -126,7 +109,7 @@ func TestCompactorKeepsTheLastPendingEventOfAnAttempt(t *testing.T) {
 	}
 
 	comp := NewCompactor("s1", nil)
-	for _, m := range log {
+	for _, m := range w.log {
 		comp.Observe(m)
 	}
 	var kept []uint64
@@ -138,7 +121,7 @@ func TestCompactorKeepsTheLastPendingEventOfAnAttempt(t *testing.T) {
 		t.Fatalf("kept sequences %v, want %v", kept, want)
 	}
 
-	checkPrefixes(t, log)
+	checkPrefixes(t, w.log)
 }
 
 // TestCompactorPendingRunsReplayAsTheLog: random lives of a waiting job
@@ -147,38 +130,12 @@ func TestCompactorKeepsTheLastPendingEventOfAnAttempt(t *testing.T) {
 // requeues and placements):
 // every prefix's snapshot replays to what the prefix does.
 func TestCompactorPendingRunsReplayAsTheLog(t *testing.T) {
-	const tenant, id = "t1", "wait"
-	req := contracts.JobRequest{SchemaVersion: 1, ID: id, Tenant: tenant,
-		Resources: contracts.Resources{GPU: contracts.GPURequest{Count: 64, Model: "h100"}}}
-	t0 := time.Date(2026, 11, 27, 11, 0, 0, 0, time.UTC)
 	for seed := range uint64(200) {
 		rng := rand.New(rand.NewPCG(seed, 99))
-		var log []*LogMsg
-		ev := func(typ contracts.JobEventType, attempt, seq int, fill func(*contracts.JobEvent)) {
-			e := contracts.JobEvent{SchemaVersion: contracts.SchemaVersion, Type: typ, Tenant: tenant, JobID: id,
-				Attempt: attempt, Time: t0.Add(time.Duration(len(log)) * time.Minute)}
-			if fill != nil {
-				fill(&e)
-			}
-			data, err := json.Marshal(e)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if typ == contracts.EventPending && rng.IntN(12) == 0 {
-				// One the rebuild cannot decode (the compactor reads
-				// only a few fields): skipped by every replay.
-				data = bytes.Replace(data, []byte(`"message":"`), []byte(`"message":7,"x":"`), 1)
-			}
-			msgID := contracts.JobEventID(tenant, id, typ, attempt, seq)
-			if typ == contracts.EventPending && seq == 0 {
-				msgID = "legacy-" + fmt.Sprint(len(log))
-			}
-			log = append(log, &LogMsg{Stream: contracts.StreamJobEvents, Seq: uint64(len(log) + 1),
-				Subject: contracts.SubjectJobEvents(tenant, id),
-				Header:  map[string][]string{contracts.HeaderMsgID: {msgID}}, Data: data})
-		}
+		w := &waitingJob{t: t, legacy: true, corrupt: func() bool { return rng.IntN(12) == 0 }}
+		ev := w.event
 		attempt, next := 1, 1
-		ev(contracts.EventQueued, 1, 0, func(e *contracts.JobEvent) { e.Request = &req; e.SubmitSeq = 1 })
+		w.queued()
 		for range 5 + rng.IntN(25) {
 			a, seq := attempt, next
 			switch k := rng.IntN(20); {
@@ -202,7 +159,7 @@ func TestCompactorPendingRunsReplayAsTheLog(t *testing.T) {
 				e.Message = fmt.Sprintf("%s, %d ahead", e.Reason, rng.IntN(100))
 			})
 		}
-		checkPrefixes(t, log)
+		checkPrefixes(t, w.log)
 	}
 }
 
@@ -302,32 +259,59 @@ func TestCompactorPendingRunEdges(t *testing.T) {
 // events of attempt 1 with the sequences add gives, a corrupt one's
 // message a number (the rebuild cannot decode it).
 func waitLog(t *testing.T, add func(pending func(seq int, corrupt bool))) []*LogMsg {
-	const tenant, id = "t1", "wait"
-	t0 := time.Date(2026, 11, 27, 11, 0, 0, 0, time.UTC)
-	var log []*LogMsg
-	put := func(typ contracts.JobEventType, seq int, data []byte) {
-		log = append(log, &LogMsg{Stream: contracts.StreamJobEvents, Seq: uint64(len(log) + 1),
-			Subject: contracts.SubjectJobEvents(tenant, id),
-			Header:  map[string][]string{contracts.HeaderMsgID: {contracts.JobEventID(tenant, id, typ, 1, seq)}}, Data: data})
-	}
-	req := contracts.JobRequest{SchemaVersion: 1, ID: id, Tenant: tenant,
-		Resources: contracts.Resources{GPU: contracts.GPURequest{Count: 64, Model: "h100"}}}
-	q := contracts.JobEvent{SchemaVersion: contracts.SchemaVersion, Type: contracts.EventQueued, Tenant: tenant, JobID: id,
-		Attempt: 1, Time: t0, Request: &req, SubmitSeq: 1}
-	data, err := json.Marshal(q)
-	if err != nil {
-		t.Fatal(err)
-	}
-	put(contracts.EventQueued, 0, data)
+	bad := false
+	w := &waitingJob{t: t, corrupt: func() bool { return bad }}
+	w.queued()
 	add(func(seq int, corrupt bool) {
-		reason := []contracts.Reason{contracts.PendingInsufficientGPUs, contracts.PendingQuotaExceeded}[len(log)%2]
-		msg := `"` + string(reason) + `"`
-		if corrupt {
-			msg = "7"
-		}
-		put(contracts.EventPending, seq, fmt.Appendf(nil,
-			`{"specversion":"1","type":"pending","tenant":%q,"jobId":%q,"attempt":1,"state":"queued","time":%q,"reason":%q,"message":%s}`,
-			tenant, id, t0.Add(time.Duration(len(log))*time.Minute).Format(time.RFC3339Nano), reason, msg))
+		bad = corrupt
+		w.event(contracts.EventPending, 1, seq, func(e *contracts.JobEvent) {
+			e.Reason = []contracts.Reason{contracts.PendingInsufficientGPUs, contracts.PendingQuotaExceeded}[len(w.log)%2]
+			e.Message = string(e.Reason)
+		})
 	})
-	return log
+	return w.log
+}
+
+// waitingJob writes the JOB_EVENTS log of one job that never fits (t1/wait,
+// 64 H100s), an event a minute.
+type waitingJob struct {
+	t   *testing.T
+	log []*LogMsg
+	// legacy gives a pending event of sequence 0 an ID that carries none;
+	// corrupt, when set and true for a pending event, makes its message a
+	// number (the rebuild cannot decode it; the compactor reads only a
+	// few fields).
+	legacy  bool
+	corrupt func() bool
+}
+
+func (w *waitingJob) queued() {
+	req := contracts.JobRequest{SchemaVersion: 1, ID: "wait", Tenant: "t1",
+		Resources: contracts.Resources{GPU: contracts.GPURequest{Count: 64, Model: "h100"}}}
+	w.event(contracts.EventQueued, 1, 0, func(e *contracts.JobEvent) { e.Request = &req; e.SubmitSeq = 1 })
+}
+
+func (w *waitingJob) event(typ contracts.JobEventType, attempt, seq int, fill func(*contracts.JobEvent)) {
+	const tenant, id = "t1", "wait"
+	e := contracts.JobEvent{SchemaVersion: contracts.SchemaVersion, Type: typ, Tenant: tenant, JobID: id,
+		Attempt: attempt, Time: time.Date(2026, 11, 27, 11, 0, 0, 0, time.UTC).Add(time.Duration(len(w.log)) * time.Minute)}
+	if fill != nil {
+		fill(&e)
+	}
+	data, err := json.Marshal(e)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	msgID := contracts.JobEventID(tenant, id, typ, attempt, seq)
+	if typ == contracts.EventPending {
+		if w.corrupt != nil && w.corrupt() {
+			data = bytes.Replace(data, []byte(`"message":"`), []byte(`"message":7,"x":"`), 1)
+		}
+		if w.legacy && seq == 0 {
+			msgID = "legacy-" + fmt.Sprint(len(w.log))
+		}
+	}
+	w.log = append(w.log, &LogMsg{Stream: contracts.StreamJobEvents, Seq: uint64(len(w.log) + 1),
+		Subject: contracts.SubjectJobEvents(tenant, id),
+		Header:  map[string][]string{contracts.HeaderMsgID: {msgID}}, Data: data})
 }
