@@ -11,9 +11,6 @@ import (
 	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
-	"github.com/gpuplane/gpuplane/libs/bus"
-	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
-	"github.com/gpuplane/gpuplane/libs/service"
 	"github.com/gpuplane/gpuplane/services/scheduler/internal/state"
 )
 
@@ -45,21 +42,8 @@ func envInt(tb testing.TB, name string, def int) int {
 func BenchmarkLiveJobMemory(b *testing.B) {
 	n := envInt(b, "GPUPLANE_LIVE_JOBS", 20_000)
 	waits := envInt(b, "GPUPLANE_LIVE_WAITS", 10)
-	srv := natstest.Start(b)
 	ctx := context.Background()
-	ob, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "bench", Logger: testLogger(b),
-		CredsFile: natstest.Operator(b, srv)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = ob.Close(context.Background()) }()
-	if err := ob.EnsureStreams(ctx); err != nil {
-		b.Fatal(err)
-	}
-	base := DefaultConfig()
-	base.Bus = service.BusConfig{NATSURL: srv.URL(), Replicas: 1, Creds: natstest.Service(b, srv, contracts.BusScheduler)}
-	base.Name = "sched-mem"
-	base.RebuildTimeout = time.Hour
+	ob, base := benchStreams(b, "sched-mem")
 	msgs := writeHistory(b, ob, base.Name, n, n, waits)
 	b.Logf("%d live jobs (%d waited %d minutes): %d messages written", n, n-n/2, waits, msgs)
 

@@ -182,6 +182,30 @@ func writeHistory(tb testing.TB, b *bus.Bus, scheduler string, n, live, waits in
 	return written
 }
 
+// benchStreams starts an embedded server with the platform's streams and
+// returns an operator's bus on it (closed when b ends) and the config of
+// a scheduler named name on it. Its rebuild has no bound: a bound it ran
+// past would make it start over, and a benchmark measures the rebuild,
+// not step-downs.
+func benchStreams(b *testing.B, name string) (*bus.Bus, Config) {
+	srv := natstest.Start(b)
+	ctx := context.Background()
+	ob, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "bench", Logger: testLogger(b),
+		CredsFile: natstest.Operator(b, srv)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = ob.Close(context.Background()) })
+	if err := ob.EnsureStreams(ctx); err != nil {
+		b.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Bus = service.BusConfig{NATSURL: srv.URL(), Replicas: 1, Creds: natstest.Service(b, srv, contracts.BusScheduler)}
+	cfg.Name = name
+	cfg.RebuildTimeout = time.Hour
+	return ob, cfg
+}
+
 // liveSignal is a slog handler that closes ch when the scheduler says it
 // is live (rebuilt and deciding) and keeps how long its rebuild took,
 // dropping everything below Warn else.
@@ -235,23 +259,8 @@ func (h liveSignal) WithGroup(g string) slog.Handler {
 // starts after it are measured.
 func BenchmarkRebuild(b *testing.B) {
 	n := rebuildJobs(b)
-	srv := natstest.Start(b)
 	ctx := context.Background()
-	ob, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "bench", Logger: testLogger(b),
-		CredsFile: natstest.Operator(b, srv)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = ob.Close(context.Background()) }()
-	if err := ob.EnsureStreams(ctx); err != nil {
-		b.Fatal(err)
-	}
-	base := DefaultConfig()
-	base.Bus = service.BusConfig{NATSURL: srv.URL(), Replicas: 1, Creds: natstest.Service(b, srv, contracts.BusScheduler)}
-	base.Name = "sched-bench"
-	// Measure the rebuild, not step-downs: a bound it runs past would
-	// make it start over.
-	base.RebuildTimeout = time.Hour
+	ob, base := benchStreams(b, "sched-bench")
 	fill := time.Now()
 	msgs := history(b, ob, base.Name, n)
 	b.Logf("%d jobs: %d messages written in %s", n, msgs, time.Since(fill).Round(time.Millisecond))
