@@ -2,7 +2,6 @@ package billing_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,11 +9,8 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
@@ -63,15 +59,7 @@ func BenchmarkHistoryMemory(b *testing.B) {
 			b.Fatalf("GPUPLANE_BILLHIST_LIVE: %q", v)
 		}
 	}
-	// Before each end measurement, as long as the embedded server (same
-	// heap) keeps recently used blocks cached: 10 s after their last use.
-	settle := 11 * time.Second
-	if v := os.Getenv("GPUPLANE_BILLHIST_SETTLE"); v != "" {
-		var err error
-		if settle, err = time.ParseDuration(v); err != nil {
-			b.Fatalf("GPUPLANE_BILLHIST_SETTLE: %v", err)
-		}
-	}
+	settle := natstest.BlockCacheSettle(b, "GPUPLANE_BILLHIST_SETTLE")
 	profDir := os.Getenv("GPUPLANE_BILLHIST_PROFILE")
 	if profDir != "" {
 		old := runtime.MemProfileRate
@@ -109,31 +97,8 @@ func driveBilling(b *testing.B, n, wave int, profDir string, settle time.Duratio
 		b.Fatal(err)
 	}
 	js := ob.JetStream()
-	var pubMu sync.Mutex
-	pub := func(subject, id string, v any) {
-		data, err := json.Marshal(v)
-		if err != nil {
-			b.Fatal(err)
-		}
-		m := nats.NewMsg(subject)
-		m.Data = data
-		m.Header.Set(contracts.HeaderMsgID, id)
-		pubMu.Lock()
-		defer pubMu.Unlock()
-		for {
-			if _, err = js.PublishMsgAsync(m); err == nil {
-				return
-			}
-			<-js.PublishAsyncComplete()
-		}
-	}
-	flush := func() {
-		select {
-		case <-js.PublishAsyncComplete():
-		case <-time.After(30 * time.Second):
-			b.Fatal("publishes not acknowledged in 30 s")
-		}
-	}
+	pubs := natstest.NewPublisher(b, js)
+	pub, flush := pubs.Publish, pubs.Flush
 	const nodes, tenants = 64, 8
 	for i := range nodes {
 		node := fmt.Sprintf("n%03d", i)

@@ -2,7 +2,6 @@ package resourcemanager_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,12 +11,9 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
@@ -47,7 +43,7 @@ import (
 // writes a heap profile of each size while the manager runs
 // (heap-<n>.pprof; compare with go tool pprof -base), sampled every 4 KiB.
 // GPUPLANE_RMHIST_SETTLE (11s) is the wait before the end measurements
-// (histSettle).
+// (natstest.BlockCacheSettle).
 func BenchmarkHistoryMemory(b *testing.B) {
 	sizes := []int{5000, 20000}
 	if v := os.Getenv("GPUPLANE_RMHIST_JOBS"); v != "" {
@@ -67,7 +63,7 @@ func BenchmarkHistoryMemory(b *testing.B) {
 			b.Fatalf("GPUPLANE_RMHIST_LIVE: %q (at least 8)", v)
 		}
 	}
-	settle := histSettle(b, "GPUPLANE_RMHIST_SETTLE")
+	settle := natstest.BlockCacheSettle(b, "GPUPLANE_RMHIST_SETTLE")
 	profDir := os.Getenv("GPUPLANE_RMHIST_PROFILE")
 	if profDir != "" {
 		old := runtime.MemProfileRate
@@ -101,23 +97,6 @@ func BenchmarkHistoryMemory(b *testing.B) {
 	b.ReportMetric(0, "ns/op")
 }
 
-// histSettle is how long to wait before each of the two end
-// measurements (GPUPLANE_*HIST_SETTLE, a duration; 11 s by default): the
-// embedded server, in the same heap, keeps a stream's recently used
-// blocks cached (megabytes each, from a sync.Pool two GCs do not empty)
-// for 10 s after their last use, so that a measurement taken sooner may
-// count them on one side only.
-func histSettle(b *testing.B, env string) time.Duration {
-	d := 11 * time.Second
-	if v := os.Getenv(env); v != "" {
-		var err error
-		if d, err = time.ParseDuration(v); err != nil {
-			b.Fatalf("%s: %v", env, err)
-		}
-	}
-	return d
-}
-
 // historyRun is what driveHistory measured.
 type historyRun struct {
 	held float64 // the manager's heap at the end (running less stopped)
@@ -147,31 +126,8 @@ func driveHistory(b *testing.B, n, live int, profDir string, settle time.Duratio
 		b.Fatal(err)
 	}
 	js := ob.JetStream()
-	var pubMu sync.Mutex
-	pub := func(subject, id string, v any) {
-		data, err := json.Marshal(v)
-		if err != nil {
-			b.Fatal(err)
-		}
-		m := nats.NewMsg(subject)
-		m.Data = data
-		m.Header.Set(contracts.HeaderMsgID, id)
-		pubMu.Lock()
-		defer pubMu.Unlock()
-		for {
-			if _, err = js.PublishMsgAsync(m); err == nil {
-				return
-			}
-			<-js.PublishAsyncComplete()
-		}
-	}
-	flush := func() {
-		select {
-		case <-js.PublishAsyncComplete():
-		case <-time.After(30 * time.Second):
-			b.Fatal("publishes not acknowledged in 30 s")
-		}
-	}
+	pubs := natstest.NewPublisher(b, js)
+	pub, flush := pubs.Publish, pubs.Flush
 	// What the manager wrote, counted only (the driver keeps nothing per
 	// job, so the heap it leaves is the manager's and the server's).
 	var committed, released, refused atomic.Int64

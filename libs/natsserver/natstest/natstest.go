@@ -4,10 +4,13 @@ package natstest
 
 import (
 	"context"
+	"encoding/json"
+	"os"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gpuplane/gpuplane/contracts"
@@ -166,4 +169,65 @@ func CaughtUp(tb testing.TB, js jetstream.JetStream, streams ...string) {
 		}
 	}
 	time.Sleep(200 * time.Millisecond)
+}
+
+// Publisher publishes JSON bodies with their message IDs asynchronously,
+// as the services' writers do, from any goroutine: a benchmark that
+// feeds a service thousands of messages a second. Publish waits for
+// acknowledgements when too many are in flight; Flush waits, bounded,
+// for all of them.
+type Publisher struct {
+	tb testing.TB
+	js jetstream.JetStream
+	mu sync.Mutex
+}
+
+// NewPublisher returns a Publisher on js that fails tb on an error.
+func NewPublisher(tb testing.TB, js jetstream.JetStream) *Publisher {
+	return &Publisher{tb: tb, js: js}
+}
+
+// Publish sends v, JSON-encoded, on subject with message ID id.
+func (p *Publisher) Publish(subject, id string, v any) {
+	data, err := json.Marshal(v)
+	if err != nil {
+		p.tb.Fatal(err)
+	}
+	m := nats.NewMsg(subject)
+	m.Data = data
+	m.Header.Set(contracts.HeaderMsgID, id)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for {
+		if _, err = p.js.PublishMsgAsync(m); err == nil {
+			return
+		}
+		<-p.js.PublishAsyncComplete()
+	}
+}
+
+// Flush waits, at most 30 s, until every publish so far is acknowledged.
+func (p *Publisher) Flush() {
+	select {
+	case <-p.js.PublishAsyncComplete():
+	case <-time.After(30 * time.Second):
+		p.tb.Fatal("publishes not acknowledged in 30 s")
+	}
+}
+
+// BlockCacheSettle is how long a benchmark that measures a service's heap
+// beside an embedded server waits before a measurement: the server, in
+// the same heap, keeps a stream's recently used blocks cached (megabytes
+// each, from a sync.Pool two GCs do not empty) for 10 s after their last
+// use, so a measurement taken sooner may count them on one side only.
+// 11 s, or the duration in the environment variable env.
+func BlockCacheSettle(tb testing.TB, env string) time.Duration {
+	d := 11 * time.Second
+	if v := os.Getenv(env); v != "" {
+		var err error
+		if d, err = time.ParseDuration(v); err != nil {
+			tb.Fatalf("%s: %v", env, err)
+		}
+	}
+	return d
 }
