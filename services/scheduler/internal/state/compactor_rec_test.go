@@ -315,3 +315,16 @@ func (w *waitingJob) event(typ contracts.JobEventType, attempt, seq int, fill fu
 		Subject: contracts.SubjectJobEvents(tenant, id),
 		Header:  map[string][]string{contracts.HeaderMsgID: {msgID}}, Data: data})
 }
+
+// messages returns the snapshot's messages decoded (a compactor's
+// snapshot holds them encoded): what the tests compare.
+func (s *Snapshot) messages() []*LogMsg {
+	if s.recs == nil {
+		return s.Msgs
+	}
+	out := make([]*LogMsg, 0, len(s.recs))
+	for _, r := range s.recs {
+		out = append(out, (&decoder{b: r}).msg())
+	}
+	return out
+}

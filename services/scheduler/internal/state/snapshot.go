@@ -545,19 +545,6 @@ func (d *decoder) msg() *LogMsg {
 	return m
 }
 
-// messages returns the snapshot's messages decoded (a compactor's
-// snapshot holds them encoded).
-func (s *Snapshot) messages() []*LogMsg {
-	if s.recs == nil {
-		return s.Msgs
-	}
-	out := make([]*LogMsg, 0, len(s.recs))
-	for _, r := range s.recs {
-		out = append(out, (&decoder{b: r}).msg())
-	}
-	return out
-}
-
 // Restore installs a snapshot's retired jobs and workload into s. Call
 // it after the snapshot's JOB_EVENTS messages were replayed and before
 // the stream's tail is.
