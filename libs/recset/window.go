@@ -1,0 +1,223 @@
+package recset
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// Window is a set of fixed-size records that forgets each one a while
+// after its time, a bucket of them at a time: what a service must
+// remember of an ended thing only for as long as a message about it can
+// still come (issue 17: "nothing grows with history"). A Set keeps every
+// record for ever: at a thousand jobs a second, ~35 bytes an ended job is
+// 3 GB a day.
+//
+// Records are dated by the caller, with the time of the log entry that
+// made them, not when it was read: what a Window holds is then a function
+// of the records and times added, whatever their order (a rebuild, a
+// snapshot and its tail, or replicas reading the nodes' subjects in
+// different interleavings agree). The clock is the latest time added or
+// advanced to. Each record goes to the bucket of its time, a quarter of
+// keep long; a bucket is dropped once the clock is keep past the
+// bucket's end, and a record whose bucket is past that is not stored.
+// So a record is kept while clock < its time + keep, and forgotten by
+// clock = its time + keep + keep/4: memory is the records of the last
+// 1.25 keep of log time, whatever the history's length.
+//
+// A record with the zero time is undated: it is never forgotten (what
+// writes records dates them; an undated one comes only from hand-made
+// input, and forgetting it early would be the unsafe way to err).
+//
+// Not safe for concurrent use; the zero value is not usable
+// (NewWindow). Like a Set's, the chunks a bucket hands out never change.
+type Window struct {
+	size       int
+	keep, span int64 // nanoseconds
+	clock      int64 // unix nanoseconds; noClock before any dated record
+	// buckets in ascending order of number; the undated one, if any, last.
+	buckets []windowBucket
+	n       int
+}
+
+type windowBucket struct {
+	n   int64
+	set *Set
+}
+
+// Undated is the number of the bucket of undated records.
+const Undated = math.MaxInt64
+
+const noClock = math.MinInt64
+
+// windowBuckets is how many buckets keep spans: the overshoot past keep
+// is keep/windowBuckets, and a miss probes at most windowBuckets+2 sets.
+const windowBuckets = 4
+
+// NewWindow returns an empty window of records of size bytes kept for at
+// least keep (at least 4ns) after their time.
+func NewWindow(size int, keep time.Duration) *Window {
+	if keep < windowBuckets {
+		panic(fmt.Sprintf("recset: window of %v", keep))
+	}
+	New(size) // checks size
+	return &Window{size: size, keep: int64(keep), span: int64(keep) / windowBuckets, clock: noClock}
+}
+
+// Size is the size of each record.
+func (w *Window) Size() int { return w.size }
+
+// Keep is how long after its time a record is kept at least.
+func (w *Window) Keep() time.Duration { return time.Duration(w.keep) }
+
+// BucketOf is the number of the bucket a record of time t goes to.
+func (w *Window) BucketOf(t time.Time) int64 {
+	if t.IsZero() {
+		return Undated
+	}
+	ns := t.UnixNano()
+	n := ns / w.span
+	if ns%w.span < 0 {
+		n-- // floor, for times before 1970
+	}
+	return n
+}
+
+// expired reports whether bucket n is past keep at clock c.
+func (w *Window) expired(n, c int64) bool {
+	if n == Undated || c == noClock {
+		return false
+	}
+	end := (n + 1) * w.span
+	return c-end >= w.keep
+}
+
+// Clock is the latest time added or advanced to; zero before any.
+func (w *Window) Clock() time.Time {
+	if w.clock == noClock {
+		return time.Time{}
+	}
+	return time.Unix(0, w.clock).UTC()
+}
+
+// Advance moves the clock to t, if later, and forgets what that expires.
+// The zero time changes nothing.
+func (w *Window) Advance(t time.Time) {
+	if t.IsZero() {
+		return
+	}
+	if ns := t.UnixNano(); ns > w.clock {
+		w.clock = ns
+		w.drop()
+	}
+}
+
+func (w *Window) drop() {
+	i := 0
+	for i < len(w.buckets) && w.expired(w.buckets[i].n, w.clock) {
+		w.n -= w.buckets[i].set.Len()
+		i++
+	}
+	if i > 0 {
+		rest := copy(w.buckets, w.buckets[i:])
+		clear(w.buckets[rest:])
+		w.buckets = w.buckets[:rest]
+	}
+}
+
+// Add stores rec (Size bytes, copied), dated t, after advancing the clock
+// to t, unless a record with its key is stored or t is already past keep.
+// It reports whether it stored it.
+func (w *Window) Add(rec []byte, t time.Time) bool {
+	w.Advance(t)
+	return w.AddIn(w.BucketOf(t), rec)
+}
+
+// AddIn stores rec in bucket n, as Add would a record whose time is in
+// it, without moving the clock (a snapshot's records, read back with
+// SetClock). It reports whether it stored it.
+func (w *Window) AddIn(n int64, rec []byte) bool {
+	if len(rec) != w.size {
+		panic(fmt.Sprintf("recset: record of %d bytes in a window of %d", len(rec), w.size))
+	}
+	if w.expired(n, w.clock) || w.Has(rec) {
+		return false
+	}
+	w.bucket(n).Add(rec)
+	w.n++
+	return true
+}
+
+// bucket is bucket n's set, made in its place when new.
+func (w *Window) bucket(n int64) *Set {
+	i := len(w.buckets)
+	for i > 0 && w.buckets[i-1].n >= n {
+		if w.buckets[i-1].n == n {
+			return w.buckets[i-1].set
+		}
+		i--
+	}
+	b := windowBucket{n: n, set: New(w.size)}
+	w.buckets = append(w.buckets, windowBucket{})
+	copy(w.buckets[i+1:], w.buckets[i:])
+	w.buckets[i] = b
+	return b.set
+}
+
+// Get returns the record whose key is key's first KeySize bytes, and
+// whether there is one; a view, not to be written to.
+func (w *Window) Get(key []byte) ([]byte, bool) {
+	for i := len(w.buckets) - 1; i >= 0; i-- {
+		if rec, ok := w.buckets[i].set.Get(key); ok {
+			return rec, true
+		}
+	}
+	return nil, false
+}
+
+// Has reports whether a record has key's first KeySize bytes as its key.
+func (w *Window) Has(key []byte) bool {
+	_, ok := w.Get(key)
+	return ok
+}
+
+// Len is the number of records.
+func (w *Window) Len() int { return w.n }
+
+// Bytes is the memory the records and their indexes hold.
+func (w *Window) Bytes() int {
+	b := 0
+	for _, bk := range w.buckets {
+		b += bk.set.Bytes()
+	}
+	return b
+}
+
+// Bucket is one bucket's records, for a snapshot: its number, how many
+// records, and views of the chunks holding them (Set.Chunks).
+type Bucket struct {
+	N       int64    `json:"n"`
+	Records int      `json:"records"`
+	Chunks  [][]byte `json:"-"`
+}
+
+// Buckets returns every bucket in ascending order (the undated last).
+// O(buckets + chunks): the views stay valid and unchanged however the
+// window changes after.
+func (w *Window) Buckets() []Bucket {
+	out := make([]Bucket, len(w.buckets))
+	for i, b := range w.buckets {
+		out[i] = Bucket{N: b.n, Records: b.set.Len(), Chunks: b.set.Chunks()}
+	}
+	return out
+}
+
+// SetClock sets the clock of an empty window (a snapshot's, before its
+// records are added back with AddIn).
+func (w *Window) SetClock(t time.Time) {
+	if w.n != 0 || len(w.buckets) != 0 {
+		panic("recset: SetClock on a window holding records")
+	}
+	w.clock = noClock
+	w.Advance(t)
+}

@@ -1,0 +1,254 @@
+package recset
+
+import (
+	"bytes"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+)
+
+// windowRef is the rule Window keeps, written the plain way: a map of
+// key to record and bucket, and every record of a bucket keep past its
+// end dropped.
+type windowRef struct {
+	keep, span int64
+	clock      int64
+	has        bool
+	recs       map[string]refRec
+}
+
+type refRec struct {
+	rec []byte
+	n   int64
+}
+
+func (r *windowRef) bucketOf(t time.Time) int64 {
+	if t.IsZero() {
+		return Undated
+	}
+	ns := t.UnixNano()
+	n := ns / r.span
+	if ns%r.span < 0 {
+		n--
+	}
+	return n
+}
+
+func (r *windowRef) gone(n int64) bool {
+	return n != Undated && r.has && r.clock-(n+1)*r.span >= r.keep
+}
+
+func (r *windowRef) advance(t time.Time) {
+	if t.IsZero() || (r.has && t.UnixNano() <= r.clock) {
+		return
+	}
+	r.clock, r.has = t.UnixNano(), true
+	for k, v := range r.recs {
+		if r.gone(v.n) {
+			delete(r.recs, k)
+		}
+	}
+}
+
+func (r *windowRef) add(rec []byte, t time.Time) bool {
+	r.advance(t)
+	n := r.bucketOf(t)
+	if _, ok := r.recs[string(rec[:KeySize])]; ok || r.gone(n) {
+		return false
+	}
+	r.recs[string(rec[:KeySize])] = refRec{rec: slices.Clone(rec), n: n}
+	return true
+}
+
+// TestWindowIsATimedMap holds the window to windowRef through random
+// adds (in order, late, undated, repeated) and clock moves, across
+// bucket drops and chunk boundaries: every answer, every record, and
+// the bound (nothing kept keep + keep/4 past its time).
+func TestWindowIsATimedMap(t *testing.T) {
+	const keep = 40 * time.Second
+	base := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	for seed := range uint64(8) {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		w := NewWindow(28, keep)
+		ref := &windowRef{keep: int64(keep), span: int64(keep) / 4, recs: map[string]refRec{}}
+		keys := 500 + rng.IntN(3*chunkRecords)
+		at := base
+		times := map[string]time.Time{}
+		for step := range 6000 {
+			k := uint64(rng.IntN(keys))
+			r := rec(28, k, false)
+			switch op := rng.IntN(20); {
+			case op < 14: // a record of about now, or late by up to 2 keep
+				tm := at.Add(-time.Duration(rng.Int64N(int64(2 * keep))))
+				if rng.IntN(3) == 0 {
+					tm = at
+				}
+				if rng.IntN(200) == 0 {
+					tm = time.Time{}
+				}
+				want := ref.add(r, tm)
+				if got := w.Add(r, tm); got != want {
+					t.Fatalf("seed %d step %d: Add(key %d, %v) = %v, want %v", seed, step, k, tm, got, want)
+				}
+				if want {
+					times[string(r[:KeySize])] = tm
+				}
+			case op < 18: // time passes
+				at = at.Add(time.Duration(rng.Int64N(int64(keep / 8))))
+				ref.advance(at)
+				w.Advance(at)
+			case op < 19: // the clock never goes back
+				back := at.Add(-keep)
+				ref.advance(back)
+				w.Advance(back)
+			default: // a zero time moves nothing
+				w.Advance(time.Time{})
+			}
+			if w.Len() != len(ref.recs) {
+				t.Fatalf("seed %d step %d: Len %d, want %d", seed, step, w.Len(), len(ref.recs))
+			}
+			if step%241 != 0 {
+				continue
+			}
+			for k := range uint64(keys) {
+				r := rec(28, k, false)
+				got, ok := w.Get(r)
+				want, wok := ref.recs[string(r[:KeySize])]
+				if ok != wok || (ok && !bytes.Equal(got, want.rec)) || w.Has(r) != wok {
+					t.Fatalf("seed %d step %d: key %d: Get %x %v, want %x %v", seed, step, k, got, ok, want.rec, wok)
+				}
+				if tm := times[string(r[:KeySize])]; ok && !tm.IsZero() && !w.Clock().Before(tm.Add(keep+keep/4)) {
+					t.Fatalf("seed %d step %d: key %d of %v still kept at %v", seed, step, k, tm, w.Clock())
+				}
+			}
+		}
+	}
+}
+
+// TestWindowIsAFunctionOfWhatWasAdded: the same dated records added in
+// two random orders (late ones among them) leave the same clock and the
+// same records in the same buckets. This is what lets replicas and a
+// rebuild from a snapshot agree.
+func TestWindowIsAFunctionOfWhatWasAdded(t *testing.T) {
+	const keep = time.Minute
+	base := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	for seed := range uint64(30) {
+		rng := rand.New(rand.NewPCG(seed, 11))
+		type dated struct {
+			r  []byte
+			tm time.Time
+		}
+		var all []dated
+		for k := range uint64(300 + rng.IntN(3000)) {
+			all = append(all, dated{rec(16, k, false), base.Add(time.Duration(rng.Int64N(int64(5 * keep))))})
+		}
+		content := func(order []dated) (time.Time, map[int64][]string) {
+			w := NewWindow(16, keep)
+			for _, d := range order {
+				w.Add(d.r, d.tm)
+			}
+			out := map[int64][]string{}
+			for _, b := range w.Buckets() {
+				var ks []string
+				for _, c := range b.Chunks {
+					for off := 0; off < len(c); off += 16 {
+						ks = append(ks, string(c[off:off+16]))
+					}
+				}
+				if len(ks) != b.Records {
+					t.Fatalf("bucket %d: %d records listed, %d in chunks", b.N, b.Records, len(ks))
+				}
+				slices.Sort(ks)
+				out[b.N] = ks
+			}
+			return w.Clock(), out
+		}
+		c1, b1 := content(all)
+		shuffled := slices.Clone(all)
+		rng.Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
+		c2, b2 := content(shuffled)
+		if !c1.Equal(c2) || len(b1) != len(b2) {
+			t.Fatalf("seed %d: clock %v vs %v, %d vs %d buckets", seed, c1, c2, len(b1), len(b2))
+		}
+		for n, ks := range b1 {
+			if !slices.Equal(ks, b2[n]) {
+				t.Fatalf("seed %d: bucket %d differs (%d vs %d records)", seed, n, len(ks), len(b2[n]))
+			}
+		}
+	}
+}
+
+// TestWindowComesBackFromItsBuckets: a window rebuilt from Buckets and
+// Clock (as a snapshot does) answers as the original, and the views
+// taken stay what they were while the original adds and drops.
+func TestWindowComesBackFromItsBuckets(t *testing.T) {
+	const keep = time.Minute
+	at := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	w := NewWindow(20, keep)
+	for k := range uint64(3 * chunkRecords) {
+		w.Add(rec(20, k, false), at.Add(time.Duration(k)*time.Millisecond*30))
+	}
+	w.Add(rec(20, 1<<40, false), time.Time{})
+	bs, clock := w.Buckets(), w.Clock()
+	var frozen [][]byte
+	for _, b := range bs {
+		for _, c := range b.Chunks {
+			frozen = append(frozen, slices.Clone(c))
+		}
+	}
+	back := NewWindow(20, keep)
+	back.SetClock(clock)
+	for _, b := range bs {
+		for _, c := range b.Chunks {
+			for off := 0; off < len(c); off += 20 {
+				if !back.AddIn(b.N, c[off:off+20]) {
+					t.Fatalf("bucket %d: record at %d not added back", b.N, off)
+				}
+			}
+		}
+	}
+	if back.Len() != w.Len() || !back.Clock().Equal(w.Clock()) {
+		t.Fatalf("back: %d records at %v, want %d at %v", back.Len(), back.Clock(), w.Len(), w.Clock())
+	}
+	for k := range uint64(3 * chunkRecords) {
+		r := rec(20, k, false)
+		if back.Has(r) != w.Has(r) {
+			t.Fatalf("key %d: %v back, %v before", k, back.Has(r), w.Has(r))
+		}
+	}
+	// Move on: drop every dated bucket, add more.
+	later := clock.Add(3 * keep)
+	for k := range uint64(chunkRecords) {
+		w.Add(rec(20, 1<<20+k, false), later)
+	}
+	if w.Has(rec(20, 0, false)) || !w.Has(rec(20, 1<<40, false)) {
+		t.Fatal("after 3 keep: the first record kept or the undated one forgotten")
+	}
+	i := 0
+	for _, b := range bs {
+		for _, c := range b.Chunks {
+			if !bytes.Equal(c, frozen[i]) {
+				t.Fatalf("view %d of bucket %d changed", i, b.N)
+			}
+			i++
+		}
+	}
+}
+
+// TestWindowBoundsMemory: a steady stream of records for 20 keep holds
+// what 1.25 keep of it holds, not 20 keep's.
+func TestWindowBoundsMemory(t *testing.T) {
+	const keep = time.Minute
+	at := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	w := NewWindow(28, keep)
+	const perKeep = 4000
+	most := 0
+	for k := range uint64(20 * perKeep) {
+		w.Add(rec(28, k, false), at.Add(time.Duration(k)*keep/perKeep))
+		most = max(most, w.Len())
+	}
+	if most > perKeep*5/4+1 || w.Len() < perKeep {
+		t.Fatalf("held at most %d records, %d at the end; a keep is %d", most, w.Len(), perKeep)
+	}
+}
