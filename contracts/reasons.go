@@ -136,6 +136,12 @@ const (
 	RefusedInvalidPlan     Reason = "invalid_plan"
 	RefusedModelMismatch   Reason = "gpu_model_mismatch"
 	RefusedCommitConflict  Reason = "commit_conflict"
+	// RefusedPlanExpired: the plan is older than PlansMaxAge (by the
+	// ledger's clock) and the item is not committed: the resource manager
+	// no longer remembers every allocation that ended since the plan was
+	// made, so committing it could run an ended attempt again. The
+	// scheduler places the job anew.
+	RefusedPlanExpired Reason = "plan_expired"
 	// RefusedMIGDisabled: a MIG instance was asked of a GPU whose latest
 	// inventory has MIG mode off.
 	RefusedMIGDisabled Reason = "mig_disabled"

@@ -67,6 +67,12 @@ type StreamOptions struct {
 	OpsMaxBytes int64
 }
 
+// PlansMaxAge is how long PLANS keeps a plan. The resource manager
+// refuses to commit an item of an older plan (RefusedPlanExpired), and so
+// needs to remember an ended allocation only about that long: a late
+// commit of it can only come from a plan older than its end.
+const PlansMaxAge = 24 * time.Hour
+
 // MaxConsumersPerStream bounds the consumers of each stream: room for
 // 2 x 10,000 standalone node agents and every service's replicas.
 const MaxConsumersPerStream = 32768
@@ -143,7 +149,7 @@ func Streams(o StreamOptions) []jetstream.StreamConfig {
 	return []jetstream.StreamConfig{
 		evidence(record(StreamJobs, "job requests and cancel requests, per tenant", SubjectSubmitAll, SubjectCancelAll)),
 		record(StreamJobEvents, "job lifecycle events, per tenant and job", SubjectJobEventsAll),
-		aging(StreamPlans, "placement plans from schedulers", 24*time.Hour, -1, SubjectPlansAll),
+		aging(StreamPlans, "placement plans from schedulers", PlansMaxAge, -1, SubjectPlansAll),
 		evidence(record(StreamAllocations, "allocation ledger (per-node CAS) and refused plan items", SubjectAllocAll)),
 		record(StreamRuns, "run facts reported by node agents", SubjectRunsAll),
 		aging(StreamNodes, "node inventory, lifecycle and GPU health", 7*24*time.Hour, 1000, SubjectNodesAll),

@@ -84,6 +84,13 @@ type Config struct {
 	// after every 200,000 messages read; a term starts from the last one.
 	// 0 turns snapshots off (both streams are read whole). Default 1m.
 	SnapshotInterval time.Duration
+	// PlanMaxAge is the age past which a plan item not yet committed is
+	// refused (plan_expired), by the ledger's clock; ended allocations and
+	// refusals are remembered that long plus ledger.ClockSkew, then
+	// forgotten, so memory does not grow with history. Default
+	// contracts.PlansMaxAge, the age PLANS keeps a plan: a plan that old
+	// is gone from the stream anyway.
+	PlanMaxAge time.Duration
 	// Now is the clock liveness and entry times read; default time.Now.
 	Now func() time.Time
 	// Failpoint arms a crash drill (failpoint.go); DefaultConfig reads it
@@ -106,6 +113,7 @@ func DefaultConfig() Config {
 		PlanBatch:          32,
 		LeaseTTL:           10 * time.Second,
 		SnapshotInterval:   time.Minute,
+		PlanMaxAge:         contracts.PlansMaxAge,
 		Now:                time.Now,
 		Failpoint:          failpointFromEnv(),
 	}
@@ -124,11 +132,12 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.CommitAttempts, "commit-attempts", c.CommitAttempts, "compare-and-set attempts of one ledger write before giving up")
 	fs.IntVar(&c.PlanBatch, "plan-batch", c.PlanBatch, "plans pulled at once by this replica")
 	fs.DurationVar(&c.SnapshotInterval, "snapshot-interval", c.SnapshotInterval, "how often the leader snapshots its ledger for a fast restart (0: off, every start reads the streams whole)")
+	fs.DurationVar(&c.PlanMaxAge, "plan-max-age", c.PlanMaxAge, "refuse items of older plans (plan_expired); ended allocations are remembered this long plus an hour")
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "leader lease duration: one replica leads, a standby takes over at most this long after it dies (0: no election, every replica active)")
 }
 
 // Validate reports every problem of c at once. A nil Now is allowed and
-// means time.Now.
+// means time.Now; a zero PlanMaxAge means contracts.PlansMaxAge.
 func (c Config) Validate() error {
 	var errs []error
 	if err := c.Bus.Validate(); err != nil {
@@ -163,6 +172,9 @@ func (c Config) Validate() error {
 	}
 	if c.SnapshotInterval < 0 {
 		errs = append(errs, fmt.Errorf("snapshot interval is %s; want >= 0", c.SnapshotInterval))
+	}
+	if c.PlanMaxAge < 0 || (c.PlanMaxAge > 0 && c.PlanMaxAge < time.Second) {
+		errs = append(errs, fmt.Errorf("plan max age is %s; want 0 (the default, %s) or >= 1s", c.PlanMaxAge, contracts.PlansMaxAge))
 	}
 	if c.PlanBatch < 1 {
 		errs = append(errs, fmt.Errorf("plan batch is %d; want >= 1", c.PlanBatch))

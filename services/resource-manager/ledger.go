@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
@@ -20,9 +21,17 @@ import (
 func (s *server) onLedgerMsg(_ context.Context, m *bus.Msg) error {
 	if strings.HasPrefix(m.Subject, "gp.alloc.refused.") {
 		// A refusal (ours or another replica's) is final for its plan
-		// item: a redelivered plan must not commit what was refused.
+		// item: a redelivered plan must not commit what was refused. It
+		// is dated by its own time, as the replica that wrote it dated
+		// it; a refusal without one (or unreadable) by the stream's.
+		var r struct {
+			Time time.Time `json:"time"`
+		}
+		if err := m.Decode(&r); err != nil || r.Time.IsZero() {
+			r.Time = m.Timestamp
+		}
 		s.mu.Lock()
-		s.addRefusal(refusalHashOf(m.ID()))
+		s.addRefusal(refusalHashOf(m.ID()), r.Time)
 		s.mu.Unlock()
 		return nil
 	}
@@ -32,13 +41,16 @@ func (s *server) onLedgerMsg(_ context.Context, m *bus.Msg) error {
 	var le struct {
 		Kind       contracts.LedgerKind `json:"kind"`
 		Allocation contracts.Allocation `json:"allocation"`
+		// Time dates the entry for the ledger's clock (Ledger.Clock),
+		// as the writer's own apply dated it.
+		Time time.Time `json:"time"`
 	}
 	if err := m.Decode(&le); err != nil {
 		m.Log(s.log, "node_id", node).Error("undecodable ledger entry skipped", "err", err)
 		s.advance(node, m.StreamSeq)
 		return nil
 	}
-	e := contracts.LedgerEntry{Kind: le.Kind, Allocation: le.Allocation}
+	e := contracts.LedgerEntry{Kind: le.Kind, Allocation: le.Allocation, Time: le.Time}
 	if e.Allocation.NodeID != node {
 		m.Log(s.log, "node_id", node).Error("ledger entry for another node skipped", "entry_node_id", e.Allocation.NodeID, "alloc_id", e.Allocation.ID)
 		s.advance(node, m.StreamSeq)
@@ -205,14 +217,15 @@ func (s *server) catchUpStored(ctx context.Context, seq uint64, node string) err
 // committed, a refusal otherwise (commit_conflict when the compare-and-set
 // kept failing). An error is transient: the plan is to be redelivered.
 func (s *server) commit(ctx context.Context, a contracts.Allocation) (ledger.Verdict, error) {
-	return s.commitFenced(ctx, a, 0)
+	return s.commitFenced(ctx, a, 0, time.Time{})
 }
 
-// commitFenced is commit for an item of a plan made at epoch: unless it is
-// already committed (Duplicate), it is refused with stale_epoch when a newer
-// epoch of its scheduler is known, checked under the node lock right before
-// each compare-and-set.
-func (s *server) commitFenced(ctx context.Context, a contracts.Allocation, epoch uint64) (ledger.Verdict, error) {
+// commitFenced is commit for an item of a plan made at epoch and time
+// planned: unless it is already committed (Duplicate), it is refused with
+// stale_epoch when a newer epoch of its scheduler is known, and with
+// plan_expired when the plan is PlanMaxAge old (planExpired), both
+// checked under the node lock right before each compare-and-set.
+func (s *server) commitFenced(ctx context.Context, a contracts.Allocation, epoch uint64, planned time.Time) (ledger.Verdict, error) {
 	s.mu.Lock()
 	v := s.led.Verify(a)
 	s.mu.Unlock()
@@ -244,6 +257,11 @@ func (s *server) commitFenced(ctx context.Context, a contracts.Allocation, epoch
 			if fv, ok := s.fenceCheck(a.Scheduler, epoch); !ok {
 				return fv, false
 			}
+		}
+		if v.OK() && s.planExpired(planned) {
+			return ledger.Verdict{Reason: contracts.RefusedPlanExpired, Message: fmt.Sprintf(
+				"plan made at %s is older than %s by the ledger's clock: placing the job again is safe, committing this item may not be",
+				planned.UTC().Format(time.RFC3339), s.cfg.PlanMaxAge)}, false
 		}
 		return v, v.OK()
 	})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sync/errgroup"
 
@@ -28,6 +29,7 @@ func (s *server) onPlanMsg(ctx context.Context, m *bus.Msg) error {
 		planID = "seq-" + strconv.FormatUint(m.StreamSeq, 10)
 	}
 	log := s.log.With("plan_id", planID, "scheduler", p.Scheduler, "stream_seq", m.StreamSeq)
+	planned := m.Timestamp
 	for i := range p.Items {
 		if p.Items[i].PlanID == "" {
 			p.Items[i].PlanID = p.ID
@@ -61,7 +63,7 @@ func (s *server) onPlanMsg(ctx context.Context, m *bus.Msg) error {
 			settled.Add(1)
 			return nil
 		}
-		v, err := s.commitFenced(ctx, item, p.Epoch)
+		v, err := s.commitFenced(ctx, item, p.Epoch, planned)
 		if err != nil {
 			log.Warn("plan item not settled; plan will be redelivered", "alloc_id", item.ID, "err", err)
 			return err
@@ -103,6 +105,33 @@ func (s *server) onPlanMsg(ctx context.Context, m *bus.Msg) error {
 	}
 	log.Info("plan settled", "items", len(p.Items), "committed", committed.Load(), "duplicate", duplicate.Load(), "refused", refused.Load())
 	return nil
+}
+
+// planExpired reports whether a plan stored at planned is PlanMaxAge old
+// by the log's clock, the later of the ledger's and the refusals' (the
+// clocks by which ended allocations and refusals are forgotten). Under
+// s.mu.
+//
+// Why an item of such a plan is refused rather than judged by the
+// ledger: its allocation may have ended and been forgotten. A retired
+// record is forgotten once the ledger's clock is ledger.Keep past its
+// release (recset.Window), and the plan was stored before the release (up
+// to ledger.ClockSkew of disagreement between the NATS server's clock and
+// the resource managers'), so the plan is then at least Keep - ClockSkew
+// = PlanMaxAge old. The same holds for a refusal, dated after its plan.
+// PLANS drops plans at that age anyway: this is the rule that makes
+// forgetting safe, not a path production takes. The time is the
+// stream's, not the one the scheduler wrote in the plan: a scheduler's
+// clock a day behind must not make every plan expired.
+func (s *server) planExpired(planned time.Time) bool {
+	if planned.IsZero() {
+		return false
+	}
+	clock := s.led.Clock()
+	if c := s.refused.Clock(); c.After(clock) {
+		clock = c
+	}
+	return !clock.IsZero() && clock.Sub(planned) >= s.cfg.PlanMaxAge
 }
 
 // commitGroups splits a plan's item indexes into groups that may commit
@@ -180,7 +209,7 @@ func (s *server) refuse(ctx context.Context, planID string, i int, a contracts.A
 		return err
 	}
 	s.mu.Lock()
-	s.addRefusal(refusalHashOf(id))
+	s.addRefusal(refusalHashOf(id), r.Time)
 	s.mu.Unlock()
 	log.Debug("plan item refused", "message", v.Message)
 	return nil

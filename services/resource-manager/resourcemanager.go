@@ -142,10 +142,12 @@ type server struct {
 	started   map[string]time.Time // live allocation ID -> its run's start
 	nodeLocks map[string]*nodeLock
 	// refused holds the RefusalIDs in ALLOCATIONS, hashed (refusalHash,
-	// 16 bytes each: they grow with history), in the order added: a plan
-	// item refused once stays refused when the plan is redelivered, and a
-	// snapshot shares views of its records instead of copying under mu.
-	refused *recset.Set
+	// 16 bytes each), dated by the refusal's time: a plan item refused
+	// once stays refused when the plan is redelivered, and a snapshot
+	// shares views of its records instead of copying under mu. Like the
+	// ledger's retired records, one is forgotten once its plan would be
+	// refused as expired anyway (planExpired).
+	refused *recset.Window
 	// epochs is the highest fencing epoch seen per scheduler (leases.go).
 	epochs map[string]uint64
 	// allocSeq is the ALLOCATIONS sequence up to which every ledger entry
@@ -170,14 +172,17 @@ type server struct {
 }
 
 func newServer(cfg Config, b *bus.Bus, log *slog.Logger) *server {
+	if cfg.PlanMaxAge <= 0 {
+		cfg.PlanMaxAge = contracts.PlansMaxAge
+	}
 	return &server{
 		cfg: cfg, bus: b, log: log,
 		tracker:   liveness.New(cfg.HeartbeatTimeout),
 		nodesSeq:  map[string]uint64{},
-		led:       ledger.New(),
+		led:       ledger.New(ledger.Keep(cfg.PlanMaxAge)),
 		started:   map[string]time.Time{},
 		nodeLocks: map[string]*nodeLock{},
-		refused:   recset.New(refusalKeySize),
+		refused:   recset.NewWindow(refusalKeySize, ledger.Keep(cfg.PlanMaxAge)),
 		epochs:    map[string]uint64{},
 		refeed:    make(chan struct{}, 1),
 

@@ -34,7 +34,7 @@ func (s *server) applyRunFact(ctx context.Context, m *bus.Msg) (release func()) 
 	}
 	switch {
 	case !known:
-		log().Warn("run fact for an allocation the ledger never committed; ignored", "kind", string(ev.Kind))
+		log().Warn("run fact for an allocation the ledger does not know (never committed, or ended more than a plan age ago and forgotten); ignored", "kind", string(ev.Kind))
 		return nil
 	case a.NodeID != node:
 		log().Warn("run fact from a node that does not hold the allocation; ignored", "alloc_node_id", a.NodeID)

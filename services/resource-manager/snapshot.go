@@ -81,6 +81,12 @@ type snapshotMeta struct {
 	// refusals' keys (refusalKeySize bytes each).
 	RetiredBytes int `json:"retiredBytes"`
 	RefusedBytes int `json:"refusedBytes"`
+	// RefusedBuckets and RefusedClock are the refusals' window
+	// (recset.Window): which bucket the keys are in, in order, and its
+	// clock. None in a snapshot from before refusals were forgotten:
+	// install dates all its keys at the load.
+	RefusedBuckets []recset.Bucket `json:"refusedBuckets,omitempty"`
+	RefusedClock   time.Time       `json:"refusedClock,omitzero"`
 }
 
 // snapshot is a snapshot in memory.
@@ -164,19 +170,24 @@ func (s *server) takeSnapshot() *snapshot {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	sn := &snapshot{meta: snapshotMeta{Schema: snapshotSchema,
-		Seqs:    map[string]uint64{contracts.StreamAllocations: s.allocSeq, contracts.StreamRuns: s.runsSeq},
-		Ledger:  s.led.Export(),
-		Started: make(map[string]time.Time, len(s.started))},
-		refusedKeys: s.refused.Chunks()}
+		Seqs:           map[string]uint64{contracts.StreamAllocations: s.allocSeq, contracts.StreamRuns: s.runsSeq},
+		Ledger:         s.led.Export(),
+		Started:        make(map[string]time.Time, len(s.started)),
+		RefusedBuckets: s.refused.Buckets(), RefusedClock: s.refused.Clock()}}
+	for i, b := range sn.meta.RefusedBuckets {
+		sn.refusedKeys = append(sn.refusedKeys, b.Chunks...)
+		sn.meta.RefusedBuckets[i].Chunks = nil
+	}
 	for k, v := range s.started {
 		sn.meta.Started[k] = v
 	}
 	return sn
 }
 
-// addRefusal records a refusal's key once. Under s.mu.
-func (s *server) addRefusal(h refusalHash) {
-	s.refused.Add(h[:])
+// addRefusal records a refusal's key once, dated t (the refusal's
+// time). Under s.mu.
+func (s *server) addRefusal(h refusalHash, t time.Time) {
+	s.refused.Add(h[:], t)
 }
 
 // snapshots is this term's snapshot writer.
@@ -253,20 +264,42 @@ func (s *server) startSnapshots(ctx context.Context) *snapshots {
 
 // install makes sn the server's state.
 func (s *server) install(sn *snapshot) error {
-	led, err := ledger.FromState(sn.meta.Ledger)
+	// A snapshot from before ended allocations and refusals were
+	// forgotten has no dates for them: they are dated now, so kept a
+	// whole window from the load.
+	keep, now := ledger.Keep(s.cfg.PlanMaxAge), s.cfg.Now()
+	led, err := ledger.FromState(sn.meta.Ledger, keep, now)
 	if err != nil {
 		return fmt.Errorf("%w: %w", errBadSnapshot, err)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	// Copied into a set of their own: the decoded bytes are a slice of
-	// the whole snapshot. A key listed twice is kept once.
-	refused := recset.New(refusalKeySize)
+	// Copied into a window of their own: the decoded bytes are a slice
+	// of the whole snapshot. A key listed twice is kept once.
+	refused := recset.NewWindow(refusalKeySize, keep)
+	refused.SetClock(sn.meta.RefusedClock)
+	buckets := sn.meta.RefusedBuckets
+	if buckets == nil {
+		buckets = []recset.Bucket{{N: refused.BucketOf(now), Records: sn.meta.RefusedBytes / refusalKeySize}}
+	}
+	listed := 0
+	for _, b := range buckets {
+		listed += max(b.Records, 0)
+	}
+	if listed*refusalKeySize != sn.meta.RefusedBytes {
+		return fmt.Errorf("%w: refusal buckets list %d keys, %d bytes hold %d", errBadSnapshot, listed, sn.meta.RefusedBytes, sn.meta.RefusedBytes/refusalKeySize)
+	}
+	// The keys, one piece (decodeSnapshot), split by bucket.
+	var keys []byte
 	for _, p := range sn.refusedKeys {
-		for off := 0; off+refusalKeySize <= len(p); off += refusalKeySize {
-			refused.Add(p[off : off+refusalKeySize])
+		keys = append(keys, p...)
+	}
+	for _, b := range buckets {
+		for range max(b.Records, 0) {
+			refused.AddIn(b.N, keys[:refusalKeySize])
+			keys = keys[refusalKeySize:]
 		}
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.led, s.refused = led, refused
 	s.started = make(map[string]time.Time, len(sn.meta.Started))
 	for id, t := range sn.meta.Started {

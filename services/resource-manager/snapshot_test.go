@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -70,8 +71,24 @@ type snapEnv struct {
 	live  map[string]contracts.Allocation
 	free  map[string][]int
 	ended []contracts.Allocation
-	next  int
+	// endedAt is the step at which each of ended ended.
+	endedAt []int
+	next    int
+	// clock is the log's time (unix ns) at step next: snapStep a step,
+	// the clock of the managers too, so ended allocations and refusals
+	// are forgotten (snapPlanMaxAge) several times over in a workload.
+	clock atomic.Int64
 }
+
+// snapStep is the log time of a workload step and snapPlanMaxAge the
+// managers' plan age: a window (ledger.Keep) is 120 steps.
+const (
+	snapStep       = time.Minute
+	snapPlanMaxAge = time.Hour
+)
+
+// now is the log's time at the current step.
+func (e *snapEnv) now() time.Time { return time.Unix(0, e.clock.Load()).UTC() }
 
 var snapNodes = []string{"n1", "n2", "n3", "n4"}
 
@@ -92,6 +109,7 @@ func newSnapEnv(t *testing.T, seed uint64) *snapEnv {
 	for _, n := range snapNodes {
 		e.free[n] = []int{0, 1, 2, 3}
 	}
+	e.clock.Store(time.Date(2026, 11, 27, 0, 0, 0, 0, time.UTC).UnixNano())
 	return e
 }
 
@@ -116,6 +134,8 @@ func (e *snapEnv) start(interval time.Duration, wait bool) *rm {
 	cfg.HeartbeatTimeout = time.Hour // no heartbeats here: no node is lost
 	cfg.LeaseTTL = 0
 	cfg.SnapshotInterval = interval
+	cfg.Now = e.now
+	cfg.PlanMaxAge = snapPlanMaxAge
 	h := &signals{counts: map[string]int{}}
 	s := newServer(cfg, b, slog.New(h))
 	ctx, cancel := context.WithCancel(t.Context())
@@ -148,12 +168,12 @@ func (e *snapEnv) pub(subject, id string, v any) {
 
 func (e *snapEnv) entry(kind contracts.LedgerKind, a contracts.Allocation) {
 	e.pub(contracts.SubjectLedger(a.NodeID), contracts.LedgerEntryID(kind, a.ID),
-		contracts.LedgerEntry{SchemaVersion: 1, Kind: kind, Allocation: a, Time: time.Unix(int64(e.next), 0).UTC()})
+		contracts.LedgerEntry{SchemaVersion: 1, Kind: kind, Allocation: a, Time: e.now()})
 }
 
 func (e *snapEnv) fact(kind contracts.RunKind, a contracts.Allocation) {
 	ev := contracts.RunEvent{SchemaVersion: 1, Kind: kind, AllocationID: a.ID, Tenant: a.Tenant, JobID: a.JobID,
-		Attempt: a.Attempt, NodeID: a.NodeID, Devices: a.Devices, Time: time.Unix(int64(e.next), 0).UTC()}
+		Attempt: a.Attempt, NodeID: a.NodeID, Devices: a.Devices, Time: e.now()}
 	if kind == contracts.RunEnded {
 		ev.Result = &contracts.RunResult{Outcome: contracts.OutcomeSucceeded}
 	}
@@ -168,6 +188,7 @@ func (e *snapEnv) fact(kind contracts.RunKind, a contracts.Allocation) {
 func (e *snapEnv) workload(n int) {
 	for range n {
 		e.next++
+		e.clock.Add(int64(snapStep))
 		node := snapNodes[e.rng.IntN(len(snapNodes))]
 		job := fmt.Sprintf("j%05d", e.next)
 		a := contracts.Allocation{ID: contracts.AllocationID("acme", job, 1), Tenant: "acme", JobID: job, Attempt: 1, NodeID: node}
@@ -192,7 +213,7 @@ func (e *snapEnv) workload(n int) {
 			if e.rng.IntN(2) == 0 {
 				e.entry(contracts.LedgerReleased, a) // else the resource manager writes it
 			}
-			e.ended = append(e.ended, a)
+			e.ended, e.endedAt = append(e.ended, a), append(e.endedAt, e.next)
 		case p < 80:
 			a.Devices = []contracts.DeviceRef{{Index: 0, UUID: gpu(node, 0), Model: "L4"}}
 			e.entry(contracts.LedgerReleased, a)
@@ -200,7 +221,7 @@ func (e *snapEnv) workload(n int) {
 			plan := fmt.Sprintf("p%d", e.next)
 			e.pub(contracts.SubjectRefused("acme"), contracts.RefusalID(plan, a.ID),
 				contracts.Refusal{SchemaVersion: 1, PlanID: plan, AllocationID: a.ID, Tenant: "acme", JobID: job,
-					Attempt: 1, NodeID: node, Reason: contracts.RefusedDeviceTaken})
+					Attempt: 1, NodeID: node, Reason: contracts.RefusedDeviceTaken, Time: e.now()})
 		case p < 93:
 			// A second writer commits a GPU someone holds: the log is the
 			// truth, and the claim order decides who holds it.
@@ -209,7 +230,14 @@ func (e *snapEnv) workload(n int) {
 			e.entry(contracts.LedgerCommitted, a)
 			e.fact(contracts.RunEnded, a) // and it ends at once
 		case len(e.ended) > 0:
-			old := e.ended[e.rng.IntN(len(e.ended))]
+			// Of the last hour: an older one is forgotten, and a commit
+			// of it in the log (which no manager writes: its plan is
+			// expired) would make it live again, outside the model.
+			i := e.rng.IntN(len(e.ended))
+			if e.next-e.endedAt[i] > int(snapPlanMaxAge/snapStep) {
+				break
+			}
+			old := e.ended[i]
 			e.entry(contracts.LedgerCommitted, old) // deduplicated, or a late commit
 			e.fact(contracts.RunStarted, old)
 		}
@@ -228,7 +256,7 @@ func sortedIDs(m map[string]contracts.Allocation) []string {
 // rmState is what a rebuild decides, to compare two of them.
 type rmState struct {
 	digest  [32]byte
-	refused map[refusalHash]struct{}
+	refused map[refusalHash]int64
 	started map[string]time.Time
 	records int
 }
@@ -240,12 +268,15 @@ func (r *rm) state() rmState {
 		records: r.s.led.Records()}
 }
 
-// refusalSet is the refusals' keys as a map, to compare.
-func refusalSet(s *recset.Set) map[refusalHash]struct{} {
-	out := make(map[refusalHash]struct{}, s.Len())
-	for _, c := range s.Chunks() {
-		for off := 0; off < len(c); off += refusalKeySize {
-			out[refusalHash(c[off:off+refusalKeySize])] = struct{}{}
+// refusalSet is the refusals' keys as a map to their window bucket, to
+// compare.
+func refusalSet(s *recset.Window) map[refusalHash]int64 {
+	out := make(map[refusalHash]int64, s.Len())
+	for _, b := range s.Buckets() {
+		for _, c := range b.Chunks {
+			for off := 0; off < len(c); off += refusalKeySize {
+				out[refusalHash(c[off:off+refusalKeySize])] = b.N
+			}
 		}
 	}
 	return out
@@ -308,6 +339,15 @@ func TestSnapshotRebuildEqualsFullReplay(t *testing.T) {
 			c := e.start(0, true)
 			e.settled(c)
 			full := c.state()
+			// The workload spans several windows: the first allocations
+			// to end are forgotten, the last is remembered.
+			c.s.mu.Lock()
+			_, _, firstKnown := c.s.led.Allocation(e.ended[0].ID)
+			_, _, lastKnown := c.s.led.Allocation(e.ended[len(e.ended)-1].ID)
+			c.s.mu.Unlock()
+			if firstKnown || !lastKnown {
+				t.Fatalf("the first allocation to end known: %v, the last: %v", firstKnown, lastKnown)
+			}
 			c.stop()
 			if d := fromSnap.diff(full); d != "" {
 				t.Fatalf("rebuild from the snapshot differs from the full replay: %s", d)

@@ -3,6 +3,7 @@ package ledger
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
 )
@@ -39,13 +40,13 @@ func TestRetiredRecordsStayCompactAndAnswer(t *testing.T) {
 	if got := l.Retired(); got != baseRetired+n {
 		t.Fatalf("retired records = %d, want %d", got, baseRetired+n)
 	}
-	// 28 bytes a record, the last chunk's slack and an index of 4 bytes a
+	// 28 bytes a record, the last chunk's slack and an index of 5 bytes a
 	// slot kept at most 3/4 and at least 3/8 full: under 45 bytes a
 	// record at this size. The map and log before took ~100.
 	if per := float64(l.RetiredBytes()) / float64(l.Retired()); per > 45 {
 		t.Errorf("%.1f bytes per retired record, want at most 45", per)
 	}
-	loaded, err := FromState(l.Export())
+	loaded, err := FromState(l.Export(), testKeep, time.Time{})
 	if err != nil {
 		t.Fatalf("FromState: %v", err)
 	}

@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/recset"
@@ -160,7 +161,7 @@ type Ledger struct {
 	// that Export hands out views of them without copying (a snapshot is
 	// taken under the owner's lock) (retire.go).
 	allocs  map[string]*record
-	retired *recset.Set
+	retired *recset.Window
 	// nodeIDs names each node by its index (node.idx), for retired
 	// records; commits counts commits, for record.order.
 	nodeIDs []string
@@ -171,9 +172,10 @@ type Ledger struct {
 	liveJobs map[string][]string
 }
 
-// New returns an empty ledger.
-func New() *Ledger {
-	return &Ledger{nodes: map[string]*node{}, allocs: map[string]*record{}, retired: recset.New(RetiredRecordSize),
+// New returns an empty ledger that keeps retired records for keep of log
+// time after their release (Keep).
+func New(keep time.Duration) *Ledger {
+	return &Ledger{nodes: map[string]*node{}, allocs: map[string]*record{}, retired: recset.NewWindow(RetiredRecordSize, keep),
 		liveJobs: map[string][]string{}}
 }
 
@@ -786,11 +788,15 @@ func (l *Ledger) Apply(e contracts.LedgerEntry, seq uint64) error {
 		}
 		n.lastSeq = seq
 	}
+	// Every entry moves the log's clock, which retired records are
+	// forgotten by: applied in any interleaving of the nodes' subjects,
+	// the same entries leave the same records (recset.Window).
+	l.retired.Advance(e.Time)
 	switch e.Kind {
 	case contracts.LedgerCommitted:
 		return l.commit(n, a)
 	default:
-		l.release(a)
+		l.release(a, e.Time)
 		return nil
 	}
 }
@@ -822,21 +828,21 @@ func (l *Ledger) commit(n *node, a contracts.Allocation) error {
 	return nil
 }
 
-func (l *Ledger) release(a contracts.Allocation) {
+func (l *Ledger) release(a contracts.Allocation, t time.Time) {
 	r, ok := l.allocs[a.ID]
 	if !ok {
 		// A release of an allocation never seen committed, or released
 		// already: remember the ID so a late commit of it stays a no-op.
 		k := retiredKeyOf(a.ID)
 		if !l.isRetired(k) {
-			l.retire(k, retiredAlloc{place: placementHash(a), node: l.node(a.NodeID).idx})
+			l.retire(k, retiredAlloc{place: placementHash(a), node: l.node(a.NodeID).idx}, t)
 		}
 		return
 	}
 	held := r.alloc
 	n := l.node(held.NodeID)
 	delete(l.allocs, held.ID)
-	l.retire(retiredKeyOf(held.ID), retiredAlloc{place: placementHash(held), node: n.idx})
+	l.retire(retiredKeyOf(held.ID), retiredAlloc{place: placementHash(held), node: n.idx}, t)
 	delete(n.live, held.ID)
 	k := jobKey(held)
 	if rest := slices.DeleteFunc(l.liveJobs[k], func(id string) bool { return id == held.ID }); len(rest) > 0 {

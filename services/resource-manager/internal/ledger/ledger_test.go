@@ -83,7 +83,7 @@ func released(a contracts.Allocation) contracts.LedgerEntry {
 // holds n3 GPU 1 on attempt 1; n4 ready with n4GPUs.
 func fixture(t *testing.T) *Ledger {
 	t.Helper()
-	l := New()
+	l := New(testKeep)
 	n1 := gpus("n1", 4, "H100-80GB")
 	n1[3].Healthy = false // an XID made it unusable
 	for _, inv := range []contracts.NodeInventory{
@@ -282,7 +282,7 @@ func TestApplyReportsConflictAndKeepsDeviceHeld(t *testing.T) {
 }
 
 func TestApplyRejectsInvalidEntryAndAdvance(t *testing.T) {
-	l := New()
+	l := New(testKeep)
 	if err := l.Apply(contracts.LedgerEntry{Kind: contracts.LedgerCommitted}, 1); !errors.Is(err, ErrInvalidEntry) {
 		t.Fatalf("err = %v, want ErrInvalidEntry", err)
 	}
@@ -448,7 +448,7 @@ func TestApplyReportsMIGAndShareConflicts(t *testing.T) {
 // H100s and a host of unknown size (an inventory that declares 0).
 func hostLedger(t *testing.T) *Ledger {
 	t.Helper()
-	l := New()
+	l := New(testKeep)
 	for _, inv := range []contracts.NodeInventory{
 		{NodeID: "n1", GPUs: gpus("n1", 4, "H100-80GB"), CPUMilli: 16000, MemoryMiB: 65536},
 		{NodeID: "n2", GPUs: gpus("n2", 4, "H100-80GB")},
@@ -629,7 +629,7 @@ func part(job string, attempt, rank int, nodes ...string) contracts.Allocation {
 }
 
 func TestVerifyGangParts(t *testing.T) {
-	l := New()
+	l := New(testKeep)
 	for _, n := range []string{"n1", "n2", "n3"} {
 		if err := l.SetInventory(contracts.NodeInventory{NodeID: n, GPUs: gpus(n, 4, "H100-80GB")}); err != nil {
 			t.Fatal(err)
@@ -690,3 +690,7 @@ func TestVerifyGangParts(t *testing.T) {
 		t.Fatalf("next attempt after both parts released: %+v", v)
 	}
 }
+
+// testKeep is how long the tests' ledgers keep retired records: as long
+// as a resource manager with the default plan age does.
+var testKeep = Keep(contracts.PlansMaxAge)

@@ -362,7 +362,7 @@ type stored struct {
 func runModel(rng chooser, steps int, done func() bool, seen map[string]int) error {
 	nodes := []string{"n0", "n1", "n2"}
 	models := []string{"H100-80GB", "A100-80GB"}
-	l := New()
+	l := New(testKeep)
 	m := &model{inv: map[string][]contracts.GPUInfo{}, host: map[string]contracts.NodeInventory{},
 		ready: map[string]bool{}, admin: map[string]contracts.NodeAdmin{}}
 	var seq uint64
@@ -875,7 +875,7 @@ func checkAgainstModel(l *Ledger, m *model, nodes []string) error {
 // read in any order) and checks that it holds what l holds and answers
 // Verify as l does.
 func checkRebuild(l *Ledger, m *model, nodes []string, log []stored, randomItem func() contracts.Allocation) error {
-	r := New()
+	r := New(testKeep)
 	for _, s := range log {
 		if err := r.Apply(s.e, s.seq); err != nil {
 			return fmt.Errorf("rebuild: apply %s %s: %w", s.e.Kind, s.e.Allocation.ID, err)

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"slices"
+	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
 )
@@ -19,6 +20,24 @@ import (
 // bytes per ended one (the 28-byte record in a libs/recset, and its
 // index's slot), not every allocation's devices, run spec and trace
 // context. A Go map and a log beside it took ~100 (BenchmarkHistoryMemory).
+//
+// Nor is the record kept for ever: a late commit of an ended allocation
+// can only come from a plan published before it ended, and a plan older
+// than the plans' maximum age is refused whatever the ledger holds
+// (the server's plan_expired, judged on Clock). So a record is kept in a
+// recset.Window for that age plus ClockSkew after its release, dated by
+// the release entry's time, and then forgotten: the ledger's memory is
+// its live allocations plus the allocations ended within about a day of
+// log time, not every allocation that ever ended.
+
+// ClockSkew is how far the clocks that date plans (the NATS server's) and
+// ledger entries (the resource managers') may disagree: a retired record
+// is kept this long past the plans' maximum age.
+const ClockSkew = time.Hour
+
+// Keep is how long a retired record is kept for plans of at most
+// planMaxAge.
+func Keep(planMaxAge time.Duration) time.Duration { return planMaxAge + ClockSkew }
 
 // retiredKey identifies a retired allocation: the first 128 bits of the
 // SHA-256 of its ID (a collision among even 10^12 IDs is ~10^-15 likely).
@@ -59,10 +78,10 @@ func placementHash(a contracts.Allocation) uint64 {
 	return binary.BigEndian.Uint64(h.Sum(sum[:0]))
 }
 
-// retire records r under k, which must be new.
-func (l *Ledger) retire(k retiredKey, r retiredAlloc) {
+// retire records r under k, which must be new, retired at t.
+func (l *Ledger) retire(k retiredKey, r retiredAlloc, t time.Time) {
 	var rec [RetiredRecordSize]byte
-	l.retired.Add(appendRetired(rec[:0], k, r))
+	l.retired.Add(appendRetired(rec[:0], k, r), t)
 }
 
 // retiredOf is the retired record of k, if there is one.
@@ -91,6 +110,10 @@ func appendRetired(b []byte, k retiredKey, r retiredAlloc) []byte {
 
 // Retired is the number of retired allocation records.
 func (l *Ledger) Retired() int { return l.retired.Len() }
+
+// Clock is the latest time of an entry applied (zero before any dated
+// one): the log's own now, which forgetting retired records follows.
+func (l *Ledger) Clock() time.Time { return l.retired.Clock() }
 
 // RetiredBytes is the memory the retired records hold (records and
 // their index).

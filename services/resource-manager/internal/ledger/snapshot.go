@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/recset"
 )
 
 // State is what a snapshot keeps of a ledger: what the allocation log made
@@ -28,6 +30,13 @@ type State struct {
 	// placement hash (8, big-endian) and the node's index in Nodes (4,
 	// big-endian).
 	Retired [][]byte `json:"-"`
+	// RetiredBuckets say which window bucket the records are in: the
+	// first Records of Retired in the first bucket, and so on (their
+	// Chunks unused). None in a snapshot from before retired records were
+	// forgotten: FromState dates all of them.
+	RetiredBuckets []recset.Bucket `json:"retiredBuckets,omitempty"`
+	// Clock is the ledger's clock (Ledger.Clock).
+	Clock time.Time `json:"clock,omitzero"`
 }
 
 // NodeSeq is a node and the last ledger sequence applied on it.
@@ -58,7 +67,11 @@ var ErrBadState = errors.New("ledger: unusable state")
 // a snapshot is taken under the owner's lock.
 func (l *Ledger) Export() State {
 	st := State{Nodes: make([]NodeSeq, len(l.nodeIDs)), Live: make([]contracts.Allocation, 0, len(l.allocs)),
-		Retired: l.retired.Chunks()}
+		RetiredBuckets: l.retired.Buckets(), Clock: l.retired.Clock()}
+	for i, b := range st.RetiredBuckets {
+		st.Retired = append(st.Retired, b.Chunks...)
+		st.RetiredBuckets[i].Chunks = nil
+	}
 	for i, id := range l.nodeIDs {
 		st.Nodes[i] = NodeSeq{ID: id, LastSeq: l.nodes[id].lastSeq}
 	}
@@ -73,11 +86,14 @@ func (l *Ledger) Export() State {
 	return st
 }
 
-// FromState returns a ledger holding st: its nodes' sequences, its live
-// allocations committed again in their order (so every claim is where the
-// log put it, a conflict the log holds included) and its retired records.
+// FromState returns a ledger keeping retired records for keep (New)
+// holding st: its nodes' sequences, its live allocations committed again
+// in their order (so every claim is where the log put it, a conflict the
+// log holds included), its retired records in their buckets and its
+// clock. Records of a state without buckets are dated undated (the time
+// it is loaded, say: forgotten keep after that, never sooner).
 // Inventories, readiness and holds are for the caller to set.
-func FromState(st State) (*Ledger, error) {
+func FromState(st State, keep time.Duration, undated time.Time) (*Ledger, error) {
 	size := 0
 	for _, p := range st.Retired {
 		size += len(p)
@@ -85,7 +101,22 @@ func FromState(st State) (*Ledger, error) {
 	if size%RetiredRecordSize != 0 {
 		return nil, fmt.Errorf("%w: retired records of %d bytes", ErrBadState, size)
 	}
-	l := New()
+	l := New(keep)
+	buckets := st.RetiredBuckets
+	if buckets == nil && size > 0 {
+		buckets = []recset.Bucket{{N: l.retired.BucketOf(undated), Records: size / RetiredRecordSize}}
+	}
+	listed := 0
+	for i, b := range buckets {
+		if b.Records < 0 || (i > 0 && b.N <= buckets[i-1].N) {
+			return nil, fmt.Errorf("%w: retired bucket %d of %d records out of order", ErrBadState, b.N, b.Records)
+		}
+		listed += b.Records
+	}
+	if listed*RetiredRecordSize != size {
+		return nil, fmt.Errorf("%w: retired buckets list %d records, %d bytes hold %d", ErrBadState, listed, size, size/RetiredRecordSize)
+	}
+	l.retired.SetClock(st.Clock)
 	for _, n := range st.Nodes {
 		if _, dup := l.nodes[n.ID]; dup || n.ID == "" {
 			return nil, fmt.Errorf("%w: node %q empty or listed twice", ErrBadState, n.ID)
@@ -108,7 +139,10 @@ func FromState(st State) (*Ledger, error) {
 	// ended allocations while a restart loads. A record split between two
 	// pieces is put together in rec.
 	var rec [RetiredRecordSize]byte
-	have := 0
+	have, bucket, left := 0, 0, 0
+	if len(buckets) > 0 {
+		left = buckets[0].Records
+	}
 	for _, p := range st.Retired {
 		for len(p) > 0 {
 			r := p
@@ -125,9 +159,17 @@ func FromState(st State) (*Ledger, error) {
 			if d := decodeRetired(r); int(d.node) >= len(st.Nodes) {
 				return nil, fmt.Errorf("%w: retired record names node %d of %d", ErrBadState, d.node, len(st.Nodes))
 			}
-			if !l.retired.Add(r) {
+			for left == 0 {
+				bucket++
+				left = buckets[bucket].Records
+			}
+			left--
+			if l.retired.Has(r) {
 				return nil, fmt.Errorf("%w: a retired record listed twice", ErrBadState)
 			}
+			// A bucket past keep at the state's clock is dropped as a
+			// ledger at that clock would have.
+			l.retired.AddIn(buckets[bucket].N, r)
 		}
 	}
 	for _, a := range st.Live {
@@ -166,16 +208,19 @@ func (l *Ledger) Digest() [sha256.Size]byte {
 		ids := slices.Sorted(slices.Values(l.liveJobs[k]))
 		fmt.Fprintf(&b, "job %s %v\n", k, ids)
 	}
-	var recs [][]byte
-	for _, c := range l.retired.Chunks() {
-		for off := 0; off < len(c); off += RetiredRecordSize {
-			recs = append(recs, c[off:off+RetiredRecordSize])
+	fmt.Fprintf(&b, "clock %d\n", l.retired.Clock().UnixNano())
+	for _, bk := range l.retired.Buckets() {
+		var recs [][]byte
+		for _, c := range bk.Chunks {
+			for off := 0; off < len(c); off += RetiredRecordSize {
+				recs = append(recs, c[off:off+RetiredRecordSize])
+			}
 		}
-	}
-	slices.SortFunc(recs, func(a, b []byte) int { return bytes.Compare(a[:16], b[:16]) })
-	for _, rec := range recs {
-		r := decodeRetired(rec)
-		fmt.Fprintf(&b, "retired %x %x %s\n", rec[:16], r.place, l.nodeIDs[r.node])
+		slices.SortFunc(recs, func(a, b []byte) int { return bytes.Compare(a[:16], b[:16]) })
+		for _, rec := range recs {
+			r := decodeRetired(rec)
+			fmt.Fprintf(&b, "retired %d %x %x %s\n", bk.N, rec[:16], r.place, l.nodeIDs[r.node])
+		}
 	}
 	return sha256.Sum256([]byte(b.String()))
 }
