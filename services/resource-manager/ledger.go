@@ -69,6 +69,7 @@ func (s *server) advance(node string, seq uint64) {
 // apply folds an entry stored at seq into the ledger.
 func (s *server) apply(log func() *slog.Logger, e contracts.LedgerEntry, seq uint64) {
 	s.mu.Lock()
+	e.Time = s.logTime(e.Time)
 	err := s.led.Apply(e, seq)
 	if e.Kind == contracts.LedgerReleased {
 		delete(s.started, e.Allocation.ID)
@@ -85,6 +86,23 @@ func (s *server) apply(log func() *slog.Logger, e contracts.LedgerEntry, seq uin
 	case err != nil:
 		log().Error("ledger entry skipped", "err", err)
 	}
+}
+
+// logTime is t as a date of the log's clock: at most ledger.ClockSkew
+// past this replica's own clock. A replica whose clock ran a day ahead
+// would otherwise carry the log's clock a day ahead for good (the clock
+// is the latest date ever applied, snapshots included), and every plan
+// would be refused plan_expired until real time caught up. Clamping is
+// safe: it only dates a record earlier than its entry says, and a record
+// dated d is forgotten at d + Keep, when a plan stored before the entry
+// was applied here (so before d + ClockSkew, by the NATS server's clock)
+// is PlanMaxAge old. Under normal clocks no date is clamped, and the
+// ledger stays a function of the log.
+func (s *server) logTime(t time.Time) time.Time {
+	if limit := s.cfg.Now().Add(ledger.ClockSkew); t.After(limit) {
+		return limit
+	}
+	return t
 }
 
 // catchUp reads a node's ledger subject from the last sequence applied, so

@@ -110,3 +110,45 @@ func TestEndedJobsAreForgottenAndTheirPlansExpire(t *testing.T) {
 	}
 	again("restart")
 }
+
+// TestAClockADayAheadExpiresNoPlan: a replica whose clock ran two days
+// ahead wrote ledger entries dated then (here by hand). The log's clock
+// takes a date at most ledger.ClockSkew past the reader's own clock, so
+// plans stored now still commit, before and after a restart from a
+// snapshot written with that clock; unclamped, every plan would be
+// refused plan_expired for two days.
+func TestAClockADayAheadExpiresNoPlan(t *testing.T) {
+	h := newHarness(t)
+	h.clock.ns.Store(time.Now().UnixNano())
+	cfg := h.config("rm-a")
+	cfg.HeartbeatTimeout = 1000 * time.Hour
+	cfg.SnapshotInterval = 20 * time.Millisecond
+	first := h.start(cfg)
+	h.ready(h100, 4, "n1", "n2")
+	ahead := item("ahead", 1, "n1", h100, 0)
+	for _, kind := range []contracts.LedgerKind{contracts.LedgerCommitted, contracts.LedgerReleased} {
+		h.publish(contracts.SubjectLedger(ahead.NodeID), contracts.LedgerEntryID(kind, ahead.ID),
+			contracts.LedgerEntry{SchemaVersion: 1, Kind: kind, Allocation: ahead, Time: h.clock.Now().Add(48 * time.Hour)})
+	}
+	h.eventually("the entries dated ahead applied", func() bool {
+		n, _ := h.logs.lastInt("snapshot written", "retired_allocations")
+		return n == 1
+	})
+	commits := func(round string, gpu int) {
+		t.Helper()
+		a := item("now-"+round, 1, "n2", h100, gpu)
+		h.plan(round, a)
+		h.plansSettled()
+		h.locked(func() {
+			if r, ok := h.refusal(round, a.ID); ok {
+				t.Errorf("%s: a plan stored now refused: %s %s", round, r.Reason, r.Message)
+			}
+		})
+		h.eventually(round+" committed", func() bool { return h.has(a.ID, contracts.LedgerCommitted) })
+	}
+	commits("first", 1)
+	first.stop()
+	h.start(cfg)
+	h.eventually("the restart loaded a snapshot", func() bool { return h.logs.count("snapshot loaded") == 1 })
+	commits("restart", 2)
+}

@@ -187,7 +187,7 @@ func (s *server) takeSnapshot() *snapshot {
 // addRefusal records a refusal's key once, dated t (the refusal's
 // time). Under s.mu.
 func (s *server) addRefusal(h refusalHash, t time.Time) {
-	s.refused.Add(h[:], t)
+	s.refused.Add(h[:], s.logTime(t))
 }
 
 // snapshots is this term's snapshot writer.
@@ -267,7 +267,11 @@ func (s *server) install(sn *snapshot) error {
 	// A snapshot from before ended allocations and refusals were
 	// forgotten has no dates for them: they are dated now, so kept a
 	// whole window from the load.
+	// Its clocks are clamped as every date applied is (logTime).
 	keep, now := ledger.Keep(s.cfg.PlanMaxAge), s.cfg.Now()
+	if !sn.meta.Ledger.Clock.IsZero() {
+		sn.meta.Ledger.Clock = s.logTime(sn.meta.Ledger.Clock)
+	}
 	led, err := ledger.FromState(sn.meta.Ledger, keep, now)
 	if err != nil {
 		return fmt.Errorf("%w: %w", errBadSnapshot, err)
@@ -275,7 +279,9 @@ func (s *server) install(sn *snapshot) error {
 	// Copied into a window of their own: the decoded bytes are a slice
 	// of the whole snapshot. A key listed twice is kept once.
 	refused := recset.NewWindow(refusalKeySize, keep)
-	refused.SetClock(sn.meta.RefusedClock)
+	if !sn.meta.RefusedClock.IsZero() {
+		refused.SetClock(s.logTime(sn.meta.RefusedClock))
+	}
 	buckets := sn.meta.RefusedBuckets
 	if buckets == nil {
 		buckets = []recset.Bucket{{N: refused.BucketOf(now), Records: sn.meta.RefusedBytes / refusalKeySize}}
