@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	resourcemanager "github.com/gpuplane/gpuplane/services/resource-manager"
 	"github.com/gpuplane/gpuplane/services/resource-manager/internal/ledger"
 )
 
@@ -20,14 +21,7 @@ import (
 // item is refused plan_expired, and their run ends release nothing.
 func TestEndedJobsAreForgottenAndTheirPlansExpire(t *testing.T) {
 	const jobs = 40
-	h := newHarness(t)
-	// The log's clock starts at the NATS server's (which stamps plans),
-	// and no node is lost while it jumps a day.
-	h.clock.ns.Store(time.Now().UnixNano())
-	cfg := h.config("rm-a")
-	cfg.HeartbeatTimeout = 1000 * time.Hour
-	cfg.SnapshotInterval = 20 * time.Millisecond
-	first := h.start(cfg)
+	h, cfg, first := startLogClock(t)
 	nodes := make([]string, jobs/4)
 	for i := range nodes {
 		nodes[i] = fmt.Sprintf("n%03d", i)
@@ -118,12 +112,7 @@ func TestEndedJobsAreForgottenAndTheirPlansExpire(t *testing.T) {
 // snapshot written with that clock; unclamped, every plan would be
 // refused plan_expired for two days.
 func TestAClockADayAheadExpiresNoPlan(t *testing.T) {
-	h := newHarness(t)
-	h.clock.ns.Store(time.Now().UnixNano())
-	cfg := h.config("rm-a")
-	cfg.HeartbeatTimeout = 1000 * time.Hour
-	cfg.SnapshotInterval = 20 * time.Millisecond
-	first := h.start(cfg)
+	h, cfg, first := startLogClock(t)
 	h.ready(h100, 4, "n1", "n2")
 	ahead := item("ahead", 1, "n1", h100, 0)
 	for _, kind := range []contracts.LedgerKind{contracts.LedgerCommitted, contracts.LedgerReleased} {
@@ -151,4 +140,16 @@ func TestAClockADayAheadExpiresNoPlan(t *testing.T) {
 	h.start(cfg)
 	h.eventually("the restart loaded a snapshot", func() bool { return h.logs.count("snapshot loaded") == 1 })
 	commits("restart", 2)
+}
+
+// startLogClock starts a manager whose clock starts at the NATS server's
+// (which stamps plans) and writes a snapshot every 20 ms, with a
+// heartbeat timeout no clock jump of these tests reaches.
+func startLogClock(t *testing.T) (*harness, resourcemanager.Config, *rm) {
+	h := newHarness(t)
+	h.clock.ns.Store(time.Now().UnixNano())
+	cfg := h.config("rm-a")
+	cfg.HeartbeatTimeout = 1000 * time.Hour
+	cfg.SnapshotInterval = 20 * time.Millisecond
+	return h, cfg, h.start(cfg)
 }
