@@ -70,6 +70,20 @@ func (w *Window) Size() int { return w.size }
 // Keep is how long after its time a record is kept at least.
 func (w *Window) Keep() time.Duration { return time.Duration(w.keep) }
 
+// Span is the length of a bucket in nanoseconds.
+func (w *Window) Span() int64 { return w.span }
+
+// Rebucket is the bucket of this window that a record of bucket n of a
+// window of buckets span long goes to: the bucket of n's last instant,
+// so that no record is forgotten sooner than its own time says (a window
+// read back with another keep).
+func (w *Window) Rebucket(n, span int64) int64 {
+	if n == Undated || span == w.span {
+		return n
+	}
+	return w.BucketOf(time.Unix(0, (n+1)*span-1))
+}
+
 // BucketOf is the number of the bucket a record of time t goes to.
 func (w *Window) BucketOf(t time.Time) int64 {
 	if t.IsZero() {

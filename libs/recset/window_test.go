@@ -252,3 +252,24 @@ func TestWindowBoundsMemory(t *testing.T) {
 		t.Fatalf("held at most %d records, %d at the end; a keep is %d", most, w.Len(), perKeep)
 	}
 }
+
+// TestRebucketKeepsNoRecordLess: a record read back into a window of
+// another keep is forgotten no sooner than its own time says, and not
+// much later.
+func TestRebucketKeepsNoRecordLess(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	base := time.Date(2026, 11, 27, 0, 0, 0, 0, time.UTC)
+	for range 2000 {
+		from := NewWindow(16, time.Duration(4+rng.Int64N(int64(48*time.Hour))))
+		to := NewWindow(16, time.Duration(4+rng.Int64N(int64(48*time.Hour))))
+		tm := base.Add(time.Duration(rng.Int64N(int64(240 * time.Hour))))
+		n := to.Rebucket(from.BucketOf(tm), from.Span())
+		start := n * to.Span()
+		if end := start + to.Span(); end <= tm.UnixNano() {
+			t.Fatalf("a record of %v read into bucket [%d, %d): earlier than its time", tm, start, end)
+		}
+		if late := start - tm.UnixNano(); late > from.Span() {
+			t.Fatalf("a record of %v read into a bucket %v later", tm, time.Duration(late))
+		}
+	}
+}

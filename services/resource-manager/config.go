@@ -8,6 +8,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/service"
+	"github.com/gpuplane/gpuplane/services/resource-manager/internal/ledger"
 )
 
 // ServiceName is the default name of the service: its connection name and
@@ -86,11 +87,14 @@ type Config struct {
 	SnapshotInterval time.Duration
 	// PlanMaxAge is the age past which a plan item not yet committed is
 	// refused (plan_expired), by the ledger's clock; ended allocations and
-	// refusals are remembered that long plus ledger.ClockSkew, then
-	// forgotten, so memory does not grow with history. Default
-	// contracts.PlansMaxAge, the age PLANS keeps a plan: a plan that old
-	// is gone from the stream anyway.
+	// refusals are remembered that long plus ClockSkew, then forgotten, so
+	// memory does not grow with history. Default contracts.PlansMaxAge,
+	// the age PLANS keeps a plan: a plan that old is gone from the stream
+	// anyway. ClockSkew is the margin for the NATS servers' clocks, which
+	// date plans, entries and refusals alike (default
+	// ledger.DefaultMargin, an hour).
 	PlanMaxAge time.Duration
+	ClockSkew  time.Duration
 	// Now is the clock liveness and entry times read; default time.Now.
 	Now func() time.Time
 	// Failpoint arms a crash drill (failpoint.go); DefaultConfig reads it
@@ -114,6 +118,7 @@ func DefaultConfig() Config {
 		LeaseTTL:           10 * time.Second,
 		SnapshotInterval:   time.Minute,
 		PlanMaxAge:         contracts.PlansMaxAge,
+		ClockSkew:          ledger.DefaultMargin,
 		Now:                time.Now,
 		Failpoint:          failpointFromEnv(),
 	}
@@ -132,7 +137,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.CommitAttempts, "commit-attempts", c.CommitAttempts, "compare-and-set attempts of one ledger write before giving up")
 	fs.IntVar(&c.PlanBatch, "plan-batch", c.PlanBatch, "plans pulled at once by this replica")
 	fs.DurationVar(&c.SnapshotInterval, "snapshot-interval", c.SnapshotInterval, "how often the leader snapshots its ledger for a fast restart (0: off, every start reads the streams whole)")
-	fs.DurationVar(&c.PlanMaxAge, "plan-max-age", c.PlanMaxAge, "refuse items of older plans (plan_expired); ended allocations are remembered this long plus an hour")
+	fs.DurationVar(&c.PlanMaxAge, "plan-max-age", c.PlanMaxAge, "refuse items of older plans (plan_expired); ended allocations are remembered this long plus -clock-skew")
+	fs.DurationVar(&c.ClockSkew, "clock-skew", c.ClockSkew, "how far the NATS servers' clocks may disagree: ended allocations are kept this much longer than -plan-max-age")
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "leader lease duration: one replica leads, a standby takes over at most this long after it dies (0: no election, every replica active)")
 }
 
@@ -175,6 +181,9 @@ func (c Config) Validate() error {
 	}
 	if c.PlanMaxAge < 0 || (c.PlanMaxAge > 0 && c.PlanMaxAge < time.Second) {
 		errs = append(errs, fmt.Errorf("plan max age is %s; want 0 (the default, %s) or >= 1s", c.PlanMaxAge, contracts.PlansMaxAge))
+	}
+	if c.ClockSkew < 0 {
+		errs = append(errs, fmt.Errorf("clock skew is %s; want >= 0", c.ClockSkew))
 	}
 	if c.PlanBatch < 1 {
 		errs = append(errs, fmt.Errorf("plan batch is %d; want >= 1", c.PlanBatch))

@@ -81,7 +81,7 @@ func TestDeposedLeaderWritesNothing(t *testing.T) {
 		if err := s.release(t.Context(), "acme/before/1", contracts.ReasonNodeLost, nil); !errors.Is(err, errDeposed) {
 			t.Fatalf("release after the lease ran out: err %v, want errDeposed", err)
 		}
-		if err := s.refuse(t.Context(), "p1", 0, alloc("after", "n1", 1), s.led.Verify(alloc("after", "n1", 0))); !errors.Is(err, errDeposed) {
+		if err := s.refuse(t.Context(), "p1", 0, alloc("after", "n1", 1), s.led.Verify(alloc("after", "n1", 0)), time.Now()); !errors.Is(err, errDeposed) {
 			t.Fatalf("refusal after the lease ran out: err %v, want errDeposed", err)
 		}
 		s.lifeMu.Lock()

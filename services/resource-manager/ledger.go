@@ -21,17 +21,10 @@ import (
 func (s *server) onLedgerMsg(_ context.Context, m *bus.Msg) error {
 	if strings.HasPrefix(m.Subject, "gp.alloc.refused.") {
 		// A refusal (ours or another replica's) is final for its plan
-		// item: a redelivered plan must not commit what was refused. It
-		// is dated by its own time, as the replica that wrote it dated
-		// it; a refusal without one (or unreadable) by the stream's.
-		var r struct {
-			Time time.Time `json:"time"`
-		}
-		if err := m.Decode(&r); err != nil || r.Time.IsZero() {
-			r.Time = m.Timestamp
-		}
+		// item: a redelivered plan must not commit what was refused. It is
+		// dated by the time the stream stored it (ledger.Keep).
 		s.mu.Lock()
-		s.addRefusal(refusalHashOf(m.ID()), r.Time)
+		s.addRefusal(refusalHashOf(m.ID()), m.Timestamp)
 		s.mu.Unlock()
 		return nil
 	}
@@ -41,16 +34,15 @@ func (s *server) onLedgerMsg(_ context.Context, m *bus.Msg) error {
 	var le struct {
 		Kind       contracts.LedgerKind `json:"kind"`
 		Allocation contracts.Allocation `json:"allocation"`
-		// Time dates the entry for the ledger's clock (Ledger.Clock),
-		// as the writer's own apply dated it.
-		Time time.Time `json:"time"`
 	}
 	if err := m.Decode(&le); err != nil {
 		m.Log(s.log, "node_id", node).Error("undecodable ledger entry skipped", "err", err)
 		s.advance(node, m.StreamSeq)
 		return nil
 	}
-	e := contracts.LedgerEntry{Kind: le.Kind, Allocation: le.Allocation, Time: le.Time}
+	// Dated by the time the stream stored it, not the writer's clock
+	// (ledger.Keep, stampOf).
+	e := contracts.LedgerEntry{Kind: le.Kind, Allocation: le.Allocation, Time: m.Timestamp}
 	if e.Allocation.NodeID != node {
 		m.Log(s.log, "node_id", node).Error("ledger entry for another node skipped", "entry_node_id", e.Allocation.NodeID, "alloc_id", e.Allocation.ID)
 		s.advance(node, m.StreamSeq)
@@ -69,7 +61,6 @@ func (s *server) advance(node string, seq uint64) {
 // apply folds an entry stored at seq into the ledger.
 func (s *server) apply(log func() *slog.Logger, e contracts.LedgerEntry, seq uint64) {
 	s.mu.Lock()
-	e.Time = s.logTime(e.Time)
 	err := s.led.Apply(e, seq)
 	if e.Kind == contracts.LedgerReleased {
 		delete(s.started, e.Allocation.ID)
@@ -88,21 +79,31 @@ func (s *server) apply(log func() *slog.Logger, e contracts.LedgerEntry, seq uin
 	}
 }
 
-// logTime is t as a date of the log's clock: at most ledger.ClockSkew
-// past this replica's own clock. A replica whose clock ran a day ahead
-// would otherwise carry the log's clock a day ahead for good (the clock
-// is the latest date ever applied, snapshots included), and every plan
-// would be refused plan_expired until real time caught up. Clamping is
-// safe: it only dates a record earlier than its entry says, and a record
-// dated d is forgotten at d + Keep, when a plan stored before the entry
-// was applied here (so before d + ClockSkew, by the NATS server's clock)
-// is PlanMaxAge old. Under normal clocks no date is clamped, and the
-// ledger stays a function of the log.
-func (s *server) logTime(t time.Time) time.Time {
-	if limit := s.cfg.Now().Add(ledger.ClockSkew); t.After(limit) {
-		return limit
+// stampOf is the time JetStream stored ALLOCATIONS' message seq: what
+// dates a ledger entry or refusal (ledger.Keep), as the follow that reads
+// it back would date it. The writer applies its own entry without reading
+// it back otherwise; this costs one direct get per write. Dating by this
+// replica's own clock instead let a replica running behind have records
+// forgotten while their plans, stamped by NATS, were still young (found
+// in review).
+func (s *server) stampOf(ctx context.Context, seq uint64) (time.Time, error) {
+	s.mu.Lock()
+	stream := s.allocStream
+	s.mu.Unlock()
+	if stream == nil {
+		var err error
+		if stream, err = s.bus.JetStream().Stream(ctx, contracts.StreamAllocations); err != nil {
+			return time.Time{}, fmt.Errorf("allocations stream: %w", err)
+		}
+		s.mu.Lock()
+		s.allocStream = stream
+		s.mu.Unlock()
 	}
-	return t
+	msg, err := stream.GetMsg(ctx, seq)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("time of ALLOCATIONS message %d: %w", seq, err)
+	}
+	return msg.Time, nil
 }
 
 // catchUp reads a node's ledger subject from the last sequence applied, so
@@ -202,6 +203,14 @@ func (s *server) write(ctx context.Context, e contracts.LedgerEntry, check func(
 			if e.Kind == contracts.LedgerCommitted {
 				s.failpoint(FailAfterCommit)
 			}
+			// Stored, but applied only with the stream's time: without
+			// it, the caller tries again, finds the entry stored
+			// (Duplicate) and reads it back with its time.
+			stamp, err := s.stampOf(ctx, ack.Sequence)
+			if err != nil {
+				return v, false, fmt.Errorf("%s on node %s stored at %d: %w", id, node, ack.Sequence, err)
+			}
+			e.Time = stamp
 			s.apply(log, e, ack.Sequence)
 			if debug {
 				log().Debug("ledger entry written", "stream_seq", ack.Sequence)
@@ -238,8 +247,8 @@ func (s *server) commit(ctx context.Context, a contracts.Allocation) (ledger.Ver
 	return s.commitFenced(ctx, a, 0, time.Time{})
 }
 
-// commitFenced is commit for an item of a plan made at epoch and time
-// planned: unless it is already committed (Duplicate), it is refused with
+// commitFenced is commit for an item of a plan made at epoch and stored
+// at planned (zero: not a plan's item, never expired): unless it is already committed (Duplicate), it is refused with
 // stale_epoch when a newer epoch of its scheduler is known, and with
 // plan_expired when the plan is PlanMaxAge old (planExpired), both
 // checked under the node lock right before each compare-and-set.

@@ -30,6 +30,10 @@ func (s *server) onPlanMsg(ctx context.Context, m *bus.Msg) error {
 	}
 	log := s.log.With("plan_id", planID, "scheduler", p.Scheduler, "stream_seq", m.StreamSeq)
 	planned := m.Timestamp
+	if planned.IsZero() {
+		// No stamp (no metadata): its age unknown, so taken as too old.
+		planned = time.Unix(0, 0)
+	}
 	for i := range p.Items {
 		if p.Items[i].PlanID == "" {
 			p.Items[i].PlanID = p.ID
@@ -71,7 +75,7 @@ func (s *server) onPlanMsg(ctx context.Context, m *bus.Msg) error {
 		switch {
 		case v.Refused():
 			refused.Add(1)
-			if err := s.refuse(ctx, planID, i, item, v); err != nil {
+			if err := s.refuse(ctx, planID, i, item, v, planned); err != nil {
 				return err
 			}
 		case v.Duplicate:
@@ -115,17 +119,17 @@ func (s *server) onPlanMsg(ctx context.Context, m *bus.Msg) error {
 // Why an item of such a plan is refused rather than judged by the
 // ledger: its allocation may have ended and been forgotten. A retired
 // record is forgotten once the ledger's clock is ledger.Keep past its
-// release (recset.Window), and the plan was stored before the release (up
-// to ledger.ClockSkew of disagreement between the NATS server's clock and
-// the resource managers'), so the plan is then at least Keep - ClockSkew
-// = PlanMaxAge old. The same holds for a refusal, dated after its plan.
-// PLANS drops plans at that age anyway: this is the rule that makes
-// forgetting safe, not a path production takes. The time is the
-// stream's, not the one the scheduler wrote in the plan: a scheduler's
-// clock a day behind must not make every plan expired.
+// release (recset.Window), and the plan was stored before the release, so
+// the plan is then at least Keep - ClockSkew = PlanMaxAge old, ClockSkew
+// being the margin for NATS servers' clocks to disagree (every date here
+// is a stream's stamp: stampOf). The same holds for a refusal, stored
+// after its plan. PLANS drops plans at that age anyway: this is the rule
+// that makes forgetting safe, not a path production takes. The time is
+// the stream's, not the one the scheduler wrote in the plan: a
+// scheduler's clock a day behind must not make every plan expired.
 func (s *server) planExpired(planned time.Time) bool {
 	if planned.IsZero() {
-		return false
+		return false // not a plan's item (commit)
 	}
 	clock := s.led.Clock()
 	if c := s.refused.Clock(); c.After(clock) {
@@ -180,8 +184,9 @@ func (s *server) wasRefused(planID string, i int, a contracts.Allocation) bool {
 	return s.refused.Has(h[:])
 }
 
-// refuse publishes the refusal of one plan item on its tenant's subject.
-func (s *server) refuse(ctx context.Context, planID string, i int, a contracts.Allocation, v ledger.Verdict) error {
+// refuse publishes the refusal of one plan item, of a plan stored at
+// planned, on its tenant's subject.
+func (s *server) refuse(ctx context.Context, planID string, i int, a contracts.Allocation, v ledger.Verdict, planned time.Time) error {
 	log := s.log.With("plan_id", planID, "alloc_id", a.ID, "node_id", a.NodeID, "tenant", a.Tenant, "reason", string(v.Reason))
 	if err := contracts.ValidateTenant(a.Tenant); err != nil {
 		// No subject can carry the answer; a scheduler never plans for
@@ -205,11 +210,20 @@ func (s *server) refuse(ctx context.Context, planID string, i int, a contracts.A
 		// what it knew before it froze, must not be the answer.
 		return errDeposed
 	}
-	if _, err := s.bus.Publish(ctx, contracts.SubjectRefused(a.Tenant), id, r, bus.CESubject(a.JobID)); err != nil {
+	ack, err := s.bus.Publish(ctx, contracts.SubjectRefused(a.Tenant), id, r, bus.CESubject(a.JobID))
+	if err != nil {
 		return err
 	}
+	// Dated by the stream's time, as the follow dates it; should that not
+	// be read, by the plan's (earlier: the key is then forgotten sooner,
+	// but only once its plan, the one plan it answers, is expired).
+	stamp, err := s.stampOf(ctx, ack.Sequence)
+	if err != nil {
+		log.Warn("refusal's time unread; dated by its plan's", "err", err)
+		stamp = planned
+	}
 	s.mu.Lock()
-	s.addRefusal(refusalHashOf(id), r.Time)
+	s.addRefusal(refusalHashOf(id), stamp)
 	s.mu.Unlock()
 	log.Debug("plan item refused", "message", v.Message)
 	return nil

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
@@ -40,7 +41,7 @@ func TestPlansHandledAtOnceNeverShareADevice(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				msgs = append(msgs, &bus.Msg{Stream: contracts.StreamPlans, StreamSeq: uint64(p + 1),
+				msgs = append(msgs, &bus.Msg{Stream: contracts.StreamPlans, StreamSeq: uint64(p + 1), Timestamp: time.Now(),
 					Subject: contracts.SubjectPlan("sched-test"), Data: data})
 				all = append(all, items)
 			}
@@ -119,7 +120,7 @@ func TestPlansOfOneGangAtOnceNeverSplitIt(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				msgs = append(msgs, &bus.Msg{Stream: contracts.StreamPlans, StreamSeq: uint64(p + 1),
+				msgs = append(msgs, &bus.Msg{Stream: contracts.StreamPlans, StreamSeq: uint64(p + 1), Timestamp: time.Now(),
 					Subject: contracts.SubjectPlan("sched-test"), Data: data})
 			}
 			var wg sync.WaitGroup

@@ -32,6 +32,8 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
 	"github.com/gpuplane/gpuplane/libs/lease"
@@ -169,20 +171,23 @@ type server struct {
 	// snapshot was written; snapLoaded says this term started from one.
 	sinceSnapshot int
 	snapLoaded    bool
+	// allocStream is ALLOCATIONS' handle for stampOf, once looked up.
+	allocStream jetstream.Stream
 }
 
 func newServer(cfg Config, b *bus.Bus, log *slog.Logger) *server {
 	if cfg.PlanMaxAge <= 0 {
 		cfg.PlanMaxAge = contracts.PlansMaxAge
 	}
+	keep := ledger.Keep(cfg.PlanMaxAge, cfg.ClockSkew)
 	return &server{
 		cfg: cfg, bus: b, log: log,
 		tracker:   liveness.New(cfg.HeartbeatTimeout),
 		nodesSeq:  map[string]uint64{},
-		led:       ledger.New(ledger.Keep(cfg.PlanMaxAge)),
+		led:       ledger.New(keep),
 		started:   map[string]time.Time{},
 		nodeLocks: map[string]*nodeLock{},
-		refused:   recset.NewWindow(refusalKeySize, ledger.Keep(cfg.PlanMaxAge)),
+		refused:   recset.NewWindow(refusalKeySize, keep),
 		epochs:    map[string]uint64{},
 		refeed:    make(chan struct{}, 1),
 

@@ -1,24 +1,31 @@
 package resourcemanager_test
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	resourcemanager "github.com/gpuplane/gpuplane/services/resource-manager"
-	"github.com/gpuplane/gpuplane/services/resource-manager/internal/ledger"
 )
 
+// logAge is the plan age of these tests' managers, with no clock skew
+// margin: an ended allocation is kept a second of stream time (every date
+// is a stream's stamp), in buckets of 250 ms.
+const logAge = time.Second
+
 // TestEndedJobsAreForgottenAndTheirPlansExpire: the resource manager
-// remembers an ended allocation only for ledger.Keep of log time
-// (issue 17: nothing grows with history), and what makes that safe is
-// that an item of a plan older than the plans' age is refused
+// remembers an ended allocation only for a plan age (and margin) of
+// stream time (issue 17: nothing grows with history), and what makes that
+// safe is that an item of a plan older than the plan age is refused
 // (plan_expired), never committed. Jobs are committed, run and released;
-// a day and more of log time later (a marker's entries move the
-// ledger's clock) their records are gone, before and after a restart
-// from a snapshot; and their plan, delivered again, commits nothing: every
-// item is refused plan_expired, and their run ends release nothing.
+// a window later (a marker's entries move the ledger's clock) their
+// records are gone. Then their very plan message is delivered again (the
+// plans' durable consumer deleted, as an operator might, and the manager
+// restarted from its snapshot): every item is refused plan_expired and
+// none is committed again; their run ends again release nothing; and a
+// plan stored now still commits.
 func TestEndedJobsAreForgottenAndTheirPlansExpire(t *testing.T) {
 	const jobs = 40
 	h, cfg, first := startLogClock(t)
@@ -52,7 +59,7 @@ func TestEndedJobsAreForgottenAndTheirPlansExpire(t *testing.T) {
 
 	// A window and a bucket later, a marker's commit and release (hand
 	// written, as another replica's) move the ledger's clock.
-	h.clock.Advance(ledger.Keep(contracts.PlansMaxAge)*5/4 + time.Minute)
+	time.Sleep(logAge*5/4 + 200*time.Millisecond)
 	m := item("marker", 1, nodes[0], h100, 0)
 	for _, kind := range []contracts.LedgerKind{contracts.LedgerCommitted, contracts.LedgerReleased} {
 		h.publish(contracts.SubjectLedger(m.NodeID), contracts.LedgerEntryID(kind, m.ID),
@@ -60,64 +67,56 @@ func TestEndedJobsAreForgottenAndTheirPlansExpire(t *testing.T) {
 	}
 	h.eventually("the ended jobs forgotten: only the marker retired", func() bool { return retired() == 1 })
 
-	again := func(round string) {
-		t.Helper()
-		// Their plan again (PLANS stamps it now: a day older than the
-		// ledger's clock, as the first delivery would be), and their run
-		// ends again under new IDs.
-		h.plan(round, items...)
-		h.plansSettled()
-		for _, a := range items {
-			h.runEvent(a.NodeID, contracts.RunEnded, a, &contracts.RunResult{Outcome: contracts.OutcomeSucceeded},
-				round+"/"+contracts.RunEventID(contracts.RunEnded, a.ID))
-		}
-		// A run that ends after theirs, committed by hand: once its
-		// release is written, theirs were read.
-		mk := item("marker-"+round, 1, nodes[1], h100, 0)
-		h.publish(contracts.SubjectLedger(mk.NodeID), contracts.LedgerEntryID(contracts.LedgerCommitted, mk.ID),
-			contracts.LedgerEntry{SchemaVersion: 1, Kind: contracts.LedgerCommitted, Allocation: mk, Time: h.clock.Now()})
-		h.eventually("the marker committed", func() bool { return h.has(mk.ID, contracts.LedgerCommitted) })
-		h.runEvent(mk.NodeID, contracts.RunEnded, mk, &contracts.RunResult{Outcome: contracts.OutcomeSucceeded}, "")
-		h.eventually("the marker released", func() bool { return h.has(mk.ID, contracts.LedgerReleased) })
-		h.locked(func() {
-			for _, a := range items {
-				r, ok := h.refusal(round, a.ID)
-				if !ok || r.Reason != contracts.RefusedPlanExpired {
-					t.Errorf("%s: %s answered %v %q, want refused %s", round, a.ID, ok, r.Reason, contracts.RefusedPlanExpired)
-				}
-				for _, kind := range []contracts.LedgerKind{contracts.LedgerCommitted, contracts.LedgerReleased} {
-					if n := len(h.entriesFor(a.ID, kind)); n != 1 {
-						t.Errorf("%s: %s %s %d times, want once", round, a.ID, kind, n)
-					}
-				}
-			}
-		})
-	}
-	again("again")
+	// The old plan message again, with its old stamp.
 	first.stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := h.bus.JetStream().DeleteConsumer(ctx, contracts.StreamPlans, resourcemanager.PlansDurable); err != nil {
+		t.Fatalf("delete the plans' consumer: %v", err)
+	}
 	h.start(cfg)
 	h.eventually("the restart loaded a snapshot", func() bool { return h.logs.count("snapshot loaded") == 1 })
-	// The markers' records (one or two, as the last snapshot was
-	// written before or after the second's release), none of the jobs'.
-	if n, _ := h.logs.lastInt("snapshot loaded", "retired_allocations"); n < 1 || n > 2 {
-		t.Fatalf("the restart's snapshot holds %d retired allocations, want the markers' alone", n)
+	h.plansSettled()
+	for _, a := range items {
+		h.runEvent(a.NodeID, contracts.RunEnded, a, &contracts.RunResult{Outcome: contracts.OutcomeSucceeded},
+			"again/"+contracts.RunEventID(contracts.RunEnded, a.ID))
 	}
-	again("restart")
+	// A plan stored now commits; its job ends after theirs: once its
+	// release is written, their run ends were read.
+	fresh := item("fresh", 1, nodes[1], h100, 0)
+	h.plan("fresh", fresh)
+	h.eventually("a plan stored now committed", func() bool { return h.has(fresh.ID, contracts.LedgerCommitted) })
+	h.runEvent(fresh.NodeID, contracts.RunEnded, fresh, &contracts.RunResult{Outcome: contracts.OutcomeSucceeded}, "")
+	h.eventually("the fresh job released", func() bool { return h.has(fresh.ID, contracts.LedgerReleased) })
+	h.locked(func() {
+		for _, a := range items {
+			r, ok := h.refusal("old", a.ID)
+			if !ok || r.Reason != contracts.RefusedPlanExpired {
+				t.Errorf("%s redelivered: answered %v %q, want refused %s", a.ID, ok, r.Reason, contracts.RefusedPlanExpired)
+			}
+			for _, kind := range []contracts.LedgerKind{contracts.LedgerCommitted, contracts.LedgerReleased} {
+				if n := len(h.entriesFor(a.ID, kind)); n != 1 {
+					t.Errorf("%s %s %d times, want once", a.ID, kind, n)
+				}
+			}
+		}
+	})
 }
 
-// TestAClockADayAheadExpiresNoPlan: a replica whose clock ran two days
-// ahead wrote ledger entries dated then (here by hand). The log's clock
-// takes a date at most ledger.ClockSkew past the reader's own clock, so
-// plans stored now still commit, before and after a restart from a
-// snapshot written with that clock; unclamped, every plan would be
-// refused plan_expired for two days.
-func TestAClockADayAheadExpiresNoPlan(t *testing.T) {
+// TestClocksOfReplicasDateNothing: a manager whose own clock is two days
+// ahead, and ledger entries whose time fields say two days ahead (a
+// replica with a bad clock, or hand-written), change nothing: every date
+// is a stream's stamp, so plans stored now commit, before and after a
+// restart from a snapshot. Dated by the entries' times, every plan would
+// be refused plan_expired for two days (found in review).
+func TestClocksOfReplicasDateNothing(t *testing.T) {
 	h, cfg, first := startLogClock(t)
+	h.clock.Advance(48 * time.Hour)
 	h.ready(h100, 4, "n1", "n2")
 	ahead := item("ahead", 1, "n1", h100, 0)
 	for _, kind := range []contracts.LedgerKind{contracts.LedgerCommitted, contracts.LedgerReleased} {
 		h.publish(contracts.SubjectLedger(ahead.NodeID), contracts.LedgerEntryID(kind, ahead.ID),
-			contracts.LedgerEntry{SchemaVersion: 1, Kind: kind, Allocation: ahead, Time: h.clock.Now().Add(48 * time.Hour)})
+			contracts.LedgerEntry{SchemaVersion: 1, Kind: kind, Allocation: ahead, Time: h.clock.Now()})
 	}
 	h.eventually("the entries dated ahead applied", func() bool {
 		n, _ := h.logs.lastInt("snapshot written", "retired_allocations")
@@ -142,14 +141,14 @@ func TestAClockADayAheadExpiresNoPlan(t *testing.T) {
 	commits("restart", 2)
 }
 
-// startLogClock starts a manager whose clock starts at the NATS server's
-// (which stamps plans) and writes a snapshot every 20 ms, with a
-// heartbeat timeout no clock jump of these tests reaches.
+// startLogClock starts a manager of plan age logAge, no clock skew
+// margin and a snapshot every 20 ms, with a heartbeat timeout no clock
+// jump of these tests reaches.
 func startLogClock(t *testing.T) (*harness, resourcemanager.Config, *rm) {
 	h := newHarness(t)
-	h.clock.ns.Store(time.Now().UnixNano())
 	cfg := h.config("rm-a")
 	cfg.HeartbeatTimeout = 1000 * time.Hour
 	cfg.SnapshotInterval = 20 * time.Millisecond
+	cfg.PlanMaxAge, cfg.ClockSkew = logAge, 0
 	return h, cfg, h.start(cfg)
 }

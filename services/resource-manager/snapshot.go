@@ -45,7 +45,10 @@ import (
 // would.
 
 // snapshotSchema is the version of the encoding and of the rules above.
-const snapshotSchema = 1
+// 2: retired records and refusals in dated buckets (a snapshot of 1 has
+// no dates: the streams are read whole once, dating them by their
+// stamps).
+const snapshotSchema = 2
 
 // snapshotMagic starts every snapshot's payload.
 const snapshotMagic = "gpuplane-rm-snapshot\n"
@@ -81,11 +84,11 @@ type snapshotMeta struct {
 	// refusals' keys (refusalKeySize bytes each).
 	RetiredBytes int `json:"retiredBytes"`
 	RefusedBytes int `json:"refusedBytes"`
-	// RefusedBuckets and RefusedClock are the refusals' window
-	// (recset.Window): which bucket the keys are in, in order, and its
-	// clock. None in a snapshot from before refusals were forgotten:
-	// install dates all its keys at the load.
+	// RefusedBuckets, RefusedSpan and RefusedClock are the refusals'
+	// window (recset.Window): which bucket the keys are in, in order, a
+	// bucket's length and its clock.
 	RefusedBuckets []recset.Bucket `json:"refusedBuckets,omitempty"`
+	RefusedSpan    int64           `json:"refusedSpan,omitempty"`
 	RefusedClock   time.Time       `json:"refusedClock,omitzero"`
 }
 
@@ -173,7 +176,7 @@ func (s *server) takeSnapshot() *snapshot {
 		Seqs:           map[string]uint64{contracts.StreamAllocations: s.allocSeq, contracts.StreamRuns: s.runsSeq},
 		Ledger:         s.led.Export(),
 		Started:        make(map[string]time.Time, len(s.started)),
-		RefusedBuckets: s.refused.Buckets(), RefusedClock: s.refused.Clock()}}
+		RefusedBuckets: s.refused.Buckets(), RefusedSpan: s.refused.Span(), RefusedClock: s.refused.Clock()}}
 	for i, b := range sn.meta.RefusedBuckets {
 		sn.refusedKeys = append(sn.refusedKeys, b.Chunks...)
 		sn.meta.RefusedBuckets[i].Chunks = nil
@@ -187,7 +190,7 @@ func (s *server) takeSnapshot() *snapshot {
 // addRefusal records a refusal's key once, dated t (the refusal's
 // time). Under s.mu.
 func (s *server) addRefusal(h refusalHash, t time.Time) {
-	s.refused.Add(h[:], s.logTime(t))
+	s.refused.Add(h[:], t)
 }
 
 // snapshots is this term's snapshot writer.
@@ -264,43 +267,33 @@ func (s *server) startSnapshots(ctx context.Context) *snapshots {
 
 // install makes sn the server's state.
 func (s *server) install(sn *snapshot) error {
-	// A snapshot from before ended allocations and refusals were
-	// forgotten has no dates for them: they are dated now, so kept a
-	// whole window from the load.
-	// Its clocks are clamped as every date applied is (logTime).
-	keep, now := ledger.Keep(s.cfg.PlanMaxAge), s.cfg.Now()
-	if !sn.meta.Ledger.Clock.IsZero() {
-		sn.meta.Ledger.Clock = s.logTime(sn.meta.Ledger.Clock)
-	}
-	led, err := ledger.FromState(sn.meta.Ledger, keep, now)
+	keep := ledger.Keep(s.cfg.PlanMaxAge, s.cfg.ClockSkew)
+	led, err := ledger.FromState(sn.meta.Ledger, keep)
 	if err != nil {
 		return fmt.Errorf("%w: %w", errBadSnapshot, err)
 	}
 	// Copied into a window of their own: the decoded bytes are a slice
 	// of the whole snapshot. A key listed twice is kept once.
 	refused := recset.NewWindow(refusalKeySize, keep)
-	if !sn.meta.RefusedClock.IsZero() {
-		refused.SetClock(s.logTime(sn.meta.RefusedClock))
-	}
-	buckets := sn.meta.RefusedBuckets
-	if buckets == nil {
-		buckets = []recset.Bucket{{N: refused.BucketOf(now), Records: sn.meta.RefusedBytes / refusalKeySize}}
-	}
+	refused.SetClock(sn.meta.RefusedClock)
 	listed := 0
-	for _, b := range buckets {
-		listed += max(b.Records, 0)
+	for i, b := range sn.meta.RefusedBuckets {
+		if b.Records < 0 || (i > 0 && b.N <= sn.meta.RefusedBuckets[i-1].N) {
+			return fmt.Errorf("%w: refusal bucket %d of %d keys out of order", errBadSnapshot, b.N, b.Records)
+		}
+		listed += b.Records
 	}
-	if listed*refusalKeySize != sn.meta.RefusedBytes {
-		return fmt.Errorf("%w: refusal buckets list %d keys, %d bytes hold %d", errBadSnapshot, listed, sn.meta.RefusedBytes, sn.meta.RefusedBytes/refusalKeySize)
+	if listed*refusalKeySize != sn.meta.RefusedBytes || (listed > 0 && sn.meta.RefusedSpan <= 0) {
+		return fmt.Errorf("%w: refusal buckets list %d keys of span %d, %d bytes hold %d", errBadSnapshot, listed,
+			sn.meta.RefusedSpan, sn.meta.RefusedBytes, sn.meta.RefusedBytes/refusalKeySize)
 	}
-	// The keys, one piece (decodeSnapshot), split by bucket.
-	var keys []byte
-	for _, p := range sn.refusedKeys {
-		keys = append(keys, p...)
-	}
-	for _, b := range buckets {
-		for range max(b.Records, 0) {
-			refused.AddIn(b.N, keys[:refusalKeySize])
+	// The keys, one piece (decodeSnapshot), split by bucket; a bucket of
+	// another length (another keep) read by its end (Window.Rebucket).
+	keys := bytes.Join(sn.refusedKeys, nil)
+	for _, b := range sn.meta.RefusedBuckets {
+		n := refused.Rebucket(b.N, sn.meta.RefusedSpan)
+		for range b.Records {
+			refused.AddIn(n, keys[:refusalKeySize])
 			keys = keys[refusalKeySize:]
 		}
 	}

@@ -71,20 +71,25 @@ type snapEnv struct {
 	live  map[string]contracts.Allocation
 	free  map[string][]int
 	ended []contracts.Allocation
-	// endedAt is the step at which each of ended ended.
-	endedAt []int
+	// endedAt is when each of ended ended; resent counts the commits of
+	// ended allocations sent again.
+	endedAt []time.Time
+	resent  int
 	next    int
-	// clock is the log's time (unix ns) at step next: snapStep a step,
-	// the clock of the managers too, so ended allocations and refusals
-	// are forgotten (snapPlanMaxAge) several times over in a workload.
+	// clock is the managers' clock (unix ns) at step next, a minute a
+	// step. It dates nothing (stream stamps do): it is what liveness and
+	// entries' own times read.
 	clock atomic.Int64
 }
 
-// snapStep is the log time of a workload step and snapPlanMaxAge the
-// managers' plan age: a window (ledger.Keep) is 120 steps.
+// snapStep is the managers' clock's step, snapPause the real time a step
+// takes at least, and snapPlanMaxAge the managers' plan age (with no
+// clock skew margin): records are forgotten a second of stream time after
+// they are stored, several times over in a workload.
 const (
 	snapStep       = time.Minute
-	snapPlanMaxAge = time.Hour
+	snapPause      = 5 * time.Millisecond
+	snapPlanMaxAge = time.Second
 )
 
 // now is the log's time at the current step.
@@ -135,7 +140,7 @@ func (e *snapEnv) start(interval time.Duration, wait bool) *rm {
 	cfg.LeaseTTL = 0
 	cfg.SnapshotInterval = interval
 	cfg.Now = e.now
-	cfg.PlanMaxAge = snapPlanMaxAge
+	cfg.PlanMaxAge, cfg.ClockSkew = snapPlanMaxAge, 0
 	h := &signals{counts: map[string]int{}}
 	s := newServer(cfg, b, slog.New(h))
 	ctx, cancel := context.WithCancel(t.Context())
@@ -189,6 +194,7 @@ func (e *snapEnv) workload(n int) {
 	for range n {
 		e.next++
 		e.clock.Add(int64(snapStep))
+		time.Sleep(snapPause)
 		node := snapNodes[e.rng.IntN(len(snapNodes))]
 		job := fmt.Sprintf("j%05d", e.next)
 		a := contracts.Allocation{ID: contracts.AllocationID("acme", job, 1), Tenant: "acme", JobID: job, Attempt: 1, NodeID: node}
@@ -213,7 +219,7 @@ func (e *snapEnv) workload(n int) {
 			if e.rng.IntN(2) == 0 {
 				e.entry(contracts.LedgerReleased, a) // else the resource manager writes it
 			}
-			e.ended, e.endedAt = append(e.ended, a), append(e.endedAt, e.next)
+			e.ended, e.endedAt = append(e.ended, a), append(e.endedAt, time.Now())
 		case p < 80:
 			a.Devices = []contracts.DeviceRef{{Index: 0, UUID: gpu(node, 0), Model: "L4"}}
 			e.entry(contracts.LedgerReleased, a)
@@ -230,13 +236,15 @@ func (e *snapEnv) workload(n int) {
 			e.entry(contracts.LedgerCommitted, a)
 			e.fact(contracts.RunEnded, a) // and it ends at once
 		case len(e.ended) > 0:
-			// Of the last hour: an older one is forgotten, and a commit
-			// of it in the log (which no manager writes: its plan is
-			// expired) would make it live again, outside the model.
+			// Of the last 200 ms: an older one may be forgotten, and a
+			// commit of it in the log (which no manager writes: its plan
+			// is expired) would make it live again, outside the model
+			// (resent bounds how far).
 			i := e.rng.IntN(len(e.ended))
-			if e.next-e.endedAt[i] > int(snapPlanMaxAge/snapStep) {
+			if time.Since(e.endedAt[i]) > snapPlanMaxAge/5 {
 				break
 			}
+			e.resent++
 			old := e.ended[i]
 			e.entry(contracts.LedgerCommitted, old) // deduplicated, or a late commit
 			e.fact(contracts.RunStarted, old)
@@ -354,7 +362,7 @@ func TestSnapshotRebuildEqualsFullReplay(t *testing.T) {
 			}
 			// Ended history leaves no whole record: the ledger's are
 			// its live allocations alone.
-			if full.records > len(e.live)+len(snapNodes)*4 || fromSnap.records != full.records {
+			if full.records > len(e.live)+len(snapNodes)*4+e.resent || fromSnap.records != full.records {
 				t.Fatalf("whole records: %d from the snapshot, %d from the log; live allocations %d", fromSnap.records,
 					full.records, len(e.live))
 			}

@@ -3,7 +3,6 @@ package ledger
 import (
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
 )
@@ -46,7 +45,7 @@ func TestRetiredRecordsStayCompactAndAnswer(t *testing.T) {
 	if per := float64(l.RetiredBytes()) / float64(l.Retired()); per > 45 {
 		t.Errorf("%.1f bytes per retired record, want at most 45", per)
 	}
-	loaded, err := FromState(l.Export(), testKeep, time.Time{})
+	loaded, err := FromState(l.Export(), testKeep)
 	if err != nil {
 		t.Fatalf("FromState: %v", err)
 	}

@@ -693,4 +693,4 @@ func TestVerifyGangParts(t *testing.T) {
 
 // testKeep is how long the tests' ledgers keep retired records: as long
 // as a resource manager with the default plan age does.
-var testKeep = Keep(contracts.PlansMaxAge)
+var testKeep = Keep(contracts.PlansMaxAge, DefaultMargin)

@@ -22,22 +22,28 @@ import (
 // context. A Go map and a log beside it took ~100 (BenchmarkHistoryMemory).
 //
 // Nor is the record kept for ever: a late commit of an ended allocation
-// can only come from a plan published before it ended, and a plan older
-// than the plans' maximum age is refused whatever the ledger holds
-// (the server's plan_expired, judged on Clock). So a record is kept in a
-// recset.Window for that age plus ClockSkew after its release, dated by
-// the release entry's time, and then forgotten: the ledger's memory is
-// its live allocations plus the allocations ended within about a day of
-// log time, not every allocation that ever ended.
+// can only come from a plan stored before it ended, and a plan older than
+// the plans' maximum age is refused whatever the ledger holds (the
+// server's plan_expired, judged on Clock). So a record is kept in a
+// recset.Window for that age plus a margin after its release, and then
+// forgotten: the ledger's memory is its live allocations plus the
+// allocations ended within about a day, not every one that ever ended.
+//
+// Every date is a JetStream stream timestamp (the caller's to pass in the
+// entry's Time): the one clock that also stamps the plans, and one that
+// is in the log, so replicas, replays and snapshots agree. A resource
+// manager's own clock dates nothing: one running behind would have its
+// records forgotten while their plans were still young.
 
-// ClockSkew is how far the clocks that date plans (the NATS server's) and
-// ledger entries (the resource managers') may disagree: a retired record
-// is kept this long past the plans' maximum age.
-const ClockSkew = time.Hour
+// DefaultMargin is how much longer than the plans' maximum age a retired
+// record is kept by default: room for the NATS servers' clocks to
+// disagree (a stream's leader stamps its messages) and for the seconds
+// between a plan's stamp and its commit.
+const DefaultMargin = time.Hour
 
 // Keep is how long a retired record is kept for plans of at most
-// planMaxAge.
-func Keep(planMaxAge time.Duration) time.Duration { return planMaxAge + ClockSkew }
+// planMaxAge, with margin.
+func Keep(planMaxAge, margin time.Duration) time.Duration { return planMaxAge + margin }
 
 // retiredKey identifies a retired allocation: the first 128 bits of the
 // SHA-256 of its ID (a collision among even 10^12 IDs is ~10^-15 likely).
@@ -111,7 +117,7 @@ func appendRetired(b []byte, k retiredKey, r retiredAlloc) []byte {
 // Retired is the number of retired allocation records.
 func (l *Ledger) Retired() int { return l.retired.Len() }
 
-// Clock is the latest time of an entry applied (zero before any dated
+// Clock is the latest date of an entry applied (zero before any dated
 // one): the log's own now, which forgetting retired records follows.
 func (l *Ledger) Clock() time.Time { return l.retired.Clock() }
 

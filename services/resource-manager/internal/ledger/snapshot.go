@@ -32,9 +32,11 @@ type State struct {
 	Retired [][]byte `json:"-"`
 	// RetiredBuckets say which window bucket the records are in: the
 	// first Records of Retired in the first bucket, and so on (their
-	// Chunks unused). None in a snapshot from before retired records were
-	// forgotten: FromState dates all of them.
+	// Chunks unused); RetiredSpan is a bucket's length in nanoseconds
+	// (recset.Window.Span: a ledger keeping records for another time
+	// reads them by their buckets' ends).
 	RetiredBuckets []recset.Bucket `json:"retiredBuckets,omitempty"`
+	RetiredSpan    int64           `json:"retiredSpan,omitempty"`
 	// Clock is the ledger's clock (Ledger.Clock).
 	Clock time.Time `json:"clock,omitzero"`
 }
@@ -67,7 +69,7 @@ var ErrBadState = errors.New("ledger: unusable state")
 // a snapshot is taken under the owner's lock.
 func (l *Ledger) Export() State {
 	st := State{Nodes: make([]NodeSeq, len(l.nodeIDs)), Live: make([]contracts.Allocation, 0, len(l.allocs)),
-		RetiredBuckets: l.retired.Buckets(), Clock: l.retired.Clock()}
+		RetiredBuckets: l.retired.Buckets(), RetiredSpan: l.retired.Span(), Clock: l.retired.Clock()}
 	for i, b := range st.RetiredBuckets {
 		st.Retired = append(st.Retired, b.Chunks...)
 		st.RetiredBuckets[i].Chunks = nil
@@ -90,10 +92,11 @@ func (l *Ledger) Export() State {
 // holding st: its nodes' sequences, its live allocations committed again
 // in their order (so every claim is where the log put it, a conflict the
 // log holds included), its retired records in their buckets and its
-// clock. Records of a state without buckets are dated undated (the time
-// it is loaded, say: forgotten keep after that, never sooner).
-// Inventories, readiness and holds are for the caller to set.
-func FromState(st State, keep time.Duration, undated time.Time) (*Ledger, error) {
+// clock. A state of buckets of another length (another keep) has each
+// bucket's records dated by the bucket's end, which forgets none sooner
+// than its own date says. Inventories, readiness and holds are for the
+// caller to set.
+func FromState(st State, keep time.Duration) (*Ledger, error) {
 	size := 0
 	for _, p := range st.Retired {
 		size += len(p)
@@ -102,10 +105,10 @@ func FromState(st State, keep time.Duration, undated time.Time) (*Ledger, error)
 		return nil, fmt.Errorf("%w: retired records of %d bytes", ErrBadState, size)
 	}
 	l := New(keep)
-	buckets := st.RetiredBuckets
-	if buckets == nil && size > 0 {
-		buckets = []recset.Bucket{{N: l.retired.BucketOf(undated), Records: size / RetiredRecordSize}}
+	if size > 0 && st.RetiredSpan <= 0 {
+		return nil, fmt.Errorf("%w: retired records without their buckets' span", ErrBadState)
 	}
+	buckets := st.RetiredBuckets
 	listed := 0
 	for i, b := range buckets {
 		if b.Records < 0 || (i > 0 && b.N <= buckets[i-1].N) {
@@ -169,7 +172,7 @@ func FromState(st State, keep time.Duration, undated time.Time) (*Ledger, error)
 			}
 			// A bucket past keep at the state's clock is dropped as a
 			// ledger at that clock would have.
-			l.retired.AddIn(buckets[bucket].N, r)
+			l.retired.AddIn(l.retired.Rebucket(buckets[bucket].N, st.RetiredSpan), r)
 		}
 	}
 	for _, a := range st.Live {

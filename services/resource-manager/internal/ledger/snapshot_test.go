@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
 )
@@ -16,7 +15,7 @@ import (
 // Allocation as l does, and that the whole log read again (at its
 // sequences, then without) changes neither.
 func checkStateRoundTrip(l *Ledger, m *model, log []stored, randomItem func() contracts.Allocation) error {
-	r, err := FromState(l.Export(), testKeep, time.Time{})
+	r, err := FromState(l.Export(), testKeep)
 	if err != nil {
 		return fmt.Errorf("FromState: %w", err)
 	}
@@ -127,7 +126,7 @@ func TestFromStateRefusesBrokenStates(t *testing.T) {
 			st.Live = append([]contracts.Allocation(nil), good.Live...)
 			st.Retired = append([][]byte(nil), good.Retired...)
 			tc.spoil(&st)
-			if _, err := FromState(st, testKeep, time.Time{}); !errors.Is(err, ErrBadState) {
+			if _, err := FromState(st, testKeep); !errors.Is(err, ErrBadState) {
 				t.Fatalf("FromState = %v, want ErrBadState", err)
 			}
 		})
@@ -153,7 +152,7 @@ func TestFromStateReadsRetiredRecordsInPieces(t *testing.T) {
 	whole := bytes.Join(st.Retired, nil)
 	one := st
 	one.Retired = [][]byte{whole}
-	want, err := FromState(one, testKeep, time.Time{})
+	want, err := FromState(one, testKeep)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +166,7 @@ func TestFromStateReadsRetiredRecordsInPieces(t *testing.T) {
 		}
 		split := st
 		split.Retired = pieces
-		got, err := FromState(split, testKeep, time.Time{})
+		got, err := FromState(split, testKeep)
 		if err != nil {
 			t.Fatalf("pieces of %d bytes: %v", cut, err)
 		}
@@ -177,7 +176,7 @@ func TestFromStateReadsRetiredRecordsInPieces(t *testing.T) {
 	}
 	short := st
 	short.Retired = [][]byte{whole[:len(whole)-1]}
-	if _, err := FromState(short, testKeep, time.Time{}); !errors.Is(err, ErrBadState) {
+	if _, err := FromState(short, testKeep); !errors.Is(err, ErrBadState) {
 		t.Fatalf("records one byte short: %v, want ErrBadState", err)
 	}
 }

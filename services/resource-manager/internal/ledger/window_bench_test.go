@@ -33,7 +33,7 @@ func BenchmarkRetiredHistory(b *testing.B) {
 	for _, tc := range []struct {
 		name string
 		keep time.Duration
-	}{{"keep=forever", 1000 * day}, {"keep=default", Keep(contracts.PlansMaxAge)}} {
+	}{{"keep=forever", 1000 * day}, {"keep=default", Keep(contracts.PlansMaxAge, DefaultMargin)}} {
 		b.Run(tc.name, func(b *testing.B) {
 			for range b.N {
 				jobs2, heap2, retired2, _ := retiredHistory(b, tc.keep, rate, 2*day)
