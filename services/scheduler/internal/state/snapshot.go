@@ -17,6 +17,7 @@ import (
 	segjson "github.com/segmentio/encoding/json"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/recset"
 )
 
 // A snapshot is the scheduler's log of record compacted: for each stream
@@ -71,8 +72,11 @@ type Snapshot struct {
 	// recs are a compactor's snapshot's messages, each as Encode writes
 	// one (encodeMsg), by stream then sequence; Encode writes them as
 	// they are. Msgs is nil then.
-	recs    [][]byte
-	retired map[retiredKey]retiredJob
+	recs [][]byte
+	// retired are the retired jobs' records (retiredSize bytes each) in
+	// pieces: views of the compactor's chunks, which it only appends to,
+	// or one piece of a decoded snapshot.
+	retired [][]byte
 	why     map[retiredKey]contracts.Reason
 	work    workload
 }
@@ -124,7 +128,7 @@ type Compactor struct {
 	seqs      map[string]uint64
 	jobs      map[string]*cjob
 	plans     []*planMsg
-	retired   map[retiredKey]retiredJob
+	retired   *recset.Set // retiredSize records, only added to (Snapshot shares them)
 	why       map[retiredKey]contracts.Reason
 	work      workload
 }
@@ -145,12 +149,14 @@ type planMsg struct {
 // on from snap when it is not nil.
 func NewCompactor(scheduler string, snap *Snapshot) *Compactor {
 	c := &Compactor{scheduler: scheduler, seqs: map[string]uint64{}, jobs: map[string]*cjob{},
-		retired: map[retiredKey]retiredJob{}, why: map[retiredKey]contracts.Reason{}}
+		retired: newRetiredSet(), why: map[retiredKey]contracts.Reason{}}
 	if snap == nil {
 		return c
 	}
-	for k, v := range snap.retired {
-		c.retired[k] = v
+	for _, p := range snap.retired {
+		for off := 0; off+retiredSize <= len(p); off += retiredSize {
+			c.retired.Add(p[off : off+retiredSize])
+		}
 	}
 	for k, v := range snap.why {
 		c.why[k] = v
@@ -273,7 +279,7 @@ func (c *Compactor) event(m *LogMsg) {
 		}
 	}
 	key := Key(ev.Tenant, ev.JobID)
-	if _, ok := c.retired[retiredKeyOf(key)]; ok && c.jobs[key] == nil {
+	if c.isRetired(key) && c.jobs[key] == nil {
 		return // no event applies to an ended job
 	}
 	j := c.job(key)
@@ -384,11 +390,11 @@ func decodeRequest(data []byte) *contracts.JobRequest {
 func (c *Compactor) fact(key string, m *LogMsg, kind contracts.LedgerKind, alloc, scheduler string) {
 	j := c.jobs[key]
 	if j == nil {
-		if _, ok := c.retired[retiredKeyOf(key)]; ok && kind != contracts.LedgerCommitted {
+		if c.isRetired(key) && kind != contracts.LedgerCommitted {
 			return // about an ended job, and holds nothing
 		}
 		j = c.job(key)
-		if _, ok := c.retired[retiredKeyOf(key)]; ok {
+		if c.isRetired(key) {
 			// A commit after the end (a plan whose outcome came late): the
 			// cluster holds its devices until its release.
 			j.seen, j.state = true, contracts.StateSucceeded
@@ -419,13 +425,14 @@ func (c *Compactor) close(key string, j *cjob) {
 	switch {
 	case j.seen && j.state.Terminal():
 		k := retiredKeyOf(key)
-		if _, ok := c.retired[k]; !ok {
+		if !c.retired.Has(k[:]) {
 			rec := retiredJob{hash: hash64(j.hash), attempt: uint32(max(j.attempt, 0)), state: stateCode(j.state)}
 			if j.rejection != nil {
 				rec.hash = hash64(rejectionHash(j.rejection.reason, j.rejection.errors))
 				c.why[k] = j.rejection.reason
 			}
-			c.retired[k] = rec
+			var b [retiredSize]byte
+			c.retired.Add(appendRetired(b[:0], k, rec))
 		}
 		delete(c.jobs, key)
 	case !j.seen && j.foreign && !j.mine:
@@ -433,13 +440,19 @@ func (c *Compactor) close(key string, j *cjob) {
 	}
 }
 
+// isRetired reports whether the job with store key key is retired.
+func (c *Compactor) isRetired(key string) bool {
+	k := retiredKeyOf(key)
+	return c.retired.Has(k[:])
+}
+
 // Snapshot returns what the compactor holds as a snapshot: a copy, which
 // another goroutine may encode while the compactor goes on (the messages
 // are shared; they are never changed).
 func (c *Compactor) Snapshot() *Snapshot {
 	s := &Snapshot{Meta: SnapshotMeta{Schema: SnapshotSchema, Scheduler: c.scheduler, Seqs: c.Seqs(),
-		Jobs: len(c.jobs), Retired: len(c.retired)},
-		retired: maps.Clone(c.retired), why: maps.Clone(c.why), work: workload{reqs: slices.Clone(c.work.reqs), next: c.work.next}}
+		Jobs: len(c.jobs), Retired: c.retired.Len()},
+		retired: c.retired.Chunks(), why: maps.Clone(c.why), work: workload{reqs: slices.Clone(c.work.reqs), next: c.work.next}}
 	var recs []keyedRec
 	for _, j := range c.jobs {
 		for _, r := range j.msgs {
@@ -451,7 +464,7 @@ func (c *Compactor) Snapshot() *Snapshot {
 		// Kept unless every item's job is retired (a job not seen yet
 		// may be one whose events are read later).
 		for _, k := range p.keys {
-			if _, ended := c.retired[retiredKeyOf(k)]; !ended || c.jobs[k] != nil {
+			if !c.isRetired(k) || c.jobs[k] != nil {
 				live = append(live, p)
 				recs = append(recs, keyRec(p.rec))
 				break
@@ -550,8 +563,10 @@ func (d *decoder) msg() *LogMsg {
 // the stream's tail is.
 func (s *Store) Restore(snap *Snapshot) {
 	r := s.retention()
-	for k, v := range snap.retired {
-		r.retired[k] = v
+	for _, p := range snap.retired {
+		for off := 0; off+retiredSize <= len(p); off += retiredSize {
+			r.retired.Put(p[off : off+retiredSize])
+		}
 	}
 	for k, v := range snap.why {
 		r.why[k] = v
@@ -590,14 +605,18 @@ func (s *Snapshot) Encode(w io.Writer) error {
 			bw.Write(encodeMsg(m))
 		}
 	}
-	uv(uint64(len(s.retired)))
-	for k, v := range s.retired {
+	n := 0
+	for _, p := range s.retired {
+		n += len(p) / retiredSize
+	}
+	uv(uint64(n))
+	eachRetired(s.retired, func(k retiredKey, v retiredJob) {
 		bw.Write(k[:])
 		uv(v.hash)
 		uv(uint64(v.attempt))
 		bw.WriteByte(v.state)
 		str(string(s.why[k]))
-	}
+	})
 	work, err := json.Marshal(s.work.reqs)
 	if err != nil {
 		return err
@@ -628,7 +647,7 @@ func DecodeSnapshot(data []byte) (*Snapshot, error) {
 		return nil, fmt.Errorf("%w: not a scheduler snapshot", ErrBadSnapshot)
 	}
 	d := &decoder{b: body[len(snapshotMagic):]}
-	s := &Snapshot{retired: map[retiredKey]retiredJob{}, why: map[retiredKey]contracts.Reason{}}
+	s := &Snapshot{why: map[retiredKey]contracts.Reason{}}
 	if err := json.Unmarshal(d.bytes(), &s.Meta); err != nil {
 		return nil, fmt.Errorf("%w: meta: %w", ErrBadSnapshot, err)
 	}
@@ -640,6 +659,7 @@ func DecodeSnapshot(data []byte) (*Snapshot, error) {
 	for range n {
 		s.Msgs = append(s.Msgs, d.msg())
 	}
+	var retired []byte
 	for range d.count() {
 		var k retiredKey
 		copy(k[:], d.take(len(k)))
@@ -653,8 +673,9 @@ func DecodeSnapshot(data []byte) (*Snapshot, error) {
 		if why := d.str(); why != "" {
 			s.why[k] = contracts.Reason(why)
 		}
-		s.retired[k] = rec
+		retired = appendRetired(retired, k, rec)
 	}
+	s.retired = [][]byte{retired}
 	if err := json.Unmarshal(d.bytes(), &s.work.reqs); err != nil && d.err == nil {
 		d.err = err
 	}

@@ -139,7 +139,8 @@ type snapshotView struct {
 }
 
 func viewOf(s *Snapshot) snapshotView {
-	v := snapshotView{Meta: s.Meta, Retired: s.retired, Why: s.why, Work: s.work}
+	v := snapshotView{Meta: s.Meta, Retired: map[retiredKey]retiredJob{}, Why: s.why, Work: s.work}
+	eachRetired(s.retired, func(k retiredKey, r retiredJob) { v.Retired[k] = r })
 	for _, m := range s.messages() {
 		v.Msgs = append(v.Msgs, fmt.Sprintf("%s/%d", m.Stream, m.Seq))
 	}
