@@ -67,6 +67,10 @@ type Config struct {
 	StoreRetryDelay time.Duration
 	// BudgetInterval re-evaluates every budget; default 30 s.
 	BudgetInterval time.Duration
+	// ForgetInterval is how often the biller forgets the allocations it
+	// billed to their end that the store confirms (internal/biller,
+	// forget.go); default 1 s, 0 keeps them all (as before issue 17).
+	ForgetInterval time.Duration
 	// Now is the clock of budget periods; default time.Now. Not a flag.
 	Now func() time.Time
 }
@@ -75,7 +79,7 @@ type Config struct {
 // GPUPLANE_BILLING_REDIS from the environment.
 func DefaultConfig() Config {
 	return Config{Bus: service.DefaultBusConfig(), RedisAddr: os.Getenv("GPUPLANE_BILLING_REDIS"),
-		StoreRetryDelay: 5 * time.Second, BudgetInterval: 30 * time.Second}
+		StoreRetryDelay: 5 * time.Second, BudgetInterval: 30 * time.Second, ForgetInterval: time.Second}
 }
 
 // RegisterFlags adds billing's flags to fs, defaulting to c.
@@ -84,6 +88,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.RedisAddr, "redis", c.RedisAddr, "Redis host:port for the usage totals; empty keeps them in memory (env GPUPLANE_BILLING_REDIS)")
 	fs.DurationVar(&c.StoreRetryDelay, "store-retry", c.StoreRetryDelay, "how long usage waits while the store is unavailable")
 	fs.DurationVar(&c.BudgetInterval, "budget-interval", c.BudgetInterval, "how often every budget is evaluated again")
+	fs.DurationVar(&c.ForgetInterval, "forget-interval", c.ForgetInterval, "how often billed allocations the store confirms are forgotten; 0 keeps them")
 }
 
 // Validate reports every problem at once.
@@ -94,6 +99,9 @@ func (c Config) Validate() error {
 	}
 	if c.BudgetInterval < 0 {
 		errs = append(errs, fmt.Errorf("budget interval is %s; want ≥ 0", c.BudgetInterval))
+	}
+	if c.ForgetInterval < 0 {
+		errs = append(errs, fmt.Errorf("forget interval is %s; want ≥ 0", c.ForgetInterval))
 	}
 	return errors.Join(errs...)
 }
@@ -163,8 +171,12 @@ func run(ctx context.Context, cfg Config, rt *service.Runtime, store Store) erro
 	}
 	book := catalog.NewBook(buckets[contracts.BucketPriceBook])
 	mark := catalog.NewWatermark(buckets[contracts.BucketPriceBook], log)
-	bl := biller.New(biller.Config{Bus: b, Prices: book, Nodes: nodes, Requests: catalog.NewRequests(b.JetStream()),
-		Watermark: mark, Log: log})
+	bcfg := biller.Config{Bus: b, Prices: book, Nodes: nodes, Requests: catalog.NewRequests(b.JetStream()),
+		Watermark: mark, Log: log}
+	if cfg.ForgetInterval > 0 {
+		bcfg.Index = store
+	}
+	bl := biller.New(bcfg)
 	if err := bl.Rebuild(gctx); err != nil {
 		return errors.Join(fmt.Errorf("%s: %w", Name, err), g.Wait())
 	}
@@ -204,8 +216,32 @@ func run(ctx context.Context, cfg Config, rt *service.Runtime, store Store) erro
 		return nil
 	})
 	g.Go(func() error { return proj.Run(gctx) })
+	if cfg.ForgetInterval > 0 {
+		g.Go(func() error { forget(gctx, bl, cfg.ForgetInterval, log); return nil })
+	}
 	g.Go(func() error { return budgets.Run(gctx) })
 	return g.Wait()
+}
+
+// forget has the biller forget, every interval, the allocations it billed
+// to their end that the store confirms, until ctx ends. A failure is
+// logged: what is not forgotten now is the next round's.
+func forget(ctx context.Context, bl *biller.Biller, interval time.Duration, log *slog.Logger) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, err := bl.Forget(ctx)
+		if err != nil && ctx.Err() == nil {
+			log.Warn("billed allocations not forgotten this round", "forgotten", n, "err", err)
+		} else if n > 0 {
+			log.Debug("forgot billed allocations the store holds", "forgotten", n)
+		}
+	}
 }
 
 // spend reads a tenant's spend from the store.

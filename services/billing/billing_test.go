@@ -226,6 +226,12 @@ func quietLog() *slog.Logger {
 // identity, which proves its permissions suffice.
 func start(t *testing.T, srv *natsserver.Server, store billing.Store, opts ...func(*billing.Config)) (stop func()) {
 	t.Helper()
+	return startLogged(t, srv, store, quietLog(), opts...)
+}
+
+// startLogged is start with billing's log going to log.
+func startLogged(t *testing.T, srv *natsserver.Server, store billing.Store, log *slog.Logger, opts ...func(*billing.Config)) (stop func()) {
+	t.Helper()
 	cfg := billing.DefaultConfig()
 	cfg.Bus = service.BusConfig{NATSURL: srv.URL(), Replicas: 1, Creds: natstest.Service(t, srv, contracts.BusBilling)}
 	cfg.Store = store
@@ -234,7 +240,7 @@ func start(t *testing.T, srv *natsserver.Server, store billing.Store, opts ...fu
 	for _, o := range opts {
 		o(&cfg)
 	}
-	return natstest.RunService(t, "billing", func(ctx context.Context) error { return billing.Run(ctx, cfg, quietLog()) })
+	return natstest.RunService(t, "billing", func(ctx context.Context) error { return billing.Run(ctx, cfg, log) })
 }
 
 // inventory publishes a node's inventory with 8 GPUs of 80 GiB.

@@ -46,11 +46,13 @@ type RedisConfig struct {
 //	tenant:<t>:month:<YYYY-MM> hash
 //	pool:<p>:day:<date>        hash
 //	job:<t>:<job>              hash
+//	billed                     set of the AllocationKeys (16 bytes) of applied records' allocations
 //
 // Apply runs one Lua script per batch (applyScript): it checks the
-// generation, adds each record's ID to its day's applied set and adds the
-// batch's sums to the totals; when records were applied before, it writes
-// nothing and the rest is sent again. Redis runs a script atomically, so
+// generation, adds each record's ID to its day's applied set, its
+// allocation's ID to billed and the batch's sums to the totals; when
+// records were applied before, it writes nothing and the rest is sent
+// again. Redis runs a script atomically, so
 // markers and totals never disagree.
 //
 // Every call goes through a circuit breaker (sony/gobreaker): after
@@ -250,7 +252,10 @@ func escapeGlob(s string) string {
 // KEYS[1] is the generation key. ARGV[1] the generation, ARGV[2] the number
 // of applied sets S, ARGV[3] the number of totals K; then per set: its
 // key, the number M of its records and their IDs; then per total: its key
-// and the four sums (records, GPU-ms, cost, on-demand cost). It returns
+// and the four sums (records, GPU-ms, cost, on-demand cost); then the
+// billed set's key, the number B of the batch's allocations and their
+// keys (AllocationKey, 16 bytes; added with the markers: Billed never answers ahead of them, nor
+// behind). It returns
 // the number of records, or {"dup", id...}: the records applied before.
 // The sums go from ARGV to HSET and HINCRBY as strings: Lua never makes
 // them doubles.
@@ -292,6 +297,10 @@ for _ = 1, nkeys do
     redis.call('HINCRBY', key, 'od', ARGV[i + 4])
   end
   i = i + 5
+end
+local nb = tonumber(ARGV[i + 1])
+if nb > 0 then
+  redis.call('SADD', ARGV[i], unpack(ARGV, i + 2, i + 1 + nb))
 end
 return nrec
 `)
@@ -358,7 +367,14 @@ func (s *RedisStore) applyArgs(gen string, recs []contracts.UsageRecord) []any {
 	ids := make([]totalID, 0, len(recs)+64)
 	index := make(map[totalID]int, len(recs)+64)
 	var per periods
+	var allocs []any
+	seenAlloc := map[string]struct{}{}
 	for _, rec := range recs {
+		if _, ok := seenAlloc[rec.AllocationID]; !ok && rec.AllocationID != "" {
+			seenAlloc[rec.AllocationID] = struct{}{}
+			k := KeyOfAllocation(rec.AllocationID)
+			allocs = append(allocs, string(k[:]))
+		}
 		day, month := per.of(rec.Start)
 		st := setOf[day]
 		if st == nil {
@@ -383,7 +399,7 @@ func (s *RedisStore) applyArgs(gen string, recs []contracts.UsageRecord) []any {
 			t.OnDemandMicros += rec.OnDemandCostMicros
 		}
 	}
-	args := make([]any, 0, 3+2*len(sets)+len(recs)+5*len(totals))
+	args := make([]any, 0, 3+2*len(sets)+len(recs)+5*len(totals)+2+len(allocs))
 	args = append(args, gen, len(sets), len(totals))
 	for _, st := range sets {
 		args = append(args, st.key, len(st.ids))
@@ -392,7 +408,8 @@ func (s *RedisStore) applyArgs(gen string, recs []contracts.UsageRecord) []any {
 	for k, t := range totals {
 		args = append(args, ids[k].key(s.prefix), t.Records, t.GPUMillis, t.CostMicros, t.OnDemandMicros)
 	}
-	return args
+	args = append(args, s.prefix+"billed", len(allocs))
+	return append(args, allocs...)
 }
 
 // Apply implements Store.
@@ -507,6 +524,55 @@ func chunks(recs []contracts.UsageRecord, n int) func(func([]contracts.UsageReco
 			recs = recs[k:]
 		}
 	}
+}
+
+// Billed implements Store: the generation and the billed set are read in
+// one transaction. A store whose server restarted since Open answers
+// ErrGenerationChanged (what it holds may have lost its last writes).
+func (s *RedisStore) Billed(ctx context.Context, keys []AllocationKey) (string, []bool, error) {
+	s.mu.Lock()
+	gen, lost := s.gen, s.lost
+	s.mu.Unlock()
+	if gen == "" || lost {
+		return "", nil, ErrGenerationChanged
+	}
+	var cur string
+	out := make([]bool, len(keys))
+	err := s.do(ctx, func(ctx context.Context) error {
+		var genCmd *redis.StringCmd
+		var isCmd *redis.BoolSliceCmd
+		_, err := s.rdb.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+			genCmd = pipe.Get(ctx, s.prefix+"gen")
+			if len(keys) > 0 {
+				members := make([]any, len(keys))
+				for i, k := range keys {
+					members[i] = string(k[:])
+				}
+				isCmd = pipe.SMIsMember(ctx, s.prefix+"billed", members...)
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return err
+		}
+		cur = genCmd.Val()
+		if isCmd != nil {
+			copy(out, isCmd.Val())
+		}
+		return nil
+	})
+	if err != nil {
+		return "", nil, fmt.Errorf("redis store: billed: %w", err)
+	}
+	// A connection made for this call to a restarted server (onConnect)
+	// read content that may have lost its last writes.
+	s.mu.Lock()
+	lost = s.lost
+	s.mu.Unlock()
+	if lost {
+		return "", nil, ErrGenerationChanged
+	}
+	return cur, out, nil
 }
 
 func (s *RedisStore) get(ctx context.Context, key string) (Totals, error) {

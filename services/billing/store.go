@@ -11,6 +11,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/recset"
+	"github.com/gpuplane/gpuplane/services/billing/internal/biller"
 )
 
 // Totals is metered usage summed up; amounts are micro-units of the price
@@ -63,6 +64,13 @@ type Store interface {
 	TenantMonth(ctx context.Context, tenant string, month time.Time) (Totals, error)
 	PoolDay(ctx context.Context, pool string, day time.Time) (Totals, error)
 	Job(ctx context.Context, tenant, jobID string) (Totals, error)
+	// Billed reports, for each allocation (named by AllocationKey of its
+	// ID), whether a record of it was applied, and the generation the
+	// answer is of (an allocation is marked atomically with its records'
+	// applied markers). The biller forgets allocations billed to their end
+	// once the store confirms them, and asks here when one comes up again
+	// (internal/biller). keys may be empty: a probe of the generation.
+	Billed(ctx context.Context, keys []AllocationKey) (generation string, billed []bool, err error)
 }
 
 // dayKey and monthKey name a UTC day and month.
@@ -85,7 +93,10 @@ type MemoryStore struct {
 	// job of the digest of its key (jobKey) and its totals (jobRecord).
 	// Keyed by the key's string in a Go map they took ~110 bytes a job
 	// (the key's bytes, the slot, the map's growth), here ~56.
-	jobs   *recset.Set
+	jobs *recset.Set
+	// billed holds the AllocationKey of each allocation a record was
+	// applied of: Billed's answer.
+	billed *recset.Set
 	totals map[string]Totals // by the same keys as RedisStore's, but the jobs'
 }
 
@@ -94,7 +105,7 @@ var _ Store = (*MemoryStore)(nil)
 // NewMemoryStore returns an empty in-memory store.
 func NewMemoryStore() *MemoryStore {
 	return &MemoryStore{gen: newGeneration(), applied: recset.New(recset.KeySize), jobs: recset.New(jobRecordSize),
-		totals: map[string]Totals{}}
+		billed: recset.New(recset.KeySize), totals: map[string]Totals{}}
 }
 
 // jobRecordSize is the size of a job's record in MemoryStore.jobs: the
@@ -148,6 +159,15 @@ func keyOfRecord(id string) recordKey {
 	return recordKey(sum[:16])
 }
 
+// AllocationKey names an allocation in Store.Billed: the first 16 bytes
+// of the SHA-256 of its ID, as the biller keeps it (biller.KeyOf). A
+// digest no tenant can collide on purpose: a collision would let one of
+// its allocations pass as billed.
+type AllocationKey = biller.Key
+
+// KeyOfAllocation is the AllocationKey of an allocation's ID.
+func KeyOfAllocation(id string) AllocationKey { return biller.KeyOf(id) }
+
 // newGeneration is a random name for a store's content.
 func newGeneration() string { return rand.Text()[:16] }
 
@@ -165,6 +185,10 @@ func (s *MemoryStore) Apply(_ context.Context, recs []contracts.UsageRecord) (in
 			continue
 		}
 		n++
+		if r.AllocationID != "" {
+			a := KeyOfAllocation(r.AllocationID)
+			s.billed.Add(a[:])
+		}
 		keys := totalKeys(r)
 		s.addJob(keys[len(keys)-1], r)
 		for _, k := range keys[:len(keys)-1] {
@@ -223,4 +247,15 @@ func (s *MemoryStore) Job(_ context.Context, tenant, jobID string) (Totals, erro
 		return Totals{}, nil
 	}
 	return jobTotals(rec), nil
+}
+
+// Billed implements Store.
+func (s *MemoryStore) Billed(_ context.Context, keys []AllocationKey) (string, []bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]bool, len(keys))
+	for i, k := range keys {
+		out[i] = s.billed.Has(k[:])
+	}
+	return s.gen, out, nil
 }

@@ -115,6 +115,39 @@ func testStore(t *testing.T, newStore func(*testing.T) billing.Store) {
 			t.Errorf("Open twice: %q %v, %q %v", g1, err1, g2, err2)
 		}
 	})
+	t.Run("billed allocations, in the generation", func(t *testing.T) {
+		s := open(t)
+		gen, err := s.Open(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		key := func(tenant, job string, attempt int) billing.AllocationKey {
+			return billing.KeyOfAllocation(contracts.AllocationID(tenant, job, attempt))
+		}
+		keys := []billing.AllocationKey{key("acme", "j1", 1), key("acme", "j1", 2), key("beta", "j1", 1), key("acme", "j2", 1)}
+		ask := func(want ...bool) {
+			t.Helper()
+			g, got, err := s.Billed(ctx, keys)
+			if err != nil || g != gen || fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("Billed = %q %v, %v; want %q %v", g, got, err, gen, want)
+			}
+		}
+		ask(false, false, false, false)
+		if g, got, err := s.Billed(ctx, nil); err != nil || g != gen || len(got) != 0 {
+			t.Errorf("Billed of nothing (a probe) = %q %v, %v; want %q", g, got, err, gen)
+		}
+		// A segment other than the first, a second attempt, another
+		// tenant's job of the same name: each marks its own allocation.
+		apply(t, s, rec("acme", "j1", 1, 3, 1000, 10), rec("acme", "j1", 2, 0, 5, 1))
+		ask(true, true, false, false)
+		apply(t, s, rec("beta", "j1", 1, 0, 5, 1), rec("acme", "j1", 1, 3, 1000, 10)) // the second again
+		ask(true, true, true, false)
+		if r := rec("acme", "j2", 1, 0, 5, 1); true {
+			r.AllocationID = "" // not an allocation's record: marks nothing
+			apply(t, s, r)
+		}
+		ask(true, true, true, false)
+	})
 	t.Run("large and concurrent batches are exact", func(t *testing.T) {
 		s := open(t)
 		var all []contracts.UsageRecord

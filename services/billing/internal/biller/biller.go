@@ -4,7 +4,9 @@
 // JetStream's de-duplication only covers two minutes, so the biller keeps
 // its own record of what it billed: for every allocation, how many
 // segments are in USAGE, up to when, and whether the last one is there,
-// rebuilt at start by replaying USAGE (its own output). Each publish is
+// rebuilt at start by replaying USAGE (its own output); what it billed to
+// the end it forgets once the store confirms it, and asks the store about
+// when it comes up again (forget.go). Each publish is
 // also a compare-and-set on the tenant's usage subject
 // (Nats-Expected-Last-Subject-Sequence): if anything landed there since the
 // biller last looked (another replica, or an earlier attempt whose ack was
@@ -64,6 +66,14 @@ type Requests interface {
 	Resources(ctx context.Context, tenant, jobID string) (cpuMilli, memoryMiB int64, err error)
 }
 
+// Index is what the biller asks about an allocation it forgot (the
+// store, fed from USAGE): whether records of it were applied, and in which
+// generation of the store's content the answer holds. Within one
+// generation an answer never goes from billed to not billed.
+type Index interface {
+	Billed(ctx context.Context, keys []Key) (generation string, billed []bool, err error)
+}
+
 // Watermark hears the end of every metered segment.
 type Watermark interface {
 	Advance(ctx context.Context, t time.Time)
@@ -76,7 +86,10 @@ type Config struct {
 	Nodes     Nodes
 	Requests  Requests
 	Watermark Watermark
-	Log       *slog.Logger
+	// Index, if set, lets the biller forget the allocations it billed to
+	// their end once the index confirms them (Forget); nil keeps them.
+	Index Index
+	Log   *slog.Logger
 }
 
 // maxAttempts bounds how often one entry re-reads a moving usage subject
@@ -104,20 +117,26 @@ type Biller struct {
 	cfg    Config
 	mu     sync.Mutex
 	allocs map[string]*allocation
-	// settled holds the allocations billed to their end (settled.go).
-	settled map[settledKey]settledState
+	// settled holds the allocations billed to their end, in epochs
+	// (settled.go); forgot and hold say what was forgotten of them
+	// (forget.go).
+	settled []*epoch
+	forgot  string
+	hold    time.Time
+	round   int               // Forget's rounds
 	last    map[string]uint64 // usage subject → last sequence applied
 	until   time.Time         // end of the latest segment in USAGE
 }
 
 // New returns a biller.
 func New(cfg Config) *Biller {
-	return &Biller{cfg: cfg, allocs: map[string]*allocation{}, settled: map[settledKey]settledState{}, last: map[string]uint64{}}
+	return &Biller{cfg: cfg, allocs: map[string]*allocation{}, settled: []*epoch{newEpoch()}, last: map[string]uint64{}}
 }
 
-// Billed reports how many allocations are billed to the end.
+// Billed reports how many allocations are billed to the end (of those it
+// has not forgotten).
 func (b *Biller) Billed() int {
-	n := len(b.settled)
+	n := b.settledLen()
 	for _, a := range b.allocs {
 		if a.final {
 			n++
@@ -252,7 +271,10 @@ func (b *Biller) bill(ctx context.Context, m *bus.Msg, bs basis) error {
 // should be.
 func (b *Biller) plan(ctx context.Context, bs basis) ([]contracts.UsageRecord, error) {
 	e := bs.entry
-	st, _ := b.lookup(e.Allocation.ID)
+	st, _, err := b.find(ctx, e.Allocation.ID, e.Allocation.Tenant)
+	if err != nil {
+		return nil, err
+	}
 	if bs.provisional {
 		if st != nil && (!st.provisional || st.final) {
 			return nil, nil // billed: provisionally to the end, or on the agent's end
@@ -391,7 +413,7 @@ func (b *Biller) record(rec contracts.UsageRecord, subj string, seq uint64) {
 		if st == nil {
 			st = &allocation{}
 		}
-		delete(b.settled, keyOf(rec.AllocationID))
+		b.unsettle(rec.AllocationID)
 		b.allocs[rec.AllocationID] = st
 	}
 	defer b.settle(rec.AllocationID, st)

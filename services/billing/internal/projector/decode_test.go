@@ -20,7 +20,7 @@ func TestDecodeReadsWhatTheStoreNeeds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := contracts.UsageRecord{ID: full.ID, Tenant: "acme", JobID: "j1", Pool: "h100", Start: start, GPUMillis: 7,
+	want := contracts.UsageRecord{ID: full.ID, AllocationID: "acme/j1/1", Tenant: "acme", JobID: "j1", Pool: "h100", Start: start, GPUMillis: 7,
 		UsageSegment: contracts.UsageSegment{CostMicros: 11, OnDemandCostMicros: 13}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)

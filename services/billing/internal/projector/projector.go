@@ -248,7 +248,8 @@ func (p *Projector) StartBatch(ctx context.Context, msgs []*bus.Msg) (wait func(
 }
 
 // storeFields are what a store keeps of a usage record.
-var storeFields = [][]string{{"id"}, {"tenant"}, {"jobId"}, {"pool"}, {"start"}, {"gpuMillis"}, {"costMicros"}, {"onDemandCostMicros"}}
+var storeFields = [][]string{{"id"}, {"tenant"}, {"jobId"}, {"pool"}, {"start"}, {"gpuMillis"}, {"costMicros"}, {"onDemandCostMicros"},
+	{"allocationId"}}
 
 // decode reads what the store needs of a usage record (the fields of
 // storeFields) with jsonparser, which picks them out without reflection:
@@ -282,6 +283,8 @@ func decode(data []byte) (contracts.UsageRecord, error) {
 				r.CostMicros, err = jsonparser.ParseInt(v)
 			case 7:
 				r.OnDemandCostMicros, err = jsonparser.ParseInt(v)
+			case 8:
+				r.AllocationID, err = jsonparser.ParseString(v)
 			}
 		}
 		if err != nil && bad == nil {

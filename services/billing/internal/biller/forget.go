@@ -1,0 +1,203 @@
+package biller
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+)
+
+// Forgetting (issue 17: nothing grows with history). A settled digest is
+// 16 bytes and a map slot per job ever billed, for ever, because an input
+// for an allocation billed long ago can always come again: a redelivered
+// release or ended fact, a consumer created again (every message once
+// more, at its old sequence), an ended fact the agent's publish stored
+// twice (its first try landed, its ack was lost, and the retry got through
+// after JetStream's 2-minute duplicate window: a copy at a new sequence,
+// as late as the agent's partition was long), a dead letter republished.
+// No sequence or time bounds them, so no window on the digests is safe.
+//
+// What bounds them instead is the store, which is fed from USAGE and
+// marks each allocation it applies a record of (Index): "USAGE holds
+// records of this allocation" is a fact about USAGE, and the store holds
+// it in each generation of its content. So:
+//
+//   - Forget drops a closed epoch of settled digests once the index
+//     answers, in one generation G, that every allocation of it is
+//     billed. forgot = G.
+//   - find, for an allocation the biller does not hold while forgot is
+//     set, asks the index. Answered in G, not billed: no record of it was
+//     ever applied, and every forgotten allocation was, so it is none of
+//     them: billed as new (the compare-and-set on the tenant's subject
+//     still catches a bill another replica published that the biller has
+//     not read). Billed: the tenant's usage subject is read up to its
+//     end; an allocation still unknown then is one the biller forgot,
+//     settled (only settled ones are forgotten), and nothing is billed.
+//   - No answer, or one of another generation (Redis restarted or was
+//     flushed: its content is rebuilt from USAGE): recall reads USAGE
+//     back for the allocations the biller does not hold, as a start
+//     would, and nothing is forgotten for forgetHold. Metering never
+//     waits on the store and never guesses.
+//
+// Only settled allocations are forgotten: whole ones (a bill in part, a
+// provisional bill that an agent's end may void) stay.
+
+// forgetHold is how long the biller keeps what it recalled before it
+// forgets again: a store failing on and off would otherwise make it read
+// USAGE again and again.
+const forgetHold = time.Minute
+
+// indexBatch bounds one question to the index.
+const indexBatch = 4096
+
+// keepRounds is how many Forget rounds an epoch stays after it closed:
+// the other input of a run (the release after the agent's fact) usually
+// comes within them, and is answered from memory rather than the store.
+const keepRounds = 3
+
+// maxClosed bounds the epochs waiting for the index: while it confirms
+// nothing (Redis down), Forget stops closing epochs each round, so that
+// lookups walk a few epochs, not one per round of the outage.
+const maxClosed = 64
+
+// Forget closes the open epoch and drops every closed epoch the index
+// confirms, in one generation, and returns how many allocations it
+// forgot. An epoch the index does not confirm whole (records not applied
+// yet) is kept for the next call.
+func (b *Biller) Forget(ctx context.Context) (int, error) {
+	b.mu.Lock()
+	if b.cfg.Index == nil || time.Now().Before(b.hold) {
+		b.mu.Unlock()
+		return 0, nil
+	}
+	b.round++
+	if open := b.settled[len(b.settled)-1]; len(open.keys) > 0 && len(b.settled)-1 < maxClosed {
+		open.closed = b.round
+		b.settled = append(b.settled, newEpoch())
+	}
+	var closed []*epoch
+	for _, e := range b.settled[:len(b.settled)-1] {
+		if b.round-e.closed >= keepRounds {
+			closed = append(closed, e)
+		}
+	}
+	b.mu.Unlock()
+
+	forgotten := 0
+	for _, e := range closed {
+		b.mu.Lock()
+		keys := make([]Key, 0, len(e.keys))
+		for k := range e.keys {
+			keys = append(keys, k)
+		}
+		b.mu.Unlock()
+		gen, ok := "", true // an epoch emptied meanwhile (its runs billed again) just goes
+		if len(keys) > 0 {
+			var err error
+			if gen, ok, err = b.confirm(ctx, keys); err != nil {
+				return forgotten, err
+			}
+		}
+		if !ok {
+			continue
+		}
+		b.mu.Lock()
+		i := slices.Index(b.settled, e)
+		// A generation other than the one the biller forgot in does not
+		// hold what it forgot before: forget nothing more until a recall.
+		if i >= 0 && i < len(b.settled)-1 && (gen == "" || b.forgot == "" || b.forgot == gen) {
+			b.settled = slices.Delete(b.settled, i, i+1)
+			if gen != "" {
+				b.forgot = gen
+			}
+			forgotten += len(e.keys)
+		}
+		b.mu.Unlock()
+	}
+	return forgotten, nil
+}
+
+// confirm asks the index about keys; ok when it answers that every one is
+// billed, in one generation.
+func (b *Biller) confirm(ctx context.Context, keys []Key) (gen string, ok bool, err error) {
+	for part := range slices.Chunk(keys, indexBatch) {
+		g, billed, err := b.cfg.Index.Billed(ctx, part)
+		if err != nil {
+			return "", false, err
+		}
+		if (gen != "" && g != gen) || g == "" || len(billed) != len(part) || slices.Contains(billed, false) {
+			return "", false, nil
+		}
+		gen = g
+	}
+	return gen, true, nil
+}
+
+// find is lookup, with what the biller forgot: an allocation it does not
+// hold is asked about in the index (see the top of this file). b.mu must
+// be held.
+func (b *Biller) find(ctx context.Context, id, tenant string) (st *allocation, settled bool, err error) {
+	if st, settled := b.lookup(id); st != nil || b.forgot == "" {
+		return st, settled, nil
+	}
+	gen, billed, err := b.cfg.Index.Billed(ctx, []Key{KeyOf(id)})
+	if err != nil || gen != b.forgot || len(billed) != 1 {
+		b.cfg.Log.Warn("the store cannot tell what billing forgot; reading USAGE back", "allocation_id", id,
+			"forgotten_in", b.forgot, "store_generation", gen, "err", err)
+		if err := b.recall(ctx); err != nil {
+			return nil, false, err
+		}
+		st, settled := b.lookup(id)
+		return st, settled, nil
+	}
+	if !billed[0] {
+		return nil, false, nil
+	}
+	if err := b.catchUp(ctx, contracts.SubjectUsage(tenant)); err != nil {
+		return nil, false, err
+	}
+	if st, settled := b.lookup(id); st != nil {
+		return st, settled, nil
+	}
+	return &allocation{final: true}, true, nil
+}
+
+// recall reads USAGE whole again into what the biller holds, for the
+// allocations it does not hold now (those it forgot; what it holds is
+// already all USAGE says of them), and holds off forgetting. b.mu must be
+// held.
+func (b *Biller) recall(ctx context.Context) error {
+	held := make(map[string]struct{}, len(b.allocs))
+	for id := range b.allocs {
+		held[id] = struct{}{}
+	}
+	before := slices.Clone(b.settled)
+	b.settled = append(b.settled, newEpoch()) // what is recalled settles apart
+	holds := func(id string) bool {
+		if _, ok := held[id]; ok {
+			return true
+		}
+		k := KeyOf(id)
+		return slices.ContainsFunc(before, func(e *epoch) bool { _, ok := e.keys[k]; return ok })
+	}
+	n := 0
+	if _, err := b.cfg.Bus.Replay(ctx, bus.FollowSpec{Stream: contracts.StreamUsage,
+		FilterSubjects: []string{contracts.SubjectUsageAll}}, func(_ context.Context, m *bus.Msg) error {
+		var rec contracts.UsageRecord
+		if err := m.Decode(&rec); err != nil || rec.AllocationID == "" || holds(rec.AllocationID) {
+			b.last[m.Subject] = max(b.last[m.Subject], m.StreamSeq)
+			return nil
+		}
+		n++
+		b.record(rec, m.Subject, m.StreamSeq)
+		return nil
+	}); err != nil {
+		return fmt.Errorf("recall usage: %w", err)
+	}
+	b.forgot, b.hold = "", time.Now().Add(forgetHold)
+	b.cfg.Log.Info("read back what billing forgot from USAGE", "records", n)
+	return nil
+}
