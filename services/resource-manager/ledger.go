@@ -21,10 +21,14 @@ import (
 func (s *server) onLedgerMsg(_ context.Context, m *bus.Msg) error {
 	if strings.HasPrefix(m.Subject, "gp.alloc.refused.") {
 		// A refusal (ours or another replica's) is final for its plan
-		// item: a redelivered plan must not commit what was refused. It is
-		// dated by the time the stream stored it (ledger.Keep).
+		// item: a redelivered plan must not commit what was refused.
+		var r struct {
+			Time time.Time `json:"time"`
+		}
+		_ = m.Decode(&r) // undecodable: dated by its stamp
+		s.observe(m.Timestamp)
 		s.mu.Lock()
-		s.addRefusal(refusalHashOf(m.ID()), m.Timestamp)
+		s.addRefusal(refusalHashOf(m.ID()), s.dateOf(r.Time, m.Timestamp))
 		s.mu.Unlock()
 		return nil
 	}
@@ -34,15 +38,15 @@ func (s *server) onLedgerMsg(_ context.Context, m *bus.Msg) error {
 	var le struct {
 		Kind       contracts.LedgerKind `json:"kind"`
 		Allocation contracts.Allocation `json:"allocation"`
+		Time       time.Time            `json:"time"`
 	}
 	if err := m.Decode(&le); err != nil {
 		m.Log(s.log, "node_id", node).Error("undecodable ledger entry skipped", "err", err)
 		s.advance(node, m.StreamSeq)
 		return nil
 	}
-	// Dated by the time the stream stored it, not the writer's clock
-	// (ledger.Keep, stampOf).
-	e := contracts.LedgerEntry{Kind: le.Kind, Allocation: le.Allocation, Time: m.Timestamp}
+	s.observe(m.Timestamp)
+	e := contracts.LedgerEntry{Kind: le.Kind, Allocation: le.Allocation, Time: s.dateOf(le.Time, m.Timestamp)}
 	if e.Allocation.NodeID != node {
 		m.Log(s.log, "node_id", node).Error("ledger entry for another node skipped", "entry_node_id", e.Allocation.NodeID, "alloc_id", e.Allocation.ID)
 		s.advance(node, m.StreamSeq)
@@ -79,31 +83,54 @@ func (s *server) apply(log func() *slog.Logger, e contracts.LedgerEntry, seq uin
 	}
 }
 
-// stampOf is the time JetStream stored ALLOCATIONS' message seq: what
-// dates a ledger entry or refusal (ledger.Keep), as the follow that reads
-// it back would date it. The writer applies its own entry without reading
-// it back otherwise; this costs one direct get per write. Dating by this
-// replica's own clock instead let a replica running behind have records
-// forgotten while their plans, stamped by NATS, were still young (found
-// in review).
-func (s *server) stampOf(ctx context.Context, seq uint64) (time.Time, error) {
-	s.mu.Lock()
-	stream := s.allocStream
-	s.mu.Unlock()
-	if stream == nil {
-		var err error
-		if stream, err = s.bus.JetStream().Stream(ctx, contracts.StreamAllocations); err != nil {
-			return time.Time{}, fmt.Errorf("allocations stream: %w", err)
+// Dates (ledger.Keep). Every date is NATS time, the clock that stamps
+// plans, never a replica's own clock: a replica running an hour behind
+// would have its records forgotten while their plans were still young,
+// one running a day ahead would expire every plan (both found in review).
+// A writer dates its entry or refusal (its Time) with the latest stream
+// stamp it has seen (seen: plans, ledger, runs, heartbeats), which is at
+// least the stamp of every plan behind the record; a reader takes that
+// date within [its stamp - ClockSkew, its stamp] (dateOf), which keeps an
+// honest writer's date as written (so writer, replicas and replays agree)
+// and bounds a bad one's: an entry dated a day ahead or in 1970 by hand
+// moves nothing far.
+
+// observe notes a stream stamp seen.
+func (s *server) observe(t time.Time) {
+	if t.IsZero() {
+		return
+	}
+	ns := t.UnixNano()
+	for {
+		old := s.stampSeen.Load()
+		if ns <= old || s.stampSeen.CompareAndSwap(old, ns) {
+			return
 		}
-		s.mu.Lock()
-		s.allocStream = stream
-		s.mu.Unlock()
 	}
-	msg, err := stream.GetMsg(ctx, seq)
-	if err != nil {
-		return time.Time{}, fmt.Errorf("time of ALLOCATIONS message %d: %w", seq, err)
+}
+
+// seen is the latest stream stamp seen (zero before any).
+func (s *server) seen() time.Time {
+	if ns := s.stampSeen.Load(); ns != 0 {
+		return time.Unix(0, ns).UTC()
 	}
-	return msg.Time, nil
+	return time.Time{}
+}
+
+// dateOf is the date of a message stamped stamp whose writer dated it
+// written: written, within [stamp - ClockSkew, stamp] (stamp when either
+// is unknown).
+func (s *server) dateOf(written, stamp time.Time) time.Time {
+	switch {
+	case stamp.IsZero():
+		return written
+	case written.IsZero() || written.After(stamp):
+		return stamp
+	case written.Before(stamp.Add(-s.cfg.ClockSkew)):
+		return stamp.Add(-s.cfg.ClockSkew)
+	default:
+		return written
+	}
 }
 
 // catchUp reads a node's ledger subject from the last sequence applied, so
@@ -164,7 +191,7 @@ func (s *server) write(ctx context.Context, e contracts.LedgerEntry, check func(
 			}
 			return v, false, fmt.Errorf("%w: %s on node %s after %d attempts", errGaveUp, id, node, s.cfg.CommitAttempts)
 		}
-		e.Time = s.cfg.Now()
+		e.Time = s.seen() // NATS time as last seen: see observe
 		if e.Kind == contracts.LedgerCommitted {
 			s.failpoint(FailAfterVerify)
 		}
@@ -203,14 +230,6 @@ func (s *server) write(ctx context.Context, e contracts.LedgerEntry, check func(
 			if e.Kind == contracts.LedgerCommitted {
 				s.failpoint(FailAfterCommit)
 			}
-			// Stored, but applied only with the stream's time: without
-			// it, the caller tries again, finds the entry stored
-			// (Duplicate) and reads it back with its time.
-			stamp, err := s.stampOf(ctx, ack.Sequence)
-			if err != nil {
-				return v, false, fmt.Errorf("%s on node %s stored at %d: %w", id, node, ack.Sequence, err)
-			}
-			e.Time = stamp
 			s.apply(log, e, ack.Sequence)
 			if debug {
 				log().Debug("ledger entry written", "stream_seq", ack.Sequence)
@@ -253,6 +272,7 @@ func (s *server) commit(ctx context.Context, a contracts.Allocation) (ledger.Ver
 // plan_expired when the plan is PlanMaxAge old (planExpired), both
 // checked under the node lock right before each compare-and-set.
 func (s *server) commitFenced(ctx context.Context, a contracts.Allocation, epoch uint64, planned time.Time) (ledger.Verdict, error) {
+	s.observe(planned)
 	s.mu.Lock()
 	v := s.led.Verify(a)
 	s.mu.Unlock()

@@ -90,6 +90,7 @@ func (s *server) catchUpNode(ctx context.Context, node string) error {
 // onHeartbeatMsg records a heartbeat; a lost node's heartbeat brings it
 // back (returned, or registered for a new incarnation).
 func (s *server) onHeartbeatMsg(ctx context.Context, m *bus.Msg) error {
+	s.observe(m.Timestamp) // NATS time, for dates (observe)
 	node := contracts.Token(m.Subject, 2)
 	incarnation, err := heartbeatIncarnation(m.Data)
 	if err != nil {

@@ -30,6 +30,7 @@ func (s *server) onPlanMsg(ctx context.Context, m *bus.Msg) error {
 	}
 	log := s.log.With("plan_id", planID, "scheduler", p.Scheduler, "stream_seq", m.StreamSeq)
 	planned := m.Timestamp
+	s.observe(planned)
 	if planned.IsZero() {
 		// No stamp (no metadata): its age unknown, so taken as too old.
 		planned = time.Unix(0, 0)
@@ -109,6 +110,14 @@ func (s *server) onPlanMsg(ctx context.Context, m *bus.Msg) error {
 	}
 	log.Info("plan settled", "items", len(p.Items), "committed", committed.Load(), "duplicate", duplicate.Load(), "refused", refused.Load())
 	return nil
+}
+
+// later is the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // planExpired reports whether a plan stored at planned is PlanMaxAge old
@@ -198,7 +207,8 @@ func (s *server) refuse(ctx context.Context, planID string, i int, a contracts.A
 	r := contracts.Refusal{
 		SchemaVersion: contracts.SchemaVersion, PlanID: planID, AllocationID: a.ID,
 		Tenant: a.Tenant, JobID: a.JobID, Attempt: a.Attempt, NodeID: a.NodeID,
-		Reason: v.Reason, Message: v.Message, Time: s.cfg.Now(),
+		// Dated NATS time as last seen (observe), at least its plan's.
+		Reason: v.Reason, Message: v.Message, Time: later(s.seen(), planned),
 	}
 	id := contracts.RefusalID(planID, key)
 	// The refusal is about the item's job: in its trace, the plan a link.
@@ -210,20 +220,11 @@ func (s *server) refuse(ctx context.Context, planID string, i int, a contracts.A
 		// what it knew before it froze, must not be the answer.
 		return errDeposed
 	}
-	ack, err := s.bus.Publish(ctx, contracts.SubjectRefused(a.Tenant), id, r, bus.CESubject(a.JobID))
-	if err != nil {
+	if _, err := s.bus.Publish(ctx, contracts.SubjectRefused(a.Tenant), id, r, bus.CESubject(a.JobID)); err != nil {
 		return err
 	}
-	// Dated by the stream's time, as the follow dates it; should that not
-	// be read, by the plan's (earlier: the key is then forgotten sooner,
-	// but only once its plan, the one plan it answers, is expired).
-	stamp, err := s.stampOf(ctx, ack.Sequence)
-	if err != nil {
-		log.Warn("refusal's time unread; dated by its plan's", "err", err)
-		stamp = planned
-	}
 	s.mu.Lock()
-	s.addRefusal(refusalHashOf(id), stamp)
+	s.addRefusal(refusalHashOf(id), r.Time)
 	s.mu.Unlock()
 	log.Debug("plan item refused", "message", v.Message)
 	return nil

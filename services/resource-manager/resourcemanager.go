@@ -28,11 +28,10 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
@@ -171,8 +170,8 @@ type server struct {
 	// snapshot was written; snapLoaded says this term started from one.
 	sinceSnapshot int
 	snapLoaded    bool
-	// allocStream is ALLOCATIONS' handle for stampOf, once looked up.
-	allocStream jetstream.Stream
+	// stampSeen is the latest stream stamp seen, unix ns (observe).
+	stampSeen atomic.Int64
 }
 
 func newServer(cfg Config, b *bus.Bus, log *slog.Logger) *server {

@@ -420,6 +420,7 @@ func (s *server) onAllocMsg(ctx context.Context, m *bus.Msg) error {
 // RUNS is covered only below the first fact whose release is not stored
 // yet (runs_pipeline.go).
 func (s *server) onRunFact(ctx context.Context, m *bus.Msg) error {
+	s.observe(m.Timestamp) // NATS time, for dates (observe)
 	var release func()
 	// RUNS is read unfiltered: it holds gp.runs.<node> alone.
 	if strings.HasPrefix(m.Subject, "gp.runs.") && strings.Count(m.Subject, ".") == 2 {

@@ -83,13 +83,16 @@ type snapEnv struct {
 }
 
 // snapStep is the managers' clock's step, snapPause the real time a step
-// takes at least, and snapPlanMaxAge the managers' plan age (with no
-// clock skew margin): records are forgotten a second of stream time after
-// they are stored, several times over in a workload.
+// takes at least, and snapPlanMaxAge and snapSkew the managers' plan age
+// and clock skew margin: records are forgotten two seconds of stream time
+// after they are stored, more than once in a workload. The margin is
+// also what a writer's date may lag its entry's stamp and still be
+// read as written (dateOf): a second, under -race on a busy machine.
 const (
 	snapStep       = time.Minute
-	snapPause      = 5 * time.Millisecond
+	snapPause      = 8 * time.Millisecond
 	snapPlanMaxAge = time.Second
+	snapSkew       = time.Second
 )
 
 // now is the log's time at the current step.
@@ -140,7 +143,7 @@ func (e *snapEnv) start(interval time.Duration, wait bool) *rm {
 	cfg.LeaseTTL = 0
 	cfg.SnapshotInterval = interval
 	cfg.Now = e.now
-	cfg.PlanMaxAge, cfg.ClockSkew = snapPlanMaxAge, 0
+	cfg.PlanMaxAge, cfg.ClockSkew = snapPlanMaxAge, snapSkew
 	h := &signals{counts: map[string]int{}}
 	s := newServer(cfg, b, slog.New(h))
 	ctx, cancel := context.WithCancel(t.Context())
