@@ -297,6 +297,10 @@ func (s *server) install(sn *snapshot) error {
 			keys = keys[refusalKeySize:]
 		}
 	}
+	// Its clocks are NATS time seen: a write before any message is read
+	// is dated no earlier than what the snapshot covers.
+	s.observe(led.Clock())
+	s.observe(refused.Clock())
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.led, s.refused = led, refused
