@@ -182,8 +182,11 @@ func (c Config) Validate() error {
 	if c.PlanMaxAge < 0 || (c.PlanMaxAge > 0 && c.PlanMaxAge < time.Second) {
 		errs = append(errs, fmt.Errorf("plan max age is %s; want 0 (the default, %s) or >= 1s", c.PlanMaxAge, contracts.PlansMaxAge))
 	}
-	if c.ClockSkew < 0 {
-		errs = append(errs, fmt.Errorf("clock skew is %s; want >= 0", c.ClockSkew))
+	if c.ClockSkew <= 0 {
+		// 0 would read every date as its stamp, and a writer's own date
+		// (the latest stamp it saw, a little earlier) would differ from
+		// every replica's.
+		errs = append(errs, fmt.Errorf("clock skew is %s; want > 0", c.ClockSkew))
 	}
 	if c.PlanBatch < 1 {
 		errs = append(errs, fmt.Errorf("plan batch is %d; want >= 1", c.PlanBatch))

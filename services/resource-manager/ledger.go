@@ -88,12 +88,13 @@ func (s *server) apply(log func() *slog.Logger, e contracts.LedgerEntry, seq uin
 // would have its records forgotten while their plans were still young,
 // one running a day ahead would expire every plan (both found in review).
 // A writer dates its entry or refusal (its Time) with the latest stream
-// stamp it has seen (seen: plans, ledger, runs, heartbeats), which is at
-// least the stamp of every plan behind the record; a reader takes that
-// date within [its stamp - ClockSkew, its stamp] (dateOf), which keeps an
-// honest writer's date as written (so writer, replicas and replays agree)
-// and bounds a bad one's: an entry dated a day ahead or in 1970 by hand
-// moves nothing far.
+// stamp it has seen (seen: plans, ledger, runs, heartbeats, and a loaded
+// snapshot's clocks), and no earlier than the ledger's and refusals'
+// clocks, so at least the date of every plan and commit behind the
+// record; a reader takes that date within [its stamp - ClockSkew, its
+// stamp + ClockSkew] (dateOf), which keeps an honest writer's date as
+// written (so writer, replicas and replays agree) and bounds a bad one's:
+// an entry dated a day ahead or in 1970 by hand moves nothing far.
 
 // observe notes a stream stamp seen.
 func (s *server) observe(t time.Time) {
@@ -118,14 +119,20 @@ func (s *server) seen() time.Time {
 }
 
 // dateOf is the date of a message stamped stamp whose writer dated it
-// written: written, within [stamp - ClockSkew, stamp] (stamp when either
-// is unknown).
+// written: written, within [stamp - ClockSkew, stamp + ClockSkew] (stamp
+// when either is unknown). Symmetric: the writer's latest stamp seen may
+// come from another stream's leader whose clock is ahead of this
+// stream's, and within the margin it must be read as written, or the
+// writer's own apply and every replica's would disagree (found in
+// review).
 func (s *server) dateOf(written, stamp time.Time) time.Time {
 	switch {
 	case stamp.IsZero():
 		return written
-	case written.IsZero() || written.After(stamp):
+	case written.IsZero():
 		return stamp
+	case written.After(stamp.Add(s.cfg.ClockSkew)):
+		return stamp.Add(s.cfg.ClockSkew)
 	case written.Before(stamp.Add(-s.cfg.ClockSkew)):
 		return stamp.Add(-s.cfg.ClockSkew)
 	default:
@@ -179,6 +186,10 @@ func (s *server) write(ctx context.Context, e contracts.LedgerEntry, check func(
 		s.mu.Lock()
 		v, ok := check()
 		last := s.led.LastSeq(node)
+		// NATS time as last seen (observe), never before what the log
+		// holds: after a restart from a snapshot the first stamps seen
+		// may be old ones (found in review).
+		date := later(s.seen(), later(s.led.Clock(), s.refused.Clock()))
 		s.mu.Unlock()
 		if !ok {
 			return v, false, nil
@@ -191,7 +202,7 @@ func (s *server) write(ctx context.Context, e contracts.LedgerEntry, check func(
 			}
 			return v, false, fmt.Errorf("%w: %s on node %s after %d attempts", errGaveUp, id, node, s.cfg.CommitAttempts)
 		}
-		e.Time = s.seen() // NATS time as last seen: see observe
+		e.Time = date
 		if e.Kind == contracts.LedgerCommitted {
 			s.failpoint(FailAfterVerify)
 		}

@@ -178,6 +178,9 @@ func newServer(cfg Config, b *bus.Bus, log *slog.Logger) *server {
 	if cfg.PlanMaxAge <= 0 {
 		cfg.PlanMaxAge = contracts.PlansMaxAge
 	}
+	if cfg.ClockSkew <= 0 {
+		cfg.ClockSkew = ledger.DefaultMargin
+	}
 	keep := ledger.Keep(cfg.PlanMaxAge, cfg.ClockSkew)
 	return &server{
 		cfg: cfg, bus: b, log: log,

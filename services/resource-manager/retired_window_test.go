@@ -10,10 +10,10 @@ import (
 	resourcemanager "github.com/gpuplane/gpuplane/services/resource-manager"
 )
 
-// logAge is the plan age of these tests' managers, with no clock skew
-// margin: an ended allocation is kept a second of stream time (every date
-// is a stream's stamp), in buckets of 250 ms.
-const logAge = time.Second
+// logAge and logSkew are the plan age and clock skew margin of these
+// tests' managers: an ended allocation is kept two seconds of stream time
+// (every date is NATS time), in buckets of 500 ms.
+const logAge, logSkew = time.Second, time.Second
 
 // TestEndedJobsAreForgottenAndTheirPlansExpire: the resource manager
 // remembers an ended allocation only for a plan age (and margin) of
@@ -58,12 +58,13 @@ func TestEndedJobsAreForgottenAndTheirPlansExpire(t *testing.T) {
 	h.eventually("a snapshot with every ended job", func() bool { return retired() == jobs })
 
 	// A window and a bucket later, a marker's commit and release (hand
-	// written, as another replica's) move the ledger's clock.
-	time.Sleep(logAge*5/4 + 200*time.Millisecond)
+	// written, as another replica's, dated NATS time as it would) move the
+	// ledger's clock.
+	time.Sleep((logAge+logSkew)*5/4 + 200*time.Millisecond)
 	m := item("marker", 1, nodes[0], h100, 0)
 	for _, kind := range []contracts.LedgerKind{contracts.LedgerCommitted, contracts.LedgerReleased} {
 		h.publish(contracts.SubjectLedger(m.NodeID), contracts.LedgerEntryID(kind, m.ID),
-			contracts.LedgerEntry{SchemaVersion: 1, Kind: kind, Allocation: m, Time: h.clock.Now()})
+			contracts.LedgerEntry{SchemaVersion: 1, Kind: kind, Allocation: m, Time: time.Now()})
 	}
 	h.eventually("the ended jobs forgotten: only the marker retired", func() bool { return retired() == 1 })
 
@@ -141,14 +142,14 @@ func TestClocksOfReplicasDateNothing(t *testing.T) {
 	commits("restart", 2)
 }
 
-// startLogClock starts a manager of plan age logAge, no clock skew
-// margin and a snapshot every 20 ms, with a heartbeat timeout no clock
+// startLogClock starts a manager of plan age logAge, clock skew margin
+// logSkew and a snapshot every 20 ms, with a heartbeat timeout no clock
 // jump of these tests reaches.
 func startLogClock(t *testing.T) (*harness, resourcemanager.Config, *rm) {
 	h := newHarness(t)
 	cfg := h.config("rm-a")
 	cfg.HeartbeatTimeout = 1000 * time.Hour
 	cfg.SnapshotInterval = 20 * time.Millisecond
-	cfg.PlanMaxAge, cfg.ClockSkew = logAge, 0
+	cfg.PlanMaxAge, cfg.ClockSkew = logAge, logSkew
 	return h, cfg, h.start(cfg)
 }
