@@ -64,12 +64,6 @@ func NewWindow(size int, keep time.Duration) *Window {
 	return &Window{size: size, keep: int64(keep), span: int64(keep) / windowBuckets, clock: noClock}
 }
 
-// Size is the size of each record.
-func (w *Window) Size() int { return w.size }
-
-// Keep is how long after its time a record is kept at least.
-func (w *Window) Keep() time.Duration { return time.Duration(w.keep) }
-
 // Span is the length of a bucket in nanoseconds.
 func (w *Window) Span() int64 { return w.span }
 
@@ -234,4 +228,65 @@ func (w *Window) SetClock(t time.Time) {
 	}
 	w.clock = noClock
 	w.Advance(t)
+}
+
+// Restore fills an empty window with what Buckets and Clock gave of one
+// (a snapshot): its clock, then each bucket's records, pieces holding
+// them in bucket order (a record may be split between two pieces, and is
+// put together), read where they lie. Buckets of span other than this
+// window's are read by their ends (Rebucket); a bucket past keep at the
+// clock is dropped, as the window would have. check, when set, sees each
+// record first and may refuse the whole; a key listed twice is kept once.
+// An error says the buckets, counts and bytes do not agree.
+func (w *Window) Restore(clock time.Time, span int64, buckets []Bucket, pieces [][]byte, check func(rec []byte) error) error {
+	size := 0
+	for _, p := range pieces {
+		size += len(p)
+	}
+	listed := 0
+	for i, b := range buckets {
+		if b.Records < 0 || (i > 0 && b.N <= buckets[i-1].N) {
+			return fmt.Errorf("recset: bucket %d of %d records out of order", b.N, b.Records)
+		}
+		listed += b.Records
+	}
+	if size%w.size != 0 || listed*w.size != size {
+		return fmt.Errorf("recset: buckets list %d records of %d bytes, %d bytes given", listed, w.size, size)
+	}
+	if listed > 0 && span <= 0 {
+		return fmt.Errorf("recset: %d records without their buckets' span", listed)
+	}
+	w.SetClock(clock)
+	rec := make([]byte, w.size)
+	have, bucket, left := 0, 0, 0
+	if len(buckets) > 0 {
+		left = buckets[0].Records
+	}
+	for _, p := range pieces {
+		for len(p) > 0 {
+			r := p
+			if have > 0 || len(p) < w.size {
+				n := copy(rec[have:], p)
+				have, p = have+n, p[n:]
+				if have < w.size {
+					continue
+				}
+				r, have = rec, 0
+			} else {
+				r, p = p[:w.size], p[w.size:]
+			}
+			for left == 0 {
+				bucket++
+				left = buckets[bucket].Records
+			}
+			left--
+			if check != nil {
+				if err := check(r); err != nil {
+					return err
+				}
+			}
+			w.AddIn(w.Rebucket(buckets[bucket].N, span), r)
+		}
+	}
+	return nil
 }

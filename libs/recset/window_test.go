@@ -197,15 +197,38 @@ func TestWindowComesBackFromItsBuckets(t *testing.T) {
 			frozen = append(frozen, slices.Clone(c))
 		}
 	}
-	back := NewWindow(20, keep)
-	back.SetClock(clock)
+	// Back through Restore, from the records cut into pieces of 7
+	// bytes (records split between pieces, as a decoded snapshot may be).
+	var all []byte
 	for _, b := range bs {
 		for _, c := range b.Chunks {
-			for off := 0; off < len(c); off += 20 {
-				if !back.AddIn(b.N, c[off:off+20]) {
-					t.Fatalf("bucket %d: record at %d not added back", b.N, off)
-				}
-			}
+			all = append(all, c...)
+		}
+	}
+	var pieces [][]byte
+	for len(all) > 0 {
+		n := min(7, len(all))
+		pieces, all = append(pieces, all[:n]), all[n:]
+	}
+	back := NewWindow(20, keep)
+	seen := 0
+	if err := back.Restore(clock, back.Span(), bs, pieces, func([]byte) error { seen++; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if seen != w.Len() {
+		t.Fatalf("check saw %d records, want %d", seen, w.Len())
+	}
+	for _, bad := range []struct {
+		name    string
+		buckets []Bucket
+		pieces  [][]byte
+	}{
+		{"a count too many", append([]Bucket{{N: bs[0].N, Records: bs[0].Records + 1}}, bs[1:]...), pieces},
+		{"buckets out of order", []Bucket{bs[1], bs[0]}, pieces},
+		{"bytes not whole records", bs, append(slices.Clone(pieces), []byte{1})},
+	} {
+		if err := NewWindow(20, keep).Restore(clock, back.Span(), bad.buckets, bad.pieces, nil); err == nil {
+			t.Errorf("%s: restored", bad.name)
 		}
 	}
 	if back.Len() != w.Len() || !back.Clock().Equal(w.Clock()) {

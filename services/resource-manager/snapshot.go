@@ -275,27 +275,8 @@ func (s *server) install(sn *snapshot) error {
 	// Copied into a window of their own: the decoded bytes are a slice
 	// of the whole snapshot. A key listed twice is kept once.
 	refused := recset.NewWindow(refusalKeySize, keep)
-	refused.SetClock(sn.meta.RefusedClock)
-	listed := 0
-	for i, b := range sn.meta.RefusedBuckets {
-		if b.Records < 0 || (i > 0 && b.N <= sn.meta.RefusedBuckets[i-1].N) {
-			return fmt.Errorf("%w: refusal bucket %d of %d keys out of order", errBadSnapshot, b.N, b.Records)
-		}
-		listed += b.Records
-	}
-	if listed*refusalKeySize != sn.meta.RefusedBytes || (listed > 0 && sn.meta.RefusedSpan <= 0) {
-		return fmt.Errorf("%w: refusal buckets list %d keys of span %d, %d bytes hold %d", errBadSnapshot, listed,
-			sn.meta.RefusedSpan, sn.meta.RefusedBytes, sn.meta.RefusedBytes/refusalKeySize)
-	}
-	// The keys, one piece (decodeSnapshot), split by bucket; a bucket of
-	// another length (another keep) read by its end (Window.Rebucket).
-	keys := bytes.Join(sn.refusedKeys, nil)
-	for _, b := range sn.meta.RefusedBuckets {
-		n := refused.Rebucket(b.N, sn.meta.RefusedSpan)
-		for range b.Records {
-			refused.AddIn(n, keys[:refusalKeySize])
-			keys = keys[refusalKeySize:]
-		}
+	if err := refused.Restore(sn.meta.RefusedClock, sn.meta.RefusedSpan, sn.meta.RefusedBuckets, sn.refusedKeys, nil); err != nil {
+		return fmt.Errorf("%w: refusals: %w", errBadSnapshot, err)
 	}
 	// Its clocks are NATS time seen: a write before any message is read
 	// is dated no earlier than what the snapshot covers.

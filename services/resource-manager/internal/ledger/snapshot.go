@@ -97,29 +97,7 @@ func (l *Ledger) Export() State {
 // than its own date says. Inventories, readiness and holds are for the
 // caller to set.
 func FromState(st State, keep time.Duration) (*Ledger, error) {
-	size := 0
-	for _, p := range st.Retired {
-		size += len(p)
-	}
-	if size%RetiredRecordSize != 0 {
-		return nil, fmt.Errorf("%w: retired records of %d bytes", ErrBadState, size)
-	}
 	l := New(keep)
-	if size > 0 && st.RetiredSpan <= 0 {
-		return nil, fmt.Errorf("%w: retired records without their buckets' span", ErrBadState)
-	}
-	buckets := st.RetiredBuckets
-	listed := 0
-	for i, b := range buckets {
-		if b.Records < 0 || (i > 0 && b.N <= buckets[i-1].N) {
-			return nil, fmt.Errorf("%w: retired bucket %d of %d records out of order", ErrBadState, b.N, b.Records)
-		}
-		listed += b.Records
-	}
-	if listed*RetiredRecordSize != size {
-		return nil, fmt.Errorf("%w: retired buckets list %d records, %d bytes hold %d", ErrBadState, listed, size, size/RetiredRecordSize)
-	}
-	l.retired.SetClock(st.Clock)
 	for _, n := range st.Nodes {
 		if _, dup := l.nodes[n.ID]; dup || n.ID == "" {
 			return nil, fmt.Errorf("%w: node %q empty or listed twice", ErrBadState, n.ID)
@@ -137,43 +115,19 @@ func FromState(st State, keep time.Duration) (*Ledger, error) {
 		// ledger it made; the rebuild from the log said so already.
 		_ = l.commit(l.node(a.NodeID), a)
 	}
-	// The records are read where they lie (Add copies each): joining the
+	// The records are read where they lie (Window.Restore): joining the
 	// pieces first would copy every record once more, ~28 MB per million
-	// ended allocations while a restart loads. A record split between two
-	// pieces is put together in rec.
-	var rec [RetiredRecordSize]byte
-	have, bucket, left := 0, 0, 0
-	if len(buckets) > 0 {
-		left = buckets[0].Records
-	}
-	for _, p := range st.Retired {
-		for len(p) > 0 {
-			r := p
-			if have > 0 || len(p) < RetiredRecordSize {
-				n := copy(rec[have:], p)
-				have, p = have+n, p[n:]
-				if have < RetiredRecordSize {
-					continue
-				}
-				r, have = rec[:], 0
-			} else {
-				r, p = p[:RetiredRecordSize], p[RetiredRecordSize:]
-			}
-			if d := decodeRetired(r); int(d.node) >= len(st.Nodes) {
-				return nil, fmt.Errorf("%w: retired record names node %d of %d", ErrBadState, d.node, len(st.Nodes))
-			}
-			for left == 0 {
-				bucket++
-				left = buckets[bucket].Records
-			}
-			left--
-			if l.retired.Has(r) {
-				return nil, fmt.Errorf("%w: a retired record listed twice", ErrBadState)
-			}
-			// A bucket past keep at the state's clock is dropped as a
-			// ledger at that clock would have.
-			l.retired.AddIn(l.retired.Rebucket(buckets[bucket].N, st.RetiredSpan), r)
+	// ended allocations while a restart loads.
+	if err := l.retired.Restore(st.Clock, st.RetiredSpan, st.RetiredBuckets, st.Retired, func(r []byte) error {
+		if d := decodeRetired(r); int(d.node) >= len(st.Nodes) {
+			return fmt.Errorf("retired record names node %d of %d", d.node, len(st.Nodes))
 		}
+		if l.retired.Has(r) {
+			return errors.New("a retired record listed twice")
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadState, err)
 	}
 	for _, a := range st.Live {
 		if l.isRetired(retiredKeyOf(a.ID)) {
