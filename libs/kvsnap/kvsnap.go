@@ -49,16 +49,36 @@ var (
 
 // Head is the value of a head key.
 type Head struct {
-	Slot   int    `json:"slot"`
-	Chunks int    `json:"chunks"`
-	Bytes  int    `json:"bytes"`
-	SHA256 string `json:"sha256"`
+	// Version is 0 for a whole snapshot (Slot, Chunks) and partsVersion
+	// for one in parts: Index names the parts of its index, which names
+	// its Chunks parts in order (parts.go); Slot is PartSlot.
+	Version int    `json:"version,omitempty"`
+	Slot    int    `json:"slot"`
+	Chunks  int    `json:"chunks"`
+	Index   []Part `json:"index,omitempty"`
+	Bytes   int    `json:"bytes"`
+	SHA256  string `json:"sha256"`
 	// Seq is the position the payload covers, as its writer counts it
 	// (0: not said); a CompareAndSet writer skips a write that would not
 	// go further than the head's.
 	Seq     uint64    `json:"seq,omitempty"`
 	Written time.Time `json:"written"`
+	// Whole names the whole snapshot the first head in parts replaced:
+	// its chunks are deleted by the write after (dropWhole).
+	Whole *WholeRef `json:"whole,omitempty"`
+	// Put is how many payload bytes the write that returned this head
+	// put into the bucket (not stored).
+	Put int `json:"-"`
 }
+
+// WholeRef names a whole snapshot's chunks.
+type WholeRef struct {
+	Slot   int `json:"slot"`
+	Chunks int `json:"chunks"`
+}
+
+// partsVersion is Head.Version of a snapshot in parts.
+const partsVersion = 2
 
 // Store names one snapshot's keys in a bucket.
 type Store struct {
@@ -72,6 +92,10 @@ type Store struct {
 	// Two writers may still fill the same slot at once; the head's
 	// checksum then refuses the mixed payload.
 	CompareAndSet bool
+	// Parts, when set, makes Write put the payload in content-defined
+	// parts, only those the last head does not hold (parts.go); nil
+	// writes it whole, every chunk every time. Read reads either.
+	Parts *Parts
 }
 
 // Write encodes a payload (payload is called only when the write is not
@@ -91,17 +115,28 @@ func (s Store) Write(ctx context.Context, seq uint64, payload func() ([]byte, er
 	if err != nil {
 		return Head{}, err
 	}
-	slot, chunks := 1-cur.Slot&1, 0
-	for off := 0; off < len(data) || chunks == 0; off += ChunkBytes {
-		end := min(off+ChunkBytes, len(data))
-		if _, err := s.KV.Put(ctx, s.ChunkKey(slot, chunks), data[off:end]); err != nil {
-			return Head{}, fmt.Errorf("chunk %d: %w", chunks, err)
+	var next Head
+	if s.Parts != nil {
+		if next, err = s.partsHead(ctx, cur, data); err != nil {
+			s.Parts.forget()
+			return Head{}, err
 		}
-		chunks++
+	} else {
+		slot, chunks := 1-cur.Slot&1, 0
+		if cur.Version == partsVersion {
+			slot = 0 // back from parts: either slot is free
+		}
+		for off := 0; off < len(data) || chunks == 0; off += ChunkBytes {
+			end := min(off+ChunkBytes, len(data))
+			if _, err := s.KV.Put(ctx, s.ChunkKey(slot, chunks), data[off:end]); err != nil {
+				return Head{}, fmt.Errorf("chunk %d: %w", chunks, err)
+			}
+			chunks++
+		}
+		sum := sha256.Sum256(data)
+		next = Head{Slot: slot, Chunks: chunks, Bytes: len(data), SHA256: hex.EncodeToString(sum[:]), Put: len(data)}
 	}
-	sum := sha256.Sum256(data)
-	next := Head{Slot: slot, Chunks: chunks, Bytes: len(data), SHA256: hex.EncodeToString(sum[:]), Seq: seq,
-		Written: time.Now().UTC()}
+	next.Seq, next.Written = seq, time.Now().UTC()
 	value, err := json.Marshal(next)
 	if err != nil {
 		return Head{}, err
@@ -115,11 +150,38 @@ func (s Store) Write(ctx context.Context, seq uint64, payload func() ([]byte, er
 		_, err = s.KV.Update(ctx, s.HeadKey, value, rev)
 	}
 	if err != nil {
+		if s.Parts != nil {
+			s.Parts.forget()
+		}
 		if s.CompareAndSet && (errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)) {
 			return Head{}, fmt.Errorf("%w: head switched meanwhile", ErrSuperseded)
 		}
 		return Head{}, fmt.Errorf("head: %w", err)
 	}
+	if s.Parts != nil {
+		s.Parts.wrote(next)
+	}
+	return next, nil
+}
+
+// partsHead puts data's new parts (writeParts) and returns the head to
+// switch to. The first one after a whole snapshot names it (Whole); the
+// one after deletes its chunks first.
+func (s Store) partsHead(ctx context.Context, cur Head, data []byte) (Head, error) {
+	var whole *WholeRef
+	switch {
+	case cur.Version == partsVersion && cur.Whole != nil:
+		if err := s.dropWhole(ctx, cur.Whole.Slot, cur.Whole.Chunks); err != nil {
+			return Head{}, err
+		}
+	case cur.Version != partsVersion && cur.Chunks > 0:
+		whole = &WholeRef{Slot: cur.Slot & 1, Chunks: cur.Chunks}
+	}
+	next, put, err := s.writeParts(ctx, cur, data)
+	if err != nil {
+		return Head{}, err
+	}
+	next.Whole, next.Put = whole, put
 	return next, nil
 }
 
@@ -147,6 +209,25 @@ func (s Store) current(ctx context.Context, seq uint64) (Head, uint64, error) {
 // Read returns the payload the head names, whole and verified: ErrNone
 // when there is no head, ErrBad when it cannot be read whole.
 func (s Store) Read(ctx context.Context) ([]byte, Head, error) {
+	// A head in parts whose part a later write overwrote (the reader was
+	// slow, or a writer raced another) is read again if the head moved.
+	var last string
+	for range 3 {
+		data, head, err := s.read(ctx)
+		if err == nil || !errors.Is(err, ErrBad) || head.Version != partsVersion || headID(head) == last {
+			return data, head, err
+		}
+		last = headID(head)
+		e, gerr := s.KV.Get(ctx, s.HeadKey)
+		var cur Head
+		if gerr != nil || json.Unmarshal(e.Value(), &cur) != nil || headID(cur) == last {
+			return data, head, err
+		}
+	}
+	return s.read(ctx)
+}
+
+func (s Store) read(ctx context.Context) ([]byte, Head, error) {
 	e, err := s.KV.Get(ctx, s.HeadKey)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, Head{}, ErrNone
@@ -155,8 +236,20 @@ func (s Store) Read(ctx context.Context) ([]byte, Head, error) {
 		return nil, Head{}, fmt.Errorf("snapshot head: %w", err)
 	}
 	var head Head
-	if err := json.Unmarshal(e.Value(), &head); err != nil || head.Slot < 0 || head.Slot > 1 || head.Chunks < 1 ||
-		head.Bytes < 0 || head.Bytes > head.Chunks*ChunkBytes || len(head.SHA256) != 2*sha256.Size {
+	err = json.Unmarshal(e.Value(), &head)
+	switch {
+	case err != nil || head.Bytes < 0 || len(head.SHA256) != 2*sha256.Size:
+		return nil, Head{}, fmt.Errorf("%w: head %q", ErrBad, e.Value())
+	case head.Version == partsVersion:
+		if !validParts(head.Index) || head.Chunks < 0 {
+			return nil, Head{}, fmt.Errorf("%w: head %q", ErrBad, e.Value())
+		}
+		data, err := s.readParts(ctx, head)
+		if err != nil {
+			return nil, head, err
+		}
+		return checked(data, head)
+	case head.Version != 0 || head.Slot < 0 || head.Slot > 1 || head.Chunks < 1 || head.Bytes > head.Chunks*ChunkBytes:
 		return nil, Head{}, fmt.Errorf("%w: head %q", ErrBad, e.Value())
 	}
 	data := make([]byte, 0, head.Bytes)
@@ -170,6 +263,11 @@ func (s Store) Read(ctx context.Context) ([]byte, Head, error) {
 		}
 		data = append(data, c.Value()...)
 	}
+	return checked(data, head)
+}
+
+// checked returns data if it is the payload head describes.
+func checked(data []byte, head Head) ([]byte, Head, error) {
 	if len(data) != head.Bytes {
 		return nil, head, fmt.Errorf("%w: %d bytes, the head says %d", ErrBad, len(data), head.Bytes)
 	}

@@ -384,6 +384,10 @@ type modelSnapshotter struct {
 	bus      *bus.Bus
 	log      *slog.Logger
 	interval time.Duration
+	// parts are the snapshot parts this replica wrote (kvsnap's parts.go):
+	// while the head is the last one it wrote, a write puts only what
+	// changed since.
+	parts *kvsnap.Parts
 	// pending takes the next snapshot to write (capacity 1).
 	pending chan *modelSnap
 	// taken and since are the ingester's: when the last snapshot was
@@ -395,7 +399,8 @@ type modelSnapshotter struct {
 }
 
 func newModelSnapshotter(b *bus.Bus, interval time.Duration, log *slog.Logger) *modelSnapshotter {
-	return &modelSnapshotter{bus: b, log: log, interval: interval, pending: make(chan *modelSnap, 1), taken: time.Now()}
+	return &modelSnapshotter{bus: b, log: log, interval: interval, pending: make(chan *modelSnap, 1), taken: time.Now(),
+		parts: kvsnap.NewParts()}
 }
 
 // due reports whether a snapshot should be taken now (the ingester's
@@ -454,7 +459,9 @@ func (sn *modelSnapshotter) write(ctx context.Context, kv jetstream.KeyValue, s 
 	ev, usage := lives[contracts.StreamJobEvents], lives[contracts.StreamUsage]
 	s.created, s.first = ev.Created, ev.First
 	s.usageCreated, s.usageFirst = usage.Created, usage.First
-	head, err := snapshotStore(kv).Write(ctx, s.seq, s.encode)
+	store := snapshotStore(kv)
+	store.Parts = sn.parts
+	head, err := store.Write(ctx, s.seq, s.encode)
 	if errors.Is(err, kvsnap.ErrSuperseded) {
 		sn.log.Debug("read model snapshot not written", "seq", s.seq, "why", err)
 		return nil
@@ -466,7 +473,7 @@ func (sn *modelSnapshotter) write(ctx context.Context, kv jetstream.KeyValue, s 
 	for _, recs := range s.retired {
 		retired += len(recs)
 	}
-	sn.log.Info("read model snapshot written", "seq", s.seq, "bytes", head.Bytes, "chunks", head.Chunks, "live_jobs", len(s.live),
+	sn.log.Info("read model snapshot written", "seq", s.seq, "bytes", head.Bytes, "put_bytes", head.Put, "parts", head.Chunks, "live_jobs", len(s.live),
 		"retired_jobs", retired, "took", time.Since(start))
 	if sn.written != nil {
 		sn.written(head)

@@ -64,9 +64,11 @@ var snapshotStreams = []string{contracts.StreamAllocations, contracts.StreamRuns
 // snapshotStore is the resource manager's snapshot in kv. Every replica
 // writes the same keys; with several active (no lease) two may write at
 // once, and the head's checksum then makes the next term read the
-// streams whole.
+// streams whole. It is written in parts (kvsnap's parts.go): a write puts
+// only what changed since the writer's last one.
 func snapshotStore(kv jetstream.KeyValue) kvsnap.Store {
-	return kvsnap.Store{KV: kv, HeadKey: contracts.RMSnapshotHeadKey(), ChunkKey: contracts.RMSnapshotChunkKey}
+	return kvsnap.Store{KV: kv, HeadKey: contracts.RMSnapshotHeadKey(), ChunkKey: contracts.RMSnapshotChunkKey,
+		Parts: kvsnap.NewParts()}
 }
 
 // snapshotMeta is the JSON part of a snapshot.
@@ -321,7 +323,7 @@ func (w *snapshots) write(ctx context.Context, s *server) error {
 	s.mu.Lock()
 	s.sinceSnapshot = 0
 	s.mu.Unlock()
-	s.log.Info("snapshot written", "bytes", head.Bytes, "chunks", head.Chunks, "seqs", sn.meta.Seqs,
+	s.log.Info("snapshot written", "bytes", head.Bytes, "put_bytes", head.Put, "parts", head.Chunks, "seqs", sn.meta.Seqs,
 		"live_allocations", len(sn.meta.Ledger.Live), "retired_allocations", sn.meta.Ledger.RetiredLen()/ledger.RetiredRecordSize,
 		"refusals", sn.meta.RefusedBytes/refusalKeySize, "took", time.Since(start))
 	return nil

@@ -38,10 +38,12 @@ var snapshotStreams = []string{contracts.StreamJobEvents, contracts.StreamJobs, 
 const snapshotEvery = 200_000
 
 // snapshotStore is scheduler name's snapshot in kv (its own keys; a
-// scheduler writes under its lease, alone).
+// scheduler writes under its lease, alone). It is written in parts: most
+// of a snapshot is retired jobs' records, appended to, which a write puts
+// again only where they changed (kvsnap's parts.go).
 func snapshotStore(kv jetstream.KeyValue, name string) kvsnap.Store {
 	return kvsnap.Store{KV: kv, HeadKey: contracts.SnapshotHeadKey(name),
-		ChunkKey: func(slot, i int) string { return contracts.SnapshotChunkKey(name, slot, i) }}
+		ChunkKey: func(slot, i int) string { return contracts.SnapshotChunkKey(name, slot, i) }, Parts: kvsnap.NewParts()}
 }
 
 // keptHeaders are the headers a snapshot keeps of each message: the ID
@@ -188,7 +190,7 @@ func (sn *snapshotter) write(ctx context.Context, snap *state.Snapshot) error {
 	if err != nil {
 		return err
 	}
-	sn.log.Info("snapshot written", "bytes", head.Bytes, "chunks", head.Chunks, "open_jobs", snap.Meta.Jobs,
+	sn.log.Info("snapshot written", "bytes", head.Bytes, "put_bytes", head.Put, "parts", head.Chunks, "open_jobs", snap.Meta.Jobs,
 		"retired_jobs", snap.Meta.Retired, "messages", snap.Meta.Msgs, "seqs", snap.Meta.Seqs, "took", time.Since(start))
 	if sn.written != nil {
 		sn.written(snap.Meta)

@@ -209,7 +209,11 @@ func TestUnusableSnapshotFallsBackToTheLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	name := e.cfg.Name
+	// The cases write whole snapshots (slots 0 and 1), as a scheduler
+	// before parts did: those must still read. The scheduler's own
+	// writes, and the last case's, are in parts.
 	store := snapshotStore(kv, name)
+	store.Parts = nil
 	headOf := func() kvsnap.Head {
 		_, h, err := store.Read(ctx)
 		if err != nil {
@@ -282,6 +286,16 @@ func TestUnusableSnapshotFallsBackToTheLog(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, true},
+		{"a part spoiled under the head", func() {
+			parts := snapshotStore(kv, name)
+			if _, err := parts.Write(ctx, 0, func() ([]byte, error) { return good, nil }); err != nil {
+				t.Fatal(err)
+			}
+			// After a whole head, the first part goes to index 0.
+			if _, err := kv.Put(ctx, contracts.SnapshotChunkKey(name, kvsnap.PartSlot, 0), []byte("spoiled")); err != nil {
+				t.Fatal(err)
+			}
+		}, false},
 		{"missing", func() {
 			if err := kv.Delete(ctx, contracts.SnapshotHeadKey(name)); err != nil {
 				t.Fatal(err)
