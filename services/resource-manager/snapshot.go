@@ -270,6 +270,16 @@ func (s *server) startSnapshots(ctx context.Context) *snapshots {
 // install makes sn the server's state.
 func (s *server) install(sn *snapshot) error {
 	keep := ledger.Keep(s.cfg.PlanMaxAge, s.cfg.ClockSkew)
+	// A snapshot written with a shorter keep (a smaller -plan-max-age or
+	// -clock-skew then) has dropped records this manager must still
+	// hold: under its plan age a plan that old is young, and its ended
+	// allocation would commit again. The streams, read whole, hold them
+	// (ALLOCATIONS keeps everything). A longer keep is fine: its records
+	// are read into this window's buckets by their ends (Rebucket).
+	if want := recset.NewWindow(refusalKeySize, keep).Span(); sn.meta.Ledger.RetiredSpan < want || sn.meta.RefusedSpan < want {
+		return fmt.Errorf("%w: written with a shorter plan age or clock skew (buckets of %v and %v, this manager's %v)",
+			errBadSnapshot, time.Duration(sn.meta.Ledger.RetiredSpan), time.Duration(sn.meta.RefusedSpan), time.Duration(want))
+	}
 	led, err := ledger.FromState(sn.meta.Ledger, keep)
 	if err != nil {
 		return fmt.Errorf("%w: %w", errBadSnapshot, err)
