@@ -29,7 +29,7 @@ func start(t *testing.T) *env {
 	return &env{srv: srv, op: connectAs(t, srv, natstest.Operator(t, srv))}
 }
 
-func connectAs(t *testing.T, srv *natsserver.Server, creds string) *bus.Bus {
+func connectAs(t testing.TB, srv *natsserver.Server, creds string) *bus.Bus {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -41,7 +41,7 @@ func connectAs(t *testing.T, srv *natsserver.Server, creds string) *bus.Bus {
 	return b
 }
 
-func bucket(t *testing.T, b *bus.Bus) jetstream.KeyValue {
+func bucket(t testing.TB, b *bus.Bus) jetstream.KeyValue {
 	t.Helper()
 	kv, err := b.KeyValue(t.Context(), contracts.BucketSnapshots)
 	if err != nil {
