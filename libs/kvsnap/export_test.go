@@ -1,4 +1,6 @@
 package kvsnap
 
+import "context"
+
 // ReadIndex is readIndex for the tests: the payload parts a head names.
-var ReadIndex = Store.readIndex
+func ReadIndex(s Store, ctx context.Context, h Head) ([]Part, error) { return s.readIndex(ctx, h, nil) }

@@ -285,7 +285,7 @@ func (s Store) headKeys(ctx context.Context, h Head) ([]int, error) {
 	if h.Version != partsVersion {
 		return nil, nil
 	}
-	parts, err := s.readIndex(ctx, h)
+	parts, err := s.readIndex(ctx, h, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -324,8 +324,9 @@ func validParts(parts []Part) bool {
 	return true
 }
 
-// getParts reads parts, each checked against its length and checksum.
-func (s Store) getParts(ctx context.Context, what string, parts []Part, size int) ([]byte, error) {
+// getParts reads parts, each checked against its length and checksum,
+// and notes in seen (if not nil) each part with the revision read.
+func (s Store) getParts(ctx context.Context, what string, parts []Part, size int, seen map[string]minePart) ([]byte, error) {
 	data := make([]byte, 0, size)
 	for i, pt := range parts {
 		e, err := s.KV.Get(ctx, s.ChunkKey(PartSlot, pt.Key))
@@ -336,6 +337,9 @@ func (s Store) getParts(ctx context.Context, what string, parts []Part, size int
 		if sum := sha256.Sum256(v); len(v) != pt.Bytes || hex.EncodeToString(sum[:]) != pt.SHA256 {
 			return nil, fmt.Errorf("%w: %s part %d of %d (key %d) does not match the head", ErrBad, what, i, len(parts), pt.Key)
 		}
+		if seen != nil {
+			seen[pt.SHA256] = minePart{Part: pt, rev: e.Revision()}
+		}
 		data = append(data, v...)
 	}
 	return data, nil
@@ -343,12 +347,12 @@ func (s Store) getParts(ctx context.Context, what string, parts []Part, size int
 
 // readIndex reads h's index: its payload's parts, checked to add up to
 // the head's length and count.
-func (s Store) readIndex(ctx context.Context, h Head) ([]Part, error) {
+func (s Store) readIndex(ctx context.Context, h Head, seen map[string]minePart) ([]Part, error) {
 	size := 0
 	for _, pt := range h.Index {
 		size += pt.Bytes
 	}
-	raw, err := s.getParts(ctx, "index", h.Index, size)
+	raw, err := s.getParts(ctx, "index", h.Index, size, seen)
 	if err != nil {
 		return nil, err
 	}
@@ -367,13 +371,31 @@ func (s Store) readIndex(ctx context.Context, h Head) ([]Part, error) {
 	return parts, nil
 }
 
-// readParts reads the payload h names.
+// readParts reads the payload h names. With Parts, a payload read whole
+// and checked is this writer's to reuse (a new term's first write then
+// puts only what changed since the head it loaded, not everything): its
+// parts at the revisions read, which the write checks again.
 func (s Store) readParts(ctx context.Context, h Head) ([]byte, error) {
-	parts, err := s.readIndex(ctx, h)
+	var seen map[string]minePart
+	if s.Parts != nil {
+		seen = map[string]minePart{}
+	}
+	parts, err := s.readIndex(ctx, h, seen)
 	if err != nil {
 		return nil, err
 	}
-	return s.getParts(ctx, "payload", parts, h.Bytes)
+	data, err := s.getParts(ctx, "payload", parts, h.Bytes, seen)
+	if err != nil {
+		return nil, err
+	}
+	if s.Parts != nil {
+		if _, _, err := checked(data, h); err == nil {
+			s.Parts.mu.Lock()
+			s.Parts.head, s.Parts.mine = headID(h), seen
+			s.Parts.mu.Unlock()
+		}
+	}
+	return data, nil
 }
 
 // dropWhole deletes the chunks of a whole snapshot (both slots) that the

@@ -247,3 +247,23 @@ func TestUnreadablePartsSnapshots(t *testing.T) {
 		})
 	}
 }
+
+// TestPartsANewTermReusesWhatItRead: a writer of a new term (a new
+// leader, a restart) that read the head whole puts only what changed
+// since it; one that did not read it puts everything.
+func TestPartsANewTermReusesWhatItRead(t *testing.T) {
+	e := start(t)
+	kv := bucket(t, e.op)
+	write(t, partsStore(kv), 1, history(1, 60_000, 10_000))
+	next := history(2, 61_000, 10_000)
+	read := partsStore(kv)
+	if _, _, err := read.Read(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if h := write(t, read, 2, next); h.Put > len(next)/4 {
+		t.Errorf("after reading the head, a new term's first write put %d bytes of %d", h.Put, len(next))
+	}
+	if h := write(t, partsStore(kv), 3, history(3, 61_000, 10_000)); h.Put < len(next) {
+		t.Errorf("without reading the head, a new term's first write put %d bytes of %d, want all", h.Put, len(next))
+	}
+}
