@@ -199,8 +199,11 @@ func run(ctx context.Context, cfg Config, rt *service.Runtime, store Store) erro
 	proj = projector.New(projector.Config{Bus: b, Store: store, Log: log, Unavailable: ErrStoreUnavailable,
 		Changed: ErrGenerationChanged, RetryDelay: cfg.StoreRetryDelay, Applied: budgets.Touch})
 
+	// The biller takes each consumer's messages in batches: what it asks
+	// the store about the allocations it forgot is asked once per batch,
+	// outside its lock (internal/biller, forget.go).
 	g.Go(func() error {
-		err := b.Consume(gctx, bus.ConsumerSpec{Stream: contracts.StreamAllocations, Durable: Consumer,
+		err := b.ConsumeBatch(gctx, bus.ConsumerSpec{Stream: contracts.StreamAllocations, Durable: Consumer,
 			FilterSubjects: []string{contracts.SubjectLedgerAll}, MaxDeliver: maxDeliver}, bl.Handle)
 		if err != nil {
 			return fmt.Errorf("%s: %w", Name, err)
@@ -208,7 +211,7 @@ func run(ctx context.Context, cfg Config, rt *service.Runtime, store Store) erro
 		return nil
 	})
 	g.Go(func() error {
-		err := b.Consume(gctx, bus.ConsumerSpec{Stream: contracts.StreamRuns, Durable: RunsConsumer,
+		err := b.ConsumeBatch(gctx, bus.ConsumerSpec{Stream: contracts.StreamRuns, Durable: RunsConsumer,
 			FilterSubjects: []string{contracts.SubjectRunsAll}, MaxDeliver: maxDeliver}, bl.HandleRun)
 		if err != nil {
 			return fmt.Errorf("%s: %w", Name, err)

@@ -112,7 +112,7 @@ type allocation struct {
 
 // Biller meters ledger entries and run facts. Rebuild runs first; then
 // Handle and HandleRun may be called from one goroutine each (the two
-// consumers): they take turns on one lock.
+// consumers): they take turns on one lock, message by message.
 type Biller struct {
 	cfg    Config
 	mu     sync.Mutex
@@ -123,6 +123,10 @@ type Biller struct {
 	settled []*epoch
 	forgot  string
 	hold    time.Time
+	// forgets counts the changes to what the biller forgot (an epoch
+	// dropped, a recall): an index's answer asked outside b.mu stands
+	// only while it has not moved (answers).
+	forgets uint64
 	round   int               // Forget's rounds
 	last    map[string]uint64 // usage subject → last sequence applied
 	until   time.Time         // end of the latest segment in USAGE
@@ -157,45 +161,90 @@ func (b *Biller) Rebuild(ctx context.Context) error {
 	return nil
 }
 
-// Handle meters one ledger message (a bus.Handler). Entries that bill
-// nothing are acked; malformed ones are permanent failures.
-func (b *Biller) Handle(ctx context.Context, m *bus.Msg) error {
+// Handle meters ledger messages taken together (a bus.BatchHandler):
+// released entries are billed, one after the other in stream order, each
+// with its own outcome; other entries are acked, malformed ones are
+// permanent failures. What the biller forgot is asked about once for the
+// whole batch, outside its lock (ask).
+func (b *Biller) Handle(ctx context.Context, msgs []*bus.Msg) []error {
+	return b.handle(ctx, msgs, ledgerBasis)
+}
+
+// HandleRun meters the agents' run facts taken together (a
+// bus.BatchHandler on RUNS) as Handle does ledger entries: an ended fact
+// is the truth of what the run held, whatever the ledger said first.
+// Other facts are acked.
+func (b *Biller) HandleRun(ctx context.Context, msgs []*bus.Msg) []error {
+	return b.handle(ctx, msgs, runBasis)
+}
+
+// handle bills the basis of each message of msgs (basisOf: ok false when
+// it bills nothing) and returns each message's outcome.
+func (b *Biller) handle(ctx context.Context, msgs []*bus.Msg, basisOf func(*bus.Msg) (basis, bool, error)) []error {
+	errs := make([]error, len(msgs))
+	bases := make([]*basis, len(msgs))
+	for i, m := range msgs {
+		bs, ok, err := basisOf(m)
+		if errs[i] = err; ok && err == nil {
+			bases[i] = &bs
+		}
+	}
+	ans := b.ask(ctx, bases)
+	for i, bs := range bases {
+		if bs != nil {
+			errs[i] = b.billOne(ctx, msgs[i], *bs, ans)
+		}
+	}
+	return errs
+}
+
+// billOne is bill with a panic a permanent failure of its message alone,
+// as bus.Consume has it, not of the whole batch (bus.ConsumeBatch's).
+func (b *Biller) billOne(ctx context.Context, m *bus.Msg, bs basis, ans *answers) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = bus.Permanent(fmt.Errorf("billing panic: %v", r))
+		}
+	}()
+	return b.bill(ctx, m, bs, ans)
+}
+
+// ledgerBasis is what a ledger message bills: a released entry.
+func ledgerBasis(m *bus.Msg) (basis, bool, error) {
 	var e contracts.LedgerEntry
 	if err := m.Decode(&e); err != nil {
-		return bus.Permanent(err)
+		return basis{}, false, bus.Permanent(err)
 	}
 	if e.Kind != contracts.LedgerReleased {
-		return nil
+		return basis{}, false, nil
 	}
 	if _, _, _, err := meter.Span(e); err != nil {
-		return bus.Permanent(err)
+		return basis{}, false, bus.Permanent(err)
 	}
 	// A node_lost release ends the run when the resource manager gave up
 	// on the node; every other release carries the agent's own end.
-	return b.bill(ctx, m, basis{entry: e, provisional: e.Reason == contracts.ReasonNodeLost})
+	return basis{entry: e, provisional: e.Reason == contracts.ReasonNodeLost}, true, nil
 }
 
-// HandleRun meters the agent's ended fact of a run (a bus.Handler on
-// RUNS): the truth of what the run held, whatever the ledger said first.
-// Other facts are acked.
-func (b *Biller) HandleRun(ctx context.Context, m *bus.Msg) error {
+// runBasis is what a run fact bills: an ended one, as a release.
+func runBasis(m *bus.Msg) (basis, bool, error) {
 	var ev contracts.RunEvent
 	if err := m.Decode(&ev); err != nil {
-		return bus.Permanent(err)
+		return basis{}, false, bus.Permanent(err)
 	}
 	if ev.Kind != contracts.RunEnded || ev.Result == nil {
-		return nil
+		return basis{}, false, nil
 	}
 	if node, err := contracts.NodeOfRunsSubject(m.Subject); err != nil || node != ev.NodeID {
 		// An agent may only publish on its own node's subject: a fact that
 		// names another node bills nothing.
-		return bus.Permanent(fmt.Errorf("run fact for node %q on %s", ev.NodeID, m.Subject))
+		return basis{}, false, bus.Permanent(fmt.Errorf("run fact for node %q on %s", ev.NodeID, m.Subject))
 	}
 	e := EntryOfRun(ev)
 	if _, _, _, err := meter.Span(e); err != nil {
-		return bus.Permanent(err)
+		return basis{}, false, bus.Permanent(err)
 	}
-	return b.bill(ctx, m, basis{entry: e})
+	return basis{entry: e}, true, nil
 }
 
 // EntryOfRun is the release an ended fact amounts to for billing: the
@@ -222,7 +271,8 @@ type basis struct {
 
 // bill brings what USAGE holds of bs's allocation in line with bs,
 // publishing each record with a compare-and-set on the tenant's subject.
-func (b *Biller) bill(ctx context.Context, m *bus.Msg, bs basis) error {
+// ans is what the index said of the batch's allocations (nil: nothing).
+func (b *Biller) bill(ctx context.Context, m *bus.Msg, bs basis, ans *answers) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	a := bs.entry.Allocation
@@ -230,7 +280,7 @@ func (b *Biller) bill(ctx context.Context, m *bus.Msg, bs basis) error {
 	log := b.cfg.Log.With("tenant", a.Tenant, "job_id", a.JobID, "allocation_id", a.ID, "subject", m.Subject,
 		"stream_seq", m.StreamSeq)
 	for range maxAttempts {
-		recs, err := b.plan(ctx, bs)
+		recs, err := b.plan(ctx, bs, ans)
 		if err != nil || len(recs) == 0 {
 			return err
 		}
@@ -269,9 +319,9 @@ func (b *Biller) bill(ctx context.Context, m *bus.Msg, bs basis) error {
 // plan is what to publish for bs given what USAGE holds of its allocation
 // (the table in the package comment); nothing when it is billed as it
 // should be.
-func (b *Biller) plan(ctx context.Context, bs basis) ([]contracts.UsageRecord, error) {
+func (b *Biller) plan(ctx context.Context, bs basis, ans *answers) ([]contracts.UsageRecord, error) {
 	e := bs.entry
-	st, _, err := b.find(ctx, e.Allocation.ID, e.Allocation.Tenant)
+	st, _, err := b.find(ctx, e.Allocation.ID, e.Allocation.Tenant, ans)
 	if err != nil {
 		return nil, err
 	}

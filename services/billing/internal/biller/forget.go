@@ -36,6 +36,15 @@ import (
 //     not read). Billed: the tenant's usage subject is read up to its
 //     end; an allocation still unknown then is one the biller forgot,
 //     settled (only settled ones are forgotten), and nothing is billed.
+//   - ask puts that question for the allocations of a batch of
+//     messages, in one round trip, before the batch is billed, outside
+//     b.mu (the other consumer bills meanwhile). find takes its answer
+//     for its own only if, under b.mu, it is of the generation forgot
+//     names and nothing was forgotten or recalled since before it was
+//     asked (forgets unchanged): then every allocation forgotten was
+//     confirmed billed in that generation before the question, an
+//     answer never goes from billed to not billed within one, and "not
+//     billed" still means none of them. Otherwise find asks itself.
 //   - No answer, or one of another generation (Redis restarted or was
 //     flushed: its content is rebuilt from USAGE): recall reads USAGE
 //     back for the allocations the biller does not hold, as a start
@@ -110,6 +119,7 @@ func (b *Biller) Forget(ctx context.Context) (int, error) {
 		// hold what it forgot before: forget nothing more until a recall.
 		if i >= 0 && i < len(b.settled)-1 && (gen == "" || b.forgot == "" || b.forgot == gen) {
 			b.settled = slices.Delete(b.settled, i, i+1)
+			b.forgets++
 			if gen != "" {
 				b.forgot = gen
 			}
@@ -136,24 +146,97 @@ func (b *Biller) confirm(ctx context.Context, keys []Key) (gen string, ok bool, 
 	return gen, true, nil
 }
 
+// answers is what the index said, asked outside b.mu, of the
+// allocations of a batch the biller did not hold (ask).
+type answers struct {
+	gen     string // the generation they are of
+	forgets uint64 // b.forgets before they were asked
+	billed  map[Key]bool
+}
+
+// ask puts the question find would put for each basis of bases (nil ones
+// bill nothing) whose allocation the biller does not hold, in one round
+// trip, outside b.mu; nil when none needs it or the index did not answer
+// (find asks again, and reads USAGE back if need be). b.mu must not be
+// held.
+func (b *Biller) ask(ctx context.Context, bases []*basis) *answers {
+	b.mu.Lock()
+	if b.forgot == "" {
+		b.mu.Unlock()
+		return nil
+	}
+	ans := &answers{forgets: b.forgets, billed: map[Key]bool{}}
+	var keys []Key
+	for _, bs := range bases {
+		if bs == nil {
+			continue
+		}
+		id := bs.entry.Allocation.ID
+		if st, _ := b.lookup(id); st != nil {
+			continue
+		}
+		if k := KeyOf(id); !ans.asked(k) {
+			keys = append(keys, k)
+		}
+	}
+	b.mu.Unlock()
+	if len(keys) == 0 {
+		return nil
+	}
+	for part := range slices.Chunk(keys, indexBatch) {
+		gen, billed, err := b.cfg.Index.Billed(ctx, part)
+		if err != nil || gen == "" || (ans.gen != "" && gen != ans.gen) || len(billed) != len(part) {
+			return nil
+		}
+		ans.gen = gen
+		for i, k := range part {
+			ans.billed[k] = billed[i]
+		}
+	}
+	return ans
+}
+
+// asked reports whether k is asked already, and marks it asked.
+func (ans *answers) asked(k Key) bool {
+	if _, ok := ans.billed[k]; ok {
+		return true
+	}
+	ans.billed[k] = false
+	return false
+}
+
+// of is ans's answer for k, if it stands (see the top of this file).
+// b.mu must be held.
+func (ans *answers) of(b *Biller, k Key) (billed, ok bool) {
+	if ans == nil || ans.forgets != b.forgets || ans.gen != b.forgot {
+		return false, false
+	}
+	billed, ok = ans.billed[k]
+	return billed, ok
+}
+
 // find is lookup, with what the biller forgot: an allocation it does not
-// hold is asked about in the index (see the top of this file). b.mu must
-// be held.
-func (b *Biller) find(ctx context.Context, id, tenant string) (st *allocation, settled bool, err error) {
+// hold is asked about in the index (see the top of this file), unless
+// ans answers for it. b.mu must be held.
+func (b *Biller) find(ctx context.Context, id, tenant string, ans *answers) (st *allocation, settled bool, err error) {
 	if st, settled := b.lookup(id); st != nil || b.forgot == "" {
 		return st, settled, nil
 	}
-	gen, billed, err := b.cfg.Index.Billed(ctx, []Key{KeyOf(id)})
-	if err != nil || gen != b.forgot || len(billed) != 1 {
-		b.cfg.Log.Warn("the store cannot tell what billing forgot; reading USAGE back", "allocation_id", id,
-			"forgotten_in", b.forgot, "store_generation", gen, "err", err)
-		if err := b.recall(ctx); err != nil {
-			return nil, false, err
+	billed, ok := ans.of(b, KeyOf(id))
+	if !ok {
+		gen, got, err := b.cfg.Index.Billed(ctx, []Key{KeyOf(id)})
+		if err != nil || gen != b.forgot || len(got) != 1 {
+			b.cfg.Log.Warn("the store cannot tell what billing forgot; reading USAGE back", "allocation_id", id,
+				"forgotten_in", b.forgot, "store_generation", gen, "err", err)
+			if err := b.recall(ctx); err != nil {
+				return nil, false, err
+			}
+			st, settled := b.lookup(id)
+			return st, settled, nil
 		}
-		st, settled := b.lookup(id)
-		return st, settled, nil
+		billed = got[0]
 	}
-	if !billed[0] {
+	if !billed {
 		return nil, false, nil
 	}
 	if err := b.catchUp(ctx, contracts.SubjectUsage(tenant)); err != nil {
@@ -198,6 +281,7 @@ func (b *Biller) recall(ctx context.Context) error {
 		return fmt.Errorf("recall usage: %w", err)
 	}
 	b.forgot, b.hold = "", time.Now().Add(forgetHold)
+	b.forgets++
 	b.cfg.Log.Info("read back what billing forgot from USAGE", "records", n)
 	return nil
 }

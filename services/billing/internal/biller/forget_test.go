@@ -96,7 +96,7 @@ func TestForgetOnlyWhatTheIndexConfirms(t *testing.T) {
 	}
 	// Not held, not in the index: never billed. (One the index holds is
 	// looked for in the tenant's subject first: the service's tests.)
-	if st, ok, err := b.find(ctx, "acme/new/1", "acme"); err != nil || st != nil || ok {
+	if st, ok, err := b.find(ctx, "acme/new/1", "acme", nil); err != nil || st != nil || ok {
 		t.Fatalf("find of a new allocation = %+v, %v, %v; want nothing", st, ok, err)
 	}
 

@@ -47,7 +47,7 @@ func TestSettledAllocationsAreKeptAsDigests(t *testing.T) {
 		return contracts.LedgerEntry{Kind: contracts.LedgerReleased, Allocation: contracts.Allocation{ID: id, Tenant: "acme"}}
 	}
 	for _, provisional := range []bool{false, true} {
-		recs, err := b.plan(context.Background(), basis{entry: entry("acme/j0007/1"), provisional: provisional})
+		recs, err := b.plan(context.Background(), basis{entry: entry("acme/j0007/1"), provisional: provisional}, nil)
 		if err != nil || len(recs) != 0 {
 			t.Fatalf("plan for a settled allocation (provisional basis %v) = %v, %v; want nothing", provisional, recs, err)
 		}
