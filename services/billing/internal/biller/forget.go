@@ -3,6 +3,7 @@ package biller
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -253,6 +254,12 @@ func (b *Biller) find(ctx context.Context, id, tenant string, ans *answers) (st 
 // already all USAGE says of them), and holds off forgetting. b.mu must be
 // held.
 func (b *Biller) recall(ctx context.Context) error {
+	// What the biller read of each subject before: a record past it may
+	// be another replica's (or one whose publish ack was lost) of an
+	// allocation this one holds, and must be read, not skipped, or a
+	// redelivered input would bill the allocation again from a state
+	// that misses it while b.last said it was read.
+	read := maps.Clone(b.last)
 	held := make(map[string]struct{}, len(b.allocs))
 	for id := range b.allocs {
 		held[id] = struct{}{}
@@ -270,7 +277,8 @@ func (b *Biller) recall(ctx context.Context) error {
 	if _, err := b.cfg.Bus.Replay(ctx, bus.FollowSpec{Stream: contracts.StreamUsage,
 		FilterSubjects: []string{contracts.SubjectUsageAll}}, func(_ context.Context, m *bus.Msg) error {
 		var rec contracts.UsageRecord
-		if err := m.Decode(&rec); err != nil || rec.AllocationID == "" || holds(rec.AllocationID) {
+		if err := m.Decode(&rec); err != nil || rec.AllocationID == "" ||
+			m.StreamSeq <= read[m.Subject] && holds(rec.AllocationID) {
 			b.last[m.Subject] = max(b.last[m.Subject], m.StreamSeq)
 			return nil
 		}
