@@ -212,8 +212,15 @@ func (s *RedisStore) Open(ctx context.Context) (string, error) {
 	return gen, nil
 }
 
-// clear deletes every key of the store.
+// clear deletes every key of the store, the generation first: another
+// replica's Billed reads the generation and the billed set in one
+// transaction, so while the clear runs it answers of no generation (and
+// the biller reads USAGE back), never "not billed" in the generation
+// whose set is being emptied.
 func (s *RedisStore) clear(ctx context.Context) error {
+	if err := s.rdb.Unlink(ctx, s.prefix+"gen").Err(); err != nil {
+		return err
+	}
 	iter := s.rdb.Scan(ctx, 0, escapeGlob(s.prefix)+"*", 1000).Iterator()
 	var batch []string
 	for iter.Next(ctx) {
