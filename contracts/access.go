@@ -376,10 +376,15 @@ func Access(id Identity) (Permissions, error) {
 				pub("$KV." + b.Bucket + "." + k)
 			}
 		}
+		// A watch is a push consumer with flow control: past ~1 MB
+		// pending the server waits for a reply on $JS.FC.<stream>.…,
+		// and without the grant a watch of many keys (kvsnap's parts)
+		// stalls for good.
 		pub("$JS.API.STREAM.INFO."+stream, "$JS.API.STREAM.CREATE."+stream,
 			"$JS.API.STREAM.MSG.GET."+stream, "$JS.API.DIRECT.GET."+stream, "$JS.API.DIRECT.GET."+stream+".>",
 			"$JS.API.CONSUMER.CREATE."+stream+".>", "$JS.API.CONSUMER.INFO."+stream+".>",
-			"$JS.API.CONSUMER.DELETE."+stream+".>", "$JS.API.CONSUMER.MSG.NEXT."+stream+".>")
+			"$JS.API.CONSUMER.DELETE."+stream+".>", "$JS.API.CONSUMER.MSG.NEXT."+stream+".>",
+			"$JS.FC."+stream+".>")
 	}
 	p.Publish = dedupe(p.Publish)
 	p.Subscribe = dedupe(p.Subscribe)
