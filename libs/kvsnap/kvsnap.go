@@ -116,8 +116,9 @@ func (s Store) Write(ctx context.Context, seq uint64, payload func() ([]byte, er
 		return Head{}, err
 	}
 	var next Head
+	var drop []wholeChunk
 	if s.Parts != nil {
-		if next, err = s.partsHead(ctx, cur, data); err != nil {
+		if next, drop, err = s.partsHead(ctx, cur, data); err != nil {
 			s.Parts.forget()
 			return Head{}, err
 		}
@@ -161,28 +162,37 @@ func (s Store) Write(ctx context.Context, seq uint64, payload func() ([]byte, er
 	if s.Parts != nil {
 		s.Parts.wrote(next)
 	}
+	// A failure leaves them named (Whole): the next write lists them again.
+	_ = s.dropWhole(ctx, drop)
 	return next, nil
 }
 
 // partsHead puts data's new parts (writeParts) and returns the head to
-// switch to. The first one after a whole snapshot names it (Whole); the
-// one after deletes its chunks first.
-func (s Store) partsHead(ctx context.Context, cur Head, data []byte) (Head, error) {
+// switch to, and the whole chunks to delete once it is switched. The
+// first head in parts names the whole snapshot it replaced (Whole: its
+// readers still need it); the one after lists the whole chunks left, to
+// delete after its switch, and names them again until none is left.
+func (s Store) partsHead(ctx context.Context, cur Head, data []byte) (Head, []wholeChunk, error) {
 	var whole *WholeRef
+	var drop []wholeChunk
 	switch {
 	case cur.Version == partsVersion && cur.Whole != nil:
-		if err := s.dropWhole(ctx, cur.Whole.Slot, cur.Whole.Chunks); err != nil {
-			return Head{}, err
+		keys, err := s.wholeKeys(ctx)
+		if err != nil {
+			return Head{}, nil, err
+		}
+		if len(keys) > 0 {
+			whole, drop = cur.Whole, keys
 		}
 	case cur.Version != partsVersion && cur.Chunks > 0:
 		whole = &WholeRef{Slot: cur.Slot & 1, Chunks: cur.Chunks}
 	}
 	next, put, err := s.writeParts(ctx, cur, data)
 	if err != nil {
-		return Head{}, err
+		return Head{}, nil, err
 	}
 	next.Whole, next.Put = whole, put
-	return next, nil
+	return next, drop, nil
 }
 
 // current returns the head and its revision (0: none); ErrSuperseded when

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/restic/chunker"
@@ -40,12 +41,19 @@ import (
 // A reader of an older head may see one of its parts overwritten: the
 // part's checksum says so, and Read tries the head again.
 //
-// A writer reuses only parts it wrote or reused itself, and only while
-// the head is still the one it wrote last: a part of another writer's
-// head (another replica, a leader before this one) may have been
-// overwritten by a third writer's race, and trusting it would carry a
-// broken part from head to head. After a head it did not write, a writer
-// writes every part afresh once.
+// A writer reuses only parts it wrote, or read whole and checked, under
+// the head it wrote or read last, at the revisions it saw them at (a
+// headers-only watch of the part keys before the write): a part another
+// writer overwrote is put again, so no broken part is carried from head
+// to head. After a head it did not write or read, a writer writes every
+// part afresh once.
+//
+// Parts suit a writer that writes alone (the scheduler under its lease,
+// the resource manager's leader). Writers that race (replicas without a
+// lease) choose new parts from the same free indices and can leave a
+// head that does not read: its readers replay their streams, and the
+// part keys stay bounded (TestRacingWritersKeepThePartKeysBounded); the
+// gateway's replicas, which take turns, write whole snapshots.
 
 // PartSlot is the slot a Store with Parts writes its parts under
 // (ChunkKey(PartSlot, i)); whole snapshots use slots 0 and 1.
@@ -211,14 +219,19 @@ func (s Store) writeParts(ctx context.Context, cur Head, data []byte) (Head, int
 	// are p.mine's; another's are read from its index, or, unreadable,
 	// every part key there is counts as taken.
 	if !own {
-		if keys, err := s.headKeys(ctx, cur); err == nil {
-			for _, k := range keys {
-				taken[k] = true
+		keys, err := s.headKeys(ctx, cur)
+		switch {
+		case errors.Is(err, ErrBad):
+			// Unreadable: its payload parts are nobody's; its index's
+			// keys stay out of the way of whoever still reads it.
+			for _, pt := range cur.Index {
+				taken[pt.Key] = true
 			}
-		} else {
-			for k := range revs {
-				taken[k] = true
-			}
+		case err != nil:
+			return Head{}, 0, err
+		}
+		for _, k := range keys {
+			taken[k] = true
 		}
 	}
 	w := partWriter{s: s, old: p.mine, mine: map[string]minePart{}, taken: taken}
@@ -398,57 +411,81 @@ func (s Store) readParts(ctx context.Context, h Head) ([]byte, error) {
 	return data, nil
 }
 
-// dropWhole deletes the chunks of a whole snapshot (both slots) that the
-// first snapshot in parts left behind: the head it replaced named slot
-// and chunks; the other slot holds an older one, or half of one, of a
-// length not known (deleted until a chunk is missing). Once, on the
-// write after that first one (a reader may still have been reading it).
-func (s Store) dropWhole(ctx context.Context, slot, chunks int) error {
-	for i := range chunks {
-		if err := s.KV.Delete(ctx, s.ChunkKey(slot, i)); err != nil {
-			return fmt.Errorf("delete chunk %d of slot %d: %w", i, slot, err)
-		}
-	}
-	other := 1 - slot
-	for i := 0; ; i++ {
-		_, err := s.KV.Get(ctx, s.ChunkKey(other, i))
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("chunk %d of slot %d: %w", i, other, err)
-		}
-		if err := s.KV.Delete(ctx, s.ChunkKey(other, i)); err != nil {
-			return fmt.Errorf("delete chunk %d of slot %d: %w", i, other, err)
-		}
-	}
+// wholeChunk is a whole snapshot's chunk key, at the revision listed.
+type wholeChunk struct {
+	key string
+	rev uint64
 }
+
+// wholeKeys lists the chunk keys of whole snapshots (slots 0 and 1) in
+// the bucket, whatever head named them (a whole writer never deleted the
+// chunks past a smaller payload's).
+func (s Store) wholeKeys(ctx context.Context) ([]wholeChunk, error) {
+	var out []wholeChunk
+	for slot := range 2 {
+		revs, prefix, err := s.keyRevisions(ctx, slot)
+		if err != nil {
+			return nil, err
+		}
+		for i, rev := range revs {
+			out = append(out, wholeChunk{prefix + strconv.Itoa(i), rev})
+		}
+	}
+	return out, nil
+}
+
+// dropWhole deletes the chunks of whole snapshots listed, after the
+// second head in parts is switched (no reader of it needs them), each
+// only at the revision listed: a whole writer that wrote one since (a
+// binary of before parts, in a rolling upgrade) keeps its head's.
+func (s Store) dropWhole(ctx context.Context, chunks []wholeChunk) error {
+	for _, c := range chunks {
+		err := s.KV.Delete(ctx, c.key, jetstream.LastRevision(c.rev))
+		if err != nil && !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return fmt.Errorf("delete whole chunk %s: %w", c.key, err)
+		}
+	}
+	return nil
+}
+
+// watchTimeout bounds the look at the part keys' revisions.
+const watchTimeout = 30 * time.Second
 
 // partRevisions returns the revision of every part key in the bucket, by
 // index: one headers-only watch of the part keys (the key's index must be
 // ChunkKey's last token, as every service's layout has it).
 func (s Store) partRevisions(ctx context.Context) (map[int]uint64, error) {
-	k0 := s.ChunkKey(PartSlot, 0)
+	revs, _, err := s.keyRevisions(ctx, PartSlot)
+	return revs, err
+}
+
+// keyRevisions returns the revision of every key of slot in the bucket,
+// by index, and the keys' prefix.
+func (s Store) keyRevisions(ctx context.Context, slot int) (map[int]uint64, string, error) {
+	k0 := s.ChunkKey(slot, 0)
 	if !strings.HasSuffix(k0, ".0") {
-		return map[int]uint64{}, nil // no pattern: trust no part
+		return map[int]uint64{}, "", nil // no pattern: trust no part, list no chunk
 	}
 	prefix := strings.TrimSuffix(k0, "0")
+	// A stuck watch fails this write, not the writer's term.
+	ctx, cancel := context.WithTimeout(ctx, watchTimeout)
+	defer cancel()
 	w, err := s.KV.Watch(ctx, prefix+"*", jetstream.MetaOnly(), jetstream.IgnoreDeletes())
 	if err != nil {
-		return nil, fmt.Errorf("watch parts: %w", err)
+		return nil, "", fmt.Errorf("watch %s*: %w", prefix, err)
 	}
 	defer func() { _ = w.Stop() }()
 	revs := map[int]uint64{}
 	for {
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return nil, "", fmt.Errorf("watch %s*: %w", prefix, ctx.Err())
 		case e, ok := <-w.Updates():
 			if !ok {
-				return nil, errors.New("watch parts: closed")
+				return nil, "", fmt.Errorf("watch %s*: closed", prefix)
 			}
 			if e == nil {
-				return revs, nil // the initial values are all in
+				return revs, prefix, nil // the initial values are all in
 			}
 			if i, err := strconv.Atoi(strings.TrimPrefix(e.Key(), prefix)); err == nil {
 				revs[i] = e.Revision()

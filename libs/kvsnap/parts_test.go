@@ -8,11 +8,13 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/kvsnap"
+	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 )
 
 // partsStore is the resource manager's layout, written in parts.
@@ -159,27 +161,31 @@ func TestPartsTrustOnlyWhatTheWriterPut(t *testing.T) {
 
 // TestFromWholeToParts: a bucket whose head is a whole snapshot (as every
 // one was before parts) reads; the first write in parts keeps the whole
-// chunks for whoever still reads them, the one after deletes both slots'.
+// chunks for whoever still reads them, the one after deletes both slots'
+// once it is switched, chunks past a smaller payload's count too, and the
+// one after that names no whole snapshot.
 func TestFromWholeToParts(t *testing.T) {
 	e := start(t)
 	kv := bucket(t, e.op)
 	whole := partsStore(kv)
 	whole.Parts = nil
-	write(t, whole, 1, payload(2*kvsnap.ChunkBytes+5))
-	write(t, whole, 2, payload(kvsnap.ChunkBytes+5)) // both slots hold chunks
+	write(t, whole, 1, payload(3*kvsnap.ChunkBytes+5)) // slot 0: chunks 0-3
+	write(t, whole, 2, payload(kvsnap.ChunkBytes+5))   // slot 1: chunks 0-1
+	write(t, whole, 3, payload(20))                    // slot 0: chunk 0 (1-3 left from write 1)
 	parts := partsStore(kv)
 	data := history(1, 40_000, 1000)
-	if h := write(t, parts, 3, data); h.Whole == nil || len(wholeKeys(t, kv)) == 0 {
+	if h := write(t, parts, 4, data); h.Whole == nil || len(wholeKeys(t, kv)) != 6 {
 		t.Errorf("the first head in parts names no whole snapshot (%+v) or dropped its chunks", h.Whole)
 	}
-	if h := write(t, parts, 4, data); h.Whole != nil {
-		t.Errorf("the second head in parts still names a whole snapshot: %+v", h.Whole)
-	}
+	write(t, parts, 5, data)
 	if keys := wholeKeys(t, kv); len(keys) > 0 {
 		t.Errorf("whole chunks left after the second write in parts: %v", keys)
 	}
+	if h := write(t, parts, 6, data); h.Whole != nil {
+		t.Errorf("the third head in parts still names a whole snapshot: %+v", h.Whole)
+	}
 	// And back: a writer without Parts writes whole again, readable.
-	write(t, whole, 5, payload(kvsnap.ChunkBytes+7))
+	write(t, whole, 7, payload(kvsnap.ChunkBytes+7))
 }
 
 func wholeKeys(t *testing.T, kv jetstream.KeyValue) []string {
@@ -265,5 +271,143 @@ func TestPartsANewTermReusesWhatItRead(t *testing.T) {
 	}
 	if h := write(t, partsStore(kv), 3, history(3, 61_000, 10_000)); h.Put < len(next) {
 		t.Errorf("without reading the head, a new term's first write put %d bytes of %d, want all", h.Put, len(next))
+	}
+}
+
+// TestManyPartKeysUnderAServicesGrants (review of parts, HIGH): the
+// headers-only watch of the part keys is a push consumer with flow
+// control; past ~1 MB pending the server waits for a reply on
+// $JS.FC.<stream>.…, which no service was granted: with ~16,000 part keys
+// (a ~400 MB snapshot, or keys left by racing writers) every write hung
+// for good. The grant is contracts/access.go's; a stuck watch now also
+// fails the write after watchTimeout instead of the term.
+func TestManyPartKeysUnderAServicesGrants(t *testing.T) {
+	e := start(t)
+	kv := bucket(t, e.op)
+	const n = 20_000
+	for i := range n {
+		if _, err := kv.Put(t.Context(), contracts.RMSnapshotChunkKey(kvsnap.PartSlot, i), []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rm := connectAs(t, e.srv, natstest.Service(t, e.srv, contracts.BusResourceManager))
+	s := partsStore(bucket(t, rm))
+	// Two writes: the second reuses its parts, after the watch.
+	for seq := range uint64(2) {
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		_, err := s.Write(ctx, seq+1, func() ([]byte, error) { return history(1, 4_000, 100), nil })
+		cancel()
+		if err != nil {
+			t.Fatalf("write %d with %d part keys in the bucket: %v", seq+1, n, err)
+		}
+	}
+}
+
+// pausingKV pauses a writer at its first put of a part key (a slow
+// replica: it chose its part indices, then its puts were delayed).
+type pausingKV struct {
+	jetstream.KeyValue
+	armed          *bool
+	paused, resume chan struct{}
+}
+
+func (k pausingKV) Put(ctx context.Context, key string, v []byte) (uint64, error) {
+	if *k.armed && strings.Contains(key, ".c.") {
+		*k.armed = false
+		k.paused <- struct{}{}
+		<-k.resume
+	}
+	return k.KeyValue.Put(ctx, key, v)
+}
+
+// TestRacingWritersKeepThePartKeysBounded (review of parts, MED): two
+// writers sharing keys under compare-and-set. Each round, writer b (not
+// the head's writer) chooses its part indices from the head it read, is
+// delayed, and puts its parts after writer a switched the head (b's
+// switch then fails). Racing writers may leave a head that does not read
+// (its readers replay their streams), but the part keys must stay
+// bounded: b used to count every key as taken when a's head did not
+// read, and put a whole snapshot above them all, for good.
+func TestRacingWritersKeepThePartKeysBounded(t *testing.T) {
+	e := start(t)
+	kv := bucket(t, e.op)
+	cas := func(kv jetstream.KeyValue) kvsnap.Store {
+		s := gatewayStore(kv)
+		s.CompareAndSet, s.Parts = true, kvsnap.NewParts()
+		return s
+	}
+	a := cas(kv)
+	armed := false
+	hook := pausingKV{KeyValue: kv, armed: &armed, paused: make(chan struct{}), resume: make(chan struct{})}
+	b := cas(hook)
+	seq := uint64(1)
+	h, err := a.Write(t.Context(), seq, func() ([]byte, error) { return history(0, 20_000, 5_000), nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	perHead := h.Chunks + len(h.Index)
+	for round := 1; round <= 8; round++ {
+		armed = true
+		done := make(chan error, 1)
+		seq += 2
+		go func(seq uint64) {
+			_, err := b.Write(t.Context(), seq, func() ([]byte, error) { return history(100+seq, 20_000+10*int(seq), 5_000), nil })
+			done <- err
+		}(seq)
+		<-hook.paused
+		if _, err := a.Write(t.Context(), seq-1, func() ([]byte, error) { return history(seq, 20_000+10*int(seq), 5_000), nil }); err != nil {
+			t.Fatalf("round %d: a: %v", round, err)
+		}
+		hook.resume <- struct{}{}
+		if err := <-done; !errors.Is(err, kvsnap.ErrSuperseded) {
+			t.Fatalf("round %d: b: %v, want ErrSuperseded", round, err)
+		}
+	}
+	if keys := len(partKeys(t, kv, "gateway.c.")); keys > 3*perHead {
+		t.Errorf("%d part keys after 8 races, more than three heads' %d", keys, 3*perHead)
+	}
+}
+
+// deleteHookKV runs before at its first Delete.
+type deleteHookKV struct {
+	jetstream.KeyValue
+	before *func()
+}
+
+func (k deleteHookKV) Delete(ctx context.Context, key string, opts ...jetstream.KVDeleteOpt) error {
+	if f := *k.before; f != nil {
+		*k.before = nil
+		f()
+	}
+	return k.KeyValue.Delete(ctx, key, opts...)
+}
+
+// TestDroppingWholeChunksSparesANewWholeHead (review of parts, MED): a
+// rolling upgrade: a writer still writing whole snapshots switches the
+// head to a whole one while a writer in parts deletes the whole chunks
+// its head no longer needs. Those were listed before its switch, and
+// deleted after it: the new whole head's chunks are not among them.
+func TestDroppingWholeChunksSparesANewWholeHead(t *testing.T) {
+	e := start(t)
+	kv := bucket(t, e.op)
+	old := gatewayStore(kv) // a writer of before parts: whole snapshots
+	old.CompareAndSet = true
+	write(t, old, 1, payload(kvsnap.ChunkBytes+5))
+	var before func()
+	p := gatewayStore(deleteHookKV{KeyValue: kv, before: &before})
+	p.CompareAndSet, p.Parts = true, kvsnap.NewParts()
+	data := history(1, 40_000, 1000)
+	write(t, p, 2, data) // the first head in parts: Whole names slot 0
+	want := payload(kvsnap.ChunkBytes + 9)
+	before = func() {
+		if _, err := old.Write(t.Context(), 4, func() ([]byte, error) { return want, nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := p.Write(t.Context(), 3, func() ([]byte, error) { return data, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if got, h, err := p.Read(t.Context()); err != nil || !bytes.Equal(got, want) {
+		t.Errorf("the whole writer's head (slot %d, %d chunks) does not read: %v", h.Slot, h.Chunks, err)
 	}
 }

@@ -73,7 +73,10 @@ type modelSnap struct {
 // snapshotStore is the read model's snapshot in kv: every replica writes
 // the same keys, so the head is switched by compare-and-set, and a write
 // that would not go further than the head's JOB_EVENTS sequence is
-// skipped (another replica got as far).
+// skipped (another replica got as far). It is written whole, not in parts
+// (kvsnap's parts.go): replicas without a lease take turns, and a writer
+// reuses only the parts of a head it wrote itself, so parts would save
+// nothing, while two racing writers would choose the same free part keys.
 func snapshotStore(kv jetstream.KeyValue) kvsnap.Store {
 	return kvsnap.Store{KV: kv, HeadKey: contracts.GatewaySnapshotHeadKey(), ChunkKey: contracts.GatewaySnapshotChunkKey,
 		CompareAndSet: true}
@@ -384,10 +387,6 @@ type modelSnapshotter struct {
 	bus      *bus.Bus
 	log      *slog.Logger
 	interval time.Duration
-	// parts are the snapshot parts this replica wrote (kvsnap's parts.go):
-	// while the head is the last one it wrote, a write puts only what
-	// changed since.
-	parts *kvsnap.Parts
 	// pending takes the next snapshot to write (capacity 1).
 	pending chan *modelSnap
 	// taken and since are the ingester's: when the last snapshot was
@@ -399,8 +398,7 @@ type modelSnapshotter struct {
 }
 
 func newModelSnapshotter(b *bus.Bus, interval time.Duration, log *slog.Logger) *modelSnapshotter {
-	return &modelSnapshotter{bus: b, log: log, interval: interval, pending: make(chan *modelSnap, 1), taken: time.Now(),
-		parts: kvsnap.NewParts()}
+	return &modelSnapshotter{bus: b, log: log, interval: interval, pending: make(chan *modelSnap, 1), taken: time.Now()}
 }
 
 // due reports whether a snapshot should be taken now (the ingester's
@@ -459,9 +457,7 @@ func (sn *modelSnapshotter) write(ctx context.Context, kv jetstream.KeyValue, s 
 	ev, usage := lives[contracts.StreamJobEvents], lives[contracts.StreamUsage]
 	s.created, s.first = ev.Created, ev.First
 	s.usageCreated, s.usageFirst = usage.Created, usage.First
-	store := snapshotStore(kv)
-	store.Parts = sn.parts
-	head, err := store.Write(ctx, s.seq, s.encode)
+	head, err := snapshotStore(kv).Write(ctx, s.seq, s.encode)
 	if errors.Is(err, kvsnap.ErrSuperseded) {
 		sn.log.Debug("read model snapshot not written", "seq", s.seq, "why", err)
 		return nil
