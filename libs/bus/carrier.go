@@ -191,3 +191,19 @@ func jobAttrs(m *Msg) []attribute.KeyValue {
 	}
 	return attrs
 }
+
+// ProcessSpan starts the span of a batch handler's work on one message of
+// its batch: the span Consume starts for each message (a child of the
+// message's publisher's span, with the job's attributes, in the returned
+// context too), linked to the batch's span (ctx's), which has many
+// parents and can be the child of none. Without it a batch consumer's
+// work, and what it publishes, would leave the jobs' traces. The caller
+// ends the span once the message is handled.
+func (b *Bus) ProcessSpan(ctx context.Context, durable string, m *Msg) (context.Context, trace.Span) {
+	batch := trace.LinkFromContext(ctx)
+	ctx, span := b.startProcess(ctx, ConsumerSpec{Durable: durable}, m)
+	if batch.SpanContext.IsValid() {
+		span.AddLink(batch)
+	}
+	return ctx, span
+}

@@ -202,3 +202,53 @@ func TestNakOnceHook(t *testing.T) {
 		}
 	}
 }
+
+// TestProcessSpanPutsABatchsMessageInItsTrace: a batch handler's span for
+// one message (ProcessSpan) is a child of that message's publish, in its
+// trace, with the job's attributes, and links to the batch's span.
+func TestProcessSpanPutsABatchsMessageInItsTrace(t *testing.T) {
+	b, rec, tr := tracedBus(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	jctx, root := tr.Start(ctx, "submit j1")
+	if _, err := b.Publish(jctx, contracts.SubjectCancel("acme"), "j1", contracts.CancelRequest{JobID: "j1"},
+		bus.CESubject("j1")); err != nil {
+		t.Fatal(err)
+	}
+	root.End()
+	done := make(chan trace.SpanContext, 1)
+	go func() {
+		_ = b.ConsumeBatch(ctx, bus.ConsumerSpec{Stream: contracts.StreamJobs, Durable: "processspan", Batch: 10},
+			func(bctx context.Context, msgs []*bus.Msg) []error {
+				for _, m := range msgs {
+					_, span := b.ProcessSpan(bctx, "processspan", m)
+					span.End()
+				}
+				done <- trace.SpanContextFromContext(bctx)
+				return nil
+			})
+	}()
+	var batch trace.SpanContext
+	select {
+	case batch = <-done:
+	case <-ctx.Done():
+		t.Fatal("batch not handled")
+	}
+	name := "process " + contracts.SubjectCancel("acme")
+	var spans []sdktrace.ReadOnlySpan
+	eventually(t, 5*time.Second, func() bool { spans = spansNamed(rec, name); return len(spans) == 1 }, "the message's span")
+	s := spans[0]
+	if s.SpanContext().TraceID() != root.SpanContext().TraceID() {
+		t.Errorf("span in trace %s, not the publisher's %s", s.SpanContext().TraceID(), root.SpanContext().TraceID())
+	}
+	if !hasAttr(s, "gpuplane.job_id", "j1") || !hasAttr(s, "gpuplane.tenant", "acme") {
+		t.Errorf("span attributes %v: no job attributes", s.Attributes())
+	}
+	linked := false
+	for _, l := range s.Links() {
+		linked = linked || l.SpanContext.SpanID() == batch.SpanID()
+	}
+	if !linked {
+		t.Errorf("span links %v: none to the batch's span %s", s.Links(), batch.SpanID())
+	}
+}

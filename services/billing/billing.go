@@ -38,12 +38,12 @@ import (
 const Name = "billing"
 
 // Consumer is the durable consumer billing reads the ledger with.
-const Consumer = "billing-ledger"
+const Consumer = biller.LedgerConsumer
 
 // RunsConsumer is the durable consumer billing reads the agents' run facts
 // with: an ended fact is the truth of how long a run held its devices,
 // and corrects a run billed provisionally to a node_lost release.
-const RunsConsumer = "billing-runs"
+const RunsConsumer = biller.RunsConsumer
 
 // maxDeliver is how often a ledger entry that fails for a transient reason
 // (bus outage, an inventory not read yet) is tried before it is

@@ -46,6 +46,8 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/codes"
+
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
 	"github.com/gpuplane/gpuplane/services/billing/internal/meter"
@@ -167,7 +169,7 @@ func (b *Biller) Rebuild(ctx context.Context) error {
 // permanent failures. What the biller forgot is asked about once for the
 // whole batch, outside its lock (ask).
 func (b *Biller) Handle(ctx context.Context, msgs []*bus.Msg) []error {
-	return b.handle(ctx, msgs, ledgerBasis)
+	return b.handle(ctx, msgs, LedgerConsumer, ledgerBasis)
 }
 
 // HandleRun meters the agents' run facts taken together (a
@@ -175,12 +177,18 @@ func (b *Biller) Handle(ctx context.Context, msgs []*bus.Msg) []error {
 // is the truth of what the run held, whatever the ledger said first.
 // Other facts are acked.
 func (b *Biller) HandleRun(ctx context.Context, msgs []*bus.Msg) []error {
-	return b.handle(ctx, msgs, runBasis)
+	return b.handle(ctx, msgs, RunsConsumer, runBasis)
 }
+
+// The durable consumers Handle and HandleRun are given (billing's).
+const (
+	LedgerConsumer = "billing-ledger"
+	RunsConsumer   = "billing-runs"
+)
 
 // handle bills the basis of each message of msgs (basisOf: ok false when
 // it bills nothing) and returns each message's outcome.
-func (b *Biller) handle(ctx context.Context, msgs []*bus.Msg, basisOf func(*bus.Msg) (basis, bool, error)) []error {
+func (b *Biller) handle(ctx context.Context, msgs []*bus.Msg, durable string, basisOf func(*bus.Msg) (basis, bool, error)) []error {
 	errs := make([]error, len(msgs))
 	bases := make([]*basis, len(msgs))
 	for i, m := range msgs {
@@ -192,10 +200,24 @@ func (b *Biller) handle(ctx context.Context, msgs []*bus.Msg, basisOf func(*bus.
 	ans := b.ask(ctx, bases)
 	for i, bs := range bases {
 		if bs != nil {
-			errs[i] = b.billOne(ctx, msgs[i], *bs, ans)
+			errs[i] = b.billTraced(ctx, durable, msgs[i], *bs, ans)
 		}
 	}
 	return errs
+}
+
+// billTraced is billOne in a span of m's own trace (bus.ProcessSpan), as
+// bus.Consume gives each message: billing's work on a job, and the usage
+// it publishes, stay in the job's trace, linked to the batch's span.
+func (b *Biller) billTraced(ctx context.Context, durable string, m *bus.Msg, bs basis, ans *answers) error {
+	mctx, span := b.cfg.Bus.ProcessSpan(ctx, durable, m)
+	defer span.End()
+	err := b.billOne(mctx, m, bs, ans)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	return err
 }
 
 // billOne is bill with a panic a permanent failure of its message alone,
