@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -190,6 +191,15 @@ func TestNATSNodeLossStopsNoRun(t *testing.T) {
 	if _, err := obs.Publish(ctx, contracts.SubjectPlan("e2e"), "plan/"+after.ID, after); err != nil {
 		t.Fatal(err)
 	}
+	// CI once saw this time out with the manager's term invalid and never
+	// ended ("lease term over" for a minute, no next epoch): a failure
+	// prints the goroutines of the manager and its lease, to tell which
+	// one held the term.
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("resource manager goroutines at the failure:\n%s", goroutinesOf("resource-manager", "libs/lease"))
+		}
+	})
 	waitFor(t, 60*time.Second, "the runs of a plan made after the loss", func() (bool, string) {
 		n := count(&started, "acme/after-")
 		return n == nodes, fmt.Sprintf("%d of %d", n, nodes)
@@ -243,4 +253,22 @@ func simUUID(t *testing.T, ctx context.Context, b *bus.Bus, node string, gpu int
 		return true, ""
 	})
 	return uuid
+}
+
+// goroutinesOf returns the stacks of this process's goroutines that pass
+// through any of the packages named (a path fragment each).
+func goroutinesOf(pkgs ...string) string {
+	buf := make([]byte, 1<<22)
+	buf = buf[:runtime.Stack(buf, true)]
+	var out strings.Builder
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		for _, p := range pkgs {
+			if strings.Contains(g, p) {
+				out.WriteString(g)
+				out.WriteString("\n\n")
+				break
+			}
+		}
+	}
+	return out.String()
 }
