@@ -198,7 +198,7 @@ func (s Store) writeParts(ctx context.Context, cur Head, data []byte) (Head, int
 	}
 	reuse := slices.ContainsFunc(sums, func(id string) bool { _, ok := p.mine[id]; return ok })
 	var revs map[int]uint64
-	if reuse || !own {
+	if reuse {
 		var err error
 		if revs, err = s.partRevisions(ctx); err != nil {
 			return Head{}, 0, err

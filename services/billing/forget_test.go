@@ -375,14 +375,7 @@ func TestForgettingBillerReadsAnotherReplicasBill(t *testing.T) {
 	tap := &logTap{}
 	store := billing.NewMemoryStore()
 	startLogged(t, srv, store, tap.logger(), func(c *billing.Config) { c.ForgetInterval = 20 * time.Millisecond })
-	runs := forgetRuns(6)[:3] // ordinary ones
-	for _, r := range runs {
-		publishInputs(t, b, r.fact, r.rel)
-	}
-	waitFor(t, "billing to forget", func() (bool, string) {
-		n := tap.sum("forgot billed allocations the store holds", "forgotten")
-		return n >= int64(len(runs)), fmt.Sprintf("%d forgotten", n)
-	})
+	runs := billAndForget(t, b, tap)
 
 	// The other replica's provisional bill, applied to the store before
 	// the agent's end reaches this one.
@@ -403,4 +396,20 @@ func TestForgettingBillerReadsAnotherReplicasBill(t *testing.T) {
 	waitFor(t, "the provisional bill voided and the agent's end billed", func() (bool, string) {
 		return billedAsRun(b, append(runs, lost), true)
 	})
+}
+
+// billAndForget bills three ordinary runs and waits until the biller
+// forgot them (the store confirmed them): the start of the tests of what
+// a forgetting biller does next.
+func billAndForget(t *testing.T, b *bus.Bus, tap *logTap) []forgetRun {
+	t.Helper()
+	runs := forgetRuns(6)[:3]
+	for _, r := range runs {
+		publishInputs(t, b, r.fact, r.rel)
+	}
+	waitFor(t, "billing to forget", func() (bool, string) {
+		n := tap.sum("forgot billed allocations the store holds", "forgotten")
+		return n >= int64(len(runs)), fmt.Sprintf("%d forgotten", n)
+	})
+	return runs
 }

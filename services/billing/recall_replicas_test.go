@@ -47,14 +47,7 @@ func TestRecallKeepsAnotherReplicasRecordsOfAHeldAllocation(t *testing.T) {
 	store := &flakyIndex{Store: billing.NewMemoryStore()}
 	startLogged(t, srv, store, tap.logger(), func(c *billing.Config) { c.ForgetInterval = 20 * time.Millisecond })
 
-	runs := forgetRuns(6)[:3] // ordinary ones: billed, then forgotten
-	for _, r := range runs {
-		publishInputs(t, b, r.fact, r.rel)
-	}
-	waitFor(t, "billing to forget", func() (bool, string) {
-		n := tap.sum("forgot billed allocations the store holds", "forgotten")
-		return n >= int64(len(runs)), fmt.Sprintf("%d forgotten", n)
-	})
+	runs := billAndForget(t, b, tap)
 
 	// P on a lost node: A bills the release provisionally and holds P whole.
 	p := alloc("t0", "lostp", 1, "n1", 2)
