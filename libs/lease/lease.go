@@ -226,7 +226,15 @@ func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context, t Term
 	retry := time.NewTicker(e.cfg.TTL / 3)
 	defer retry.Stop()
 	for {
-		t, ok, err := e.TryAcquire(ctx)
+		// Each try has its own bound. A request the bus never answers
+		// (sent to a NATS server that died with the connection) is
+		// bounded only by its context: by nats.go's 5 s default when ctx
+		// has no deadline, by ctx's deadline when it has one (e2e's two
+		// minutes), and meanwhile this contender contends no more. A
+		// lease acquired after a TTL would be over when won anyway.
+		actx, acancel := context.WithTimeout(ctx, e.cfg.TTL)
+		t, ok, err := e.TryAcquire(actx)
+		acancel()
 		if err != nil && ctx.Err() == nil {
 			e.cfg.Log.Warn("lease acquire failed; retrying", "key", e.cfg.Key, "err", err)
 		}
@@ -284,13 +292,23 @@ func (e *Elector) lead(ctx context.Context, t Term, lead func(context.Context, T
 			return err
 		case <-expiry.C:
 			// Not renewed in time: stop leading right now.
+			e.cfg.Log.Warn("lease not renewed by its deadline; term over", "key", e.cfg.Key, "epoch", t.Epoch)
 			e.drop(t.Epoch)
 			cancel()
 			<-done // its error is the cancellation we caused
 			return nil
 		case <-renew.C:
 			expiry.Stop()
-			err := e.Renew(lctx, t)
+			// The renewal is bounded by the term's deadline: past it the
+			// term is over whatever the answer, and this loop must be
+			// free to end it. A renewal whose answer never comes (sent
+			// to a NATS server that died with the connection) otherwise
+			// waits for lctx's deadline, if any, or nats.go's 5 s: CI saw
+			// a term invalid for a minute, refusing every write, never
+			// ended and never followed by another.
+			rctx, rcancel := context.WithDeadline(lctx, deadline)
+			err := e.Renew(rctx, t)
+			rcancel()
 			if errors.Is(err, ErrLost) {
 				e.cfg.Log.Warn("lease lost", "key", e.cfg.Key, "epoch", t.Epoch)
 				cancel()

@@ -1,0 +1,298 @@
+package lease_test
+
+import (
+	"context"
+	"net"
+	"net/url"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/lease"
+	"github.com/gpuplane/gpuplane/libs/natsserver"
+	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
+)
+
+// lossyProxy stands between a client and a NATS server, and loses what is
+// in flight as a NATS server that dies does: silence drops every byte
+// either way while the connections stay open (a server that stopped
+// answering), and die then closes them, so the client reconnects (through
+// the proxy, as to a surviving member). A request sent meanwhile is never
+// answered, on the new connection either: nats.go waits for its answer
+// until the request's context ends.
+type lossyProxy struct {
+	l      net.Listener
+	target string
+
+	mu     sync.Mutex
+	silent bool
+	conns  map[net.Conn]struct{}
+	wg     sync.WaitGroup
+}
+
+func newLossyProxy(t *testing.T, srv *natsserver.Server) *lossyProxy {
+	t.Helper()
+	u, err := url.Parse(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &lossyProxy{l: l, target: u.Host, conns: map[net.Conn]struct{}{}}
+	p.wg.Go(p.accept)
+	t.Cleanup(func() {
+		_ = p.l.Close()
+		p.die()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *lossyProxy) url() string { return "nats://" + p.l.Addr().String() }
+
+func (p *lossyProxy) accept() {
+	for {
+		in, err := p.l.Accept()
+		if err != nil {
+			return // closed
+		}
+		out, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = in.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns[in], p.conns[out] = struct{}{}, struct{}{}
+		p.mu.Unlock()
+		p.wg.Go(func() { p.pipe(out, in) })
+		p.wg.Go(func() { p.pipe(in, out) })
+	}
+}
+
+// pipe copies src to dst, dropping what it reads while the proxy is
+// silent, until either side closes.
+func (p *lossyProxy) pipe(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		p.mu.Lock()
+		silent := p.silent
+		p.mu.Unlock()
+		if n > 0 && !silent {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				break
+			}
+		}
+		if err != nil { // closed, or reset: the same here
+			break
+		}
+	}
+	_ = dst.Close()
+	_ = src.Close()
+	p.mu.Lock()
+	delete(p.conns, dst)
+	delete(p.conns, src)
+	p.mu.Unlock()
+}
+
+// silence loses every byte from now on, either way.
+func (p *lossyProxy) silence() {
+	p.mu.Lock()
+	p.silent = true
+	p.mu.Unlock()
+}
+
+// die closes every connection, losing what silence held back; new ones
+// are forwarded again.
+func (p *lossyProxy) die() {
+	p.mu.Lock()
+	p.silent = false
+	open := make([]net.Conn, 0, len(p.conns))
+	for c := range p.conns {
+		open = append(open, c)
+	}
+	p.mu.Unlock()
+	for _, c := range open {
+		_ = c.Close()
+	}
+}
+
+// leasesAt opens the leases bucket of srv as a service does, connected to
+// url (srv's, or a proxy's in front of it).
+func leasesAt(t *testing.T, srv *natsserver.Server, url string) jetstream.KeyValue {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	b, err := bus.Connect(ctx, bus.Config{URL: url, Name: "test",
+		CredsFile: natstest.Service(t, srv, contracts.BusResourceManager)})
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	t.Cleanup(func() { _ = b.Close(context.Background()) })
+	kv, err := b.KeyValue(ctx, contracts.BucketLeases)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kv
+}
+
+// TestRunEndsATermWhoseRenewalIsLost is the resource manager's term that
+// CI once saw invalid for a minute, and never ended (e2e's
+// TestNATSNodeLossStopsNoRun): a renewal was sent to the NATS server that
+// died with the leader's connection, so its answer never came. Its Update
+// waited for the context's deadline (nats.go bounds a request by its 5 s
+// default only when the context has none; the test's had two minutes),
+// and the elector, waiting with it, could neither end the term at its
+// deadline nor contend again. The term must end by its own deadline
+// whatever the bus does, and the contender must lead again once the bus
+// answers again.
+func TestRunEndsATermWhoseRenewalIsLost(t *testing.T) {
+	srv := natstest.Start(t)
+	p := newLossyProxy(t, srv)
+	kv := leasesAt(t, srv, p.url())
+	const ttl = time.Second
+	e, err := lease.New(lease.Config{KV: kv, Key: "k", Holder: "a", TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A far deadline, as the e2e test's context had: the requests inherit
+	// it instead of nats.go's default bound.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	type lead struct {
+		epoch uint64
+		term  lease.Term
+		ended chan time.Time // when the term's context ended
+	}
+	leads := make(chan lead, 4)
+	runErr := make(chan error, 1)
+	go func() {
+		runErr <- e.Run(ctx, func(ctx context.Context, tm lease.Term) error {
+			l := lead{epoch: tm.Epoch, term: tm, ended: make(chan time.Time, 1)}
+			leads <- l
+			<-ctx.Done()
+			l.ended <- time.Now()
+			return nil
+		})
+	}()
+	defer func() {
+		cancel()
+		select {
+		case err := <-runErr:
+			if err != nil {
+				t.Errorf("Run = %v after its context ended; want nil", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("Run did not return 10 s after its context ended")
+		}
+	}()
+	var first lead
+	select {
+	case first = <-leads:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no term began")
+	}
+
+	// The server goes silent for longer than a renewal period, so a
+	// renewal is sent into the silence, then dies; the client reconnects
+	// at once, and everything sent from then on is answered.
+	lost := time.Now()
+	p.silence()
+	time.Sleep(ttl / 2)
+	p.die()
+
+	// The term was renewed at most TTL before the silence began: it ends
+	// by then, plus the time to notice (generous for -race on a busy
+	// machine), not when the lost renewal's context does.
+	limit := lost.Add(ttl + 2*time.Second)
+	select {
+	case at := <-first.ended:
+		if at.After(limit) {
+			t.Errorf("term ended %s after the server went silent; want within %s", at.Sub(lost), limit.Sub(lost))
+		}
+	case <-time.After(time.Until(limit)):
+		t.Fatalf("term %d still running %s after the server went silent (valid: %v): the elector is held by a lost renewal",
+			first.epoch, time.Since(lost).Round(time.Millisecond), first.term.Valid())
+	}
+	// And the contender leads again, on the connection that came back.
+	select {
+	case next := <-leads:
+		if next.epoch != first.epoch+1 {
+			t.Errorf("next term at epoch %d; want %d", next.epoch, first.epoch+1)
+		}
+	case err := <-runErr:
+		t.Fatalf("Run returned %v; want it to contend again", err)
+	case <-time.After(3*ttl + 5*time.Second):
+		t.Fatal("no new term after the lost one ended")
+	}
+}
+
+// TestRunContendsAgainAfterALostAcquire: the same lost request, sent by a
+// contender while another holds the lease. Its Get waited for the
+// context's deadline, so the contender stopped contending: once the
+// holder let the lease go, no one took it.
+func TestRunContendsAgainAfterALostAcquire(t *testing.T) {
+	srv := natstest.Start(t)
+	p := newLossyProxy(t, srv)
+	const ttl = time.Second
+	holder, err := lease.New(lease.Config{KV: leasesAt(t, srv, srv.URL()), Key: "k", Holder: "b", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, ok, err := holder.TryAcquire(context.Background())
+	if !ok || err != nil {
+		t.Fatalf("holder: ok=%v err=%v", ok, err)
+	}
+	e, err := lease.New(lease.Config{KV: leasesAt(t, srv, p.url()), Key: "k", Holder: "a", TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // as e2e's
+	leads := make(chan uint64, 1)
+	runErr := make(chan error, 1)
+	go func() {
+		runErr <- e.Run(ctx, func(ctx context.Context, tm lease.Term) error {
+			leads <- tm.Epoch
+			<-ctx.Done()
+			return nil
+		})
+	}()
+	defer func() {
+		cancel()
+		select {
+		case err := <-runErr:
+			if err != nil {
+				t.Errorf("Run = %v after its context ended; want nil", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("Run did not return 10 s after its context ended")
+		}
+	}()
+	// Silent for longer than a contender's poll (TTL/3): an acquire is
+	// sent into the silence. Then the server dies and the client
+	// reconnects.
+	time.Sleep(ttl / 2)
+	p.silence()
+	time.Sleep(ttl / 2)
+	p.die()
+	if err := holder.Release(context.Background(), held); err != nil {
+		t.Fatal(err)
+	}
+	released := time.Now()
+	select {
+	case epoch := <-leads:
+		if epoch != held.Epoch+1 {
+			t.Errorf("contender leads at epoch %d; want %d", epoch, held.Epoch+1)
+		}
+	case err := <-runErr:
+		t.Fatalf("Run returned %v; want it to contend", err)
+	case <-time.After(2*ttl + 3*time.Second):
+		t.Fatalf("the lease was free for %s and the contender did not take it: its lost acquire holds it",
+			time.Since(released).Round(time.Millisecond))
+	}
+}
