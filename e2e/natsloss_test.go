@@ -41,7 +41,10 @@ func TestNATSNodeLossStopsNoRun(t *testing.T) {
 	// and no one's feed stalls).
 	c := natstest.StartClusterWith(t, 3, natsserver.Options{}, natstest.WithPartitions())
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
+	// A cleanup, not a defer: the goroutine dump below (a cleanup
+	// registered later, so run earlier) then shows each goroutine waiting
+	// where it was stuck, and for how long, not woken by this cancel.
+	t.Cleanup(cancel)
 	level := slog.LevelWarn
 	if os.Getenv("GPUPLANE_E2E_DEBUG") != "" {
 		level = slog.LevelDebug
