@@ -10,6 +10,7 @@ import (
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
 	"github.com/gpuplane/gpuplane/libs/telemetry"
+	"github.com/gpuplane/gpuplane/services/scheduler/internal/state"
 )
 
 // consumeRequests runs the intake: the requests that have arrived are
@@ -48,8 +49,10 @@ func (s *scheduler) startRequest(ctx context.Context, m *bus.Msg) func() error {
 // the ack; the wait it returns records the answer in the store once it is
 // stored (or abandons it, for a redelivery to decide again).
 func (s *scheduler) startSubmit(ctx context.Context, m *bus.Msg) func() error {
+	// Decoded before the lock: a cycle may hold it meanwhile.
+	parsed := state.ParseSubmit(m.Subject, m.Data)
 	s.mu.Lock()
-	sub := s.st.Submit(m.Subject, m.Data, m.StreamSeq)
+	sub := s.st.SubmitParsed(parsed, m.StreamSeq)
 	s.mu.Unlock()
 	switch {
 	case sub.Invalid != nil:

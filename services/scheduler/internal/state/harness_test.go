@@ -98,18 +98,34 @@ func (h *harness) collect(pubs []Publish) {
 
 func (h *harness) submit(tenant string, body any) Submission {
 	h.t.Helper()
-	var data []byte
-	switch b := body.(type) {
-	case string:
-		data = []byte(b)
-	default:
-		var err error
-		if data, err = json.Marshal(b); err != nil {
-			h.t.Fatal(err)
-		}
-	}
 	h.jobsSeq++
-	sub := h.st.Submit(contracts.SubjectSubmit(tenant), data, h.jobsSeq)
+	return h.published(h.st.Submit(contracts.SubjectSubmit(tenant), h.body(body), h.jobsSeq))
+}
+
+// body is a request body: a string as it is, anything else encoded.
+func (h *harness) body(body any) []byte {
+	h.t.Helper()
+	if b, ok := body.(string); ok {
+		return []byte(b)
+	}
+	data, err := json.Marshal(body)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return data
+}
+
+// submitParsed is submit of a request parsed earlier (ParseSubmit), as
+// the intake parses it outside the scheduler's lock.
+func (h *harness) submitParsed(p ParsedSubmit) Submission {
+	h.t.Helper()
+	h.jobsSeq++
+	return h.published(h.st.SubmitParsed(p, h.jobsSeq))
+}
+
+// published collects sub's event, if any, and records it stored.
+func (h *harness) published(sub Submission) Submission {
+	h.t.Helper()
 	if sub.Publish != nil {
 		h.collect([]Publish{*sub.Publish})
 		sub.Published(h.seq)

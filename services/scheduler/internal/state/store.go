@@ -584,18 +584,53 @@ func (sub Submission) Abandoned() {
 // streamSeq. Nothing changes until Published is called, so a publish that
 // fails leaves the store as it was and a redelivery decides again.
 func (s *Store) Submit(subject string, data []byte, streamSeq uint64) Submission {
+	return s.SubmitParsed(ParseSubmit(subject, data), streamSeq)
+}
+
+// ParsedSubmit is a job request as ParseSubmit read it: what Submit
+// derives from the message alone, before it asks the store anything.
+type ParsedSubmit struct {
+	tenant  string // a piece of the subject until SubmitParsed interns it
+	invalid error  // the subject names no valid tenant
+	req     contracts.JobRequest
+	err     error // the request does not decode or validate
+	norm    contracts.JobRequest
+	hash    [sha256.Size]byte
+}
+
+// ParseSubmit decodes, validates, normalizes and hashes a job request
+// received on subject. It reads no store and may run outside the
+// scheduler's lock, beside a cycle: it is ~80 % of what a submit costs
+// (the schema check, the decode and the hash's encoding), which under
+// the lock held back both the cycle and the requests behind it.
+func ParseSubmit(subject string, data []byte) ParsedSubmit {
 	tenant, err := contracts.TenantFromSubject(subject)
 	if err != nil {
-		return Submission{Invalid: fmt.Errorf("job request: %w", err), Outcome: "invalid"}
+		return ParsedSubmit{invalid: err}
 	}
-	tenant = s.names.of(tenant) // a piece of the subject: kept, it would keep the subject
-	req, err := contracts.DecodeJobRequest(data, tenant)
-	if err != nil {
-		return s.reject(tenant, req.ID, streamSeq, err)
+	p := ParsedSubmit{tenant: tenant}
+	if p.req, p.err = contracts.DecodeJobRequest(data, tenant); p.err != nil {
+		return p
 	}
-	norm := req.Normalized(tenant)
+	p.norm = p.req.Normalized(tenant)
+	// Interning (SubmitParsed) shares equal texts and changes none, so
+	// the hash is the interned request's.
+	p.hash = hashRequest(p.norm)
+	return p
+}
+
+// SubmitParsed is Submit of a request ParseSubmit read.
+func (s *Store) SubmitParsed(p ParsedSubmit, streamSeq uint64) Submission {
+	if p.invalid != nil {
+		return Submission{Invalid: fmt.Errorf("job request: %w", p.invalid), Outcome: "invalid"}
+	}
+	tenant := s.names.of(p.tenant) // a piece of the subject: kept, it would keep the subject
+	req := p.req
+	if p.err != nil {
+		return s.reject(tenant, req.ID, streamSeq, p.err)
+	}
+	norm, h := p.norm, p.hash
 	s.names.request(&norm)
-	h := hashRequest(norm)
 	key := Key(tenant, req.ID)
 	norm.ID = idIn(key, tenant) // the same text: the job keeps it in its key anyway
 	if j := s.lookup(tenant, req.ID); j != nil {

@@ -16,18 +16,7 @@ import (
 const h100 = "H100-80GB"
 
 func TestSubmit(t *testing.T) {
-	tests := map[string]struct {
-		// earlier requests of acme, submitted first
-		before []any
-		tenant string
-		body   any
-		// want is the outcome, and for a published event its ID, reason and
-		// field reasons.
-		outcome string
-		id      string
-		reason  contracts.Reason
-		fields  []contracts.Reason
-	}{
+	tests := map[string]submitCase{
 		"valid new job is queued": {
 			body: job("j1", 1, h100), outcome: "queued", id: "job/acme/j1/queued/1",
 		},
@@ -89,49 +78,85 @@ func TestSubmit(t *testing.T) {
 			tenant: "Not_A_Tenant", body: job("j1", 1, h100), outcome: "invalid",
 		},
 	}
+	// Each case runs twice: submitted whole, and parsed (ParseSubmit)
+	// before the earlier requests were decided, as the intake parses
+	// outside the scheduler's lock while a cycle or another request may
+	// change the store: the decision is the store's at the request's turn.
 	for name, tc := range tests {
-		t.Run(name, func(t *testing.T) {
-			h := newHarness(t)
-			for _, b := range tc.before {
-				h.submit("acme", b)
-			}
-			tenant := cmpOr(tc.tenant, "acme")
-			sub := h.submit(tenant, tc.body)
-			if sub.Outcome != tc.outcome {
-				t.Fatalf("outcome %q, want %q", sub.Outcome, tc.outcome)
-			}
-			if (sub.Invalid != nil) != (tc.outcome == "invalid") {
-				t.Fatalf("Invalid = %v", sub.Invalid)
-			}
-			if tc.id == "" {
-				if sub.Publish != nil {
-					t.Fatalf("published %s, want nothing", sub.Publish.ID)
-				}
-				return
-			}
-			if sub.Publish == nil || sub.Publish.ID != tc.id {
-				t.Fatalf("published %+v, want ID %s", sub.Publish, tc.id)
-			}
-			ev := sub.Publish.Msg.(contracts.JobEvent)
-			if tc.reason != "" && ev.Reason != tc.reason {
-				t.Errorf("reason %q, want %q (message %q)", ev.Reason, tc.reason, ev.Message)
-			}
-			var fields []contracts.Reason
-			for _, f := range ev.Errors {
-				fields = append(fields, f.Reason)
-			}
-			slices.Sort(fields)
-			want := slices.Clone(tc.fields)
-			slices.Sort(want)
-			if diff := cmp.Diff(want, fields); diff != "" {
-				t.Errorf("field reasons (-want +got):\n%s", diff)
-			}
-			if ev.Type == contracts.EventQueued {
-				if ev.Request == nil || ev.Request.Tenant != "acme" || ev.Request.Priority != contracts.PriorityNormal || ev.Attempt != 1 {
-					t.Errorf("queued event does not carry the normalized request: %+v", ev)
-				}
-			}
-		})
+		for _, early := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/parsed-early=%t", name, early), func(t *testing.T) {
+				testSubmitCase(t, tc, early)
+			})
+		}
+	}
+}
+
+// submitCase is a case of TestSubmit.
+type submitCase struct {
+	// earlier requests of acme, submitted first
+	before []any
+	tenant string
+	body   any
+	// want is the outcome, and for a published event its ID, reason and
+	// field reasons.
+	outcome string
+	id      string
+	reason  contracts.Reason
+	fields  []contracts.Reason
+}
+
+// testSubmitCase runs tc; early parses its request (ParseSubmit) before
+// the earlier requests are decided, and decides it with SubmitParsed.
+func testSubmitCase(t *testing.T, tc submitCase, early bool) {
+	t.Helper()
+	tenant := cmpOr(tc.tenant, "acme")
+	h := newHarness(t)
+	var parsed ParsedSubmit
+	if early {
+		parsed = ParseSubmit(contracts.SubjectSubmit(tenant), h.body(tc.body))
+	}
+	for _, b := range tc.before {
+		h.submit("acme", b)
+	}
+	var sub Submission
+	if early {
+		sub = h.submitParsed(parsed)
+	} else {
+		sub = h.submit(tenant, tc.body)
+	}
+	if sub.Outcome != tc.outcome {
+		t.Fatalf("outcome %q, want %q", sub.Outcome, tc.outcome)
+	}
+	if (sub.Invalid != nil) != (tc.outcome == "invalid") {
+		t.Fatalf("Invalid = %v", sub.Invalid)
+	}
+	if tc.id == "" {
+		if sub.Publish != nil {
+			t.Fatalf("published %s, want nothing", sub.Publish.ID)
+		}
+		return
+	}
+	if sub.Publish == nil || sub.Publish.ID != tc.id {
+		t.Fatalf("published %+v, want ID %s", sub.Publish, tc.id)
+	}
+	ev := sub.Publish.Msg.(contracts.JobEvent)
+	if tc.reason != "" && ev.Reason != tc.reason {
+		t.Errorf("reason %q, want %q (message %q)", ev.Reason, tc.reason, ev.Message)
+	}
+	var fields []contracts.Reason
+	for _, f := range ev.Errors {
+		fields = append(fields, f.Reason)
+	}
+	slices.Sort(fields)
+	want := slices.Clone(tc.fields)
+	slices.Sort(want)
+	if diff := cmp.Diff(want, fields); diff != "" {
+		t.Errorf("field reasons (-want +got):\n%s", diff)
+	}
+	if ev.Type == contracts.EventQueued {
+		if ev.Request == nil || ev.Request.Tenant != "acme" || ev.Request.Priority != contracts.PriorityNormal || ev.Attempt != 1 {
+			t.Errorf("queued event does not carry the normalized request: %+v", ev)
+		}
 	}
 }
 
