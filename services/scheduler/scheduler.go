@@ -307,32 +307,30 @@ func (s *scheduler) rebuildBounded(ctx, bctx context.Context, g *errgroup.Group)
 	}
 
 	follows := []struct {
-		spec  bus.FollowSpec
-		apply func(*bus.Msg) ([]state.Publish, error)
+		spec   bus.FollowSpec
+		decode func(*bus.Msg) (fact, error)
 	}{
 		{bus.FollowSpec{Stream: contracts.StreamNodes,
-			FilterSubjects: []string{contracts.SubjectInventoryAll, contracts.SubjectNodeLifecycleAll}}, s.applyNode},
-		{bus.FollowSpec{Stream: contracts.StreamAllocations}, s.applyAllocation},
-		{bus.FollowSpec{Stream: contracts.StreamRuns}, s.applyRun},
+			FilterSubjects: []string{contracts.SubjectInventoryAll, contracts.SubjectNodeLifecycleAll}}, s.nodeFact},
+		{bus.FollowSpec{Stream: contracts.StreamAllocations}, s.allocationFact},
+		{bus.FollowSpec{Stream: contracts.StreamRuns}, s.runFact},
 	}
 	caught := make(chan struct{}, len(follows)+len(adminBuckets))
 	for _, f := range follows {
 		name := f.spec.Stream
 		for _, m := range byStream[name] {
-			s.mu.Lock()
-			_, _ = f.apply(m)
-			s.mu.Unlock()
-		}
-		apply := f.apply
-		if s.snap != nil && (name == contracts.StreamAllocations || name == contracts.StreamRuns) {
-			f.spec.StartSeq = after[name] + 1
-			apply = func(m *bus.Msg) ([]state.Publish, error) {
-				pubs, err := f.apply(m)
-				s.snap.observe(ctx, m)
-				return pubs, err
+			if apply, err := f.decode(m); err == nil {
+				s.mu.Lock()
+				apply()
+				s.mu.Unlock()
 			}
 		}
-		g.Go(func() error { return s.follow(ctx, f.spec, apply, func() { caught <- struct{}{} }) })
+		var observe func(*bus.Msg)
+		if s.snap != nil && (name == contracts.StreamAllocations || name == contracts.StreamRuns) {
+			f.spec.StartSeq = after[name] + 1
+			observe = func(m *bus.Msg) { s.snap.observe(ctx, m) }
+		}
+		g.Go(func() error { return s.follow(ctx, f.spec, f.decode, observe, func() { caught <- struct{}{} }) })
 	}
 	// Quotas, pool policies and cordons are known before the first cycle:
 	// a cycle run blind could admit past a quota or place on a cordoned
@@ -373,7 +371,8 @@ func (s *scheduler) rebuildBounded(ctx, bctx context.Context, g *errgroup.Group)
 
 // follow applies every message of spec, in stream order, for as long as
 // ctx lives, resuming after the last applied message if the read breaks.
-func (s *scheduler) follow(ctx context.Context, spec bus.FollowSpec, apply func(*bus.Msg) ([]state.Publish, error), caughtUp func()) error {
+func (s *scheduler) follow(ctx context.Context, spec bus.FollowSpec, decode func(*bus.Msg) (fact, error),
+	observe func(*bus.Msg), caughtUp func()) error {
 	var once sync.Once
 	var last uint64
 	delay := 100 * time.Millisecond
@@ -382,9 +381,16 @@ func (s *scheduler) follow(ctx context.Context, spec bus.FollowSpec, apply func(
 			spec.StartSeq = last + 1
 		}
 		err := s.bus.Follow(ctx, spec, func(_ context.Context, m *bus.Msg) error {
+			// Decoded before the lock, which the cycle, the intake and
+			// the other follows wait for.
+			apply, err := decode(m)
 			s.mu.Lock()
-			pubs, err := apply(m)
-			s.out.enqueue(pubs, false)
+			if err == nil {
+				s.out.enqueue(apply(), false)
+			}
+			if observe != nil {
+				observe(m)
+			}
 			s.mu.Unlock()
 			if err != nil {
 				s.log.Warn("skipping undecodable message", "subject", m.Subject, "stream_seq", m.StreamSeq, "err", err)
@@ -466,52 +472,61 @@ func (s *scheduler) applyAdmin(bucket string, e jetstream.KeyValueEntry) {
 
 // The apply functions run under s.mu.
 
-func (s *scheduler) applyNode(m *bus.Msg) ([]state.Publish, error) {
+// fact is a message of a followed stream, decoded: applying it (under
+// the scheduler's lock) changes the store and returns what to publish.
+type fact func() []state.Publish
+
+// nodeFact decodes a node's inventory or lifecycle event.
+func (s *scheduler) nodeFact(m *bus.Msg) (fact, error) {
 	switch {
 	case strings.HasPrefix(m.Subject, "gp.nodes.inventory."):
 		var inv contracts.NodeInventory
 		if err := m.Decode(&inv); err != nil {
 			return nil, err
 		}
-		s.st.ApplyInventory(inv)
+		return func() []state.Publish { s.st.ApplyInventory(inv); return nil }, nil
 	case strings.HasPrefix(m.Subject, "gp.nodes.lifecycle."):
 		var ev contracts.NodeEvent
 		if err := m.Decode(&ev); err != nil {
 			return nil, err
 		}
-		s.st.ApplyNodeEvent(ev)
+		return func() []state.Publish { s.st.ApplyNodeEvent(ev); return nil }, nil
 	}
-	return nil, nil
+	return func() []state.Publish { return nil }, nil
 }
 
-func (s *scheduler) applyAllocation(m *bus.Msg) ([]state.Publish, error) {
+// allocationFact decodes a ledger entry or a refusal.
+func (s *scheduler) allocationFact(m *bus.Msg) (fact, error) {
 	switch {
 	case strings.HasPrefix(m.Subject, "gp.alloc.ledger."):
 		var e contracts.LedgerEntry
 		if err := m.Decode(&e); err != nil {
 			return nil, err
 		}
-		return s.st.ApplyLedger(e), nil
+		return func() []state.Publish { return s.st.ApplyLedger(e) }, nil
 	case strings.HasPrefix(m.Subject, "gp.alloc.refused."):
 		var r contracts.Refusal
 		if err := m.Decode(&r); err != nil {
 			return nil, err
 		}
-		if s.st.Live() {
-			s.log.Info("plan item refused", "tenant", r.Tenant, "job_id", r.JobID, "node_id", r.NodeID,
-				"plan", r.PlanID, "reason", r.Reason)
-		}
-		return s.st.ApplyRefusal(r), nil
+		return func() []state.Publish {
+			if s.st.Live() {
+				s.log.Info("plan item refused", "tenant", r.Tenant, "job_id", r.JobID, "node_id", r.NodeID,
+					"plan", r.PlanID, "reason", r.Reason)
+			}
+			return s.st.ApplyRefusal(r)
+		}, nil
 	}
-	return nil, nil
+	return func() []state.Publish { return nil }, nil
 }
 
-func (s *scheduler) applyRun(m *bus.Msg) ([]state.Publish, error) {
+// runFact decodes an agent's run fact.
+func (s *scheduler) runFact(m *bus.Msg) (fact, error) {
 	var r contracts.RunEvent
 	if err := m.Decode(&r); err != nil {
 		return nil, err
 	}
-	return s.st.ApplyRun(r), nil
+	return func() []state.Publish { return s.st.ApplyRun(r) }, nil
 }
 
 // requestKey is the job a request is about (tenant token and job ID), so
