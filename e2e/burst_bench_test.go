@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strings"
 	"sync"
@@ -51,7 +52,8 @@ pools:
 func BenchmarkBurst(b *testing.B) {
 	// GPUPLANE_BURST_JOBS sizes the burst (the fleet grows to hold it at
 	// once); GPUPLANE_BURST_CPUPROFILE names a file for a CPU profile of
-	// the burst alone (start-up and warm-up left out), R1 only.
+	// the burst alone (start-up and warm-up left out), R1 only;
+	// GPUPLANE_BURST_TRACE one for an execution trace of it (go tool trace).
 	jobs := envInt(b, "GPUPLANE_BURST_JOBS", 1000)
 	// The platform runs here as the all-in-one binary runs it (GOGC and
 	// GOMEMLIMIT in the environment still rule: GOGC=100 measures the
@@ -98,6 +100,11 @@ func BenchmarkBurst(b *testing.B) {
 				if profile != "" && topo.name == "R1" {
 					stopProfile = startCPUProfile(b, profile)
 					b.Cleanup(stopProfile)
+				}
+				if tr := os.Getenv("GPUPLANE_BURST_TRACE"); tr != "" && topo.name == "R1" {
+					stopCPU, stopTrace := stopProfile, startTrace(b, tr)
+					b.Cleanup(stopTrace)
+					stopProfile = func() { stopCPU(); stopTrace() }
 				}
 				cpu, cpuStart := processCPU(), time.Now()
 				b.StartTimer()
@@ -504,6 +511,26 @@ func steady(b *testing.B, ctx context.Context, s *stack, prefix string, n int, r
 // startCPUProfile writes a CPU profile of what follows to path and returns
 // what stops it (idempotent: the burst stops it once the jobs are
 // scheduled; Cleanup calls it again).
+// startTrace starts an execution trace (go tool trace) into path.
+func startTrace(b *testing.B, path string) (stop func()) {
+	b.Helper()
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := trace.Start(f); err != nil {
+		f.Close()
+		b.Fatal(err)
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			trace.Stop()
+			_ = f.Close()
+		})
+	}
+}
+
 func startCPUProfile(b *testing.B, path string) (stop func()) {
 	b.Helper()
 	f, err := os.Create(path)

@@ -136,6 +136,11 @@ func paced(b *testing.B, ctx context.Context, s *stack, prefix string, rate int,
 	// plannedAt and committedAt split queued→scheduled further: the plan
 	// that placed the job seen on PLANS, its ledger entry on ALLOCATIONS.
 	plannedAt, committedAt := make([]time.Time, n), make([]time.Time, n)
+	// runningAt and releasedAt split how long a job holds its GPU, which
+	// at a fixed rate decides whether the fleet keeps room: committed→
+	// running is the agent's start, running→released the run itself (a
+	// fixed steadyJobDuration), its end fact and the release.
+	runningAt, releasedAt := make([]time.Time, n), make([]time.Time, n)
 	var mu sync.Mutex
 	scheduled := 0
 	done := make(chan struct{})
@@ -143,7 +148,8 @@ func paced(b *testing.B, ctx context.Context, s *stack, prefix string, rate int,
 	sub, err := s.nc.Subscribe(contracts.SubjectTenantJobEvents("bench"), func(m *nats.Msg) {
 		ceType := m.Header.Get(contracts.HeaderCEType)
 		queued := ceType == "io.gpuplane.job.queued.v1"
-		if !queued && ceType != "io.gpuplane.job.scheduled.v1" || len(m.Subject) <= prefixLen {
+		running := ceType == "io.gpuplane.job.running.v1"
+		if !queued && !running && ceType != "io.gpuplane.job.scheduled.v1" || len(m.Subject) <= prefixLen {
 			return
 		}
 		now := time.Now()
@@ -153,9 +159,9 @@ func paced(b *testing.B, ctx context.Context, s *stack, prefix string, rate int,
 		}
 		mu.Lock()
 		defer mu.Unlock()
-		if queued {
-			if queuedAt[k].IsZero() {
-				queuedAt[k] = now
+		if queued || running {
+			if at := map[bool][]time.Time{true: queuedAt, false: runningAt}[queued]; at[k].IsZero() {
+				at[k] = now
 			}
 			return
 		}
@@ -180,9 +186,10 @@ func paced(b *testing.B, ctx context.Context, s *stack, prefix string, rate int,
 		}
 		return k
 	}
-	for subject, at := range map[string][]time.Time{contracts.SubjectPlansAll: plannedAt, contracts.SubjectLedgerAll: committedAt} {
+	for subject, firstAt := range map[string][]time.Time{contracts.SubjectPlansAll: plannedAt, contracts.SubjectLedgerAll: committedAt} {
 		psub, err := s.nc.Subscribe(subject, func(m *nats.Msg) {
 			now := time.Now()
+			at := firstAt
 			var items []contracts.Allocation
 			if subject == contracts.SubjectPlansAll {
 				var p contracts.Plan
@@ -192,10 +199,13 @@ func paced(b *testing.B, ctx context.Context, s *stack, prefix string, rate int,
 				items = p.Items
 			} else {
 				var e contracts.LedgerEntry
-				if json.Unmarshal(m.Data, &e) != nil || e.Kind != contracts.LedgerCommitted {
+				if json.Unmarshal(m.Data, &e) != nil || e.Kind != contracts.LedgerCommitted && e.Kind != contracts.LedgerReleased {
 					return
 				}
 				items = []contracts.Allocation{e.Allocation}
+				if e.Kind == contracts.LedgerReleased {
+					at = releasedAt
+				}
 			}
 			mu.Lock()
 			defer mu.Unlock()
@@ -303,6 +313,14 @@ func paced(b *testing.B, ctx context.Context, s *stack, prefix string, rate int,
 	}
 	b.Logf("submit→queued (intake) %s; queued→scheduled %s: queued→plan %s, plan→committed %s, committed→scheduled %s",
 		pct(intake), pct(after), pct(toPlan), pct(toCommit), pct(toEvent))
+	var toRunning, toReleased []time.Duration
+	for k, c := range committedAt {
+		if r, rel := runningAt[k], releasedAt[k]; !c.IsZero() && !r.IsZero() && !rel.IsZero() {
+			toRunning, toReleased = append(toRunning, r.Sub(c)), append(toReleased, rel.Sub(r))
+		}
+	}
+	b.Logf("GPU held (runs of %s): committed→running %s, running→released %s (%d jobs)",
+		steadyJobDuration, pct(toRunning), pct(toReleased), len(toRunning))
 	return pacedResult{offered: n, scheduled: len(lat), achieved: float64(len(lat)) / last.Sub(start).Seconds(),
 		p50: lat[len(lat)/2], p99: lat[len(lat)*99/100], max: lat[len(lat)-1], lag: lag}
 }
