@@ -245,7 +245,7 @@ func (s *server) startSnapshots(ctx context.Context) *snapshots {
 		s.log.Warn("snapshots off for this term", "err", err)
 		return nil
 	}
-	lives, err := kvsnap.Lives(ctx, s.bus.JetStream(), snapshotStreams...)
+	lives, err := s.streamLives(ctx)
 	if err != nil {
 		s.log.Warn("snapshots off for this term", "err", err)
 		return nil
@@ -265,6 +265,30 @@ func (s *server) startSnapshots(ctx context.Context) *snapshots {
 		"retired_allocations", sn.meta.Ledger.RetiredLen()/ledger.RetiredRecordSize, "refusals", sn.meta.RefusedBytes/refusalKeySize,
 		"took", time.Since(start))
 	return w
+}
+
+// livesTries is how many times streamLives looks, each look bounded by
+// probeTimeout.
+const livesTries = 3
+
+// streamLives is kvsnap.Lives of the snapshot streams, each try with its
+// own bound. A stream info request sent to a NATS server that died with it
+// is never answered, and nats.go bounds a request by its 5 s default only
+// when the context has no deadline: under a term whose context had one
+// (e2e's two minutes), one lost answer held a new term's start, before
+// any plan, for as long (TestNATSNodeLossStopsNoRun).
+func (s *server) streamLives(ctx context.Context) (map[string]kvsnap.Life, error) {
+	var err error
+	for range livesTries {
+		tctx, cancel := context.WithTimeout(ctx, probeTimeout)
+		var lives map[string]kvsnap.Life
+		lives, err = kvsnap.Lives(tctx, s.bus.JetStream(), snapshotStreams...)
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			return lives, err
+		}
+	}
+	return nil, err
 }
 
 // install makes sn the server's state.
@@ -317,7 +341,7 @@ func (w *snapshots) write(ctx context.Context, s *server) error {
 		return nil
 	}
 	start := time.Now()
-	lives, err := kvsnap.Lives(ctx, s.bus.JetStream(), snapshotStreams...)
+	lives, err := s.streamLives(ctx)
 	if err != nil {
 		return err
 	}
