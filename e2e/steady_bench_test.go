@@ -138,8 +138,9 @@ func paced(b *testing.B, ctx context.Context, s *stack, prefix string, rate int,
 	plannedAt, committedAt := make([]time.Time, n), make([]time.Time, n)
 	// runningAt and releasedAt split how long a job holds its GPU, which
 	// at a fixed rate decides whether the fleet keeps room: committed→
-	// running is the agent's start, running→released the run itself (a
-	// fixed steadyJobDuration), its end fact and the release.
+	// running is the agent's start (its started fact on RUNS), running→
+	// released the run itself (a fixed steadyJobDuration), its end fact
+	// and the release.
 	runningAt, releasedAt := make([]time.Time, n), make([]time.Time, n)
 	var mu sync.Mutex
 	scheduled := 0
@@ -148,8 +149,7 @@ func paced(b *testing.B, ctx context.Context, s *stack, prefix string, rate int,
 	sub, err := s.nc.Subscribe(contracts.SubjectTenantJobEvents("bench"), func(m *nats.Msg) {
 		ceType := m.Header.Get(contracts.HeaderCEType)
 		queued := ceType == "io.gpuplane.job.queued.v1"
-		running := ceType == "io.gpuplane.job.running.v1"
-		if !queued && !running && ceType != "io.gpuplane.job.scheduled.v1" || len(m.Subject) <= prefixLen {
+		if !queued && ceType != "io.gpuplane.job.scheduled.v1" || len(m.Subject) <= prefixLen {
 			return
 		}
 		now := time.Now()
@@ -159,9 +159,9 @@ func paced(b *testing.B, ctx context.Context, s *stack, prefix string, rate int,
 		}
 		mu.Lock()
 		defer mu.Unlock()
-		if queued || running {
-			if at := map[bool][]time.Time{true: queuedAt, false: runningAt}[queued]; at[k].IsZero() {
-				at[k] = now
+		if queued {
+			if queuedAt[k].IsZero() {
+				queuedAt[k] = now
 			}
 			return
 		}
@@ -186,18 +186,26 @@ func paced(b *testing.B, ctx context.Context, s *stack, prefix string, rate int,
 		}
 		return k
 	}
-	for subject, firstAt := range map[string][]time.Time{contracts.SubjectPlansAll: plannedAt, contracts.SubjectLedgerAll: committedAt} {
+	for subject, firstAt := range map[string][]time.Time{contracts.SubjectPlansAll: plannedAt, contracts.SubjectLedgerAll: committedAt,
+		contracts.SubjectRunsAll: runningAt} {
 		psub, err := s.nc.Subscribe(subject, func(m *nats.Msg) {
 			now := time.Now()
 			at := firstAt
 			var items []contracts.Allocation
-			if subject == contracts.SubjectPlansAll {
+			switch {
+			case subject == contracts.SubjectRunsAll:
+				var ev contracts.RunEvent
+				if json.Unmarshal(m.Data, &ev) != nil || ev.Kind != contracts.RunStarted {
+					return
+				}
+				items = []contracts.Allocation{{Tenant: ev.Tenant, JobID: ev.JobID}}
+			case subject == contracts.SubjectPlansAll:
 				var p contracts.Plan
 				if json.Unmarshal(m.Data, &p) != nil {
 					return
 				}
 				items = p.Items
-			} else {
+			default:
 				var e contracts.LedgerEntry
 				if json.Unmarshal(m.Data, &e) != nil || e.Kind != contracts.LedgerCommitted && e.Kind != contracts.LedgerReleased {
 					return
