@@ -2,9 +2,6 @@ package lease_test
 
 import (
 	"context"
-	"net"
-	"net/url"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,112 +13,6 @@ import (
 	"github.com/gpuplane/gpuplane/libs/natsserver"
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 )
-
-// lossyProxy stands between a client and a NATS server, and loses what is
-// in flight as a NATS server that dies does: silence drops every byte
-// either way while the connections stay open (a server that stopped
-// answering), and die then closes them, so the client reconnects (through
-// the proxy, as to a surviving member). A request sent meanwhile is never
-// answered, on the new connection either: nats.go waits for its answer
-// until the request's context ends.
-type lossyProxy struct {
-	l      net.Listener
-	target string
-
-	mu     sync.Mutex
-	silent bool
-	conns  map[net.Conn]struct{}
-	wg     sync.WaitGroup
-}
-
-func newLossyProxy(t *testing.T, srv *natsserver.Server) *lossyProxy {
-	t.Helper()
-	u, err := url.Parse(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &lossyProxy{l: l, target: u.Host, conns: map[net.Conn]struct{}{}}
-	p.wg.Go(p.accept)
-	t.Cleanup(func() {
-		_ = p.l.Close()
-		p.die()
-		p.wg.Wait()
-	})
-	return p
-}
-
-func (p *lossyProxy) url() string { return "nats://" + p.l.Addr().String() }
-
-func (p *lossyProxy) accept() {
-	for {
-		in, err := p.l.Accept()
-		if err != nil {
-			return // closed
-		}
-		out, err := net.Dial("tcp", p.target)
-		if err != nil {
-			_ = in.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns[in], p.conns[out] = struct{}{}, struct{}{}
-		p.mu.Unlock()
-		p.wg.Go(func() { p.pipe(out, in) })
-		p.wg.Go(func() { p.pipe(in, out) })
-	}
-}
-
-// pipe copies src to dst, dropping what it reads while the proxy is
-// silent, until either side closes.
-func (p *lossyProxy) pipe(dst, src net.Conn) {
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		p.mu.Lock()
-		silent := p.silent
-		p.mu.Unlock()
-		if n > 0 && !silent {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				break
-			}
-		}
-		if err != nil { // closed, or reset: the same here
-			break
-		}
-	}
-	_ = dst.Close()
-	_ = src.Close()
-	p.mu.Lock()
-	delete(p.conns, dst)
-	delete(p.conns, src)
-	p.mu.Unlock()
-}
-
-// silence loses every byte from now on, either way.
-func (p *lossyProxy) silence() {
-	p.mu.Lock()
-	p.silent = true
-	p.mu.Unlock()
-}
-
-// die closes every connection, losing what silence held back; new ones
-// are forwarded again.
-func (p *lossyProxy) die() {
-	p.mu.Lock()
-	p.silent = false
-	open := make([]net.Conn, 0, len(p.conns))
-	for c := range p.conns {
-		open = append(open, c)
-	}
-	p.mu.Unlock()
-	for _, c := range open {
-		_ = c.Close()
-	}
-}
 
 // leasesAt opens the leases bucket of srv as a service does, connected to
 // url (srv's, or a proxy's in front of it).
@@ -154,8 +45,8 @@ func leasesAt(t *testing.T, srv *natsserver.Server, url string) jetstream.KeyVal
 // answers again.
 func TestRunEndsATermWhoseRenewalIsLost(t *testing.T) {
 	srv := natstest.Start(t)
-	p := newLossyProxy(t, srv)
-	kv := leasesAt(t, srv, p.url())
+	p := natstest.NewLossyProxy(t, srv)
+	kv := leasesAt(t, srv, p.URL())
 	const ttl = time.Second
 	e, err := lease.New(lease.Config{KV: kv, Key: "k", Holder: "a", TTL: ttl})
 	if err != nil {
@@ -202,9 +93,9 @@ func TestRunEndsATermWhoseRenewalIsLost(t *testing.T) {
 	// renewal is sent into the silence, then dies; the client reconnects
 	// at once, and everything sent from then on is answered.
 	lost := time.Now()
-	p.silence()
+	p.Silence()
 	time.Sleep(ttl / 2)
-	p.die()
+	p.Die()
 
 	// The term was renewed at most TTL before the silence began: it ends
 	// by then, plus the time to notice (generous for -race on a busy
@@ -238,7 +129,7 @@ func TestRunEndsATermWhoseRenewalIsLost(t *testing.T) {
 // holder let the lease go, no one took it.
 func TestRunContendsAgainAfterALostAcquire(t *testing.T) {
 	srv := natstest.Start(t)
-	p := newLossyProxy(t, srv)
+	p := natstest.NewLossyProxy(t, srv)
 	const ttl = time.Second
 	holder, err := lease.New(lease.Config{KV: leasesAt(t, srv, srv.URL()), Key: "k", Holder: "b", TTL: time.Minute})
 	if err != nil {
@@ -248,7 +139,7 @@ func TestRunContendsAgainAfterALostAcquire(t *testing.T) {
 	if !ok || err != nil {
 		t.Fatalf("holder: ok=%v err=%v", ok, err)
 	}
-	e, err := lease.New(lease.Config{KV: leasesAt(t, srv, p.url()), Key: "k", Holder: "a", TTL: ttl})
+	e, err := lease.New(lease.Config{KV: leasesAt(t, srv, p.URL()), Key: "k", Holder: "a", TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -277,9 +168,9 @@ func TestRunContendsAgainAfterALostAcquire(t *testing.T) {
 	// sent into the silence. Then the server dies and the client
 	// reconnects.
 	time.Sleep(ttl / 2)
-	p.silence()
+	p.Silence()
 	time.Sleep(ttl / 2)
-	p.die()
+	p.Die()
 	if err := holder.Release(context.Background(), held); err != nil {
 		t.Fatal(err)
 	}

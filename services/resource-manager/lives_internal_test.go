@@ -3,9 +3,6 @@ package resourcemanager
 import (
 	"context"
 	"log/slog"
-	"net"
-	"net/url"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,94 +11,6 @@ import (
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 )
 
-// lossyProxy stands between the manager and a NATS server and loses what
-// is in flight as a server that dies does: silence drops every byte
-// either way, die closes the connections (the client reconnects through
-// it). A request sent in between is never answered. (libs/lease's tests
-// have the same proxy; natstest is the place for one of them.)
-type lossyProxy struct {
-	l      net.Listener
-	target string
-
-	mu     sync.Mutex
-	silent bool
-	conns  map[net.Conn]struct{}
-	wg     sync.WaitGroup
-}
-
-func newLossyProxy(t *testing.T, target string) *lossyProxy {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &lossyProxy{l: l, target: target, conns: map[net.Conn]struct{}{}}
-	p.wg.Go(func() {
-		for {
-			in, err := l.Accept()
-			if err != nil {
-				return
-			}
-			out, err := net.Dial("tcp", target)
-			if err != nil {
-				_ = in.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns[in], p.conns[out] = struct{}{}, struct{}{}
-			p.mu.Unlock()
-			p.wg.Go(func() { p.pipe(out, in) })
-			p.wg.Go(func() { p.pipe(in, out) })
-		}
-	})
-	t.Cleanup(func() {
-		_ = l.Close()
-		p.die()
-		p.wg.Wait()
-	})
-	return p
-}
-
-func (p *lossyProxy) pipe(dst, src net.Conn) {
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		p.mu.Lock()
-		silent := p.silent
-		p.mu.Unlock()
-		if n > 0 && !silent {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				break
-			}
-		}
-		if err != nil {
-			break
-		}
-	}
-	_ = dst.Close()
-	_ = src.Close()
-}
-
-func (p *lossyProxy) silence() {
-	p.mu.Lock()
-	p.silent = true
-	p.mu.Unlock()
-}
-
-func (p *lossyProxy) die() {
-	p.mu.Lock()
-	p.silent = false
-	open := make([]net.Conn, 0, len(p.conns))
-	for c := range p.conns {
-		open = append(open, c)
-	}
-	clear(p.conns)
-	p.mu.Unlock()
-	for _, c := range open {
-		_ = c.Close()
-	}
-}
-
 // TestStreamLivesOutlivesALostAnswer: a new term's look at the snapshot
 // streams, sent to a NATS server that dies before it answers, is sent
 // again on the connection that comes back, instead of waiting for the
@@ -109,14 +18,10 @@ func (p *lossyProxy) die() {
 // startSnapshots for a minute, no plan handled).
 func TestStreamLivesOutlivesALostAnswer(t *testing.T) {
 	srv := natstest.Start(t)
-	u, err := url.Parse(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := newLossyProxy(t, u.Host)
+	p := natstest.NewLossyProxy(t, srv)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a far deadline, as e2e's
 	defer cancel()
-	b, err := bus.Connect(ctx, bus.Config{URL: "nats://" + p.l.Addr().String(), Name: "test",
+	b, err := bus.Connect(ctx, bus.Config{URL: p.URL(), Name: "test",
 		CredsFile: natstest.Service(t, srv, contracts.BusResourceManager)})
 	if err != nil {
 		t.Fatal(err)
@@ -124,7 +29,7 @@ func TestStreamLivesOutlivesALostAnswer(t *testing.T) {
 	t.Cleanup(func() { _ = b.Close(context.Background()) })
 	s := newServer(DefaultConfig(), b, slog.Default())
 
-	p.silence()
+	p.Silence()
 	type result struct {
 		n   int
 		err error
@@ -136,7 +41,7 @@ func TestStreamLivesOutlivesALostAnswer(t *testing.T) {
 		done <- result{len(lives), err}
 	}()
 	time.Sleep(200 * time.Millisecond) // the first look is sent into the silence
-	p.die()
+	p.Die()
 
 	limit := probeTimeout + 5*time.Second
 	select {
