@@ -133,7 +133,13 @@ func TestRunEndReleases(t *testing.T) {
 	// the real end follows on the holder's subject.
 	h.runEvent("n1", contracts.RunEnded, a3, &contracts.RunResult{Outcome: contracts.OutcomeFailed, ExitCode: 66}, "forged")
 	h.runEvent("n2", contracts.RunEnded, a3, &contracts.RunResult{Outcome: contracts.OutcomeFailed, ExitCode: 1}, "")
-	h.eventually("releases", func() bool { return h.has(a3.ID, contracts.LedgerReleased) })
+	// Releases run beside the follow, n1's one after the other and n2's
+	// beside them (ReleaseParallelism): a3's, on n2, may be stored before
+	// a2's, so each is waited for.
+	h.eventually("releases", func() bool {
+		return h.has(a1.ID, contracts.LedgerReleased) && h.has(a2.ID, contracts.LedgerReleased) &&
+			h.has(a3.ID, contracts.LedgerReleased)
+	})
 
 	h.locked(func() {
 		for id, want := range map[string]struct {
