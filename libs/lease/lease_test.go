@@ -13,7 +13,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gpuplane/gpuplane/contracts"
-	"github.com/gpuplane/gpuplane/libs/bus"
 	"github.com/gpuplane/gpuplane/libs/lease"
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 )
@@ -21,21 +20,7 @@ import (
 func bucket(t *testing.T) jetstream.KeyValue {
 	t.Helper()
 	srv := natstest.Start(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	// The leases are the scheduler's and the resource manager's: use the
-	// bucket with a service's identity, as they do.
-	b, err := bus.Connect(ctx, bus.Config{URL: srv.URL(), Name: "test",
-		CredsFile: natstest.Service(t, srv, contracts.BusScheduler)})
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
-	t.Cleanup(func() { _ = b.Close(context.Background()) })
-	kv, err := b.KeyValue(ctx, contracts.BucketLeases)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return kv
+	return leasesAt(t, srv, srv.URL())
 }
 
 // clock is a fake clock shared by contenders: expiry without sleeping.

@@ -20,6 +20,8 @@ func leasesAt(t *testing.T, srv *natsserver.Server, url string) jetstream.KeyVal
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	// The leases are the scheduler's and the resource manager's: use the
+	// bucket with a service's identity, as they do.
 	b, err := bus.Connect(ctx, bus.Config{URL: url, Name: "test",
 		CredsFile: natstest.Service(t, srv, contracts.BusResourceManager)})
 	if err != nil {
@@ -61,27 +63,13 @@ func TestRunEndsATermWhoseRenewalIsLost(t *testing.T) {
 		ended chan time.Time // when the term's context ended
 	}
 	leads := make(chan lead, 4)
-	runErr := make(chan error, 1)
-	go func() {
-		runErr <- e.Run(ctx, func(ctx context.Context, tm lease.Term) error {
-			l := lead{epoch: tm.Epoch, term: tm, ended: make(chan time.Time, 1)}
-			leads <- l
-			<-ctx.Done()
-			l.ended <- time.Now()
-			return nil
-		})
-	}()
-	defer func() {
-		cancel()
-		select {
-		case err := <-runErr:
-			if err != nil {
-				t.Errorf("Run = %v after its context ended; want nil", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("Run did not return 10 s after its context ended")
-		}
-	}()
+	runErr := runElector(t, ctx, cancel, e, func(ctx context.Context, tm lease.Term) error {
+		l := lead{epoch: tm.Epoch, term: tm, ended: make(chan time.Time, 1)}
+		leads <- l
+		<-ctx.Done()
+		l.ended <- time.Now()
+		return nil
+	})
 	var first lead
 	select {
 	case first = <-leads:
@@ -145,25 +133,11 @@ func TestRunContendsAgainAfterALostAcquire(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // as e2e's
 	leads := make(chan uint64, 1)
-	runErr := make(chan error, 1)
-	go func() {
-		runErr <- e.Run(ctx, func(ctx context.Context, tm lease.Term) error {
-			leads <- tm.Epoch
-			<-ctx.Done()
-			return nil
-		})
-	}()
-	defer func() {
-		cancel()
-		select {
-		case err := <-runErr:
-			if err != nil {
-				t.Errorf("Run = %v after its context ended; want nil", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("Run did not return 10 s after its context ended")
-		}
-	}()
+	runErr := runElector(t, ctx, cancel, e, func(ctx context.Context, tm lease.Term) error {
+		leads <- tm.Epoch
+		<-ctx.Done()
+		return nil
+	})
 	// Silent for longer than a contender's poll (TTL/3): an acquire is
 	// sent into the silence. Then the server dies and the client
 	// reconnects.
@@ -186,4 +160,26 @@ func TestRunContendsAgainAfterALostAcquire(t *testing.T) {
 		t.Fatalf("the lease was free for %s and the contender did not take it: its lost acquire holds it",
 			time.Since(released).Round(time.Millisecond))
 	}
+}
+
+// runElector runs e with lead until the test ends, then cancels ctx and
+// expects Run to return nil within 10 s. Run's result, should it return
+// earlier, arrives on the channel.
+func runElector(t *testing.T, ctx context.Context, cancel context.CancelFunc, e *lease.Elector,
+	lead func(context.Context, lease.Term) error) <-chan error {
+	t.Helper()
+	runErr := make(chan error, 1)
+	go func() { runErr <- e.Run(ctx, lead) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-runErr:
+			if err != nil {
+				t.Errorf("Run = %v after its context ended; want nil", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("Run did not return 10 s after its context ended")
+		}
+	})
+	return runErr
 }
