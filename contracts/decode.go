@@ -9,7 +9,6 @@ import (
 	"math"
 	"math/big"
 	"reflect"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -75,8 +74,9 @@ type schemaNode struct {
 	Format     string                 `json:"format"`
 	Defs       map[string]*schemaNode `json:"$defs"`
 	// never is the false schema.
-	never   bool
-	pattern *regexp.Regexp
+	never bool
+	// match matches Pattern (matcher: by hand or by regexp).
+	match func(string) bool
 	// enumStrings holds Enum when every member is a string.
 	enumStrings map[string]bool
 }
@@ -116,11 +116,11 @@ func (n *schemaNode) UnmarshalJSON(b []byte) error {
 		n.enumStrings[str] = true
 	}
 	if n.Pattern != "" {
-		re, err := regexp.Compile(n.Pattern)
+		m, err := matcher(n.Pattern)
 		if err != nil {
 			return fmt.Errorf("pattern %q: %w", n.Pattern, err)
 		}
-		n.pattern = re
+		n.match = m
 	}
 	return nil
 }
@@ -213,7 +213,7 @@ func checkSize(data []byte) error {
 	return nil
 }
 
-// idPattern is the schema pattern of IDs (ValidateID's idRE): a value
+// idPattern is the schema pattern of IDs (ValidateID's): a value
 // that fails it is reported as invalid_id.
 const idPattern = `^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`
 
@@ -226,7 +226,7 @@ const durationPattern = `^(0|(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|
 var errStop = errors.New("stop")
 
 type docChecker struct {
-	dec  *json.Decoder
+	dec  tokens
 	out  bytes.Buffer
 	errs []FieldError
 	// syntax is the first syntax error; it replaces every other finding.
@@ -244,10 +244,27 @@ type docChecker struct {
 // checkDoc checks one JSON value (which must be an object, as every
 // request is) against s; see the comment above schemaNode.
 func checkDoc(data []byte, s *schemaNode) ([]byte, error) {
-	c := &docChecker{dec: json.NewDecoder(bytes.NewReader(data))}
-	c.dec.UseNumber()
+	valid := json.Valid(data)
+	if valid {
+		return checkTokens(data, s, &validTokens{data: data}, true)
+	}
+	return checkTokens(data, s, decoderTokens(data), false)
+}
+
+// decoderTokens is json.Decoder's token stream over data, numbers as
+// json.Number.
+func decoderTokens(data []byte) tokens {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	return dec
+}
+
+// checkTokens is checkDoc reading toks, the tokens of data; valid says
+// whether json.Valid accepts data.
+func checkTokens(data []byte, s *schemaNode, toks tokens, valid bool) ([]byte, error) {
+	c := &docChecker{dec: toks}
 	c.out.Grow(len(data))
-	if first := bytes.TrimSpace(data)[0]; first != '{' && json.Valid(data) {
+	if first := bytes.TrimSpace(data)[0]; first != '{' && valid {
 		kind := map[byte]string{'n': "null", '[': "an array", '"': "a string", 't': "a boolean", 'f': "a boolean"}[first]
 		if kind == "" {
 			kind = "a number"
@@ -403,8 +420,7 @@ func (c *docChecker) value(s *schemaNode, path string) error {
 		c.out.WriteString(strconv.FormatBool(t))
 	case string:
 		c.checkString(s, path, t)
-		b, _ := marshalNoEscape(t)
-		c.out.Write(b)
+		writeString(&c.out, t)
 	case json.Number:
 		if money && !strings.ContainsAny(string(t), "eE") {
 			c.out.WriteString(string(t)) // exactly as written: Money reads the digits
@@ -498,7 +514,7 @@ func (c *docChecker) checkNumber(s *schemaNode, path string, n json.Number) {
 }
 
 func (c *docChecker) checkString(s *schemaNode, path, v string) {
-	if s.pattern != nil && !s.pattern.MatchString(v) {
+	if s.match != nil && !s.match(v) {
 		reason, what := ReasonInvalidValue, fmt.Sprintf("does not match the pattern %s", s.Pattern)
 		switch {
 		case s.Pattern == durationPattern:
@@ -580,12 +596,68 @@ func truncate(s string, n int) string {
 	return s[:n] + "..."
 }
 
-func marshalNoEscape(s string) ([]byte, error) {
-	plain := true
-	for i := 0; i < len(s) && plain; i++ {
-		plain = s[i] >= 0x20 && s[i] < 0x7f && s[i] != '"' && s[i] != '\\'
+// writeString writes s to out as a JSON string, as marshalNoEscape does.
+func writeString(out *bytes.Buffer, s string) {
+	if plainString(s) { // the common case, without an encoder or a copy
+		out.WriteByte('"')
+		out.WriteString(s)
+		out.WriteByte('"')
+		return
 	}
-	if plain { // the common case, without an encoder
+	b, _ := marshalNoEscape(s)
+	out.Write(b)
+}
+
+// plainString reports whether s is printable ASCII with no quote or
+// backslash: its JSON string is s quoted.
+func plainString(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] >= 0x7f || s[i] == '"' || s[i] == '\\' {
+			return false
+		}
+	}
+	return true
+}
+
+// keySet is the keys an object named so far. Objects are small: a
+// list until it grows, then a map, so a hostile object of thousands of
+// keys costs no quadratic search.
+type keySet struct {
+	list []string
+	m    map[string]bool
+}
+
+const keySetList = 32
+
+// add adds k and reports whether it was new.
+func (ks *keySet) add(k string) bool {
+	if ks.has(k) {
+		return false
+	}
+	if ks.m != nil {
+		ks.m[k] = true
+		return true
+	}
+	ks.list = append(ks.list, k)
+	if len(ks.list) > keySetList {
+		ks.m = make(map[string]bool, 2*len(ks.list))
+		for _, k := range ks.list {
+			ks.m[k] = true
+		}
+		ks.list = nil
+	}
+	return true
+}
+
+func (ks *keySet) has(k string) bool {
+	if ks.m != nil {
+		return ks.m[k]
+	}
+	return slices.Contains(ks.list, k)
+}
+
+func marshalNoEscape(s string) ([]byte, error) {
+	if plainString(s) { // the common case, without an encoder
 		return []byte(`"` + s + `"`), nil
 	}
 	var b bytes.Buffer
@@ -599,7 +671,7 @@ func marshalNoEscape(s string) ([]byte, error) {
 
 func (c *docChecker) object(s *schemaNode, path string) error {
 	c.out.WriteByte('{')
-	seen := map[string]bool{}
+	var seen keySet
 	for i := 0; c.dec.More(); i++ {
 		tok, err := c.token()
 		if err != nil {
@@ -619,15 +691,13 @@ func (c *docChecker) object(s *schemaNode, path string) error {
 				}
 			}
 		}
-		if seen[key] {
+		if !seen.add(key) {
 			c.failHard(joinPath(path, key), ReasonDuplicateField, "field %q appears more than once", key)
 		}
-		seen[key] = true
 		if i > 0 {
 			c.out.WriteByte(',')
 		}
-		b, _ := marshalNoEscape(key)
-		c.out.Write(b)
+		writeString(&c.out, key)
 		c.out.WriteByte(':')
 		if err := c.value(child, joinPath(path, key)); err != nil {
 			return err
@@ -638,7 +708,7 @@ func (c *docChecker) object(s *schemaNode, path string) error {
 	}
 	c.out.WriteByte('}')
 	for _, r := range s.Required {
-		if !seen[r] {
+		if !seen.has(r) {
 			c.fail(joinPath(path, r), ReasonMissingField, "%s is required", joinPath(path, r))
 		}
 	}
@@ -670,7 +740,7 @@ func (c *docChecker) array(s *schemaNode, path string) error {
 		if i > 0 {
 			c.out.WriteByte(',')
 		}
-		if err := c.value(s.Items, fmt.Sprintf("%s[%d]", path, i)); err != nil {
+		if err := c.value(s.Items, path+"["+strconv.Itoa(i)+"]"); err != nil {
 			return err
 		}
 	}

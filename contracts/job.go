@@ -8,7 +8,6 @@ import (
 	"io"
 	"math"
 	"math/big"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -232,7 +231,7 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 func (d *Duration) parse(s string) error {
 	v, err := time.ParseDuration(s)
 	if err != nil {
-		if durationRE.MatchString(s) {
+		if isDurationText(s) { // durationPattern (match.go)
 			return fmt.Errorf("%w: %q is longer than the largest duration, %s", errDurationRange, s, time.Duration(math.MaxInt64))
 		}
 		return fmt.Errorf("%w: %q is not a duration such as \"30s\"", errBadDuration, s)
@@ -256,10 +255,6 @@ func plainQuoted(b []byte) (string, bool) {
 	}
 	return string(b[1 : n-1]), true
 }
-
-// durationRE is durationPattern: a string that matches it but does not
-// parse has overflowed.
-var durationRE = regexp.MustCompile(durationPattern)
 
 // JSONSchema describes Duration in the published schemas: a string only,
 // in the form durationPattern says.

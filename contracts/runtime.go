@@ -100,8 +100,7 @@ const cleanPathPattern = `^(/([^/.\x00][^/\x00]*|\.[^/.\x00][^/\x00]*|\.\.[^/\x0
 const userPattern = `^([0-9]{1,9}|[a-z_][a-z0-9_.-]{0,31})(:([0-9]{1,9}|[a-z_][a-z0-9_.-]{0,31}))?$`
 
 var (
-	cleanPathRE = regexp.MustCompile(cleanPathPattern)
-	userRE      = regexp.MustCompile(userPattern)
+	userRE = regexp.MustCompile(userPattern)
 )
 
 // hiddenPaths are the host and container trees no mount may name: a host
@@ -178,7 +177,7 @@ func (r *RunSpec) validateContainer(memoryMiB int64, add func(field string, reas
 			add("run.args", ReasonConflictingRun, "args are appended to run.command, or replace an image's CMD: set one of them")
 		}
 	}
-	if r.WorkingDir != "" && r.WorkingDir != "/" && !cleanPathRE.MatchString(r.WorkingDir) {
+	if r.WorkingDir != "" && r.WorkingDir != "/" && !isCleanPath(r.WorkingDir) {
 		add("run.workingDir", ReasonInvalidValue, "working directory %q is not a clean absolute path", r.WorkingDir)
 	}
 	if len(r.WorkingDir) > MaxPathBytes {
@@ -204,7 +203,7 @@ func (r *RunSpec) validateContainer(memoryMiB int64, add func(field string, reas
 		switch {
 		case len(m.Source) > MaxPathBytes:
 			add(field+".source", ReasonOutOfRange, "source is %d bytes, limit is %d", len(m.Source), MaxPathBytes)
-		case !cleanPathRE.MatchString(m.Source):
+		case !isCleanPath(m.Source):
 			add(field+".source", ReasonInvalidValue, "source %q is not a clean absolute host path (no '..', '.', '//' or trailing '/')", m.Source)
 		case slices.ContainsFunc(hiddenPaths, func(h string) bool { return under(m.Source, h) }):
 			add(field+".source", ReasonMountNotAllowed, "source %q would give the container the host's %s", m.Source, topDir(m.Source))
@@ -212,7 +211,7 @@ func (r *RunSpec) validateContainer(memoryMiB int64, add func(field string, reas
 		switch {
 		case len(m.Target) > MaxPathBytes:
 			add(field+".target", ReasonOutOfRange, "target is %d bytes, limit is %d", len(m.Target), MaxPathBytes)
-		case !cleanPathRE.MatchString(m.Target):
+		case !isCleanPath(m.Target):
 			add(field+".target", ReasonInvalidValue, "target %q is not a clean absolute path other than /", m.Target)
 		case slices.ContainsFunc(hiddenPaths, func(h string) bool { return under(m.Target, h) }):
 			add(field+".target", ReasonMountNotAllowed, "target %q is under %s, which the runtime provides", m.Target, topDir(m.Target))
@@ -245,7 +244,7 @@ func (p *PoolRuntime) HostCommandsAllowed(platformDefault bool) bool {
 // roots. The agent resolves symbolic links before it mounts and asks again
 // of the resolved path, so a link under a root cannot lead out of it.
 func (p *PoolRuntime) MountAllowed(source string) bool {
-	if p == nil || !cleanPathRE.MatchString(source) {
+	if p == nil || !isCleanPath(source) {
 		return false
 	}
 	return slices.ContainsFunc(p.MountRoots, func(root string) bool { return under(source, root) })
@@ -285,7 +284,7 @@ func (p *PoolRuntime) validate(add func(field string, reason Reason, format stri
 	for i, root := range p.MountRoots {
 		field := fmt.Sprintf("runtime.mountRoots[%d]", i)
 		switch {
-		case len(root) > MaxPathBytes || !cleanPathRE.MatchString(root):
+		case len(root) > MaxPathBytes || !isCleanPath(root):
 			add(field, ReasonInvalidValue, "mount root %q is not a clean absolute path other than /", root)
 		case slices.ContainsFunc(hiddenPaths, func(h string) bool { return under(root, h) || under(h, root) }):
 			add(field, ReasonMountNotAllowed, "mount root %q would let runs mount the host's /proc, /sys or /dev", root)

@@ -44,9 +44,9 @@ func optionalPattern(re string) string { return "^(" + re[1:len(re)-1] + ")?$" }
 
 // JSONSchemaExtend states JobRequest's bounds.
 func (JobRequest) JSONSchemaExtend(s *jsonschema.Schema) {
-	prop(s, "tenant").Pattern = tenantRE.String()
+	prop(s, "tenant").Pattern = tenantPattern
 	prop(s, "name").MaxLength = count(MaxNameLength)
-	prop(s, "pool").Pattern = optionalPattern(poolRE.String())
+	prop(s, "pool").Pattern = optionalPattern(poolPattern)
 	prop(s, "labels").MaxProperties = count(MaxLabels)
 	prop(s, "nodeSelector").MaxProperties = count(MaxSelectorLabels)
 	prop(s, "tolerations").MaxItems = count(MaxTolerations)
@@ -126,7 +126,7 @@ func (CancelRequest) JSONSchemaExtend(s *jsonschema.Schema) {
 // JSONSchemaExtend states Budget's bounds.
 func (Budget) JSONSchemaExtend(s *jsonschema.Schema) {
 	prop(s, "schemaVersion").Enum = []any{SchemaVersion}
-	prop(s, "tenant").Pattern = tenantRE.String()
+	prop(s, "tenant").Pattern = tenantPattern
 }
 
 // JSONSchemaExtend states NodeAdminRequest's bounds.
@@ -157,10 +157,10 @@ func (PriceVersion) JSONSchemaExtend(s *jsonschema.Schema) {
 // optional in what a client writes: the gateway fills them in.
 func (TenantQuota) JSONSchemaExtend(s *jsonschema.Schema) {
 	prop(s, "schemaVersion").Enum = []any{SchemaVersion}
-	prop(s, "tenant").Pattern = optionalPattern(tenantRE.String())
+	prop(s, "tenant").Pattern = optionalPattern(tenantPattern)
 	w := prop(s, "weight")
 	w.Minimum, w.Maximum = "0", "1000"
-	prop(s, "pools").PropertyNames = &jsonschema.Schema{Pattern: "^(" + poolRE.String()[1:len(poolRE.String())-1] + `|\*)$`}
+	prop(s, "pools").PropertyNames = &jsonschema.Schema{Pattern: "^(" + poolPattern[1:len(poolPattern)-1] + `|\*)$`}
 	s.Required = notRequired(s.Required, "tenant", "updatedAt")
 }
 
@@ -176,7 +176,7 @@ func (PoolQuota) JSONSchemaExtend(s *jsonschema.Schema) {
 // optional in what a client writes: the gateway fills them in.
 func (PoolConfig) JSONSchemaExtend(s *jsonschema.Schema) {
 	prop(s, "schemaVersion").Enum = []any{SchemaVersion}
-	prop(s, "pool").Pattern = optionalPattern(poolRE.String())
+	prop(s, "pool").Pattern = optionalPattern(poolPattern)
 	prop(s, "policy").Enum = enumOf(PlacementPolicies...)
 	s.Required = notRequired(s.Required, "pool", "updatedAt")
 }

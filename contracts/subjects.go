@@ -2,7 +2,6 @@ package contracts
 
 import (
 	"fmt"
-	"regexp"
 	"strings"
 )
 
@@ -179,17 +178,11 @@ func TenantFromSubject(subject string) (string, error) {
 	return tok, nil
 }
 
-var (
-	tenantRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$`)
-	idRE     = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$`)
-	poolRE   = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,46}[a-z0-9])?$`)
-)
-
 // ValidateTenant reports whether s can be a tenant: lowercase letters,
 // digits and inner dashes, at most 32 characters. Tenants are subject tokens,
 // so '.', '*', '>' and whitespace are never allowed.
 func ValidateTenant(s string) error {
-	if !tenantRE.MatchString(s) {
+	if !isTenant(s) { // tenantPattern (match.go)
 		return fmt.Errorf("invalid tenant %q: want 1-32 of [a-z0-9-], not starting or ending with '-'", s)
 	}
 	return nil
@@ -198,7 +191,7 @@ func ValidateTenant(s string) error {
 // ValidateID reports whether s can be a job, node or request ID: letters,
 // digits, '_' and '-', 1-128 characters, starting with a letter or digit.
 func ValidateID(s string) error {
-	if !idRE.MatchString(s) {
+	if !isID(s) { // idPattern (match.go)
 		return fmt.Errorf("invalid id %q: want 1-128 of [A-Za-z0-9_-], starting with a letter or digit", s)
 	}
 	return nil
@@ -206,7 +199,7 @@ func ValidateID(s string) error {
 
 // ValidatePool reports whether s can be a pool name.
 func ValidatePool(s string) error {
-	if !poolRE.MatchString(s) {
+	if !isPool(s) { // poolPattern (match.go)
 		return fmt.Errorf("invalid pool %q: want 1-48 of [a-z0-9-]", s)
 	}
 	return nil
