@@ -101,6 +101,16 @@ type memoryModel struct {
 	// fetchOne is the most retired jobs of a list fetched one by one
 	// (maxFetchOne; tests lower it).
 	fetchOne int
+	// The list window (listwindow.go): the newest job event's time, the
+	// window's start when it was last applied, and how far it moves
+	// before it is applied again (pruneEvery; tests set 0: at every
+	// event, every record past it, not in batches).
+	newest    time.Time
+	pruned    time.Time
+	pruneStep time.Duration
+	// gone are the keys of dropped records not yet removed from
+	// retiredKeys (removed in batches).
+	gone []retiredID
 }
 
 func newMemoryModel() *memoryModel {
@@ -120,6 +130,7 @@ func newRetainingModel(ret RetentionConfig, now func() time.Time, fetch jobFetch
 	m.retired = map[string]*retiredSet{}
 	m.cache = newStatusCache(m.ret.CachedJobs)
 	m.fetchOne = maxFetchOne
+	m.pruneStep = pruneEvery
 	return m
 }
 
@@ -130,6 +141,9 @@ func (m *memoryModel) ApplyJobEvent(_ context.Context, tenant, job string, ev co
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.retiring() {
+		if ev.Time.After(m.newest) {
+			m.newest = ev.Time
+		}
 		// Jobs that ended a while ago leave before this event, not
 		// after: the caller reads the job it just changed (observe).
 		m.retireLocked()
@@ -139,6 +153,11 @@ func (m *memoryModel) ApplyJobEvent(_ context.Context, tenant, job string, ev co
 		if m.retiredKeys.has(retiredKey(tenant, job)) {
 			// An ended job takes no event: as Apply would refuse it.
 			return fmt.Errorf("job %s/%s seq %d: retired: %w", tenant, job, seq, contracts.ErrTransition)
+		}
+		if ev.Type == contracts.EventRejected && ev.Reason == contracts.ReasonDuplicateJobID {
+			// The ID is another job's, one the list window dropped: a
+			// rejection of a request reusing it makes no job.
+			return fmt.Errorf("job %s/%s seq %d: duplicate of a dropped job: %w", tenant, job, seq, contracts.ErrTransition)
 		}
 	}
 	next := contracts.JobStatus{}
@@ -179,6 +198,7 @@ func (m *memoryModel) retireLocked() {
 		m.ended = append(m.ended[:0:0], m.ended[m.endedHead:]...)
 		m.endedHead = 0
 	}
+	m.pruneListed()
 }
 
 // retireJob replaces the ended job k's status with its record (a job its
@@ -248,6 +268,10 @@ func (m *memoryModel) Job(ctx context.Context, tenant, job string) (contracts.Jo
 		return *st, nil
 	case retired:
 		return m.retiredJob(ctx, tenant, job)
+	case m.retiring() && m.ret.ListRetention > 0:
+		// Perhaps a job the list window dropped, in this life or an
+		// earlier one: the log knows.
+		return m.droppedJob(ctx, tenant, job)
 	}
 	return contracts.JobStatus{}, fmt.Errorf("job %s/%s: %w", tenant, job, errUnknownJob)
 }

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -96,8 +97,16 @@ func BenchmarkReadModelRebuild(b *testing.B) {
 		}
 		return in, func() { cancel(); <-done; <-done }
 	}
+	// GPUPLANE_REBUILD_LIST_RETENTION sets the list window (-1ns: none,
+	// every retired job kept as before it).
+	ret := DefaultRetentionConfig()
+	if v := os.Getenv("GPUPLANE_REBUILD_LIST_RETENTION"); v != "" {
+		if ret.ListRetention, err = time.ParseDuration(v); err != nil {
+			b.Fatalf("GPUPLANE_REBUILD_LIST_RETENTION: %v", err)
+		}
+	}
 	retaining := func() *memoryModel {
-		m := newRetainingModel(DefaultRetentionConfig(), time.Now, streamFetcher(ob),
+		m := newRetainingModel(ret, time.Now, streamFetcher(ob),
 			func(ctx context.Context, tenant string, want map[string]*contracts.JobStatus) error {
 				return tenantFetch(ctx, ob, tenant, want)
 			})
@@ -204,15 +213,27 @@ func BenchmarkReadModelRebuild(b *testing.B) {
 }
 
 // publishRebuildJobs publishes n jobs' events on JOB_EVENTS (see
-// BenchmarkReadModelRebuild).
+// BenchmarkReadModelRebuild). Every event is a day old, unless
+// GPUPLANE_REBUILD_EVERY (a duration) spreads the jobs out at a fixed
+// rate: job i's events are (n-i) times it old, so that a history longer
+// than the list window (-list-retention) shows what the gateway keeps of
+// it as the history grows at that rate.
 func publishRebuildJobs(b *testing.B, ob *bus.Bus, n int) {
 	ctx := context.Background()
 	if err := ob.EnsureStreams(ctx); err != nil {
 		b.Fatal(err)
 	}
 	js := ob.JetStream()
-	at := time.Now().UTC().Add(-24 * time.Hour)
+	now := time.Now().UTC()
+	every, err := time.ParseDuration(cmp.Or(os.Getenv("GPUPLANE_REBUILD_EVERY"), "0s"))
+	if err != nil {
+		b.Fatalf("GPUPLANE_REBUILD_EVERY: %v", err)
+	}
 	for i := range n {
+		at := now.Add(-24 * time.Hour)
+		if every > 0 {
+			at = now.Add(-time.Duration(n-i) * every)
+		}
 		tenant, id := fmt.Sprintf("t%d", i%8), fmt.Sprintf("j%07d", i)
 		req := contracts.JobRequest{ID: id, Resources: contracts.Resources{GPU: contracts.GPURequest{Count: 1, Model: "H100-80GB"}},
 			Run: contracts.RunSpec{Duration: contracts.Duration(time.Minute)}}.Normalized(tenant)

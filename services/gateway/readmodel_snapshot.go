@@ -180,7 +180,10 @@ func (m *memoryModel) counts() (live, retired int) {
 	for _, jobs := range m.jobs {
 		live += len(jobs)
 	}
-	return live, m.retiredKeys.len()
+	for _, rs := range m.retired {
+		retired += rs.len()
+	}
+	return live, retired
 }
 
 // encode writes s: the magic, the sequences, each live status as JSON,
