@@ -3,10 +3,13 @@ package contracts
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -137,4 +140,28 @@ func checksDiffer(data []byte, s *schemaNode) string {
 		return fmt.Sprintf("error %#v, the decoder's %#v", errA, errB)
 	}
 	return ""
+}
+
+// TestDuplicateKeysOfALargeObject: an object's keys are a list up to
+// keySetList, then a map (keySet): a key repeated after the switch is a
+// duplicate whether it first came before the switch or after it.
+func TestDuplicateKeysOfALargeObject(t *testing.T) {
+	var env strings.Builder
+	for i := range keySetList + 8 {
+		fmt.Fprintf(&env, `"K%d":"v",`, i)
+	}
+	body := `{"id":"j","resources":{"gpu":{"count":1}},"run":{"duration":"1s","env":{` + env.String() +
+		`"K0":"again","K` + fmt.Sprint(keySetList+4) + `":"again"}}}`
+	_, err := DecodeJobRequest([]byte(body), "acme")
+	ve, ok := errors.AsType[*ValidationError](err)
+	if !ok {
+		t.Fatalf("DecodeJobRequest = %v, want a ValidationError", err)
+	}
+	for _, key := range []string{"K0", "K" + fmt.Sprint(keySetList+4)} {
+		if !slices.ContainsFunc(ve.Fields, func(f FieldError) bool {
+			return f.Field == "run.env."+key && f.Reason == ReasonDuplicateField
+		}) {
+			t.Errorf("no duplicate_field for run.env.%s in %+v", key, ve.Fields)
+		}
+	}
 }
