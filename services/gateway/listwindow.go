@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -14,11 +16,12 @@ import (
 // would hold 25 GB more each year. What needs the records is the job
 // list alone: a job's own status is folded from its subject of
 // JOB_EVENTS whenever asked for (retiredJob). So an ended job leaves the
-// lists once it was created more than ListRetention ago (a week by
-// default), as Kubernetes drops finished Jobs after their TTL and
-// squeue shows no old jobs; its status still answers by ID, for ever,
-// read from the log of record. Memory is then the rate of jobs times the
-// window, whatever the history.
+// lists once it ended more than ListRetention ago (a week by default),
+// as Kubernetes drops a finished Job a TTL after it finished: a training
+// run of ten days that failed last night is listed this morning. Its
+// status still answers by ID, for ever, read from the log of record.
+// Memory is then the rate of jobs times the window, whatever the
+// history.
 //
 // The window's clock is the earlier of the gateway's clock and the
 // newest job event's time: a replay of old events (a restart, tests)
@@ -34,17 +37,14 @@ import (
 //     another job's (every reader's Transition ignores it when the job
 //     is known; a dropped one is not).
 
-// pruneEvery is how far the window's start moves before it is applied
-// again: a record outstays it by a minute at most, or by dropBatch.
-const pruneEvery = time.Minute
+// pruneEvery is how often the window is applied: an eighth of it. A
+// record outstays the window by that much at most (up to an eighth more
+// records than the window's), and each application, a pass over every
+// record, costs each record O(1) over its life, however fast the window
+// moves (a replay moves it at every event).
+func pruneEvery(window time.Duration) time.Duration { return window / 8 }
 
-// dropBatch: a tenant's records are dropped once those past the window
-// are an eighth of its set (or it has no other), so that the copy of
-// what stays costs each record O(1) over its life, however often the
-// window moves (a replay moves it at every event).
-func dropBatch(n int) int { return max(1, n/8) }
-
-// pruneListed drops the retired records of jobs created before the
+// pruneListed drops the retired records of jobs that ended before the
 // window (m.mu held), whenever the window's start has moved by
 // m.pruneStep since it last did.
 func (m *memoryModel) pruneListed() {
@@ -60,72 +60,44 @@ func (m *memoryModel) pruneListed() {
 		return
 	}
 	m.pruned = horizon
-	batched := m.pruneStep > 0
+	m.prunes++
+	var gone []retiredID
 	for tenant, rs := range m.retired {
-		for _, id := range rs.dropBefore(horizon, batched) {
-			m.gone = append(m.gone, retiredKey(tenant, id))
+		for _, id := range rs.dropEndedBefore(horizon) {
+			gone = append(gone, retiredKey(tenant, id))
 		}
 		if rs.len() == 0 {
 			delete(m.retired, tenant)
 		}
 	}
-	// The keys go in batches too, an eighth of the set at a time: one
-	// left a while answers as the record would have (Job reads the log,
-	// an event for the ended job is refused).
-	if len(m.gone) > 0 && (!batched || len(m.gone) >= dropBatch(m.retiredKeys.len())) {
-		m.retiredKeys.remove(m.gone)
-		m.gone = nil
+	if len(gone) > 0 {
+		m.retiredKeys.remove(gone)
 	}
 }
 
-// droppedJob folds a job the model does not hold from the log, for one
-// the list window dropped: an ID the log has no event of is unknown
-// (errUnknownJob, the fetcher's error as it is).
-func (m *memoryModel) droppedJob(ctx context.Context, tenant, job string) (contracts.JobStatus, error) {
-	key := cacheKey(tenant, job)
-	if st, ok := m.cache.get(key); ok {
-		return *st, nil
-	}
-	st, err := m.fetch(ctx, tenant, job)
-	if err != nil {
-		return contracts.JobStatus{}, err
-	}
-	if endedIndex(st.State) >= 0 {
-		m.cache.put(key, &st) // an ended job's status changes no more
-	}
-	return st, nil
-}
-
-// dropBefore removes the records of jobs created before horizon (once
-// they are a batch, dropBatch, if batched) and returns their IDs. The remaining records are copied into new arrays:
-// the strings at() made over the old ones stay valid.
-func (rs *retiredSet) dropBefore(horizon time.Time, batched bool) []string {
-	if !rs.sorted {
-		rs.sort()
-	}
-	sec, nsec := horizon.Unix(), int32(horizon.Nanosecond())
-	n, _ := slices.BinarySearchFunc(rs.recs, struct{}{}, func(r retiredRec, _ struct{}) int {
-		if r.sec < sec || r.sec == sec && int32(r.ns>>2) < nsec {
-			return -1
+// dropEndedBefore removes the records of jobs that ended before horizon
+// and returns their IDs. What stays is copied, in its order, into new
+// arrays: the strings at() made over the old ones stay valid.
+func (rs *retiredSet) dropEndedBefore(horizon time.Time) []string {
+	var gone []string
+	size := 0
+	for _, r := range rs.recs {
+		if j := rs.unpack(r); j.endedBy().Before(horizon) {
+			gone = append(gone, j.id)
+		} else {
+			size += 1 + len(j.id)
 		}
-		return 1
-	})
-	if n == 0 || batched && n < dropBatch(len(rs.recs)) && n < len(rs.recs) {
+	}
+	if len(gone) == 0 {
 		return nil
 	}
-	gone := make([]string, n)
-	for i, r := range rs.recs[:n] {
+	recs, ids := make([]retiredRec, 0, len(rs.recs)-len(gone)), make([]byte, 0, size)
+	for _, r := range rs.recs {
 		j := rs.unpack(r)
-		gone[i] = j.id
-		rs.states[j.state]--
-	}
-	keep := rs.recs[n:]
-	size := 0
-	for _, r := range keep {
-		size += 1 + int(rs.ids[r.off])
-	}
-	recs, ids := make([]retiredRec, 0, len(keep)), make([]byte, 0, size)
-	for _, r := range keep {
+		if j.endedBy().Before(horizon) {
+			rs.states[j.state]--
+			continue
+		}
 		l := 1 + uint32(rs.ids[r.off])
 		off := uint32(len(ids))
 		ids = append(ids, rs.ids[r.off:r.off+l]...)
@@ -152,4 +124,31 @@ func (d *usageDigests) remove(keys []usageDigest) {
 		out = append(out, k)
 	}
 	d.sorted, d.recent = out, nil
+}
+
+// errLogUnavailable: a job the model does not hold could not be asked
+// of the log (the API answers 503: retry; it was a 404 before the list
+// window, when the model held every job).
+var errLogUnavailable = errors.New("the bus did not answer for a job the read model does not hold")
+
+// droppedJob folds a job the model does not hold from the log, for one
+// the list window dropped: an ID the log has no event of is unknown
+// (errUnknownJob, the fetcher's error as it is), one the log could not
+// be asked about is errLogUnavailable.
+func (m *memoryModel) droppedJob(ctx context.Context, tenant, job string) (contracts.JobStatus, error) {
+	key := cacheKey(tenant, job)
+	if st, ok := m.cache.get(key); ok {
+		return *st, nil
+	}
+	st, err := m.fetch(ctx, tenant, job)
+	if errors.Is(err, errUnknownJob) {
+		return contracts.JobStatus{}, err
+	}
+	if err != nil {
+		return contracts.JobStatus{}, fmt.Errorf("job %s/%s: %w: %w", tenant, job, errLogUnavailable, err)
+	}
+	if endedIndex(st.State) >= 0 {
+		m.cache.put(key, &st) // an ended job's status changes no more
+	}
+	return st, nil
 }

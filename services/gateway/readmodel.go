@@ -104,13 +104,11 @@ type memoryModel struct {
 	// The list window (listwindow.go): the newest job event's time, the
 	// window's start when it was last applied, and how far it moves
 	// before it is applied again (pruneEvery; tests set 0: at every
-	// event, every record past it, not in batches).
+	// event).
 	newest    time.Time
 	pruned    time.Time
 	pruneStep time.Duration
-	// gone are the keys of dropped records not yet removed from
-	// retiredKeys (removed in batches).
-	gone []retiredID
+	prunes    int // passes over the records (tests)
 }
 
 func newMemoryModel() *memoryModel {
@@ -130,7 +128,7 @@ func newRetainingModel(ret RetentionConfig, now func() time.Time, fetch jobFetch
 	m.retired = map[string]*retiredSet{}
 	m.cache = newStatusCache(m.ret.CachedJobs)
 	m.fetchOne = maxFetchOne
-	m.pruneStep = pruneEvery
+	m.pruneStep = pruneEvery(m.ret.ListRetention)
 	return m
 }
 
@@ -209,7 +207,9 @@ func (m *memoryModel) retireJob(k jobKey, st *contracts.JobStatus) {
 		rs = &retiredSet{sorted: true}
 		m.retired[k.tenant] = rs
 	}
-	if !rs.add(retiredJob{sec: st.CreatedAt.Unix(), nsec: int32(st.CreatedAt.Nanosecond()), id: k.job, state: uint8(endedIndex(st.State))}) {
+	// An ended status was last updated by the event that ended it.
+	if !rs.add(retiredJob{sec: st.CreatedAt.Unix(), nsec: int32(st.CreatedAt.Nanosecond()), id: k.job, state: uint8(endedIndex(st.State)),
+		endMin: endMinutes(st.CreatedAt, st.UpdatedAt)}) {
 		return
 	}
 	delete(m.jobs[k.tenant], k.job)

@@ -105,11 +105,13 @@ func TestRetiredKeysStayCompact(t *testing.T) {
 func TestRetiredSetPacksEveryRecord(t *testing.T) {
 	long := strings.Repeat("x", 255)
 	recs := []retiredJob{
-		{sec: t0.Unix(), nsec: 999_999_999, id: "a", state: 3},
-		{sec: t0.Unix(), nsec: 0, id: long, state: 0},
-		{sec: -62135596800, nsec: 1, id: "zero-time", state: 1}, // out of order: sorts first
-		{sec: t0.Unix(), nsec: 999_999_999, id: "b", state: 2},  // same instant: b sorts before a
-		{sec: t0.Unix() + 1, nsec: 5, id: "c-" + strings.Repeat("9", 126), state: 1},
+		{sec: t0.Unix(), nsec: 999_999_999, id: "a", state: 3, endMin: 1},
+		{sec: t0.Unix(), nsec: 0, id: long, state: 0, endMin: maxEndMin},
+		{sec: -62135596800, nsec: 1, id: "zero-time", state: 1},                // out of order: sorts first
+		{sec: t0.Unix(), nsec: 999_999_999, id: "b", state: 2, endMin: 14_400}, // same instant: b sorts before a
+		{sec: t0.Unix() + 1, nsec: 5, id: "c-" + strings.Repeat("9", 126), state: 1, endMin: 7},
+		{sec: maxSec, id: "last", state: 0, endMin: maxEndMin},
+		{sec: minSec, id: "first", state: 0, endMin: 3},
 	}
 	rs := &retiredSet{sorted: true}
 	bytes := 0
@@ -120,7 +122,7 @@ func TestRetiredSetPacksEveryRecord(t *testing.T) {
 		bytes += 1 + len(r.id)
 	}
 	for _, bad := range []retiredJob{{sec: 1, id: ""}, {sec: 1, id: long + "x"}, {sec: 1, id: "s", state: 4}, {sec: 1, id: "n", nsec: 1e9},
-		{sec: 1, id: "m", nsec: -1}} {
+		{sec: 1, id: "m", nsec: -1}, {sec: maxSec + 1, id: "late"}, {sec: minSec - 1, id: "early"}, {sec: 1, id: "e", endMin: maxEndMin + 1}} {
 		if rs.add(bad) {
 			t.Fatalf("add(%+v) accepted", bad)
 		}
@@ -138,10 +140,10 @@ func TestRetiredSetPacksEveryRecord(t *testing.T) {
 			t.Fatalf("record %d after sort: %+v, want %+v", i, got, want[i])
 		}
 	}
-	if want[0].id != "zero-time" || want[2].id != "b" || want[3].id != "a" {
+	if want[0].id != "first" || want[1].id != "zero-time" || want[3].id != "b" || want[4].id != "a" {
 		t.Fatalf("store order %v", want)
 	}
-	if got := [4]int{1, 2, 1, 1}; rs.states != got {
+	if got := [4]int{3, 2, 1, 1}; rs.states != got {
 		t.Fatalf("states %v, want %v", rs.states, got)
 	}
 }

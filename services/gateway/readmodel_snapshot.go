@@ -11,7 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"math"
+
 	"slices"
 	"time"
 
@@ -120,6 +120,8 @@ func (m *memoryModel) install(s *modelSnap) {
 	m.jobs = map[string]map[string]*contracts.JobStatus{}
 	m.ended, m.endedHead = nil, 0
 	m.retired = map[string]*retiredSet{}
+	// The list window starts over from the events after the snapshot.
+	m.newest, m.pruned = time.Time{}, time.Time{}
 	var ended []*contracts.JobStatus
 	for _, st := range s.live {
 		if m.jobs[st.Tenant] == nil {
@@ -226,7 +228,10 @@ func (s *modelSnap) encode() ([]byte, error) {
 			buf.Write(tmp[:binary.PutVarint(tmp[:], r.sec)])
 			uv(uint64(r.nsec))
 			buf.WriteByte(r.state)
-			uv(0) // the last sequence, no longer kept
+			// Where version 4 wrote a 0 (the last sequence, no longer
+			// kept): a record read from one ended, for the list window,
+			// when it was created.
+			uv(uint64(r.endMin))
 			str(r.id)
 		}
 	}
@@ -356,12 +361,13 @@ func decodeModelSnap(data []byte) (*modelSnap, error) {
 		recs := make([]retiredJob, 0, n)
 		for range n {
 			rec := retiredJob{sec: c.varint(), nsec: int32(c.uvarint()), state: c.byte1()}
-			c.uvarint() // the last sequence: not kept
+			end := c.uvarint()
+			rec.endMin = uint32(min(end, maxEndMin+1))
 			rec.id = string(c.bytes())
 			if c.err != nil {
 				break
 			}
-			if int(rec.state) >= len(endedStates) || rec.nsec < 0 || rec.nsec >= 1e9 || rec.id == "" || len(rec.id) > math.MaxUint8 {
+			if !rec.packs() {
 				c.fail(errors.New("a retired record out of range"))
 			}
 			recs = append(recs, rec)

@@ -46,15 +46,15 @@ type RetentionConfig struct {
 	// SnapshotInterval is how often the read model is written to
 	// BucketSnapshots (readmodel_snapshot.go); negative: never.
 	SnapshotInterval time.Duration
-	// ListRetention is how long after its creation an ended job stays in
-	// job lists (listWindow); negative: for ever.
+	// ListRetention is how long after its end an ended job stays in job
+	// lists (listwindow.go); negative: for ever.
 	ListRetention time.Duration
 }
 
 // DefaultRetentionConfig keeps ended jobs whole for 10 minutes, at most
 // 20,000 of them (as the scheduler does), and 2,000 retired statuses
 // (about 2.6 KiB each with their requests: a few pages of every tenant),
-// and lists ended jobs created in the last 7 days.
+// and lists the jobs that ended in the last 7 days.
 func DefaultRetentionConfig() RetentionConfig {
 	return RetentionConfig{RetainEnded: 10 * time.Minute, RetainEndedMax: 20_000, CachedJobs: 2_000, SnapshotInterval: time.Minute,
 		ListRetention: DefaultListRetention}
@@ -91,19 +91,48 @@ func endedIndex(s contracts.JobState) int {
 }
 
 // retiredJob is what stays of a retired job: its place in the list order
-// (created-at, ID) and its state. Nothing else is read: its status is
-// folded again from the job's subject, which direct gets find without a
-// sequence (a record kept its last one, which no answer read; snapshots
-// still carry a 0 there). A set keeps it packed (retiredRec); this is
-// the record read back.
+// (created-at, ID), its state, and when it ended (for the list window,
+// listwindow.go). Nothing else is read: its status is folded again from
+// the job's subject, which direct gets find without a sequence. A set
+// keeps it packed (retiredRec); this is the record read back.
 type retiredJob struct {
-	sec   int64
-	id    string
-	nsec  int32
-	state uint8 // index in endedStates
+	sec int64
+	id  string
+	// endMin is how many minutes after its creation the job ended,
+	// rounded up (at most maxEndMin).
+	endMin uint32
+	nsec   int32
+	state  uint8 // index in endedStates
 }
 
 func (r *retiredJob) createdAt() time.Time { return time.Unix(r.sec, int64(r.nsec)).UTC() }
+
+// endedBy is the end of the minute in which r's job ended, at the latest.
+func (r *retiredJob) endedBy() time.Time {
+	return r.createdAt().Add(time.Duration(r.endMin) * time.Minute)
+}
+
+// endMinutes is endMin for a job created at created that ended at ended:
+// whole minutes, rounded up (an end before the creation, a skewed clock's,
+// counts as 0), at most maxEndMin.
+func endMinutes(created, ended time.Time) uint32 {
+	d := ended.Sub(created)
+	if d <= 0 {
+		return 0
+	}
+	return uint32(min((d+time.Minute-1)/time.Minute, maxEndMin))
+}
+
+// The packing of a record's creation second and end minutes into one
+// int64 (retiredRec.secEnd): the second in the high 40 bits (years -15,000
+// to 19,000: every time a job is made at), the minutes in the low 24 (31
+// years).
+const (
+	endBits   = 24
+	maxEndMin = 1<<endBits - 1
+	maxSec    = 1<<(63-endBits) - 1
+	minSec    = -1 << (63 - endBits)
+)
 
 // listOrderAt is listOrder on a retired record and a status.
 func listOrderAt(r *retiredJob, b contracts.JobStatus) int {
@@ -119,9 +148,9 @@ func listOrderAt(r *retiredJob, b contracts.JobStatus) int {
 // ID's own allocation (16 bytes for an ID of 9-16 bytes, 48 for a UUID):
 // per job ever seen, the bulk of what the read model keeps.
 type retiredRec struct {
-	sec int64
-	off uint32 // where the ID's length byte is in ids
-	ns  uint32 // nanoseconds<<2 | state
+	secEnd int64  // created-at's second<<endBits | end minutes
+	off    uint32 // where the ID's length byte is in ids
+	ns     uint32 // nanoseconds<<2 | state
 }
 
 // maxRetiredIDBytes bounds a set's ids (offsets are 32 bits): a tenant
@@ -149,7 +178,7 @@ func (rs *retiredSet) at(i int) retiredJob { return rs.unpack(rs.recs[i]) }
 
 func (rs *retiredSet) unpack(r retiredRec) retiredJob {
 	n := uint32(rs.ids[r.off])
-	return retiredJob{sec: r.sec, nsec: int32(r.ns >> 2), state: uint8(r.ns & 3),
+	return retiredJob{sec: r.secEnd >> endBits, endMin: uint32(r.secEnd & maxEndMin), nsec: int32(r.ns >> 2), state: uint8(r.ns & 3),
 		id: unsafe.String(&rs.ids[r.off+1], int(n))}
 }
 
@@ -167,12 +196,17 @@ func storeOrder(a, b retiredJob) int {
 	return cmp.Compare(b.id, a.id)
 }
 
+// packs reports whether r fits a retiredRec: an ID of 1 to 255 bytes, a
+// state, nanoseconds, second and end minutes in range.
+func (r *retiredJob) packs() bool {
+	return len(r.id) > 0 && len(r.id) <= math.MaxUint8 && int(r.state) < len(endedStates) && r.nsec >= 0 && r.nsec < 1e9 &&
+		r.sec >= minSec && r.sec <= maxSec && r.endMin <= maxEndMin
+}
+
 // add appends r; it reports false, adding nothing, when the set's ids
-// are full or r cannot be packed (an ID of 0 or over 255 bytes, a state
-// or nanoseconds out of range).
+// are full or r cannot be packed (packs).
 func (rs *retiredSet) add(r retiredJob) bool {
-	if len(r.id) == 0 || len(r.id) > math.MaxUint8 || int(r.state) >= len(rs.states) || r.nsec < 0 || r.nsec >= 1e9 ||
-		uint64(len(rs.ids))+1+uint64(len(r.id)) > maxRetiredIDBytes {
+	if !r.packs() || uint64(len(rs.ids))+1+uint64(len(r.id)) > maxRetiredIDBytes {
 		return false
 	}
 	if n := len(rs.recs); n > 0 && storeOrder(rs.at(n-1), r) > 0 {
@@ -181,7 +215,7 @@ func (rs *retiredSet) add(r retiredJob) bool {
 	off := uint32(len(rs.ids))
 	rs.ids = append(rs.ids, byte(len(r.id)))
 	rs.ids = append(rs.ids, r.id...)
-	rs.recs = append(rs.recs, retiredRec{sec: r.sec, off: off, ns: uint32(r.nsec)<<2 | uint32(r.state)})
+	rs.recs = append(rs.recs, retiredRec{secEnd: r.sec<<endBits | int64(r.endMin), off: off, ns: uint32(r.nsec)<<2 | uint32(r.state)})
 	rs.states[r.state]++
 	return true
 }
@@ -370,7 +404,7 @@ func (c *RetentionConfig) registerFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.RetainEndedMax, "retain-ended-max", c.RetainEndedMax, "most ended jobs kept whole in the read model")
 	fs.IntVar(&c.CachedJobs, "retired-cache", c.CachedJobs, "retired jobs' statuses cached after a read or their retirement")
 	fs.DurationVar(&c.SnapshotInterval, "snapshot-interval", c.SnapshotInterval, "how often the read model is written to the gp-snapshots bucket (negative: never)")
-	fs.DurationVar(&c.ListRetention, "list-retention", c.ListRetention, "how long after its creation an ended job stays in job lists; older ones still answer by ID, read from JOB_EVENTS (negative: for ever)")
+	fs.DurationVar(&c.ListRetention, "list-retention", c.ListRetention, "how long after its end an ended job stays in job lists; older ones still answer by ID, read from JOB_EVENTS (negative: for ever)")
 }
 
 // validate reports every negative size.

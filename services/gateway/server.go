@@ -368,6 +368,8 @@ func (s *server) jobFound(w http.ResponseWriter, tenant, id string, err error) b
 	case errors.Is(err, errUnknownJob):
 		writeError(w, http.StatusNotFound, contracts.ReasonUnknownJob,
 			fmt.Sprintf("tenant %s has no job %s (a job appears once the scheduler has queued or rejected it)", tenant, id), nil)
+	case errors.Is(err, errLogUnavailable):
+		writeError(w, http.StatusServiceUnavailable, contracts.ReasonUnavailable, err.Error()+"; retry shortly", nil)
 	default:
 		s.internalError(w, "read model", err)
 	}
@@ -427,6 +429,10 @@ func (s *server) listJobs(w http.ResponseWriter, r *http.Request) {
 		msg := fmt.Sprintf("after %q: tenant %s has no such job", q.After, tenant)
 		writeError(w, http.StatusBadRequest, contracts.ReasonInvalidValue, msg,
 			[]contracts.FieldError{{Field: "after", Reason: contracts.ReasonUnknownJob, Message: msg}})
+		return
+	}
+	if errors.Is(err, errLogUnavailable) {
+		writeError(w, http.StatusServiceUnavailable, contracts.ReasonUnavailable, err.Error()+"; retry shortly", nil)
 		return
 	}
 	if err != nil {

@@ -120,8 +120,8 @@ func operations(s *schemaSet) []op {
 			errors: map[int]string{400: errBody, 413: errTooLarge, 415: errMedia, 503: "The bus did not take the request (unavailable); retry with the same job ID."}},
 		{method: http.MethodGet, path: tenantPath("/jobs"), id: "listJobs", tag: "jobs",
 			summary: "List a tenant's jobs, newest first",
-			description: "Open jobs, and ended jobs created within the gateway's list window (-list-retention, " +
-				"7 days by default). An older job is no longer listed but still answers by ID (getJob), from its events.",
+			description: "Open jobs, and jobs that ended within the gateway's list window (-list-retention, " +
+				"7 days by default). A job that ended before it is no longer listed but still answers by ID (getJob), from its events.",
 			params: []obj{
 				query("state", "Keep the jobs in this state.", obj{"type": "string", "enum": states}),
 				query("limit", "The most jobs to answer; a page shorter than its limit is the last.",
