@@ -29,7 +29,7 @@ import (
 // and one event dated far ahead by a skewed clock drops nothing early.
 //
 // Two rules keep the answers right once a record is gone:
-//   - Job asks the log for an ID the model does not know (droppedJob):
+//   - Job asks the log for an ID the model does not know (jobFromLog):
 //     the model cannot tell an ID never used from one dropped, in this
 //     life or before a restart from a snapshot. One direct get, for a
 //     read that would otherwise answer 404.
@@ -37,12 +37,14 @@ import (
 //     another job's (every reader's Transition ignores it when the job
 //     is known; a dropped one is not).
 
-// pruneEvery is how often the window is applied: an eighth of it. A
-// record outstays the window by that much at most (up to an eighth more
-// records than the window's), and each application, a pass over every
-// record, costs each record O(1) over its life, however fast the window
-// moves (a replay moves it at every event).
-func pruneEvery(window time.Duration) time.Duration { return window / 8 }
+// pruneEvery is how often the window is applied: an eighth of it, and a
+// minute at least. A record outstays the window by that much at most (up
+// to an eighth more records than the window's), and each application, a
+// pass over every record, costs each record O(1) over its life, however
+// fast the window moves (a replay moves it at every event). The minute:
+// ends are kept to the minute, so a window of seconds keeps a minute's
+// records anyway, and a pass a second would cost each of them sixty.
+func pruneEvery(window time.Duration) time.Duration { return max(window/8, time.Minute) }
 
 // pruneListed drops the retired records of jobs that ended before the
 // window (m.mu held), whenever the window's start has moved by
@@ -131,11 +133,12 @@ func (d *usageDigests) remove(keys []usageDigest) {
 // window, when the model held every job).
 var errLogUnavailable = errors.New("the bus did not answer for a job the read model does not hold")
 
-// droppedJob folds a job the model does not hold from the log, for one
-// the list window dropped: an ID the log has no event of is unknown
-// (errUnknownJob, the fetcher's error as it is), one the log could not
-// be asked about is errLogUnavailable.
-func (m *memoryModel) droppedJob(ctx context.Context, tenant, job string) (contracts.JobStatus, error) {
+// jobFromLog folds a job the model does not hold whole from the log: a
+// retired one, or one the list window dropped. An ID the log has no
+// event of is unknown (errUnknownJob, the fetcher's error as it is), one
+// the log could not be asked about is errLogUnavailable. An ended job's
+// status, which changes no more, is cached.
+func (m *memoryModel) jobFromLog(ctx context.Context, tenant, job string) (contracts.JobStatus, error) {
 	key := cacheKey(tenant, job)
 	if st, ok := m.cache.get(key); ok {
 		return *st, nil
@@ -148,7 +151,7 @@ func (m *memoryModel) droppedJob(ctx context.Context, tenant, job string) (contr
 		return contracts.JobStatus{}, fmt.Errorf("job %s/%s: %w: %w", tenant, job, errLogUnavailable, err)
 	}
 	if endedIndex(st.State) >= 0 {
-		m.cache.put(key, &st) // an ended job's status changes no more
+		m.cache.put(key, &st)
 	}
 	return st, nil
 }

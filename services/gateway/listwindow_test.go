@@ -6,9 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,8 +40,9 @@ func testListWindow(t *testing.T, atEveryEvent bool) {
 	window := h.clock.Sub(t0) / 2
 	all := newMemoryModel()
 	allIn := h.ingest(all, nil)
+	wall := h.clock // the gateway's clock: the newest event's time
 	m := newRetainingModel(RetentionConfig{RetainEnded: time.Minute, RetainEndedMax: 1, CachedJobs: 4, ListRetention: window},
-		func() time.Time { return h.clock.Add(time.Hour) }, streamFetcher(h.gw),
+		func() time.Time { return wall }, streamFetcher(h.gw),
 		func(ctx context.Context, tenant string, want map[string]*contracts.JobStatus) error {
 			return tenantFetch(ctx, h.gw, tenant, want)
 		})
@@ -119,7 +123,31 @@ func testListWindow(t *testing.T, atEveryEvent bool) {
 		}
 		return dropped
 	}
+	// The window starts a window before the clock (the newest event's
+	// time and the gateway's alike here), as last applied: exactly, or
+	// up to a step before.
+	start := func() time.Time {
+		m.mu.RLock()
+		defer m.mu.RUnlock()
+		return m.pruned
+	}
+	want := wall.Add(-window)
+	if s := start(); s.After(want) || !s.After(want.Add(-m.pruneStep-time.Nanosecond)) {
+		t.Fatalf("the window starts at %s, want %s (or up to %s before)", s, want, m.pruneStep)
+	}
 	dropped := check()
+	// Each set's counts by state are its records'.
+	m.mu.RLock()
+	for tenant, rs := range m.retired {
+		var states [4]int
+		for i := range rs.len() {
+			states[rs.at(i).state]++
+		}
+		if states != rs.states {
+			t.Fatalf("tenant %s: states %v, its records' %v", tenant, rs.states, states)
+		}
+	}
+	m.mu.RUnlock()
 	_, retired := m.counts()
 	if len(dropped) < 20 || retired < 20 {
 		t.Fatalf("%d jobs dropped, %d retired records kept: the test reaches too little of the window", len(dropped), retired)
@@ -159,8 +187,17 @@ func testListWindow(t *testing.T, atEveryEvent bool) {
 		h.publish(contracts.JobEvent{Type: contracts.EventRejected, Tenant: k.tenant, JobID: k.job, Time: h.clock,
 			State: contracts.StateRejected, Reason: contracts.ReasonDuplicateJobID})
 	}
+	// And an event dated a month ahead (a skewed clock's) moves the
+	// window no further than the gateway's clock.
+	h.publish(contracts.JobEvent{Type: contracts.EventRejected, Tenant: h.tenants[0], JobID: "from-the-future",
+		Time: wall.Add(30 * 24 * time.Hour), State: contracts.StateRejected, Reason: contracts.ReasonInvalidValue,
+		Errors: []contracts.FieldError{{Field: "run", Reason: contracts.ReasonInvalidValue, Message: "no"}}})
+	h.jobs[h.tenants[0]] = append(h.jobs[h.tenants[0]], "from-the-future")
 	h.caughtUp(in)
 	h.caughtUp(allIn)
+	if s := start(); s.After(want) {
+		t.Fatalf("an event dated ahead moved the window's start to %s, past %s", s, want)
+	}
 	if again := check(); len(again) != len(dropped) {
 		t.Fatalf("%d jobs dropped after the duplicates' rejections, %d before", len(again), len(dropped))
 	}
@@ -351,5 +388,31 @@ func BenchmarkListWindowReplay(b *testing.B) {
 			b.ReportMetric(float64(kept), "records")
 			b.ReportMetric(0, "ns/op")
 		})
+	}
+}
+
+// TestJobReadsTheLogOr503: the API answers a job the log could not be
+// asked about with 503 (retry), not 500.
+func TestJobReadsTheLogOr503(t *testing.T) {
+	rec := httptest.NewRecorder()
+	(&server{}).jobFound(rec, "acme", "x", fmt.Errorf("job acme/x: %w: %w", errLogUnavailable, errors.New("nats: timeout")))
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), string(contracts.ReasonUnavailable)) {
+		t.Fatalf("%d %s, want 503 unavailable", rec.Code, rec.Body)
+	}
+}
+
+// TestSnapshotRefusesUnpackableRecords: a snapshot whose retired record
+// would not pack (an end or a second out of range) is refused whole, as
+// any damage is: the gateway then reads the log.
+func TestSnapshotRefusesUnpackableRecords(t *testing.T) {
+	for _, r := range []retiredJob{{sec: 1, id: "a", endMin: maxEndMin + 1}, {sec: maxSec + 1, id: "a"}, {sec: minSec - 1, id: "a"}} {
+		s := &modelSnap{retired: map[string][]retiredJob{"acme": {r}}, usage: map[string]*tenantUsage{}}
+		data, err := s.encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := decodeModelSnap(data); !errors.Is(err, errBadSnapshot) {
+			t.Fatalf("record %+v: decode = %v, want errBadSnapshot", r, err)
+		}
 	}
 }

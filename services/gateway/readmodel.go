@@ -267,28 +267,13 @@ func (m *memoryModel) Job(ctx context.Context, tenant, job string) (contracts.Jo
 	case ok:
 		return *st, nil
 	case retired:
-		return m.retiredJob(ctx, tenant, job)
+		return m.jobFromLog(ctx, tenant, job)
 	case m.retiring() && m.ret.ListRetention > 0:
 		// Perhaps a job the list window dropped, in this life or an
 		// earlier one: the log knows.
-		return m.droppedJob(ctx, tenant, job)
+		return m.jobFromLog(ctx, tenant, job)
 	}
 	return contracts.JobStatus{}, fmt.Errorf("job %s/%s: %w", tenant, job, errUnknownJob)
-}
-
-// retiredJob returns a retired job's status: cached, or folded again from
-// the log of record.
-func (m *memoryModel) retiredJob(ctx context.Context, tenant, job string) (contracts.JobStatus, error) {
-	key := cacheKey(tenant, job)
-	if st, ok := m.cache.get(key); ok {
-		return *st, nil
-	}
-	st, err := m.fetch(ctx, tenant, job)
-	if err != nil {
-		return contracts.JobStatus{}, fmt.Errorf("retired job: %w", err)
-	}
-	m.cache.put(key, &st)
-	return st, nil
 }
 
 // maxFetchOne is the most retired jobs of one list folded one by one
@@ -425,13 +410,16 @@ func (m *memoryModel) fillRetired(ctx context.Context, tenant string, page []con
 	}
 	if len(want) > m.fetchOne && m.tenantFetch != nil {
 		if err := m.tenantFetch(ctx, tenant, want); err != nil {
-			return err
+			return fmt.Errorf("%w: %w", errLogUnavailable, err)
 		}
 	} else {
 		for id, st := range want {
 			got, err := m.fetch(ctx, tenant, id)
+			if errors.Is(err, errUnknownJob) {
+				continue // no event left: reported below
+			}
 			if err != nil {
-				return fmt.Errorf("retired job: %w", err)
+				return fmt.Errorf("retired job: %w: %w", errLogUnavailable, err)
 			}
 			*st = got
 		}

@@ -11,7 +11,6 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-
 	"slices"
 	"time"
 
@@ -44,7 +43,10 @@ const snapshotEvery = 200_000
 
 // snapshotMagic starts every encoded snapshot; its version changes with
 // the encoding (another version is ignored).
-const snapshotMagic = "gpuplane gateway read model 4\n"
+// Version 5: a retired record's end (the list window). Version 4 wrote
+// the field as a job sequence in some builds, then 0, so it is not read
+// as an end: a gateway replays the log instead, once.
+const snapshotMagic = "gpuplane gateway read model 5\n"
 
 // modelSnap is a copy of the read model at JOB_EVENTS sequence seq.
 type modelSnap struct {
@@ -228,10 +230,8 @@ func (s *modelSnap) encode() ([]byte, error) {
 			buf.Write(tmp[:binary.PutVarint(tmp[:], r.sec)])
 			uv(uint64(r.nsec))
 			buf.WriteByte(r.state)
-			// Where version 4 wrote a 0 (the last sequence, no longer
-			// kept): a record read from one ended, for the list window,
-			// when it was created.
-			uv(uint64(r.endMin))
+			uv(uint64(r.endMin)) // where version 4 wrote a sequence, then 0
+
 			str(r.id)
 		}
 	}

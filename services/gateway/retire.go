@@ -116,11 +116,14 @@ func (r *retiredJob) endedBy() time.Time {
 // whole minutes, rounded up (an end before the creation, a skewed clock's,
 // counts as 0), at most maxEndMin.
 func endMinutes(created, ended time.Time) uint32 {
-	d := ended.Sub(created)
-	if d <= 0 {
+	d := ended.Sub(created) // saturates at ±292 years
+	switch {
+	case d <= 0:
 		return 0
+	case d >= maxEndMin*time.Minute:
+		return maxEndMin
 	}
-	return uint32(min((d+time.Minute-1)/time.Minute, maxEndMin))
+	return uint32((d + time.Minute - 1) / time.Minute)
 }
 
 // The packing of a record's creation second and end minutes into one
