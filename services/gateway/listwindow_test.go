@@ -2,15 +2,12 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -52,19 +49,7 @@ func testListWindow(t *testing.T, atEveryEvent bool) {
 	in := h.ingest(m, nil)
 
 	ctx := context.Background()
-	asJSON := func(v any, err error) string {
-		if errors.Is(err, errUnknownJob) {
-			return "unknown"
-		}
-		if err != nil {
-			t.Fatalf("read: %v", err)
-		}
-		b, err := json.Marshal(v)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return string(b)
-	}
+	asJSON := func(v any, err error) string { return answerJSON(t, v, err) }
 	// listed reports whether m should list st: open, whole, or ended
 	// since the window's start when it was last applied.
 	listed := func(st contracts.JobStatus) bool {
@@ -337,13 +322,7 @@ func TestUnknownJobAsksTheLog(t *testing.T) {
 // (7 days, the history ~28 days). The window's passes must cost the
 // replay little: ns/event of both, and the records kept.
 func BenchmarkListWindowReplay(b *testing.B) {
-	n := 80_000
-	if v := os.Getenv("GPUPLANE_WINDOW_JOBS"); v != "" {
-		var err error
-		if n, err = strconv.Atoi(v); err != nil {
-			b.Fatal(err)
-		}
-	}
+	n := envInt(b, "GPUPLANE_WINDOW_JOBS", 80_000)
 	type timed struct {
 		ev  contracts.JobEvent
 		key jobKey

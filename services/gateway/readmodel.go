@@ -258,19 +258,15 @@ func (m *memoryModel) ApplyUsage(_ context.Context, tenant string, rec contracts
 func (m *memoryModel) Job(ctx context.Context, tenant, job string) (contracts.JobStatus, error) {
 	m.mu.RLock()
 	st, ok := m.jobs[tenant][job]
-	retired := false
-	if !ok && m.retiring() {
-		retired = m.retiredKeys.has(retiredKey(tenant, job))
-	}
+	// A job the model does not hold whole is read from the log when it
+	// was retired, or perhaps dropped by the list window (in this life or
+	// an earlier one: any ID then).
+	fromLog := !ok && m.retiring() && (m.ret.ListRetention > 0 || m.retiredKeys.has(retiredKey(tenant, job)))
 	m.mu.RUnlock()
 	switch {
 	case ok:
 		return *st, nil
-	case retired:
-		return m.jobFromLog(ctx, tenant, job)
-	case m.retiring() && m.ret.ListRetention > 0:
-		// Perhaps a job the list window dropped, in this life or an
-		// earlier one: the log knows.
+	case fromLog:
 		return m.jobFromLog(ctx, tenant, job)
 	}
 	return contracts.JobStatus{}, fmt.Errorf("job %s/%s: %w", tenant, job, errUnknownJob)

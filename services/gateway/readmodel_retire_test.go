@@ -219,24 +219,30 @@ func (h *retireHarness) caughtUp(in *ingester) {
 	}
 }
 
+// answerJSON is a read model's answer v (or err) as text to compare:
+// "unknown" for an unknown job, the JSON of v otherwise; any other error
+// fails t.
+func answerJSON(t testing.TB, v any, err error) string {
+	t.Helper()
+	if errors.Is(err, errUnknownJob) {
+		return "unknown"
+	}
+	if err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
 // sameAnswers holds got to want's answers: every job (and an unknown
 // one), every list filter, page size and page.
 func (h *retireHarness) sameAnswers(want, got readModel) {
 	h.t.Helper()
 	ctx := context.Background()
-	asJSON := func(v any, err error) string {
-		if errors.Is(err, errUnknownJob) {
-			return "unknown"
-		}
-		if err != nil {
-			h.t.Fatalf("read: %v", err)
-		}
-		b, err := json.Marshal(v)
-		if err != nil {
-			h.t.Fatal(err)
-		}
-		return string(b)
-	}
+	asJSON := func(v any, err error) string { return answerJSON(h.t, v, err) }
 	for _, tenant := range append(h.tenants, "initech") {
 		ids := append(h.jobs[tenant], "nope")
 		if other := h.jobs[h.tenants[0]]; len(other) > 0 {
