@@ -38,6 +38,11 @@ type Window struct {
 	// buckets in ascending order of number; the undated one, if any, last.
 	buckets []windowBucket
 	n       int
+	// keep, when set, names the records a drop keeps: they move to the
+	// clock's bucket instead (SetKeep).
+	keepRec func(rec []byte) bool
+	// forgotten counts the records dropped, or refused as already past.
+	forgotten int
 }
 
 type windowBucket struct {
@@ -122,8 +127,20 @@ func (w *Window) Advance(t time.Time) {
 
 func (w *Window) drop() {
 	i := 0
+	var kept [][]byte
 	for i < len(w.buckets) && w.expired(w.buckets[i].n, w.clock) {
-		w.n -= w.buckets[i].set.Len()
+		set := w.buckets[i].set
+		w.n -= set.Len()
+		if w.keepRec != nil {
+			for _, c := range set.Chunks() {
+				for off := 0; off+w.size <= len(c); off += w.size {
+					if r := c[off : off+w.size]; w.keepRec(r) {
+						kept = append(kept, r) // the chunks outlive the set
+					}
+				}
+			}
+		}
+		w.forgotten += set.Len()
 		i++
 	}
 	if i > 0 {
@@ -131,7 +148,30 @@ func (w *Window) drop() {
 		clear(w.buckets[rest:])
 		w.buckets = w.buckets[:rest]
 	}
+	if len(kept) > 0 {
+		now := w.BucketOf(time.Unix(0, w.clock))
+		for _, r := range kept {
+			w.forgotten--
+			w.AddIn(now, r)
+		}
+	}
 }
+
+// SetKeep makes every later drop keep the records keep names, moving
+// them to the bucket of the clock, as if added again now, and makes an
+// add of one already past keep store it there too: what a live
+// thing still refers to must outlast its time (a queued job's
+// dependency that ended long ago). nil keeps nothing. keep must not
+// change the window.
+func (w *Window) SetKeep(keep func(rec []byte) bool) { w.keepRec = keep }
+
+// KeepRule is what SetKeep set.
+func (w *Window) KeepRule() func(rec []byte) bool { return w.keepRec }
+
+// Forgotten counts the records this window dropped, or refused because
+// their time was already past keep: zero means it still holds every
+// record ever added to it (a reader may then trust a miss).
+func (w *Window) Forgotten() int { return w.forgotten }
 
 // Add stores rec (Size bytes, copied), dated t, after advancing the clock
 // to t, unless a record with its key is stored or t is already past keep.
@@ -148,7 +188,14 @@ func (w *Window) AddIn(n int64, rec []byte) bool {
 	if len(rec) != w.size {
 		panic(fmt.Sprintf("recset: record of %d bytes in a window of %d", len(rec), w.size))
 	}
-	if w.expired(n, w.clock) || w.Has(rec) {
+	if w.expired(n, w.clock) {
+		if w.keepRec == nil || !w.keepRec(rec) {
+			w.forgotten++
+			return false
+		}
+		n = w.BucketOf(time.Unix(0, w.clock)) // as a drop keeps it
+	}
+	if w.Has(rec) {
 		return false
 	}
 	w.bucket(n).Add(rec)
@@ -235,7 +282,8 @@ func (w *Window) SetClock(t time.Time) {
 // them in bucket order (a record may be split between two pieces, and is
 // put together), read where they lie. Buckets of span other than this
 // window's are read by their ends (Rebucket); a bucket past keep at the
-// clock is dropped, as the window would have. check, when set, sees each
+// clock is dropped, as the window would have, but for the records
+// SetKeep names, kept as a drop keeps them. check, when set, sees each
 // record first and may refuse the whole; a key listed twice is kept once.
 // An error says the buckets, counts and bytes do not agree.
 func (w *Window) Restore(clock time.Time, span int64, buckets []Bucket, pieces [][]byte, check func(rec []byte) error) error {

@@ -2,6 +2,7 @@ package recset
 
 import (
 	"bytes"
+	"encoding/binary"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -294,5 +295,122 @@ func TestRebucketKeepsNoRecordLess(t *testing.T) {
 		if late := start - tm.UnixNano(); late > from.Span() {
 			t.Fatalf("a record of %v read into a bucket %v later", tm, time.Duration(late))
 		}
+	}
+}
+
+// TestWindowKeepsWhatItIsTold holds a window with a keep rule to
+// windowRef extended the plain way: a record past keep whose key the
+// rule names at the drop moves to the clock's bucket, any other goes.
+// Forgotten must count exactly the records dropped or refused as past,
+// and a record named for keeping must never be lost, however late.
+func TestWindowKeepsWhatItIsTold(t *testing.T) {
+	const keep = 40 * time.Second
+	base := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	for seed := range uint64(8) {
+		rng := rand.New(rand.NewPCG(seed, 11))
+		keys := 300 + rng.IntN(2*chunkRecords)
+		pinned := map[uint64]bool{}
+		keyOf := func(r []byte) uint64 { return binary.LittleEndian.Uint64(r[8:16]) }
+		w := NewWindow(28, keep)
+		w.SetKeep(func(r []byte) bool { return pinned[keyOf(r)] })
+		ref := &windowRef{keep: int64(keep), span: int64(keep) / 4, recs: map[string]refRec{}}
+		forgotten := 0
+		refAdvance := func(tm time.Time) {
+			if tm.IsZero() || (ref.has && tm.UnixNano() <= ref.clock) {
+				return
+			}
+			ref.clock, ref.has = tm.UnixNano(), true
+			for k, v := range ref.recs {
+				if !ref.gone(v.n) {
+					continue
+				}
+				if pinned[keyOf(v.rec)] {
+					ref.recs[k] = refRec{rec: v.rec, n: ref.bucketOf(tm)}
+				} else {
+					delete(ref.recs, k)
+					forgotten++
+				}
+			}
+		}
+		at := base
+		for step := range 5000 {
+			k := uint64(rng.IntN(keys))
+			r := rec(28, k, false)
+			switch op := rng.IntN(20); {
+			case op < 10:
+				tm := at.Add(-time.Duration(rng.Int64N(int64(2 * keep))))
+				refAdvance(tm)
+				n := ref.bucketOf(tm)
+				_, had := ref.recs[string(r[:KeySize])]
+				if ref.gone(n) && pinned[k] {
+					n = ref.bucketOf(time.Unix(0, ref.clock))
+				}
+				want := !had && !ref.gone(n)
+				if ref.gone(n) {
+					forgotten++
+				}
+				if want {
+					ref.recs[string(r[:KeySize])] = refRec{rec: slices.Clone(r), n: n}
+				}
+				if got := w.Add(r, tm); got != want {
+					t.Fatalf("seed %d step %d: Add(key %d) = %v, want %v", seed, step, k, got, want)
+				}
+			case op < 14:
+				pinned[k] = !pinned[k]
+			default:
+				at = at.Add(time.Duration(rng.Int64N(int64(keep / 4))))
+				refAdvance(at)
+				w.Advance(at)
+			}
+			if w.Len() != len(ref.recs) || w.Forgotten() != forgotten {
+				t.Fatalf("seed %d step %d: Len %d Forgotten %d, want %d %d", seed, step, w.Len(), w.Forgotten(), len(ref.recs), forgotten)
+			}
+			if step%97 != 0 {
+				continue
+			}
+			for k := range uint64(keys) {
+				r := rec(28, k, false)
+				got, ok := w.Get(r)
+				want, wok := ref.recs[string(r[:KeySize])]
+				if ok != wok || (ok && !bytes.Equal(got, want.rec)) {
+					t.Fatalf("seed %d step %d: key %d: Get %x %v, want %x %v", seed, step, k, got, ok, want.rec, wok)
+				}
+			}
+		}
+		if forgotten == 0 {
+			t.Fatalf("seed %d: nothing was ever dropped: the test proves nothing", seed)
+		}
+	}
+}
+
+// TestWindowRestoreKeepsWhatItIsTold: a window read back with a shorter
+// keep drops the buckets now past it, but a record the keep rule names
+// moves to the clock's bucket, as a drop would keep it.
+func TestWindowRestoreKeepsWhatItIsTold(t *testing.T) {
+	base := time.Date(2026, 11, 27, 12, 0, 0, 0, time.UTC)
+	w := NewWindow(28, 3*time.Hour)
+	for k := range uint64(100) {
+		w.Add(rec(28, k, false), base.Add(time.Duration(k)*time.Minute))
+	}
+	var pieces [][]byte
+	bs := w.Buckets()
+	for _, b := range bs {
+		pieces = append(pieces, b.Chunks...)
+	}
+	short := NewWindow(28, 10*time.Minute)
+	short.SetKeep(func(r []byte) bool { return binary.LittleEndian.Uint64(r[8:16]) == 3 })
+	if err := short.Restore(w.Clock(), w.Span(), bs, pieces, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !short.Has(rec(28, 3, false)) || short.Has(rec(28, 4, false)) || !short.Has(rec(28, 99, false)) {
+		t.Fatalf("restored: key 3 %v (kept), 4 %v (dropped), 99 %v (recent)", short.Has(rec(28, 3, false)),
+			short.Has(rec(28, 4, false)), short.Has(rec(28, 99, false)))
+	}
+	if short.Forgotten() == 0 {
+		t.Fatal("the records dropped at the restore are not counted as forgotten")
+	}
+	short.Advance(w.Clock().Add(time.Hour))
+	if !short.Has(rec(28, 3, false)) || short.Len() != 1 {
+		t.Fatalf("an hour on: key 3 kept %v, %d records", short.Has(rec(28, 3, false)), short.Len())
 	}
 }
