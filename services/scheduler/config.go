@@ -84,11 +84,25 @@ type Config struct {
 	// kept (state/retention.go): memory does not grow with history.
 	RetainEnded    time.Duration
 	RetainEndedMax int
+	// RememberEnded is how long that record is kept after the job ended
+	// (0: for ever). Past it the job is read back from JOB_EVENTS when a
+	// submit names it (state/recall.go), so memory is the records of the
+	// last RememberEnded, whatever the history. At least 2×PlansMaxAge: a
+	// late commit must still find its ended job.
+	RememberEnded time.Duration
 	// SnapshotInterval is how often the leader writes its snapshot of the
 	// log (snapshot.go) when the log moved; 0 writes none (and ignores one
 	// at start).
 	SnapshotInterval time.Duration
 
+	// retireEvery is how often ended jobs are retired (default 5s; tests
+	// make it shorter).
+	retireEvery time.Duration
+	// shortMemory lets a test forget ended jobs in milliseconds.
+	shortMemory bool
+	// recalled, when set (tests only), sees each job read back from the
+	// log (intake.go's readJob).
+	recalled func(key string, r state.Recalled)
 	// rebuildHook, when set (tests only), runs at the start of each
 	// rebuild with its bounded context, to stand in for a rebuild that
 	// does not finish.
@@ -119,6 +133,7 @@ func DefaultConfig() Config {
 		CheckpointTimeout: 30 * time.Second,
 		RetainEnded:       10 * time.Minute,
 		RetainEndedMax:    20_000,
+		RememberEnded:     7 * 24 * time.Hour,
 		SnapshotInterval:  time.Minute,
 	}
 }
@@ -150,6 +165,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxPlanBytes, "max-plan-bytes", c.MaxPlanBytes, "largest plan message; larger cycles split their plan")
 	fs.DurationVar(&c.RetainEnded, "retain-ended", c.RetainEnded, "how long an ended job stays whole in memory before only a record of it is kept")
 	fs.IntVar(&c.RetainEndedMax, "retain-ended-max", c.RetainEndedMax, "at most this many ended jobs stay whole in memory")
+	fs.DurationVar(&c.RememberEnded, "remember-ended", c.RememberEnded,
+		"how long the record of an ended job is kept after its end; later, a submit naming it reads it from JOB_EVENTS (0: for ever; at least 48h)")
 	fs.DurationVar(&c.SnapshotInterval, "snapshot-interval", c.SnapshotInterval, "how often the leader writes its snapshot of the streams (0: none)")
 }
 
@@ -189,6 +206,10 @@ func (c Config) Validate() error {
 	}
 	if c.PreemptGrace < 0 || c.MinRuntime < 0 || c.MaxReservations < 0 || c.CheckpointTimeout < 0 {
 		errs = append(errs, fmt.Errorf("preempt grace, min runtime, max reservations and checkpoint timeout must not be negative"))
+	}
+	if c.RememberEnded < 0 || (c.RememberEnded != 0 && c.RememberEnded < 2*contracts.PlansMaxAge && !c.shortMemory) {
+		errs = append(errs, fmt.Errorf("remember ended is %s; want 0 (for ever) or at least %s (twice the plans' life: a late commit must find its job)",
+			c.RememberEnded, 2*contracts.PlansMaxAge))
 	}
 	if c.RebuildTimeout < 0 {
 		errs = append(errs, fmt.Errorf("rebuild timeout is %s; want 0 (five lease TTLs) or more", c.RebuildTimeout))

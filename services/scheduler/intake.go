@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -48,12 +49,114 @@ func (s *scheduler) startRequest(ctx context.Context, m *bus.Msg) func() error {
 // startSubmit decides a submit and sends its answer without waiting for
 // the ack; the wait it returns records the answer in the store once it is
 // stored (or abandons it, for a redelivery to decide again).
+//
+// A submit that names a job the store may have forgotten (state/recall.go)
+// is deferred: its reads of JOB_EVENTS start at once, beside the next
+// messages' starts, and it is decided when the first wait of the batch
+// runs (decideDeferred), with every submit started after it, in stream
+// order. So a batch's reads overlap instead of costing a round trip each
+// in turn, and no request is decided before one that arrived earlier.
 func (s *scheduler) startSubmit(ctx context.Context, m *bus.Msg) func() error {
 	// Decoded before the lock: a cycle may hold it meanwhile.
 	parsed := state.ParseSubmit(m.Subject, m.Data)
+	var need []string
+	s.mu.Lock()
+	if len(s.deferred) == 0 {
+		sub := s.st.SubmitParsed(parsed, m.StreamSeq)
+		if len(sub.Recall) == 0 {
+			s.mu.Unlock()
+			return s.answerSubmit(ctx, m, sub)
+		}
+		need = sub.Recall
+	} else {
+		need = s.st.NeedsLog(parsed, m.StreamSeq)
+	}
+	d := &deferredSubmit{ctx: ctx, m: m, parsed: parsed, read: make(chan struct{}),
+		wait: func() error { return errNotDecided }}
+	s.deferred = append(s.deferred, d)
+	s.mu.Unlock()
+	if len(need) == 0 {
+		close(d.read)
+	} else {
+		go func() {
+			defer close(d.read)
+			d.readErr = s.recall(ctx, &d.parsed, need)
+		}()
+	}
+	return func() error {
+		s.decideDeferred()
+		return d.wait()
+	}
+}
+
+// errNotDecided fails a deferred submit that was never decided (a panic
+// in another's decision): it is redelivered, not dead-lettered.
+var errNotDecided = errors.New("job request not decided")
+
+// deferredSubmit is a submit started and not decided yet (startSubmit).
+type deferredSubmit struct {
+	ctx     context.Context
+	m       *bus.Msg
+	parsed  state.ParsedSubmit
+	read    chan struct{} // closed once its reads are done
+	readErr error
+	wait    func() error // set once decided
+}
+
+// decideDeferred decides every deferred submit, in the order started. A
+// submit after one whose read failed is not decided (it is redelivered
+// with it): deciding it first could answer it from a log that lacks the
+// earlier request's job.
+func (s *scheduler) decideDeferred() {
+	s.mu.Lock()
+	ds := s.deferred
+	s.deferred = nil
+	s.mu.Unlock()
+	var failed error
+	for _, d := range ds {
+		<-d.read
+		if failed == nil && d.readErr != nil {
+			failed = d.readErr
+			s.log.Warn("job request waits for the log", "subject", d.m.Subject, "stream_seq", d.m.StreamSeq, "err", failed)
+		}
+		if failed != nil {
+			err := fmt.Errorf("job request after one whose read of %s failed: %w", contracts.StreamJobEvents, failed)
+			d.wait = func() error { return err }
+			continue
+		}
+		d.wait = s.decideSubmit(d.ctx, d.m, d.parsed)
+	}
+}
+
+// decideSubmit decides a parsed submit, reading what it names from the
+// log as long as the store asks, and sends its answer.
+func (s *scheduler) decideSubmit(ctx context.Context, m *bus.Msg, parsed state.ParsedSubmit) func() error {
 	s.mu.Lock()
 	sub := s.st.SubmitParsed(parsed, m.StreamSeq)
 	s.mu.Unlock()
+	for tries := 0; len(sub.Recall) > 0; tries++ {
+		// It names jobs the store may have forgotten: read them, outside
+		// the lock, and decide again. A store that forgets more between
+		// the two asks again (rarely).
+		err := error(nil)
+		if tries == 3 {
+			err = fmt.Errorf("jobs %v still unknown after %d reads of %s", sub.Recall, tries, contracts.StreamJobEvents)
+		} else {
+			err = s.recall(ctx, &parsed, sub.Recall)
+		}
+		if err != nil {
+			s.log.Warn("job request waits for the log", "subject", m.Subject, "stream_seq", m.StreamSeq, "err", err)
+			return func() error { return err } // redelivered after a backoff
+		}
+		s.mu.Lock()
+		sub = s.st.SubmitParsed(parsed, m.StreamSeq)
+		s.mu.Unlock()
+	}
+	return s.answerSubmit(ctx, m, sub)
+}
+
+// answerSubmit sends the answer the store decided.
+func (s *scheduler) answerSubmit(ctx context.Context, m *bus.Msg, sub state.Submission) func() error {
 	switch {
 	case sub.Invalid != nil:
 		// No tenant to answer under: answer on the reserved one, then
@@ -97,4 +200,63 @@ func (s *scheduler) startSubmit(ctx context.Context, m *bus.Msg) func() error {
 		s.log.Debug("job request handled", "subject", m.Subject, "stream_seq", m.StreamSeq, "outcome", sub.Outcome, "event", p.ID)
 		return nil
 	}
+}
+
+// recall reads the jobs with store keys keys from the log and hands
+// what each says to p.
+func (s *scheduler) recall(ctx context.Context, p *state.ParsedSubmit, keys []string) error {
+	for _, key := range keys {
+		r, err := s.readJob(ctx, key)
+		if err != nil {
+			return err
+		}
+		p.Recall(key, r)
+	}
+	return nil
+}
+
+// readJob reads the job with store key key from its subject of
+// JOB_EVENTS: one direct get per event, and one that finds none for a
+// job never submitted.
+func (s *scheduler) readJob(ctx context.Context, key string) (state.Recalled, error) {
+	stream, err := s.jobEvents(ctx)
+	if err != nil {
+		return state.Recalled{}, err
+	}
+	tenant, id, _ := strings.Cut(key, "/")
+	subject := contracts.SubjectJobEvents(tenant, id)
+	var events []contracts.JobEvent
+	for seq := uint64(1); ; {
+		raw, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return state.Recalled{}, fmt.Errorf("job %s from %s seq %d: %w", key, contracts.StreamJobEvents, seq, err)
+		}
+		var ev contracts.JobEvent
+		m := bus.Msg{Stream: contracts.StreamJobEvents, Subject: raw.Subject, StreamSeq: raw.Sequence, Data: raw.Data, Header: raw.Header}
+		if m.Decode(&ev) == nil { // one a replay skips, skipped
+			events = append(events, ev)
+		}
+		seq = raw.Sequence + 1
+	}
+	r, err := state.FoldRecalled(tenant, id, events)
+	if err == nil && s.cfg.recalled != nil {
+		s.cfg.recalled(key, r)
+	}
+	return r, err
+}
+
+// jobEvents is the JOB_EVENTS stream's handle, looked up once.
+func (s *scheduler) jobEvents(ctx context.Context) (jetstream.Stream, error) {
+	if st := s.jobEventsStream.Load(); st != nil {
+		return *st, nil
+	}
+	st, err := s.bus.JetStream().Stream(ctx, contracts.StreamJobEvents)
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", contracts.StreamJobEvents, err)
+	}
+	s.jobEventsStream.Store(&st)
+	return st, nil
 }

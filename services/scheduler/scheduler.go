@@ -28,6 +28,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -106,15 +107,20 @@ type fence interface {
 }
 
 type scheduler struct {
-	cfg    Config
-	term   fence
-	epoch  uint64
-	bus    *bus.Bus
-	log    *slog.Logger
-	wake   chan struct{}
-	out    *outbox
-	demand *demandPublisher
-	budget *budgetGate
+	cfg   Config
+	term  fence
+	epoch uint64
+	bus   *bus.Bus
+	log   *slog.Logger
+	// jobEventsStream is JOB_EVENTS' handle for recall (intake.go).
+	jobEventsStream atomic.Pointer[jetstream.Stream]
+	// deferred are the submits started and not decided yet, in stream
+	// order (intake.go; under mu).
+	deferred []*deferredSubmit
+	wake     chan struct{}
+	out      *outbox
+	demand   *demandPublisher
+	budget   *budgetGate
 	// rebuildBound is how long this term's rebuild may take before it
 	// steps down.
 	rebuildBound time.Duration
@@ -140,7 +146,7 @@ func newScheduler(cfg Config, b *bus.Bus, log *slog.Logger, term lease.Term) *sc
 	s.st = state.New(state.Config{Scheduler: cfg.Name, Boot: boot, MaxPlanBytes: cfg.MaxPlanBytes, Log: log,
 		Wake: s.markDirty, Admit: s.budget.Admit, Policy: cfg.Policy, AllowHostCommands: cfg.AllowHostCommands, PreemptGrace: cfg.PreemptGrace,
 		MinRuntime: cfg.MinRuntime, MaxReservations: cfg.MaxReservations, CheckpointTimeout: cfg.CheckpointTimeout,
-		RetainTerminal: cfg.RetainEnded, RetainTerminalMax: cfg.RetainEndedMax})
+		RetainTerminal: cfg.RetainEnded, RetainTerminalMax: cfg.RetainEndedMax, RememberEnded: cfg.RememberEnded})
 	return s
 }
 
@@ -296,7 +302,19 @@ func (s *scheduler) rebuildBounded(ctx, bctx context.Context, g *errgroup.Group)
 	}
 	s.mu.Lock()
 	s.st.RetireTerminal()
+	missing := s.st.MissingDependencies()
 	s.mu.Unlock()
+	// The dependencies of live jobs that the replay forgot (state/recall.go)
+	// are read back before the store decides anything.
+	for _, key := range missing {
+		r, err := s.readJob(bctx, key)
+		if err != nil {
+			return fmt.Errorf("dependency %s of a live job: %w", key, err)
+		}
+		s.mu.Lock()
+		s.st.Remember(key, r)
+		s.mu.Unlock()
+	}
 	g.Go(func() error { return s.retireEnded(ctx) })
 	if s.snap != nil {
 		// The streams the scheduler writes, it does not follow once live:

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -269,7 +270,7 @@ func (s *scheduler) startSnapshots(ctx, bctx context.Context, goFn func(func() e
 			"retired_jobs", snap.Meta.Retired, "messages", len(snap.Msgs), "took", time.Since(start))
 	}
 	s.snap = &snapshotter{name: s.cfg.Name, interval: s.cfg.SnapshotInterval, bus: s.bus, store: store, log: s.log,
-		in: make(chan *state.LogMsg, 1<<14), comp: state.NewCompactor(s.cfg.Name, snap), created: created,
+		in: make(chan *state.LogMsg, 1<<14), comp: state.NewCompactor(s.cfg.Name, s.cfg.RememberEnded, snap), created: created,
 		written: s.cfg.snapshotWritten, loaded: snap != nil}
 	goFn(func() error { return s.snap.run(ctx) })
 	return snap, nil
@@ -302,7 +303,7 @@ func (s *scheduler) followForSnapshot(ctx context.Context, spec bus.FollowSpec, 
 
 // retireEnded retires the ended jobs past their retention now and then.
 func (s *scheduler) retireEnded(ctx context.Context) error {
-	t := time.NewTicker(5 * time.Second)
+	t := time.NewTicker(cmp.Or(s.cfg.retireEvery, 5*time.Second))
 	defer t.Stop()
 	for {
 		select {

@@ -35,7 +35,7 @@ func TestCompactorSnapshotKeepsMessagesWhole(t *testing.T) {
 				}
 			}
 			fed := map[string]*LogMsg{}
-			comp := NewCompactor("s1", nil)
+			comp := NewCompactor("s1", 0, nil)
 			for _, m := range log {
 				fed[fmt.Sprintf("%s/%d", m.Stream, m.Seq)] = m
 				comp.Observe(m)
@@ -73,7 +73,7 @@ func TestCompactorSnapshotKeepsMessagesWhole(t *testing.T) {
 			// A decoded snapshot encodes to the same bytes (a new term's
 			// compactor starts from it).
 			var again bytes.Buffer
-			if err := NewCompactor("s1", got).Snapshot().Encode(&again); err != nil {
+			if err := NewCompactor("s1", 0, got).Snapshot().Encode(&again); err != nil {
 				t.Fatal(err)
 			}
 			if d, err := DecodeSnapshot(again.Bytes()); err != nil || !slices.EqualFunc(d.Msgs, got.Msgs, func(a, b *LogMsg) bool {
@@ -108,7 +108,7 @@ func TestCompactorKeepsTheLastPendingEventOfAnAttempt(t *testing.T) {
 		pending(2, s, contracts.PendingInsufficientGPUs)
 	}
 
-	comp := NewCompactor("s1", nil)
+	comp := NewCompactor("s1", 0, nil)
 	for _, m := range w.log {
 		comp.Observe(m)
 	}
@@ -172,7 +172,7 @@ func checkPrefixes(t *testing.T, log []*LogMsg) {
 	t.Helper()
 	whole := replayEvents(log)
 	for cut := 1; cut <= len(log); cut++ {
-		comp := NewCompactor("s1", nil)
+		comp := NewCompactor("s1", 0, nil)
 		for _, m := range log[:cut] {
 			comp.Observe(m)
 		}
@@ -188,7 +188,7 @@ func checkPrefixes(t *testing.T, log []*LogMsg) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		next := NewCompactor("s1", decoded)
+		next := NewCompactor("s1", 0, decoded)
 		for _, m := range log { // the whole log again: what the snapshot covers is not read twice
 			next.Observe(m)
 		}
@@ -240,7 +240,7 @@ func TestCompactorPendingRunEdges(t *testing.T) {
 					pending(s.seq, s.corrupt)
 				}
 			})
-			comp := NewCompactor("s1", nil)
+			comp := NewCompactor("s1", 0, nil)
 			for _, m := range log {
 				comp.Observe(m)
 			}

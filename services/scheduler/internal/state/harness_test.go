@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -35,6 +36,9 @@ type harness struct {
 	cancelSeqs []uint64
 	// opts configure every store, the rebuilt ones too.
 	opts []func(*Config)
+	// recalls counts the jobs read back from the log (recall), and
+	// recalledFound those the log held.
+	recalls, recalledFound int
 }
 
 type published struct {
@@ -99,7 +103,51 @@ func (h *harness) collect(pubs []Publish) {
 func (h *harness) submit(tenant string, body any) Submission {
 	h.t.Helper()
 	h.jobsSeq++
-	return h.published(h.st.Submit(contracts.SubjectSubmit(tenant), h.body(body), h.jobsSeq))
+	return h.published(h.decide(ParseSubmit(contracts.SubjectSubmit(tenant), h.body(body)), h.jobsSeq))
+}
+
+// decide is SubmitParsed as the intake calls it: a Recall is answered
+// from the log the harness holds (recall), and the request decided again.
+func (h *harness) decide(p ParsedSubmit, seq uint64) Submission {
+	h.t.Helper()
+	sub := h.st.SubmitParsed(p, seq)
+	for tries := 0; len(sub.Recall) > 0; tries++ {
+		if tries == 2 {
+			h.t.Fatalf("request %d still asks for %v after two reads of the log", seq, sub.Recall)
+		}
+		h.recall(&p, sub.Recall)
+		sub = h.st.SubmitParsed(p, seq)
+	}
+	return sub
+}
+
+// recall answers a Recall from the events the harness published, each
+// read back from its JSON as the scheduler reads JOB_EVENTS, and folded
+// by FoldRecalled.
+func (h *harness) recall(p *ParsedSubmit, keys []string) {
+	h.t.Helper()
+	for _, key := range keys {
+		tenant, id, _ := strings.Cut(key, "/")
+		var evs []contracts.JobEvent
+		for _, e := range h.events {
+			if e.ev.Tenant == tenant && e.ev.JobID == id {
+				var ev contracts.JobEvent
+				if err := json.Unmarshal(mustJSON(h.t, e.ev), &ev); err != nil {
+					h.t.Fatal(err)
+				}
+				evs = append(evs, ev)
+			}
+		}
+		r, err := FoldRecalled(tenant, id, evs)
+		if err != nil {
+			h.t.Fatalf("recall %s: %v", key, err)
+		}
+		p.Recall(key, r)
+		h.recalls++
+		if r.Found {
+			h.recalledFound++
+		}
+	}
 }
 
 // body is a request body: a string as it is, anything else encoded.
@@ -120,7 +168,7 @@ func (h *harness) body(body any) []byte {
 func (h *harness) submitParsed(p ParsedSubmit) Submission {
 	h.t.Helper()
 	h.jobsSeq++
-	return h.published(h.st.SubmitParsed(p, h.jobsSeq))
+	return h.published(h.decide(p, h.jobsSeq))
 }
 
 // published collects sub's event, if any, and records it stored.
@@ -224,8 +272,14 @@ func (h *harness) ended(a contracts.Allocation, res contracts.RunResult) {
 func (h *harness) restart() {
 	h.t.Helper()
 	st := h.newStore(h.opts...)
-	for _, p := range h.events {
+	for i, p := range h.events {
 		st.ReplayJobEvent(p.ev, p.seq, p.id)
+		if i%50 == 49 {
+			// As the scheduler's replay retires as it goes (every 64k
+			// messages there): a job may be retired, or forgotten, before
+			// the last of its subject's events is read.
+			st.RetireTerminal()
+		}
 	}
 	for i, c := range h.cancels {
 		st.ReplayCancel(c[0], []byte(c[1]), h.cancelSeqs[i])
@@ -236,6 +290,13 @@ func (h *harness) restart() {
 	for _, f := range h.facts {
 		if pubs := f(st); len(pubs) > 0 {
 			h.t.Fatalf("a store that is not live published %d messages", len(pubs))
+		}
+	}
+	if missing := st.MissingDependencies(); len(missing) > 0 {
+		var p ParsedSubmit // the scheduler's rebuild reads them as its intake does
+		h.recall(&p, missing)
+		for key, r := range p.recalled {
+			st.Remember(key, r)
 		}
 	}
 	h.st = st

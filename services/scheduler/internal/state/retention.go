@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"time"
 
@@ -19,9 +20,13 @@ import (
 // unchanged; another body: duplicate_job_id), a job depending on it must
 // see how it ended, a cancel must learn it ended, and a late commit of
 // one of its allocations must be stopped. Nothing else reads an ended
-// job. So the store's memory is its live jobs plus ~50 bytes per ended
+// job. So the store's memory is its live jobs plus ~37 bytes per ended
 // one, not every job's request, parts and events (issue 17: a million
-// jobs in the streams).
+// jobs in the streams). And a record is kept only Config.RememberEnded
+// after its job's end (a recset.Window), but for those a live job depends
+// on (pins): past that, what a request asks about the job is read from
+// JOB_EVENTS (recall.go). Memory is then the live jobs and the records of
+// the last RememberEnded, whatever the history's length.
 
 // retiredKey identifies a retired job: the first 128 bits of the SHA-256
 // of its store key (a collision among even 10^12 jobs is ~10^-15 likely).
@@ -48,7 +53,16 @@ type retiredJob struct {
 // compactor (BenchmarkStoreMemory); a recset holds it in ~37.
 const retiredSize = 16 + 8 + 4 + 1
 
-func newRetiredSet() *recset.Set { return recset.New(retiredSize) }
+// foreverKeep is the keep of a window that never forgets in practice
+// (Config.RememberEnded 0): ~146 years.
+const foreverKeep = time.Duration(1 << 62)
+
+func newRetiredWindow(keep time.Duration) *recset.Window {
+	if keep <= 0 {
+		keep = foreverKeep
+	}
+	return recset.NewWindow(retiredSize, keep)
+}
 
 // appendRetired appends the record of k, r.
 func appendRetired(b []byte, k retiredKey, r retiredJob) []byte {
@@ -65,7 +79,7 @@ func decodeRetired(rec []byte) (retiredKey, retiredJob) {
 }
 
 // getRetired returns the record of k in set, if there is one.
-func getRetired(set *recset.Set, k retiredKey) (retiredJob, bool) {
+func getRetired(set *recset.Window, k retiredKey) (retiredJob, bool) {
 	rec, ok := set.Get(k[:])
 	if !ok {
 		return retiredJob{}, false
@@ -105,19 +119,78 @@ type endedJob struct {
 
 // retention is the store's part of it: a Store's ret (nil until used).
 type retention struct {
-	retired *recset.Set // retiredSize records
+	// retired holds the records, each dated by its job's end and kept
+	// Config.RememberEnded after it (issue 17: nothing grows with
+	// history), but for those pins names.
+	retired *recset.Window
 	// why are the rejection reasons of retired rejected jobs (few), for the
-	// message of a request that depends on one.
-	why map[retiredKey]contracts.Reason
+	// message of a request that depends on one; swept of forgotten ones
+	// when the window forgets (swept: its Forgotten count then).
+	why   map[retiredKey]contracts.Reason
+	swept int
+	// pins counts, per job, the live jobs that depend on it: its record
+	// outlives its time while any does, for a dependent may wait (queued,
+	// or requeued after a preemption) far longer than RememberEnded and
+	// must still learn that its dependency succeeded.
+	pins map[retiredKey]int32
+	// forgotBefore is set when a snapshot restored says its window had
+	// forgotten records (Snapshot.Meta.Forgot).
+	forgotBefore bool
 	// ended are the ended jobs still whole, oldest first.
 	ended []endedJob
 }
 
 func (s *Store) retention() *retention {
 	if s.ret == nil {
-		s.ret = &retention{retired: newRetiredSet(), why: map[retiredKey]contracts.Reason{}}
+		r := &retention{retired: newRetiredWindow(s.cfg.RememberEnded), why: map[retiredKey]contracts.Reason{},
+			pins: map[retiredKey]int32{}}
+		r.retired.SetKeep(func(rec []byte) bool { return r.pins[retiredKey(rec[:16])] > 0 })
+		s.ret = r
 	}
 	return s.ret
+}
+
+// Forgetting reports whether the store may have forgotten a job it once
+// knew: then a request naming a job it does not hold must have the job
+// read from JOB_EVENTS first (Submission.Recall).
+func (s *Store) Forgetting() bool {
+	return s.ret != nil && (s.ret.forgotBefore || s.ret.retired.Forgotten() > 0)
+}
+
+// pinDeps pins the records of the jobs j depends on (Store.finish
+// unpins them).
+func (s *Store) pinDeps(j *Job) {
+	if j.Request == nil || len(j.Request.DependsOn) == 0 {
+		return
+	}
+	r := s.retention()
+	for _, d := range j.Request.DependsOn {
+		r.pins[retiredKeyOf(Key(j.Tenant, d))]++
+	}
+}
+
+func (s *Store) unpinDeps(j *Job) {
+	if j.Request == nil || len(j.Request.DependsOn) == 0 || s.ret == nil {
+		return
+	}
+	for _, d := range j.Request.DependsOn {
+		k := retiredKeyOf(Key(j.Tenant, d))
+		if s.ret.pins[k]--; s.ret.pins[k] <= 0 {
+			delete(s.ret.pins, k)
+		}
+	}
+}
+
+// sweepWhy drops the reasons of records the window forgot.
+func (r *retention) sweepWhy() {
+	if f := r.retired.Forgotten(); f != r.swept {
+		r.swept = f
+		for k := range r.why {
+			if !r.retired.Has(k[:]) {
+				delete(r.why, k)
+			}
+		}
+	}
 }
 
 func hash64(h [sha256.Size]byte) uint64 { return binary.BigEndian.Uint64(h[:8]) }
@@ -158,7 +231,10 @@ func (s *Store) RetireTerminal() int {
 	if r == nil {
 		return 0
 	}
-	cut := s.cfg.Now().Add(-s.cfg.RetainTerminal)
+	now := s.cfg.Now()
+	defer r.sweepWhy()
+	r.retired.Advance(now)
+	cut := now.Add(-s.cfg.RetainTerminal)
 	n := 0
 	for len(r.ended) > 0 {
 		e := r.ended[0]
@@ -169,7 +245,7 @@ func (s *Store) RetireTerminal() int {
 		r.ended[0] = endedJob{}
 		r.ended = r.ended[1:]
 		if j := s.jobs[e.key]; j != nil && j.State.Terminal() {
-			s.retire(j)
+			s.retire(j, e.when)
 			n++
 		}
 	}
@@ -179,8 +255,8 @@ func (s *Store) RetireTerminal() int {
 	return n
 }
 
-// retire replaces the ended job j by its record.
-func (s *Store) retire(j *Job) {
+// retire replaces the ended job j, ended at when, by its record.
+func (s *Store) retire(j *Job, when time.Time) {
 	r := s.retention()
 	k := retiredKeyOf(j.key)
 	rec := retiredJob{hash: hash64(j.hash), attempt: uint32(max(j.Attempt, 0)), state: stateCode(j.State)}
@@ -189,7 +265,7 @@ func (s *Store) retire(j *Job) {
 		r.why[k] = j.rejection.reason
 	}
 	var b [retiredSize]byte
-	r.retired.Put(appendRetired(b[:0], k, rec))
+	r.retired.Add(appendRetired(b[:0], k, rec), when)
 	delete(s.jobs, j.key)
 	delete(s.seenIDs, contracts.JobEventID(j.Tenant, j.ID, contracts.EventRejected, 0, 0))
 }
@@ -256,4 +332,36 @@ func (s *Store) Retained() (whole, retired int) {
 		retired = s.ret.retired.Len()
 	}
 	return len(s.jobs), retired
+}
+
+// bucketPieces is every record of buckets, in bucket order, as pieces.
+func bucketPieces(buckets []recset.Bucket) [][]byte {
+	var out [][]byte
+	for _, b := range buckets {
+		out = append(out, b.Chunks...)
+	}
+	return out
+}
+
+// windowFrom returns a window of keep holding snap's retired records and
+// then old's (those retired before it was restored), pinned as old is:
+// a record past keep that a live job depends on is kept, even when keep
+// is shorter than the snapshot's. old's clock carries over.
+func windowFrom(keep time.Duration, old *recset.Window, snap *Snapshot) *recset.Window {
+	w := newRetiredWindow(keep)
+	w.SetKeep(old.KeepRule())
+	if err := w.Restore(snap.Meta.Clock, snap.Meta.Span, snap.retired, bucketPieces(snap.retired), nil); err != nil {
+		// DecodeSnapshot checks what Restore does, and a compactor's
+		// snapshot is whole by construction.
+		panic(fmt.Sprintf("scheduler snapshot's retired records: %v", err))
+	}
+	for _, b := range old.Buckets() {
+		n := w.Rebucket(b.N, old.Span())
+		eachRetired(b.Chunks, func(k retiredKey, r retiredJob) {
+			var rec [retiredSize]byte
+			w.AddIn(n, appendRetired(rec[:0], k, r))
+		})
+	}
+	w.Advance(old.Clock())
+	return w
 }

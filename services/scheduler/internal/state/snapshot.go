@@ -13,6 +13,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	segjson "github.com/segmentio/encoding/json"
 
@@ -41,7 +42,11 @@ import (
 
 // SnapshotSchema is the version of the snapshot's encoding and of the
 // rules above; a snapshot of another version is ignored.
-const SnapshotSchema = 1
+//
+// 2: retired records are kept in a window (Config.RememberEnded), by
+// bucket, with its clock and span; a queued job's dependencies' records
+// are pinned.
+const SnapshotSchema = 2
 
 // LogMsg is one message of a stream, as a snapshot keeps it.
 type LogMsg struct {
@@ -63,6 +68,13 @@ type SnapshotMeta struct {
 	Jobs    int               `json:"jobs"`
 	Retired int               `json:"retired"`
 	Msgs    int               `json:"msgs"`
+	// Clock and Span are the retired records' window's (recset.Window);
+	// Forgot is set once that window forgot a record, so a store
+	// restored from it reads the log for a job it does not hold
+	// (Store.Forgetting).
+	Clock  time.Time `json:"clock"`
+	Span   int64     `json:"span"`
+	Forgot bool      `json:"forgot,omitempty"`
 }
 
 // Snapshot is a decoded snapshot.
@@ -73,10 +85,11 @@ type Snapshot struct {
 	// one (encodeMsg), by stream then sequence; Encode writes them as
 	// they are. Msgs is nil then.
 	recs [][]byte
-	// retired are the retired jobs' records (retiredSize bytes each) in
-	// pieces: views of the compactor's chunks, which it only appends to,
-	// or one piece of a decoded snapshot.
-	retired [][]byte
+	// retired are the retired jobs' records (retiredSize bytes each) by
+	// bucket of their window (Meta.Clock, Meta.Span): views of the
+	// compactor's chunks, which it only appends to, or pieces of a
+	// decoded snapshot.
+	retired []recset.Bucket
 	why     map[retiredKey]contracts.Reason
 	work    workload
 }
@@ -103,6 +116,10 @@ type cjob struct {
 	rejection *rejection
 	// open are the committed allocations not released yet.
 	open map[string]bool
+	// endAt is when its terminal event was published: its record's time.
+	endAt time.Time
+	// deps are the records it pins while it lives (its dependsOn).
+	deps []retiredKey
 	// mine is set when one of its allocations is (or may be: no name)
 	// this scheduler's, foreign when one names another scheduler. A job
 	// only foreign, never seen in our events, is closed once its
@@ -128,8 +145,11 @@ type Compactor struct {
 	seqs      map[string]uint64
 	jobs      map[string]*cjob
 	plans     []*planMsg
-	retired   *recset.Set // retiredSize records, only added to (Snapshot shares them)
+	retired   *recset.Window // retiredSize records (Snapshot shares their chunks)
 	why       map[retiredKey]contracts.Reason
+	swept     int                  // retired.Forgotten when why was last swept
+	pins      map[retiredKey]int32 // as the store's (retention.pins)
+	forgot    bool                 // the snapshot it went on from had forgotten
 	work      workload
 }
 
@@ -145,18 +165,15 @@ type planMsg struct {
 	keys []string
 }
 
-// NewCompactor returns an empty compactor for scheduler, or one that goes
-// on from snap when it is not nil.
-func NewCompactor(scheduler string, snap *Snapshot) *Compactor {
+// NewCompactor returns an empty compactor for scheduler, keeping retired
+// records for keep after their end (Config.RememberEnded), or one that
+// goes on from snap when it is not nil.
+func NewCompactor(scheduler string, keep time.Duration, snap *Snapshot) *Compactor {
 	c := &Compactor{scheduler: scheduler, seqs: map[string]uint64{}, jobs: map[string]*cjob{},
-		retired: newRetiredSet(), why: map[retiredKey]contracts.Reason{}}
+		retired: newRetiredWindow(keep), why: map[retiredKey]contracts.Reason{}, pins: map[retiredKey]int32{}}
+	c.retired.SetKeep(func(rec []byte) bool { return c.pins[retiredKey(rec[:16])] > 0 })
 	if snap == nil {
 		return c
-	}
-	for _, p := range snap.retired {
-		for off := 0; off+retiredSize <= len(p); off += retiredSize {
-			c.retired.Add(p[off : off+retiredSize])
-		}
 	}
 	for k, v := range snap.why {
 		c.why[k] = v
@@ -165,6 +182,10 @@ func NewCompactor(scheduler string, snap *Snapshot) *Compactor {
 	for _, m := range snap.Msgs {
 		c.Observe(m)
 	}
+	// After its messages: they pin what its live jobs depend on, which
+	// the records read back must keep, whatever keep is now.
+	c.forgot = snap.Meta.Forgot || c.retired.Forgotten() > 0
+	c.retired = windowFrom(keep, c.retired, snap)
 	// After its messages, which Observe would otherwise take as read.
 	for k, v := range snap.Meta.Seqs {
 		c.seqs[k] = max(c.seqs[k], v)
@@ -263,6 +284,7 @@ func (c *Compactor) event(m *LogMsg) {
 		Type          contracts.JobEventType `json:"type"`
 		Tenant, JobID string
 		Attempt       int
+		Time          time.Time
 		Reason        contracts.Reason
 		Errors        []contracts.FieldError
 		// Request (queued only) is decoded on its own, into maps made
@@ -279,8 +301,11 @@ func (c *Compactor) event(m *LogMsg) {
 		}
 	}
 	key := Key(ev.Tenant, ev.JobID)
-	if c.isRetired(key) && c.jobs[key] == nil {
-		return // no event applies to an ended job
+	c.retired.Advance(ev.Time)
+	if old := c.jobs[key]; (old == nil || !old.seen) && (c.isRetired(key) || duplicateAnswer(contracts.JobEvent{Type: ev.Type, Reason: ev.Reason})) {
+		// No event applies to an ended job, and a duplicate_job_id answer
+		// never makes one (as Store.ReplayJobEvent).
+		return
 	}
 	j := c.job(key)
 	j.seen = true
@@ -295,11 +320,19 @@ func (c *Compactor) event(m *LogMsg) {
 		j.msgs, j.run = append(j.msgs, encodeMsg(m)), pendingRun{}
 	}
 	j.state = to
+	if to.Terminal() {
+		j.endAt = ev.Time
+	}
 	switch ev.Type {
 	case contracts.EventQueued:
 		if req != nil {
 			j.hash, j.attempt = hashRequest(*req), max(ev.Attempt, 1)
 			c.work.add(req.Resources.GPU)
+			for _, d := range req.DependsOn {
+				k := retiredKeyOf(Key(ev.Tenant, d))
+				j.deps = append(j.deps, k)
+				c.pins[k]++
+			}
 		}
 	case contracts.EventRejected:
 		j.rejection = &rejection{reason: ev.Reason, errors: ev.Errors}
@@ -429,15 +462,26 @@ func (c *Compactor) close(key string, j *cjob) {
 			rec := retiredJob{hash: hash64(j.hash), attempt: uint32(max(j.attempt, 0)), state: stateCode(j.state)}
 			if j.rejection != nil {
 				rec.hash = hash64(rejectionHash(j.rejection.reason, j.rejection.errors))
-				c.why[k] = j.rejection.reason
 			}
 			var b [retiredSize]byte
-			c.retired.Add(appendRetired(b[:0], k, rec))
+			if c.retired.Add(appendRetired(b[:0], k, rec), j.endAt) && j.rejection != nil {
+				c.why[k] = j.rejection.reason
+			}
 		}
-		delete(c.jobs, key)
+		c.drop(key, j)
 	case !j.seen && j.foreign && !j.mine:
-		delete(c.jobs, key) // another scheduler's job, all released
+		c.drop(key, j) // another scheduler's job, all released
 	}
+}
+
+// drop forgets the closed job j and unpins what it depended on.
+func (c *Compactor) drop(key string, j *cjob) {
+	for _, k := range j.deps {
+		if c.pins[k]--; c.pins[k] <= 0 {
+			delete(c.pins, k)
+		}
+	}
+	delete(c.jobs, key)
 }
 
 // isRetired reports whether the job with store key key is retired.
@@ -450,9 +494,18 @@ func (c *Compactor) isRetired(key string) bool {
 // another goroutine may encode while the compactor goes on (the messages
 // are shared; they are never changed).
 func (c *Compactor) Snapshot() *Snapshot {
+	if f := c.retired.Forgotten(); f != c.swept {
+		c.swept = f
+		for k := range c.why {
+			if !c.retired.Has(k[:]) {
+				delete(c.why, k)
+			}
+		}
+	}
 	s := &Snapshot{Meta: SnapshotMeta{Schema: SnapshotSchema, Scheduler: c.scheduler, Seqs: c.Seqs(),
-		Jobs: len(c.jobs), Retired: c.retired.Len()},
-		retired: c.retired.Chunks(), why: maps.Clone(c.why), work: workload{reqs: slices.Clone(c.work.reqs), next: c.work.next}}
+		Jobs: len(c.jobs), Retired: c.retired.Len(), Clock: c.retired.Clock(), Span: c.retired.Span(),
+		Forgot: c.forgot || c.retired.Forgotten() > 0},
+		retired: c.retired.Buckets(), why: maps.Clone(c.why), work: workload{reqs: slices.Clone(c.work.reqs), next: c.work.next}}
 	var recs []keyedRec
 	for _, j := range c.jobs {
 		for _, r := range j.msgs {
@@ -559,15 +612,13 @@ func (d *decoder) msg() *LogMsg {
 }
 
 // Restore installs a snapshot's retired jobs and workload into s. Call
-// it after the snapshot's JOB_EVENTS messages were replayed and before
-// the stream's tail is.
+// it after the snapshot's JOB_EVENTS messages were replayed (they pin
+// what its live jobs depend on) and before the stream's tail is.
 func (s *Store) Restore(snap *Snapshot) {
 	r := s.retention()
-	for _, p := range snap.retired {
-		for off := 0; off+retiredSize <= len(p); off += retiredSize {
-			r.retired.Put(p[off : off+retiredSize])
-		}
-	}
+	r.forgotBefore = r.forgotBefore || snap.Meta.Forgot || r.retired.Forgotten() > 0
+	r.retired = windowFrom(s.cfg.RememberEnded, r.retired, snap)
+	r.swept = -1 // sweep why at the next retirement
 	for k, v := range snap.why {
 		r.why[k] = v
 	}
@@ -605,12 +656,12 @@ func (s *Snapshot) Encode(w io.Writer) error {
 			bw.Write(encodeMsg(m))
 		}
 	}
-	n := 0
-	for _, p := range s.retired {
-		n += len(p) / retiredSize
+	uv(uint64(len(s.retired)))
+	for _, b := range s.retired {
+		uv(uint64(b.N))
+		uv(uint64(b.Records))
 	}
-	uv(uint64(n))
-	eachRetired(s.retired, func(k retiredKey, v retiredJob) {
+	eachRetired(bucketPieces(s.retired), func(k retiredKey, v retiredJob) {
 		bw.Write(k[:])
 		uv(v.hash)
 		uv(uint64(v.attempt))
@@ -659,8 +710,22 @@ func DecodeSnapshot(data []byte) (*Snapshot, error) {
 	for range n {
 		s.Msgs = append(s.Msgs, d.msg())
 	}
+	nb := d.count()
+	s.retired = make([]recset.Bucket, 0, nb)
+	total := 0
+	for i := range nb {
+		b := recset.Bucket{N: int64(d.uv()), Records: d.count()}
+		if i > 0 && b.N <= s.retired[i-1].N {
+			d.err = errors.New("retired buckets out of order")
+		}
+		total += b.Records
+		s.retired = append(s.retired, b)
+	}
+	if total > 0 && s.Meta.Span <= 0 {
+		d.err = errors.New("retired records without their window's span")
+	}
 	var retired []byte
-	for range d.count() {
+	for i := 0; i < total && d.err == nil; i++ {
 		var k retiredKey
 		copy(k[:], d.take(len(k)))
 		rec := retiredJob{hash: d.uv(), attempt: uint32(d.uv())}
@@ -675,7 +740,9 @@ func DecodeSnapshot(data []byte) (*Snapshot, error) {
 		}
 		retired = appendRetired(retired, k, rec)
 	}
-	s.retired = [][]byte{retired}
+	if len(s.retired) > 0 {
+		s.retired[0].Chunks = [][]byte{retired} // the buckets' records, in order
+	}
 	if err := json.Unmarshal(d.bytes(), &s.work.reqs); err != nil && d.err == nil {
 		d.err = err
 	}

@@ -140,7 +140,7 @@ type snapshotView struct {
 
 func viewOf(s *Snapshot) snapshotView {
 	v := snapshotView{Meta: s.Meta, Retired: map[retiredKey]retiredJob{}, Why: s.why, Work: s.work}
-	eachRetired(s.retired, func(k retiredKey, r retiredJob) { v.Retired[k] = r })
+	eachRetired(bucketPieces(s.retired), func(k retiredKey, r retiredJob) { v.Retired[k] = r })
 	for _, m := range s.messages() {
 		v.Msgs = append(v.Msgs, fmt.Sprintf("%s/%d", m.Stream, m.Seq))
 	}
@@ -159,7 +159,7 @@ func TestCompactorDecodesAsEncodingJSON(t *testing.T) {
 			views := map[string][]snapshotView{}
 			for name, dec := range map[string]func([]byte, any) error{"encoding/json": json.Unmarshal, "segmentio": segjson.Unmarshal} {
 				decodeMsg = dec
-				c := NewCompactor("s1", nil)
+				c := NewCompactor("s1", 0, nil)
 				for i, m := range log {
 					c.Observe(m)
 					if i == len(log)/2 {
@@ -200,7 +200,7 @@ func BenchmarkCompactorObserve(b *testing.B) {
 				decodeMsg = c.dec
 				b.ReportAllocs()
 				for b.Loop() {
-					comp := NewCompactor("s1", nil)
+					comp := NewCompactor("s1", 0, nil)
 					for _, m := range log {
 						comp.Observe(m)
 					}

@@ -34,7 +34,7 @@ func (s *Store) Digest() string {
 		live = append(live, l.String())
 	}
 	if s.ret != nil {
-		eachRetired(s.ret.retired.Chunks(), func(k retiredKey, r retiredJob) {
+		eachRetired(bucketPieces(s.ret.retired.Buckets()), func(k retiredKey, r retiredJob) {
 			ended = append(ended, fmt.Sprintf("ended %s %s attempt=%d hash=%016x why=%s", hex.EncodeToString(k[:]),
 				terminalStates[r.state], r.attempt, r.hash, s.ret.why[k]))
 		})

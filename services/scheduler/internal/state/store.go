@@ -85,6 +85,12 @@ type Config struct {
 	// zero keeps every ended job whole.
 	RetainTerminal    time.Duration
 	RetainTerminalMax int
+	// RememberEnded is how long the record of a retired job is kept after
+	// its end (recset.Window: up to a quarter more); 0 keeps records for
+	// ever. Past it, what is known of the job is read from JOB_EVENTS when
+	// a request asks (Submission.Recall). Keep it at least 2×PlansMaxAge:
+	// a late commit of an ended job's allocation must still find it.
+	RememberEnded time.Duration
 }
 
 // Publish is one message to publish. Messages with the same Key (one job)
@@ -357,8 +363,11 @@ func (s *Store) take() []Publish {
 // with Nats-Msg-Id msgID) into the store. Events the state machine refuses
 // are skipped, as every reader does.
 func (s *Store) ReplayJobEvent(ev contracts.JobEvent, seq uint64, msgID string) {
-	if s.jobs[Key(ev.Tenant, ev.JobID)] == nil && s.isRetired(Key(ev.Tenant, ev.JobID)) {
-		return // it ended: no event applies to it any more
+	if s.jobs[Key(ev.Tenant, ev.JobID)] == nil && (s.isRetired(Key(ev.Tenant, ev.JobID)) || duplicateAnswer(ev)) {
+		// It ended: no event applies to it any more. Or it ended so long
+		// ago that only the log remembers it: a duplicate_job_id answer
+		// is never a job's first event, so it must not make one.
+		return
 	}
 	if ev.Type == contracts.EventRejected && msgID != "" {
 		s.seenIDs[msgID] = struct{}{}
@@ -394,6 +403,7 @@ func (s *Store) ReplayJobEvent(ev contracts.JobEvent, seq uint64, msgID string) 
 			order = seq // written before queued events carried it
 		}
 		j.Request, j.hash, j.Attempt, j.seq, j.queuedAt = &req, hashRequest(req), max(ev.Attempt, 1), order, stampOf(ev.Time)
+		s.pinDeps(j)
 		s.workload.add(req.Resources.GPU)
 		s.enqueue(j)
 	case contracts.EventRejected:
@@ -554,9 +564,14 @@ type Submission struct {
 	// subject names no valid tenant): the caller dead-letters it.
 	Invalid error
 	// Outcome names the decision for logs: queued, rejected, duplicate,
-	// unchanged or invalid.
+	// unchanged, invalid, or recall.
 	Outcome string
-	commit  func(seq uint64)
+	// Recall, when set, is all there is: the store keys of jobs the
+	// request asks about that the store may have forgotten. Read each
+	// from JOB_EVENTS (FoldRecalled), hand the answers to the parsed
+	// request (ParsedSubmit.Recall) and submit it again.
+	Recall []string
+	commit func(seq uint64)
 	// accepted drops the request from the set still being accepted.
 	accepted func()
 }
@@ -596,6 +611,9 @@ type ParsedSubmit struct {
 	err     error // the request does not decode or validate
 	norm    contracts.JobRequest
 	hash    [sha256.Size]byte
+	// recalled are the log's answers about jobs the store may have
+	// forgotten (Recall), by store key.
+	recalled map[string]Recalled
 }
 
 // ParseSubmit decodes, validates, normalizes and hashes a job request
@@ -625,6 +643,9 @@ func (s *Store) SubmitParsed(p ParsedSubmit, streamSeq uint64) Submission {
 		return Submission{Invalid: fmt.Errorf("job request: %w", p.invalid), Outcome: "invalid"}
 	}
 	tenant := s.names.of(p.tenant) // a piece of the subject: kept, it would keep the subject
+	if need := s.toRecall(p, tenant, streamSeq); len(need) > 0 {
+		return Submission{Recall: need, Outcome: "recall"}
+	}
 	req := p.req
 	if p.err != nil {
 		return s.reject(tenant, req.ID, streamSeq, p.err)
@@ -681,6 +702,7 @@ func (s *Store) SubmitParsed(p ParsedSubmit, streamSeq uint64) Submission {
 			j := &Job{Tenant: tenant, ID: norm.ID, key: key, State: contracts.StateQueued, Attempt: 1,
 				Request: &norm, hash: h, seq: streamSeq, queuedAt: stampOf(now)}
 			s.jobs[key] = j
+			s.pinDeps(j)
 			s.enqueue(j)
 			s.workload.add(norm.Resources.GPU)
 			s.cfg.Wake()
@@ -765,6 +787,9 @@ func (s *Store) Cancel(subject string, data []byte) ([]Publish, error) {
 	}
 	j := s.lookup(tenant, c.JobID)
 	switch {
+	case j == nil && s.Forgetting():
+		return nil, fmt.Errorf("cancel %s/%s (never submitted, or ended longer ago than the scheduler remembers): %w",
+			tenant, c.JobID, ErrUnknownJob)
 	case j == nil:
 		return nil, fmt.Errorf("cancel %s/%s: %w", tenant, c.JobID, ErrUnknownJob)
 	case j.State.Terminal():
@@ -899,6 +924,7 @@ func (s *Store) resetAttempt(j *Job, attempt int) {
 func (s *Store) finish(j *Job) {
 	s.queue.Remove(j.key)
 	s.landAll(j)
+	s.unpinDeps(j)
 	j.Request, j.parts, j.later, j.mv, j.memo = nil, nil, nil, nil, nil
 	delete(s.evicting, j.key)
 	delete(s.cluster.claims, j.key)

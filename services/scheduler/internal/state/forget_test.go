@@ -1,0 +1,330 @@
+package state
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpuplane/gpuplane/contracts"
+)
+
+func remember(d time.Duration) func(*Config) {
+	return func(c *Config) { c.RememberEnded = d }
+}
+
+// TestForgettingDecidesAsRemembering runs one random workload on two
+// stores in step: one that keeps every retired job's record for ever, and
+// one that forgets a record an hour after its job ended and reads the job
+// back from the log when a submit names it (Recall, FoldRecalled). Jobs
+// succeed, fail, are cancelled or rejected; new submits depend on old
+// jobs (some long forgotten, some rejected, some never submitted), old
+// IDs come back with the same body or another, and jobs too big to fit
+// wait for days on dependencies that ended long ago (pins). Time moves by
+// minutes to days, and both restart now and then. Every decision must be
+// the same: each submit's outcome, and every event both publish (ID,
+// type, state, reason and message, so a "not recorded yet" in a waiting
+// job's reason shows). At the end, once every job has ended, the
+// forgetting store holds nothing while the other holds every record.
+func TestForgettingDecidesAsRemembering(t *testing.T) {
+	for seed := range uint64(6) {
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 41))
+			hs := [2]*harness{
+				newHarness(t, retain(time.Minute, 0)),
+				newHarness(t, retain(time.Minute, 0), remember(time.Hour)),
+			}
+			both := func(f func(h *harness)) {
+				for _, h := range hs {
+					f(h)
+				}
+			}
+			both(func(h *harness) { h.inventory("n1", "p", h100, 81920, 8) })
+			bodies := map[string]contracts.JobRequest{}
+			var ids []string
+			var running [2][]contracts.Allocation
+			seen := 0
+			step := 0
+			same := func(what string) {
+				t.Helper()
+				a, b := hs[0].events[seen:], hs[1].events[seen:]
+				if len(a) != len(b) {
+					t.Fatalf("step %d (%s): %d events remembering, %d forgetting:\n%v\n%v", step, what, len(a), len(b), evLines(a), evLines(b))
+				}
+				if la, lb := evLines(a), evLines(b); !slices.Equal(la, lb) {
+					t.Fatalf("step %d (%s): events differ:\nremembering %v\nforgetting  %v", step, what, la, lb)
+				}
+				seen = len(hs[0].events)
+			}
+			pick := func() string {
+				if len(ids) == 0 || rng.IntN(12) == 0 {
+					return "never"
+				}
+				return ids[rng.IntN(len(ids))]
+			}
+			for step = range 600 {
+				switch op := rng.IntN(20); {
+				case op < 7: // a new job
+					id := fmt.Sprintf("j%03d", len(ids))
+					r := job(id, 1+rng.IntN(4), h100)
+					switch rng.IntN(10) {
+					case 0:
+						r.Priority = "urgent" // rejected
+					case 1:
+						r.Resources.GPU.Count = 16 // never fits: waits on its dependencies for ever
+						r.DependsOn = []string{pick()}
+					case 2, 3, 4:
+						r.DependsOn = []string{pick()}
+						if rng.IntN(3) == 0 {
+							r.DependsOn = append(r.DependsOn, pick())
+						}
+						slices.Sort(r.DependsOn)
+						r.DependsOn = slices.Compact(r.DependsOn)
+					}
+					ids = append(ids, id)
+					bodies[id] = r
+					var out [2]string
+					for i, h := range hs {
+						out[i] = h.submit("acme", r).Outcome
+					}
+					if out[0] != out[1] {
+						t.Fatalf("step %d: submit %s: %s remembering, %s forgetting", step, id, out[0], out[1])
+					}
+					same("submit " + id)
+				case op < 10: // an old ID again: its body, or another
+					id := pick()
+					r, ok := bodies[id]
+					if !ok || rng.IntN(2) == 0 {
+						r = job(id, 5, h100)
+					}
+					var out [2]string
+					for i, h := range hs {
+						out[i] = h.submit("acme", r).Outcome
+					}
+					if out[0] != out[1] {
+						t.Fatalf("step %d: resubmit %s: %s remembering, %s forgetting", step, id, out[0], out[1])
+					}
+					same("resubmit " + id)
+				case op < 11: // a cancel
+					id := pick()
+					var errs [2]error
+					for i, h := range hs {
+						errs[i] = h.cancel("acme", id)
+					}
+					if (errs[0] == nil) != (errs[1] == nil) || (errs[0] != nil && !errors.Is(errs[1], ErrUnknownJob) && !errors.Is(errs[1], ErrTerminalJob)) {
+						t.Fatalf("step %d: cancel %s: %v remembering, %v forgetting", step, id, errs[0], errs[1])
+					}
+					same("cancel " + id)
+				case op < 15: // a cycle; what it places starts, and some of it ends
+					var items [2][]contracts.Allocation
+					for i, h := range hs {
+						for _, p := range h.cycle().Plans {
+							items[i] = append(items[i], p.Items...)
+						}
+					}
+					if a, b := allocLines(items[0]), allocLines(items[1]); !slices.Equal(a, b) {
+						t.Fatalf("step %d: placed\n%v remembering\n%v forgetting", step, a, b)
+					}
+					for i, h := range hs {
+						for _, a := range items[i] {
+							h.commit(a)
+							h.started(a, h.now)
+						}
+						running[i] = append(running[i], items[i]...)
+					}
+					same("cycle")
+					fallthrough
+				case op < 17: // some runs end
+					for len(running[0]) > 0 && rng.IntN(3) != 0 {
+						k := rng.IntN(len(running[0]))
+						out := contracts.OutcomeSucceeded
+						if rng.IntN(4) == 0 {
+							out = contracts.OutcomeFailed
+						}
+						for i, h := range hs {
+							a := running[i][k]
+							res := contracts.RunResult{Outcome: out, StartedAt: h.now, EndedAt: h.now}
+							h.ended(a, res)
+							h.release(a, contracts.ReasonRunEnded, &res)
+							running[i] = slices.Delete(running[i], k, k+1)
+						}
+					}
+					same("runs end")
+				case op < 19: // time passes: minutes, hours, or days
+					d := time.Duration(1+rng.IntN(10)) * time.Minute
+					switch rng.IntN(10) {
+					case 0:
+						d = time.Duration(24+rng.IntN(48)) * time.Hour
+					case 1, 2, 3, 4:
+						d = time.Duration(10+rng.IntN(120)) * time.Minute
+					}
+					both(func(h *harness) { h.now = h.now.Add(d); h.st.RetireTerminal() })
+				default:
+					if rng.IntN(4) == 0 {
+						both(func(h *harness) { h.restart() })
+						same("restart")
+					}
+				}
+			}
+			if hs[1].recalledFound == 0 {
+				t.Fatalf("the forgetting store read back %d jobs from the log, none found: the test proves little", hs[1].recalls)
+			}
+			// Everything ends; two days later the forgetting store holds
+			// nothing, and answers as the other still.
+			for _, id := range ids {
+				both(func(h *harness) { _ = h.cancel("acme", id) })
+			}
+			for i, h := range hs {
+				for _, a := range running[i] {
+					res := contracts.RunResult{Outcome: contracts.OutcomeFailed, StartedAt: h.now, EndedAt: h.now}
+					h.ended(a, res)
+					h.release(a, contracts.ReasonRunEnded, &res)
+				}
+			}
+			same("cancel all")
+			both(func(h *harness) { h.now = h.now.Add(48 * time.Hour); h.st.RetireTerminal() })
+			whole, retired := hs[1].st.Retained()
+			for k, j := range hs[1].st.jobs {
+				t.Logf("whole: %s %s parts %d", k, j.State, len(j.parts))
+			}
+			if whole != 0 || retired != 0 || len(hs[1].st.ret.pins) != 0 || len(hs[1].st.ret.why) != 0 {
+				t.Fatalf("two days after the last end the forgetting store holds %d whole jobs, %d records, %d pins, %d reasons",
+					whole, retired, len(hs[1].st.ret.pins), len(hs[1].st.ret.why))
+			}
+			if _, r := hs[0].st.Retained(); r == 0 {
+				t.Fatal("the remembering store holds no record")
+			}
+			for _, id := range ids[:min(len(ids), 40)] {
+				r := bodies[id]
+				var out [2]string
+				for i, h := range hs {
+					out[i] = h.submit("acme", r).Outcome
+				}
+				if out[0] != out[1] {
+					t.Fatalf("after all: resubmit %s: %s remembering, %s forgetting", id, out[0], out[1])
+				}
+			}
+			same("resubmit all")
+			t.Logf("%d jobs, %d read back from the log (%d found)", len(ids), hs[1].recalls, hs[1].recalledFound)
+		})
+	}
+}
+
+func evLines(ps []published) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		e := p.ev
+		out[i] = fmt.Sprintf("%s %s %s %s %q", p.id, e.Type, e.State, e.Reason, e.Message)
+	}
+	return out
+}
+
+func allocLines(as []contracts.Allocation) []string {
+	out := make([]string, len(as))
+	for i, a := range as {
+		out[i] = strings.Join([]string{a.Tenant, a.JobID, a.NodeID, fmt.Sprint(a.Devices, a.Attempt)}, " ")
+	}
+	return out
+}
+
+// TestCompactorForgetsButWhatLiveJobsNeed: the snapshot's compactor
+// forgets an ended job's record RememberEnded after its end (by the log's
+// time), but for one a live job depends on, however long that job waits;
+// the pin goes with the dependent's end. A compactor started from its
+// snapshot (with a shorter keep, even) keeps the pinned record, and a
+// snapshot says that it forgot, so a store restored from it reads the
+// log for what it does not hold.
+func TestCompactorForgetsButWhatLiveJobsNeed(t *testing.T) {
+	t0 := time.Date(2026, 11, 27, 11, 0, 0, 0, time.UTC)
+	var log []*LogMsg
+	ev := func(id string, at time.Duration, typ contracts.JobEventType, deps ...string) {
+		e := contracts.JobEvent{SchemaVersion: contracts.SchemaVersion, Type: typ, Tenant: "t1", JobID: id,
+			Attempt: 1, Time: t0.Add(at)}
+		if typ == contracts.EventQueued {
+			e.Request = &contracts.JobRequest{SchemaVersion: 1, ID: id, Tenant: "t1", DependsOn: deps,
+				Resources: contracts.Resources{GPU: contracts.GPURequest{Count: 64, Model: "h100"}}}
+		}
+		log = append(log, &LogMsg{Stream: contracts.StreamJobEvents, Seq: uint64(len(log) + 1),
+			Subject: contracts.SubjectJobEvents("t1", id), Header: map[string][]string{
+				contracts.HeaderMsgID: {contracts.JobEventID("t1", id, typ, 1, len(log))}}, Data: mustJSON(t, e)})
+	}
+	const keep = time.Hour
+	ev("dep", 0, contracts.EventQueued)
+	ev("other", 0, contracts.EventQueued)
+	ev("dep", time.Minute, contracts.EventCancelled)
+	ev("other", time.Minute, contracts.EventCancelled)
+	ev("waiter", 2*time.Minute, contracts.EventQueued, "dep")
+	has := func(c *Compactor, id string) bool { return c.isRetired(Key("t1", id)) }
+	// Half an hour on, read back with a keep of 10 minutes: dep's bucket
+	// is past that, but the waiter pins it.
+	ev("tick", 30*time.Minute, contracts.EventQueued)
+	early := NewCompactor("s1", keep, nil)
+	for _, m := range log {
+		early.Observe(m)
+	}
+	var eb bytes.Buffer
+	if err := early.Snapshot().Encode(&eb); err != nil {
+		t.Fatal(err)
+	}
+	esnap, err := DecodeSnapshot(eb.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if short := NewCompactor("s1", 10*time.Minute, esnap); !has(short, "dep") || has(short, "other") {
+		t.Fatalf("read back with a shorter keep: dep kept %v (pinned), other kept %v", has(short, "dep"), has(short, "other"))
+	}
+	ev("tick2", 10*time.Hour, contracts.EventQueued) // the log's clock moves on
+	c := NewCompactor("s1", keep, nil)
+	for _, m := range log {
+		c.Observe(m)
+	}
+	if !has(c, "dep") || has(c, "other") || !c.Snapshot().Meta.Forgot {
+		t.Fatalf("ten hours on: dep kept %v (pinned), other kept %v (not), snapshot says forgot %v",
+			has(c, "dep"), has(c, "other"), c.Snapshot().Meta.Forgot)
+	}
+	var buf bytes.Buffer
+	if err := c.Snapshot().Encode(&buf); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := DecodeSnapshot(buf.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	again := NewCompactor("s1", keep/4, snap)
+	if !has(again, "dep") || !again.Snapshot().Meta.Forgot {
+		t.Fatalf("from the snapshot, with a shorter keep: dep kept %v, forgot %v", has(again, "dep"), again.Snapshot().Meta.Forgot)
+	}
+	// The store restored from it: what the snapshot's live job pins is
+	// held, and the store knows it may have forgotten the rest.
+	st := New(Config{Scheduler: "s1", RememberEnded: keep, Now: func() time.Time { return t0.Add(10 * time.Hour) },
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Wake: func() {}})
+	for _, m := range snap.Msgs {
+		var e contracts.JobEvent
+		if err := json.Unmarshal(m.Data, &e); err != nil {
+			t.Fatal(err)
+		}
+		st.ReplayJobEvent(e, m.Seq, m.Header[contracts.HeaderMsgID][0])
+	}
+	st.Restore(snap)
+	st.RetireTerminal()
+	if !st.isRetired(Key("t1", "dep")) || !st.Forgetting() || len(st.MissingDependencies()) != 0 {
+		t.Fatalf("restored store: dep held %v, forgetting %v, missing %v", st.isRetired(Key("t1", "dep")), st.Forgetting(),
+			st.MissingDependencies())
+	}
+	// The waiter ends: its pin goes, and so does dep once the log moves.
+	ev("waiter", 10*time.Hour+time.Minute, contracts.EventCancelled)
+	ev("tick3", 20*time.Hour, contracts.EventQueued)
+	for _, m := range log[len(log)-2:] {
+		again.Observe(m)
+	}
+	if has(again, "dep") || has(again, "waiter") {
+		t.Fatalf("after the waiter ended: dep kept %v, waiter kept %v", has(again, "dep"), has(again, "waiter"))
+	}
+}
