@@ -16,8 +16,8 @@ import (
 // BenchmarkStoreMemory replays the histories of GPUPLANE_REBUILD_JOBS
 // jobs (20,000 by default) into a store, as a rebuild does: 99 % of them
 // succeeded (queued, scheduled, running, succeeded, their allocation
-// committed and released), 1 % still running, their ends spread over
-// GPUPLANE_HISTORY (10 days by default). It reports the heap the store
+// committed and released), 1 % (GPUPLANE_RUNNING) still running, their
+// ends spread over GPUPLANE_HISTORY (10 days by default). It reports the heap the store
 // then holds per 100,000 jobs, with every ended job kept whole (as before
 // issue 17), with ended jobs retired and their records kept for ever, and
 // with records kept a day (windowed: RememberEnded), and the replay's
@@ -28,6 +28,13 @@ func BenchmarkStoreMemory(b *testing.B) {
 		var err error
 		if n, err = strconv.Atoi(v); err != nil {
 			b.Fatal(err)
+		}
+	}
+	running := n / 100
+	if v := os.Getenv("GPUPLANE_RUNNING"); v != "" {
+		var err error
+		if running, err = strconv.Atoi(v); err != nil || running < 0 || running > n {
+			b.Fatalf("GPUPLANE_RUNNING=%q: want 0 to %d", v, n)
 		}
 	}
 	history := 10 * 24 * time.Hour
@@ -78,7 +85,7 @@ func BenchmarkStoreMemory(b *testing.B) {
 					ev(contracts.EventQueued, contracts.StateQueued, func(e *contracts.JobEvent) { e.Request, e.SubmitSeq = &req, uint64(i+1) })
 					ev(contracts.EventScheduled, contracts.StateScheduled, nil)
 					ev(contracts.EventRunning, contracts.StateRunning, nil)
-					if i >= n-n/100 {
+					if i >= n-running {
 						continue
 					}
 					ev(contracts.EventSucceeded, contracts.StateSucceeded, nil)
