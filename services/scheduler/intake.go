@@ -241,11 +241,11 @@ func (s *scheduler) readJob(ctx context.Context, key string) (state.Recalled, er
 		}
 		seq = raw.Sequence + 1
 	}
-	r, err := state.FoldRecalled(tenant, id, events)
-	if err == nil && s.cfg.recalled != nil {
+	r := state.FoldRecalled(tenant, id, events)
+	if s.cfg.recalled != nil {
 		s.cfg.recalled(key, r)
 	}
-	return r, err
+	return r, nil
 }
 
 // jobEvents is the JOB_EVENTS stream's handle, looked up once.

@@ -98,6 +98,31 @@ func TestForgettingDecidesAsRemembering(t *testing.T) {
 						t.Fatalf("step %d: submit %s: %s remembering, %s forgetting", step, id, out[0], out[1])
 					}
 					same("submit " + id)
+				case op < 8: // a new job whose queued event is stored but whose ack is lost: redelivered
+					id := fmt.Sprintf("j%03d", len(ids))
+					r := job(id, 1+rng.IntN(4), h100)
+					ids = append(ids, id)
+					bodies[id] = r
+					var out [2]string
+					for i, h := range hs {
+						h.jobsSeq++
+						p := ParseSubmit(contracts.SubjectSubmit("acme"), h.body(r))
+						if sub := h.decide(p, h.jobsSeq); sub.Publish != nil {
+							h.collect([]Publish{*sub.Publish})
+							sub.Abandoned()
+						}
+						sub := h.decide(p, h.jobsSeq)
+						out[i] = sub.Outcome
+						if sub.Publish != nil {
+							// JetStream drops the same message ID: acked
+							// with the stored event's sequence.
+							sub.Published(h.seq)
+						}
+					}
+					if out[0] != out[1] {
+						t.Fatalf("step %d: redelivered %s: %s remembering, %s forgetting", step, id, out[0], out[1])
+					}
+					same("redelivered " + id)
 				case op < 10: // an old ID again: its body, or another
 					id := pick()
 					r, ok := bodies[id]

@@ -1,7 +1,6 @@
 package state
 
 import (
-	"fmt"
 	"slices"
 
 	"github.com/gpuplane/gpuplane/contracts"
@@ -29,8 +28,8 @@ import (
 
 // Recalled is what JOB_EVENTS says of one job (FoldRecalled).
 type Recalled struct {
-	// Found is set when the job's subject holds the event that made it a
-	// job; the rest is then its record.
+	// Found is set when the job's subject holds a job that ended; the
+	// rest is then its record.
 	Found bool
 	rec   retiredJob
 	why   contracts.Reason
@@ -54,11 +53,15 @@ func duplicateAnswer(ev contracts.JobEvent) bool {
 // FoldRecalled folds the events of one job's subject of JOB_EVENTS, in
 // stream order, into what the store would have kept of it, the way a
 // replay folds them (ReplayJobEvent): events for another job, events the
-// state machine refuses and duplicate_job_id answers change nothing. A
-// job the log holds but not as ended is an error: the store should hold
-// it whole (its request may be still being accepted), so the caller
-// retries later rather than guess.
-func FoldRecalled(tenant, id string, events []contracts.JobEvent) (Recalled, error) {
+// state machine refuses and duplicate_job_id answers change nothing.
+//
+// A job the log holds but not as ended is not found: the store holds
+// every live job the log holds (a rebuild replays them all) but one
+// whose queued event was stored while its publish reported a failure
+// (Submission.Abandoned), and a store that never forgets treats that one
+// as unknown too: its redelivered request is decided again, and its
+// queued event, published under the same message ID, is the same event.
+func FoldRecalled(tenant, id string, events []contracts.JobEvent) Recalled {
 	state := contracts.StateNew
 	var r Recalled
 	for _, ev := range events {
@@ -82,17 +85,14 @@ func FoldRecalled(tenant, id string, events []contracts.JobEvent) (Recalled, err
 		}
 		state = to
 	}
-	switch {
-	case state == contracts.StateNew:
-		return Recalled{}, nil
-	case !state.Terminal():
-		return Recalled{}, fmt.Errorf("job %s/%s is %s in JOB_EVENTS but not held by the scheduler", tenant, id, state)
+	if !state.Terminal() {
+		return Recalled{}
 	}
 	r.Found, r.rec.state = true, stateCode(state)
 	if state != contracts.StateRejected {
 		r.why = ""
 	}
-	return r, nil
+	return r
 }
 
 // Recall hands SubmitParsed what the log says of the job with store key
