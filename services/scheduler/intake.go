@@ -59,22 +59,12 @@ func (s *scheduler) startRequest(ctx context.Context, m *bus.Msg) func() error {
 func (s *scheduler) startSubmit(ctx context.Context, m *bus.Msg) func() error {
 	// Decoded before the lock: a cycle may hold it meanwhile.
 	parsed := state.ParseSubmit(m.Subject, m.Data)
-	var need []string
-	s.mu.Lock()
-	if len(s.deferred) == 0 {
-		sub := s.st.SubmitParsed(parsed, m.StreamSeq)
-		if len(sub.Recall) == 0 {
-			s.mu.Unlock()
-			return s.answerSubmit(ctx, m, sub)
-		}
-		need = sub.Recall
-	} else {
-		need = s.st.NeedsLog(parsed, m.StreamSeq)
-	}
 	d := &deferredSubmit{ctx: ctx, m: m, parsed: parsed, read: make(chan struct{}),
 		wait: func() error { return errNotDecided }}
-	s.deferred = append(s.deferred, d)
-	s.mu.Unlock()
+	sub, need, deferred := s.startDecision(d)
+	if !deferred {
+		return s.answerSubmit(ctx, m, sub)
+	}
 	if len(need) == 0 {
 		close(d.read)
 	} else {
@@ -89,9 +79,28 @@ func (s *scheduler) startSubmit(ctx context.Context, m *bus.Msg) func() error {
 	}
 }
 
-// errNotDecided fails a deferred submit that was never decided (a panic
-// in another's decision): it is redelivered, not dead-lettered.
-var errNotDecided = errors.New("job request not decided")
+// startDecision decides d's submit now, unless submits before it wait
+// for the log or it must itself: then it joins them (deferred), with
+// what it needs read.
+func (s *scheduler) startDecision(d *deferredSubmit) (sub state.Submission, need []string, deferred bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.deferred) == 0 {
+		if sub = s.st.SubmitParsed(d.parsed, d.m.StreamSeq); len(sub.Recall) == 0 {
+			return sub, nil, false
+		}
+		need = sub.Recall
+	} else {
+		need = s.st.NeedsLog(d.parsed, d.m.StreamSeq)
+	}
+	s.deferred = append(s.deferred, d)
+	return state.Submission{}, need, true
+}
+
+// errNotDecided fails a deferred submit that was not decided because one
+// before it could not be (its decision panicked): it is redelivered, not
+// dead-lettered.
+var errNotDecided = errors.New("job request not decided: one before it failed")
 
 // deferredSubmit is a submit started and not decided yet (startSubmit).
 type deferredSubmit struct {
@@ -124,16 +133,35 @@ func (s *scheduler) decideDeferred() {
 			d.wait = func() error { return err }
 			continue
 		}
-		d.wait = s.decideSubmit(d.ctx, d.m, d.parsed)
+		if !s.decideOne(d) {
+			failed = errNotDecided // the rest wait: their order is kept
+		}
 	}
+}
+
+// decideOne decides d, and reports false if that panicked: d then fails
+// for good (as bus.ConsumePipelined fails a message whose handler
+// panics), not the message whose wait runs the decisions.
+func (s *scheduler) decideOne(d *deferredSubmit) (ok bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			err := bus.Permanent(fmt.Errorf("deciding job request: panic: %v", r))
+			d.wait, ok = func() error { return err }, false
+		}
+	}()
+	d.wait = s.decideSubmit(d.ctx, d.m, d.parsed)
+	return true
 }
 
 // decideSubmit decides a parsed submit, reading what it names from the
 // log as long as the store asks, and sends its answer.
 func (s *scheduler) decideSubmit(ctx context.Context, m *bus.Msg, parsed state.ParsedSubmit) func() error {
-	s.mu.Lock()
-	sub := s.st.SubmitParsed(parsed, m.StreamSeq)
-	s.mu.Unlock()
+	submit := func() state.Submission {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.st.SubmitParsed(parsed, m.StreamSeq)
+	}
+	sub := submit()
 	for tries := 0; len(sub.Recall) > 0; tries++ {
 		// It names jobs the store may have forgotten: read them, outside
 		// the lock, and decide again. A store that forgets more between
@@ -148,9 +176,7 @@ func (s *scheduler) decideSubmit(ctx context.Context, m *bus.Msg, parsed state.P
 			s.log.Warn("job request waits for the log", "subject", m.Subject, "stream_seq", m.StreamSeq, "err", err)
 			return func() error { return err } // redelivered after a backoff
 		}
-		s.mu.Lock()
-		sub = s.st.SubmitParsed(parsed, m.StreamSeq)
-		s.mu.Unlock()
+		sub = submit()
 	}
 	return s.answerSubmit(ctx, m, sub)
 }
@@ -216,8 +242,13 @@ func (s *scheduler) recall(ctx context.Context, p *state.ParsedSubmit, keys []st
 }
 
 // readJob reads the job with store key key from its subject of
-// JOB_EVENTS: one direct get per event, and one that finds none for a
-// job never submitted.
+// JOB_EVENTS: one direct get for its first event (none: a job never
+// submitted, the usual answer), then, for a job the log holds, its
+// events with a consumer filtered to the subject (a job waits with a
+// pending event a minute: a direct get per event would cost a round
+// trip each). A replica behind the leader may answer a direct get; that
+// is harmless here, since every job read is one that ended long ago or
+// one never submitted.
 func (s *scheduler) readJob(ctx context.Context, key string) (state.Recalled, error) {
 	stream, err := s.jobEvents(ctx)
 	if err != nil {
@@ -226,26 +257,52 @@ func (s *scheduler) readJob(ctx context.Context, key string) (state.Recalled, er
 	tenant, id, _ := strings.Cut(key, "/")
 	subject := contracts.SubjectJobEvents(tenant, id)
 	var events []contracts.JobEvent
-	for seq := uint64(1); ; {
-		raw, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			break
-		}
-		if err != nil {
-			return state.Recalled{}, fmt.Errorf("job %s from %s seq %d: %w", key, contracts.StreamJobEvents, seq, err)
-		}
+	add := func(m *bus.Msg) {
 		var ev contracts.JobEvent
-		m := bus.Msg{Stream: contracts.StreamJobEvents, Subject: raw.Subject, StreamSeq: raw.Sequence, Data: raw.Data, Header: raw.Header}
 		if m.Decode(&ev) == nil { // one a replay skips, skipped
 			events = append(events, ev)
 		}
-		seq = raw.Sequence + 1
+	}
+	first, err := stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(subject))
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+	case err != nil:
+		return state.Recalled{}, fmt.Errorf("job %s from %s: %w", key, contracts.StreamJobEvents, err)
+	default:
+		add(&bus.Msg{Stream: contracts.StreamJobEvents, Subject: first.Subject, StreamSeq: first.Sequence, Data: first.Data, Header: first.Header})
+		_, err := s.bus.Replay(ctx, bus.FollowSpec{Stream: contracts.StreamJobEvents, FilterSubjects: []string{subject},
+			StartSeq: first.Sequence + 1}, func(_ context.Context, m *bus.Msg) error {
+			add(m)
+			return nil
+		})
+		if err != nil {
+			return state.Recalled{}, fmt.Errorf("job %s from %s: %w", key, contracts.StreamJobEvents, err)
+		}
 	}
 	r := state.FoldRecalled(tenant, id, events)
 	if s.cfg.recalled != nil {
 		s.cfg.recalled(key, r)
 	}
 	return r, nil
+}
+
+// recallMissing reads back the dependencies of live jobs that the store
+// does not hold (state.Store.MissingDependencies): after a rebuild, and
+// now and then while live, as a net under the pins.
+func (s *scheduler) recallMissing(ctx context.Context) error {
+	s.mu.Lock()
+	missing := s.st.MissingDependencies()
+	s.mu.Unlock()
+	for _, key := range missing {
+		r, err := s.readJob(ctx, key)
+		if err != nil {
+			return fmt.Errorf("dependency %s of a live job: %w", key, err)
+		}
+		s.mu.Lock()
+		s.st.Remember(key, r)
+		s.mu.Unlock()
+	}
+	return nil
 }
 
 // jobEvents is the JOB_EVENTS stream's handle, looked up once.

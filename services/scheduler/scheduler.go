@@ -302,18 +302,11 @@ func (s *scheduler) rebuildBounded(ctx, bctx context.Context, g *errgroup.Group)
 	}
 	s.mu.Lock()
 	s.st.RetireTerminal()
-	missing := s.st.MissingDependencies()
 	s.mu.Unlock()
 	// The dependencies of live jobs that the replay forgot (state/recall.go)
 	// are read back before the store decides anything.
-	for _, key := range missing {
-		r, err := s.readJob(bctx, key)
-		if err != nil {
-			return fmt.Errorf("dependency %s of a live job: %w", key, err)
-		}
-		s.mu.Lock()
-		s.st.Remember(key, r)
-		s.mu.Unlock()
+	if err := s.recallMissing(bctx); err != nil {
+		return err
 	}
 	g.Go(func() error { return s.retireEnded(ctx) })
 	if s.snap != nil {

@@ -313,6 +313,14 @@ func (s *scheduler) retireEnded(ctx context.Context) error {
 		}
 		s.mu.Lock()
 		s.st.RetireTerminal()
+		forgetting := s.st.Forgetting()
 		s.mu.Unlock()
+		if forgetting {
+			// No live job's dependency should be missing (pins keep
+			// them); should one be, a job would wait on it for ever.
+			if err := s.recallMissing(ctx); err != nil {
+				s.log.Warn("reading back a live job's dependency", "err", err)
+			}
+		}
 	}
 }

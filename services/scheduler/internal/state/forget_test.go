@@ -353,3 +353,105 @@ func TestCompactorForgetsButWhatLiveJobsNeed(t *testing.T) {
 		t.Fatalf("after the waiter ended: dep kept %v, waiter kept %v", has(again, "dep"), has(again, "waiter"))
 	}
 }
+
+// TestAnEventDatedAheadForgetsNothingEarly: the windows' clocks follow
+// the log's times, but never past now: a terminal event dated a month
+// ahead (a leader's clock off) must not make the store, or the
+// compactor, forget the records of the last RememberEnded.
+func TestAnEventDatedAheadForgetsNothingEarly(t *testing.T) {
+	t0 := time.Date(2026, 11, 27, 11, 0, 0, 0, time.UTC)
+	now := t0.Add(2 * time.Hour)
+	mk := func(id string, at time.Time, typ contracts.JobEventType) contracts.JobEvent {
+		e := contracts.JobEvent{SchemaVersion: contracts.SchemaVersion, Type: typ, Tenant: "t1", JobID: id, Attempt: 1, Time: at}
+		if typ == contracts.EventQueued {
+			e.Request = &contracts.JobRequest{SchemaVersion: 1, ID: id, Tenant: "t1",
+				Resources: contracts.Resources{GPU: contracts.GPURequest{Count: 1, Model: "h100"}}}
+		}
+		return e
+	}
+	// "ahead" ends first, so the store retires it first (by count: it
+	// ended "later" than now).
+	evs := []contracts.JobEvent{
+		mk("ahead", t0, contracts.EventQueued), mk("ahead", t0.Add(30*24*time.Hour), contracts.EventCancelled),
+		mk("recent", t0, contracts.EventQueued), mk("recent", t0.Add(time.Hour), contracts.EventCancelled),
+	}
+	st := New(Config{Scheduler: "s1", RememberEnded: 48 * time.Hour, RetainTerminal: time.Minute, RetainTerminalMax: 1,
+		Now: func() time.Time { return now }, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Wake: func() {}})
+	c := NewCompactor("s1", 48*time.Hour, nil)
+	c.now = func() time.Time { return now }
+	for i, e := range evs {
+		st.ReplayJobEvent(e, uint64(i+1), "")
+		c.Observe(&LogMsg{Stream: contracts.StreamJobEvents, Seq: uint64(i + 1), Subject: contracts.SubjectJobEvents("t1", e.JobID),
+			Header: map[string][]string{}, Data: mustJSON(t, e)})
+	}
+	st.RetireTerminal()
+	if !st.isRetired(Key("t1", "recent")) || st.Forgetting() {
+		t.Fatalf("store: recent held %v, forgetting %v", st.isRetired(Key("t1", "recent")), st.Forgetting())
+	}
+	if !c.isRetired(Key("t1", "recent")) || c.Snapshot().Meta.Forgot {
+		t.Fatalf("compactor: recent held %v, forgot %v", c.isRetired(Key("t1", "recent")), c.Snapshot().Meta.Forgot)
+	}
+}
+
+// TestADependencyIsPinnedFromItsDecision: a submit that depends on an
+// ended job pins the job's record when it is decided, not when its queued
+// event is stored: the record must not be forgotten while the event is in
+// flight, and a publish that fails gives the pin back. (From a review: the
+// pin came with the commit, and a retirement in between left the
+// dependent waiting for ever.)
+func TestADependencyIsPinnedFromItsDecision(t *testing.T) {
+	h := newHarness(t, retain(time.Minute, 0), remember(time.Hour))
+	h.inventory("n1", "p", h100, 81920, 8)
+	h.submit("acme", job("dep", 1, h100))
+	if err := h.cancel("acme", "dep"); err != nil {
+		t.Fatal(err)
+	}
+	h.now = h.now.Add(2 * time.Minute)
+	h.st.RetireTerminal()
+	r := job("waiter", 1, h100)
+	r.DependsOn = []string{"dep"}
+	decide := func() Submission {
+		h.jobsSeq++
+		sub := h.decide(ParseSubmit(contracts.SubjectSubmit("acme"), mustJSON(t, r)), h.jobsSeq)
+		if sub.Outcome != "queued" {
+			t.Fatalf("outcome %s", sub.Outcome)
+		}
+		return sub
+	}
+	// A publish that fails gives the pin back: dep is forgotten in time.
+	decide().Abandoned()
+	h.now = h.now.Add(2 * time.Hour)
+	h.st.RetireTerminal()
+	if h.st.isRetired(Key("acme", "dep")) || len(h.st.ret.pins) != 0 {
+		t.Fatalf("after an abandoned submit: dep held %v, pins %d", h.st.isRetired(Key("acme", "dep")), len(h.st.ret.pins))
+	}
+	// Read back (the store forgot it), decided, and the retirement runs
+	// hours later, before the queued event is stored.
+	sub := decide()
+	h.now = h.now.Add(3 * time.Hour)
+	h.st.RetireTerminal()
+	h.published(sub)
+	if m := h.st.MissingDependencies(); len(m) != 0 {
+		t.Fatalf("the queued job lost its dependency %v: it would wait for ever", m)
+	}
+}
+
+// TestFoldAgreesWithReplayOnARequestlessQueuedEvent: a queued event
+// without its request (hand-made) still makes a job in a replay; the fold
+// must find the same job, or a forgetting store would accept a second job
+// under its ID. (From a review.)
+func TestFoldAgreesWithReplayOnARequestlessQueuedEvent(t *testing.T) {
+	evs := []contracts.JobEvent{
+		{Type: contracts.EventQueued, Tenant: "acme", JobID: "y", Attempt: 1},
+		{Type: contracts.EventCancelled, Tenant: "acme", JobID: "y", Attempt: 1},
+	}
+	h := newHarness(t)
+	for i, e := range evs {
+		h.st.ReplayJobEvent(e, uint64(i+1), "")
+	}
+	j := h.st.lookup("acme", "y")
+	r := FoldRecalled("acme", "y", evs)
+	if j == nil || !r.Found || r.State() != j.State || r.rec.hash != hash64(j.hash) {
+		t.Fatalf("replay holds %+v; fold found %v in state %s", j, r.Found, r.State())
+	}
+}

@@ -74,10 +74,11 @@ func FoldRecalled(tenant, id string, events []contracts.JobEvent) Recalled {
 		}
 		switch ev.Type {
 		case contracts.EventQueued:
-			if ev.Request == nil {
-				continue // as a replay: no job without its request
+			// Without its request (hand-made), a replay still makes the
+			// job, with no hash and attempt: so does the fold.
+			if ev.Request != nil {
+				r.rec.hash, r.rec.attempt = hash64(hashRequest(*ev.Request)), uint32(max(ev.Attempt, 1))
 			}
-			r.rec.hash, r.rec.attempt = hash64(hashRequest(*ev.Request)), uint32(max(ev.Attempt, 1))
 		case contracts.EventRejected:
 			r.rec.hash, r.why = hash64(rejectionHash(ev.Reason, ev.Errors)), ev.Reason
 		case contracts.EventRequeued:

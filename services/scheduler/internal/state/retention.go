@@ -160,23 +160,27 @@ func (s *Store) Forgetting() bool {
 // pinDeps pins the records of the jobs j depends on (Store.finish
 // unpins them).
 func (s *Store) pinDeps(j *Job) {
-	if j.Request == nil || len(j.Request.DependsOn) == 0 {
-		return
-	}
-	r := s.retention()
-	for _, d := range j.Request.DependsOn {
-		r.pins[retiredKeyOf(Key(j.Tenant, d))]++
+	if j.Request != nil {
+		s.pinKeys(j.Tenant, j.Request.DependsOn, 1)
 	}
 }
 
 func (s *Store) unpinDeps(j *Job) {
-	if j.Request == nil || len(j.Request.DependsOn) == 0 || s.ret == nil {
+	if j.Request != nil {
+		s.pinKeys(j.Tenant, j.Request.DependsOn, -1)
+	}
+}
+
+// pinKeys adds delta to the pins of tenant's jobs deps.
+func (s *Store) pinKeys(tenant string, deps []string, delta int32) {
+	if len(deps) == 0 {
 		return
 	}
-	for _, d := range j.Request.DependsOn {
-		k := retiredKeyOf(Key(j.Tenant, d))
-		if s.ret.pins[k]--; s.ret.pins[k] <= 0 {
-			delete(s.ret.pins, k)
+	r := s.retention()
+	for _, d := range deps {
+		k := retiredKeyOf(Key(tenant, d))
+		if r.pins[k] += delta; r.pins[k] <= 0 {
+			delete(r.pins, k)
 		}
 	}
 }
@@ -263,6 +267,11 @@ func (s *Store) retire(j *Job, when time.Time) {
 	if j.rejection != nil {
 		rec.hash = hash64(rejectionHash(j.rejection.reason, j.rejection.errors))
 		r.why[k] = j.rejection.reason
+	}
+	if now := s.cfg.Now(); when.After(now) {
+		// An event dated ahead (a leader's clock off) must not move the
+		// window's clock, which would forget every record early.
+		when = now
 	}
 	var b [retiredSize]byte
 	r.retired.Add(appendRetired(b[:0], k, rec), when)

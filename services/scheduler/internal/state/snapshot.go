@@ -151,6 +151,9 @@ type Compactor struct {
 	pins      map[retiredKey]int32 // as the store's (retention.pins)
 	forgot    bool                 // the snapshot it went on from had forgotten
 	work      workload
+	// now bounds the times the window is moved to (time.Now): an event
+	// dated ahead (a leader's clock off) must not make it forget early.
+	now func() time.Time
 }
 
 // jobRef is the job a message is about (refusals, run facts, plan items
@@ -170,7 +173,8 @@ type planMsg struct {
 // goes on from snap when it is not nil.
 func NewCompactor(scheduler string, keep time.Duration, snap *Snapshot) *Compactor {
 	c := &Compactor{scheduler: scheduler, seqs: map[string]uint64{}, jobs: map[string]*cjob{},
-		retired: newRetiredWindow(keep), why: map[retiredKey]contracts.Reason{}, pins: map[retiredKey]int32{}}
+		retired: newRetiredWindow(keep), why: map[retiredKey]contracts.Reason{}, pins: map[retiredKey]int32{},
+		now: time.Now}
 	c.retired.SetKeep(func(rec []byte) bool { return c.pins[retiredKey(rec[:16])] > 0 })
 	if snap == nil {
 		return c
@@ -301,7 +305,7 @@ func (c *Compactor) event(m *LogMsg) {
 		}
 	}
 	key := Key(ev.Tenant, ev.JobID)
-	c.retired.Advance(ev.Time)
+	c.retired.Advance(c.notAhead(ev.Time))
 	if old := c.jobs[key]; (old == nil || !old.seen) && (c.isRetired(key) || duplicateAnswer(contracts.JobEvent{Type: ev.Type, Reason: ev.Reason})) {
 		// No event applies to an ended job, and a duplicate_job_id answer
 		// never makes one (as Store.ReplayJobEvent).
@@ -464,7 +468,7 @@ func (c *Compactor) close(key string, j *cjob) {
 				rec.hash = hash64(rejectionHash(j.rejection.reason, j.rejection.errors))
 			}
 			var b [retiredSize]byte
-			if c.retired.Add(appendRetired(b[:0], k, rec), j.endAt) && j.rejection != nil {
+			if c.retired.Add(appendRetired(b[:0], k, rec), c.notAhead(j.endAt)) && j.rejection != nil {
 				c.why[k] = j.rejection.reason
 			}
 		}
@@ -472,6 +476,14 @@ func (c *Compactor) close(key string, j *cjob) {
 	case !j.seen && j.foreign && !j.mine:
 		c.drop(key, j) // another scheduler's job, all released
 	}
+}
+
+// notAhead is t, or now if t is later.
+func (c *Compactor) notAhead(t time.Time) time.Time {
+	if now := c.now(); t.After(now) {
+		return now
+	}
+	return t
 }
 
 // drop forgets the closed job j and unpins what it depended on.
@@ -741,7 +753,10 @@ func DecodeSnapshot(data []byte) (*Snapshot, error) {
 		retired = appendRetired(retired, k, rec)
 	}
 	if len(s.retired) > 0 {
-		s.retired[0].Chunks = [][]byte{retired} // the buckets' records, in order
+		// The buckets' records, in order, as one piece: every reader goes
+		// through bucketPieces, which does not care which bucket holds a
+		// piece.
+		s.retired[0].Chunks = [][]byte{retired}
 	}
 	if err := json.Unmarshal(d.bytes(), &s.work.reqs); err != nil && d.err == nil {
 		d.err = err

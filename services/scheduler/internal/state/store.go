@@ -572,6 +572,8 @@ type Submission struct {
 	// request (ParsedSubmit.Recall) and submit it again.
 	Recall []string
 	commit func(seq uint64)
+	// abandoned undoes what the decision did beyond accepting (pins).
+	abandoned func()
 	// accepted drops the request from the set still being accepted.
 	accepted func()
 }
@@ -590,6 +592,9 @@ func (sub Submission) Published(seq uint64) {
 // Abandoned says the answer could not be published: the request will be
 // redelivered and decided again. Later arrivals no longer wait for it.
 func (sub Submission) Abandoned() {
+	if sub.abandoned != nil {
+		sub.abandoned()
+	}
 	if sub.accepted != nil {
 		sub.accepted()
 	}
@@ -682,10 +687,15 @@ func (s *Store) SubmitParsed(p ParsedSubmit, streamSeq uint64) Submission {
 	// parallel, and FIFO means arrival order on JOBS.
 	s.accepting[streamSeq]++
 	s.acceptingJobs[key] = streamSeq
+	// Its dependencies are pinned from now, not from its commit: their
+	// records must not be forgotten while its queued event is in flight
+	// (the job, once committed, holds the pins until it ends: finish).
+	s.pinKeys(tenant, norm.DependsOn, 1)
 	return Submission{
 		Publish: &Publish{Subject: contracts.SubjectJobEvents(tenant, req.ID), Key: key, Msg: ev,
 			ID: contracts.JobEventID(tenant, req.ID, contracts.EventQueued, 1, 0)},
-		Outcome: "queued",
+		Outcome:   "queued",
+		abandoned: func() { s.pinKeys(tenant, norm.DependsOn, -1) },
 		accepted: func() {
 			if s.accepting[streamSeq]--; s.accepting[streamSeq] <= 0 {
 				delete(s.accepting, streamSeq)
@@ -702,7 +712,6 @@ func (s *Store) SubmitParsed(p ParsedSubmit, streamSeq uint64) Submission {
 			j := &Job{Tenant: tenant, ID: norm.ID, key: key, State: contracts.StateQueued, Attempt: 1,
 				Request: &norm, hash: h, seq: streamSeq, queuedAt: stampOf(now)}
 			s.jobs[key] = j
-			s.pinDeps(j)
 			s.enqueue(j)
 			s.workload.add(norm.Resources.GPU)
 			s.cfg.Wake()
