@@ -55,7 +55,10 @@ func (s *scheduler) startRequest(ctx context.Context, m *bus.Msg) func() error {
 // messages' starts, and it is decided when the first wait of the batch
 // runs (decideDeferred), with every submit started after it, in stream
 // order. So a batch's reads overlap instead of costing a round trip each
-// in turn, and no request is decided before one that arrived earlier.
+// in turn, and no submit is decided before one that arrived earlier. (A
+// cancel is handled when it starts, so possibly before earlier submits
+// of other jobs: it changes nothing they decide. One of the same job
+// waits for its submit's answer: requestKey.)
 func (s *scheduler) startSubmit(ctx context.Context, m *bus.Msg) func() error {
 	// Decoded before the lock: a cycle may hold it meanwhile.
 	parsed := state.ParseSubmit(m.Subject, m.Data)
