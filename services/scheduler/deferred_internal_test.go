@@ -10,11 +10,10 @@ import (
 
 // TestADeferredDecisionThatPanicsFailsOnlyItself: deferred submits are
 // decided together in the wait of the first (decideDeferred). One whose
-// decision panics (here: a scheduler without a store) fails for good by
-// itself, the lock is released, and those after it are left undecided,
-// to be redelivered in order, not dead-lettered. (From a review: the
-// panic failed the message whose wait ran the decisions and left the
-// lock held.)
+// decision panics (here: a scheduler without a store, so every one does)
+// fails for good by itself, the lock is released each time, and the next
+// are decided still, in order. (From a review: the panic failed the
+// message whose wait ran the decisions and left the lock held.)
 func TestADeferredDecisionThatPanicsFailsOnlyItself(t *testing.T) {
 	s := &scheduler{log: testLogger(t)}
 	var ds []*deferredSubmit
@@ -31,15 +30,42 @@ func TestADeferredDecisionThatPanicsFailsOnlyItself(t *testing.T) {
 		t.Fatal("the scheduler's lock is still held after a decision panicked")
 	}
 	s.mu.Unlock()
-	if err := ds[0].wait(); !bus.IsPermanent(err) {
-		t.Errorf("the submit whose decision panicked: %v, want a permanent failure", err)
-	}
-	for _, d := range ds[1:] {
-		if err := d.wait(); !errors.Is(err, errNotDecided) || bus.IsPermanent(err) {
-			t.Errorf("a submit after it: %v, want %v (redelivered)", err, errNotDecided)
+	for i, d := range ds {
+		if err := d.wait(); !bus.IsPermanent(err) || errors.Is(err, errNotDecided) {
+			t.Errorf("submit %d, whose decision panicked: %v, want its own permanent failure", i, err)
 		}
 	}
 	if len(s.deferred) != 0 {
 		t.Errorf("%d submits still deferred", len(s.deferred))
+	}
+}
+
+// TestAFailedReadHoldsBackTheSubmitsAfterIt: a deferred submit whose read
+// of the log fails is redelivered, and so is every submit after it,
+// undecided: deciding them first could reject a job that depends on it
+// as unknown. Those before it are decided.
+func TestAFailedReadHoldsBackTheSubmitsAfterIt(t *testing.T) {
+	s := &scheduler{log: testLogger(t)}
+	boom := errors.New("log unavailable")
+	var ds []*deferredSubmit
+	for i := range 3 {
+		d := &deferredSubmit{m: &bus.Msg{Subject: "gp.jobs.submit.acme", StreamSeq: uint64(i + 1)},
+			parsed: state.ParseSubmit("gp.jobs.submit.acme", []byte(`{"id":"j"}`)), read: make(chan struct{}),
+			wait: func() error { return errNotDecided }}
+		if i == 1 {
+			d.readErr = boom
+		}
+		close(d.read)
+		ds = append(ds, d)
+	}
+	s.deferred = ds
+	s.decideDeferred()
+	if err := ds[0].wait(); !bus.IsPermanent(err) {
+		t.Errorf("the submit before the failed read was not decided: %v", err) // it panics: no store
+	}
+	for i, d := range ds[1:] {
+		if err := d.wait(); !errors.Is(err, boom) || bus.IsPermanent(err) {
+			t.Errorf("submit %d: %v, want a retryable %v", i+1, err, boom)
+		}
 	}
 }

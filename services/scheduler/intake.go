@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -73,6 +74,11 @@ func (s *scheduler) startSubmit(ctx context.Context, m *bus.Msg) func() error {
 	} else {
 		go func() {
 			defer close(d.read)
+			defer func() {
+				if r := recover(); r != nil {
+					d.readErr = fmt.Errorf("reading %v: panic: %v", need, r)
+				}
+			}()
 			d.readErr = s.recall(ctx, &d.parsed, need)
 		}()
 	}
@@ -100,10 +106,9 @@ func (s *scheduler) startDecision(d *deferredSubmit) (sub state.Submission, need
 	return state.Submission{}, need, true
 }
 
-// errNotDecided fails a deferred submit that was not decided because one
-// before it could not be (its decision panicked): it is redelivered, not
-// dead-lettered.
-var errNotDecided = errors.New("job request not decided: one before it failed")
+// errNotDecided fails a deferred submit left undecided (none should be):
+// it is redelivered, not dead-lettered.
+var errNotDecided = errors.New("job request not decided")
 
 // deferredSubmit is a submit started and not decided yet (startSubmit).
 type deferredSubmit struct {
@@ -136,29 +141,32 @@ func (s *scheduler) decideDeferred() {
 			d.wait = func() error { return err }
 			continue
 		}
-		if !s.decideOne(d) {
-			failed = errNotDecided // the rest wait: their order is kept
+		if err := s.decideOne(d); err != nil {
+			failed = err // a read failed: the rest wait, their order kept
 		}
 	}
 }
 
-// decideOne decides d, and reports false if that panicked: d then fails
-// for good (as bus.ConsumePipelined fails a message whose handler
-// panics), not the message whose wait runs the decisions.
-func (s *scheduler) decideOne(d *deferredSubmit) (ok bool) {
+// decideOne decides d. A decision that panics fails d for good (as
+// bus.ConsumePipelined fails a message whose handler panics), not the
+// message whose wait runs the decisions, and the next are decided (the
+// lock is released). It returns the error of a read of the log that
+// failed: the next wait for it.
+func (s *scheduler) decideOne(d *deferredSubmit) (readErr error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err := bus.Permanent(fmt.Errorf("deciding job request: panic: %v", r))
-			d.wait, ok = func() error { return err }, false
+			d.wait, readErr = func() error { return err }, nil
 		}
 	}()
-	d.wait = s.decideSubmit(d.ctx, d.m, d.parsed)
-	return true
+	d.wait, readErr = s.decideSubmit(d.ctx, d.m, d.parsed)
+	return readErr
 }
 
 // decideSubmit decides a parsed submit, reading what it names from the
-// log as long as the store asks, and sends its answer.
-func (s *scheduler) decideSubmit(ctx context.Context, m *bus.Msg, parsed state.ParsedSubmit) func() error {
+// log as long as the store asks, and sends its answer. A read that fails
+// is returned too (readErr), besides failing the request.
+func (s *scheduler) decideSubmit(ctx context.Context, m *bus.Msg, parsed state.ParsedSubmit) (wait func() error, readErr error) {
 	submit := func() state.Submission {
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -177,15 +185,32 @@ func (s *scheduler) decideSubmit(ctx context.Context, m *bus.Msg, parsed state.P
 		}
 		if err != nil {
 			s.log.Warn("job request waits for the log", "subject", m.Subject, "stream_seq", m.StreamSeq, "err", err)
-			return func() error { return err } // redelivered after a backoff
+			return func() error { return err }, err // redelivered after a backoff
 		}
 		sub = submit()
 	}
-	return s.answerSubmit(ctx, m, sub)
+	return s.answerSubmit(ctx, m, sub), nil
 }
 
-// answerSubmit sends the answer the store decided.
-func (s *scheduler) answerSubmit(ctx context.Context, m *bus.Msg, sub state.Submission) func() error {
+// answerSubmit sends the answer the store decided. Should it panic once
+// the store has accepted the answer, the store lets the decision go
+// (Abandoned) before the panic goes on: else the request would hold back
+// every job after it.
+func (s *scheduler) answerSubmit(ctx context.Context, m *bus.Msg, sub state.Submission) (wait func() error) {
+	locked := func(f func()) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		f()
+	}
+	handed := false
+	defer func() {
+		if r := recover(); r != nil {
+			if !handed {
+				locked(sub.Abandoned)
+			}
+			panic(r)
+		}
+	}()
 	switch {
 	case sub.Invalid != nil:
 		// No tenant to answer under: answer on the reserved one, then
@@ -212,20 +237,17 @@ func (s *scheduler) answerSubmit(ctx context.Context, m *bus.Msg, sub state.Subm
 		}
 	}
 	pending, err := s.bus.PublishAsync(ctx, p.Subject, p.ID, p.Msg, bus.CESubject(p.Key))
+	handed = true
 	return func() error {
 		var ack *jetstream.PubAck
 		if err == nil {
 			ack, err = pending.Wait(ctx)
 		}
 		if err != nil {
-			s.mu.Lock()
-			sub.Abandoned()
-			s.mu.Unlock()
+			locked(sub.Abandoned)
 			return fmt.Errorf("publish %s: %w", p.ID, err)
 		}
-		s.mu.Lock()
-		sub.Published(ack.Sequence)
-		s.mu.Unlock()
+		locked(func() { sub.Published(ack.Sequence) })
 		s.log.Debug("job request handled", "subject", m.Subject, "stream_seq", m.StreamSeq, "outcome", sub.Outcome, "event", p.ID)
 		return nil
 	}
@@ -244,45 +266,46 @@ func (s *scheduler) recall(ctx context.Context, p *state.ParsedSubmit, keys []st
 	return nil
 }
 
+// readJobTimeout bounds one job's read: a log that does not answer fails
+// the request (redelivered after a backoff) rather than hold the intake.
+const readJobTimeout = 15 * time.Second
+
 // readJob reads the job with store key key from its subject of
-// JOB_EVENTS: one direct get for its first event (none: a job never
-// submitted, the usual answer), then, for a job the log holds, its
-// events with a consumer filtered to the subject (a job waits with a
-// pending event a minute: a direct get per event would cost a round
-// trip each). A replica behind the leader may answer a direct get; that
-// is harmless here, since every job read is one that ended long ago or
-// one never submitted.
+// JOB_EVENTS with direct gets, the next of the subject each, until the
+// job ended (RecallFold: nothing after an end changes it). A job never
+// submitted, the usual answer, costs one. A direct get takes no consumer
+// (one per read would pile up on the stream, which every service
+// shares); a job that waited long has a pending event a minute and costs
+// that many gets, but such a read is rare: a resubmit of an ID that
+// ended more than -remember-ended ago. A replica behind the leader may
+// answer; that is harmless here, since every job read either ended long
+// ago or was never submitted.
 func (s *scheduler) readJob(ctx context.Context, key string) (state.Recalled, error) {
+	ctx, cancel := context.WithTimeout(ctx, readJobTimeout)
+	defer cancel()
 	stream, err := s.jobEvents(ctx)
 	if err != nil {
 		return state.Recalled{}, err
 	}
 	tenant, id, _ := strings.Cut(key, "/")
 	subject := contracts.SubjectJobEvents(tenant, id)
-	var events []contracts.JobEvent
-	add := func(m *bus.Msg) {
-		var ev contracts.JobEvent
-		if m.Decode(&ev) == nil { // one a replay skips, skipped
-			events = append(events, ev)
+	fold := state.NewRecallFold(tenant, id)
+	for seq := uint64(1); ; {
+		raw, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
 		}
-	}
-	first, err := stream.GetMsg(ctx, 1, jetstream.WithGetMsgSubject(subject))
-	switch {
-	case errors.Is(err, jetstream.ErrMsgNotFound):
-	case err != nil:
-		return state.Recalled{}, fmt.Errorf("job %s from %s: %w", key, contracts.StreamJobEvents, err)
-	default:
-		add(&bus.Msg{Stream: contracts.StreamJobEvents, Subject: first.Subject, StreamSeq: first.Sequence, Data: first.Data, Header: first.Header})
-		_, err := s.bus.Replay(ctx, bus.FollowSpec{Stream: contracts.StreamJobEvents, FilterSubjects: []string{subject},
-			StartSeq: first.Sequence + 1}, func(_ context.Context, m *bus.Msg) error {
-			add(m)
-			return nil
-		})
 		if err != nil {
-			return state.Recalled{}, fmt.Errorf("job %s from %s: %w", key, contracts.StreamJobEvents, err)
+			return state.Recalled{}, fmt.Errorf("job %s from %s seq %d: %w", key, contracts.StreamJobEvents, seq, err)
 		}
+		var ev contracts.JobEvent
+		m := bus.Msg{Stream: contracts.StreamJobEvents, Subject: raw.Subject, StreamSeq: raw.Sequence, Data: raw.Data, Header: raw.Header}
+		if m.Decode(&ev) == nil && fold.Add(ev) { // one a replay skips, skipped
+			break
+		}
+		seq = raw.Sequence + 1
 	}
-	r := state.FoldRecalled(tenant, id, events)
+	r := fold.Recalled()
 	if s.cfg.recalled != nil {
 		s.cfg.recalled(key, r)
 	}
@@ -290,11 +313,17 @@ func (s *scheduler) readJob(ctx context.Context, key string) (state.Recalled, er
 }
 
 // recallMissing reads back the dependencies of live jobs that the store
-// does not hold (state.Store.MissingDependencies): after a rebuild, and
-// now and then while live, as a net under the pins.
-func (s *scheduler) recallMissing(ctx context.Context) error {
+// does not hold: after a rebuild every live job's (all:
+// state.Store.MissingDependencies), and now and then while live, as a net
+// under the pins, those the cycles found missing (state.Store.TakeMissing).
+func (s *scheduler) recallMissing(ctx context.Context, all bool) error {
 	s.mu.Lock()
-	missing := s.st.MissingDependencies()
+	var missing []string
+	if all {
+		missing = s.st.MissingDependencies()
+	} else {
+		missing = s.st.TakeMissing()
+	}
 	s.mu.Unlock()
 	for _, key := range missing {
 		r, err := s.readJob(ctx, key)

@@ -305,7 +305,7 @@ func (s *scheduler) rebuildBounded(ctx, bctx context.Context, g *errgroup.Group)
 	s.mu.Unlock()
 	// The dependencies of live jobs that the replay forgot (state/recall.go)
 	// are read back before the store decides anything.
-	if err := s.recallMissing(bctx); err != nil {
+	if err := s.recallMissing(bctx, true); err != nil {
 		return err
 	}
 	g.Go(func() error { return s.retireEnded(ctx) })

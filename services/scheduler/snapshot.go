@@ -318,7 +318,8 @@ func (s *scheduler) retireEnded(ctx context.Context) error {
 		if forgetting {
 			// No live job's dependency should be missing (pins keep
 			// them); should one be, a job would wait on it for ever.
-			if err := s.recallMissing(ctx); err != nil {
+			// Those the cycles found are read back.
+			if err := s.recallMissing(ctx, false); err != nil {
 				s.log.Warn("reading back a live job's dependency", "err", err)
 			}
 		}

@@ -76,8 +76,16 @@ func (s *Store) dependencies(j *Job) (depVerdict, placement.Pending) {
 			// Submit accepted it while the dependency's request was being
 			// answered; that answer failed to publish and the request
 			// comes again (or a stream was edited by hand). Waiting is
-			// safe; cancelling would be wrong once it is queued.
+			// safe; cancelling would be wrong once it is queued. A store
+			// that forgets asks the scheduler to read it back (pins
+			// should have kept it: TakeMissing).
 			waiting = append(waiting, d+" (not recorded yet)")
+			if s.Forgetting() {
+				if s.missing == nil {
+					s.missing = map[string]struct{}{}
+				}
+				s.missing[Key(j.Tenant, d)] = struct{}{}
+			}
 		case dep.State == contracts.StateSucceeded:
 		case dep.State == contracts.StateFailed, dep.State == contracts.StateCancelled, dep.State == contracts.StateRejected:
 			return depFailed, placement.Pending{Code: contracts.ReasonDependencyFailed,

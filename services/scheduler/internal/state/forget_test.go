@@ -281,6 +281,9 @@ func TestCompactorForgetsButWhatLiveJobsNeed(t *testing.T) {
 				contracts.HeaderMsgID: {contracts.JobEventID("t1", id, typ, 1, len(log))}}, Data: mustJSON(t, e)})
 	}
 	const keep = time.Hour
+	// The compactors' now: after every event here, whatever the day the
+	// test runs (they never move their window past now).
+	clock := func() time.Time { return t0.Add(365 * 24 * time.Hour) }
 	ev("dep", 0, contracts.EventQueued)
 	ev("other", 0, contracts.EventQueued)
 	ev("dep", time.Minute, contracts.EventCancelled)
@@ -290,7 +293,7 @@ func TestCompactorForgetsButWhatLiveJobsNeed(t *testing.T) {
 	// Half an hour on, read back with a keep of 10 minutes: dep's bucket
 	// is past that, but the waiter pins it.
 	ev("tick", 30*time.Minute, contracts.EventQueued)
-	early := NewCompactor("s1", keep, nil)
+	early := newCompactor("s1", keep, nil, clock)
 	for _, m := range log {
 		early.Observe(m)
 	}
@@ -302,11 +305,11 @@ func TestCompactorForgetsButWhatLiveJobsNeed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if short := NewCompactor("s1", 10*time.Minute, esnap); !has(short, "dep") || has(short, "other") {
+	if short := newCompactor("s1", 10*time.Minute, esnap, clock); !has(short, "dep") || has(short, "other") {
 		t.Fatalf("read back with a shorter keep: dep kept %v (pinned), other kept %v", has(short, "dep"), has(short, "other"))
 	}
 	ev("tick2", 10*time.Hour, contracts.EventQueued) // the log's clock moves on
-	c := NewCompactor("s1", keep, nil)
+	c := newCompactor("s1", keep, nil, clock)
 	for _, m := range log {
 		c.Observe(m)
 	}
@@ -322,7 +325,7 @@ func TestCompactorForgetsButWhatLiveJobsNeed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	again := NewCompactor("s1", keep/4, snap)
+	again := newCompactor("s1", keep/4, snap, clock)
 	if !has(again, "dep") || !again.Snapshot().Meta.Forgot {
 		t.Fatalf("from the snapshot, with a shorter keep: dep kept %v, forgot %v", has(again, "dep"), again.Snapshot().Meta.Forgot)
 	}
@@ -377,8 +380,7 @@ func TestAnEventDatedAheadForgetsNothingEarly(t *testing.T) {
 	}
 	st := New(Config{Scheduler: "s1", RememberEnded: 48 * time.Hour, RetainTerminal: time.Minute, RetainTerminalMax: 1,
 		Now: func() time.Time { return now }, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Wake: func() {}})
-	c := NewCompactor("s1", 48*time.Hour, nil)
-	c.now = func() time.Time { return now }
+	c := newCompactor("s1", 48*time.Hour, nil, func() time.Time { return now })
 	for i, e := range evs {
 		st.ReplayJobEvent(e, uint64(i+1), "")
 		c.Observe(&LogMsg{Stream: contracts.StreamJobEvents, Seq: uint64(i + 1), Subject: contracts.SubjectJobEvents("t1", e.JobID),
@@ -453,5 +455,49 @@ func TestFoldAgreesWithReplayOnARequestlessQueuedEvent(t *testing.T) {
 	r := FoldRecalled("acme", "y", evs)
 	if j == nil || !r.Found || r.State() != j.State || r.rec.hash != hash64(j.hash) {
 		t.Fatalf("replay holds %+v; fold found %v in state %s", j, r.Found, r.State())
+	}
+}
+
+// TestCyclesReportMissingDependencies: a waiting job whose dependency the
+// store does not hold ("not recorded yet") is reported, once a cycle saw
+// it and while the store forgets, for the scheduler to read back
+// (TakeMissing: a net under the pins, cheaper than walking every job).
+// And a snapshot whose clock is ahead (its leader's clock was off) is
+// read back at now, not ahead.
+func TestCyclesReportMissingDependencies(t *testing.T) {
+	h := newHarness(t, retain(time.Minute, 0), remember(time.Hour))
+	h.inventory("n1", "p", h100, 81920, 8)
+	h.submit("acme", job("old", 1, h100))
+	_ = h.cancel("acme", "old")
+	for range 4 {
+		h.now = h.now.Add(time.Hour)
+		h.st.RetireTerminal()
+	}
+	if !h.st.Forgetting() {
+		t.Fatal("setup: the store forgot nothing")
+	}
+	r := job("w", 1, h100).Normalized("acme")
+	r.DependsOn = []string{"ghost"} // a stream edited by hand
+	ev := contracts.JobEvent{SchemaVersion: 1, Type: contracts.EventQueued, Tenant: "acme", JobID: "w",
+		Attempt: 1, State: contracts.StateQueued, Time: h.now, Request: &r}
+	h.collect([]Publish{{Subject: contracts.SubjectJobEvents("acme", "w"), ID: "hand-made", Msg: ev}})
+	h.st.ReplayJobEvent(ev, h.seq, "hand-made")
+	if got := h.st.TakeMissing(); len(got) != 0 {
+		t.Fatalf("reported %v before any cycle", got)
+	}
+	h.cycle()
+	if got := h.st.TakeMissing(); !slices.Equal(got, []string{"acme/ghost"}) {
+		t.Fatalf("after a cycle: %v, want [acme/ghost]", got)
+	}
+	if got := h.st.TakeMissing(); len(got) != 0 {
+		t.Fatalf("taken twice: %v", got)
+	}
+
+	c := newCompactor("s1", time.Hour, nil, func() time.Time { return h.now })
+	snap := c.Snapshot()
+	snap.Meta.Clock = h.now.Add(30 * 24 * time.Hour)
+	h.st.Restore(snap)
+	if got := h.st.ret.retired.Clock(); got.After(h.now) {
+		t.Fatalf("restored a window at %v, ahead of now %v", got, h.now)
 	}
 }

@@ -1,6 +1,7 @@
 package state
 
 import (
+	"maps"
 	"slices"
 
 	"github.com/gpuplane/gpuplane/contracts"
@@ -62,35 +63,62 @@ func duplicateAnswer(ev contracts.JobEvent) bool {
 // as unknown too: its redelivered request is decided again, and its
 // queued event, published under the same message ID, is the same event.
 func FoldRecalled(tenant, id string, events []contracts.JobEvent) Recalled {
-	state := contracts.StateNew
-	var r Recalled
+	f := NewRecallFold(tenant, id)
 	for _, ev := range events {
-		if ev.Tenant != tenant || ev.JobID != id || (state == contracts.StateNew && duplicateAnswer(ev)) {
-			continue
+		if f.Add(ev) {
+			break
 		}
-		to, err := contracts.Transition(state, ev.Type)
-		if err != nil {
-			continue
-		}
-		switch ev.Type {
-		case contracts.EventQueued:
-			// Without its request (hand-made), a replay still makes the
-			// job, with no hash and attempt: so does the fold.
-			if ev.Request != nil {
-				r.rec.hash, r.rec.attempt = hash64(hashRequest(*ev.Request)), uint32(max(ev.Attempt, 1))
-			}
-		case contracts.EventRejected:
-			r.rec.hash, r.why = hash64(rejectionHash(ev.Reason, ev.Errors)), ev.Reason
-		case contracts.EventRequeued:
-			r.rec.attempt = uint32(max(ev.Attempt, 0))
-		}
-		state = to
 	}
-	if !state.Terminal() {
+	return f.Recalled()
+}
+
+// RecallFold is FoldRecalled one event at a time, for a reader that
+// stops once the job ended: no later event can change what it says
+// (Transition refuses every event after an end).
+type RecallFold struct {
+	tenant, id string
+	state      contracts.JobState
+	r          Recalled
+}
+
+// NewRecallFold starts a fold of tenant's job id.
+func NewRecallFold(tenant, id string) *RecallFold {
+	return &RecallFold{tenant: tenant, id: id, state: contracts.StateNew}
+}
+
+// Add folds ev in and reports whether the job has ended.
+func (f *RecallFold) Add(ev contracts.JobEvent) (ended bool) {
+	if ev.Tenant != f.tenant || ev.JobID != f.id || (f.state == contracts.StateNew && duplicateAnswer(ev)) {
+		return f.state.Terminal()
+	}
+	to, err := contracts.Transition(f.state, ev.Type)
+	if err != nil {
+		return f.state.Terminal()
+	}
+	switch ev.Type {
+	case contracts.EventQueued:
+		// Without its request (hand-made), a replay still makes the job,
+		// with no hash and attempt: so does the fold.
+		if ev.Request != nil {
+			f.r.rec.hash, f.r.rec.attempt = hash64(hashRequest(*ev.Request)), uint32(max(ev.Attempt, 1))
+		}
+	case contracts.EventRejected:
+		f.r.rec.hash, f.r.why = hash64(rejectionHash(ev.Reason, ev.Errors)), ev.Reason
+	case contracts.EventRequeued:
+		f.r.rec.attempt = uint32(max(ev.Attempt, 0))
+	}
+	f.state = to
+	return to.Terminal()
+}
+
+// Recalled is what the events folded so far say.
+func (f *RecallFold) Recalled() Recalled {
+	if !f.state.Terminal() {
 		return Recalled{}
 	}
-	r.Found, r.rec.state = true, stateCode(state)
-	if state != contracts.StateRejected {
+	r := f.r
+	r.Found, r.rec.state = true, stateCode(f.state)
+	if f.state != contracts.StateRejected {
 		r.why = ""
 	}
 	return r
@@ -167,6 +195,20 @@ func (s *Store) MissingDependencies() []string {
 		}
 	}
 	slices.Sort(out)
+	return out
+}
+
+// TakeMissing returns, and forgets, the dependencies the cycles found
+// missing (dependencies: "not recorded yet") while the store forgets: the
+// scheduler reads them back now and then. Cheaper than
+// MissingDependencies, which walks every job: the cycle looks at each
+// waiting job's dependencies anyway.
+func (s *Store) TakeMissing() []string {
+	if len(s.missing) == 0 {
+		return nil
+	}
+	out := slices.Sorted(maps.Keys(s.missing))
+	clear(s.missing)
 	return out
 }
 

@@ -355,11 +355,16 @@ func bucketPieces(buckets []recset.Bucket) [][]byte {
 // windowFrom returns a window of keep holding snap's retired records and
 // then old's (those retired before it was restored), pinned as old is:
 // a record past keep that a live job depends on is kept, even when keep
-// is shorter than the snapshot's. old's clock carries over.
-func windowFrom(keep time.Duration, old *recset.Window, snap *Snapshot) *recset.Window {
+// is shorter than the snapshot's. old's clock carries over; the
+// snapshot's, never past now.
+func windowFrom(keep time.Duration, old *recset.Window, snap *Snapshot, now time.Time) *recset.Window {
 	w := newRetiredWindow(keep)
 	w.SetKeep(old.KeepRule())
-	if err := w.Restore(snap.Meta.Clock, snap.Meta.Span, snap.retired, bucketPieces(snap.retired), nil); err != nil {
+	clock := snap.Meta.Clock
+	if clock.After(now) {
+		clock = now // a snapshot of a leader whose clock was ahead
+	}
+	if err := w.Restore(clock, snap.Meta.Span, snap.retired, bucketPieces(snap.retired), nil); err != nil {
 		// DecodeSnapshot checks what Restore does, and a compactor's
 		// snapshot is whole by construction.
 		panic(fmt.Sprintf("scheduler snapshot's retired records: %v", err))

@@ -172,9 +172,14 @@ type planMsg struct {
 // records for keep after their end (Config.RememberEnded), or one that
 // goes on from snap when it is not nil.
 func NewCompactor(scheduler string, keep time.Duration, snap *Snapshot) *Compactor {
+	return newCompactor(scheduler, keep, snap, time.Now)
+}
+
+// newCompactor is NewCompactor with its clock (tests).
+func newCompactor(scheduler string, keep time.Duration, snap *Snapshot, now func() time.Time) *Compactor {
 	c := &Compactor{scheduler: scheduler, seqs: map[string]uint64{}, jobs: map[string]*cjob{},
 		retired: newRetiredWindow(keep), why: map[retiredKey]contracts.Reason{}, pins: map[retiredKey]int32{},
-		now: time.Now}
+		now: now}
 	c.retired.SetKeep(func(rec []byte) bool { return c.pins[retiredKey(rec[:16])] > 0 })
 	if snap == nil {
 		return c
@@ -189,7 +194,7 @@ func NewCompactor(scheduler string, keep time.Duration, snap *Snapshot) *Compact
 	// After its messages: they pin what its live jobs depend on, which
 	// the records read back must keep, whatever keep is now.
 	c.forgot = snap.Meta.Forgot || c.retired.Forgotten() > 0
-	c.retired = windowFrom(keep, c.retired, snap)
+	c.retired = windowFrom(keep, c.retired, snap, c.now())
 	// After its messages, which Observe would otherwise take as read.
 	for k, v := range snap.Meta.Seqs {
 		c.seqs[k] = max(c.seqs[k], v)
@@ -629,7 +634,7 @@ func (d *decoder) msg() *LogMsg {
 func (s *Store) Restore(snap *Snapshot) {
 	r := s.retention()
 	r.forgotBefore = r.forgotBefore || snap.Meta.Forgot || r.retired.Forgotten() > 0
-	r.retired = windowFrom(s.cfg.RememberEnded, r.retired, snap)
+	r.retired = windowFrom(s.cfg.RememberEnded, r.retired, snap, s.cfg.Now())
 	r.swept = -1 // sweep why at the next retirement
 	for k, v := range snap.why {
 		r.why[k] = v

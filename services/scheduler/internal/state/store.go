@@ -231,10 +231,13 @@ type rejection struct {
 
 // Store is the scheduler's state. See the package comment.
 type Store struct {
-	cfg     Config
-	log     *slog.Logger
-	live    bool
-	jobs    map[string]*Job
+	cfg  Config
+	log  *slog.Logger
+	live bool
+	jobs map[string]*Job
+	// missing are dependencies the cycles found missing while the store
+	// forgets (TakeMissing).
+	missing map[string]struct{}
 	queue   *queue.Queue[*Job]
 	flying  map[string]*Job     // allocation ID -> job with that plan item in flight
 	seenIDs map[string]struct{} // rejected events already in JOB_EVENTS
