@@ -63,6 +63,19 @@ func TestForgettingDecidesAsRemembering(t *testing.T) {
 				}
 				seen = len(hs[0].events)
 			}
+			// agree runs decide on both stores and requires the same
+			// outcome, then the same events.
+			agree := func(what string, decide func(h *harness) string) {
+				t.Helper()
+				var out [2]string
+				for i, h := range hs {
+					out[i] = decide(h)
+				}
+				if out[0] != out[1] {
+					t.Fatalf("step %d: %s: %s remembering, %s forgetting", step, what, out[0], out[1])
+				}
+				same(what)
+			}
 			pick := func() string {
 				if len(ids) == 0 || rng.IntN(12) == 0 {
 					return "never"
@@ -90,21 +103,13 @@ func TestForgettingDecidesAsRemembering(t *testing.T) {
 					}
 					ids = append(ids, id)
 					bodies[id] = r
-					var out [2]string
-					for i, h := range hs {
-						out[i] = h.submit("acme", r).Outcome
-					}
-					if out[0] != out[1] {
-						t.Fatalf("step %d: submit %s: %s remembering, %s forgetting", step, id, out[0], out[1])
-					}
-					same("submit " + id)
+					agree("submit "+id, func(h *harness) string { return h.submit("acme", r).Outcome })
 				case op < 8: // a new job whose queued event is stored but whose ack is lost: redelivered
 					id := fmt.Sprintf("j%03d", len(ids))
 					r := job(id, 1+rng.IntN(4), h100)
 					ids = append(ids, id)
 					bodies[id] = r
-					var out [2]string
-					for i, h := range hs {
+					agree("redelivered "+id, func(h *harness) string {
 						h.jobsSeq++
 						p := ParseSubmit(contracts.SubjectSubmit("acme"), h.body(r))
 						if sub := h.decide(p, h.jobsSeq); sub.Publish != nil {
@@ -112,31 +117,20 @@ func TestForgettingDecidesAsRemembering(t *testing.T) {
 							sub.Abandoned()
 						}
 						sub := h.decide(p, h.jobsSeq)
-						out[i] = sub.Outcome
 						if sub.Publish != nil {
 							// JetStream drops the same message ID: acked
 							// with the stored event's sequence.
 							sub.Published(h.seq)
 						}
-					}
-					if out[0] != out[1] {
-						t.Fatalf("step %d: redelivered %s: %s remembering, %s forgetting", step, id, out[0], out[1])
-					}
-					same("redelivered " + id)
+						return sub.Outcome
+					})
 				case op < 10: // an old ID again: its body, or another
 					id := pick()
 					r, ok := bodies[id]
 					if !ok || rng.IntN(2) == 0 {
 						r = job(id, 5, h100)
 					}
-					var out [2]string
-					for i, h := range hs {
-						out[i] = h.submit("acme", r).Outcome
-					}
-					if out[0] != out[1] {
-						t.Fatalf("step %d: resubmit %s: %s remembering, %s forgetting", step, id, out[0], out[1])
-					}
-					same("resubmit " + id)
+					agree("resubmit "+id, func(h *harness) string { return h.submit("acme", r).Outcome })
 				case op < 11: // a cancel
 					id := pick()
 					var errs [2]error
@@ -228,15 +222,8 @@ func TestForgettingDecidesAsRemembering(t *testing.T) {
 			}
 			for _, id := range ids[:min(len(ids), 40)] {
 				r := bodies[id]
-				var out [2]string
-				for i, h := range hs {
-					out[i] = h.submit("acme", r).Outcome
-				}
-				if out[0] != out[1] {
-					t.Fatalf("after all: resubmit %s: %s remembering, %s forgetting", id, out[0], out[1])
-				}
+				agree("after all: resubmit "+id, func(h *harness) string { return h.submit("acme", r).Outcome })
 			}
-			same("resubmit all")
 			t.Logf("%d jobs, %d read back from the log (%d found)", len(ids), hs[1].recalls, hs[1].recalledFound)
 		})
 	}
