@@ -63,10 +63,8 @@ func (s *scheduler) startRequest(ctx context.Context, m *bus.Msg) func() error {
 func (s *scheduler) startSubmit(ctx context.Context, m *bus.Msg) func() error {
 	// Decoded before the lock: a cycle may hold it meanwhile.
 	parsed := state.ParseSubmit(m.Subject, m.Data)
-	d := &deferredSubmit{ctx: ctx, m: m, parsed: parsed, read: make(chan struct{}),
-		wait: func() error { return errNotDecided }}
-	sub, need, deferred := s.startDecision(d)
-	if !deferred {
+	sub, d, need := s.startDecision(ctx, m, parsed)
+	if d == nil {
 		return s.answerSubmit(ctx, m, sub)
 	}
 	if len(need) == 0 {
@@ -88,22 +86,24 @@ func (s *scheduler) startSubmit(ctx context.Context, m *bus.Msg) func() error {
 	}
 }
 
-// startDecision decides d's submit now, unless submits before it wait
-// for the log or it must itself: then it joins them (deferred), with
+// startDecision decides the submit now, unless submits before it wait
+// for the log or it must itself: then it joins them, deferred (d), with
 // what it needs read.
-func (s *scheduler) startDecision(d *deferredSubmit) (sub state.Submission, need []string, deferred bool) {
+func (s *scheduler) startDecision(ctx context.Context, m *bus.Msg, parsed state.ParsedSubmit) (sub state.Submission, d *deferredSubmit, need []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(s.deferred) == 0 {
-		if sub = s.st.SubmitParsed(d.parsed, d.m.StreamSeq); len(sub.Recall) == 0 {
-			return sub, nil, false
+		if sub = s.st.SubmitParsed(parsed, m.StreamSeq); len(sub.Recall) == 0 {
+			return sub, nil, nil
 		}
 		need = sub.Recall
 	} else {
-		need = s.st.NeedsLog(d.parsed, d.m.StreamSeq)
+		need = s.st.NeedsLog(parsed, m.StreamSeq)
 	}
+	d = &deferredSubmit{ctx: ctx, m: m, parsed: parsed, read: make(chan struct{}),
+		wait: func() error { return errNotDecided }}
 	s.deferred = append(s.deferred, d)
-	return state.Submission{}, need, true
+	return state.Submission{}, d, need
 }
 
 // errNotDecided fails a deferred submit left undecided (none should be):
