@@ -100,6 +100,16 @@ var transitions = map[JobState]map[JobEventType]JobState{
 // ErrTransition is returned (wrapped) by Transition for a refused event.
 var ErrTransition = fmt.Errorf("transition not allowed")
 
+// AnswersDuplicate reports whether e answers a request that reused a known
+// job's ID with another body (a rejected event, reason duplicate_job_id).
+// It is published on that job's subject but is never a job's first event:
+// a reader that does not hold the job (it forgot it, or dropped it from a
+// list) must make no job of it. Every reader's Transition refuses it on a
+// job it holds.
+func (e JobEvent) AnswersDuplicate() bool {
+	return e.Type == EventRejected && e.Reason == ReasonDuplicateJobID
+}
+
 // Transition returns the state a job in state from reaches on event ev, or
 // an error wrapping ErrTransition when the state machine forbids it.
 func Transition(from JobState, ev JobEventType) (JobState, error) {

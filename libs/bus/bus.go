@@ -71,11 +71,13 @@ const (
 
 // Bus is a connection to JetStream. It is safe for concurrent use.
 type Bus struct {
-	nc     *nats.Conn
-	js     jetstream.JetStream
-	name   string
-	log    *slog.Logger
-	tracer trace.Tracer
+	nc *nats.Conn
+	js jetstream.JetStream
+	// streams caches stream handles by name (SubjectMsgs).
+	streams sync.Map
+	name    string
+	log     *slog.Logger
+	tracer  trace.Tracer
 	// traced is false when the tracer provider is the no-op one (no
 	// OTLP endpoint): the span of each publish and delivery is then
 	// started with no name or attributes, which such a span drops

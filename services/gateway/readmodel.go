@@ -152,7 +152,7 @@ func (m *memoryModel) ApplyJobEvent(_ context.Context, tenant, job string, ev co
 			// An ended job takes no event: as Apply would refuse it.
 			return fmt.Errorf("job %s/%s seq %d: retired: %w", tenant, job, seq, contracts.ErrTransition)
 		}
-		if ev.Type == contracts.EventRejected && ev.Reason == contracts.ReasonDuplicateJobID {
+		if ev.AnswersDuplicate() {
 			// The ID is another job's, one the list window dropped: a
 			// rejection of a request reusing it makes no job.
 			return fmt.Errorf("job %s/%s seq %d: duplicate of a dropped job: %w", tenant, job, seq, contracts.ErrTransition)

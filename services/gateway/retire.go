@@ -15,8 +15,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
 )
@@ -325,41 +323,19 @@ func (c *statusCache) len() int {
 	return c.ll.Len()
 }
 
-// streamFetcher folds a job's status from its subject of JOB_EVENTS with
-// direct gets (the next message of the subject from a sequence), the way
-// the ingester folds it: the same events, the same checks, the same
-// state machine, so the same status.
+// streamFetcher folds a job's status from its subject of JOB_EVENTS
+// (bus.SubjectMsgs: direct gets, the next message of the subject each),
+// the way the ingester folds it: the same events, the same checks, the
+// same state machine, so the same status.
 func streamFetcher(b *bus.Bus) jobFetcher {
-	var (
-		mu     sync.Mutex
-		stream jetstream.Stream
-	)
 	return func(ctx context.Context, tenant, job string) (contracts.JobStatus, error) {
-		mu.Lock()
-		s := stream
-		mu.Unlock()
-		if s == nil {
-			var err error
-			if s, err = b.JetStream().Stream(ctx, contracts.StreamJobEvents); err != nil {
-				return contracts.JobStatus{}, fmt.Errorf("stream %s: %w", contracts.StreamJobEvents, err)
-			}
-			mu.Lock()
-			stream = s
-			mu.Unlock()
-		}
-		subject := contracts.SubjectJobEvents(tenant, job)
 		var st contracts.JobStatus
-		for seq := uint64(1); ; {
-			raw, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
-			if errors.Is(err, jetstream.ErrMsgNotFound) {
-				break
-			}
-			if err != nil {
-				return contracts.JobStatus{}, fmt.Errorf("job %s/%s from seq %d: %w", tenant, job, seq, err)
-			}
-			foldJobEvent(&st, tenant, job, &bus.Msg{Stream: contracts.StreamJobEvents, Subject: raw.Subject,
-				StreamSeq: raw.Sequence, Data: raw.Data, Header: raw.Header})
-			seq = raw.Sequence + 1
+		err := b.SubjectMsgs(ctx, contracts.StreamJobEvents, contracts.SubjectJobEvents(tenant, job), func(m *bus.Msg) bool {
+			foldJobEvent(&st, tenant, job, m)
+			return false
+		})
+		if err != nil {
+			return contracts.JobStatus{}, fmt.Errorf("job %s/%s: %w", tenant, job, err)
 		}
 		if st.State == contracts.StateNew {
 			return st, fmt.Errorf("job %s/%s: %w", tenant, job, errUnknownJob)

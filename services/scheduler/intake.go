@@ -271,39 +271,24 @@ func (s *scheduler) recall(ctx context.Context, p *state.ParsedSubmit, keys []st
 const readJobTimeout = 15 * time.Second
 
 // readJob reads the job with store key key from its subject of
-// JOB_EVENTS with direct gets, the next of the subject each, until the
-// job ended (RecallFold: nothing after an end changes it). A job never
-// submitted, the usual answer, costs one. A direct get takes no consumer
-// (one per read would pile up on the stream, which every service
-// shares); a job that waited long has a pending event a minute and costs
-// that many gets, but such a read is rare: a resubmit of an ID that
-// ended more than -remember-ended ago. A replica behind the leader may
-// answer; that is harmless here, since every job read either ended long
-// ago or was never submitted.
+// JOB_EVENTS (bus.SubjectMsgs: direct gets, no consumer) until the job
+// ended (RecallFold: nothing after an end changes it). A job never
+// submitted, the usual answer, costs one get; a job that waited long has
+// a pending event a minute and costs that many, but such a read is rare:
+// a resubmit of an ID that ended more than -remember-ended ago. A replica
+// behind the leader may answer; that is harmless here, since every job
+// read either ended long ago or was never submitted.
 func (s *scheduler) readJob(ctx context.Context, key string) (state.Recalled, error) {
 	ctx, cancel := context.WithTimeout(ctx, readJobTimeout)
 	defer cancel()
-	stream, err := s.jobEvents(ctx)
-	if err != nil {
-		return state.Recalled{}, err
-	}
 	tenant, id, _ := strings.Cut(key, "/")
-	subject := contracts.SubjectJobEvents(tenant, id)
 	fold := state.NewRecallFold(tenant, id)
-	for seq := uint64(1); ; {
-		raw, err := stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			break
-		}
-		if err != nil {
-			return state.Recalled{}, fmt.Errorf("job %s from %s seq %d: %w", key, contracts.StreamJobEvents, seq, err)
-		}
+	err := s.bus.SubjectMsgs(ctx, contracts.StreamJobEvents, contracts.SubjectJobEvents(tenant, id), func(m *bus.Msg) bool {
 		var ev contracts.JobEvent
-		m := bus.Msg{Stream: contracts.StreamJobEvents, Subject: raw.Subject, StreamSeq: raw.Sequence, Data: raw.Data, Header: raw.Header}
-		if m.Decode(&ev) == nil && fold.Add(ev) { // one a replay skips, skipped
-			break
-		}
-		seq = raw.Sequence + 1
+		return m.Decode(&ev) == nil && fold.Add(ev) // one a replay skips, skipped
+	})
+	if err != nil {
+		return state.Recalled{}, fmt.Errorf("job %s: %w", key, err)
 	}
 	r := fold.Recalled()
 	if s.cfg.recalled != nil {
@@ -335,17 +320,4 @@ func (s *scheduler) recallMissing(ctx context.Context, all bool) error {
 		s.mu.Unlock()
 	}
 	return nil
-}
-
-// jobEvents is the JOB_EVENTS stream's handle, looked up once.
-func (s *scheduler) jobEvents(ctx context.Context) (jetstream.Stream, error) {
-	if st := s.jobEventsStream.Load(); st != nil {
-		return *st, nil
-	}
-	st, err := s.bus.JetStream().Stream(ctx, contracts.StreamJobEvents)
-	if err != nil {
-		return nil, fmt.Errorf("stream %s: %w", contracts.StreamJobEvents, err)
-	}
-	s.jobEventsStream.Store(&st)
-	return st, nil
 }

@@ -28,7 +28,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -112,8 +111,6 @@ type scheduler struct {
 	epoch uint64
 	bus   *bus.Bus
 	log   *slog.Logger
-	// jobEventsStream is JOB_EVENTS' handle for recall (intake.go).
-	jobEventsStream atomic.Pointer[jetstream.Stream]
 	// deferred are the submits started and not decided yet, in stream
 	// order (intake.go; under mu).
 	deferred []*deferredSubmit

@@ -44,13 +44,6 @@ func (r Recalled) State() contracts.JobState {
 	return terminalStates[r.rec.state]
 }
 
-// duplicateAnswer reports whether ev is the answer to a request that
-// reused a known job's ID: it is published on that job's subject but
-// never makes a job (Store.duplicate).
-func duplicateAnswer(ev contracts.JobEvent) bool {
-	return ev.Type == contracts.EventRejected && ev.Reason == contracts.ReasonDuplicateJobID
-}
-
 // FoldRecalled folds the events of one job's subject of JOB_EVENTS, in
 // stream order, into what the store would have kept of it, the way a
 // replay folds them (ReplayJobEvent): events for another job, events the
@@ -88,7 +81,7 @@ func NewRecallFold(tenant, id string) *RecallFold {
 
 // Add folds ev in and reports whether the job has ended.
 func (f *RecallFold) Add(ev contracts.JobEvent) (ended bool) {
-	if ev.Tenant != f.tenant || ev.JobID != f.id || (f.state == contracts.StateNew && duplicateAnswer(ev)) {
+	if ev.Tenant != f.tenant || ev.JobID != f.id || (f.state == contracts.StateNew && ev.AnswersDuplicate()) {
 		return f.state.Terminal()
 	}
 	to, err := contracts.Transition(f.state, ev.Type)

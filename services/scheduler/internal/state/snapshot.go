@@ -311,7 +311,7 @@ func (c *Compactor) event(m *LogMsg) {
 	}
 	key := Key(ev.Tenant, ev.JobID)
 	c.retired.Advance(c.notAhead(ev.Time))
-	if old := c.jobs[key]; (old == nil || !old.seen) && (c.isRetired(key) || duplicateAnswer(contracts.JobEvent{Type: ev.Type, Reason: ev.Reason})) {
+	if old := c.jobs[key]; (old == nil || !old.seen) && (c.isRetired(key) || (contracts.JobEvent{Type: ev.Type, Reason: ev.Reason}).AnswersDuplicate()) {
 		// No event applies to an ended job, and a duplicate_job_id answer
 		// never makes one (as Store.ReplayJobEvent).
 		return

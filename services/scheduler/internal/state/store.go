@@ -366,7 +366,7 @@ func (s *Store) take() []Publish {
 // with Nats-Msg-Id msgID) into the store. Events the state machine refuses
 // are skipped, as every reader does.
 func (s *Store) ReplayJobEvent(ev contracts.JobEvent, seq uint64, msgID string) {
-	if s.jobs[Key(ev.Tenant, ev.JobID)] == nil && (s.isRetired(Key(ev.Tenant, ev.JobID)) || duplicateAnswer(ev)) {
+	if s.jobs[Key(ev.Tenant, ev.JobID)] == nil && (s.isRetired(Key(ev.Tenant, ev.JobID)) || ev.AnswersDuplicate()) {
 		// It ended: no event applies to it any more. Or it ended so long
 		// ago that only the log remembers it: a duplicate_job_id answer
 		// is never a job's first event, so it must not make one.
