@@ -160,3 +160,76 @@ func TestConsumePipelinedFates(t *testing.T) {
 		t.Errorf("flaky handled %d times, want 3", n)
 	}
 }
+
+// TestConsumePipelinedStartsTheNextGroupWhileOneSettles: the first
+// message's wait returns only once a message of the next group (Batch 4:
+// the fifth or later) has started. Settling a group while the next one
+// starts lets it return; settling before starting more would wait it out.
+// Every message is still settled once, in order per key.
+func TestConsumePipelinedStartsTheNextGroupWhileOneSettles(t *testing.T) {
+	b := connect(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const n = 12
+	for i := range n {
+		c := contracts.CancelRequest{JobID: fmt.Sprintf("k%d", i)}
+		if _, err := b.Publish(ctx, contracts.SubjectCancel("acme"), fmt.Sprint("m", i), c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	laterStarted := make(chan struct{})
+	var once sync.Once
+	var mu sync.Mutex
+	settled := map[string]int{}
+	var failures []string
+	go func() {
+		_ = b.ConsumePipelined(ctx, bus.ConsumerSpec{
+			Stream: contracts.StreamJobs, Durable: "overlap", Batch: 4, MaxDeliver: 1,
+			Key: func(m *bus.Msg) string {
+				var c contracts.CancelRequest
+				_ = m.Decode(&c)
+				return c.JobID
+			},
+		}, func(_ context.Context, m *bus.Msg) func() error {
+			var c contracts.CancelRequest
+			if err := m.Decode(&c); err != nil {
+				return func() error { return bus.Permanent(err) }
+			}
+			var i int
+			fmt.Sscanf(c.JobID, "k%d", &i)
+			if i >= 4 {
+				once.Do(func() { close(laterStarted) })
+			}
+			return func() error {
+				if i == 0 {
+					select {
+					case <-laterStarted:
+					case <-time.After(5 * time.Second):
+						mu.Lock()
+						failures = append(failures, "k0's wait saw no later group start")
+						mu.Unlock()
+					}
+				}
+				mu.Lock()
+				settled[c.JobID]++
+				mu.Unlock()
+				return nil
+			}
+		})
+	}()
+	eventually(t, 15*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(settled) == n
+	}, "every message settled")
+	mu.Lock()
+	defer mu.Unlock()
+	if len(failures) > 0 {
+		t.Fatal(failures)
+	}
+	for k, c := range settled {
+		if c != 1 {
+			t.Errorf("%s settled %d times", k, c)
+		}
+	}
+}

@@ -1,8 +1,10 @@
 package scheduler
 
 import (
+	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/gpuplane/gpuplane/libs/bus"
 	"github.com/gpuplane/gpuplane/services/scheduler/internal/state"
@@ -67,5 +69,48 @@ func TestAFailedReadHoldsBackTheSubmitsAfterIt(t *testing.T) {
 		if err := d.wait(); !errors.Is(err, boom) || bus.IsPermanent(err) {
 			t.Errorf("submit %d: %v, want a retryable %v", i+1, err, boom)
 		}
+	}
+}
+
+// TestASubmitStartedWhileDeferredOnesAreDecidedJoinsThem: the intake
+// starts the next group of requests while the last one settles, so a
+// submit can start while decideDeferred is deciding the ones it took. It
+// must join the deferred ones, not be decided at once: decided first, a
+// job depending on one of them would be rejected as unknown.
+func TestASubmitStartedWhileDeferredOnesAreDecidedJoinsThem(t *testing.T) {
+	s := &scheduler{log: testLogger(t), st: state.New(state.Config{})}
+	body := []byte(`{"id":"j"}`)
+	d0 := &deferredSubmit{m: &bus.Msg{Subject: "gp.jobs.submit.acme", StreamSeq: 1},
+		parsed: state.ParseSubmit("gp.jobs.submit.acme", body), read: make(chan struct{}),
+		wait: func() error { return errNotDecided }}
+	s.deferred = []*deferredSubmit{d0}
+	decided := make(chan struct{})
+	go func() {
+		defer close(decided)
+		s.decideDeferred() // waits for d0's read
+	}()
+	for deciding := false; !deciding; {
+		s.mu.Lock()
+		deciding = s.deciding
+		s.mu.Unlock()
+		time.Sleep(time.Millisecond)
+	}
+	m1 := &bus.Msg{Subject: "gp.jobs.submit.acme", StreamSeq: 2}
+	_, d1, _ := s.startDecision(context.Background(), m1, state.ParseSubmit(m1.Subject, body))
+	if d1 == nil {
+		t.Fatal("a submit started while earlier ones were being decided was decided at once")
+	}
+	close(d1.read)
+	close(d0.read)
+	<-decided
+	if err := d0.wait(); errors.Is(err, errNotDecided) {
+		t.Errorf("the earlier submit was not decided: %v", err)
+	}
+	s.decideDeferred() // d1's own wait
+	if err := d1.wait(); errors.Is(err, errNotDecided) {
+		t.Errorf("the later submit was not decided by its own wait: %v", err)
+	}
+	if len(s.deferred) != 0 || s.deciding {
+		t.Errorf("%d still deferred, deciding %v", len(s.deferred), s.deciding)
 	}
 }

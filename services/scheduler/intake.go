@@ -92,7 +92,7 @@ func (s *scheduler) startSubmit(ctx context.Context, m *bus.Msg) func() error {
 func (s *scheduler) startDecision(ctx context.Context, m *bus.Msg, parsed state.ParsedSubmit) (sub state.Submission, d *deferredSubmit, need []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.deferred) == 0 {
+	if len(s.deferred) == 0 && !s.deciding {
 		if sub = s.st.SubmitParsed(parsed, m.StreamSeq); len(sub.Recall) == 0 {
 			return sub, nil, nil
 		}
@@ -128,7 +128,16 @@ func (s *scheduler) decideDeferred() {
 	s.mu.Lock()
 	ds := s.deferred
 	s.deferred = nil
+	s.deciding = len(ds) > 0
 	s.mu.Unlock()
+	if len(ds) == 0 {
+		return
+	}
+	defer func() {
+		s.mu.Lock()
+		s.deciding = false
+		s.mu.Unlock()
+	}()
 	var failed error
 	for _, d := range ds {
 		<-d.read

@@ -112,8 +112,12 @@ type scheduler struct {
 	bus   *bus.Bus
 	log   *slog.Logger
 	// deferred are the submits started and not decided yet, in stream
-	// order (intake.go; under mu).
+	// order (intake.go; under mu). deciding is set while decideDeferred
+	// decides the ones it took: a submit started meanwhile (the intake
+	// starts the next group while one settles) joins deferred too, so it
+	// is never decided before them.
 	deferred []*deferredSubmit
+	deciding bool
 	wake     chan struct{}
 	out      *outbox
 	demand   *demandPublisher
