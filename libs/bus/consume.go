@@ -31,7 +31,12 @@ type Msg struct {
 	NumDelivered uint64
 	NumPending   uint64
 	Timestamp    time.Time
-	raw          jetstream.Msg
+	// Prepared is what ConsumerSpec.Prepare returned for the message
+	// (ConsumePipelined), or nil.
+	Prepared any
+	raw      jetstream.Msg
+	// prepErr is Prepare's panic, as the message's permanent failure.
+	prepErr error
 }
 
 // Decode unmarshals the body into v. It decodes with
@@ -158,8 +163,16 @@ type ConsumerSpec struct {
 	// be safe for concurrent use.
 	Workers int
 	// Key groups messages that must be handled in order (default: the
-	// subject). Only used with Workers > 1.
+	// subject). Only used with Workers > 1, and by ConsumePipelined.
 	Key func(*Msg) string
+	// Prepare, for ConsumePipelined, is run on each message before it is
+	// started, on several goroutines at once (the messages are still
+	// started one at a time, in stream order): work that needs nothing
+	// but the message, such as decoding it, is taken off the one
+	// goroutine that starts them. What it returns is the message's
+	// Prepared. It must not panic (one that does fails its message for
+	// good).
+	Prepare func(*Msg) any
 }
 
 func (s *ConsumerSpec) defaults() {

@@ -3,6 +3,8 @@ package bus
 import (
 	"context"
 	"fmt"
+	"runtime"
+	"sync"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"go.opentelemetry.io/otel/trace"
@@ -22,8 +24,10 @@ type PipelinedHandler func(ctx context.Context, m *Msg) (wait func() error)
 // waits for each and settles it in that order while the next group is
 // started: waiting for one group's acks overlaps starting the next (on a
 // 16-core host the intake spent a quarter of a burst waiting for acks,
-// issue 17). At most two groups are unsettled at once: one settling, one
-// starting. A message whose Key (spec.Key, default the subject) is
+// issue 17). At most four groups are unsettled at once: one settling, two
+// waiting for the settler, one starting (give MaxAckPending room for
+// 4 × Batch). Messages are taken and prepared (spec.Prepare) ahead of
+// their start, on other goroutines. A message whose Key (spec.Key, default the subject) is
 // already among those started and unsettled waits until they all settle:
 // one key's messages are handled one after the other, as Consume's workers
 // keep them. A wait may therefore run while later messages (of other
@@ -57,6 +61,22 @@ func newStartedGroup(n int) *startedGroup {
 	return &startedGroup{msgs: make([]started, 0, n), keys: make(map[string]struct{}, n), done: make(chan struct{})}
 }
 
+// fetched is a message ConsumePipelined took, on its way to be started:
+// ready is closed once m and key are set (prepared). A group marker
+// (group) ends the messages that were on their way together; err ends
+// them all.
+type fetched struct {
+	raw   jetstream.Msg
+	m     *Msg
+	key   string
+	ready chan struct{}
+	group bool
+	err   error
+}
+
+// prepareWorkers bounds the goroutines that prepare messages.
+const prepareWorkers = 8
+
 func (b *Bus) consumePipelinedMsgs(ctx context.Context, cons jetstream.Consumer, spec ConsumerSpec, h PipelinedHandler) error {
 	p, err := b.pull(ctx, cons, spec)
 	if err != nil {
@@ -68,10 +88,12 @@ func (b *Bus) consumePipelinedMsgs(ctx context.Context, cons jetstream.Consumer,
 		key = func(m *Msg) string { return m.Subject }
 	}
 	// The settler settles the groups in the order handed. Handing blocks
-	// while it still settles the one before: back-pressure, and at most
-	// two groups unsettled. Every started message is settled before the
-	// puller stops (defers run last in, first out).
-	groups := make(chan *startedGroup)
+	// while two wait for it: back-pressure, and at most four groups
+	// unsettled. More than one waiting lets acks that the stream is slow
+	// to give overlap more starts (a 16-core burst's trace had the starter
+	// blocked handing a group for 190 ms of 1.1 s). Every started message
+	// is settled before the puller stops (defers run last in, first out).
+	groups := make(chan *startedGroup, 2)
 	settlerDone := make(chan struct{})
 	go func() {
 		defer close(settlerDone)
@@ -89,6 +111,22 @@ func (b *Bus) consumePipelinedMsgs(ctx context.Context, cons jetstream.Consumer,
 	defer func() {
 		close(groups)
 		<-settlerDone
+	}()
+	// The fetcher takes the messages and has them prepared (newMsg, key,
+	// spec.Prepare) on several goroutines; they reach the starter below
+	// in stream order. A message taken and never started (the consumer
+	// stops) is handed back for redelivery.
+	fctx, stopFetch := context.WithCancel(ctx)
+	out := b.fetchPrepared(fctx, p, spec, key)
+	defer func() {
+		stopFetch()
+		for f := range out {
+			if f.raw != nil {
+				<-f.ready
+				_ = f.raw.Nak()
+				p.hold.done(f.raw)
+			}
+		}
 	}()
 	var handed []*startedGroup // handed to the settler, oldest first; maybe settled
 	hand := func(g *startedGroup) {
@@ -121,9 +159,21 @@ func (b *Bus) consumePipelinedMsgs(ctx context.Context, cons jetstream.Consumer,
 		return false
 	}
 	g := newStartedGroup(spec.Batch)
-	start := func(raw jetstream.Msg) {
-		m := newMsg(raw)
-		k := key(m)
+	for f := range out {
+		switch {
+		case ctx.Err() != nil:
+			hand(g)
+			return ctx.Err()
+		case f.err != nil:
+			hand(g)
+			return f.err
+		case f.group:
+			hand(g)
+			g = newStartedGroup(spec.Batch)
+			continue
+		}
+		<-f.ready
+		m, k := f.m, f.key
 		if _, busy := g.keys[k]; busy {
 			hand(g)
 			waitSettled()
@@ -134,29 +184,100 @@ func (b *Bus) consumePipelinedMsgs(ctx context.Context, cons jetstream.Consumer,
 		g.keys[k] = struct{}{}
 		mctx, span := b.startProcess(ctx, spec, m)
 		wait := func() error { return nil }
-		if err := b.nakOnce(m); err != nil {
+		switch err := b.nakOnce(m); {
+		case err != nil:
 			wait = func() error { return err }
-		} else {
+		case m.prepErr != nil:
+			wait = func() error { return m.prepErr }
+		default:
 			wait = safeStart(mctx, h, m)
 		}
-		g.msgs = append(g.msgs, started{raw: raw, m: m, ctx: mctx, span: span, wait: wait})
+		g.msgs = append(g.msgs, started{raw: f.raw, m: m, ctx: mctx, span: span, wait: wait})
 	}
-	for {
-		raw, err := p.next(ctx)
-		if err != nil {
-			return err
-		}
-		start(raw)
-		for len(g.msgs) < spec.Batch {
-			raw, err := p.it.Next(jetstream.NextMaxWait(batchGather))
-			if err != nil {
-				break // nothing more on its way: settle what we started
+	hand(g)
+	return ctx.Err()
+}
+
+// fetchPrepared takes the consumer's messages until ctx ends or the
+// puller fails (a last item with err), in stream order, each prepared by
+// one of a few workers, with a group marker after the messages that were
+// on their way together (up to spec.Batch, waiting only for the first).
+// The channel is closed once nothing more comes.
+func (b *Bus) fetchPrepared(ctx context.Context, p *puller, spec ConsumerSpec, key func(*Msg) string) <-chan *fetched {
+	out := make(chan *fetched, 2*spec.Batch)
+	work := make(chan *fetched, 2*spec.Batch)
+	var wg sync.WaitGroup
+	for range min(prepareWorkers, runtime.GOMAXPROCS(0)) {
+		wg.Go(func() {
+			for f := range work {
+				prepare(f, spec, key)
 			}
-			p.hold.add(raw)
-			start(raw)
+		})
+	}
+	send := func(f *fetched) bool {
+		select {
+		case out <- f:
+			return true
+		case <-ctx.Done():
+			return false
 		}
-		hand(g)
-		g = newStartedGroup(spec.Batch)
+	}
+	take := func(raw jetstream.Msg) bool {
+		f := &fetched{raw: raw, ready: make(chan struct{})}
+		if !send(f) {
+			// Never reaches the starter: hand it back here.
+			_ = raw.Nak()
+			p.hold.done(raw)
+			return false
+		}
+		work <- f
+		return true
+	}
+	go func() {
+		defer close(out)
+		defer wg.Wait()
+		defer close(work)
+		for {
+			raw, err := p.next(ctx)
+			if err != nil {
+				send(&fetched{err: err})
+				return
+			}
+			if !take(raw) {
+				return
+			}
+			for n := 1; n < spec.Batch; n++ {
+				raw, err := p.it.Next(jetstream.NextMaxWait(batchGather))
+				if err != nil {
+					break // nothing more on its way: the group ends here
+				}
+				p.hold.add(raw)
+				if !take(raw) {
+					return
+				}
+			}
+			if !send(&fetched{group: true}) {
+				return
+			}
+		}
+	}()
+	return out
+}
+
+// prepare fills f's message and key, and its Prepared; a panic of key or
+// spec.Prepare fails the message for good.
+func prepare(f *fetched, spec ConsumerSpec, key func(*Msg) string) {
+	defer close(f.ready)
+	f.m = newMsg(f.raw)
+	defer func() {
+		if r := recover(); r != nil {
+			f.m.prepErr = Permanent(fmt.Errorf("prepare panic: %v", r))
+			f.key = f.m.Subject
+		}
+	}()
+	f.key = key(f.m)
+	if spec.Prepare != nil {
+		f.m.Prepared = spec.Prepare(f.m)
 	}
 }
 

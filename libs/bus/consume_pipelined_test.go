@@ -233,3 +233,80 @@ func TestConsumePipelinedStartsTheNextGroupWhileOneSettles(t *testing.T) {
 		}
 	}
 }
+
+// TestConsumePipelinedPrepares: Prepare runs before each message starts
+// and the handler finds its result in m.Prepared, in stream order; a
+// Prepare that panics fails its message for good (dead-lettered) without
+// the handler seeing it, and the others go on.
+func TestConsumePipelinedPrepares(t *testing.T) {
+	b := connect(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const n = 200
+	for i := range n {
+		id := fmt.Sprintf("j%03d", i)
+		if i == 57 {
+			id = "panic"
+		}
+		if _, err := b.Publish(ctx, contracts.SubjectCancel("acme"), "m"+id, contracts.CancelRequest{JobID: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	var seen []string
+	var wrong []string
+	go func() {
+		_ = b.ConsumePipelined(ctx, bus.ConsumerSpec{
+			Stream: contracts.StreamJobs, Durable: "prepared", Batch: 16, MaxDeliver: 1,
+			Prepare: func(m *bus.Msg) any {
+				var c contracts.CancelRequest
+				_ = m.Decode(&c)
+				if c.JobID == "panic" {
+					panic("boom")
+				}
+				return c
+			},
+		}, func(_ context.Context, m *bus.Msg) func() error {
+			c, ok := m.Prepared.(contracts.CancelRequest)
+			var direct contracts.CancelRequest
+			_ = m.Decode(&direct)
+			mu.Lock()
+			if !ok || c.JobID != direct.JobID {
+				wrong = append(wrong, fmt.Sprintf("%s prepared as %#v", direct.JobID, m.Prepared))
+			}
+			seen = append(seen, direct.JobID)
+			mu.Unlock()
+			return nil
+		})
+	}()
+	var dead []string
+	var dmu sync.Mutex
+	go func() {
+		_ = b.Follow(ctx, bus.FollowSpec{Stream: contracts.StreamDeadLetters}, func(_ context.Context, m *bus.Msg) error {
+			dmu.Lock()
+			dead = append(dead, m.ID())
+			dmu.Unlock()
+			return nil
+		}, nil)
+	}()
+	eventually(t, 10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		dmu.Lock()
+		defer dmu.Unlock()
+		return len(seen) == n-1 && len(dead) == 1
+	}, "every message but the one whose Prepare panicked handled, that one dead-lettered")
+	mu.Lock()
+	defer mu.Unlock()
+	if len(wrong) > 0 {
+		t.Fatalf("handler did not find what Prepare returned: %v", wrong[:min(3, len(wrong))])
+	}
+	for i, id := range seen {
+		if i > 0 && id < seen[i-1] {
+			t.Fatalf("started out of stream order: %s after %s", id, seen[i-1])
+		}
+		if id == "panic" {
+			t.Fatal("the handler saw the message whose Prepare panicked")
+		}
+	}
+}
