@@ -25,9 +25,11 @@ type PipelinedHandler func(ctx context.Context, m *Msg) (wait func() error)
 // started: waiting for one group's acks overlaps starting the next (on a
 // 16-core host the intake spent a quarter of a burst waiting for acks,
 // issue 17). At most four groups are unsettled at once: one settling, two
-// waiting for the settler, one starting (give MaxAckPending room for
-// 4 × Batch). Messages are taken and prepared (spec.Prepare) ahead of
-// their start, on other goroutines. A message whose Key (spec.Key, default the subject) is
+// waiting for the settler, one starting. Messages are taken and prepared
+// (spec.Prepare) ahead of their start, up to Batch of them, on other
+// goroutines. MaxAckPending bounds all of these together (the scheduler's
+// is 4 × Batch): a group ends when nothing more arrives within a
+// millisecond, so a smaller bound only overlaps less. A message whose Key (spec.Key, default the subject) is
 // already among those started and unsettled waits until they all settle:
 // one key's messages are handled one after the other, as Consume's workers
 // keep them. A wait may therefore run while later messages (of other
@@ -82,7 +84,6 @@ func (b *Bus) consumePipelinedMsgs(ctx context.Context, cons jetstream.Consumer,
 	if err != nil {
 		return err
 	}
-	defer p.stop()
 	key := spec.Key
 	if key == nil {
 		key = func(m *Msg) string { return m.Subject }
@@ -92,7 +93,7 @@ func (b *Bus) consumePipelinedMsgs(ctx context.Context, cons jetstream.Consumer,
 	// unsettled. More than one waiting lets acks that the stream is slow
 	// to give overlap more starts (a 16-core burst's trace had the starter
 	// blocked handing a group for 190 ms of 1.1 s). Every started message
-	// is settled before the puller stops (defers run last in, first out).
+	// is settled before the puller stops (below).
 	groups := make(chan *startedGroup, 2)
 	settlerDone := make(chan struct{})
 	go func() {
@@ -108,24 +109,34 @@ func (b *Bus) consumePipelinedMsgs(ctx context.Context, cons jetstream.Consumer,
 			close(g.done)
 		}
 	}()
-	defer func() {
-		close(groups)
-		<-settlerDone
-	}()
 	// The fetcher takes the messages and has them prepared (newMsg, key,
 	// spec.Prepare) on several goroutines; they reach the starter below
-	// in stream order. A message taken and never started (the consumer
-	// stops) is handed back for redelivery.
+	// in stream order.
 	fctx, stopFetch := context.WithCancel(ctx)
 	out := b.fetchPrepared(fctx, p, spec, key)
+	var unstarted []*fetched // taken, never to be started
 	defer func() {
+		// Stop taking and pulling, settle what was started (kept alive
+		// meanwhile), and only then hand back what was taken and not
+		// started. Handed back before the settling, a message could reach
+		// another consumer (a new leader) while an earlier message of its
+		// key is unsettled here; handed back, or Nak'ed by its settling,
+		// while this iterator still pulls, it would come back into its
+		// buffer and wait out AckWait (both from a review).
 		stopFetch()
 		for f := range out {
 			if f.raw != nil {
-				<-f.ready
-				_ = f.raw.Nak()
-				p.hold.done(f.raw)
+				unstarted = append(unstarted, f)
 			}
+		}
+		p.it.Stop()
+		close(groups)
+		<-settlerDone
+		p.stop()
+		for _, f := range unstarted {
+			<-f.ready
+			_ = f.raw.Nak()
+			p.hold.done(f.raw)
 		}
 	}()
 	var handed []*startedGroup // handed to the settler, oldest first; maybe settled
@@ -162,6 +173,9 @@ func (b *Bus) consumePipelinedMsgs(ctx context.Context, cons jetstream.Consumer,
 	for f := range out {
 		switch {
 		case ctx.Err() != nil:
+			if f.raw != nil {
+				unstarted = append(unstarted, f)
+			}
 			hand(g)
 			return ctx.Err()
 		case f.err != nil:
@@ -204,8 +218,8 @@ func (b *Bus) consumePipelinedMsgs(ctx context.Context, cons jetstream.Consumer,
 // on their way together (up to spec.Batch, waiting only for the first).
 // The channel is closed once nothing more comes.
 func (b *Bus) fetchPrepared(ctx context.Context, p *puller, spec ConsumerSpec, key func(*Msg) string) <-chan *fetched {
-	out := make(chan *fetched, 2*spec.Batch)
-	work := make(chan *fetched, 2*spec.Batch)
+	out := make(chan *fetched, spec.Batch)
+	work := make(chan *fetched, spec.Batch)
 	var wg sync.WaitGroup
 	for range min(prepareWorkers, runtime.GOMAXPROCS(0)) {
 		wg.Go(func() {
@@ -222,16 +236,12 @@ func (b *Bus) fetchPrepared(ctx context.Context, p *puller, spec ConsumerSpec, k
 			return false
 		}
 	}
-	take := func(raw jetstream.Msg) bool {
+	take := func(raw jetstream.Msg) {
+		// Always sent, even once ctx ended: the starter reads until the
+		// channel closes, and hands back what it does not start.
 		f := &fetched{raw: raw, ready: make(chan struct{})}
-		if !send(f) {
-			// Never reaches the starter: hand it back here.
-			_ = raw.Nak()
-			p.hold.done(raw)
-			return false
-		}
+		out <- f
 		work <- f
-		return true
 	}
 	go func() {
 		defer close(out)
@@ -243,18 +253,14 @@ func (b *Bus) fetchPrepared(ctx context.Context, p *puller, spec ConsumerSpec, k
 				send(&fetched{err: err})
 				return
 			}
-			if !take(raw) {
-				return
-			}
+			take(raw)
 			for n := 1; n < spec.Batch; n++ {
 				raw, err := p.it.Next(jetstream.NextMaxWait(batchGather))
 				if err != nil {
 					break // nothing more on its way: the group ends here
 				}
 				p.hold.add(raw)
-				if !take(raw) {
-					return
-				}
+				take(raw)
 			}
 			if !send(&fetched{group: true}) {
 				return

@@ -310,3 +310,89 @@ func TestConsumePipelinedPrepares(t *testing.T) {
 		}
 	}
 }
+
+// TestConsumePipelinedHandsBackWhatItDidNotStart: messages taken but not
+// started when the consumer stops, including while a started one still
+// settles, go to the next consumer at once, not after AckWait (30 s
+// here). (From a review: one was dropped at every stop, and the others
+// were handed back into the stopping consumer's own buffer.)
+func TestConsumePipelinedHandsBackWhatItDidNotStart(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		slowWait  bool // a started message's wait outlasts the stop by 500 ms
+		stopAfter int  // the message whose start cancels
+	}{
+		{"stopped between starts", false, 10},
+		{"stopped while one settles", true, 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := connect(t)
+			bg := context.Background()
+			const n = 50
+			for i := range n {
+				c := contracts.CancelRequest{JobID: fmt.Sprintf("k%02d", i)}
+				if _, err := b.Publish(bg, contracts.SubjectCancel("acme"), fmt.Sprint("m", i), c); err != nil {
+					t.Fatal(err)
+				}
+			}
+			spec := bus.ConsumerSpec{Stream: contracts.StreamJobs, Durable: "handback", Batch: 64, AckWait: 30 * time.Second,
+				Key: func(m *bus.Msg) string {
+					var c contracts.CancelRequest
+					_ = m.Decode(&c)
+					return c.JobID
+				}}
+			ctx1, cancel1 := context.WithCancel(bg)
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				_ = b.ConsumePipelined(ctx1, spec, func(ctx context.Context, m *bus.Msg) func() error {
+					var c contracts.CancelRequest
+					_ = m.Decode(&c)
+					switch c.JobID {
+					case "k00":
+						if tc.slowWait {
+							return func() error { <-ctx.Done(); time.Sleep(500 * time.Millisecond); return nil }
+						}
+					case fmt.Sprintf("k%02d", tc.stopAfter):
+						time.Sleep(200 * time.Millisecond) // the fetcher takes the rest meanwhile
+						cancel1()
+					}
+					return nil
+				})
+			}()
+			<-done
+			var mu sync.Mutex
+			seen := map[string]bool{}
+			ctx2, cancel2 := context.WithCancel(bg)
+			defer cancel2()
+			go func() {
+				_ = b.ConsumePipelined(ctx2, spec, func(_ context.Context, m *bus.Msg) func() error {
+					var c contracts.CancelRequest
+					_ = m.Decode(&c)
+					mu.Lock()
+					seen[c.JobID] = true
+					mu.Unlock()
+					return nil
+				})
+			}()
+			missing := func() []string {
+				mu.Lock()
+				defer mu.Unlock()
+				var ks []string
+				for i := tc.stopAfter + 1; i < n; i++ {
+					if k := fmt.Sprintf("k%02d", i); !seen[k] {
+						ks = append(ks, k)
+					}
+				}
+				return ks
+			}
+			deadline := time.Now().Add(8 * time.Second)
+			for len(missing()) > 0 && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
+			}
+			if ks := missing(); len(ks) > 0 {
+				t.Fatalf("taken and not started, yet not handed back at the stop (8 s; AckWait 30 s): %v", ks)
+			}
+		})
+	}
+}
