@@ -182,8 +182,9 @@ var Buckets = []BucketAccess{
 	// resource manager and the gateway only their own keys (RMSnapshotKeys,
 	// GatewaySnapshotKeys).
 	{Bucket: BucketSnapshots, Writers: roles(BusScheduler),
-		KeyWriters: map[BusRole][]string{BusResourceManager: {RMSnapshotKeys}, BusGateway: {GatewaySnapshotKeys}},
-		Readers:    roles(BusScheduler, BusResourceManager, BusGateway, BusAdmin)},
+		KeyWriters: map[BusRole][]string{BusResourceManager: {RMSnapshotKeys}, BusGateway: {GatewaySnapshotKeys},
+			BusBilling: {BillingSnapshotKeys}},
+		Readers: roles(BusScheduler, BusResourceManager, BusGateway, BusBilling, BusAdmin)},
 	{Bucket: BucketQuotas, Writers: roles(BusGateway, BusAdmin), Readers: roles(services, BusAdmin)},
 	{Bucket: BucketPools, Writers: roles(BusGateway, BusAdmin), Readers: roles(services, BusAdmin)},
 	// Node holds: cordon and drain by administrators (the gateway), spot

@@ -60,7 +60,7 @@ func KeyValues(o StreamOptions) []jetstream.KeyValueConfig {
 		// Leases are written by compare-and-set only; one value per key is
 		// all a reader needs (the epoch lives in the value).
 		kv(BucketLeases, "leader leases with fencing epochs", 1),
-		kv(BucketSnapshots, "schedulers' snapshots of their log of record (chunks and a head)", 1),
+		kv(BucketSnapshots, "services' snapshots of their log of record (chunks and a head)", 1),
 		kv(BucketQuotas, "quota and fair-share weight per tenant", 16),
 		kv(BucketPools, "placement policy per pool", 16),
 		kv(BucketNodeAdmin, "cordon and drain per node", 16),

@@ -18,3 +18,19 @@ func GatewaySnapshotHeadKey() string { return "gateway.head" }
 func GatewaySnapshotChunkKey(slot, i int) string {
 	return "gateway." + string(rune('a'+slot)) + "." + strconv.Itoa(i)
 }
+
+// Billing's checkpoint of what USAGE holds (services/billing/internal
+// /biller/checkpoint.go) lives in BucketSnapshots under keys of its own
+// that every replica shares (it is a pure fold of USAGE, whichever replica
+// wrote it): BillingSnapshotHeadKey and BillingSnapshotChunkKey, all
+// matched by BillingSnapshotKeys, the only keys billing may write there.
+const BillingSnapshotKeys = "billing.>"
+
+// BillingSnapshotHeadKey is the key of billing's checkpoint head.
+func BillingSnapshotHeadKey() string { return "billing.head" }
+
+// BillingSnapshotChunkKey is the key of chunk i of billing's checkpoint in
+// slot (0 or 1).
+func BillingSnapshotChunkKey(slot, i int) string {
+	return "billing." + string(rune('a'+slot)) + "." + strconv.Itoa(i)
+}

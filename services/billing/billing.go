@@ -71,6 +71,11 @@ type Config struct {
 	// billed to their end that the store confirms (internal/biller,
 	// forget.go); default 1 s, 0 keeps them all (as before issue 17).
 	ForgetInterval time.Duration
+	// CheckpointInterval is how often the checkpoint a start restores is
+	// written (checkpoint.go); default 1 min, 0 writes none and reads
+	// none. Only with ForgetInterval: without forgetting, a checkpoint
+	// would hold every allocation ever billed.
+	CheckpointInterval time.Duration
 	// Now is the clock of budget periods; default time.Now. Not a flag.
 	Now func() time.Time
 }
@@ -79,7 +84,8 @@ type Config struct {
 // GPUPLANE_BILLING_REDIS from the environment.
 func DefaultConfig() Config {
 	return Config{Bus: service.DefaultBusConfig(), RedisAddr: os.Getenv("GPUPLANE_BILLING_REDIS"),
-		StoreRetryDelay: 5 * time.Second, BudgetInterval: 30 * time.Second, ForgetInterval: time.Second}
+		StoreRetryDelay: 5 * time.Second, BudgetInterval: 30 * time.Second, ForgetInterval: time.Second,
+		CheckpointInterval: time.Minute}
 }
 
 // RegisterFlags adds billing's flags to fs, defaulting to c.
@@ -89,6 +95,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.StoreRetryDelay, "store-retry", c.StoreRetryDelay, "how long usage waits while the store is unavailable")
 	fs.DurationVar(&c.BudgetInterval, "budget-interval", c.BudgetInterval, "how often every budget is evaluated again")
 	fs.DurationVar(&c.ForgetInterval, "forget-interval", c.ForgetInterval, "how often billed allocations the store confirms are forgotten; 0 keeps them")
+	fs.DurationVar(&c.CheckpointInterval, "checkpoint-interval", c.CheckpointInterval, "how often the checkpoint a start restores is written, instead of reading USAGE whole; 0: none (needs -forget-interval)")
 }
 
 // Validate reports every problem at once.
@@ -99,6 +106,9 @@ func (c Config) Validate() error {
 	}
 	if c.BudgetInterval < 0 {
 		errs = append(errs, fmt.Errorf("budget interval is %s; want ≥ 0", c.BudgetInterval))
+	}
+	if c.CheckpointInterval < 0 {
+		errs = append(errs, fmt.Errorf("checkpoint interval is %s; want ≥ 0", c.CheckpointInterval))
 	}
 	if c.ForgetInterval < 0 {
 		errs = append(errs, fmt.Errorf("forget interval is %s; want ≥ 0", c.ForgetInterval))
@@ -154,7 +164,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 func run(ctx context.Context, cfg Config, rt *service.Runtime, store Store) error {
 	log, b := rt.Log, rt.Bus
 	buckets := map[string]jetstream.KeyValue{}
-	for _, name := range []string{contracts.BucketPriceBook, contracts.BucketBudgets, contracts.BucketBudgetStatus} {
+	for _, name := range []string{contracts.BucketPriceBook, contracts.BucketBudgets, contracts.BucketBudgetStatus,
+		contracts.BucketSnapshots} {
 		kv, err := b.KeyValue(ctx, name)
 		if err != nil {
 			return fmt.Errorf("%s: %w", Name, err)
@@ -176,8 +187,18 @@ func run(ctx context.Context, cfg Config, rt *service.Runtime, store Store) erro
 	if cfg.ForgetInterval > 0 {
 		bcfg.Index = store
 	}
-	bl := biller.New(bcfg)
-	if err := bl.Rebuild(gctx); err != nil {
+	var (
+		bl   *biller.Biller
+		from []byte // the checkpoint the start used
+		err  error
+	)
+	if checkpointing := cfg.ForgetInterval > 0 && cfg.CheckpointInterval > 0; checkpointing {
+		bl, from, err = startBiller(gctx, b, buckets[contracts.BucketSnapshots], bcfg, store, log)
+	} else {
+		bl = biller.New(bcfg)
+		err = bl.Rebuild(gctx)
+	}
+	if err != nil {
 		return errors.Join(fmt.Errorf("%s: %w", Name, err), g.Wait())
 	}
 	if err := mark.Init(gctx, bl.MeteredUntil()); err != nil {
@@ -221,6 +242,12 @@ func run(ctx context.Context, cfg Config, rt *service.Runtime, store Store) erro
 	g.Go(func() error { return proj.Run(gctx) })
 	if cfg.ForgetInterval > 0 {
 		g.Go(func() error { forget(gctx, bl, cfg.ForgetInterval, log); return nil })
+		if cfg.CheckpointInterval > 0 {
+			g.Go(func() error {
+				return checkpoints(gctx, b, buckets[contracts.BucketSnapshots], bcfg, from, cfg.CheckpointInterval,
+					cfg.ForgetInterval, log)
+			})
+		}
 	}
 	g.Go(func() error { return budgets.Run(gctx) })
 	return g.Wait()
@@ -228,8 +255,13 @@ func run(ctx context.Context, cfg Config, rt *service.Runtime, store Store) erro
 
 // forget has the biller forget, every interval, the allocations it billed
 // to their end that the store confirms, until ctx ends. A failure is
-// logged: what is not forgotten now is the next round's.
+// logged: what is not forgotten now is the next round's. (The checkpoint
+// fold's rounds log at debug level only, under their own message.)
 func forget(ctx context.Context, bl *biller.Biller, interval time.Duration, log *slog.Logger) {
+	forgetLogged(ctx, bl, interval, log, "forgot billed allocations the store holds")
+}
+
+func forgetLogged(ctx context.Context, bl *biller.Biller, interval time.Duration, log *slog.Logger, forgot string) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -242,7 +274,7 @@ func forget(ctx context.Context, bl *biller.Biller, interval time.Duration, log 
 		if err != nil && ctx.Err() == nil {
 			log.Warn("billed allocations not forgotten this round", "forgotten", n, "err", err)
 		} else if n > 0 {
-			log.Debug("forgot billed allocations the store holds", "forgotten", n)
+			log.Debug(forgot, "forgotten", n)
 		}
 	}
 }

@@ -347,8 +347,11 @@ func (h tapHandler) Handle(ctx context.Context, r slog.Record) error {
 	}
 	h.l.n[r.Message]++
 	r.Attrs(func(a slog.Attr) bool {
-		if a.Value.Kind() == slog.KindInt64 {
+		switch a.Value.Kind() {
+		case slog.KindInt64:
 			h.l.sums[r.Message+"/"+a.Key] += a.Value.Int64()
+		case slog.KindUint64:
+			h.l.sums[r.Message+"/"+a.Key] += int64(a.Value.Uint64())
 		}
 		return true
 	})

@@ -132,6 +132,7 @@ type Biller struct {
 	round   int               // Forget's rounds
 	last    map[string]uint64 // usage subject → last sequence applied
 	until   time.Time         // end of the latest segment in USAGE
+	seq     uint64            // last USAGE sequence replayed or folded (checkpoint.go)
 }
 
 // New returns a biller.
@@ -468,6 +469,7 @@ func (b *Biller) catchUp(ctx context.Context, subj string) error {
 
 // apply takes one record of USAGE into what the biller knows.
 func (b *Biller) apply(_ context.Context, m *bus.Msg) error {
+	b.seq = max(b.seq, m.StreamSeq)
 	var rec contracts.UsageRecord
 	if err := m.Decode(&rec); err != nil || rec.AllocationID == "" {
 		b.cfg.Log.Warn("skipping unreadable usage record", "subject", m.Subject, "stream_seq", m.StreamSeq, "err", err)

@@ -1,0 +1,179 @@
+package billing
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/kvsnap"
+	"github.com/gpuplane/gpuplane/services/billing/internal/biller"
+)
+
+// Billing's start from a checkpoint (issue 17: nothing grows with
+// history; internal/biller/checkpoint.go says what one holds and why it is
+// a start's state). Every replica folds USAGE in order beside its work
+// and writes the fold now and then to contracts.BucketSnapshots; a start
+// restores the newest and replays USAGE only after it. USAGE stays the
+// truth: a checkpoint missing, unreadable, of another schema, of another
+// life of USAGE or ahead of it, or one whose forgetting the store's
+// generation no longer holds, is ignored and USAGE is replayed whole.
+
+// checkpointStore is billing's checkpoint in kv. Every replica writes the
+// same keys, each a fold of the same stream, so any replica's is a start's
+// state; one behind another's only costs its start a longer tail. (Not
+// CompareAndSet: a write that forgot more at the same sequence must land.)
+// Two writing at once can leave a head whose checksum fails: the next
+// start reads USAGE whole.
+func checkpointStore(kv jetstream.KeyValue) kvsnap.Store {
+	return kvsnap.Store{KV: kv, HeadKey: contracts.BillingSnapshotHeadKey(), ChunkKey: contracts.BillingSnapshotChunkKey,
+		Parts: kvsnap.NewParts()}
+}
+
+// checkpointFile is what is stored: the fold's state and the life of
+// USAGE it was read from.
+type checkpointFile struct {
+	Created string          `json:"created"`
+	State   json.RawMessage `json:"state"`
+}
+
+// generation is what a start asks the store: its content's generation
+// (Store.Open).
+type generation interface {
+	Open(ctx context.Context) (string, error)
+}
+
+// startBiller returns a biller holding what USAGE holds: restored from the
+// checkpoint and the records after it when one fits, else replayed whole;
+// and the checkpoint used (nil when none).
+func startBiller(ctx context.Context, b *bus.Bus, kv jetstream.KeyValue, cfg biller.Config, gen generation,
+	log *slog.Logger) (*biller.Biller, []byte, error) {
+	if state, seq, why := loadCheckpoint(ctx, b, kv, cfg, gen); why == nil {
+		bl, _, _, err := biller.Restore(cfg, state)
+		if err == nil {
+			if err = bl.ReplayFrom(ctx, seq); err == nil {
+				log.Info("billing started from its checkpoint", "checkpoint_seq", seq, "usage_seq", bl.Seq())
+				return bl, state, nil
+			}
+		}
+		if ctx.Err() != nil {
+			return nil, nil, ctx.Err()
+		}
+		log.Warn("billing checkpoint not usable; reading USAGE whole", "err", err)
+	} else if !errors.Is(why, kvsnap.ErrNone) {
+		log.Info("billing checkpoint not used; reading USAGE whole", "why", why)
+	}
+	bl := biller.New(cfg)
+	if err := bl.Rebuild(ctx); err != nil {
+		return nil, nil, err
+	}
+	return bl, nil, nil
+}
+
+// loadCheckpoint reads the checkpoint and says why it does not fit, if it
+// does not.
+func loadCheckpoint(ctx context.Context, b *bus.Bus, kv jetstream.KeyValue, cfg biller.Config,
+	gen generation) (state []byte, seq uint64, why error) {
+	data, _, err := checkpointStore(kv).Read(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	var f checkpointFile
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, 0, fmt.Errorf("%w: %w", kvsnap.ErrBad, err)
+	}
+	_, seq, needs, err := biller.Restore(cfg, f.State)
+	if err != nil {
+		return nil, 0, err
+	}
+	lives, err := kvsnap.Lives(ctx, b.JetStream(), contracts.StreamUsage)
+	if err != nil {
+		return nil, 0, err
+	}
+	if err := kvsnap.Stale(contracts.StreamUsage, lives[contracts.StreamUsage], f.Created, seq); err != nil {
+		return nil, 0, err
+	}
+	if needs != "" {
+		// What the fold forgot, the store confirmed in generation needs:
+		// another generation may not hold it yet.
+		g, err := gen.Open(ctx)
+		if err != nil || g != needs {
+			return nil, 0, fmt.Errorf("the checkpoint forgot what the store's generation %q confirmed; the store is at %q (%v)",
+				needs, g, err)
+		}
+	}
+	return f.State, seq, nil
+}
+
+// checkpoints folds USAGE, from the checkpoint the start used (or from
+// its first record), forgets as the serving biller does, and writes the
+// fold every interval it moved, until ctx ends.
+func checkpoints(ctx context.Context, b *bus.Bus, kv jetstream.KeyValue, cfg biller.Config, from []byte,
+	interval, forgetEvery time.Duration, log *slog.Logger) error {
+	fold := biller.New(cfg)
+	if from != nil {
+		var err error
+		if fold, _, _, err = biller.Restore(cfg, from); err != nil {
+			return err
+		}
+	}
+	created, err := usageCreated(ctx, b)
+	if err != nil {
+		return err
+	}
+	go forgetLogged(ctx, fold, forgetEvery, log, "checkpoint fold forgot billed allocations the store holds")
+	go func() {
+		_ = b.Follow(ctx, bus.FollowSpec{Stream: contracts.StreamUsage, FilterSubjects: []string{contracts.SubjectUsageAll},
+			StartSeq: fold.Seq() + 1}, fold.ApplyFolded, nil)
+	}()
+	store := checkpointStore(kv)
+	written, forgets := fold.Seq(), fold.Forgets()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		seq, f := fold.Seq(), fold.Forgets()
+		if seq <= written && f == forgets {
+			continue
+		}
+		_, err := store.Write(ctx, seq, func() ([]byte, error) {
+			state, _, err := fold.Checkpoint()
+			if err != nil {
+				return nil, err
+			}
+			return marshalCheckpoint(created, state)
+		})
+		switch {
+		case err == nil:
+			log.Debug("billing checkpoint written", "usage_seq", seq)
+		case ctx.Err() == nil:
+			log.Warn("billing checkpoint not written", "err", err)
+			continue
+		}
+		written, forgets = seq, f
+	}
+}
+
+// usageCreated is the life of USAGE a checkpoint is read from.
+func usageCreated(ctx context.Context, b *bus.Bus) (string, error) {
+	lives, err := kvsnap.Lives(ctx, b.JetStream(), contracts.StreamUsage)
+	if err != nil {
+		return "", err
+	}
+	return lives[contracts.StreamUsage].Created, nil
+}
+
+// marshalCheckpoint is what is stored of a fold's state (Checkpoint's).
+func marshalCheckpoint(created string, state []byte) ([]byte, error) {
+	return json.Marshal(checkpointFile{Created: created, State: state})
+}

@@ -1,0 +1,182 @@
+package billing_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/kvsnap"
+	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
+	"github.com/gpuplane/gpuplane/services/billing"
+)
+
+// TestAStartFromTheCheckpointBillsAsAFullReplay: billing writes a
+// checkpoint of what USAGE holds (issue 17: a start no longer reads USAGE
+// whole), and a restart on the same Redis starts from it, reading nothing
+// of USAGE before it, then bills every input as a start that read USAGE
+// whole would: the agents of a lost node come back and void their runs'
+// provisional bills (allocations the checkpoint kept whole), and every
+// input comes again past the duplicate window and through consumers
+// created again (allocations the checkpoint forgot). On a memory store a
+// restart is a new generation, which does not hold what the checkpoint
+// forgot: USAGE is read whole, and the bills are the same.
+func TestAStartFromTheCheckpointBillsAsAFullReplay(t *testing.T) {
+	for _, storeName := range []string{"redis", "memory"} {
+		t.Run(storeName, func(t *testing.T) {
+			seed := rand.Uint64()
+			t.Logf("seed %d", seed)
+			rng := rand.New(rand.NewPCG(seed, 2))
+			srv := natstest.Start(t)
+			b := connect(t, srv)
+			inventory(t, b, "n1", "h100", "on-demand")
+			newStore := func() billing.Store { return billing.NewMemoryStore() }
+			if storeName == "redis" {
+				redisSrv := startRedis(t, false)
+				newStore = func() billing.Store { return newRedisStore(t, redisSrv, billing.RedisConfig{}) }
+			}
+			fast := func(c *billing.Config) {
+				c.ForgetInterval, c.CheckpointInterval = 20*time.Millisecond, 50*time.Millisecond
+			}
+			tap := &logTap{}
+			store := newStore()
+			stop := startLogged(t, srv, store, tap.logger(), fast)
+			bill := func(runs []forgetRun) {
+				for _, r := range shuffled(rng, runs) {
+					if r.lost {
+						publishInputs(t, b, r.rel) // the agent is away: billed provisionally
+						continue
+					}
+					publishInputs(t, b, r.fact, r.rel)
+				}
+				settleConsumers(t, b)
+			}
+			runs := forgetRuns(60)
+			first, tail := runs[:40], runs[40:]
+			bill(first)
+			waitFor(t, "the runs billed", func() (bool, string) { return billedAsRun(b, first, false) })
+			waitFor(t, "billing to forget the settled runs", func() (bool, string) {
+				n := tap.sum("forgot billed allocations the store holds", "forgotten")
+				return n >= int64(len(first)-countLost(first)), fmt.Sprintf("%d forgotten", n)
+			})
+			checkpointed := usageLast(t, b)
+			waitFor(t, "a checkpoint of all of USAGE, with the settled runs forgotten", func() (bool, string) {
+				cp := readCheckpoint(t, b)
+				return cp.State.Seq >= checkpointed && cp.State.Forgot != "" && len(cp.State.Settled) <= 1,
+					fmt.Sprintf("checkpoint covers %d of %d, forgot in %q, %d epochs", cp.State.Seq, checkpointed,
+						cp.State.Forgot, len(cp.State.Settled))
+			})
+			stop()
+			// More runs billed, by a billing that writes no checkpoint
+			// meanwhile: a tail of USAGE after the checkpoint.
+			stop = startLogged(t, srv, store, quietLog(), fast, func(c *billing.Config) { c.CheckpointInterval = time.Hour })
+			bill(tail)
+			waitFor(t, "the tail billed", func() (bool, string) { return billedAsRun(b, runs, false) })
+			stop()
+			last := usageLast(t, b)
+
+			if storeName == "memory" {
+				store = newStore()
+			}
+			tap = &logTap{}
+			stop = startLogged(t, srv, store, tap.logger(), fast)
+			defer stop()
+			waitFor(t, "the restarted billing to serve", func() (bool, string) {
+				n := tap.count("billing rebuilt from USAGE")
+				return n > 0, fmt.Sprintf("%d", n)
+			})
+			from, to := tap.sum("billing started from its checkpoint", "checkpoint_seq"), tap.sum("billing started from its checkpoint", "usage_seq")
+			switch {
+			case storeName == "redis" && (from != int64(checkpointed) || to != int64(last)):
+				t.Fatalf("the restart did not start from the checkpoint of USAGE up to %d and read the tail to %d: from %d to %d (%d starts from it)",
+					checkpointed, last, from, to, tap.count("billing started from its checkpoint"))
+			case storeName == "memory" && tap.count("billing started from its checkpoint") > 0:
+				t.Fatal("a restart on a new store generation started from a checkpoint that forgot what only the old one held")
+			}
+
+			check := func(what string, agentBack bool) {
+				t.Helper()
+				settleConsumers(t, b)
+				waitFor(t, what+": each run billed once, as the agent saw it", func() (bool, string) {
+					return billedAsRun(b, runs, agentBack)
+				})
+				if agentBack { // the totals storeHoldsRuns knows are the agents'
+					waitFor(t, what+": the store's job totals", func() (bool, string) { return storeHoldsRuns(store, runs) })
+				}
+			}
+			// First, before the restarted biller forgets anything itself:
+			// the settled runs' inputs again, past the duplicate window.
+			// Only what the checkpoint forgot, and in which generation,
+			// tells them apart from new runs.
+			natstest.ForgetMsgIDs(t, b.JetStream(), contracts.StreamAllocations)
+			natstest.ForgetMsgIDs(t, b.JetStream(), contracts.StreamRuns)
+			natstest.ForgetMsgIDs(t, b.JetStream(), contracts.StreamUsage)
+			for _, r := range shuffled(rng, runs) {
+				if !r.lost {
+					publishInputs(t, b, r.rel, r.fact)
+				}
+			}
+			check("copies past the duplicate window after the restart", false)
+			// The lost node's agents come back: their ends void the
+			// provisional bills, which only the checkpoint kept whole.
+			for _, r := range runs {
+				if r.lost {
+					publishInputs(t, b, r.fact)
+				}
+			}
+			check("the lost runs' ends after the restart", true)
+			ctx := context.Background()
+			for stream, name := range map[string]string{contracts.StreamAllocations: billing.Consumer,
+				contracts.StreamRuns: billing.RunsConsumer} {
+				if err := b.JetStream().DeleteConsumer(ctx, stream, name); err != nil {
+					t.Fatal(err)
+				}
+			}
+			check("consumers created again after the restart", true)
+		})
+	}
+}
+
+// usageLast is USAGE's last sequence.
+func usageLast(t *testing.T, b *bus.Bus) uint64 {
+	t.Helper()
+	st, err := b.JetStream().Stream(context.Background(), contracts.StreamUsage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.CachedInfo().State.LastSeq
+}
+
+// storedCheckpoint is what billing's checkpoint says of itself (its
+// encoding: services/billing/checkpoint.go, internal/biller/checkpoint.go).
+type storedCheckpoint struct {
+	State struct {
+		Seq     uint64            `json:"seq"`
+		Forgot  string            `json:"forgot"`
+		Settled []json.RawMessage `json:"settled"`
+	} `json:"state"`
+}
+
+// readCheckpoint reads billing's checkpoint (zero: none yet).
+func readCheckpoint(t *testing.T, b *bus.Bus) storedCheckpoint {
+	t.Helper()
+	ctx := context.Background()
+	var cp storedCheckpoint
+	kv, err := b.JetStream().KeyValue(ctx, contracts.BucketSnapshots)
+	if err != nil {
+		return cp
+	}
+	data, _, err := kvsnap.Store{KV: kv, HeadKey: contracts.BillingSnapshotHeadKey(),
+		ChunkKey: contracts.BillingSnapshotChunkKey}.Read(ctx)
+	if err != nil {
+		return cp
+	}
+	if err := json.Unmarshal(data, &cp); err != nil {
+		t.Fatalf("billing's checkpoint: %v", err)
+	}
+	return cp
+}
