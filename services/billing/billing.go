@@ -244,8 +244,9 @@ func run(ctx context.Context, cfg Config, rt *service.Runtime, store Store) erro
 		g.Go(func() error { forget(gctx, bl, cfg.ForgetInterval, log); return nil })
 		if cfg.CheckpointInterval > 0 {
 			g.Go(func() error {
-				return checkpoints(gctx, b, buckets[contracts.BucketSnapshots], bcfg, from, cfg.CheckpointInterval,
+				checkpoints(gctx, b, buckets[contracts.BucketSnapshots], bcfg, from, cfg.CheckpointInterval,
 					cfg.ForgetInterval, log)
+				return nil
 			})
 		}
 	}

@@ -113,24 +113,38 @@ func loadCheckpoint(ctx context.Context, b *bus.Bus, kv jetstream.KeyValue, cfg 
 
 // checkpoints folds USAGE, from the checkpoint the start used (or from
 // its first record), forgets as the serving biller does, and writes the
-// fold every interval it moved, until ctx ends.
+// fold every interval it moved, until ctx ends. It never fails billing:
+// without checkpoints a start reads USAGE whole, as before.
 func checkpoints(ctx context.Context, b *bus.Bus, kv jetstream.KeyValue, cfg biller.Config, from []byte,
-	interval, forgetEvery time.Duration, log *slog.Logger) error {
+	interval, forgetEvery time.Duration, log *slog.Logger) {
 	fold := biller.New(cfg)
 	if from != nil {
 		var err error
 		if fold, _, _, err = biller.Restore(cfg, from); err != nil {
-			return err
+			log.Warn("billing checkpoints off: the checkpoint the start used does not restore", "err", err)
+			return
 		}
 	}
-	created, err := usageCreated(ctx, b)
-	if err != nil {
-		return err
+	var created string
+	for {
+		var err error
+		if created, err = usageCreated(ctx, b); err == nil {
+			break
+		}
+		log.Warn("billing checkpoints wait for USAGE", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(interval):
+		}
 	}
 	go forgetLogged(ctx, fold, forgetEvery, log, "checkpoint fold forgot billed allocations the store holds")
 	go func() {
-		_ = b.Follow(ctx, bus.FollowSpec{Stream: contracts.StreamUsage, FilterSubjects: []string{contracts.SubjectUsageAll},
+		err := b.Follow(ctx, bus.FollowSpec{Stream: contracts.StreamUsage, FilterSubjects: []string{contracts.SubjectUsageAll},
 			StartSeq: fold.Seq() + 1}, fold.ApplyFolded, nil)
+		if err != nil && ctx.Err() == nil {
+			log.Warn("billing checkpoint fold stopped reading USAGE; checkpoints stand still", "err", err)
+		}
 	}()
 	store := checkpointStore(kv)
 	written, forgets := fold.Seq(), fold.Forgets()
@@ -139,8 +153,11 @@ func checkpoints(ctx context.Context, b *bus.Bus, kv jetstream.KeyValue, cfg bil
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-t.C:
+		}
+		if recalled, err := fold.RecallIfStale(ctx); recalled {
+			log.Info("billing checkpoint fold read USAGE back: the store is in a new generation", "err", err)
 		}
 		seq, f := fold.Seq(), fold.Forgets()
 		if seq <= written && f == forgets {

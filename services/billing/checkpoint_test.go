@@ -34,9 +34,10 @@ func TestAStartFromTheCheckpointBillsAsAFullReplay(t *testing.T) {
 			srv := natstest.Start(t)
 			b := connect(t, srv)
 			inventory(t, b, "n1", "h100", "on-demand")
+			var redisSrv *redisServer
 			newStore := func() billing.Store { return billing.NewMemoryStore() }
 			if storeName == "redis" {
-				redisSrv := startRedis(t, false)
+				redisSrv = startRedis(t, false)
 				newStore = func() billing.Store { return newRedisStore(t, redisSrv, billing.RedisConfig{}) }
 			}
 			fast := func(c *billing.Config) {
@@ -137,6 +138,39 @@ func TestAStartFromTheCheckpointBillsAsAFullReplay(t *testing.T) {
 				}
 			}
 			check("consumers created again after the restart", true)
+			if redisSrv == nil {
+				return
+			}
+
+			// Redis restarts empty: a new generation, which holds none of
+			// what the fold forgot. The fold reads USAGE back (it asks the
+			// store nothing else that would make it), and a restart
+			// starts from a checkpoint of it.
+			old := readCheckpoint(t, b).State.Forgot
+			redisSrv.kill()
+			redisSrv.start()
+			fresh := forgetRunOf(alloc("t0", "fresh", 1, "n1", 2), 5)
+			runs = append(runs, fresh)
+			publishInputs(t, b, fresh.fact, fresh.rel) // the store notices its lost content at this write
+			check("a run billed while Redis rebuilds", true)
+			waitFor(t, "a checkpoint that holds what the new generation does not", func() (bool, string) {
+				// Read back, it forgets nothing for a minute (forgetHold):
+				// until then its checkpoints forget nothing either.
+				cp := readCheckpoint(t, b)
+				return cp.State.Forgot != old && cp.State.Seq >= usageLast(t, b),
+					fmt.Sprintf("forgot in %q (before: %q), covers %d", cp.State.Forgot, old, cp.State.Seq)
+			})
+			stop()
+			tap = &logTap{}
+			stop = startLogged(t, srv, store, tap.logger(), fast)
+			waitFor(t, "the billing restarted after Redis to serve", func() (bool, string) {
+				n := tap.count("billing rebuilt from USAGE")
+				return n > 0, fmt.Sprintf("%d", n)
+			})
+			if tap.count("billing started from its checkpoint") == 0 {
+				t.Error("after Redis restarted, no checkpoint of the new generation was used")
+			}
+			check("after Redis restarted and billing too", true)
 		})
 	}
 }

@@ -93,6 +93,24 @@ func (b *Biller) Forgets() uint64 {
 	return b.forgets
 }
 
+// RecallIfStale reads USAGE back into b, a fold, when the store's
+// generation is not the one b forgot in (Redis restarted or flushed): a
+// serving biller does that at its next question to the store (find), and
+// a fold asks none, so it would forget nothing more, and its checkpoints
+// would name a generation no start can use, until the process ends.
+func (b *Biller) RecallIfStale(ctx context.Context) (bool, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.forgot == "" || b.cfg.Index == nil {
+		return false, nil
+	}
+	gen, _, err := b.cfg.Index.Billed(ctx, nil)
+	if err != nil || gen == "" || gen == b.forgot {
+		return false, nil // no answer: the next round asks again
+	}
+	return true, b.recall(ctx)
+}
+
 // Checkpoint encodes what b holds (a fold's state) and the USAGE sequence
 // it covers.
 func (b *Biller) Checkpoint() ([]byte, uint64, error) {
