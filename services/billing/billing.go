@@ -189,7 +189,7 @@ func run(ctx context.Context, cfg Config, rt *service.Runtime, store Store) erro
 	}
 	var (
 		bl   *biller.Biller
-		from []byte // the checkpoint the start used
+		from *checkpointFile // the checkpoint the start used
 		err  error
 	)
 	if checkpointing := cfg.ForgetInterval > 0 && cfg.CheckpointInterval > 0; checkpointing {

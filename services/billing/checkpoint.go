@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -27,13 +29,15 @@ import (
 
 // checkpointStore is billing's checkpoint in kv. Every replica writes the
 // same keys, each a fold of the same stream, so any replica's is a start's
-// state; one behind another's only costs its start a longer tail. (Not
-// CompareAndSet: a write that forgot more at the same sequence must land.)
-// Two writing at once can leave a head whose checksum fails: the next
-// start reads USAGE whole.
+// state; one behind another's only costs its start a longer tail, and a
+// fold writes only once it has caught up with USAGE. (Not CompareAndSet: a
+// write that forgot more at the same sequence must land.) Two writing at
+// once can leave a head whose checksum fails: the next start reads USAGE
+// whole.
 func checkpointStore(kv jetstream.KeyValue) kvsnap.Store {
-	return kvsnap.Store{KV: kv, HeadKey: contracts.BillingSnapshotHeadKey(), ChunkKey: contracts.BillingSnapshotChunkKey,
-		Parts: kvsnap.NewParts()}
+	// Written whole (no Parts): parts pay with one writer, and a
+	// checkpoint is small (what is billed and not settled).
+	return kvsnap.Store{KV: kv, HeadKey: contracts.BillingSnapshotHeadKey(), ChunkKey: contracts.BillingSnapshotChunkKey}
 }
 
 // checkpointFile is what is stored: the fold's state and the life of
@@ -53,13 +57,13 @@ type generation interface {
 // checkpoint and the records after it when one fits, else replayed whole;
 // and the checkpoint used (nil when none).
 func startBiller(ctx context.Context, b *bus.Bus, kv jetstream.KeyValue, cfg biller.Config, gen generation,
-	log *slog.Logger) (*biller.Biller, []byte, error) {
-	if state, seq, why := loadCheckpoint(ctx, b, kv, cfg, gen); why == nil {
-		bl, _, _, err := biller.Restore(cfg, state)
+	log *slog.Logger) (*biller.Biller, *checkpointFile, error) {
+	if f, seq, why := loadCheckpoint(ctx, b, kv, cfg, gen); why == nil {
+		bl, _, _, err := biller.Restore(cfg, f.State)
 		if err == nil {
 			if err = bl.ReplayFrom(ctx, seq); err == nil {
 				log.Info("billing started from its checkpoint", "checkpoint_seq", seq, "usage_seq", bl.Seq())
-				return bl, state, nil
+				return bl, f, nil
 			}
 		}
 		if ctx.Err() != nil {
@@ -79,13 +83,13 @@ func startBiller(ctx context.Context, b *bus.Bus, kv jetstream.KeyValue, cfg bil
 // loadCheckpoint reads the checkpoint and says why it does not fit, if it
 // does not.
 func loadCheckpoint(ctx context.Context, b *bus.Bus, kv jetstream.KeyValue, cfg biller.Config,
-	gen generation) (state []byte, seq uint64, why error) {
+	gen generation) (f *checkpointFile, seq uint64, why error) {
 	data, _, err := checkpointStore(kv).Read(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
-	var f checkpointFile
-	if err := json.Unmarshal(data, &f); err != nil {
+	f = &checkpointFile{}
+	if err := json.Unmarshal(data, f); err != nil {
 		return nil, 0, fmt.Errorf("%w: %w", kvsnap.ErrBad, err)
 	}
 	_, seq, needs, err := biller.Restore(cfg, f.State)
@@ -108,25 +112,26 @@ func loadCheckpoint(ctx context.Context, b *bus.Bus, kv jetstream.KeyValue, cfg 
 				needs, g, err)
 		}
 	}
-	return f.State, seq, nil
+	return f, seq, nil
 }
 
 // checkpoints folds USAGE, from the checkpoint the start used (or from
 // its first record), forgets as the serving biller does, and writes the
-// fold every interval it moved, until ctx ends. It never fails billing:
-// without checkpoints a start reads USAGE whole, as before.
-func checkpoints(ctx context.Context, b *bus.Bus, kv jetstream.KeyValue, cfg biller.Config, from []byte,
+// fold every interval it moved once it has caught up, until ctx ends; it
+// returns once its goroutines have. It never fails billing: without
+// checkpoints a start reads USAGE whole, as before.
+func checkpoints(ctx context.Context, b *bus.Bus, kv jetstream.KeyValue, cfg biller.Config, from *checkpointFile,
 	interval, forgetEvery time.Duration, log *slog.Logger) {
-	fold := biller.New(cfg)
+	fold, created := biller.New(cfg), ""
 	if from != nil {
 		var err error
-		if fold, _, _, err = biller.Restore(cfg, from); err != nil {
+		if fold, _, _, err = biller.Restore(cfg, from.State); err != nil {
 			log.Warn("billing checkpoints off: the checkpoint the start used does not restore", "err", err)
 			return
 		}
+		created = from.Created
 	}
-	var created string
-	for {
+	for created == "" { // the life of USAGE the fold reads, before it reads
 		var err error
 		if created, err = usageCreated(ctx, b); err == nil {
 			break
@@ -138,14 +143,19 @@ func checkpoints(ctx context.Context, b *bus.Bus, kv jetstream.KeyValue, cfg bil
 		case <-time.After(interval):
 		}
 	}
-	go forgetLogged(ctx, fold, forgetEvery, log, "checkpoint fold forgot billed allocations the store holds")
-	go func() {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() {
+		forgetLogged(ctx, fold, forgetEvery, log, "checkpoint fold forgot billed allocations the store holds")
+	})
+	var caughtUp atomic.Bool
+	wg.Go(func() {
 		err := b.Follow(ctx, bus.FollowSpec{Stream: contracts.StreamUsage, FilterSubjects: []string{contracts.SubjectUsageAll},
-			StartSeq: fold.Seq() + 1}, fold.ApplyFolded, nil)
+			StartSeq: fold.Seq() + 1}, fold.ApplyFolded, func() { caughtUp.Store(true) })
 		if err != nil && ctx.Err() == nil {
 			log.Warn("billing checkpoint fold stopped reading USAGE; checkpoints stand still", "err", err)
 		}
-	}()
+	})
 	store := checkpointStore(kv)
 	written, forgets := fold.Seq(), fold.Forgets()
 	t := time.NewTicker(interval)
@@ -160,7 +170,7 @@ func checkpoints(ctx context.Context, b *bus.Bus, kv jetstream.KeyValue, cfg bil
 			log.Info("billing checkpoint fold read USAGE back: the store is in a new generation", "err", err)
 		}
 		seq, f := fold.Seq(), fold.Forgets()
-		if seq <= written && f == forgets {
+		if !caughtUp.Load() || seq <= written && f == forgets {
 			continue
 		}
 		_, err := store.Write(ctx, seq, func() ([]byte, error) {

@@ -103,7 +103,7 @@ func BenchmarkStart(b *testing.B) {
 		b.Run(mode, func(b *testing.B) {
 			for range b.N {
 				var bl *biller.Biller
-				var used []byte
+				var used *checkpointFile
 				if mode == "whole" {
 					bl = biller.New(cfg)
 					if err := bl.Rebuild(ctx); err != nil {

@@ -173,6 +173,33 @@ func TestRedisStoreNoticesLostContent(t *testing.T) {
 	}
 }
 
+// TestRedisStoreOpenedAfterARestartStartsANewGeneration: the server
+// restarts (here from its whole append-only file; as well from older
+// data) while no process has it open; a store opened afterwards, by a new
+// process with no run_id of its own to compare, still starts a new
+// generation: billing's checkpoints trust a generation across processes.
+// One opened again without a restart keeps it.
+func TestRedisStoreOpenedAfterARestartStartsANewGeneration(t *testing.T) {
+	ctx := context.Background()
+	r := startRedis(t, true)
+	gen, err := newRedisStore(t, r, billing.RedisConfig{}).Open(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := newRedisStore(t, r, billing.RedisConfig{}).Open(ctx); err != nil || again != gen {
+		t.Fatalf("a second process without a restart: %q, %v; want %q", again, err, gen)
+	}
+	r.kill()
+	r.start()
+	if v, _ := r.client().Get(ctx, "{gp-billing}:gen").Result(); v != gen {
+		t.Fatalf("the generation did not survive the restart on disk (%q): the test proves nothing", v)
+	}
+	gen2, err := newRedisStore(t, r, billing.RedisConfig{}).Open(ctx)
+	if err != nil || gen2 == gen {
+		t.Fatalf("Open by a new process after the server restarted: %q, %v; want a new generation (was %q)", gen2, err, gen)
+	}
+}
+
 // TestRedisBreakerFailsFastAndRecovers: with the server gone, calls fail;
 // after three the breaker opens and calls fail at once with
 // ErrStoreUnavailable; once it is back, the breaker closes again.

@@ -174,7 +174,15 @@ func (s *RedisStore) do(ctx context.Context, fn func(ctx context.Context) error)
 }
 
 // Open implements Store. It clears the store and starts a new generation
-// when the server restarted since the last Open or holds no generation.
+// when the server restarted since the generation began or holds no
+// generation.
+//
+// The server's run_id at the generation's start is kept beside it
+// (genrun): a process that starts after the server restarted has no run_id
+// of its own to compare, and the server may have come back from older
+// data, with the generation but without what it confirmed since. Before
+// billing's checkpoints nothing trusted a generation across processes (a
+// start read USAGE whole); a checkpoint does (issue 17, from a review).
 func (s *RedisStore) Open(ctx context.Context) (string, error) {
 	var gen string
 	err := s.do(ctx, func(ctx context.Context) error {
@@ -185,18 +193,20 @@ func (s *RedisStore) Open(ctx context.Context) (string, error) {
 		s.mu.Lock()
 		restarted := s.lost || s.runID != "" && s.runID != id
 		s.mu.Unlock()
-		cur, err := s.rdb.Get(ctx, s.prefix+"gen").Result()
-		if err != nil && !errors.Is(err, redis.Nil) {
+		vals, err := s.rdb.MGet(ctx, s.prefix+"gen", s.prefix+"genrun").Result()
+		if err != nil {
 			return err
+		}
+		cur, _ := vals[0].(string)
+		if began, _ := vals[1].(string); cur != "" && began != id {
+			restarted = true
 		}
 		if cur == "" || restarted {
 			if err := s.clear(ctx); err != nil {
 				return err
 			}
-			if err := s.rdb.SetNX(ctx, s.prefix+"gen", newGeneration(), 0).Err(); err != nil {
-				return err
-			}
-			if cur, err = s.rdb.Get(ctx, s.prefix+"gen").Result(); err != nil {
+			if cur, err = generationScript.Run(ctx, s.rdb, []string{s.prefix + "gen", s.prefix + "genrun"},
+				newGeneration(), id).Text(); err != nil {
 				return err
 			}
 		}
@@ -266,6 +276,17 @@ func escapeGlob(s string) string {
 // the number of records, or {"dup", id...}: the records applied before.
 // The sums go from ARGV to HSET and HINCRBY as strings: Lua never makes
 // them doubles.
+// generationScript starts a generation (KEYS[1], ARGV[1]) begun under the
+// server's run_id (KEYS[2], ARGV[2]) unless another replica started one
+// meanwhile, and returns the generation.
+var generationScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 0 then
+	redis.call('SET', KEYS[1], ARGV[1])
+	redis.call('SET', KEYS[2], ARGV[2])
+end
+return redis.call('GET', KEYS[1])
+`)
+
 var applyScript = redis.NewScript(`
 local gen = redis.call('GET', KEYS[1])
 if gen ~= ARGV[1] then

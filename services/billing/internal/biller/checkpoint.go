@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
@@ -171,7 +170,13 @@ func Restore(cfg Config, data []byte) (b *Biller, seq uint64, needs string, err 
 			e := newEpoch()
 			e.closed = ec.Closed
 			for i := 0; i < len(ec.Keys); i += 16 {
-				e.keys[Key(ec.Keys[i:i+16])] = settledState{voiding: slices.Contains(ec.Voiding, i/16)}
+				e.keys[Key(ec.Keys[i:i+16])] = settledState{}
+			}
+			for _, i := range ec.Voiding {
+				if i < 0 || 16*i >= len(ec.Keys) {
+					return nil, 0, "", fmt.Errorf("%w: voiding digest %d of %d", ErrCheckpoint, i, len(ec.Keys)/16)
+				}
+				e.keys[Key(ec.Keys[16*i:16*i+16])] = settledState{voiding: true}
 			}
 			b.settled = append(b.settled, e)
 		}
