@@ -150,10 +150,18 @@ func checkpoints(ctx context.Context, b *bus.Bus, kv jetstream.KeyValue, cfg bil
 	})
 	var caughtUp atomic.Bool
 	wg.Go(func() {
-		err := b.Follow(ctx, bus.FollowSpec{Stream: contracts.StreamUsage, FilterSubjects: []string{contracts.SubjectUsageAll},
-			StartSeq: fold.Seq() + 1}, fold.ApplyFolded, func() { caughtUp.Store(true) })
-		if err != nil && ctx.Err() == nil {
-			log.Warn("billing checkpoint fold stopped reading USAGE; checkpoints stand still", "err", err)
+		for {
+			err := b.Follow(ctx, bus.FollowSpec{Stream: contracts.StreamUsage, FilterSubjects: []string{contracts.SubjectUsageAll},
+				StartSeq: fold.Seq() + 1}, fold.ApplyFolded, func() { caughtUp.Store(true) })
+			if ctx.Err() != nil {
+				return
+			}
+			log.Warn("billing checkpoint fold stopped reading USAGE; reading on", "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(interval):
+			}
 		}
 	})
 	store := checkpointStore(kv)
@@ -166,8 +174,12 @@ func checkpoints(ctx context.Context, b *bus.Bus, kv jetstream.KeyValue, cfg bil
 			return
 		case <-t.C:
 		}
-		if recalled, err := fold.RecallIfStale(ctx); recalled {
-			log.Info("billing checkpoint fold read USAGE back: the store is in a new generation", "err", err)
+		if recalled, err := fold.RecallIfStale(ctx); recalled && err != nil {
+			// Its checkpoints still name the old generation: no start
+			// uses them until a recall succeeds.
+			log.Warn("billing checkpoint fold could not read USAGE back for the store's new generation", "err", err)
+		} else if recalled {
+			log.Info("billing checkpoint fold read USAGE back: the store is in a new generation")
 		}
 		seq, f := fold.Seq(), fold.Forgets()
 		if !caughtUp.Load() || seq <= written && f == forgets {

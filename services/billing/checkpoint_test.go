@@ -13,6 +13,7 @@ import (
 	"github.com/gpuplane/gpuplane/libs/kvsnap"
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 	"github.com/gpuplane/gpuplane/services/billing"
+	"github.com/gpuplane/gpuplane/services/billing/internal/biller"
 )
 
 // TestAStartFromTheCheckpointBillsAsAFullReplay: billing writes a
@@ -213,4 +214,98 @@ func readCheckpoint(t *testing.T, b *bus.Bus) storedCheckpoint {
 		t.Fatalf("billing's checkpoint: %v", err)
 	}
 	return cp
+}
+
+// TestAFoldThatReadsUSAGEBackHoldsWhatAReplayHolds: a fold that forgot in
+// one generation of the store reads USAGE back when the store starts
+// another (Redis restarted empty), while a record it has not applied yet
+// waits in its follow. Followed on from where it stands, it holds what a
+// replay of USAGE holds: that record once. (From a review: the read-back
+// did not move the fold's position, so the follow applied the record
+// again, and a provisional bill held twice would be voided twice.)
+func TestAFoldThatReadsUSAGEBackHoldsWhatAReplayHolds(t *testing.T) {
+	ctx := context.Background()
+	srv := natstest.Start(t)
+	b := connect(t, srv)
+	r := startRedis(t, false)
+	store := newRedisStore(t, r, billing.RedisConfig{})
+	if _, err := store.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	at := func(alloc string, provisional bool) contracts.UsageRecord {
+		return contracts.UsageRecord{SchemaVersion: 1, ID: contracts.UsageSegmentID(alloc, 0), AllocationID: alloc,
+			Tenant: "t0", JobID: "j", NodeID: "n1", Pool: "h100", GPUModel: "H100-80GB", GPUs: 1, Start: t0,
+			End: t0.Add(time.Minute), GPUMillis: 60_000,
+			UsageSegment: contracts.UsageSegment{Final: true, Provisional: provisional}}
+	}
+	publish := func(rec contracts.UsageRecord) {
+		t.Helper()
+		if _, err := b.Publish(ctx, contracts.SubjectUsage(rec.Tenant), rec.ID, rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	settled := at("t0/settled/1", false)
+	publish(settled)
+	if _, err := store.Apply(ctx, []contracts.UsageRecord{settled}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := biller.Config{Bus: b, Index: store, Log: quietLog()}
+	fold := biller.New(cfg)
+	if err := fold.ReplayFrom(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 { // closes the settled run's epoch and forgets it, keepRounds later
+		if _, err := fold.Forget(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if whole, kept := fold.Retained(); whole != 0 || kept != 0 {
+		t.Fatalf("the fold did not forget the settled run: %d whole, %d settled", whole, kept)
+	}
+	provisional := at("t0/lost/1", true)
+	publish(provisional) // on its way to the fold's follow
+	r.kill()
+	r.start()
+	var err error
+	for range 3 { // as the projector: its next write finds the generation gone, and it opens a new one
+		if _, err = store.Open(ctx); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if recalled, err := fold.RecallIfStale(ctx); !recalled || err != nil {
+		t.Fatalf("the fold did not read USAGE back for the new generation: %v, %v", recalled, err)
+	}
+	if _, err := b.Replay(ctx, bus.FollowSpec{Stream: contracts.StreamUsage, FilterSubjects: []string{contracts.SubjectUsageAll},
+		StartSeq: fold.Seq() + 1}, fold.ApplyFolded); err != nil {
+		t.Fatal(err)
+	}
+	replayed := biller.New(biller.Config{Bus: b, Log: quietLog()})
+	if err := replayed.Rebuild(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := openRecords(t, fold, provisional.AllocationID), openRecords(t, replayed, provisional.AllocationID); got != want || want != 1 {
+		t.Fatalf("the fold holds %d open records of the lost run, a replay %d; want 1", got, want)
+	}
+}
+
+// openRecords is how many open (provisional) records bl holds of alloc,
+// as its checkpoint says.
+func openRecords(t *testing.T, bl *biller.Biller, alloc string) int {
+	t.Helper()
+	data, _, err := bl.Checkpoint()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cp struct {
+		Allocs map[string]struct {
+			Open []json.RawMessage `json:"open"`
+		} `json:"allocs"`
+	}
+	if err := json.Unmarshal(data, &cp); err != nil {
+		t.Fatal(err)
+	}
+	return len(cp.Allocs[alloc].Open)
 }

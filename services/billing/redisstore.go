@@ -174,15 +174,19 @@ func (s *RedisStore) do(ctx context.Context, fn func(ctx context.Context) error)
 }
 
 // Open implements Store. It clears the store and starts a new generation
-// when the server restarted since the generation began or holds no
-// generation.
+// when the store holds none, or the server restarted since its generation
+// began; otherwise it takes the generation there, its own or one another
+// replica started.
 //
-// The server's run_id at the generation's start is kept beside it
-// (genrun): a process that starts after the server restarted has no run_id
-// of its own to compare, and the server may have come back from older
-// data, with the generation but without what it confirmed since. Before
-// billing's checkpoints nothing trusted a generation across processes (a
-// start read USAGE whole); a checkpoint does (issue 17, from a review).
+// The server's run_id at a generation's start is kept beside it (genrun).
+// A server restarted since (another run_id) may have come back from older
+// data, with the generation but without all it confirmed, and a process
+// that starts afterwards has no run_id of its own to compare: billing's
+// checkpoints trust a generation across processes (issue 17, from a
+// review). And a replica that found its generation gone (GPGEN: another
+// one started a new generation) takes that one rather than clearing it
+// in turn: each clearing the other's made replicas start generations
+// without end (from a review; it predates genrun).
 func (s *RedisStore) Open(ctx context.Context) (string, error) {
 	var gen string
 	err := s.do(ctx, func(ctx context.Context) error {
@@ -190,18 +194,12 @@ func (s *RedisStore) Open(ctx context.Context) (string, error) {
 		if err != nil {
 			return err
 		}
-		s.mu.Lock()
-		restarted := s.lost || s.runID != "" && s.runID != id
-		s.mu.Unlock()
 		vals, err := s.rdb.MGet(ctx, s.prefix+"gen", s.prefix+"genrun").Result()
 		if err != nil {
 			return err
 		}
 		cur, _ := vals[0].(string)
-		if began, _ := vals[1].(string); cur != "" && began != id {
-			restarted = true
-		}
-		if cur == "" || restarted {
+		if began, _ := vals[1].(string); cur == "" || began != id {
 			if err := s.clear(ctx); err != nil {
 				return err
 			}
@@ -221,6 +219,17 @@ func (s *RedisStore) Open(ctx context.Context) (string, error) {
 	}
 	return gen, nil
 }
+
+// generationScript starts a generation (KEYS[1], ARGV[1]) begun under the
+// server's run_id (KEYS[2], ARGV[2]) unless another replica started one
+// meanwhile, and returns the generation.
+var generationScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[1]) == 0 then
+	redis.call('SET', KEYS[1], ARGV[1])
+	redis.call('SET', KEYS[2], ARGV[2])
+end
+return redis.call('GET', KEYS[1])
+`)
 
 // clear deletes every key of the store, the generation first: another
 // replica's Billed reads the generation and the billed set in one
@@ -276,17 +285,6 @@ func escapeGlob(s string) string {
 // the number of records, or {"dup", id...}: the records applied before.
 // The sums go from ARGV to HSET and HINCRBY as strings: Lua never makes
 // them doubles.
-// generationScript starts a generation (KEYS[1], ARGV[1]) begun under the
-// server's run_id (KEYS[2], ARGV[2]) unless another replica started one
-// meanwhile, and returns the generation.
-var generationScript = redis.NewScript(`
-if redis.call('EXISTS', KEYS[1]) == 0 then
-	redis.call('SET', KEYS[1], ARGV[1])
-	redis.call('SET', KEYS[2], ARGV[2])
-end
-return redis.call('GET', KEYS[1])
-`)
-
 var applyScript = redis.NewScript(`
 local gen = redis.call('GET', KEYS[1])
 if gen ~= ARGV[1] then

@@ -469,7 +469,13 @@ func (b *Biller) catchUp(ctx context.Context, subj string) error {
 
 // apply takes one record of USAGE into what the biller knows.
 func (b *Biller) apply(_ context.Context, m *bus.Msg) error {
-	b.seq = max(b.seq, m.StreamSeq)
+	if m.StreamSeq <= b.seq {
+		// Read already: a fold's recall read USAGE to its end while its
+		// follow waited (a provisional record applied twice would be
+		// voided twice).
+		return nil
+	}
+	b.seq = m.StreamSeq
 	var rec contracts.UsageRecord
 	if err := m.Decode(&rec); err != nil || rec.AllocationID == "" {
 		b.cfg.Log.Warn("skipping unreadable usage record", "subject", m.Subject, "stream_seq", m.StreamSeq, "err", err)

@@ -276,6 +276,8 @@ func (b *Biller) recall(ctx context.Context) error {
 	n := 0
 	if _, err := b.cfg.Bus.Replay(ctx, bus.FollowSpec{Stream: contracts.StreamUsage,
 		FilterSubjects: []string{contracts.SubjectUsageAll}}, func(_ context.Context, m *bus.Msg) error {
+		// Read to here: a fold's apply skips it after (checkpoint.go).
+		b.seq = max(b.seq, m.StreamSeq)
 		var rec contracts.UsageRecord
 		if err := m.Decode(&rec); err != nil || rec.AllocationID == "" ||
 			m.StreamSeq <= read[m.Subject] && holds(rec.AllocationID) {
