@@ -78,6 +78,7 @@ bench:
 	  $(GO) test -run '^$$' -bench 'UsageIngest$$' -benchtime 200000x -cpu 1 ./services/billing/ && \
 	  $(GO) test -run '^$$' -bench 'UsageIngestFromStream' -benchtime 50000x -cpu 1 ./services/billing/ && \
 	  $(GO) test -run '^$$' -bench 'HistoryMemory' -benchtime 1x ./services/billing/ && \
+	  $(GO) test -run '^$$' -bench 'BenchmarkStart$$' -benchtime 2x ./services/billing/ && \
 	  $(GO) test -run '^$$' -bench 'StartOverhead' -benchtime 50x ./services/node-agent/internal/runner/ && \
 	  $(GO) test -run '^$$' -bench 'StartMany' -benchtime 3x ./services/node-agent/ && \
 	  $(GO) test -v -run '^$$' -bench 'FleetPageLarge' -benchtime 1x -timeout 25m ./e2e/console/ && \
