@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -139,22 +140,11 @@ func TestConsumePipelinedFates(t *testing.T) {
 			}
 		})
 	}()
-	var dead []string
-	var dmu sync.Mutex
-	go func() {
-		_ = b.Follow(ctx, bus.FollowSpec{Stream: contracts.StreamDeadLetters}, func(_ context.Context, m *bus.Msg) error {
-			dmu.Lock()
-			dead = append(dead, m.ID())
-			dmu.Unlock()
-			return nil
-		}, nil)
-	}()
+	dead := deadLetters(ctx, b)
 	eventually(t, 10*time.Second, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
-		dmu.Lock()
-		defer dmu.Unlock()
-		return done["ok"] == 1 && done["ok2"] == 1 && done["flaky"] == 1 && len(dead) == 3
+		return done["ok"] == 1 && done["ok2"] == 1 && done["flaky"] == 1 && len(dead()) == 3
 	}, "ok, ok2 and flaky handled once; poison and both panics dead-lettered")
 	if n := flakyTries.Load(); n != 3 {
 		t.Errorf("flaky handled %d times, want 3", n)
@@ -279,22 +269,11 @@ func TestConsumePipelinedPrepares(t *testing.T) {
 			return nil
 		})
 	}()
-	var dead []string
-	var dmu sync.Mutex
-	go func() {
-		_ = b.Follow(ctx, bus.FollowSpec{Stream: contracts.StreamDeadLetters}, func(_ context.Context, m *bus.Msg) error {
-			dmu.Lock()
-			dead = append(dead, m.ID())
-			dmu.Unlock()
-			return nil
-		}, nil)
-	}()
+	dead := deadLetters(ctx, b)
 	eventually(t, 10*time.Second, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
-		dmu.Lock()
-		defer dmu.Unlock()
-		return len(seen) == n-1 && len(dead) == 1
+		return len(seen) == n-1 && len(dead()) == 1
 	}, "every message but the one whose Prepare panicked handled, that one dead-lettered")
 	mu.Lock()
 	defer mu.Unlock()
@@ -394,5 +373,25 @@ func TestConsumePipelinedHandsBackWhatItDidNotStart(t *testing.T) {
 				t.Fatalf("taken and not started, yet not handed back at the stop (8 s; AckWait 30 s): %v", ks)
 			}
 		})
+	}
+}
+
+// deadLetters follows the dead letters until ctx ends; the IDs of those
+// seen so far.
+func deadLetters(ctx context.Context, b *bus.Bus) func() []string {
+	var mu sync.Mutex
+	var ids []string
+	go func() {
+		_ = b.Follow(ctx, bus.FollowSpec{Stream: contracts.StreamDeadLetters}, func(_ context.Context, m *bus.Msg) error {
+			mu.Lock()
+			ids = append(ids, m.ID())
+			mu.Unlock()
+			return nil
+		}, nil)
+	}()
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(ids)
 	}
 }

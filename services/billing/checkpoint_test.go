@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -29,18 +28,8 @@ import (
 func TestAStartFromTheCheckpointBillsAsAFullReplay(t *testing.T) {
 	for _, storeName := range []string{"redis", "memory"} {
 		t.Run(storeName, func(t *testing.T) {
-			seed := rand.Uint64()
-			t.Logf("seed %d", seed)
-			rng := rand.New(rand.NewPCG(seed, 2))
-			srv := natstest.Start(t)
-			b := connect(t, srv)
-			inventory(t, b, "n1", "h100", "on-demand")
-			var redisSrv *redisServer
-			newStore := func() billing.Store { return billing.NewMemoryStore() }
-			if storeName == "redis" {
-				redisSrv = startRedis(t, false)
-				newStore = func() billing.Store { return newRedisStore(t, redisSrv, billing.RedisConfig{}) }
-			}
+			f := newForgetFixture(t, storeName, 2)
+			rng, srv, b, redisSrv, newStore := f.rng, f.srv, f.b, f.redis, f.newStore
 			fast := func(c *billing.Config) {
 				c.ForgetInterval, c.CheckpointInterval = 20*time.Millisecond, 50*time.Millisecond
 			}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
+	"github.com/gpuplane/gpuplane/libs/natsserver"
 	"github.com/gpuplane/gpuplane/libs/natsserver/natstest"
 	"github.com/gpuplane/gpuplane/services/billing"
 )
@@ -30,18 +31,8 @@ import (
 func TestForgottenRunsAreNeverBilledAgain(t *testing.T) {
 	for _, storeName := range []string{"memory", "redis"} {
 		t.Run(storeName, func(t *testing.T) {
-			seed := rand.Uint64()
-			t.Logf("seed %d", seed)
-			rng := rand.New(rand.NewPCG(seed, 1))
-			srv := natstest.Start(t)
-			b := connect(t, srv)
-			inventory(t, b, "n1", "h100", "on-demand")
-			var redisSrv *redisServer
-			newStore := func() billing.Store { return billing.NewMemoryStore() }
-			if storeName == "redis" {
-				redisSrv = startRedis(t, false)
-				newStore = func() billing.Store { return newRedisStore(t, redisSrv, billing.RedisConfig{}) }
-			}
+			f := newForgetFixture(t, storeName, 1)
+			rng, srv, b, redisSrv, newStore := f.rng, f.srv, f.b, f.redis, f.newStore
 			tap := &logTap{}
 			store := newStore()
 			fast := func(c *billing.Config) { c.ForgetInterval = 20 * time.Millisecond }
@@ -147,6 +138,32 @@ func TestForgottenRunsAreNeverBilledAgain(t *testing.T) {
 			stop()
 		})
 	}
+}
+
+// forgetFixture is what the tests of forgetting start from: a seeded
+// random source (logged), a NATS server with billing's node n1 in it, and
+// stores of one kind (memory, or Redis on a server of the test's).
+type forgetFixture struct {
+	rng      *rand.Rand
+	srv      *natsserver.Server
+	b        *bus.Bus
+	redis    *redisServer // nil for memory
+	newStore func() billing.Store
+}
+
+func newForgetFixture(t *testing.T, storeName string, stream uint64) forgetFixture {
+	t.Helper()
+	seed := rand.Uint64()
+	t.Logf("seed %d", seed)
+	f := forgetFixture{rng: rand.New(rand.NewPCG(seed, stream)), srv: natstest.Start(t)}
+	f.b = connect(t, f.srv)
+	inventory(t, f.b, "n1", "h100", "on-demand")
+	f.newStore = func() billing.Store { return billing.NewMemoryStore() }
+	if storeName == "redis" {
+		f.redis = startRedis(t, false)
+		f.newStore = func() billing.Store { return newRedisStore(t, f.redis, billing.RedisConfig{}) }
+	}
+	return f
 }
 
 // forgetRun is a run and its two inputs: the agent's ended fact and the
