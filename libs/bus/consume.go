@@ -35,8 +35,6 @@ type Msg struct {
 	// (ConsumePipelined), or nil.
 	Prepared any
 	raw      jetstream.Msg
-	// prepErr is Prepare's panic, as the message's permanent failure.
-	prepErr error
 }
 
 // Decode unmarshals the body into v. It decodes with

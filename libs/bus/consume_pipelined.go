@@ -1,6 +1,7 @@
 package bus
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"runtime"
@@ -64,16 +65,17 @@ func newStartedGroup(n int) *startedGroup {
 }
 
 // fetched is a message ConsumePipelined took, on its way to be started:
-// ready is closed once m and key are set (prepared). A group marker
-// (group) ends the messages that were on their way together; err ends
-// them all.
+// ready is closed once m and key are set (prepared), and prepErr if
+// preparing it panicked. A group marker (group) ends the messages that
+// were on their way together; err ends them all.
 type fetched struct {
-	raw   jetstream.Msg
-	m     *Msg
-	key   string
-	ready chan struct{}
-	group bool
-	err   error
+	raw     jetstream.Msg
+	m       *Msg
+	key     string
+	prepErr error
+	ready   chan struct{}
+	group   bool
+	err     error
 }
 
 // prepareWorkers bounds the goroutines that prepare messages.
@@ -197,12 +199,10 @@ func (b *Bus) consumePipelinedMsgs(ctx context.Context, cons jetstream.Consumer,
 		}
 		g.keys[k] = struct{}{}
 		mctx, span := b.startProcess(ctx, spec, m)
-		wait := func() error { return nil }
-		switch err := b.nakOnce(m); {
+		var wait func() error
+		switch err := cmp.Or(b.nakOnce(m), f.prepErr); {
 		case err != nil:
 			wait = func() error { return err }
-		case m.prepErr != nil:
-			wait = func() error { return m.prepErr }
 		default:
 			wait = safeStart(mctx, h, m)
 		}
@@ -277,7 +277,7 @@ func prepare(f *fetched, spec ConsumerSpec, key func(*Msg) string) {
 	f.m = newMsg(f.raw)
 	defer func() {
 		if r := recover(); r != nil {
-			f.m.prepErr = Permanent(fmt.Errorf("prepare panic: %v", r))
+			f.prepErr = Permanent(fmt.Errorf("prepare panic: %v", r))
 			f.key = f.m.Subject
 		}
 	}()

@@ -58,13 +58,12 @@ type generation interface {
 // and the checkpoint used (nil when none).
 func startBiller(ctx context.Context, b *bus.Bus, kv jetstream.KeyValue, cfg biller.Config, gen generation,
 	log *slog.Logger) (*biller.Biller, *checkpointFile, error) {
-	if f, seq, why := loadCheckpoint(ctx, b, kv, cfg, gen); why == nil {
-		bl, _, _, err := biller.Restore(cfg, f.State)
+	if bl, f, why := loadCheckpoint(ctx, b, kv, cfg, gen); why == nil {
+		seq := bl.Seq()
+		err := bl.ReplayFrom(ctx, seq)
 		if err == nil {
-			if err = bl.ReplayFrom(ctx, seq); err == nil {
-				log.Info("billing started from its checkpoint", "checkpoint_seq", seq, "usage_seq", bl.Seq())
-				return bl, f, nil
-			}
+			log.Info("billing started from its checkpoint", "checkpoint_seq", seq, "usage_seq", bl.Seq())
+			return bl, f, nil
 		}
 		if ctx.Err() != nil {
 			return nil, nil, ctx.Err()
@@ -80,39 +79,39 @@ func startBiller(ctx context.Context, b *bus.Bus, kv jetstream.KeyValue, cfg bil
 	return bl, nil, nil
 }
 
-// loadCheckpoint reads the checkpoint and says why it does not fit, if it
-// does not.
+// loadCheckpoint reads and restores the checkpoint, or says why it does
+// not fit.
 func loadCheckpoint(ctx context.Context, b *bus.Bus, kv jetstream.KeyValue, cfg biller.Config,
-	gen generation) (f *checkpointFile, seq uint64, why error) {
+	gen generation) (bl *biller.Biller, f *checkpointFile, why error) {
 	data, _, err := checkpointStore(kv).Read(ctx)
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	f = &checkpointFile{}
 	if err := json.Unmarshal(data, f); err != nil {
-		return nil, 0, fmt.Errorf("%w: %w", kvsnap.ErrBad, err)
+		return nil, nil, fmt.Errorf("%w: %w", kvsnap.ErrBad, err)
 	}
-	_, seq, needs, err := biller.Restore(cfg, f.State)
+	bl, seq, needs, err := biller.Restore(cfg, f.State)
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	lives, err := kvsnap.Lives(ctx, b.JetStream(), contracts.StreamUsage)
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	if err := kvsnap.Stale(contracts.StreamUsage, lives[contracts.StreamUsage], f.Created, seq); err != nil {
-		return nil, 0, err
+		return nil, nil, err
 	}
 	if needs != "" {
 		// What the fold forgot, the store confirmed in generation needs:
 		// another generation may not hold it yet.
 		g, err := gen.Open(ctx)
 		if err != nil || g != needs {
-			return nil, 0, fmt.Errorf("the checkpoint forgot what the store's generation %q confirmed; the store is at %q (%v)",
+			return nil, nil, fmt.Errorf("the checkpoint forgot what the store's generation %q confirmed; the store is at %q (%v)",
 				needs, g, err)
 		}
 	}
-	return f, seq, nil
+	return bl, f, nil
 }
 
 // checkpoints folds USAGE, from the checkpoint the start used (or from

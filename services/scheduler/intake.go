@@ -33,17 +33,20 @@ func (s *scheduler) consumeRequests(ctx context.Context) error {
 // of the one intake goroutine's CPU in a burst on a 16-core host, where
 // that goroutine bounds how fast submits are queued.
 func prepareRequest(m *bus.Msg) any {
-	if strings.HasPrefix(m.Subject, "gp.jobs.submit.") {
+	if isSubmit(m.Subject) {
 		return state.ParseSubmit(m.Subject, m.Data)
 	}
 	return nil
 }
 
+// isSubmit reports whether subject is a job submit's (else a cancel's).
+func isSubmit(subject string) bool { return strings.HasPrefix(subject, contracts.SubjectSubmit("")) }
+
 // startRequest starts handling one request; the wait it returns gives
 // the request's fate (handleRequest's). Submits are answered with an
 // async publish; cancels, rare, are handled before it returns.
 func (s *scheduler) startRequest(ctx context.Context, m *bus.Msg) func() error {
-	if !strings.HasPrefix(m.Subject, "gp.jobs.submit.") {
+	if !isSubmit(m.Subject) {
 		err := s.handleRequest(ctx, m)
 		return func() error { return err }
 	}

@@ -562,7 +562,7 @@ func requestKey(m *bus.Msg) string {
 func (s *scheduler) handleRequest(ctx context.Context, m *bus.Msg) error {
 	var err error
 	switch {
-	case strings.HasPrefix(m.Subject, "gp.jobs.submit."):
+	case isSubmit(m.Subject):
 		err = s.submit(ctx, m)
 	case strings.HasPrefix(m.Subject, "gp.jobs.cancel."):
 		err = s.cancel(ctx, m)
