@@ -118,9 +118,10 @@ func (b *Bus) consumePipelinedMsgs(ctx context.Context, cons jetstream.Consumer,
 	out := b.fetchPrepared(fctx, p, spec, key)
 	var unstarted []*fetched // taken, never to be started
 	defer func() {
-		// Stop taking and pulling, settle what was started (kept alive
-		// meanwhile), and only then hand back what was taken and not
-		// started. Handed back before the settling, a message could reach
+		// Stop taking and pulling (the drain also takes what the
+		// iterator received and the fetcher did not), settle what was
+		// started (kept alive meanwhile), and only then hand back what
+		// was taken and not started. Handed back before the settling, a message could reach
 		// another consumer (a new leader) while an earlier message of its
 		// key is unsettled here; handed back, or Nak'ed by its settling,
 		// while this iterator still pulls, it would come back into its
@@ -131,15 +132,15 @@ func (b *Bus) consumePipelinedMsgs(ctx context.Context, cons jetstream.Consumer,
 				unstarted = append(unstarted, f)
 			}
 		}
-		p.it.Stop()
+		p.drain()
 		close(groups)
 		<-settlerDone
-		p.stop()
 		for _, f := range unstarted {
 			<-f.ready
 			_ = f.raw.Nak()
 			p.hold.done(f.raw)
 		}
+		p.stop() // hands back what the iterator held, after them
 	}()
 	var handed []*startedGroup // handed to the settler, oldest first; maybe settled
 	hand := func(g *startedGroup) {

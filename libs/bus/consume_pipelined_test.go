@@ -366,6 +366,106 @@ func TestConsumePipelinedHandsBackWhatItDidNotStart(t *testing.T) {
 	}
 }
 
+// TestAStoppedConsumerHandsBackWhatItsIteratorHeld: the messages a pull
+// iterator has received and nobody took yet go to the next consumer as
+// soon as a consumer stops, for every way of consuming, not after AckWait
+// (30 s here). The first consumer stops at its first message while its
+// handler is slow, so its iterator holds the batch it pulled. (CI once
+// lost three cancels this way for 30 s: nats.go's Stop drops its buffer.)
+func TestAStoppedConsumerHandsBackWhatItsIteratorHeld(t *testing.T) {
+	type run func(ctx context.Context, b *bus.Bus, spec bus.ConsumerSpec, saw func(*bus.Msg)) error
+	for _, tc := range []struct {
+		name  string
+		batch int
+		run   run
+	}{
+		{"Consume", 16, func(ctx context.Context, b *bus.Bus, spec bus.ConsumerSpec, saw func(*bus.Msg)) error {
+			return b.Consume(ctx, spec, func(_ context.Context, m *bus.Msg) error { saw(m); return nil })
+		}},
+		{"ConsumeBatch", 4, func(ctx context.Context, b *bus.Bus, spec bus.ConsumerSpec, saw func(*bus.Msg)) error {
+			return b.ConsumeBatch(ctx, spec, func(_ context.Context, ms []*bus.Msg) []error {
+				for _, m := range ms {
+					saw(m)
+				}
+				return make([]error, len(ms))
+			})
+		}},
+		{"ConsumeBatchPipelined", 4, func(ctx context.Context, b *bus.Bus, spec bus.ConsumerSpec, saw func(*bus.Msg)) error {
+			return b.ConsumeBatchPipelined(ctx, spec, 2, func(_ context.Context, ms []*bus.Msg) func() []error {
+				for _, m := range ms {
+					saw(m)
+				}
+				return func() []error { return make([]error, len(ms)) }
+			})
+		}},
+		{"ConsumePipelined", 4, func(ctx context.Context, b *bus.Bus, spec bus.ConsumerSpec, saw func(*bus.Msg)) error {
+			return b.ConsumePipelined(ctx, spec, func(_ context.Context, m *bus.Msg) func() error { saw(m); return nil })
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := connect(t)
+			bg := context.Background()
+			const n = 40
+			for i := range n {
+				c := contracts.CancelRequest{JobID: fmt.Sprintf("k%02d", i)}
+				if _, err := b.Publish(bg, contracts.SubjectCancel("acme"), fmt.Sprint("m", i), c); err != nil {
+					t.Fatal(err)
+				}
+			}
+			spec := bus.ConsumerSpec{Stream: contracts.StreamJobs, Durable: "held", Batch: tc.batch,
+				AckWait: 30 * time.Second, Key: cancelJobID}
+			var mu sync.Mutex
+			first := map[string]bool{}
+			ctx1, cancel1 := context.WithCancel(bg)
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				_ = tc.run(ctx1, b, spec, func(m *bus.Msg) {
+					mu.Lock()
+					first[cancelJobID(m)] = true
+					mu.Unlock()
+					// The iterator fills up meanwhile.
+					time.Sleep(300 * time.Millisecond)
+					cancel1()
+				})
+			}()
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the first consumer did not stop")
+			}
+			seen := map[string]bool{}
+			ctx2, cancel2 := context.WithCancel(bg)
+			defer cancel2()
+			go func() {
+				_ = tc.run(ctx2, b, spec, func(m *bus.Msg) {
+					mu.Lock()
+					seen[cancelJobID(m)] = true
+					mu.Unlock()
+				})
+			}()
+			missing := func() []string {
+				mu.Lock()
+				defer mu.Unlock()
+				var ks []string
+				for i := range n {
+					if k := fmt.Sprintf("k%02d", i); !seen[k] && !first[k] {
+						ks = append(ks, k)
+					}
+				}
+				return ks
+			}
+			deadline := time.Now().Add(8 * time.Second)
+			for len(missing()) > 0 && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
+			}
+			if ks := missing(); len(ks) > 0 {
+				t.Fatalf("never handled, and not handed back at the stop (8 s; AckWait 30 s): %v", ks)
+			}
+		})
+	}
+}
+
 // deadLetters follows the dead letters until ctx ends; the IDs of those
 // seen so far.
 func deadLetters(ctx context.Context, b *bus.Bus) func() []string {
