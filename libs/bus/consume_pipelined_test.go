@@ -344,22 +344,7 @@ func TestConsumePipelinedHandsBackWhatItDidNotStart(t *testing.T) {
 					return nil
 				})
 			}()
-			missing := func() []string {
-				mu.Lock()
-				defer mu.Unlock()
-				var ks []string
-				for i := tc.stopAfter + 1; i < n; i++ {
-					if k := fmt.Sprintf("k%02d", i); !seen[k] {
-						ks = append(ks, k)
-					}
-				}
-				return ks
-			}
-			deadline := time.Now().Add(8 * time.Second)
-			for len(missing()) > 0 && time.Now().Before(deadline) {
-				time.Sleep(20 * time.Millisecond)
-			}
-			if ks := missing(); len(ks) > 0 {
+			if ks := awaitHandled(&mu, tc.stopAfter+1, n, func(k string) bool { return seen[k] }); len(ks) > 0 {
 				t.Fatalf("taken and not started, yet not handed back at the stop (8 s; AckWait 30 s): %v", ks)
 			}
 		})
@@ -444,26 +429,33 @@ func TestAStoppedConsumerHandsBackWhatItsIteratorHeld(t *testing.T) {
 					mu.Unlock()
 				})
 			}()
-			missing := func() []string {
-				mu.Lock()
-				defer mu.Unlock()
-				var ks []string
-				for i := range n {
-					if k := fmt.Sprintf("k%02d", i); !seen[k] && !first[k] {
-						ks = append(ks, k)
-					}
-				}
-				return ks
-			}
-			deadline := time.Now().Add(8 * time.Second)
-			for len(missing()) > 0 && time.Now().Before(deadline) {
-				time.Sleep(20 * time.Millisecond)
-			}
-			if ks := missing(); len(ks) > 0 {
+			if ks := awaitHandled(&mu, 0, n, func(k string) bool { return seen[k] || first[k] }); len(ks) > 0 {
 				t.Fatalf("never handled, and not handed back at the stop (8 s; AckWait 30 s): %v", ks)
 			}
 		})
 	}
+}
+
+// awaitHandled waits up to 8 s (well under the tests' AckWait of 30 s)
+// until handled, read under mu, holds the keys k<from>..k<to-1>, and
+// returns those it does not.
+func awaitHandled(mu *sync.Mutex, from, to int, handled func(key string) bool) []string {
+	missing := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		var ks []string
+		for i := from; i < to; i++ {
+			if k := fmt.Sprintf("k%02d", i); !handled(k) {
+				ks = append(ks, k)
+			}
+		}
+		return ks
+	}
+	deadline := time.Now().Add(8 * time.Second)
+	for len(missing()) > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	return missing()
 }
 
 // deadLetters follows the dead letters until ctx ends; the IDs of those
