@@ -84,7 +84,7 @@ bench:
 	  $(GO) test -v -run '^$$' -bench 'FleetPageLarge' -benchtime 1x -timeout 25m ./e2e/console/ && \
 	  $(GO) test -run '^$$' -bench 'Fleet$$' -benchtime 1x -timeout 30m ./services/node-agent/fleet/ && \
 	  $(GO) test -v -run '^$$' -bench 'Scale$$' -benchtime 1x -timeout 30m ./e2e/scale/ && \
-	  $(GO) test -run '^$$' -bench 'ReadModelRebuild|JobEventRead' -benchtime 1x ./services/gateway/ && \
+	  $(GO) test -run '^$$' -bench 'ReadModelRebuild|JobEventRead|UsageDigestHistory' -benchtime 1x ./services/gateway/ && \
 	  $(GO) test -run '^$$' -bench 'ReplayRead' -benchtime 3x ./libs/bus/ && \
 	  $(GO) test -run '^$$' -bench 'HeaderDecode|UntracedSpans' -benchtime 200000x ./libs/bus/ && \
 	  $(GO) test -run '^$$' -bench 'SSEFanout' -benchtime 5x -timeout 30m ./services/gateway/ ; \

@@ -266,7 +266,7 @@ func (in *ingester) applyUsage(ctx context.Context, m *bus.Msg) error {
 		m.Log(in.log).Warn(why)
 		return nil
 	}
-	if _, err := in.model.ApplyUsage(ctx, tenant, rec); err != nil {
+	if _, err := in.model.ApplyUsage(ctx, tenant, rec, m.Timestamp); err != nil {
 		m.Log(in.log).Warn("usage record not applied", "tenant", tenant, "err", err)
 	}
 	return nil

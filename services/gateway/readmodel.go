@@ -47,9 +47,11 @@ type readModel interface {
 	// unchanged and comes back as an error wrapping
 	// contracts.ErrStaleEvent or contracts.ErrTransition.
 	ApplyJobEvent(ctx context.Context, tenant, job string, ev contracts.JobEvent, seq uint64) error
-	// ApplyUsage adds rec to its tenant's summary once per record ID;
-	// it reports whether the record was new.
-	ApplyUsage(ctx context.Context, tenant string, rec contracts.UsageRecord) (bool, error)
+	// ApplyUsage adds rec, which USAGE stored at at, to its tenant's
+	// summary once per record ID (a model folding usage knows an ID for
+	// UsageConfig.DuplicateWindow after at); it reports whether the
+	// record was new.
+	ApplyUsage(ctx context.Context, tenant string, rec contracts.UsageRecord, at time.Time) (bool, error)
 	// Job returns one job's status, or an error wrapping errUnknownJob.
 	Job(ctx context.Context, tenant, job string) (contracts.JobStatus, error)
 	// Jobs returns a tenant's jobs matching q, newest first (ties by ID).
@@ -227,7 +229,7 @@ func (m *memoryModel) aggregateUsage(cfg UsageConfig, read usageReader) {
 	m.usageAgg, m.usageRecs = newUsageAgg(cfg), read
 }
 
-func (m *memoryModel) ApplyUsage(_ context.Context, tenant string, rec contracts.UsageRecord) (bool, error) {
+func (m *memoryModel) ApplyUsage(_ context.Context, tenant string, rec contracts.UsageRecord, at time.Time) (bool, error) {
 	if rec.ID == "" {
 		return false, errors.New("usage record without an id")
 	}
@@ -237,7 +239,7 @@ func (m *memoryModel) ApplyUsage(_ context.Context, tenant string, rec contracts
 		if m.now != nil {
 			m.usageAgg.prune(m.now())
 		}
-		return m.usageAgg.add(tenant, rec), nil
+		return m.usageAgg.add(tenant, rec, at), nil
 	}
 	data, err := json.Marshal(rec)
 	if err != nil {

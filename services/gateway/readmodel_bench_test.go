@@ -321,7 +321,7 @@ func BenchmarkReadModelRebuildSnapshotCodec(b *testing.B) {
 		}
 		agg.add(tenant, contracts.UsageRecord{SchemaVersion: 1, ID: contracts.UsageID("a-" + id),
 			AllocationID: "a-" + id, Tenant: tenant, JobID: id, Attempt: 1, NodeID: "node-1", Pool: "east", GPUModel: "H100-80GB",
-			GPUs: 1, Start: created, End: created.Add(time.Minute), GPUMillis: 60_000, GPUSeconds: 60, Time: created})
+			GPUs: 1, Start: created, End: created.Add(time.Minute), GPUMillis: 60_000, GPUSeconds: 60, Time: created}, created)
 	}
 	s.usageSeq, s.usage, s.usageIDs, s.usageCut = uint64(n), agg.tenants, agg.ids, agg.cut
 	data, err := s.encode()

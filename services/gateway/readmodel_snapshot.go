@@ -43,10 +43,12 @@ const snapshotEvery = 200_000
 
 // snapshotMagic starts every encoded snapshot; its version changes with
 // the encoding (another version is ignored).
+// Version 6: the usage record digests by the day USAGE stored them (the
+// duplicate window); a version 5 snapshot is replayed instead, once.
 // Version 5: a retired record's end (the list window). Version 4 wrote
 // the field as a job sequence in some builds, then 0, so it is not read
 // as an end: a gateway replays the log instead, once.
-const snapshotMagic = "gpuplane gateway read model 5\n"
+const snapshotMagic = "gpuplane gateway read model 6\n"
 
 // modelSnap is a copy of the read model at JOB_EVENTS sequence seq.
 type modelSnap struct {
@@ -68,7 +70,7 @@ type modelSnap struct {
 	usageCreated string
 	usageFirst   uint64
 	usage        map[string]*tenantUsage
-	usageIDs     usageDigests
+	usageIDs     usageWindow
 	usageCut     int64
 }
 
@@ -100,8 +102,7 @@ func (m *memoryModel) snapshotWithUsage(seq, usageSeq uint64) *modelSnap {
 		for tenant, tu := range a.tenants {
 			s.usage[tenant] = tu.clone()
 		}
-		// The sorted digests are never changed in place: shared.
-		s.usageIDs = usageDigests{sorted: a.ids.sorted, recent: maps.Clone(a.ids.recent)}
+		s.usageIDs = a.ids.clone()
 	}
 	for _, jobs := range m.jobs {
 		for _, st := range jobs {
@@ -139,7 +140,12 @@ func (m *memoryModel) install(s *modelSnap) {
 		m.ended = append(m.ended, jobKey{st.Tenant, st.JobID})
 	}
 	if a := m.usageAgg; a != nil {
-		a.tenants, a.ids, a.cut = s.usage, usageDigests{sorted: s.usageIDs.merged()}, s.usageCut
+		a.tenants, a.cut = s.usage, s.usageCut
+		// The window is this gateway's: the snapshot's writer may have
+		// kept a longer one.
+		a.ids = s.usageIDs.clone()
+		a.ids.window = a.cfg.DuplicateWindow
+		a.ids.merge()
 		m.usageSeq.Store(s.usageSeq)
 	} else {
 		s.usageSeq = 0 // a model keeping the records reads USAGE whole

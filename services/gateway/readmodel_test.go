@@ -125,12 +125,12 @@ func TestReadModelUsageCountsEachRecordOnce(t *testing.T) {
 			r1 := contracts.UsageRecord{ID: "usage/a1", Tenant: "acme", Start: t0.Add(time.Second), GPUMillis: 1500}
 			r2 := contracts.UsageRecord{ID: "usage/a2", Tenant: "acme", Start: t0, GPUMillis: 250}
 			for i, r := range []contracts.UsageRecord{r1, r2, r1} {
-				isNew, err := m.ApplyUsage(ctx, "acme", r)
+				isNew, err := m.ApplyUsage(ctx, "acme", r, t0)
 				if err != nil || isNew != (i < 2) {
 					t.Fatalf("record %d: new %v err %v", i, isNew, err)
 				}
 			}
-			if _, err := m.ApplyUsage(ctx, "acme", contracts.UsageRecord{}); err == nil {
+			if _, err := m.ApplyUsage(ctx, "acme", contracts.UsageRecord{}, t0); err == nil {
 				t.Fatal("a record without an ID was accepted")
 			}
 			got, err := m.Usage(ctx, "acme")

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"flag"
 	"fmt"
@@ -31,10 +32,12 @@ import (
 //     currencies each day's records name: a period (a month or a day) is
 //     a run of whole days.
 //
-// A record counts once per ID (JetStream redelivers; USAGE may hold a
+// A record counts once per ID (JetStream redelivers; USAGE could hold a
 // record twice under two message IDs), as when the model kept every
-// record: the IDs are kept as 128-bit digests (usageDigests), 16 bytes a
-// record instead of ~330. The hour buckets are kept for
+// record: the IDs are kept as 128-bit digests with their day, 20 bytes a
+// record instead of ~330, for UsageConfig.DuplicateWindow after USAGE
+// stored the record (usageWindow), not for ever: they were what grew with
+// history (issue 17). The hour buckets are kept for
 // UsageConfig.HourRetention; an hourly series reaching before what was
 // dropped is computed from the records read from USAGE, as before.
 
@@ -45,26 +48,44 @@ type UsageConfig struct {
 	// tenant, pool and price class); an hourly series asked from before it
 	// is read from USAGE. 0 means the default.
 	HourRetention time.Duration
+	// DuplicateWindow is how long after USAGE stored a record another copy
+	// of it (its ID under another message ID) is still known for one and
+	// not counted again. Billing never stores an ID twice: it publishes
+	// each record with a compare-and-set on its tenant's subject, having
+	// read the subject, and the stream drops a message ID seen within
+	// contracts.DuplicateWindow. The check guards against that failing;
+	// its memory is 20 bytes a record stored within the window. 0 means
+	// the default.
+	DuplicateWindow time.Duration
 }
 
-// DefaultUsageConfig keeps 35 days of hours: a month's hourly chart from
-// memory.
-func DefaultUsageConfig() UsageConfig { return UsageConfig{HourRetention: 35 * 24 * time.Hour} }
+// DefaultUsageConfig keeps 35 days of hours (a month's hourly chart from
+// memory) and knows a record's copies for 7 days: a billing stopped for a
+// week and started from older state is the worst this guards against.
+func DefaultUsageConfig() UsageConfig {
+	return UsageConfig{HourRetention: 35 * 24 * time.Hour, DuplicateWindow: 7 * 24 * time.Hour}
+}
 
 func (c *UsageConfig) registerFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.HourRetention, "usage-hour-retention", c.HourRetention,
 		"how long the read model keeps hourly usage buckets; an hourly series from before is read from the USAGE stream")
+	fs.DurationVar(&c.DuplicateWindow, "usage-duplicate-window", c.DuplicateWindow,
+		"how long after USAGE stored a usage record the read model still recognises a copy of it (20 bytes a record in the window)")
 }
 
 func (c UsageConfig) validate() error {
 	if c.HourRetention < 0 {
 		return fmt.Errorf("usage hour retention is %s; want > 0 (0: the default)", c.HourRetention)
 	}
+	if c.DuplicateWindow < 0 {
+		return fmt.Errorf("usage duplicate window is %s; want > 0 (0: the default)", c.DuplicateWindow)
+	}
 	return nil
 }
 
 func (c UsageConfig) withDefaults() UsageConfig {
 	c.HourRetention = cmp.Or(c.HourRetention, DefaultUsageConfig().HourRetention)
+	c.DuplicateWindow = cmp.Or(c.DuplicateWindow, DefaultUsageConfig().DuplicateWindow)
 	return c
 }
 
@@ -138,13 +159,14 @@ func digestOf(tenant, id string) usageDigest {
 	return d
 }
 
+// cmpDigest orders digests as their bytes, comparing them as two
+// big-endian words (a third of the time of a loop over the bytes: the
+// duplicate window's lookups search several days' arrays).
 func cmpDigest(a, b usageDigest) int {
-	for i := range a {
-		if c := cmp.Compare(a[i], b[i]); c != 0 {
-			return c
-		}
+	if c := cmp.Compare(binary.BigEndian.Uint64(a[:8]), binary.BigEndian.Uint64(b[:8])); c != 0 {
+		return c
 	}
-	return 0
+	return cmp.Compare(binary.BigEndian.Uint64(a[8:]), binary.BigEndian.Uint64(b[8:]))
 }
 
 // usageDigests is a set of digests: a sorted array (16 bytes each,
@@ -203,6 +225,127 @@ func (d *usageDigests) merged() []usageDigest {
 
 func (d *usageDigests) len() int { return len(d.sorted) + len(d.recent) }
 
+// usageWindow is the digests of the records USAGE stored within a window
+// of the latest one, each with the UTC day USAGE stored it (the message's
+// timestamp). A day's digests are dropped once it ends more than the
+// window before the latest record, so a copy stored within the window of
+// its original is always known (up to a day longer), and what is kept is
+// the records of a window and a day, however long the stream. The window
+// moves with the stream's timestamps, not the clock: a start that replays
+// USAGE counts exactly what the gateway that followed it live did.
+//
+// Like usageDigests it is a sorted array (shared by snapshots: never
+// changed in place) and the recent ones in a map, so a lookup is one map
+// access and one binary search whatever the window (a set a day took two
+// to three times as long to fold a record, searching each day's); a day
+// (4 bytes) rides beside each digest, and the array is rebuilt without
+// the days that left the window when the oldest one does.
+type usageWindow struct {
+	window time.Duration
+	sorted []usageDigest
+	days   []int32 // sorted[i] was stored on day days[i] (days since 1970)
+	recent map[usageDigest]int32
+	oldest int32     // the oldest day among them, when any
+	latest time.Time // when USAGE stored the latest record
+}
+
+func newUsageWindow(window time.Duration) usageWindow { return usageWindow{window: window} }
+
+func (w *usageWindow) has(k usageDigest) bool {
+	if _, ok := w.recent[k]; ok {
+		return true
+	}
+	_, ok := slices.BinarySearchFunc(w.sorted, k, cmpDigest)
+	return ok
+}
+
+// add adds k, stored at at (zero: with the latest), and reports whether
+// it was new.
+func (w *usageWindow) add(k usageDigest, at time.Time) bool {
+	if w.has(k) {
+		return false
+	}
+	if at.IsZero() {
+		at = w.latest
+	}
+	if at.After(w.latest) {
+		w.latest = at
+		if w.len() > 0 && !w.keeps(w.oldest) {
+			w.merge()
+		}
+	}
+	day := dayOf(at)
+	if !w.keeps(day) {
+		return true // stored before the window (timestamps out of order): too old to keep
+	}
+	if w.len() == 0 || day < w.oldest {
+		w.oldest = day
+	}
+	if w.recent == nil {
+		w.recent = map[usageDigest]int32{}
+	}
+	w.recent[k] = day
+	if len(w.recent) >= max(4096, len(w.sorted)/8) {
+		w.merge()
+	}
+	return true
+}
+
+// dayOf is the UTC day of t, in days since 1970.
+func dayOf(t time.Time) int32 { return int32(floorDiv(t.Unix(), daySeconds)) }
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a < 0) != (b < 0) {
+		q--
+	}
+	return q
+}
+
+// keeps says whether day ends within the window of the latest record.
+func (w *usageWindow) keeps(day int32) bool {
+	return (int64(day)+1)*daySeconds > w.latest.Add(-w.window).Unix()
+}
+
+// merge makes one new sorted array of the digests kept and the recent
+// ones, without those whose day left the window.
+func (w *usageWindow) merge() {
+	add := slices.SortedFunc(maps.Keys(w.recent), cmpDigest)
+	sorted := make([]usageDigest, 0, len(w.sorted)+len(add))
+	days := make([]int32, 0, len(w.sorted)+len(add))
+	first := true
+	keep := func(k usageDigest, day int32) {
+		if !w.keeps(day) {
+			return
+		}
+		sorted, days = append(sorted, k), append(days, day)
+		if first || day < w.oldest {
+			w.oldest, first = day, false
+		}
+	}
+	i, j := 0, 0
+	for i < len(w.sorted) || j < len(add) {
+		if j == len(add) || (i < len(w.sorted) && cmpDigest(w.sorted[i], add[j]) < 0) {
+			keep(w.sorted[i], w.days[i])
+			i++
+		} else {
+			keep(add[j], w.recent[add[j]])
+			j++
+		}
+	}
+	w.sorted, w.days, w.recent = sorted, days, nil
+}
+
+func (w *usageWindow) len() int { return len(w.sorted) + len(w.recent) }
+
+// clone copies w for a snapshot: the arrays are shared (never changed in
+// place), the recent digests copied.
+func (w *usageWindow) clone() usageWindow {
+	c := *w
+	c.recent = maps.Clone(w.recent)
+	return c
+}
+
 // pointKey is a bucket of the series: the step's start (Unix seconds),
 // pool and price class.
 type pointKey struct {
@@ -254,14 +397,15 @@ func newTenantUsage() *tenantUsage {
 type usageAgg struct {
 	cfg     UsageConfig
 	tenants map[string]*tenantUsage
-	ids     usageDigests
+	ids     usageWindow
 	// cut is the start of the oldest hour kept (Unix seconds), advanced
 	// by prune; hours before it are not folded.
 	cut int64
 }
 
 func newUsageAgg(cfg UsageConfig) *usageAgg {
-	return &usageAgg{cfg: cfg.withDefaults(), tenants: map[string]*tenantUsage{}, cut: minUnix}
+	cfg = cfg.withDefaults()
+	return &usageAgg{cfg: cfg, tenants: map[string]*tenantUsage{}, ids: newUsageWindow(cfg.DuplicateWindow), cut: minUnix}
 }
 
 // minUnix is an hour before every time: no cut.
@@ -269,10 +413,10 @@ const minUnix = -1 << 62
 
 const daySeconds = 24 * 60 * 60
 
-// add folds rec into tenant's usage once per ID and reports whether it
-// was new.
-func (a *usageAgg) add(tenant string, rec contracts.UsageRecord) bool {
-	if !a.ids.add(digestOf(tenant, rec.ID)) {
+// add folds rec, which USAGE stored at at, into tenant's usage once per
+// ID (within the duplicate window) and reports whether it was new.
+func (a *usageAgg) add(tenant string, rec contracts.UsageRecord, at time.Time) bool {
+	if !a.ids.add(digestOf(tenant, rec.ID), at) {
 		return false
 	}
 	tu := a.tenants[tenant]

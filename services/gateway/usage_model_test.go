@@ -443,6 +443,140 @@ func TestUsageDigestsCountEachOnce(t *testing.T) {
 	}
 }
 
+// TestUsageDigestsAreKeptForTheDuplicateWindow: over 60 days of records,
+// a copy of a record (its ID again) stored within the duplicate window of
+// the original is never counted again, whatever lies between; the
+// digests kept are those of the window and a day, not of the 60 days; a
+// model started from a snapshot taken midway (of this format, through
+// its encoding) counts every later record and copy as the model that
+// went on; one started with a shorter window keeps less of it.
+func TestUsageDigestsAreKeptForTheDuplicateWindow(t *testing.T) {
+	const (
+		window = 7 * 24 * time.Hour
+		perDay = 400
+		days   = 60
+	)
+	ctx := context.Background()
+	rnd := rand.New(rand.NewPCG(17, 3))
+	model := func(w time.Duration) *memoryModel {
+		m := newMemoryModel()
+		m.aggregateUsage(UsageConfig{DuplicateWindow: w}, nil)
+		return m
+	}
+	live := model(window)
+	var restarted *memoryModel
+	type stored struct {
+		id string
+		at time.Time
+	}
+	var past []stored
+	var added []time.Time // when each digest counted new was stored
+	lastAdded := map[string]time.Time{}
+	t0 := time.Date(2026, 9, 1, 0, 0, 0, 0, time.UTC)
+	rec := func(id string, at time.Time) contracts.UsageRecord {
+		return contracts.UsageRecord{SchemaVersion: 1, ID: id, Tenant: "acme", Pool: "east", Start: at.Add(-time.Hour), End: at,
+			GPUMillis: 1000, Time: at}
+	}
+	apply := func(m *memoryModel, id string, at time.Time) bool {
+		t.Helper()
+		isNew, err := m.ApplyUsage(ctx, "acme", rec(id, at), at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return isNew
+	}
+	copies := map[string]int{} // "within", "beyond"
+	for i := range days * perDay {
+		at := t0.Add(time.Duration(i) * (24 * time.Hour / perDay))
+		id, isCopy := fmt.Sprintf("usage/%d", i), false
+		var lag time.Duration
+		if len(past) > 0 && rnd.IntN(5) == 0 {
+			// A copy of an earlier record, from minutes to 12 days back.
+			o := past[len(past)-1-rnd.IntN(min(len(past), 12*perDay))]
+			// Its lag is from when its digest was last added: a copy
+			// counted again starts the window again.
+			id, isCopy, lag = o.id, true, at.Sub(lastAdded[o.id])
+		} else {
+			past = append(past, stored{id, at})
+		}
+		got := apply(live, id, at)
+		if got {
+			added = append(added, at)
+			lastAdded[id] = at
+		}
+		switch {
+		case !isCopy && !got:
+			t.Fatalf("record %s, never stored before, not counted", id)
+		case isCopy && lag <= window && got:
+			t.Fatalf("a copy stored %s after its original (window %s) counted again", lag, window)
+		case isCopy && lag > window+24*time.Hour && !got:
+			t.Fatalf("a copy stored %s after its original was known: the digests outlive the window and a day", lag)
+		case isCopy && lag <= window:
+			copies["within"]++
+		case isCopy && lag > window+24*time.Hour:
+			copies["beyond"]++
+		}
+		if restarted != nil && apply(restarted, id, at) != got {
+			t.Fatalf("a model started from the snapshot counts %s (copy %v, lag %s) otherwise: %v", id, isCopy, lag, !got)
+		}
+		// The digests kept: at most the records stored within the window
+		// and a day of the latest.
+		if i%perDay == perDay-1 {
+			recent := 0
+			for _, a := range added {
+				if at.Sub(a) < window+24*time.Hour {
+					recent++
+				}
+			}
+			if n := live.usageAgg.ids.len(); n > recent || n < perDay*int(window/(24*time.Hour)) && i > days*perDay/2 {
+				t.Fatalf("day %d: %d digests kept, want at most the %d stored within the window and a day, and at least the window's",
+					i/perDay, n, recent)
+			}
+		}
+		if i == days*perDay/2 {
+			data, err := live.snapshotWithUsage(1, 1).encode()
+			if err != nil {
+				t.Fatal(err)
+			}
+			install := func(w time.Duration) *memoryModel {
+				s, err := decodeModelSnap(data)
+				if err != nil {
+					t.Fatal(err)
+				}
+				m := model(w)
+				m.install(s)
+				return m
+			}
+			restarted = install(window)
+			if n, all := restarted.usageAgg.ids.len(), live.usageAgg.ids.len(); n != all {
+				t.Fatalf("the snapshot gave back %d of %d digests", n, all)
+			}
+			// A gateway started with a shorter window keeps only its own.
+			short := install(3 * 24 * time.Hour)
+			if n, all := short.usageAgg.ids.len(), live.usageAgg.ids.len(); n >= all || n == 0 {
+				t.Fatalf("a model with a 3-day window keeps %d of the snapshot's %d digests", n, all)
+			}
+		}
+	}
+	if copies["within"] < 100 || copies["beyond"] < 100 {
+		t.Fatalf("copies within the window %d, beyond it %d: want both exercised", copies["within"], copies["beyond"])
+	}
+	// What was folded: each record once, and each copy beyond the window
+	// again; the restarted model folded the same from its snapshot on.
+	folded := func(m *memoryModel) (ms int64) {
+		for _, p := range m.usageAgg.tenants["acme"].days {
+			ms += p.millis
+		}
+		return ms
+	}
+	if got, want := folded(live), int64(len(added))*1000; got != want {
+		t.Fatalf("%d ms folded, want %d: the %d records counted new", got, want, len(added))
+	}
+	if got, want := folded(restarted), folded(live); got != want {
+		t.Fatalf("the model started from the snapshot folded %d ms, want %d", got, want)
+	}
+}
+
 // oldSeriesOf is the series as the gateway computed it from the records
 // before the buckets (seriesOf in usage_series.go at 760bc29^), kept
 // verbatim as the reference of TestUsageBucketsAnswerAsTheRecords: it
@@ -526,4 +660,37 @@ func oldSeriesOf(sum contracts.UsageSummary, step string, width time.Duration, p
 	slices.SortFunc(out.Points, order)
 	slices.SortFunc(out.Totals, order)
 	return out
+}
+
+// FuzzDecodeModelSnapshot: any body under a valid magic and checksum (a
+// snapshot written by a buggy or other build) decodes to a snapshot or an
+// error, never a panic or a runaway allocation. Seeded with a snapshot
+// holding usage digests over several days.
+func FuzzDecodeModelSnapshot(f *testing.F) {
+	m := newMemoryModel()
+	m.aggregateUsage(UsageConfig{DuplicateWindow: 3 * 24 * time.Hour}, nil)
+	t0 := time.Date(2026, 9, 1, 0, 0, 0, 0, time.UTC)
+	for i := range 40 {
+		at := t0.Add(time.Duration(i) * 3 * time.Hour)
+		if _, err := m.ApplyUsage(context.Background(), "acme", contracts.UsageRecord{ID: fmt.Sprintf("usage/%d", i), Tenant: "acme",
+			Pool: "east", Start: at.Add(-time.Hour), End: at, GPUMillis: 1000}, at); err != nil {
+			f.Fatal(err)
+		}
+	}
+	data, err := m.snapshotWithUsage(1, 1).encode()
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(data[len(snapshotMagic) : len(data)-sha256.Size])
+	f.Fuzz(func(t *testing.T, body []byte) {
+		raw := append([]byte(snapshotMagic), body...)
+		sum := sha256.Sum256(raw)
+		s, err := decodeModelSnap(append(raw, sum[:]...))
+		if err == nil {
+			// What decodes installs.
+			into := newMemoryModel()
+			into.aggregateUsage(UsageConfig{}, nil)
+			into.install(s)
+		}
+	})
 }

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"io"
 	"maps"
+	"math"
 	"slices"
 	"time"
 
@@ -12,11 +14,13 @@ import (
 )
 
 // The usage part of the read model snapshot (readmodel_snapshot.go):
-// the hour cut, the records' digests (sorted, 16 bytes each), then each
+// the hour cut, the records' digests of the duplicate window (when the
+// latest record was stored, then the digests sorted, 16 bytes each, each
+// with its day after the oldest one), then each
 // tenant's folded usage: its summary currency, its cut of hours, its hour
 // and day buckets and its invoice days. Its size grows with tenants,
-// pools, price classes and days (and 16 bytes a record for the digests),
-// not with the records' contents.
+// pools, price classes and days (and 17–20 bytes a record of the duplicate
+// window for the digests), not with the records' contents.
 
 // encodeUsage writes s's usage to buf.
 func (s *modelSnap) encodeUsage(buf *bytes.Buffer) {
@@ -25,10 +29,17 @@ func (s *modelSnap) encodeUsage(buf *bytes.Buffer) {
 	iv := func(v int64) { buf.Write(tmp[:binary.PutVarint(tmp[:], v)]) }
 	str := func(v string) { uv(uint64(len(v))); buf.WriteString(v) }
 	iv(s.usageCut)
-	ids := s.usageIDs.merged()
-	uv(uint64(len(ids)))
-	for _, d := range ids {
+	iv(s.usageIDs.latest.Unix())
+	uv(uint64(s.usageIDs.latest.Nanosecond()))
+	ids := s.usageIDs.clone()
+	ids.merge()
+	uv(uint64(len(ids.sorted)))
+	if len(ids.sorted) > 0 {
+		iv(int64(ids.oldest))
+	}
+	for i, d := range ids.sorted {
 		buf.Write(d[:])
+		uv(uint64(ids.days[i] - ids.oldest))
 	}
 	points := func(ps map[pointKey]pointSums) {
 		uv(uint64(len(ps)))
@@ -83,21 +94,17 @@ func (s *modelSnap) encodeUsage(buf *bytes.Buffer) {
 // decodeUsage reads what encodeUsage wrote into s; damage fails c.
 func (s *modelSnap) decodeUsage(c *cursor) {
 	s.usageCut = c.varint()
-	n := c.uvarint()
-	if c.err == nil && n > uint64(len(c.b))/16 {
-		c.fail(errors.New("more record digests than bytes"))
+	sec, nsec := c.varint(), c.uvarint()
+	if nsec >= 1e9 {
+		c.fail(errors.New("a usage time out of range"))
 		return
 	}
-	ids := make([]usageDigest, n)
-	for i := range ids {
-		copy(ids[i][:], c.b[:16])
-		c.b = c.b[16:]
-		if i > 0 && cmpDigest(ids[i-1], ids[i]) >= 0 {
-			c.fail(errors.New("record digests out of order"))
-			return
-		}
+	// The zero time (nothing stored yet) comes back as itself.
+	s.usageIDs = usageWindow{latest: time.Unix(sec, int64(nsec)).UTC()}
+	c.usageIDs(&s.usageIDs)
+	if c.err != nil {
+		return
 	}
-	s.usageIDs = usageDigests{sorted: ids}
 	points := func() map[pointKey]pointSums {
 		n := c.count()
 		ps := make(map[pointKey]pointSums, n)
@@ -152,5 +159,38 @@ func (s *modelSnap) decodeUsage(c *cursor) {
 			return
 		}
 		s.usage[t] = tu
+	}
+}
+
+// usageIDs reads the digests of the duplicate window into w.
+func (c *cursor) usageIDs(w *usageWindow) {
+	n := c.uvarint()
+	if c.err == nil && n > uint64(len(c.b))/17 {
+		c.fail(errors.New("more record digests than bytes"))
+	}
+	if c.err != nil || n == 0 {
+		return
+	}
+	oldest := c.varint()
+	if oldest < math.MinInt32 || oldest > math.MaxInt32 {
+		c.fail(errors.New("a digest day out of range"))
+		return
+	}
+	w.sorted, w.days, w.oldest = make([]usageDigest, n), make([]int32, n), int32(oldest)
+	for i := range w.sorted {
+		if len(c.b) < 16 {
+			c.fail(io.ErrUnexpectedEOF)
+			return
+		}
+		copy(w.sorted[i][:], c.b[:16])
+		c.b = c.b[16:]
+		d := c.uvarint()
+		if c.err == nil && (i > 0 && cmpDigest(w.sorted[i-1], w.sorted[i]) >= 0 || d > uint64(math.MaxInt32-oldest)) {
+			c.fail(errors.New("record digests out of order or their days out of range"))
+		}
+		if c.err != nil {
+			return
+		}
+		w.days[i] = int32(oldest + int64(d))
 	}
 }
