@@ -295,6 +295,25 @@ func (s *server) commitFenced(ctx context.Context, a contracts.Allocation, epoch
 		// verdict taken outside it can refuse a device just released.
 		return v, nil
 	}
+	if v.Reason == contracts.RefusedAlreadyPlaced {
+		// The job's earlier attempt may be released in the stream and not
+		// read here yet: the scheduler places the next attempt as soon as
+		// it reads the release, and this manager's own writer applies a
+		// release only after its publish is acknowledged, on another
+		// node's lock (or another replica wrote it, and the follow has not
+		// read it). Under load that refused the next attempt for nothing
+		// (seen in CI: a drained job's attempt 2, job_already_allocated).
+		// Read the nodes of the attempts in the way first; the verdict is
+		// taken again under the node lock below.
+		s.mu.Lock()
+		nodes := s.led.OtherAttemptNodes(a)
+		s.mu.Unlock()
+		for _, n := range nodes {
+			if err := s.catchUp(ctx, n); err != nil {
+				return v, err
+			}
+		}
+	}
 	if v.Reason == contracts.RefusedUnknownNode || v.Reason == contracts.RefusedNodeNotReady {
 		// The node may be in NODES already, only not read yet here. A
 		// failed read is transient: the plan comes again.

@@ -214,3 +214,48 @@ func TestCommitReadsANodeNotFollowedYet(t *testing.T) {
 		t.Fatalf("NODES read to %d for n3, want %d", got, want)
 	}
 }
+
+// TestCommitReadsTheReleaseOfTheJobsEarlierAttempt: the scheduler places
+// a job's next attempt once it reads the earlier attempt's release, which
+// this manager may not have read yet (another replica wrote it, or its
+// own writer has not applied it after the publish). The commit reads the
+// nodes of the attempts in its way and commits; an attempt still live
+// keeps refusing it, on its own node or another.
+func TestCommitReadsTheReleaseOfTheJobsEarlierAttempt(t *testing.T) {
+	attempt := func(job, node string, n, gpu int) contracts.Allocation {
+		a := alloc(job, node, gpu)
+		a.ID, a.Attempt = contracts.AllocationID("acme", job, n), n
+		return a
+	}
+	for _, tc := range []struct {
+		name      string
+		next      string // the node of attempt 2
+		released  bool   // attempt 1's release is stored by another replica
+		wantRefus contracts.Reason
+	}{
+		{"released, next on another node", "n2", true, ""},
+		{"released, next on the same node", "n1", true, ""},
+		{"still live, next on another node", "n2", false, contracts.RefusedAlreadyPlaced},
+		{"still live, next on the same node", "n1", false, contracts.RefusedAlreadyPlaced},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, other := writeServer(t)
+			first := attempt("moved", "n1", 1, 0)
+			if v, err := s.commit(t.Context(), first); err != nil || !v.OK() {
+				t.Fatalf("commit of attempt 1 = %+v, %v", v, err)
+			}
+			if tc.released {
+				if _, err := other.Publish(t.Context(), contracts.SubjectLedger("n1"),
+					contracts.LedgerEntryID(contracts.LedgerReleased, first.ID),
+					contracts.LedgerEntry{SchemaVersion: 1, Kind: contracts.LedgerReleased, Allocation: first, Reason: contracts.ReasonDrained},
+					bus.ExpectLastSubjectSeq(s.led.LastSeq("n1"))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			v, err := s.commit(t.Context(), attempt("moved", tc.next, 2, 1))
+			if err != nil || v.Reason != tc.wantRefus {
+				t.Fatalf("commit of attempt 2 = %+v, %v; want reason %q", v, err, tc.wantRefus)
+			}
+		})
+	}
+}
