@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"testing"
@@ -24,6 +25,8 @@ import (
 // committed and started outside the timer. GPUPLANE_STEADY_NODES and
 // GPUPLANE_STEADY_QUEUED change the size (10,000 and 100,000 by default:
 // issue 17's "cycle ≤ 50 ms at 10,000 machines and 100,000 queued").
+// GPUPLANE_CYCLE_CPUPROFILE names a file for a CPU profile of the timed
+// cycles.
 func BenchmarkSteadyCycle(b *testing.B) {
 	nodes, queued := envInt("GPUPLANE_STEADY_NODES", 10000), envInt("GPUPLANE_STEADY_QUEUED", 100000)
 	b.Run(fmt.Sprintf("nodes=%d/queued=%d/steady", nodes, queued), func(b *testing.B) {
@@ -37,6 +40,17 @@ func BenchmarkSteadyCycle(b *testing.B) {
 		runtime.GC()
 		placed, waiting, events := 0, 0, 0
 		var cpu time.Duration
+		if f := os.Getenv("GPUPLANE_CYCLE_CPUPROFILE"); f != "" {
+			// The timed cycles only, without the setup.
+			out, err := os.Create(f)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := pprof.StartCPUProfile(out); err != nil {
+				b.Fatal(err)
+			}
+			defer func() { pprof.StopCPUProfile(); _ = out.Close() }()
+		}
 		b.ResetTimer()
 		for range b.N {
 			b.StopTimer()
