@@ -1,11 +1,13 @@
 package bus
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -319,7 +321,12 @@ func (b *Bus) pull(ctx context.Context, cons jetstream.Consumer, spec ConsumerSp
 		return nil, err
 	}
 	hold := &held{msgs: map[jetstream.Msg]time.Time{}}
-	kaCtx, stopKA := context.WithCancel(ctx)
+	// Kept alive until stop, not until ctx ends: at a stop the held
+	// messages wait while what was started settles, and past AckWait the
+	// server would give them to another replica, which the stop's late
+	// Nak would then hand them to again (from a review: every message
+	// held at a stop handled twice when a settle outlasted AckWait).
+	kaCtx, stopKA := context.WithCancel(context.WithoutCancel(ctx))
 	go hold.keepAlive(kaCtx, spec.AckWait/3, spec.MaxHandlerTime)
 	return &puller{it: it, hold: hold, stopKA: stopKA,
 		log: b.log.With("stream", spec.Stream, "consumer", spec.Durable)}, nil
@@ -330,13 +337,29 @@ func (b *Bus) pull(ctx context.Context, cons jetstream.Consumer, spec ConsumerSp
 // it at once. The caller has settled everything it took.
 func (p *puller) stop() {
 	p.drain()
-	p.stopKA()
 	p.it.Stop()
+	// In stream order: the server redelivers Nak'ed messages in the order
+	// they came back, and a message Nak'ed at the stop by its handler
+	// came back into the buffer behind later ones (from a review).
+	slices.SortFunc(p.drained, func(a, b jetstream.Msg) int { return cmp.Compare(streamSeq(a), streamSeq(b)) })
 	for _, raw := range p.drained {
 		_ = raw.Nak()
 		p.hold.done(raw)
 	}
 	p.drained = nil
+	p.stopKA()
+}
+
+// handBack notes held messages taken and never started, for stop to hand
+// back with those the iterator held.
+func (p *puller) handBack(raw jetstream.Msg) { p.drained = append(p.drained, raw) }
+
+func streamSeq(m jetstream.Msg) uint64 {
+	md, err := m.Metadata()
+	if err != nil {
+		return 0
+	}
+	return md.Sequence.Stream
 }
 
 // drainWait bounds the wait for the iterator's last messages at a stop: a
@@ -358,10 +381,18 @@ func (p *puller) drain() {
 	}
 	p.drainDone = true
 	p.it.Drain()
+	deadline := time.Now().Add(drainWait)
 	for {
-		raw, err := p.it.Next(jetstream.NextMaxWait(drainWait))
-		if err != nil {
-			return // ErrMsgIteratorClosed: all taken; or the server never answered
+		wait := time.Until(deadline)
+		if wait <= 0 {
+			return // the server never answered
+		}
+		raw, err := p.it.Next(jetstream.NextMaxWait(wait))
+		switch {
+		case errors.Is(err, jetstream.ErrMsgIteratorClosed):
+			return // all taken
+		case err != nil:
+			continue // a heartbeat missed, a reconnect: the buffer may hold more
 		}
 		p.hold.add(raw)
 		p.drained = append(p.drained, raw)
@@ -386,6 +417,13 @@ func (p *puller) next(ctx context.Context) (jetstream.Msg, error) {
 			continue
 		}
 		p.hold.add(raw)
+		if ctx.Err() != nil {
+			// Next chooses at random between a buffered message and the
+			// end of ctx: one taken after the end is handed back at the
+			// stop, in its order, not handled (from a review).
+			p.handBack(raw)
+			return nil, ctx.Err()
+		}
 		return raw, nil
 	}
 }

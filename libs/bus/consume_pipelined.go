@@ -136,11 +136,10 @@ func (b *Bus) consumePipelinedMsgs(ctx context.Context, cons jetstream.Consumer,
 		close(groups)
 		<-settlerDone
 		for _, f := range unstarted {
-			<-f.ready
-			_ = f.raw.Nak()
-			p.hold.done(f.raw)
+			<-f.ready // its preparing is done with it
+			p.handBack(f.raw)
 		}
-		p.stop() // hands back what the iterator held, after them
+		p.stop() // hands them back with what the iterator held
 	}()
 	var handed []*startedGroup // handed to the settler, oldest first; maybe settled
 	hand := func(g *startedGroup) {

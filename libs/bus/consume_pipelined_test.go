@@ -302,12 +302,7 @@ func TestConsumePipelinedHandsBackWhatItDidNotStart(t *testing.T) {
 			b := connect(t)
 			bg := context.Background()
 			const n = 50
-			for i := range n {
-				c := contracts.CancelRequest{JobID: fmt.Sprintf("k%02d", i)}
-				if _, err := b.Publish(bg, contracts.SubjectCancel("acme"), fmt.Sprint("m", i), c); err != nil {
-					t.Fatal(err)
-				}
-			}
+			publishCancels(t, b, 0, n)
 			spec := bus.ConsumerSpec{Stream: contracts.StreamJobs, Durable: "handback", Batch: 64, AckWait: 30 * time.Second,
 				Key: cancelJobID}
 			ctx1, cancel1 := context.WithCancel(bg)
@@ -391,12 +386,7 @@ func TestAStoppedConsumerHandsBackWhatItsIteratorHeld(t *testing.T) {
 			b := connect(t)
 			bg := context.Background()
 			const n = 40
-			for i := range n {
-				c := contracts.CancelRequest{JobID: fmt.Sprintf("k%02d", i)}
-				if _, err := b.Publish(bg, contracts.SubjectCancel("acme"), fmt.Sprint("m", i), c); err != nil {
-					t.Fatal(err)
-				}
-			}
+			publishCancels(t, b, 0, n)
 			spec := bus.ConsumerSpec{Stream: contracts.StreamJobs, Durable: "held", Batch: tc.batch,
 				AckWait: 30 * time.Second, Key: cancelJobID}
 			var mu sync.Mutex
@@ -433,6 +423,18 @@ func TestAStoppedConsumerHandsBackWhatItsIteratorHeld(t *testing.T) {
 				t.Fatalf("never handled, and not handed back at the stop (8 s; AckWait 30 s): %v", ks)
 			}
 		})
+	}
+}
+
+// publishCancels publishes the cancel requests of jobs k<from>..k<to-1>
+// of tenant acme, message IDs m<from>...
+func publishCancels(t *testing.T, b *bus.Bus, from, to int) {
+	t.Helper()
+	for i := from; i < to; i++ {
+		c := contracts.CancelRequest{JobID: fmt.Sprintf("k%02d", i)}
+		if _, err := b.Publish(context.Background(), contracts.SubjectCancel("acme"), fmt.Sprint("m", i), c); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
