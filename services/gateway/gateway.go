@@ -66,7 +66,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	model := newRetainingModel(ret, time.Now, streamFetcher(rt.Bus), func(ctx context.Context, tenant string, want map[string]*contracts.JobStatus) error {
 		return tenantFetch(ctx, rt.Bus, tenant, want)
 	})
-	model.aggregateUsage(cfg.Usage, streamUsage(rt.Bus))
+	model.aggregateUsage(cfg.Usage, streamUsage(rt.Bus, cfg.Usage))
 	in := &ingester{bus: rt.Bus, model: model, nodes: newNodeModel(), log: log, snaps: newModelSnapshotter(rt.Bus, ret.SnapshotInterval, log),
 		loadDone: make(chan struct{})}
 	streams, endStreams := context.WithCancel(context.Background())

@@ -90,30 +90,36 @@ func (c UsageConfig) withDefaults() UsageConfig {
 }
 
 // usageReader returns a tenant's distinct usage records in USAGE up to
-// sequence upto, in stream order (the first of an ID kept).
+// sequence upto, in stream order (the first of an ID kept, and a copy
+// stored beyond the duplicate window of it, as the fold counts it:
+// copyCounts).
 type usageReader func(ctx context.Context, tenant string, upto uint64) ([]contracts.UsageRecord, error)
 
 // errReadDone stops a read of USAGE past the sequence asked for.
 var errReadDone = errors.New("read done")
 
-// streamUsage reads a tenant's records from USAGE by its subject.
-func streamUsage(b *bus.Bus) usageReader {
+// streamUsage reads a tenant's records from USAGE by its subject, with
+// the duplicate window of cfg.
+func streamUsage(b *bus.Bus, cfg UsageConfig) usageReader {
+	window := cfg.withDefaults().DuplicateWindow
 	return func(ctx context.Context, tenant string, upto uint64) ([]contracts.UsageRecord, error) {
 		recs := []contracts.UsageRecord{}
 		if upto == 0 {
 			return recs, nil
 		}
-		seen := map[string]bool{}
+		copies := newUsageCopies(window)
 		_, err := b.Replay(ctx, bus.FollowSpec{Stream: contracts.StreamUsage, FilterSubjects: []string{contracts.SubjectUsage(tenant)}},
 			func(_ context.Context, m *bus.Msg) error {
 				if m.StreamSeq > upto {
 					return errReadDone
 				}
 				t, rec, why := usageRecordOf(m)
-				if why != "" || t != tenant || rec.ID == "" || seen[rec.ID] {
+				if why != "" || t != tenant || rec.ID == "" {
 					return nil
 				}
-				seen[rec.ID] = true
+				if !copies.counts(rec.ID, m.Timestamp) {
+					return nil
+				}
 				recs = append(recs, rec)
 				return nil
 			})
@@ -251,22 +257,58 @@ type usageWindow struct {
 
 func newUsageWindow(window time.Duration) usageWindow { return usageWindow{window: window} }
 
-func (w *usageWindow) has(k usageDigest) bool {
-	if _, ok := w.recent[k]; ok {
-		return true
+// find returns the day k was stored on, if it is kept.
+func (w *usageWindow) find(k usageDigest) (int32, bool) {
+	if day, ok := w.recent[k]; ok {
+		return day, true
 	}
-	_, ok := slices.BinarySearchFunc(w.sorted, k, cmpDigest)
-	return ok
+	if i, ok := slices.BinarySearchFunc(w.sorted, k, cmpDigest); ok {
+		return w.days[i], true
+	}
+	return 0, false
+}
+
+// copyCounts says whether a copy of a record counted on day (since
+// 1970), stored at at, counts again: when the day ended the window or
+// more before it. The rule reads the copy and its original only, so the
+// fold and a read of a tenant's records from USAGE (streamUsage) count
+// alike (from a review: the summary, read from USAGE, and the invoice,
+// folded, disagreed). The fold has dropped every digest the rule would
+// count a copy of, but for a copy stored a window before the latest
+// record, which stream timestamps out of order by that much would take.
+func copyCounts(day int32, at time.Time, window time.Duration) bool {
+	return (int64(day)+1)*daySeconds <= at.Add(-window).Unix()
+}
+
+// usageCopies is copyCounts over a read of records by ID: when each ID
+// last counted.
+type usageCopies struct {
+	window time.Duration
+	last   map[string]time.Time
+}
+
+func newUsageCopies(window time.Duration) usageCopies {
+	return usageCopies{window: window, last: map[string]time.Time{}}
+}
+
+// counts says whether the record id, stored at at, counts, and notes it.
+func (c usageCopies) counts(id string, at time.Time) bool {
+	if prev, ok := c.last[id]; ok && !copyCounts(dayOf(prev), at, c.window) {
+		return false
+	}
+	c.last[id] = at
+	return true
 }
 
 // add adds k, stored at at (zero: with the latest), and reports whether
-// it was new.
+// it counts: new, or a copy stored beyond the window of its original
+// (copyCounts).
 func (w *usageWindow) add(k usageDigest, at time.Time) bool {
-	if w.has(k) {
-		return false
-	}
 	if at.IsZero() {
 		at = w.latest
+	}
+	if day, ok := w.find(k); ok && !copyCounts(day, at, w.window) {
+		return false
 	}
 	if at.After(w.latest) {
 		w.latest = at
@@ -325,10 +367,19 @@ func (w *usageWindow) merge() {
 	}
 	i, j := 0, 0
 	for i < len(w.sorted) || j < len(add) {
-		if j == len(add) || (i < len(w.sorted) && cmpDigest(w.sorted[i], add[j]) < 0) {
+		c := -1
+		if j < len(add) && i < len(w.sorted) {
+			c = cmpDigest(w.sorted[i], add[j])
+		} else if j < len(add) {
+			c = 1
+		}
+		switch {
+		case c < 0:
 			keep(w.sorted[i], w.days[i])
 			i++
-		} else {
+		case c == 0:
+			i++ // a copy counted again: its recent day supersedes
+		default:
 			keep(add[j], w.recent[add[j]])
 			j++
 		}

@@ -12,7 +12,7 @@ import (
 // benchUsageModel makes m fold usage as the gateway does (buckets, the
 // records read from USAGE): BenchmarkReadModelRebuild's retaining modes.
 func benchUsageModel(m *memoryModel, b *bus.Bus) {
-	m.aggregateUsage(DefaultUsageConfig(), streamUsage(b))
+	m.aggregateUsage(DefaultUsageConfig(), streamUsage(b, DefaultUsageConfig()))
 }
 
 // BenchmarkUsageDigestHistory folds a history of usage records, 20,000 a

@@ -186,7 +186,7 @@ func (h *usageHarness) fold(from uint64, models ...*memoryModel) {
 // aggregating is a gateway's model: buckets, the records read from USAGE.
 func (h *usageHarness) aggregating(retention time.Duration) *memoryModel {
 	m := newRetainingModel(DefaultRetentionConfig(), func() time.Time { return h.now }, nil, nil)
-	m.aggregateUsage(UsageConfig{HourRetention: retention}, streamUsage(h.gw))
+	m.aggregateUsage(UsageConfig{HourRetention: retention}, streamUsage(h.gw, UsageConfig{}))
 	return m
 }
 
@@ -449,7 +449,10 @@ func TestUsageDigestsCountEachOnce(t *testing.T) {
 // digests kept are those of the window and a day, not of the 60 days; a
 // model started from a snapshot taken midway (of this format, through
 // its encoding) counts every later record and copy as the model that
-// went on; one started with a shorter window keeps less of it.
+// went on; one started with a shorter window keeps less of it. A read of
+// the tenant's records from USAGE (streamUsage's usageCopies, on the same
+// timestamps) counts every record and copy as the fold does: the summary
+// and the invoice agree (from a review).
 func TestUsageDigestsAreKeptForTheDuplicateWindow(t *testing.T) {
 	const (
 		window = 7 * 24 * time.Hour
@@ -470,6 +473,7 @@ func TestUsageDigestsAreKeptForTheDuplicateWindow(t *testing.T) {
 		at time.Time
 	}
 	var past []stored
+	byID := newUsageCopies(window)
 	var added []time.Time // when each digest counted new was stored
 	lastAdded := map[string]time.Time{}
 	t0 := time.Date(2026, 9, 1, 0, 0, 0, 0, time.UTC)
@@ -500,6 +504,9 @@ func TestUsageDigestsAreKeptForTheDuplicateWindow(t *testing.T) {
 			past = append(past, stored{id, at})
 		}
 		got := apply(live, id, at)
+		if read := byID.counts(id, at); read != got {
+			t.Fatalf("a read from USAGE counts %s (copy %v, lag %s): %v; the fold: %v", id, isCopy, lag, read, got)
+		}
 		if got {
 			added = append(added, at)
 			lastAdded[id] = at
