@@ -120,12 +120,13 @@ func (b *Bus) consumePipelinedMsgs(ctx context.Context, cons jetstream.Consumer,
 	defer func() {
 		// Stop taking and pulling (the drain also takes what the
 		// iterator received and the fetcher did not), settle what was
-		// started (kept alive meanwhile), and only then hand back what
-		// was taken and not started. Handed back before the settling, a message could reach
-		// another consumer (a new leader) while an earlier message of its
-		// key is unsettled here; handed back, or Nak'ed by its settling,
-		// while this iterator still pulls, it would come back into its
-		// buffer and wait out AckWait (both from a review).
+		// started (everything held is kept alive meanwhile), and only
+		// then hand back what was taken and not started. Handed back
+		// before the settling, a message could reach another consumer (a
+		// new leader) while an earlier message of its key is unsettled
+		// here; handed back, or Nak'ed by its settling, while this
+		// iterator still pulls, it would come back into its buffer and
+		// wait out AckWait (both from a review).
 		stopFetch()
 		for f := range out {
 			if f.raw != nil {

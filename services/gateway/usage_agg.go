@@ -166,8 +166,8 @@ func digestOf(tenant, id string) usageDigest {
 }
 
 // cmpDigest orders digests as their bytes, comparing them as two
-// big-endian words (a third of the time of a loop over the bytes: the
-// duplicate window's lookups search several days' arrays).
+// big-endian words rather than byte by byte: every record folded
+// searches the sorted digests.
 func cmpDigest(a, b usageDigest) int {
 	if c := cmp.Compare(binary.BigEndian.Uint64(a[:8]), binary.BigEndian.Uint64(b[:8])); c != 0 {
 		return c

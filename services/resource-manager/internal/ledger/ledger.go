@@ -467,9 +467,6 @@ func (l *Ledger) Verify(a contracts.Allocation) Verdict {
 	return n.checkHost(a)
 }
 
-// sameGang reports whether o and a are parts of one attempt of a
-// multi-machine job, as the same plan describes it: both gang parts of the
-// same attempt, over the same machines.
 // OtherAttemptNodes returns the nodes of the job's live allocations that
 // make Verify refuse a as job_already_allocated (those not of a's gang),
 // each once.
@@ -483,6 +480,9 @@ func (l *Ledger) OtherAttemptNodes(a contracts.Allocation) []string {
 	return nodes
 }
 
+// sameGang reports whether o and a are parts of one attempt of a
+// multi-machine job, as the same plan describes it: both gang parts of the
+// same attempt, over the same machines.
 func sameGang(o, a contracts.Allocation) bool {
 	return o.Gang != nil && a.Gang != nil && o.Attempt == a.Attempt &&
 		o.Gang.Size == a.Gang.Size && slices.Equal(o.Gang.Nodes, a.Gang.Nodes)
