@@ -58,18 +58,15 @@ func (b *Bus) consumeBatchLoop(ctx context.Context, cons jetstream.Consumer, spe
 			p.hold.add(raw)
 			raws = append(raws, raw)
 		}
-		b.handleBatch(ctx, spec, raws, h)
-		for _, raw := range raws {
-			p.hold.done(raw)
-		}
+		b.handleBatch(ctx, spec, p, raws, h)
 	}
 }
 
 // handleBatch runs h on one batch and settles each message.
-func (b *Bus) handleBatch(ctx context.Context, spec ConsumerSpec, raws []jetstream.Msg, h BatchHandler) {
+func (b *Bus) handleBatch(ctx context.Context, spec ConsumerSpec, p *puller, raws []jetstream.Msg, h BatchHandler) {
 	ctx, span, msgs := b.startBatch(ctx, spec, raws)
 	defer span.End()
-	b.settleBatch(ctx, spec, raws, msgs, span, safeBatchCall(ctx, h, msgs))
+	b.settleBatch(ctx, spec, p, raws, msgs, span, safeBatchCall(ctx, h, msgs))
 }
 
 // startBatch wraps raws and starts the batch's span.
@@ -90,7 +87,7 @@ func (b *Bus) startBatch(ctx context.Context, spec ConsumerSpec, raws []jetstrea
 
 // settleBatch settles each message of a batch by its error (errs nil: all
 // succeeded).
-func (b *Bus) settleBatch(ctx context.Context, spec ConsumerSpec, raws []jetstream.Msg, msgs []*Msg, span trace.Span, errs []error) {
+func (b *Bus) settleBatch(ctx context.Context, spec ConsumerSpec, p *puller, raws []jetstream.Msg, msgs []*Msg, span trace.Span, errs []error) {
 	if errs != nil && len(errs) != len(msgs) {
 		errs = repeat(Permanent(fmt.Errorf("batch handler returned %d results for %d messages", len(errs), len(msgs))), len(msgs))
 	}
@@ -99,7 +96,7 @@ func (b *Bus) settleBatch(ctx context.Context, spec ConsumerSpec, raws []jetstre
 		if errs != nil {
 			err = errs[i]
 		}
-		b.settle(ctx, spec, raw, msgs[i], span, err)
+		b.settle(ctx, spec, p, raw, msgs[i], span, err)
 	}
 }
 
@@ -162,10 +159,7 @@ func (b *Bus) consumePipelinedLoop(ctx context.Context, cons jetstream.Consumer,
 			defer span.End()
 			errs := wait()
 			<-prev // settle in the order taken
-			b.settleBatch(bctx, spec, raws, msgs, span, errs)
-			for _, raw := range raws {
-				p.hold.done(raw)
-			}
+			b.settleBatch(bctx, spec, p, raws, msgs, span, errs)
 		}(prev)
 		prev = done
 	}

@@ -268,10 +268,7 @@ func (b *Bus) consumeLoop(ctx context.Context, cons jetstream.Consumer, spec Con
 		return err
 	}
 	defer p.stop()
-	settle := func(raw jetstream.Msg) {
-		b.handle(ctx, spec, raw, h)
-		p.hold.done(raw)
-	}
+	settle := func(raw jetstream.Msg) { b.handle(ctx, spec, p, raw, h) }
 	dispatch := settle
 	if spec.Workers > 1 {
 		var wait func()
@@ -296,7 +293,9 @@ type puller struct {
 	hold   *held
 	stopKA context.CancelFunc
 	log    *slog.Logger
-	// drained is what drain took from the iterator, to hand back at stop.
+	// drained is what is to be handed back at stop: what drain took from
+	// the iterator, and what was taken and not handled (handBack).
+	mu        sync.Mutex
 	drained   []jetstream.Msg
 	drainDone bool
 }
@@ -338,21 +337,27 @@ func (b *Bus) pull(ctx context.Context, cons jetstream.Consumer, spec ConsumerSp
 func (p *puller) stop() {
 	p.drain()
 	p.it.Stop()
-	// In stream order: the server redelivers Nak'ed messages in the order
-	// they came back, and a message Nak'ed at the stop by its handler
-	// came back into the buffer behind later ones (from a review).
-	slices.SortFunc(p.drained, func(a, b jetstream.Msg) int { return cmp.Compare(streamSeq(a), streamSeq(b)) })
-	for _, raw := range p.drained {
+	// In stream order: the server redelivers Nak'ed messages mostly in
+	// the order they came back (from a review).
+	p.mu.Lock()
+	back := p.drained
+	p.drained = nil
+	p.mu.Unlock()
+	slices.SortFunc(back, func(a, b jetstream.Msg) int { return cmp.Compare(streamSeq(a), streamSeq(b)) })
+	for _, raw := range back {
 		_ = raw.Nak()
 		p.hold.done(raw)
 	}
-	p.drained = nil
 	p.stopKA()
 }
 
-// handBack notes held messages taken and never started, for stop to hand
-// back with those the iterator held.
-func (p *puller) handBack(raw jetstream.Msg) { p.drained = append(p.drained, raw) }
+// handBack notes a held message taken and not handled, for stop to hand
+// back with those the iterator held (held and kept alive meanwhile).
+func (p *puller) handBack(raw jetstream.Msg) {
+	p.mu.Lock()
+	p.drained = append(p.drained, raw)
+	p.mu.Unlock()
+}
 
 func streamSeq(m jetstream.Msg) uint64 {
 	md, err := m.Metadata()
@@ -395,7 +400,7 @@ func (p *puller) drain() {
 			continue // a heartbeat missed, a reconnect: the buffer may hold more
 		}
 		p.hold.add(raw)
-		p.drained = append(p.drained, raw)
+		p.handBack(raw)
 	}
 }
 
@@ -507,7 +512,7 @@ func (b *Bus) workers(spec ConsumerSpec, settle func(jetstream.Msg)) (dispatch f
 }
 
 // handle runs h on one message and settles it.
-func (b *Bus) handle(ctx context.Context, spec ConsumerSpec, raw jetstream.Msg, h Handler) {
+func (b *Bus) handle(ctx context.Context, spec ConsumerSpec, p *puller, raw jetstream.Msg, h Handler) {
 	m := newMsg(raw)
 	ctx, span := b.startProcess(ctx, spec, m)
 	defer span.End()
@@ -516,7 +521,7 @@ func (b *Bus) handle(ctx context.Context, spec ConsumerSpec, raw jetstream.Msg, 
 		err = safeCall(ctx, h, m)
 	}
 	b.attempted(m, span, err != nil)
-	b.settle(ctx, spec, raw, m, span, err)
+	b.settle(ctx, spec, p, raw, m, span, err)
 }
 
 // startProcess starts the span of one message's handling, a child of its
@@ -546,7 +551,9 @@ func (b *Bus) startProcess(ctx context.Context, spec ConsumerSpec, m *Msg) (cont
 }
 
 // settle acknowledges, redelivers or dead-letters one handled message
-// according to the handler's error (see Handler).
+// according to the handler's error (see Handler), and p stops holding it;
+// one whose handler gave up at the stop (ctx's error) p hands back at its
+// stop instead.
 //
 // The ack is a plain one: it does not wait for the server to confirm it.
 // A lost ack is a redelivery, which an idempotent handler shrugs off, and
@@ -557,23 +564,28 @@ func (b *Bus) startProcess(ctx context.Context, spec ConsumerSpec, m *Msg) (cont
 // consumer stood still for nats.go's 5 s API timeout before its next
 // message (issue 13, finding 6); on R3 every ack also waited for its
 // replication.
-func (b *Bus) settle(ctx context.Context, spec ConsumerSpec, raw jetstream.Msg, m *Msg, span trace.Span, err error) {
+func (b *Bus) settle(ctx context.Context, spec ConsumerSpec, p *puller, raw jetstream.Msg, m *Msg, span trace.Span, err error) {
+	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		// Shutting down mid-handler: handed back at the stop with what
+		// else is, in stream order. Nak'ed now, while the iterator still
+		// pulls, it came back into the buffer behind later messages (from
+		// a review; nats-server may still redeliver the first one handed
+		// back last, see TestAStoppedConsumerHandsBackWhatItsHandlerGaveUp).
+		p.handBack(raw)
+		return
+	}
+	defer p.hold.done(raw)
 	// The message's logger is built only when it logs: slog's With
 	// formats its attributes at once, and a handled message (nearly
 	// every one) logs nothing; it was 1.3 % of a burst's CPU (issue 17).
 	log := func() *slog.Logger {
 		return b.log.With("subject", m.Subject, "stream_seq", m.StreamSeq, "consumer", spec.Durable)
 	}
-	switch {
-	case err == nil:
+	if err == nil {
 		if aerr := raw.Ack(); aerr != nil && ctx.Err() == nil {
 			// The work is done and idempotent: a redelivery is harmless.
 			log().Warn("ack failed; message may be redelivered", "err", aerr)
 		}
-		return
-	case ctx.Err() != nil && errors.Is(err, ctx.Err()):
-		// Shutting down mid-handler: let it be redelivered to someone else.
-		_ = raw.Nak()
 		return
 	}
 	span.RecordError(err)

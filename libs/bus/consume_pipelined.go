@@ -104,9 +104,8 @@ func (b *Bus) consumePipelinedMsgs(ctx context.Context, cons jetstream.Consumer,
 			for _, s := range g.msgs {
 				err := s.wait()
 				b.attempted(s.m, s.span, err != nil)
-				b.settle(s.ctx, spec, s.raw, s.m, s.span, err)
+				b.settle(s.ctx, spec, p, s.raw, s.m, s.span, err)
 				s.span.End()
-				p.hold.done(s.raw)
 			}
 			close(g.done)
 		}
