@@ -16,18 +16,18 @@ import (
 // TestHeldMessagesStayAliveUntilHandedBack: a consumer stopped by its
 // context holds what its iterator received (drain) and what it took and
 // did not start, kept alive until the stop hands them back, while a
-// started message's wait still runs (5 s here, AckWait 2 s: a message in
-// the iterator's buffer is kept alive only once taken, and a -race run
-// took over a second to take one). Another replica must not get any of
-// them before the stopping one hands them back, and none may be handled
-// twice because of a late Nak. (From a review: the keep-alive ended with
-// the context.)
+// started message's wait still runs (12 s here, AckWait 10 s). Another
+// replica must not get any of them before the stopping one hands them
+// back, and none may be handled twice because of a late Nak. (From a
+// review: the keep-alive ended with the context.) AckWait is long because
+// a message in nats.go's buffer is kept alive only once taken: under
+// -race and CI's load, messages sat there past an AckWait of 2 s.
 func TestHeldMessagesStayAliveUntilHandedBack(t *testing.T) {
 	b := connect(t)
 	bg := context.Background()
 	const n = 40
 	publishCancels(t, b, 0, n)
-	spec := bus.ConsumerSpec{Stream: contracts.StreamJobs, Durable: "alive", Batch: 4, AckWait: 2 * time.Second,
+	spec := bus.ConsumerSpec{Stream: contracts.StreamJobs, Durable: "alive", Batch: 4, AckWait: 10 * time.Second,
 		Key: cancelJobID}
 	ctx1, cancel1 := context.WithCancel(bg)
 	var firstDone atomic.Bool
@@ -41,7 +41,7 @@ func TestHeldMessagesStayAliveUntilHandedBack(t *testing.T) {
 			}
 			time.Sleep(300 * time.Millisecond) // the fetcher and the iterator fill up
 			cancel1()
-			return func() error { <-ctx.Done(); time.Sleep(5 * time.Second); return nil }
+			return func() error { <-ctx.Done(); time.Sleep(12 * time.Second); return nil }
 		})
 	}()
 	<-ctx1.Done()
