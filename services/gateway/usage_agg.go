@@ -333,16 +333,9 @@ func (w *usageWindow) add(k usageDigest, at time.Time) bool {
 	return true
 }
 
-// dayOf is the UTC day of t, in days since 1970.
-func dayOf(t time.Time) int32 { return int32(floorDiv(t.Unix(), daySeconds)) }
-
-func floorDiv(a, b int64) int64 {
-	q := a / b
-	if a%b != 0 && (a < 0) != (b < 0) {
-		q--
-	}
-	return q
-}
+// dayOf is the UTC day of t, in days since 1970: the day the invoice
+// lines use (add), counted.
+func dayOf(t time.Time) int32 { return int32(t.UTC().Truncate(24*time.Hour).Unix() / daySeconds) }
 
 // keeps says whether day ends within the window of the latest record.
 func (w *usageWindow) keeps(day int32) bool {
