@@ -1,6 +1,7 @@
 package billing
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -71,6 +72,9 @@ type RedisStore struct {
 	timeout time.Duration
 	cb      *gobreaker.CircuitBreaker[any]
 
+	// token names this store as the opening lock's holder.
+	token string
+
 	mu    sync.Mutex
 	gen   string
 	runID string // of the server when Open ran
@@ -96,7 +100,7 @@ func NewRedisStore(cfg RedisConfig) (*RedisStore, error) {
 	if cfg.BreakerFailures == 0 {
 		cfg.BreakerFailures = 3
 	}
-	s := &RedisStore{prefix: cfg.Prefix, timeout: cfg.Timeout}
+	s := &RedisStore{prefix: cfg.Prefix, timeout: cfg.Timeout, token: newGeneration()}
 	s.rdb = redis.NewClient(&redis.Options{
 		Addr: cfg.Addr, Password: cfg.Password, DB: cfg.DB,
 		DialTimeout: cfg.Timeout, ReadTimeout: cfg.Timeout, WriteTimeout: cfg.Timeout,
@@ -187,25 +191,78 @@ func (s *RedisStore) do(ctx context.Context, fn func(ctx context.Context) error)
 // one started a new generation) takes that one rather than clearing it
 // in turn: each clearing the other's made replicas start generations
 // without end (from a review; it predates genrun).
+//
+// Clearing and starting a generation happen under a lock (the opening
+// key, openLockTTL, held by this store's token): two replicas that open
+// at once would otherwise clear at once, and the later clear deleted the
+// generation the earlier one had just started (a second generation, so
+// a second replay of USAGE), or, once its SCAN had passed the
+// generation's key, the records the earlier one then applied in a
+// generation that stayed. A replica that finds the lock taken waits for
+// the generation the holder starts. A holder that dies leaves the lock
+// to expire; one whose Open ran out of time takes it again (the same
+// token) and goes on clearing.
 func (s *RedisStore) Open(ctx context.Context) (string, error) {
+	for {
+		gen, err := s.openOnce(ctx)
+		if err != nil {
+			return "", fmt.Errorf("open redis store: %w", err)
+		}
+		if gen != "" {
+			return gen, nil
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("open redis store: waiting for another replica to start a generation: %w",
+				context.Cause(ctx))
+		case <-time.After(openPoll):
+		}
+	}
+}
+
+const (
+	// openLockTTL bounds how long a dead holder keeps the others waiting;
+	// a live one renews it with every batch it clears.
+	openLockTTL = 30 * time.Second
+	// openPoll is how often a waiting replica looks again.
+	openPoll = 25 * time.Millisecond
+)
+
+// openOnce is one try of Open: the generation, or "" while another
+// replica holds the lock (an answer, not a failure, for the breaker).
+func (s *RedisStore) openOnce(ctx context.Context) (string, error) {
 	var gen string
 	err := s.do(ctx, func(ctx context.Context) error {
 		id, err := runID(ctx, s.rdb)
 		if err != nil {
 			return err
 		}
-		vals, err := s.rdb.MGet(ctx, s.prefix+"gen", s.prefix+"genrun").Result()
+		cur, err := s.current(ctx, id)
 		if err != nil {
 			return err
 		}
-		cur, _ := vals[0].(string)
-		if began, _ := vals[1].(string); cur == "" || began != id {
-			if err := s.clear(ctx); err != nil {
+		if cur == "" {
+			// None of this server: start one, under the lock. Read again
+			// once it is held: the last holder may have just started one.
+			held, err := s.lock(ctx)
+			if err != nil || !held {
 				return err
 			}
-			if cur, err = generationScript.Run(ctx, s.rdb, []string{s.prefix + "gen", s.prefix + "genrun"},
-				newGeneration(), id).Text(); err != nil {
+			if cur, err = s.current(ctx, id); err != nil {
 				return err
+			}
+			if cur != "" {
+				if err := unlockScript.Run(ctx, s.rdb, []string{s.lockKey()}, s.token).Err(); err != nil {
+					return err
+				}
+			} else {
+				if err := s.clear(ctx); err != nil {
+					return err
+				}
+				if cur, err = generationScript.Run(ctx, s.rdb, []string{s.prefix + "gen", s.prefix + "genrun", s.lockKey()},
+					newGeneration(), id, s.token).Text(); err != nil {
+					return err
+				}
 			}
 		}
 		s.mu.Lock()
@@ -214,24 +271,70 @@ func (s *RedisStore) Open(ctx context.Context) (string, error) {
 		gen = cur
 		return nil
 	})
-	if err != nil {
-		return "", fmt.Errorf("open redis store: %w", err)
-	}
-	return gen, nil
+	return gen, err
 }
 
+// current is the store's generation when it was begun under the server's
+// run_id id, else "".
+func (s *RedisStore) current(ctx context.Context, id string) (string, error) {
+	vals, err := s.rdb.MGet(ctx, s.prefix+"gen", s.prefix+"genrun").Result()
+	if err != nil {
+		return "", err
+	}
+	cur, _ := vals[0].(string)
+	if began, _ := vals[1].(string); began != id {
+		return "", nil
+	}
+	return cur, nil
+}
+
+func (s *RedisStore) lockKey() string { return s.prefix + "opening" }
+
+// lock takes or renews the opening lock for this store's token, and
+// reports whether it holds it.
+func (s *RedisStore) lock(ctx context.Context) (bool, error) {
+	n, err := lockScript.Run(ctx, s.rdb, []string{s.lockKey()}, s.token, openLockTTL.Milliseconds()).Int()
+	return n == 1, err
+}
+
+// lockScript takes the lock KEYS[1] for the token ARGV[1], or renews it
+// for its holder, for ARGV[2] ms; 1 when held, else 0.
+var lockScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v == false or v == ARGV[1] then
+	redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+	return 1
+end
+return 0
+`)
+
+// unlockScript lets the lock KEYS[1] go when the token ARGV[1] holds it.
+var unlockScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+	redis.call('DEL', KEYS[1])
+end
+return 0
+`)
+
 // generationScript starts a generation (KEYS[1], ARGV[1]) begun under the
-// server's run_id (KEYS[2], ARGV[2]) unless another replica started one
-// meanwhile, and returns the generation.
+// server's run_id (KEYS[2], ARGV[2]) and lets the lock (KEYS[3]) go, only
+// while the token ARGV[3] holds it: a holder whose lock expired while it
+// cleared (GPLOCK) must not start one beside the next holder's. It returns
+// the generation.
 var generationScript = redis.NewScript(`
+if redis.call('GET', KEYS[3]) ~= ARGV[3] then
+	return redis.error_reply('GPLOCK the opening lock is no longer held')
+end
 if redis.call('EXISTS', KEYS[1]) == 0 then
 	redis.call('SET', KEYS[1], ARGV[1])
 	redis.call('SET', KEYS[2], ARGV[2])
 end
+redis.call('DEL', KEYS[3])
 return redis.call('GET', KEYS[1])
 `)
 
-// clear deletes every key of the store, the generation first: another
+// clear deletes every key of the store but the opening lock, which the
+// caller holds and renews with every batch; the generation first: another
 // replica's Billed reads the generation and the billed set in one
 // transaction, so while the clear runs it answers of no generation (and
 // the biller reads USAGE back), never "not billed" in the generation
@@ -240,23 +343,34 @@ func (s *RedisStore) clear(ctx context.Context) error {
 	if err := s.rdb.Unlink(ctx, s.prefix+"gen").Err(); err != nil {
 		return err
 	}
+	lockKey := s.lockKey()
 	iter := s.rdb.Scan(ctx, 0, escapeGlob(s.prefix)+"*", 1000).Iterator()
 	var batch []string
+	flush := func() error {
+		if held, err := s.lock(ctx); err != nil || !held {
+			return cmp.Or(err, errors.New("the opening lock expired while clearing"))
+		}
+		if len(batch) == 0 {
+			return nil
+		}
+		err := s.rdb.Unlink(ctx, batch...).Err()
+		batch = batch[:0]
+		return err
+	}
 	for iter.Next(ctx) {
+		if iter.Val() == lockKey {
+			continue
+		}
 		if batch = append(batch, iter.Val()); len(batch) == 1000 {
-			if err := s.rdb.Unlink(ctx, batch...).Err(); err != nil {
+			if err := flush(); err != nil {
 				return err
 			}
-			batch = batch[:0]
 		}
 	}
 	if err := iter.Err(); err != nil {
 		return err
 	}
-	if len(batch) > 0 {
-		return s.rdb.Unlink(ctx, batch...).Err()
-	}
-	return nil
+	return flush()
 }
 
 func escapeGlob(s string) string {

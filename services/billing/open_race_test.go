@@ -1,0 +1,130 @@
+package billing_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/services/billing"
+)
+
+// TestReplicasOpeningAtOnceShareOneGeneration: two billing replicas find
+// the store without a generation of this server (a first start, or a
+// restarted Redis) and Open at the same moment, over a store that holds
+// enough old keys for its clear to take several SCAN rounds. They must
+// start one generation between them, and what the first to open applies
+// in it must stay. Before Open took a lock around its clear, the second
+// one's clear deleted the first one's new generation (a second
+// generation, so a second replay of USAGE), or, when its SCAN had passed
+// the generation's key before it was set, the first one's records in a
+// generation that stayed (totals lost).
+func TestReplicasOpeningAtOnceShareOneGeneration(t *testing.T) {
+	ctx := context.Background()
+	r := startRedis(t, false)
+	c := r.client()
+	const prefix = "{gp-billing}:"
+	for trial := range 16 {
+		// Old content: a generation of another server and 5,000 keys.
+		pipe := c.Pipeline()
+		pipe.Set(ctx, prefix+"gen", "old", 0)
+		pipe.Set(ctx, prefix+"genrun", "another-server", 0)
+		for i := range 5000 {
+			pipe.HSet(ctx, fmt.Sprintf("%sjob:old:%d", prefix, i), "n", 1)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			t.Fatal(err)
+		}
+		stores := []*billing.RedisStore{newRedisStore(t, r, billing.RedisConfig{}), newRedisStore(t, r, billing.RedisConfig{})}
+		gens := make([]string, len(stores))
+		applied := make([]int, len(stores))
+		var wg sync.WaitGroup
+		for i, s := range stores {
+			wg.Go(func() {
+				// The second one comes while the first one clears.
+				time.Sleep(time.Duration(i*trial) * time.Millisecond)
+				g, err := s.Open(ctx)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				gens[i] = g
+				// Apply at once, as a projector does after its Open.
+				for k := range 20 {
+					recs := []contracts.UsageRecord{rec("acme", fmt.Sprintf("s%d-j%d", i, k), 1, 0, 1000, 5)}
+					if n, err := s.Apply(ctx, recs); err == nil {
+						applied[i] += n
+					} else if !errors.Is(err, billing.ErrGenerationChanged) {
+						t.Error(err)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if t.Failed() {
+			return
+		}
+		if gens[0] != gens[1] || gens[0] == "old" {
+			t.Fatalf("trial %d: two replicas opening at once started generations %q and %q; want one new one", trial, gens[0], gens[1])
+		}
+		tot, err := stores[0].Tenant(ctx, "acme")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := int64(applied[0] + applied[1]); tot.Records != want {
+			t.Fatalf("trial %d: generation %q counts %d records; the replicas applied %d in it (%v)", trial, gens[0], tot.Records, want, applied)
+		}
+		if n, err := c.Exists(ctx, prefix+"job:old:0", prefix+"job:old:4999").Result(); err != nil || n != 0 {
+			t.Fatalf("trial %d: old keys left after the clear: %d (%v)", trial, n, err)
+		}
+		if err := c.FlushAll(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestOpenOutlivesADeadOpener: a replica died holding the opening lock
+// (it was clearing). Another one's Open waits for the lock to expire,
+// then starts the generation, and leaves no lock behind.
+func TestOpenOutlivesADeadOpener(t *testing.T) {
+	ctx := context.Background()
+	r := startRedis(t, false)
+	c := r.client()
+	const prefix = "{gp-billing}:"
+	if err := c.Set(ctx, prefix+"opening", "a-dead-replica", 300*time.Millisecond).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s := newRedisStore(t, r, billing.RedisConfig{})
+	gen, err := s.Open(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.Get(ctx, prefix+"gen").Result(); err != nil || got != gen {
+		t.Fatalf("the store's generation is %q (%v); Open said %q", got, err, gen)
+	}
+	if n, err := c.Exists(ctx, prefix+"opening").Result(); err != nil || n != 0 {
+		t.Fatalf("Open left the opening lock behind: %d (%v)", n, err)
+	}
+	if _, err := s.Apply(ctx, []contracts.UsageRecord{rec("acme", "j1", 1, 0, 1000, 5)}); err != nil {
+		t.Fatal(err)
+	}
+	// Held by someone alive, the lock keeps an Open waiting until its
+	// context ends, without opening the breaker.
+	if err := c.Set(ctx, prefix+"genrun", "another-server", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Set(ctx, prefix+"opening", "a-live-replica", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if _, err := s.Open(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Open while another replica holds the lock: %v; want it to wait until its context ends", err)
+	}
+	if st := s.BreakerState(); st != "closed" {
+		t.Fatalf("waiting for the lock opened the breaker: %s", st)
+	}
+}
