@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/services/billing"
 )
@@ -126,5 +128,178 @@ func TestOpenOutlivesADeadOpener(t *testing.T) {
 	}
 	if st := s.BreakerState(); st != "closed" {
 		t.Fatalf("waiting for the lock opened the breaker: %s", st)
+	}
+}
+
+// oldContent fills the store under prefix with a generation of another
+// server and n keys.
+func oldContent(t *testing.T, c *redis.Client, prefix string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	for base := 0; base < n; base += 50_000 {
+		pipe := c.Pipeline()
+		pipe.Set(ctx, prefix+"gen", "old", 0)
+		pipe.Set(ctx, prefix+"genrun", "another-server", 0)
+		for i := base; i < min(n, base+50_000); i++ {
+			pipe.HSet(ctx, fmt.Sprintf("%sjob:old:%d", prefix, i), "n", 1)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestAClearerThatLostTheLockStops (review): A clears under the lock;
+// between two of its pages the lock goes (expired, evicted, deleted) and
+// B opens in full and applies. A must not take the lock back and go on
+// clearing B's generation: it fails, and opens B's generation again.
+func TestAClearerThatLostTheLockStops(t *testing.T) {
+	ctx := context.Background()
+	r := startRedis(t, false)
+	c := r.client()
+	const prefix = "{gp-billing}:"
+	for trial := range 4 {
+		oldContent(t, c, prefix, 5000)
+		a := newRedisStore(t, r, billing.RedisConfig{})
+		b := newRedisStore(t, r, billing.RedisConfig{})
+		var genB string
+		applied := 0
+		billing.BeforeLockCall(a, int32(2+trial), func() { // before one of A's renewals
+			if err := c.Del(ctx, prefix+"opening").Err(); err != nil {
+				t.Error(err)
+			}
+			g, err := b.Open(ctx)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			genB = g
+			for k := range 20 {
+				n, err := b.Apply(ctx, []contracts.UsageRecord{rec("acme", fmt.Sprintf("b-j%d", k), 1, 0, 1000, 5)})
+				if err != nil {
+					t.Error(err)
+				}
+				applied += n
+			}
+		})
+		if _, err := a.Open(ctx); err == nil {
+			t.Fatalf("trial %d: A's Open went on after its lock went", trial)
+		}
+		genA, err := a.Open(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tot, err := b.Tenant(ctx, "acme")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Apply(ctx, []contracts.UsageRecord{rec("acme", "b-late", 1, 0, 1000, 5)}); err != nil {
+			t.Fatalf("trial %d: B's Apply after A opened again: %v", trial, err)
+		}
+		if genA != genB || tot.Records != int64(applied) {
+			t.Fatalf("trial %d: A opened %q, B %q; B applied %d and the store counts %d", trial, genA, genB, applied, tot.Records)
+		}
+		if err := c.FlushAll(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestOpenClearsALargeStorePageByPage (review): the clear of a store
+// larger than one command timeout can delete is as many calls, each with
+// its own timeout. It was one: Open failed, again and again, until the
+// breaker opened, each try starting its SCAN afresh.
+func TestOpenClearsALargeStorePageByPage(t *testing.T) {
+	ctx := context.Background()
+	r := startRedis(t, false)
+	c := r.client()
+	const prefix = "{gp-billing}:"
+	oldContent(t, c, prefix, 200_000)
+	s := newRedisStore(t, r, billing.RedisConfig{Timeout: 300 * time.Millisecond})
+	gen, err := s.Open(ctx)
+	if err != nil {
+		t.Fatalf("Open over 200,000 old keys with a 300 ms command timeout: %v (breaker %s)", err, s.BreakerState())
+	}
+	if left, err := c.DBSize(ctx).Result(); err != nil || left != 2 { // gen and genrun
+		t.Fatalf("%d keys left after the clear (%v)", left, err)
+	}
+	if got, err := c.Get(ctx, prefix+"gen").Result(); err != nil || got != gen {
+		t.Fatalf("the store's generation is %q (%v); Open said %q", got, err, gen)
+	}
+}
+
+// TestARestartDuringOpenFailsIt (review): the server restarts after Open
+// read its run_id. The generation it then starts would carry the old
+// run_id, and the next replica would clear it (a second generation, and
+// what was applied in the first one gone): Open fails instead, and the
+// next one starts the generation every replica keeps.
+func TestARestartDuringOpenFailsIt(t *testing.T) {
+	ctx := context.Background()
+	r := startRedis(t, false)
+	a := newRedisStore(t, r, billing.RedisConfig{})
+	b := newRedisStore(t, r, billing.RedisConfig{})
+	restarted := false
+	billing.BeforeCommand(a, "mget", func(redis.Cmder) {
+		if !restarted {
+			restarted = true
+			r.kill()
+			r.start()
+		}
+	})
+	var genA string
+	var err error
+	for range 5 { // the first tries meet the dead connection, or the restart
+		if genA, err = a.Open(ctx); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Apply(ctx, []contracts.UsageRecord{rec("acme", "a-1", 1, 0, 1000, 5)}); err != nil {
+		t.Fatal(err)
+	}
+	genB, err := b.Open(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tot, err := b.Tenant(ctx, "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if genA != genB || tot.Records != 1 {
+		t.Fatalf("after a restart during A's Open: A opened %q, B %q; the store counts %d of A's 1 record", genA, genB, tot.Records)
+	}
+}
+
+// TestTwoOpensOfOneStoreOpenOne (review): one store's Opens share its
+// token, so they take turns.
+func TestTwoOpensOfOneStoreOpenOne(t *testing.T) {
+	ctx := context.Background()
+	r := startRedis(t, false)
+	c := r.client()
+	const prefix = "{gp-billing}:"
+	for trial := range 8 {
+		oldContent(t, c, prefix, 5000)
+		s := newRedisStore(t, r, billing.RedisConfig{})
+		gens := make([]string, 2)
+		var wg sync.WaitGroup
+		for i := range 2 {
+			wg.Go(func() {
+				time.Sleep(time.Duration(i*trial) * time.Millisecond)
+				var err error
+				if gens[i], err = s.Open(ctx); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+		cur, err := c.Get(ctx, prefix+"gen").Result()
+		if err != nil || gens[0] != cur || gens[1] != cur {
+			t.Fatalf("trial %d: one store's two Opens returned %q and %q; the store's generation is %q (%v)", trial, gens[0], gens[1], cur, err)
+		}
+		if err := c.FlushAll(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

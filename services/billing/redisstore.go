@@ -1,10 +1,10 @@
 package billing
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -72,8 +72,10 @@ type RedisStore struct {
 	timeout time.Duration
 	cb      *gobreaker.CircuitBreaker[any]
 
-	// token names this store as the opening lock's holder.
-	token string
+	// token names this store as the opening lock's holder; openMu keeps
+	// its Opens one at a time.
+	token  string
+	openMu sync.Mutex
 
 	mu    sync.Mutex
 	gen   string
@@ -193,23 +195,31 @@ func (s *RedisStore) do(ctx context.Context, fn func(ctx context.Context) error)
 // without end (from a review; it predates genrun).
 //
 // Clearing and starting a generation happen under a lock (the opening
-// key, openLockTTL, held by this store's token): two replicas that open
-// at once would otherwise clear at once, and the later clear deleted the
-// generation the earlier one had just started (a second generation, so
-// a second replay of USAGE), or, once its SCAN had passed the
-// generation's key, the records the earlier one then applied in a
-// generation that stayed. A replica that finds the lock taken waits for
-// the generation the holder starts. A holder that dies leaves the lock
-// to expire; one whose Open ran out of time takes it again (the same
-// token) and goes on clearing.
+// key, held by this store's token for openLockTTL and renewed with every
+// page the clear unlinks): two replicas that opened at once cleared at
+// once, and the later clear deleted the generation the earlier one had
+// just started (a second generation, so a second replay of USAGE), or,
+// once its SCAN had passed the generation's key, the records the earlier
+// one then applied in a generation that stayed. A replica that finds the
+// lock taken waits up to openWait for the generation the holder starts,
+// then fails (the projector logs it and tries again). A holder that fails
+// lets the lock go; one that dies leaves it to expire.
 func (s *RedisStore) Open(ctx context.Context) (string, error) {
+	s.openMu.Lock() // one token: two Opens of one store would both hold the lock
+	defer s.openMu.Unlock()
+	deadline := time.Now().Add(openWait)
 	for {
 		gen, err := s.openOnce(ctx)
 		if err != nil {
+			s.letGo(ctx)
 			return "", fmt.Errorf("open redis store: %w", err)
 		}
 		if gen != "" {
 			return gen, nil
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("open redis store: another replica has been starting a generation for %s (it clears "+
+				"the store under %s)", openWait, s.lockKey())
 		}
 		select {
 		case <-ctx.Done():
@@ -222,56 +232,78 @@ func (s *RedisStore) Open(ctx context.Context) (string, error) {
 
 const (
 	// openLockTTL bounds how long a dead holder keeps the others waiting;
-	// a live one renews it with every batch it clears.
+	// a live one renews it with every page it clears.
 	openLockTTL = 30 * time.Second
-	// openPoll is how often a waiting replica looks again.
+	// openWait is how long an Open waits for another replica's
+	// generation before it fails; openPoll how often it looks.
+	openWait = 10 * time.Second
 	openPoll = 25 * time.Millisecond
 )
 
 // openOnce is one try of Open: the generation, or "" while another
 // replica holds the lock (an answer, not a failure, for the breaker).
+// Each step is its own call through the breaker, with its own timeout: a
+// clear of a large store takes many.
 func (s *RedisStore) openOnce(ctx context.Context) (string, error) {
-	var gen string
+	var id, cur string
+	var held bool
 	err := s.do(ctx, func(ctx context.Context) error {
-		id, err := runID(ctx, s.rdb)
-		if err != nil {
+		var err error
+		if id, err = runID(ctx, s.rdb); err != nil {
 			return err
 		}
-		cur, err := s.current(ctx, id)
-		if err != nil {
+		if cur, err = s.current(ctx, id); err != nil || cur != "" {
 			return err
 		}
-		if cur == "" {
-			// None of this server: start one, under the lock. Read again
-			// once it is held: the last holder may have just started one.
-			held, err := s.lock(ctx)
-			if err != nil || !held {
-				return err
-			}
-			if cur, err = s.current(ctx, id); err != nil {
-				return err
-			}
-			if cur != "" {
-				if err := unlockScript.Run(ctx, s.rdb, []string{s.lockKey()}, s.token).Err(); err != nil {
-					return err
-				}
-			} else {
-				if err := s.clear(ctx); err != nil {
-					return err
-				}
-				if cur, err = generationScript.Run(ctx, s.rdb, []string{s.prefix + "gen", s.prefix + "genrun", s.lockKey()},
-					newGeneration(), id, s.token).Text(); err != nil {
-					return err
-				}
-			}
+		// None of this server: start one, under the lock. Read again once
+		// it is held: the last holder may have just started one.
+		if held, err = s.lock(ctx); err != nil || !held {
+			return err
 		}
-		s.mu.Lock()
-		s.gen, s.runID, s.lost = cur, id, false
-		s.mu.Unlock()
-		gen = cur
-		return nil
+		if cur, err = s.current(ctx, id); err != nil || cur == "" {
+			return err
+		}
+		return unlockScript.Run(ctx, s.rdb, []string{s.lockKey()}, s.token).Err()
 	})
-	return gen, err
+	if err != nil || (cur == "" && !held) {
+		return "", err
+	}
+	if cur == "" {
+		if err := s.clear(ctx); err != nil {
+			return "", err
+		}
+		err := s.do(ctx, func(ctx context.Context) error {
+			var err error
+			cur, err = generationScript.Run(ctx, s.rdb, []string{s.prefix + "gen", s.prefix + "genrun", s.lockKey()},
+				newGeneration(), id, s.token).Text()
+			if err != nil {
+				return err
+			}
+			// A server that restarted since id was read has the generation
+			// under a run_id not its own: every replica would clear it.
+			now, err := runID(ctx, s.rdb)
+			if err == nil && now != id {
+				err = fmt.Errorf("the server restarted while the store was being opened (run_id %s, then %s)", id, now)
+			}
+			return err
+		})
+		if err != nil {
+			return "", err
+		}
+	}
+	s.mu.Lock()
+	s.gen, s.runID, s.lost = cur, id, false
+	s.mu.Unlock()
+	return cur, nil
+}
+
+// letGo lets the opening lock go, if this store holds it, after a failed
+// Open: the others need not wait for it to expire. Best effort, and even
+// when ctx ended.
+func (s *RedisStore) letGo(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+	defer cancel()
+	_ = unlockScript.Run(ctx, s.rdb, []string{s.lockKey()}, s.token).Err()
 }
 
 // current is the store's generation when it was begun under the server's
@@ -290,8 +322,8 @@ func (s *RedisStore) current(ctx context.Context, id string) (string, error) {
 
 func (s *RedisStore) lockKey() string { return s.prefix + "opening" }
 
-// lock takes or renews the opening lock for this store's token, and
-// reports whether it holds it.
+// lock takes the opening lock for this store's token (or renews it, held
+// already), and reports whether it holds it.
 func (s *RedisStore) lock(ctx context.Context) (bool, error) {
 	n, err := lockScript.Run(ctx, s.rdb, []string{s.lockKey()}, s.token, openLockTTL.Milliseconds()).Int()
 	return n == 1, err
@@ -308,6 +340,17 @@ end
 return 0
 `)
 
+// renewScript renews the lock KEYS[1] for ARGV[2] ms only while the token
+// ARGV[1] holds it: a clearer whose lock went (expired, evicted, deleted)
+// must stop, not take it back over the generation the next holder began.
+var renewScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+	redis.call('PEXPIRE', KEYS[1], ARGV[2])
+	return 1
+end
+return 0
+`)
+
 // unlockScript lets the lock KEYS[1] go when the token ARGV[1] holds it.
 var unlockScript = redis.NewScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -318,7 +361,7 @@ return 0
 
 // generationScript starts a generation (KEYS[1], ARGV[1]) begun under the
 // server's run_id (KEYS[2], ARGV[2]) and lets the lock (KEYS[3]) go, only
-// while the token ARGV[3] holds it: a holder whose lock expired while it
+// while the token ARGV[3] holds it: a holder whose lock went while it
 // cleared (GPLOCK) must not start one beside the next holder's. It returns
 // the generation.
 var generationScript = redis.NewScript(`
@@ -333,44 +376,56 @@ redis.call('DEL', KEYS[3])
 return redis.call('GET', KEYS[1])
 `)
 
-// clear deletes every key of the store but the opening lock, which the
-// caller holds and renews with every batch; the generation first: another
+// errLockLost: the opening lock went while this store cleared.
+var errLockLost = errors.New("the opening lock went while the store was being cleared")
+
+// clear deletes every key of the store but the opening lock, a page of
+// SCAN at a time, each its own call with its own timeout (a large store
+// takes many), renewing the lock first; the generation first: another
 // replica's Billed reads the generation and the billed set in one
 // transaction, so while the clear runs it answers of no generation (and
 // the biller reads USAGE back), never "not billed" in the generation
 // whose set is being emptied.
 func (s *RedisStore) clear(ctx context.Context) error {
-	if err := s.rdb.Unlink(ctx, s.prefix+"gen").Err(); err != nil {
+	lockKey, match := s.lockKey(), escapeGlob(s.prefix)+"*"
+	renew := func(ctx context.Context) error {
+		n, err := renewScript.Run(ctx, s.rdb, []string{lockKey}, s.token, openLockTTL.Milliseconds()).Int()
+		if err == nil && n != 1 {
+			err = errLockLost
+		}
 		return err
 	}
-	lockKey := s.lockKey()
-	iter := s.rdb.Scan(ctx, 0, escapeGlob(s.prefix)+"*", 1000).Iterator()
-	var batch []string
-	flush := func() error {
-		if held, err := s.lock(ctx); err != nil || !held {
-			return cmp.Or(err, errors.New("the opening lock expired while clearing"))
+	if err := s.do(ctx, func(ctx context.Context) error {
+		if err := renew(ctx); err != nil {
+			return err
 		}
-		if len(batch) == 0 {
-			return nil
-		}
-		err := s.rdb.Unlink(ctx, batch...).Err()
-		batch = batch[:0]
+		return s.rdb.Unlink(ctx, s.prefix+"gen").Err()
+	}); err != nil {
 		return err
 	}
-	for iter.Next(ctx) {
-		if iter.Val() == lockKey {
-			continue
-		}
-		if batch = append(batch, iter.Val()); len(batch) == 1000 {
-			if err := flush(); err != nil {
+	var cursor uint64
+	for first := true; first || cursor != 0; first = false {
+		if err := s.do(ctx, func(ctx context.Context) error {
+			if err := renew(ctx); err != nil {
 				return err
 			}
+			keys, next, err := s.rdb.Scan(ctx, cursor, match, 1000).Result()
+			if err != nil {
+				return err
+			}
+			keys = slices.DeleteFunc(keys, func(k string) bool { return k == lockKey })
+			if len(keys) > 0 {
+				if err := s.rdb.Unlink(ctx, keys...).Err(); err != nil {
+					return err
+				}
+			}
+			cursor = next
+			return nil
+		}); err != nil {
+			return err
 		}
 	}
-	if err := iter.Err(); err != nil {
-		return err
-	}
-	return flush()
+	return nil
 }
 
 func escapeGlob(s string) string {
