@@ -11,7 +11,7 @@ import (
 // renews s's opening lock (tests of what happens meanwhile).
 func BeforeLockCall(s *RedisStore, n int32, f func()) {
 	var calls atomic.Int32
-	hashes := map[string]bool{lockScript.Hash(): true, renewScript.Hash(): true}
+	hashes := map[string]bool{lockScript.Hash(): true, fencedUnlink.Hash(): true}
 	s.rdb.AddHook(cmdHook{f: func(cmd redis.Cmder) {
 		if a := cmd.Args(); cmd.Name() == "evalsha" && len(a) > 1 && hashes[a[1].(string)] && calls.Add(1) == n {
 			f()

@@ -303,3 +303,132 @@ func TestTwoOpensOfOneStoreOpenOne(t *testing.T) {
 		}
 	}
 }
+
+// TestALateUnlinkOfAClearerThatLostTheLockDeletesNothing (second review):
+// A's clear sends a page's UNLINK; before it lands the lock goes (a stall
+// past its TTL, an eviction), and B opens and applies in a generation whose
+// keys have the old keys' names (tenant totals). The UNLINK must not land
+// on them: the page is unlinked only while A's token holds the lock, in the
+// same script.
+func TestALateUnlinkOfAClearerThatLostTheLockDeletesNothing(t *testing.T) {
+	ctx := context.Background()
+	r := startRedis(t, false)
+	c := r.client()
+	const prefix = "{gp-billing}:"
+	pipe := c.Pipeline()
+	pipe.Set(ctx, prefix+"gen", "old", 0)
+	pipe.Set(ctx, prefix+"genrun", "another-server", 0)
+	for i := range 100 {
+		pipe.HSet(ctx, fmt.Sprintf("%stenant:t%d", prefix, i), "n", 1000)
+	}
+	for i := range 5000 {
+		pipe.HSet(ctx, fmt.Sprintf("%sjob:old:%d", prefix, i), "n", 1)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a := newRedisStore(t, r, billing.RedisConfig{})
+	b := newRedisStore(t, r, billing.RedisConfig{})
+	var genB string
+	applied := 0
+	fired := false
+	tenant := ""
+	hook := func(cmd redis.Cmder) {
+		has := map[string]bool{}
+		for _, a := range cmd.Args()[1:] {
+			has[fmt.Sprint(a)] = true
+		}
+		if fired || has[prefix+"genrun"] {
+			return
+		}
+		for i := range 100 {
+			if has[fmt.Sprintf("%stenant:t%d", prefix, i)] {
+				tenant = fmt.Sprintf("t%d", i)
+			}
+		}
+		if tenant == "" {
+			return
+		}
+		t.Logf("A's page of %d keys, without genrun, holds tenant:%s", len(has), tenant)
+		fired = true
+		_ = c.Del(ctx, prefix+"opening").Err() // A stalled past its TTL
+		g, err := b.Open(ctx)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		genB = g
+		for k := range 20 {
+			n, err := b.Apply(ctx, []contracts.UsageRecord{rec(tenant, fmt.Sprintf("b-j%d", k), 1, 0, 1000, 5)})
+			if err != nil {
+				t.Error(err)
+			}
+			applied += n
+		}
+	}
+	billing.BeforeCommand(a, "unlink", hook)
+	billing.BeforeCommand(a, "evalsha", hook)
+	_, errA := a.Open(ctx)
+	t.Logf("A's first Open: %v", errA)
+	genA, err := a.Open(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tot, err := b.Tenant(ctx, tenant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, berr := b.Apply(ctx, []contracts.UsageRecord{rec(tenant, "b-late", 1, 0, 1000, 5)})
+	t.Logf("A %q B %q; B applied %d, store counts %d; B's later Apply: %v", genA, genB, applied, tot.Records, berr)
+	if genA != genB || tot.Records != int64(applied) {
+		t.Fatalf("generation %q stays, but B's %d applied records count %d", genB, applied, tot.Records)
+	}
+}
+
+// TestOpenDoesNotAdoptAGenerationThatOutlivedARestart (second review): a
+// replica reads the run_id, the server restarts having lost its last
+// writes, and the MGET on a new connection finds the old generation under
+// the run_id read before the restart. Open must not adopt it.
+func TestOpenDoesNotAdoptAGenerationThatOutlivedARestart(t *testing.T) {
+	ctx := context.Background()
+	r := startRedis(t, true)
+	a := newRedisStore(t, r, billing.RedisConfig{})
+	genA, err := a.Open(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Apply(ctx, []contracts.UsageRecord{rec("acme", "a-1", 1, 0, 1000, 5)}); err != nil {
+		t.Fatal(err)
+	}
+	c := r.client()
+	// The last writes before the crash do not reach the disk.
+	if err := c.ConfigSet(ctx, "appendonly", "no").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Apply(ctx, []contracts.UsageRecord{rec("acme", "a-2", 1, 0, 1000, 5)}); err != nil {
+		t.Fatal(err) // applied and (by the projector) acked
+	}
+	b := newRedisStore(t, r, billing.RedisConfig{}) // a replica starting now
+	restarted := false
+	billing.BeforeCommand(b, "mget", func(redis.Cmder) {
+		if !restarted {
+			restarted = true
+			r.kill()
+			r.start()
+		}
+	})
+	genB, err := b.Open(ctx)
+	t.Logf("A opened %q; B's Open after the restart: %q, %v", genA, genB, err)
+	if err != nil { // the restart was noticed: the next Open starts afresh
+		if genB, err = b.Open(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tot, _ := b.Tenant(ctx, "acme")
+	_, aerr := b.Apply(ctx, []contracts.UsageRecord{rec("acme", "b-1", 1, 0, 1000, 5)})
+	_, _, berr := b.Billed(ctx, nil)
+	t.Logf("store counts %d of 2 applied; B's Apply: %v; B's Billed: %v", tot.Records, aerr, berr)
+	if genB == genA {
+		t.Fatalf("B adopted generation %q, which outlived a restart that lost a record (counts %d of 2), and applies into it (err %v)", genB, tot.Records, aerr)
+	}
+}

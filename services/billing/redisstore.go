@@ -81,6 +81,7 @@ type RedisStore struct {
 	gen   string
 	runID string // of the server when Open ran
 	lost  bool   // the server restarted since Open
+	seen  string // the run_id the latest connection met
 }
 
 var _ Store = (*RedisStore)(nil)
@@ -116,7 +117,8 @@ func NewRedisStore(cfg RedisConfig) (*RedisStore, error) {
 		Timeout:     cfg.BreakerOpen,
 		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= cfg.BreakerFailures },
 		IsSuccessful: func(err error) bool {
-			return err == nil || errors.Is(err, redis.Nil) || errors.Is(err, ErrGenerationChanged)
+			return err == nil || errors.Is(err, redis.Nil) || errors.Is(err, ErrGenerationChanged) ||
+				errors.Is(err, errOpenMoved)
 		},
 		IsExcluded: func(err error) bool { return errors.Is(err, context.Canceled) },
 		OnStateChange: func(_ string, from, to gobreaker.State) {
@@ -145,6 +147,7 @@ func (s *RedisStore) onConnect(ctx context.Context, cn *redis.Conn) error {
 	if s.runID != "" && id != s.runID {
 		s.lost = true
 	}
+	s.seen = id
 	s.mu.Unlock()
 	return nil
 }
@@ -252,8 +255,11 @@ func (s *RedisStore) openOnce(ctx context.Context) (string, error) {
 		if id, err = runID(ctx, s.rdb); err != nil {
 			return err
 		}
-		if cur, err = s.current(ctx, id); err != nil || cur != "" {
+		if cur, err = s.current(ctx, id); err != nil {
 			return err
+		}
+		if cur != "" {
+			return s.sameServer(ctx, id) // genrun may have outlived a restart since id was read
 		}
 		// None of this server: start one, under the lock. Read again once
 		// it is held: the last holder may have just started one.
@@ -263,7 +269,10 @@ func (s *RedisStore) openOnce(ctx context.Context) (string, error) {
 		if cur, err = s.current(ctx, id); err != nil || cur == "" {
 			return err
 		}
-		return unlockScript.Run(ctx, s.rdb, []string{s.lockKey()}, s.token).Err()
+		if err := unlockScript.Run(ctx, s.rdb, []string{s.lockKey()}, s.token).Err(); err != nil {
+			return err
+		}
+		return s.sameServer(ctx, id)
 	})
 	if err != nil || (cur == "" && !held) {
 		return "", err
@@ -277,30 +286,52 @@ func (s *RedisStore) openOnce(ctx context.Context) (string, error) {
 			cur, err = generationScript.Run(ctx, s.rdb, []string{s.prefix + "gen", s.prefix + "genrun", s.lockKey()},
 				newGeneration(), id, s.token).Text()
 			if err != nil {
+				if strings.HasPrefix(err.Error(), "GPLOCK") {
+					err = fmt.Errorf("%w: %w", errOpenMoved, err)
+				}
 				return err
 			}
 			// A server that restarted since id was read has the generation
 			// under a run_id not its own: every replica would clear it.
-			now, err := runID(ctx, s.rdb)
-			if err == nil && now != id {
-				err = fmt.Errorf("the server restarted while the store was being opened (run_id %s, then %s)", id, now)
-			}
-			return err
+			return s.sameServer(ctx, id)
 		})
 		if err != nil {
 			return "", err
 		}
 	}
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.seen != id {
+		// A connection made since the last check met another server.
+		return "", fmt.Errorf("%w: the server restarted while the store was being opened (run_id %s, then %s)",
+			errOpenMoved, id, s.seen)
+	}
 	s.gen, s.runID, s.lost = cur, id, false
-	s.mu.Unlock()
 	return cur, nil
 }
+
+// sameServer fails when the server's run_id is no longer id.
+func (s *RedisStore) sameServer(ctx context.Context, id string) error {
+	now, err := runID(ctx, s.rdb)
+	if err == nil && now != id {
+		err = fmt.Errorf("%w: the server restarted while the store was being opened (run_id %s, then %s)",
+			errOpenMoved, id, now)
+	}
+	return err
+}
+
+// errOpenMoved: the lock went, or the server restarted, while the store
+// was being opened. An answer, not a failure of the server, for the
+// breaker: Open fails and the next one starts afresh.
+var errOpenMoved = errors.New("billing store moved while opening")
 
 // letGo lets the opening lock go, if this store holds it, after a failed
 // Open: the others need not wait for it to expire. Best effort, and even
 // when ctx ended.
 func (s *RedisStore) letGo(ctx context.Context) {
+	if s.cb.State() == gobreaker.StateOpen {
+		return // the server is failing: the lock expires
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
 	defer cancel()
 	_ = unlockScript.Run(ctx, s.rdb, []string{s.lockKey()}, s.token).Err()
@@ -340,15 +371,20 @@ end
 return 0
 `)
 
-// renewScript renews the lock KEYS[1] for ARGV[2] ms only while the token
-// ARGV[1] holds it: a clearer whose lock went (expired, evicted, deleted)
-// must stop, not take it back over the generation the next holder began.
-var renewScript = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-	redis.call('PEXPIRE', KEYS[1], ARGV[2])
-	return 1
+// fencedUnlink renews the lock KEYS[1] for ARGV[2] ms and unlinks
+// KEYS[2...], only while the token ARGV[1] holds it; 1 when it did, else
+// 0. In one script: a clearer whose lock went (expired, evicted, deleted)
+// must not take it back, nor let an UNLINK sent before it went land on
+// the keys of the generation the next holder began.
+var fencedUnlink = redis.NewScript(`
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+	return 0
 end
-return 0
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+if #KEYS > 1 then
+	redis.call('UNLINK', unpack(KEYS, 2))
+end
+return 1
 `)
 
 // unlockScript lets the lock KEYS[1] go when the token ARGV[1] holds it.
@@ -377,47 +413,37 @@ return redis.call('GET', KEYS[1])
 `)
 
 // errLockLost: the opening lock went while this store cleared.
-var errLockLost = errors.New("the opening lock went while the store was being cleared")
+var errLockLost = fmt.Errorf("%w: the opening lock went while the store was being cleared", errOpenMoved)
 
 // clear deletes every key of the store but the opening lock, a page of
 // SCAN at a time, each its own call with its own timeout (a large store
-// takes many), renewing the lock first; the generation first: another
+// takes many), each page unlinked and the lock renewed in one step only
+// while this store holds it (fencedUnlink); the generation first: another
 // replica's Billed reads the generation and the billed set in one
 // transaction, so while the clear runs it answers of no generation (and
 // the biller reads USAGE back), never "not billed" in the generation
 // whose set is being emptied.
 func (s *RedisStore) clear(ctx context.Context) error {
 	lockKey, match := s.lockKey(), escapeGlob(s.prefix)+"*"
-	renew := func(ctx context.Context) error {
-		n, err := renewScript.Run(ctx, s.rdb, []string{lockKey}, s.token, openLockTTL.Milliseconds()).Int()
+	unlink := func(ctx context.Context, keys []string) error {
+		n, err := fencedUnlink.Run(ctx, s.rdb, append([]string{lockKey}, keys...), s.token, openLockTTL.Milliseconds()).Int()
 		if err == nil && n != 1 {
 			err = errLockLost
 		}
 		return err
 	}
-	if err := s.do(ctx, func(ctx context.Context) error {
-		if err := renew(ctx); err != nil {
-			return err
-		}
-		return s.rdb.Unlink(ctx, s.prefix+"gen").Err()
-	}); err != nil {
+	if err := s.do(ctx, func(ctx context.Context) error { return unlink(ctx, []string{s.prefix + "gen"}) }); err != nil {
 		return err
 	}
 	var cursor uint64
 	for first := true; first || cursor != 0; first = false {
 		if err := s.do(ctx, func(ctx context.Context) error {
-			if err := renew(ctx); err != nil {
-				return err
-			}
 			keys, next, err := s.rdb.Scan(ctx, cursor, match, 1000).Result()
 			if err != nil {
 				return err
 			}
-			keys = slices.DeleteFunc(keys, func(k string) bool { return k == lockKey })
-			if len(keys) > 0 {
-				if err := s.rdb.Unlink(ctx, keys...).Err(); err != nil {
-					return err
-				}
+			if err := unlink(ctx, slices.DeleteFunc(keys, func(k string) bool { return k == lockKey })); err != nil {
+				return err
 			}
 			cursor = next
 			return nil
