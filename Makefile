@@ -55,6 +55,23 @@ chaos:
 	set -o pipefail; GPUPLANE_CHAOS_FULL=1 CHAOS_DURATION=$(CHAOS_DURATION) \
 	  $(GO) test -count=1 -v -run '^TestChaos$$' -timeout 40m ./e2e/chaos/ 2>&1 | grep --line-buffered -v '^time=' | tee chaos.out
 
+# Every fuzz target of the workspace, one after another, each for
+# FUZZTIME (make test replays only their seed corpora). Go minimizes each
+# input that finds new coverage for up to 60 s by default; in a test binary
+# as large as the gateway's (nats-server and all, instrumented) every one of
+# those runs snapshots the whole coverage map, so minimizing would take the
+# whole FUZZTIME and look like a hung worker: FUZZMINIMIZE bounds it. A
+# failing input lands in the package's testdata/fuzz, to commit with its fix.
+FUZZTIME ?= 1m
+FUZZMINIMIZE ?= 50x
+.PHONY: fuzz
+fuzz:
+	@set -e; for f in $$(grep -rl --include='*_test.go' '^func Fuzz' $(MODULES) | sort); do \
+	  for t in $$(grep -oE '^func Fuzz[A-Za-z0-9_]+' $$f | cut -d' ' -f2); do \
+	    echo "== $$(dirname $$f) $$t"; \
+	    (cd $$(dirname $$f) && $(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) -fuzzminimizetime $(FUZZMINIMIZE) .); \
+	  done; done
+
 # System-level and core benchmarks; results also land in bench.out.
 # BENCHTIME=5x for steadier figures (the end-to-end burst). The placement
 # core is timed on one core (-cpu 1) over 2,000 decisions per policy and
