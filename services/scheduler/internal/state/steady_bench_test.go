@@ -51,6 +51,21 @@ func BenchmarkSteadyCycle(b *testing.B) {
 			}
 			defer func() { pprof.StopCPUProfile(); _ = out.Close() }()
 		}
+		if f := os.Getenv("GPUPLANE_CYCLE_MEMPROFILE"); f != "" {
+			write := func(name string) {
+				out, err := os.Create(name)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer out.Close()
+				runtime.GC() // the profile is as of the last collection
+				if err := pprof.Lookup("allocs").WriteTo(out, 0); err != nil {
+					b.Fatal(err)
+				}
+			}
+			write(f + ".base")
+			defer func() { b.StopTimer(); write(f) }() // its collection is not a cycle's
+		}
 		b.ResetTimer()
 		for range b.N {
 			b.StopTimer()
