@@ -28,18 +28,8 @@ func TestReplicasOpeningAtOnceShareOneGeneration(t *testing.T) {
 	ctx := context.Background()
 	r := startRedis(t, false)
 	c := r.client()
-	const prefix = "{gp-billing}:"
 	for trial := range 16 {
-		// Old content: a generation of another server and 5,000 keys.
-		pipe := c.Pipeline()
-		pipe.Set(ctx, prefix+"gen", "old", 0)
-		pipe.Set(ctx, prefix+"genrun", "another-server", 0)
-		for i := range 5000 {
-			pipe.HSet(ctx, fmt.Sprintf("%sjob:old:%d", prefix, i), "n", 1)
-		}
-		if _, err := pipe.Exec(ctx); err != nil {
-			t.Fatal(err)
-		}
+		oldContent(t, c, prefix, 5000)
 		stores := []*billing.RedisStore{newRedisStore(t, r, billing.RedisConfig{}), newRedisStore(t, r, billing.RedisConfig{})}
 		gens := make([]string, len(stores))
 		applied := make([]int, len(stores))
@@ -95,7 +85,6 @@ func TestOpenOutlivesADeadOpener(t *testing.T) {
 	ctx := context.Background()
 	r := startRedis(t, false)
 	c := r.client()
-	const prefix = "{gp-billing}:"
 	if err := c.Set(ctx, prefix+"opening", "a-dead-replica", 300*time.Millisecond).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -131,6 +120,9 @@ func TestOpenOutlivesADeadOpener(t *testing.T) {
 	}
 }
 
+// prefix is the stores' default key prefix.
+const prefix = "{gp-billing}:"
+
 // oldContent fills the store under prefix with a generation of another
 // server and n keys.
 func oldContent(t *testing.T, c *redis.Client, prefix string, n int) {
@@ -157,7 +149,6 @@ func TestAClearerThatLostTheLockStops(t *testing.T) {
 	ctx := context.Background()
 	r := startRedis(t, false)
 	c := r.client()
-	const prefix = "{gp-billing}:"
 	for trial := range 4 {
 		oldContent(t, c, prefix, 5000)
 		a := newRedisStore(t, r, billing.RedisConfig{})
@@ -213,7 +204,6 @@ func TestOpenClearsALargeStorePageByPage(t *testing.T) {
 	ctx := context.Background()
 	r := startRedis(t, false)
 	c := r.client()
-	const prefix = "{gp-billing}:"
 	oldContent(t, c, prefix, 200_000)
 	s := newRedisStore(t, r, billing.RedisConfig{Timeout: 300 * time.Millisecond})
 	gen, err := s.Open(ctx)
@@ -278,7 +268,6 @@ func TestTwoOpensOfOneStoreOpenOne(t *testing.T) {
 	ctx := context.Background()
 	r := startRedis(t, false)
 	c := r.client()
-	const prefix = "{gp-billing}:"
 	for trial := range 8 {
 		oldContent(t, c, prefix, 5000)
 		s := newRedisStore(t, r, billing.RedisConfig{})
@@ -314,15 +303,10 @@ func TestALateUnlinkOfAClearerThatLostTheLockDeletesNothing(t *testing.T) {
 	ctx := context.Background()
 	r := startRedis(t, false)
 	c := r.client()
-	const prefix = "{gp-billing}:"
+	oldContent(t, c, prefix, 5000)
 	pipe := c.Pipeline()
-	pipe.Set(ctx, prefix+"gen", "old", 0)
-	pipe.Set(ctx, prefix+"genrun", "another-server", 0)
 	for i := range 100 {
 		pipe.HSet(ctx, fmt.Sprintf("%stenant:t%d", prefix, i), "n", 1000)
-	}
-	for i := range 5000 {
-		pipe.HSet(ctx, fmt.Sprintf("%sjob:old:%d", prefix, i), "n", 1)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		t.Fatal(err)
