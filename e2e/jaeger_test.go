@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -17,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/gpuplane/gpuplane/libs/freeport"
 )
 
 // EnvRequireJaeger makes the trace test fail instead of skipping when the
@@ -85,16 +86,6 @@ func skipFor(t *testing.T, why string) {
 	t.Skip(why)
 }
 
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
-}
-
 // jaeger is a running Jaeger: OTLP/HTTP at otlp (host:port), the query
 // API at api (a base URL).
 type jaeger struct {
@@ -113,7 +104,7 @@ func startJaeger(t *testing.T) *jaeger {
 	ports := map[string]string{}
 	text := string(cfg)
 	for _, p := range []string{"4317", "4318", "16685", "16686"} {
-		ports[p] = freePort(t)
+		ports[p] = strconv.Itoa(freeport.Port(t))
 		text = strings.ReplaceAll(text, "127.0.0.1:"+p, "127.0.0.1:"+ports[p])
 	}
 	dir := t.TempDir()

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/freeport"
 	"github.com/gpuplane/gpuplane/libs/natsauth"
 )
 
@@ -172,7 +173,7 @@ func startPlatform(t *testing.T, tr tier, bin, dir string) *platform {
 		add(replica("billing", i), "billing", contracts.BusBilling, "-redis", p.redis.addr())
 	}
 	for i := range reps["monitor"] {
-		addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		addr := fmt.Sprintf("127.0.0.1:%d", freeport.Port(t))
 		add(replica("monitor", i), "monitor", contracts.BusMonitor, "-addr", addr).probe = "http://" + addr + "/healthz"
 	}
 	for i := range reps["autoscaler"] {
@@ -180,7 +181,7 @@ func startPlatform(t *testing.T, tr tier, bin, dir string) *platform {
 	}
 	tokenFile := filepath.Join(dir, "admin.token")
 	for i := range reps["gateway"] {
-		addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		addr := fmt.Sprintf("127.0.0.1:%d", freeport.Port(t))
 		add(replica("gateway", i), "gateway", contracts.BusGateway, "-addr", addr, "-admin-token-file", tokenFile).probe = "http://" + addr + "/healthz"
 		p.gateways = append(p.gateways, "http://"+addr)
 	}

@@ -5,8 +5,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -235,23 +233,4 @@ func build(t *testing.T, dir string) {
 		t.Fatalf("go build of nats-server: %v\n%s", err, out)
 	}
 	t.Logf("built the services and nats-server in %.1fs", time.Since(start).Seconds())
-}
-
-// freePort returns a port free on 127.0.0.1 now, below Linux's ephemeral
-// range (32768-60999): a port from that range, freed by a killed process,
-// can be taken as the source port of any outgoing connection before the
-// process comes back to listen on it again ("address already in use").
-func freePort(t *testing.T) int {
-	t.Helper()
-	for range 1000 {
-		port := 20000 + rand.IntN(12000)
-		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err != nil {
-			continue
-		}
-		_ = ln.Close()
-		return port
-	}
-	t.Fatal("no free port in 20000-31999")
-	return 0
 }

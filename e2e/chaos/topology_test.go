@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/freeport"
 	"github.com/gpuplane/gpuplane/libs/natsauth"
 )
 
@@ -55,7 +56,7 @@ func startNATS(t *testing.T, bin, dir string) *natsCluster {
 	}
 	c := &natsCluster{trust: trust, creds: credsDir}
 	for i := range c.nodes {
-		c.nodes[i] = &natsNode{clientPort: freePort(t), routePort: freePort(t), httpPort: freePort(t)}
+		c.nodes[i] = &natsNode{clientPort: freeport.Port(t), routePort: freeport.Port(t), httpPort: freeport.Port(t)}
 	}
 	proxy := func(port int) *Proxy {
 		p, err := NewProxy(fmt.Sprintf("127.0.0.1:%d", port))
@@ -253,7 +254,7 @@ func startRedis(t *testing.T, dir string) *redis {
 		}
 		t.Skip("redis-server not found: the chaos suite bills on a real Redis")
 	}
-	r := &redis{port: freePort(t)}
+	r := &redis{port: freeport.Port(t)}
 	r.proc = newProc(t, dir, "redis", "redis", path,
 		[]string{"--bind", "127.0.0.1", "--port", fmt.Sprint(r.port), "--save", "", "--appendonly", "no"}, os.Environ())
 	t.Cleanup(func() { _ = r.shutdown() })

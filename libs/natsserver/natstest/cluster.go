@@ -3,7 +3,6 @@ package natstest
 import (
 	"context"
 	"fmt"
-	"net"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/freeport"
 	"github.com/gpuplane/gpuplane/libs/natsauth"
 	"github.com/gpuplane/gpuplane/libs/natsserver"
 )
@@ -80,7 +80,7 @@ func StartClusterWith(t testing.TB, n int, o natsserver.Options, opts ...Cluster
 	// Ports are chosen up front, not -1 per server: every member's
 	// routes name every other's, and a restarted member must come back
 	// where the others' routes and the clients' URL lists look for it.
-	ports := freePorts(t, 2*n)
+	ports := freeport.Ports(t, 2*n)
 	routes := make([]string, n)
 	for i := range n {
 		routes[i] = fmt.Sprintf("nats-route://127.0.0.1:%d", ports[n+i])
@@ -174,26 +174,6 @@ func failOnViolation(t testing.TB) func(string) {
 			t.Errorf("nats refused access: %s", msg)
 		}
 	}
-}
-
-// freePorts reserves n distinct free TCP ports on 127.0.0.1 by holding
-// listeners on all of them at once, then releases them for the servers.
-func freePorts(t testing.TB, n int) []int {
-	t.Helper()
-	ports := make([]int, n)
-	ls := make([]net.Listener, n)
-	for i := range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatalf("reserve a port: %v", err)
-		}
-		ls[i] = l
-		ports[i] = l.Addr().(*net.TCPAddr).Port
-	}
-	for _, l := range ls {
-		_ = l.Close()
-	}
-	return ports
 }
 
 // URLs is every member's client URL, comma separated: a client given it

@@ -9,7 +9,6 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +17,8 @@ import (
 	"time"
 
 	"github.com/go-ldap/ldap/v3"
+
+	"github.com/gpuplane/gpuplane/libs/freeport"
 )
 
 // Directory layout.
@@ -78,7 +79,7 @@ access to * by dn.exact="%[5]s" read by * none
 	if err := os.WriteFile(confFile, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	port := freePort(t)
+	port := freeport.Port(t)
 	s.URL = fmt.Sprintf("ldap://127.0.0.1:%d", port)
 	var out bytes.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
@@ -145,16 +146,6 @@ func (s *Server) add(t testing.TB, dn string, attrs map[string][]string) {
 	if err := c.Add(req); err != nil {
 		t.Fatalf("add %s: %v", dn, err)
 	}
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 func randText() string { return strings.ToLower(rand.Text()) }

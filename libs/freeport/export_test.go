@@ -1,0 +1,3 @@
+package freeport
+
+var EphemeralStart = ephemeralStart
