@@ -173,7 +173,7 @@ func startPlatform(t *testing.T, tr tier, bin, dir string) *platform {
 		add(replica("billing", i), "billing", contracts.BusBilling, "-redis", p.redis.addr())
 	}
 	for i := range reps["monitor"] {
-		addr := fmt.Sprintf("127.0.0.1:%d", freeport.Port(t))
+		addr := freeport.Addr(t)
 		add(replica("monitor", i), "monitor", contracts.BusMonitor, "-addr", addr).probe = "http://" + addr + "/healthz"
 	}
 	for i := range reps["autoscaler"] {
@@ -181,7 +181,7 @@ func startPlatform(t *testing.T, tr tier, bin, dir string) *platform {
 	}
 	tokenFile := filepath.Join(dir, "admin.token")
 	for i := range reps["gateway"] {
-		addr := fmt.Sprintf("127.0.0.1:%d", freeport.Port(t))
+		addr := freeport.Addr(t)
 		add(replica("gateway", i), "gateway", contracts.BusGateway, "-addr", addr, "-admin-token-file", tokenFile).probe = "http://" + addr + "/healthz"
 		p.gateways = append(p.gateways, "http://"+addr)
 	}
