@@ -156,22 +156,7 @@ func TestAClearerThatLostTheLockStops(t *testing.T) {
 		var genB string
 		applied := 0
 		billing.BeforeLockCall(a, int32(2+trial), func() { // before one of A's renewals
-			if err := c.Del(ctx, prefix+"opening").Err(); err != nil {
-				t.Error(err)
-			}
-			g, err := b.Open(ctx)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			genB = g
-			for k := range 20 {
-				n, err := b.Apply(ctx, []contracts.UsageRecord{rec("acme", fmt.Sprintf("b-j%d", k), 1, 0, 1000, 5)})
-				if err != nil {
-					t.Error(err)
-				}
-				applied += n
-			}
+			genB, applied = takeOver(t, c, b, "acme")
 		})
 		if _, err := a.Open(ctx); err == nil {
 			t.Fatalf("trial %d: A's Open went on after its lock went", trial)
@@ -194,6 +179,31 @@ func TestAClearerThatLostTheLockStops(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// takeOver is another replica, b, taking the store while A clears: the
+// opening lock goes, b opens and applies 20 records of tenant. It returns
+// b's generation and how many records counted.
+func takeOver(t *testing.T, c *redis.Client, b *billing.RedisStore, tenant string) (string, int) {
+	t.Helper()
+	ctx := context.Background()
+	if err := c.Del(ctx, prefix+"opening").Err(); err != nil {
+		t.Error(err)
+	}
+	gen, err := b.Open(ctx)
+	if err != nil {
+		t.Error(err)
+		return "", 0
+	}
+	applied := 0
+	for k := range 20 {
+		n, err := b.Apply(ctx, []contracts.UsageRecord{rec(tenant, fmt.Sprintf("b-j%d", k), 1, 0, 1000, 5)})
+		if err != nil {
+			t.Error(err)
+		}
+		applied += n
+	}
+	return gen, applied
 }
 
 // TestOpenClearsALargeStorePageByPage (review): the clear of a store
@@ -335,20 +345,7 @@ func TestALateUnlinkOfAClearerThatLostTheLockDeletesNothing(t *testing.T) {
 		}
 		t.Logf("A's page of %d keys, without genrun, holds tenant:%s", len(has), tenant)
 		fired = true
-		_ = c.Del(ctx, prefix+"opening").Err() // A stalled past its TTL
-		g, err := b.Open(ctx)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		genB = g
-		for k := range 20 {
-			n, err := b.Apply(ctx, []contracts.UsageRecord{rec(tenant, fmt.Sprintf("b-j%d", k), 1, 0, 1000, 5)})
-			if err != nil {
-				t.Error(err)
-			}
-			applied += n
-		}
+		genB, applied = takeOver(t, c, b, tenant) // A stalled past its TTL
 	}
 	billing.BeforeCommand(a, "unlink", hook)
 	billing.BeforeCommand(a, "evalsha", hook)
