@@ -206,9 +206,8 @@ func run(ctx context.Context, cfg Config, rt *service.Runtime, store Store) erro
 	}
 	log.Info("billing rebuilt from USAGE", "allocations_billed", bl.Billed(), "metered_until", bl.MeteredUntil())
 
-	var proj *projector.Projector
 	budgets := budget.New(budget.Config{Bus: b, Budgets: buckets[contracts.BucketBudgets],
-		Statuses: buckets[contracts.BucketBudgetStatus], Spend: spend{store}, Ready: func() bool { return proj.CaughtUp() },
+		Statuses: buckets[contracts.BucketBudgetStatus], Spend: spend{store},
 		Currency: func(ctx context.Context) string {
 			bk, err := book.Get(ctx)
 			if err != nil {
@@ -217,8 +216,11 @@ func run(ctx context.Context, cfg Config, rt *service.Runtime, store Store) erro
 			return bk.Currency()
 		},
 		SpotPools: nodes.SpotPools, Log: log, Now: cfg.Now, Interval: cfg.BudgetInterval})
-	proj = projector.New(projector.Config{Bus: b, Store: store, Log: log, Unavailable: ErrStoreUnavailable,
-		Changed: ErrGenerationChanged, RetryDelay: cfg.StoreRetryDelay, Applied: budgets.Touch})
+	// The feed probes its generation as often as budgets are judged on
+	// it, at least every second.
+	proj := projector.New(projector.Config{Bus: b, Store: store, Log: log, Unavailable: ErrStoreUnavailable,
+		Changed: ErrGenerationChanged, RetryDelay: cfg.StoreRetryDelay, Applied: budgets.Touch, Complete: budgets.TouchAll,
+		ProbeInterval: min(cfg.BudgetInterval, time.Second)})
 
 	// The biller takes each consumer's messages in batches: what it asks
 	// the store about the allocations it forgot is asked once per batch,
@@ -284,13 +286,21 @@ func forgetLogged(ctx context.Context, bl *biller.Biller, interval time.Duration
 type spend struct{ s Store }
 
 func (sp spend) TenantDay(ctx context.Context, tenant string, day time.Time) (int64, error) {
-	t, err := sp.s.TenantDay(ctx, tenant, day)
-	return t.CostMicros, err
+	t, err := sp.s.CompleteTenantDay(ctx, tenant, day)
+	return t.CostMicros, spendErr(err)
 }
 
 func (sp spend) TenantMonth(ctx context.Context, tenant string, month time.Time) (int64, error) {
-	t, err := sp.s.TenantMonth(ctx, tenant, month)
-	return t.CostMicros, err
+	t, err := sp.s.CompleteTenantMonth(ctx, tenant, month)
+	return t.CostMicros, spendErr(err)
+}
+
+// spendErr says an incomplete store's error in the budget watcher's terms.
+func spendErr(err error) error {
+	if errors.Is(err, ErrIncomplete) {
+		return fmt.Errorf("%w: %w", budget.ErrIncomplete, err)
+	}
+	return err
 }
 
 // redisLog adapts slog to go-redis's logger.

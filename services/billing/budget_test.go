@@ -2,7 +2,6 @@ package billing_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"slices"
 	"testing"
@@ -21,51 +20,16 @@ import (
 // the tenant's policy; restarts of billing (beyond JetStream's duplicate
 // window too) and budget edits never alert twice in a period.
 func TestBudgetAlertsOncePerThresholdAndPublishesStatus(t *testing.T) {
-	srv := natstest.Start(t)
-	b := connect(t, srv)
+	srv, b, statuses, budgets := budgetBus(t)
 	ctx := context.Background()
-	inventory(t, b, "n1", "h100", "on-demand")
 	inventory(t, b, "s1", "spot-a", "spot")
-	bookKV, err := b.KeyValue(ctx, contracts.BucketPriceBook)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// 36.00 per GPU-hour: 0.01 a GPU-second.
-	setBook(t, bookKV, contracts.PriceBook{Versions: []contracts.PriceVersion{{ID: "v1", EffectiveFrom: t0.Add(-time.Hour),
-		Currency: "USD", GPU: map[string]contracts.GPUPrices{"*": {OnDemand: 36_000_000}}}}})
-	budgets, err := b.KeyValue(ctx, contracts.BucketBudgets)
-	if err != nil {
-		t.Fatal(err)
-	}
-	statuses, err := b.KeyValue(ctx, contracts.BucketBudgetStatus)
-	if err != nil {
-		t.Fatal(err)
-	}
-	putBudget := func(limit contracts.Money, policy contracts.BudgetPolicy) {
-		data, _ := json.Marshal(contracts.Budget{Period: contracts.BudgetMonthly, Limit: limit, Policy: policy})
-		if _, err := budgets.Put(ctx, "acme", data); err != nil {
-			t.Fatal(err)
-		}
-	}
-	putBudget(1_000_000, contracts.PolicySpotOnly) // 1.00 USD
+	putBudget(t, budgets, "acme", 1_000_000, contracts.PolicySpotOnly) // 1.00 USD
 	clock := func(c *billing.Config) { c.Now = func() time.Time { return t0.Add(time.Hour) } }
 	stop := start(t, srv, billing.NewMemoryStore(), clock)
 
 	status := func(want func(contracts.BudgetStatus) bool) contracts.BudgetStatus {
 		t.Helper()
-		var st contracts.BudgetStatus
-		waitFor(t, "the budget status", func() (bool, string) {
-			e, err := statuses.Get(ctx, "acme")
-			if err != nil {
-				return false, err.Error()
-			}
-			st = contracts.BudgetStatus{}
-			if err := json.Unmarshal(e.Value(), &st); err != nil {
-				return false, err.Error()
-			}
-			return want(st), string(e.Value())
-		})
-		return st
+		return waitStatus(t, statuses, "acme", want)
 	}
 	spend := func(job string, secs int) {
 		a := alloc("acme", job, 1, "n1", 1)
@@ -99,9 +63,9 @@ func TestBudgetAlertsOncePerThresholdAndPublishesStatus(t *testing.T) {
 	spend("d", 1)
 	status(func(s contracts.BudgetStatus) bool { return s.SpentMicros == 1_060_000 })
 	// A raised limit uncrosses 100%; lowering it again does not alert again.
-	putBudget(10_000_000, contracts.PolicyReject)
+	putBudget(t, budgets, "acme", 10_000_000, contracts.PolicyReject)
 	status(func(s contracts.BudgetStatus) bool { return !s.Exceeded && s.Policy == contracts.PolicyReject })
-	putBudget(1_000_000, contracts.PolicyReject)
+	putBudget(t, budgets, "acme", 1_000_000, contracts.PolicyReject)
 	st = status(func(s contracts.BudgetStatus) bool { return s.Exceeded && s.Policy == contracts.PolicyReject })
 	if !slices.Equal(st.Alerted, []int{50, 80, 100}) {
 		t.Errorf("alerted = %v", st.Alerted)

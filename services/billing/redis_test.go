@@ -97,6 +97,24 @@ func (r *redisServer) kill() {
 	r.cmd = nil
 }
 
+// lose makes the server lose what the stores hold, as they see it:
+// "flushed" (FLUSHALL) or "restarted" (killed and started again, from
+// its files when it persists).
+func (r *redisServer) lose(how string) {
+	r.t.Helper()
+	switch how {
+	case "flushed":
+		if err := r.client().FlushAll(context.Background()).Err(); err != nil {
+			r.t.Fatal(err)
+		}
+	case "restarted":
+		r.kill()
+		r.start()
+	default:
+		r.t.Fatalf("lose %q: want flushed or restarted", how)
+	}
+}
+
 // client is a plain client for the test's own commands.
 func (r *redisServer) client() *redis.Client {
 	c := redis.NewClient(&redis.Options{Addr: r.addr()})
@@ -139,17 +157,9 @@ func TestRedisStoreNoticesLostContent(t *testing.T) {
 			if _, err := s.Apply(ctx, []contracts.UsageRecord{rec("acme", "j1", 1, 0, 1000, 5)}); err != nil {
 				t.Fatal(err)
 			}
-			switch how {
-			case "flushed":
-				if err := r.client().FlushAll(ctx).Err(); err != nil {
-					t.Fatal(err)
-				}
-			case "restarted":
-				// Everything is on disk (fsync always), yet the store cannot
-				// know that: a restart may lose the last writes.
-				r.kill()
-				r.start()
-			}
+			// Restarted, everything is on disk (fsync always), yet the
+			// store cannot know that: a restart may lose the last writes.
+			r.lose(how)
 			var applyErr error
 			for range 3 { // the first call after a restart may meet the dead connection
 				if _, applyErr = s.Apply(ctx, []contracts.UsageRecord{rec("acme", "j2", 1, 0, 1000, 5)}); errors.Is(applyErr, billing.ErrGenerationChanged) {

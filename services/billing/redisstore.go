@@ -41,6 +41,7 @@ type RedisConfig struct {
 // read side. Layout, under Prefix:
 //
 //	gen                        the content's generation (string)
+//	complete                   the generation once it held all of USAGE (MarkComplete)
 //	applied:<YYYY-MM-DD>       set of the IDs of the day's applied records
 //	tenant:<t>                 hash n, gms, cost, od (Totals)
 //	tenant:<t>:day:<date>      hash, the same fields
@@ -791,22 +792,124 @@ func (s *RedisStore) Billed(ctx context.Context, keys []AllocationKey) (string, 
 	return cur, out, nil
 }
 
+// Generation implements Store: Billed's probe.
+func (s *RedisStore) Generation(ctx context.Context) (string, error) {
+	gen, _, err := s.Billed(ctx, nil)
+	return gen, err
+}
+
+// markCompleteScript marks the generation ARGV[1] complete (KEYS[2])
+// while it is the store's (KEYS[1]).
+var markCompleteScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+	return 0
+end
+redis.call('SET', KEYS[2], ARGV[1])
+return 1
+`)
+
+// MarkComplete implements Store. A store whose server restarted since
+// Open answers ErrGenerationChanged: the generation may have lost its
+// last writes, so it is not complete, whatever its replay acknowledged.
+func (s *RedisStore) MarkComplete(ctx context.Context, generation string) error {
+	if s.restarted() {
+		return ErrGenerationChanged
+	}
+	var marked int
+	err := s.do(ctx, func(ctx context.Context) (err error) {
+		marked, err = markCompleteScript.Run(ctx, s.rdb, []string{s.prefix + "gen", s.prefix + "complete"}, generation).Int()
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("redis store: mark complete: %w", err)
+	}
+	if marked != 1 || s.restarted() { // another generation, or a new connection to a restarted server
+		return ErrGenerationChanged
+	}
+	return nil
+}
+
+// restarted reports whether the server restarted since Open (onConnect).
+func (s *RedisStore) restarted() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lost
+}
+
+// CompleteTenantDay implements Store.
+func (s *RedisStore) CompleteTenantDay(ctx context.Context, tenant string, day time.Time) (Totals, error) {
+	return s.getComplete(ctx, "tenant:"+tenant+":day:"+dayKey(day))
+}
+
+// CompleteTenantMonth implements Store.
+func (s *RedisStore) CompleteTenantMonth(ctx context.Context, tenant string, month time.Time) (Totals, error) {
+	return s.getComplete(ctx, "tenant:"+tenant+":month:"+monthKey(month))
+}
+
+// getComplete reads the totals of key, the generation and its mark in
+// one transaction: ErrIncomplete unless the generation is marked
+// complete. A server restarted since Open may have lost writes the mark
+// counts on: incomplete too (until the projector opens a new generation
+// and fills it).
+func (s *RedisStore) getComplete(ctx context.Context, key string) (Totals, error) {
+	if s.restarted() {
+		return Totals{}, fmt.Errorf("%w: the server restarted", ErrIncomplete)
+	}
+	var t Totals
+	var gen, complete string
+	err := s.do(ctx, func(ctx context.Context) error {
+		var genCmd, completeCmd *redis.StringCmd
+		var totalsCmd *redis.SliceCmd
+		_, err := s.rdb.TxPipelined(ctx, func(pipe redis.Pipeliner) error {
+			genCmd = pipe.Get(ctx, s.prefix+"gen")
+			completeCmd = pipe.Get(ctx, s.prefix+"complete")
+			totalsCmd = pipe.HMGet(ctx, s.prefix+key, totalFields...)
+			return nil
+		})
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return err
+		}
+		gen, complete = genCmd.Val(), completeCmd.Val()
+		return parseTotals(s.prefix+key, totalsCmd.Val(), &t)
+	})
+	if err != nil {
+		return Totals{}, fmt.Errorf("redis store: %s: %w", key, err)
+	}
+	if s.restarted() {
+		return Totals{}, fmt.Errorf("%w: the server restarted", ErrIncomplete)
+	}
+	if gen == "" || complete != gen {
+		return Totals{}, ErrIncomplete
+	}
+	return t, nil
+}
+
+// totalFields are a totals hash's fields, in Totals' order.
+var totalFields = []string{"n", "gms", "cost", "od"}
+
+// parseTotals reads HMGET's answer for totalFields (of key) into t.
+func parseTotals(key string, vals []any, t *Totals) error {
+	dst := []*int64{&t.Records, &t.GPUMillis, &t.CostMicros, &t.OnDemandMicros}
+	for i, v := range vals {
+		if str, ok := v.(string); ok {
+			n, err := strconv.ParseInt(str, 10, 64)
+			if err != nil {
+				return fmt.Errorf("redis %s: %w", key, err)
+			}
+			*dst[i] = n
+		}
+	}
+	return nil
+}
+
 func (s *RedisStore) get(ctx context.Context, key string) (Totals, error) {
 	var t Totals
 	err := s.do(ctx, func(ctx context.Context) error {
-		vals, err := s.rdb.HMGet(ctx, s.prefix+key, "n", "gms", "cost", "od").Result()
+		vals, err := s.rdb.HMGet(ctx, s.prefix+key, totalFields...).Result()
 		if err != nil {
 			return err
 		}
-		dst := []*int64{&t.Records, &t.GPUMillis, &t.CostMicros, &t.OnDemandMicros}
-		for i, v := range vals {
-			if str, ok := v.(string); ok {
-				if *dst[i], err = strconv.ParseInt(str, 10, 64); err != nil {
-					return fmt.Errorf("redis %s%s: %w", s.prefix, key, err)
-				}
-			}
-		}
-		return nil
+		return parseTotals(s.prefix+key, vals, &t)
 	})
 	return t, err
 }

@@ -37,6 +37,11 @@ var (
 	// ErrStoreUnavailable: the store is failing and its circuit breaker is
 	// open; try again later.
 	ErrStoreUnavailable = errors.New("billing store unavailable")
+	// ErrIncomplete: the store's generation does not hold all of USAGE
+	// yet (it is being filled by a replay, on this replica or another) or
+	// no longer (it lost its content since): totals read now would
+	// understate what was spent.
+	ErrIncomplete = errors.New("billing store: content incomplete, being rebuilt from USAGE")
 )
 
 // Store keeps running totals of usage records by tenant, tenant and day,
@@ -71,6 +76,24 @@ type Store interface {
 	// once the store confirms them, and asks here when one comes up again
 	// (internal/biller). keys may be empty: a probe of the generation.
 	Billed(ctx context.Context, keys []AllocationKey) (generation string, billed []bool, err error)
+	// Generation is the store's generation now ("" when it has none): a
+	// probe. One other than the generation Open named means the store
+	// lost its content since, as ErrGenerationChanged does.
+	Generation(ctx context.Context) (string, error)
+	// MarkComplete records that generation holds every record USAGE held
+	// when its replay began: the projector calls it once its consumer's
+	// acknowledgements reach that point. It fails with
+	// ErrGenerationChanged, and marks nothing, when the store's
+	// generation is another by now.
+	MarkComplete(ctx context.Context, generation string) error
+	// CompleteTenantDay and CompleteTenantMonth are TenantDay and
+	// TenantMonth for decisions (budgets): read together with the
+	// store's generation and its mark, they fail with ErrIncomplete
+	// unless that generation was marked complete. Replicas share a
+	// store (Redis): one that refills it after a loss leaves the others
+	// nothing in their own state to tell them, so the store says it.
+	CompleteTenantDay(ctx context.Context, tenant string, day time.Time) (Totals, error)
+	CompleteTenantMonth(ctx context.Context, tenant string, month time.Time) (Totals, error)
 }
 
 // dayKey and monthKey name a UTC day and month.
@@ -83,6 +106,8 @@ func monthKey(t time.Time) string { return t.UTC().Format("2006-01") }
 type MemoryStore struct {
 	mu  sync.Mutex
 	gen string
+	// complete is gen once MarkComplete named it.
+	complete string
 	// applied holds a digest of each applied record's ID (recordKey): the
 	// IDs themselves, some 70 bytes each, were most of what the store
 	// kept per record, and records come with every job (issue 17). In a
@@ -258,4 +283,37 @@ func (s *MemoryStore) Billed(_ context.Context, keys []AllocationKey) (string, [
 		out[i] = s.billed.Has(k[:])
 	}
 	return s.gen, out, nil
+}
+
+// Generation implements Store.
+func (s *MemoryStore) Generation(context.Context) (string, error) { return s.gen, nil }
+
+// MarkComplete implements Store.
+func (s *MemoryStore) MarkComplete(_ context.Context, generation string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if generation != s.gen {
+		return ErrGenerationChanged
+	}
+	s.complete = generation
+	return nil
+}
+
+// CompleteTenantDay implements Store.
+func (s *MemoryStore) CompleteTenantDay(_ context.Context, tenant string, day time.Time) (Totals, error) {
+	return s.getComplete("tenant:" + tenant + ":day:" + dayKey(day))
+}
+
+// CompleteTenantMonth implements Store.
+func (s *MemoryStore) CompleteTenantMonth(_ context.Context, tenant string, month time.Time) (Totals, error) {
+	return s.getComplete("tenant:" + tenant + ":month:" + monthKey(month))
+}
+
+func (s *MemoryStore) getComplete(k string) (Totals, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.complete != s.gen {
+		return Totals{}, ErrIncomplete
+	}
+	return s.totals[k], nil
 }

@@ -2,6 +2,7 @@ package billing_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -114,6 +115,40 @@ func testStore(t *testing.T, newStore func(*testing.T) billing.Store) {
 		if err1 != nil || err2 != nil || g1 == "" || g1 != g2 {
 			t.Errorf("Open twice: %q %v, %q %v", g1, err1, g2, err2)
 		}
+	})
+	t.Run("totals for decisions only once complete", func(t *testing.T) {
+		s := open(t)
+		gen, err := s.Open(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g, err := s.Generation(ctx); err != nil || g != gen {
+			t.Errorf("Generation = %q, %v; want Open's %q", g, err, gen)
+		}
+		apply(t, s, rec("acme", "j1", 1, 0, 1000, 10))
+		incomplete := func(when string) {
+			t.Helper()
+			if got, err := s.CompleteTenantDay(ctx, "acme", day1); !errors.Is(err, billing.ErrIncomplete) {
+				t.Errorf("CompleteTenantDay %s = %+v, %v; want ErrIncomplete", when, got, err)
+			}
+			if got, err := s.CompleteTenantMonth(ctx, "acme", day1); !errors.Is(err, billing.ErrIncomplete) {
+				t.Errorf("CompleteTenantMonth %s = %+v, %v; want ErrIncomplete", when, got, err)
+			}
+		}
+		incomplete("before any mark")
+		if err := s.MarkComplete(ctx, "another-generation"); !errors.Is(err, billing.ErrGenerationChanged) {
+			t.Errorf("MarkComplete of another generation: %v, want ErrGenerationChanged", err)
+		}
+		incomplete("after another generation's mark")
+		if err := s.MarkComplete(ctx, gen); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.CompleteTenantDay(ctx, "acme", day1)
+		check(t, "CompleteTenantDay once marked", got, err, tot(1, 1000, 10))
+		got, err = s.CompleteTenantMonth(ctx, "acme", day1.AddDate(0, 0, 5))
+		check(t, "CompleteTenantMonth once marked", got, err, tot(1, 1000, 10))
+		got, err = s.CompleteTenantMonth(ctx, "nobody", day1)
+		check(t, "CompleteTenantMonth of an unknown tenant", got, err, billing.Totals{})
 	})
 	t.Run("billed allocations, in the generation", func(t *testing.T) {
 		s := open(t)

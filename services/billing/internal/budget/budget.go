@@ -27,7 +27,14 @@ import (
 	"github.com/gpuplane/gpuplane/libs/bus"
 )
 
-// Spend reads what a tenant spent in a day or a month.
+// ErrIncomplete is the error (wrapped) of a Spend that cannot tell all
+// that was spent now: its store is being rebuilt. A status judged then
+// would understate the spend and let a tenant over its budget spend
+// again; the watcher judges nothing until Spend can tell.
+var ErrIncomplete = errors.New("spend incomplete")
+
+// Spend reads what a tenant spent in a day or a month; an error wrapping
+// ErrIncomplete while that cannot be told in full.
 type Spend interface {
 	TenantDay(ctx context.Context, tenant string, day time.Time) (costMicros int64, err error)
 	TenantMonth(ctx context.Context, tenant string, month time.Time) (costMicros int64, err error)
@@ -39,9 +46,6 @@ type Config struct {
 	Budgets  jetstream.KeyValue // contracts.BucketBudgets
 	Statuses jetstream.KeyValue // contracts.BucketBudgetStatus
 	Spend    Spend
-	// Ready reports whether the store holds all usage (a status computed
-	// from a store still being rebuilt would understate the spend).
-	Ready func() bool
 	// Currency and SpotPools describe the platform now.
 	Currency  func(ctx context.Context) string
 	SpotPools func() []string
@@ -82,6 +86,10 @@ func (w *Watcher) Touch(tenants []string) {
 	}
 }
 
+// TouchAll asks for the evaluation of every tenant (the store became
+// complete: the evaluations skipped meanwhile are owed). It never blocks.
+func (w *Watcher) TouchAll() { w.Touch(nil) }
+
 // Run watches until ctx ends.
 func (w *Watcher) Run(ctx context.Context) error {
 	if err := w.loadStatuses(ctx); err != nil {
@@ -116,6 +124,9 @@ func (w *Watcher) Run(ctx context.Context) error {
 				w.evaluate(ctx, []string{e.Key()})
 			}
 		case tenants := <-w.touched:
+			if tenants == nil { // TouchAll
+				tenants = w.tenants()
+			}
 			if synced {
 				w.evaluate(ctx, tenants)
 			}
@@ -180,11 +191,15 @@ func (w *Watcher) tenants() []string {
 }
 
 func (w *Watcher) evaluate(ctx context.Context, tenants []string) {
-	if w.cfg.Ready != nil && !w.cfg.Ready() {
-		return // the tick comes back once the store is rebuilt
-	}
 	for _, t := range tenants {
-		if err := w.evaluateOne(ctx, t); err != nil && ctx.Err() == nil {
+		err := w.evaluateOne(ctx, t)
+		switch {
+		case errors.Is(err, ErrIncomplete):
+			// Every tenant's spend is: the tick comes back once the store
+			// is rebuilt, and each status stands meanwhile.
+			w.cfg.Log.Debug("budgets not evaluated while the billing store is rebuilt", "err", err)
+			return
+		case err != nil && ctx.Err() == nil:
 			w.cfg.Log.Info("budget not evaluated; the next tick tries again", "tenant", t, "err", err)
 		}
 	}

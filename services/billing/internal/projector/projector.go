@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/buger/jsonparser"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gpuplane/gpuplane/contracts"
 	"github.com/gpuplane/gpuplane/libs/bus"
@@ -35,6 +36,12 @@ import (
 type Store interface {
 	Open(ctx context.Context) (generation string, err error)
 	Apply(ctx context.Context, recs []contracts.UsageRecord) (applied int, err error)
+	// Generation is the store's generation now: another than Open named
+	// (or the Changed error) means the store lost what the feed put in.
+	Generation(ctx context.Context) (string, error)
+	// MarkComplete records that generation holds all USAGE held when its
+	// replay began.
+	MarkComplete(ctx context.Context, generation string) error
 }
 
 // ConsumerPrefix starts the name of every generation's durable consumer.
@@ -62,6 +69,12 @@ type Config struct {
 	MaxDeliver int
 	// Applied, if set, hears the tenants of every batch applied.
 	Applied func(tenants []string)
+	// Complete, if set, hears that the generation was marked complete.
+	Complete func()
+	// ProbeInterval is how often the feed asks whether its generation has
+	// caught up (to mark it complete) and whether the store still holds
+	// it; default 1 s.
+	ProbeInterval time.Duration
 }
 
 // Projector is the feed. Run it once.
@@ -69,6 +82,9 @@ type Projector struct {
 	cfg      Config
 	caughtUp atomic.Bool
 	applied  atomic.Int64
+	// nudge wakes the probe when a batch applied the last record
+	// delivered so far: the generation may have caught up.
+	nudge chan struct{}
 }
 
 // New returns a projector.
@@ -85,11 +101,15 @@ func New(cfg Config) *Projector {
 	if cfg.MaxDeliver <= 0 {
 		cfg.MaxDeliver = 100_000
 	}
-	return &Projector{cfg: cfg}
+	if cfg.ProbeInterval <= 0 {
+		cfg.ProbeInterval = time.Second
+	}
+	return &Projector{cfg: cfg, nudge: make(chan struct{}, 1)}
 }
 
 // CaughtUp reports whether the store holds every record USAGE held when
-// the current generation's replay began (and more since).
+// the current generation's replay began (and more since), as this
+// projector marked it in the store (MarkComplete).
 func (p *Projector) CaughtUp() bool { return p.caughtUp.Load() }
 
 // Applied counts the records that were new to the store.
@@ -123,11 +143,15 @@ func (p *Projector) Run(ctx context.Context) error {
 // loses its content.
 func (p *Projector) generation(ctx context.Context, gen string) error {
 	gctx, changed := context.WithCancelCause(ctx)
-	defer changed(nil)
 	durable := ConsumerPrefix + gen
-	if n, err := p.pending(ctx); err == nil && n == 0 {
-		p.caughtUp.Store(true)
-	}
+	probed := make(chan struct{})
+	go func() {
+		defer close(probed)
+		p.probe(gctx, gen, durable, changed)
+	}()
+	// The probe ends before the next generation begins: it must not mark
+	// this one's state as the next one's.
+	defer func() { changed(nil); <-probed }()
 	p.cfg.Log.Info("feeding the billing store", "generation", gen, "consumer", durable)
 	err := p.cfg.Bus.ConsumeBatchPipelined(gctx, bus.ConsumerSpec{Stream: contracts.StreamUsage, Durable: durable,
 		FilterSubjects: []string{contracts.SubjectUsageAll}, Batch: p.cfg.Batch, MaxAckPending: (p.cfg.InFlight + 2) * p.cfg.Batch,
@@ -151,9 +175,92 @@ func (p *Projector) generation(ctx context.Context, gen string) error {
 	return nil
 }
 
-// pending is how many records USAGE holds (to know an empty stream is
-// caught up at once).
-func (p *Projector) pending(ctx context.Context) (uint64, error) {
+// probe runs beside a generation's consumer until ctx ends, every
+// ProbeInterval:
+//   - until the generation is complete, it compares the consumer's ack
+//     floor with USAGE's last record when the probing began, and once
+//     the floor reaches it marks the generation complete in the store
+//     (budgets are judged only on a complete one). The ack floor, not
+//     the pending count of a delivered batch: replicas share the
+//     consumer, batches apply several at once, and a generation adopted
+//     whole (a restart on a kept Redis) delivers nothing at all;
+//   - it asks the store for its generation: another (a Redis flushed or
+//     restarted, or refilled by another replica meanwhile) ends this one,
+//     and Run opens the store again. Without it a replica fed nothing
+//     (no usage coming) would never learn that its store lost its
+//     content, and the store would stay empty.
+func (p *Projector) probe(ctx context.Context, gen, durable string, changed context.CancelCauseFunc) {
+	var target uint64
+	targetKnown := false
+	tick := time.NewTicker(p.cfg.ProbeInterval)
+	defer tick.Stop()
+	for {
+		if !targetKnown {
+			if last, err := p.lastSeq(ctx); err == nil {
+				target, targetKnown = last, true
+			}
+		}
+		if targetKnown && !p.caughtUp.Load() {
+			if err := p.markIfCaughtUp(ctx, gen, durable, target); errors.Is(err, p.cfg.Changed) {
+				changed(err)
+				return
+			} else if err != nil && ctx.Err() == nil && !errors.Is(err, jetstream.ErrConsumerNotFound) { // not yet made
+				p.cfg.Log.Info("billing store not yet marked complete; the next probe tries again", "generation", gen, "err", err)
+			}
+		}
+		if cur, err := p.cfg.Store.Generation(ctx); errors.Is(err, p.cfg.Changed) || (err == nil && cur != gen) {
+			p.cfg.Log.Warn("the billing store no longer holds this generation", "generation", gen, "store", cur, "err", err)
+			changed(p.cfg.Changed)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		case <-p.nudge:
+			// The batch is acknowledged once its handler returned: give
+			// the ack a moment to move the floor.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(min(nudgeDelay, p.cfg.ProbeInterval)):
+			}
+		}
+	}
+}
+
+// nudgeDelay is how long the probe waits after a nudge.
+const nudgeDelay = 25 * time.Millisecond
+
+// markIfCaughtUp marks gen complete when its consumer's ack floor has
+// reached USAGE's record target.
+func (p *Projector) markIfCaughtUp(ctx context.Context, gen, durable string, target uint64) error {
+	if target > 0 { // an empty USAGE is caught up at once
+		c, err := p.cfg.Bus.JetStream().Consumer(ctx, contracts.StreamUsage, durable)
+		if err != nil {
+			return fmt.Errorf("usage consumer: %w", err)
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			return fmt.Errorf("usage consumer: %w", err)
+		}
+		if info.AckFloor.Stream < target {
+			return nil
+		}
+	}
+	if err := p.cfg.Store.MarkComplete(ctx, gen); err != nil {
+		return err
+	}
+	p.caughtUp.Store(true)
+	p.cfg.Log.Info("billing store complete", "generation", gen, "usage_seq", target)
+	if p.cfg.Complete != nil {
+		p.cfg.Complete()
+	}
+	return nil
+}
+
+// lastSeq is the sequence of USAGE's last record (0 when it has none).
+func (p *Projector) lastSeq(ctx context.Context) (uint64, error) {
 	s, err := p.cfg.Bus.JetStream().Stream(ctx, contracts.StreamUsage)
 	if err != nil {
 		return 0, err
@@ -162,7 +269,7 @@ func (p *Projector) pending(ctx context.Context) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return info.State.Msgs, nil
+	return info.State.LastSeq, nil
 }
 
 // HandleBatch applies one batch of USAGE messages (a bus.BatchHandler):
@@ -214,6 +321,12 @@ func (p *Projector) StartBatch(ctx context.Context, msgs []*bus.Msg) (wait func(
 	return func() []error {
 		<-done
 		p.applied.Add(int64(applied))
+		if err == nil && len(msgs) > 0 && msgs[len(msgs)-1].NumPending == 0 && !p.caughtUp.Load() {
+			select {
+			case p.nudge <- struct{}{}:
+			default:
+			}
+		}
 		if err != nil {
 			var retry error
 			switch {
@@ -230,8 +343,6 @@ func (p *Projector) StartBatch(ctx context.Context, msgs []*bus.Msg) (wait func(
 					errs[i] = retry
 				}
 			}
-		} else if len(msgs) > 0 && msgs[len(msgs)-1].NumPending == 0 {
-			p.caughtUp.Store(true)
 		}
 		if p.cfg.Applied != nil && applied > 0 {
 			list := make([]string, 0, len(tenants))
