@@ -809,21 +809,30 @@ return 1
 `)
 
 // MarkComplete implements Store. A store whose server restarted since
-// Open answers ErrGenerationChanged: the generation may have lost its
-// last writes, so it is not complete, whatever its replay acknowledged.
+// Open answers ErrGenerationChanged and marks nothing: the generation may
+// have lost its last writes, so it is not complete, whatever its replay
+// acknowledged. The check and the mark take one connection: a connection
+// is checked when it is made (onConnect), and a restart after that drops
+// it, so a mark that succeeds on it was made on the server checked.
 func (s *RedisStore) MarkComplete(ctx context.Context, generation string) error {
-	if s.restarted() {
-		return ErrGenerationChanged
-	}
 	var marked int
-	err := s.do(ctx, func(ctx context.Context) (err error) {
-		marked, err = markCompleteScript.Run(ctx, s.rdb, []string{s.prefix + "gen", s.prefix + "complete"}, generation).Int()
+	err := s.do(ctx, func(ctx context.Context) error {
+		cn := s.rdb.Conn()
+		defer cn.Close()
+		if err := cn.Ping(ctx).Err(); err != nil {
+			return err
+		}
+		if s.restarted() {
+			return ErrGenerationChanged
+		}
+		var err error
+		marked, err = markCompleteScript.Run(ctx, cn, []string{s.prefix + "gen", s.prefix + "complete"}, generation).Int()
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("redis store: mark complete: %w", err)
 	}
-	if marked != 1 || s.restarted() { // another generation, or a new connection to a restarted server
+	if marked != 1 { // another generation
 		return ErrGenerationChanged
 	}
 	return nil
@@ -834,6 +843,14 @@ func (s *RedisStore) restarted() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.lost
+}
+
+// unopened reports whether Open has not yet succeeded: the store has no
+// server run of its own to compare (onConnect notices no restart).
+func (s *RedisStore) unopened() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.runID == ""
 }
 
 // CompleteTenantDay implements Store.
@@ -850,8 +867,13 @@ func (s *RedisStore) CompleteTenantMonth(ctx context.Context, tenant string, mon
 // one transaction: ErrIncomplete unless the generation is marked
 // complete. A server restarted since Open may have lost writes the mark
 // counts on: incomplete too (until the projector opens a new generation
-// and fills it).
+// and fills it). So is a store not yet opened: it cannot tell a restart
+// (a server back from its files keeps gen and complete, and Open would
+// start over).
 func (s *RedisStore) getComplete(ctx context.Context, key string) (Totals, error) {
+	if s.unopened() {
+		return Totals{}, fmt.Errorf("%w: the store is not open yet", ErrIncomplete)
+	}
 	if s.restarted() {
 		return Totals{}, fmt.Errorf("%w: the server restarted", ErrIncomplete)
 	}

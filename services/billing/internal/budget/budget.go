@@ -59,6 +59,9 @@ type Config struct {
 type Watcher struct {
 	cfg     Config
 	touched chan []string
+	// all asks for every tenant's evaluation (TouchAll): its own signal,
+	// which a queue full of Touches cannot drop.
+	all chan struct{}
 
 	mu       sync.Mutex
 	budgets  map[string]contracts.Budget
@@ -73,7 +76,7 @@ func New(cfg Config) *Watcher {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Watcher{cfg: cfg, touched: make(chan []string, 64), budgets: map[string]contracts.Budget{},
+	return &Watcher{cfg: cfg, touched: make(chan []string, 64), all: make(chan struct{}, 1), budgets: map[string]contracts.Budget{},
 		statuses: map[string]contracts.BudgetStatus{}}
 }
 
@@ -87,8 +90,14 @@ func (w *Watcher) Touch(tenants []string) {
 }
 
 // TouchAll asks for the evaluation of every tenant (the store became
-// complete: the evaluations skipped meanwhile are owed). It never blocks.
-func (w *Watcher) TouchAll() { w.Touch(nil) }
+// complete: the evaluations skipped meanwhile are owed). It never blocks,
+// and a request already waiting covers it.
+func (w *Watcher) TouchAll() {
+	select {
+	case w.all <- struct{}{}:
+	default:
+	}
+}
 
 // Run watches until ctx ends.
 func (w *Watcher) Run(ctx context.Context) error {
@@ -123,10 +132,11 @@ func (w *Watcher) Run(ctx context.Context) error {
 			if synced {
 				w.evaluate(ctx, []string{e.Key()})
 			}
-		case tenants := <-w.touched:
-			if tenants == nil { // TouchAll
-				tenants = w.tenants()
+		case <-w.all:
+			if synced {
+				w.evaluate(ctx, w.tenants())
 			}
+		case tenants := <-w.touched:
 			if synced {
 				w.evaluate(ctx, tenants)
 			}

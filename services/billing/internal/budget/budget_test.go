@@ -41,3 +41,19 @@ func TestSameIgnoresOnlyTheTime(t *testing.T) {
 		t.Error("a new alert is not a change")
 	}
 }
+
+// TestTouchAllIsNeverDroppedBehindTouches: the store becomes complete
+// right after a replay whose every batch touched its tenants, filling the
+// queue; the evaluation of every tenant owed then must still come (from a
+// review: it waited for the next tick, 30 s by default).
+func TestTouchAllIsNeverDroppedBehindTouches(t *testing.T) {
+	w := New(Config{})
+	for range cap(w.touched) + 1 {
+		w.Touch([]string{"acme"})
+	}
+	w.TouchAll()
+	w.TouchAll() // one request waiting covers a second
+	if len(w.all) != 1 {
+		t.Errorf("%d requests to evaluate every tenant wait, want 1", len(w.all))
+	}
+}

@@ -192,20 +192,37 @@ func (p *Projector) generation(ctx context.Context, gen string) error {
 func (p *Projector) probe(ctx context.Context, gen, durable string, changed context.CancelCauseFunc) {
 	var target uint64
 	targetKnown := false
+	began := time.Now()
+	warned := false
 	tick := time.NewTicker(p.cfg.ProbeInterval)
 	defer tick.Stop()
-	for {
+	for probes := 0; ; probes++ {
 		if !targetKnown {
-			if last, err := p.lastSeq(ctx); err == nil {
+			last, err := p.lastSeq(ctx)
+			if err == nil {
 				target, targetKnown = last, true
+			} else if ctx.Err() == nil {
+				p.cfg.Log.Info("USAGE's last record not read; the next probe tries again", "generation", gen, "err", err)
 			}
 		}
 		if targetKnown && !p.caughtUp.Load() {
-			if err := p.markIfCaughtUp(ctx, gen, durable, target); errors.Is(err, p.cfg.Changed) {
+			floor, err := p.markIfCaughtUp(ctx, gen, durable, target)
+			switch {
+			case errors.Is(err, p.cfg.Changed):
 				changed(err)
 				return
-			} else if err != nil && ctx.Err() == nil && !errors.Is(err, jetstream.ErrConsumerNotFound) { // not yet made
+			case ctx.Err() != nil:
+			case errors.Is(err, jetstream.ErrConsumerNotFound) && probes < 3:
+				// The consumer is being made beside the first probes.
+			case err != nil:
 				p.cfg.Log.Info("billing store not yet marked complete; the next probe tries again", "generation", gen, "err", err)
+			case !p.caughtUp.Load() && !warned && time.Since(began) > incompleteWarning:
+				// Budgets wait for this: say so, once. A record that its
+				// Apply refuses again and again holds the floor until it
+				// is dead-lettered (MaxDeliver).
+				warned = true
+				p.cfg.Log.Warn("billing store still incomplete: budgets are not judged until its replay is acknowledged",
+					"generation", gen, "consumer", durable, "ack_floor", floor, "target", target, "for", time.Since(began).Round(time.Second))
 			}
 		}
 		if cur, err := p.cfg.Store.Generation(ctx); errors.Is(err, p.cfg.Changed) || (err == nil && cur != gen) {
@@ -232,31 +249,32 @@ func (p *Projector) probe(ctx context.Context, gen, durable string, changed cont
 // nudgeDelay is how long the probe waits after a nudge.
 const nudgeDelay = 25 * time.Millisecond
 
+// incompleteWarning is how long a generation may stay incomplete before
+// the probe warns.
+const incompleteWarning = time.Minute
+
 // markIfCaughtUp marks gen complete when its consumer's ack floor has
-// reached USAGE's record target.
-func (p *Projector) markIfCaughtUp(ctx context.Context, gen, durable string, target uint64) error {
+// reached USAGE's record target; it returns the floor it read.
+func (p *Projector) markIfCaughtUp(ctx context.Context, gen, durable string, target uint64) (floor uint64, err error) {
 	if target > 0 { // an empty USAGE is caught up at once
 		c, err := p.cfg.Bus.JetStream().Consumer(ctx, contracts.StreamUsage, durable)
 		if err != nil {
-			return fmt.Errorf("usage consumer: %w", err)
+			return 0, fmt.Errorf("usage consumer: %w", err)
 		}
-		info, err := c.Info(ctx)
-		if err != nil {
-			return fmt.Errorf("usage consumer: %w", err)
-		}
-		if info.AckFloor.Stream < target {
-			return nil
+		// Consumer read the info just now.
+		if floor = c.CachedInfo().AckFloor.Stream; floor < target {
+			return floor, nil
 		}
 	}
 	if err := p.cfg.Store.MarkComplete(ctx, gen); err != nil {
-		return err
+		return floor, err
 	}
 	p.caughtUp.Store(true)
 	p.cfg.Log.Info("billing store complete", "generation", gen, "usage_seq", target)
 	if p.cfg.Complete != nil {
 		p.cfg.Complete()
 	}
-	return nil
+	return floor, nil
 }
 
 // lastSeq is the sequence of USAGE's last record (0 when it has none).
@@ -265,11 +283,7 @@ func (p *Projector) lastSeq(ctx context.Context) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		return 0, err
-	}
-	return info.State.LastSeq, nil
+	return s.CachedInfo().State.LastSeq, nil // Stream read the info just now
 }
 
 // HandleBatch applies one batch of USAGE messages (a bus.BatchHandler):
