@@ -52,7 +52,23 @@ func (b *Bus) Replay(ctx context.Context, spec FollowSpec, fn func(context.Conte
 			return true, err
 		}
 		last = m.StreamSeq
-		return m.StreamSeq >= target || m.NumPending == 0, nil
+		if m.StreamSeq >= target || m.NumPending > 0 {
+			return m.StreamSeq >= target, nil
+		}
+		// The consumer's server counts nothing more, short of the
+		// target. It may hold a stale copy of the stream (a member
+		// that was cut off while others stored the last messages: the
+		// chaos suite saw a new scheduler leader's rebuild end there and
+		// forget the jobs queued last), or the messages up to the target
+		// were deleted since. Ask the stream again, as the target was
+		// asked: stop only once it holds nothing past here; else read
+		// on, and the stall watch replaces a consumer stuck behind it.
+		now, err := b.lastSeq(ctx, spec)
+		if err != nil {
+			return true, err
+		}
+		target = min(target, now)
+		return m.StreamSeq >= target, nil
 	})
 	return last, err
 }
