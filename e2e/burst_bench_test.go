@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -260,13 +259,7 @@ func warmBurst(b *testing.B, ctx context.Context, s *stack, prefix string, n int
 
 // minorFaults is the page faults this process took that needed no disk:
 // first touches of memory, here of the heap's new pages.
-func minorFaults() int64 {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return ru.Minflt
-}
+func minorFaults() int64 { return rusage().Minflt }
 
 func burst(b *testing.B, ctx context.Context, s *stack, prefix string, n int, run time.Duration) burstResult {
 	b.Helper()

@@ -198,11 +198,17 @@ const rawStream = "BENCH_RAW"
 // per job: a figure that a shared, busy machine skews far less than it
 // skews rates and latencies, which wait for CPU others hold.
 func processCPU() time.Duration {
+	ru := rusage()
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// rusage is this process's resource usage (zero if it cannot be read).
+func rusage() syscall.Rusage {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
+		return syscall.Rusage{}
 	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return ru
 }
 
 // reportNetCPU reports the CPU per job less the platform's background

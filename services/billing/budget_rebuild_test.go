@@ -119,13 +119,7 @@ func TestCompleteReadsWaitForAnotherReplicasRefill(t *testing.T) {
 			r := startRedis(t, true)
 			x, y := newRedisStore(t, r, billing.RedisConfig{}), newRedisStore(t, r, billing.RedisConfig{})
 			recs := []contracts.UsageRecord{rec("acme", "j1", 1, 0, 1000, 5), rec("acme", "j2", 1, 0, 1000, 7)}
-			gen, err := x.Open(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := x.Apply(ctx, recs); err != nil {
-				t.Fatal(err)
-			}
+			gen := openWith(t, x, recs...)
 			if err := x.MarkComplete(ctx, gen); err != nil {
 				t.Fatal(err)
 			}
@@ -151,11 +145,7 @@ func TestCompleteReadsWaitForAnotherReplicasRefill(t *testing.T) {
 			}
 			incomplete("once the content is lost")
 			// x notices, opens a new generation and refills it, a record at a time.
-			for range 3 {
-				if _, err = x.Apply(ctx, recs[:1]); errors.Is(err, billing.ErrGenerationChanged) {
-					break
-				}
-			}
+			err := afterRestart(func() error { _, err := x.Apply(ctx, recs[:1]); return err })
 			if !errors.Is(err, billing.ErrGenerationChanged) {
 				t.Fatalf("Apply after the loss: %v", err)
 			}

@@ -153,25 +153,14 @@ func TestNoCompleteReadOrMarkOnARestartedServer(t *testing.T) {
 		t.Run(fmt.Sprintf("marked before the restart %v", marked), func(t *testing.T) {
 			r := startRedis(t, true)
 			x := newRedisStore(t, r, billing.RedisConfig{})
-			gen, err := x.Open(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := x.Apply(ctx, []contracts.UsageRecord{rec("acme", "j1", 1, 0, 1000, 5)}); err != nil {
-				t.Fatal(err)
-			}
+			gen := openWith(t, x, rec("acme", "j1", 1, 0, 1000, 5))
 			if marked {
 				if err := x.MarkComplete(ctx, gen); err != nil {
 					t.Fatal(err)
 				}
 			}
 			r.lose("restarted")
-			var err2 error
-			for range 3 { // the first call after a restart may meet the dead connection
-				if err2 = x.MarkComplete(ctx, gen); errors.Is(err2, billing.ErrGenerationChanged) {
-					break
-				}
-			}
+			err2 := afterRestart(func() error { return x.MarkComplete(ctx, gen) })
 			if !errors.Is(err2, billing.ErrGenerationChanged) {
 				t.Errorf("MarkComplete after the restart: %v, want ErrGenerationChanged", err2)
 			}

@@ -374,13 +374,7 @@ func TestOpenDoesNotAdoptAGenerationThatOutlivedARestart(t *testing.T) {
 	ctx := context.Background()
 	r := startRedis(t, true)
 	a := newRedisStore(t, r, billing.RedisConfig{})
-	genA, err := a.Open(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := a.Apply(ctx, []contracts.UsageRecord{rec("acme", "a-1", 1, 0, 1000, 5)}); err != nil {
-		t.Fatal(err)
-	}
+	genA := openWith(t, a, rec("acme", "a-1", 1, 0, 1000, 5))
 	c := r.client()
 	// The last writes before the crash do not reach the disk.
 	if err := c.ConfigSet(ctx, "appendonly", "no").Err(); err != nil {

@@ -115,6 +115,33 @@ func (r *redisServer) lose(how string) {
 	}
 }
 
+// openWith opens s and applies recs: a generation with content.
+func openWith(t *testing.T, s *billing.RedisStore, recs ...contracts.UsageRecord) (generation string) {
+	t.Helper()
+	ctx := context.Background()
+	gen, err := s.Open(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Apply(ctx, recs); err != nil {
+		t.Fatal(err)
+	}
+	return gen
+}
+
+// afterRestart calls call up to three times until it fails with
+// ErrGenerationChanged, and returns its last error: the first call after
+// a restart may meet a dead connection, which only the next replaces.
+func afterRestart(call func() error) error {
+	var err error
+	for range 3 {
+		if err = call(); errors.Is(err, billing.ErrGenerationChanged) {
+			break
+		}
+	}
+	return err
+}
+
 // client is a plain client for the test's own commands.
 func (r *redisServer) client() *redis.Client {
 	c := redis.NewClient(&redis.Options{Addr: r.addr()})
@@ -150,22 +177,14 @@ func TestRedisStoreNoticesLostContent(t *testing.T) {
 		t.Run(how, func(t *testing.T) {
 			r := startRedis(t, true)
 			s := newRedisStore(t, r, billing.RedisConfig{})
-			gen, err := s.Open(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := s.Apply(ctx, []contracts.UsageRecord{rec("acme", "j1", 1, 0, 1000, 5)}); err != nil {
-				t.Fatal(err)
-			}
+			gen := openWith(t, s, rec("acme", "j1", 1, 0, 1000, 5))
 			// Restarted, everything is on disk (fsync always), yet the
 			// store cannot know that: a restart may lose the last writes.
 			r.lose(how)
-			var applyErr error
-			for range 3 { // the first call after a restart may meet the dead connection
-				if _, applyErr = s.Apply(ctx, []contracts.UsageRecord{rec("acme", "j2", 1, 0, 1000, 5)}); errors.Is(applyErr, billing.ErrGenerationChanged) {
-					break
-				}
-			}
+			applyErr := afterRestart(func() error {
+				_, err := s.Apply(ctx, []contracts.UsageRecord{rec("acme", "j2", 1, 0, 1000, 5)})
+				return err
+			})
 			if !errors.Is(applyErr, billing.ErrGenerationChanged) {
 				t.Fatalf("Apply after the server was %s: %v, want ErrGenerationChanged", how, applyErr)
 			}

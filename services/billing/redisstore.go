@@ -783,10 +783,7 @@ func (s *RedisStore) Billed(ctx context.Context, keys []AllocationKey) (string, 
 	}
 	// A connection made for this call to a restarted server (onConnect)
 	// read content that may have lost its last writes.
-	s.mu.Lock()
-	lost = s.lost
-	s.mu.Unlock()
-	if lost {
+	if s.restarted() {
 		return "", nil, ErrGenerationChanged
 	}
 	return cur, out, nil
@@ -855,12 +852,12 @@ func (s *RedisStore) unopened() bool {
 
 // CompleteTenantDay implements Store.
 func (s *RedisStore) CompleteTenantDay(ctx context.Context, tenant string, day time.Time) (Totals, error) {
-	return s.getComplete(ctx, "tenant:"+tenant+":day:"+dayKey(day))
+	return s.getComplete(ctx, tenantDayKey(tenant, day))
 }
 
 // CompleteTenantMonth implements Store.
 func (s *RedisStore) CompleteTenantMonth(ctx context.Context, tenant string, month time.Time) (Totals, error) {
-	return s.getComplete(ctx, "tenant:"+tenant+":month:"+monthKey(month))
+	return s.getComplete(ctx, tenantMonthKey(tenant, month))
 }
 
 // getComplete reads the totals of key, the generation and its mark in
@@ -943,12 +940,12 @@ func (s *RedisStore) Tenant(ctx context.Context, tenant string) (Totals, error) 
 
 // TenantDay implements Store.
 func (s *RedisStore) TenantDay(ctx context.Context, tenant string, day time.Time) (Totals, error) {
-	return s.get(ctx, "tenant:"+tenant+":day:"+dayKey(day))
+	return s.get(ctx, tenantDayKey(tenant, day))
 }
 
 // TenantMonth implements Store.
 func (s *RedisStore) TenantMonth(ctx context.Context, tenant string, month time.Time) (Totals, error) {
-	return s.get(ctx, "tenant:"+tenant+":month:"+monthKey(month))
+	return s.get(ctx, tenantMonthKey(tenant, month))
 }
 
 // PoolDay implements Store.

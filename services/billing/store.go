@@ -96,6 +96,15 @@ type Store interface {
 	CompleteTenantMonth(ctx context.Context, tenant string, month time.Time) (Totals, error)
 }
 
+// tenantDayKey and tenantMonthKey name a tenant's totals of a day and a
+// month, as both stores key them (RedisStore under its prefix).
+func tenantDayKey(tenant string, day time.Time) string {
+	return "tenant:" + tenant + ":day:" + dayKey(day)
+}
+func tenantMonthKey(tenant string, month time.Time) string {
+	return "tenant:" + tenant + ":month:" + monthKey(month)
+}
+
 // dayKey and monthKey name a UTC day and month.
 func dayKey(t time.Time) string   { return t.UTC().Format(time.DateOnly) }
 func monthKey(t time.Time) string { return t.UTC().Format("2006-01") }
@@ -249,12 +258,12 @@ func (s *MemoryStore) Tenant(_ context.Context, tenant string) (Totals, error) {
 
 // TenantDay implements Store.
 func (s *MemoryStore) TenantDay(_ context.Context, tenant string, day time.Time) (Totals, error) {
-	return s.get("tenant:" + tenant + ":day:" + dayKey(day))
+	return s.get(tenantDayKey(tenant, day))
 }
 
 // TenantMonth implements Store.
 func (s *MemoryStore) TenantMonth(_ context.Context, tenant string, month time.Time) (Totals, error) {
-	return s.get("tenant:" + tenant + ":month:" + monthKey(month))
+	return s.get(tenantMonthKey(tenant, month))
 }
 
 // PoolDay implements Store.
@@ -301,12 +310,12 @@ func (s *MemoryStore) MarkComplete(_ context.Context, generation string) error {
 
 // CompleteTenantDay implements Store.
 func (s *MemoryStore) CompleteTenantDay(_ context.Context, tenant string, day time.Time) (Totals, error) {
-	return s.getComplete("tenant:" + tenant + ":day:" + dayKey(day))
+	return s.getComplete(tenantDayKey(tenant, day))
 }
 
 // CompleteTenantMonth implements Store.
 func (s *MemoryStore) CompleteTenantMonth(_ context.Context, tenant string, month time.Time) (Totals, error) {
-	return s.getComplete("tenant:" + tenant + ":month:" + monthKey(month))
+	return s.getComplete(tenantMonthKey(tenant, month))
 }
 
 func (s *MemoryStore) getComplete(k string) (Totals, error) {
