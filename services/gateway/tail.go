@@ -281,6 +281,9 @@ type tailSub struct {
 // eventTail follows JOB_EVENTS for every event stream of the process.
 type eventTail struct {
 	bus *bus.Bus
+	// js reads history (readBatch): bus's, or a test's that injects a
+	// lagging server's counts.
+	js  jetstream.JetStream
 	cfg SSEConfig
 	log *slog.Logger
 	// history is a semaphore: a slot per reader of the stream at once.
@@ -305,7 +308,7 @@ type eventTail struct {
 
 func newEventTail(b *bus.Bus, cfg SSEConfig, log *slog.Logger) *eventTail {
 	cfg = cfg.withDefaults()
-	return &eventTail{bus: b, cfg: cfg, log: log, history: make(chan struct{}, cfg.HistoryReaders), ready: make(chan struct{}),
+	return &eventTail{bus: b, js: b.JetStream(), cfg: cfg, log: log, history: make(chan struct{}, cfg.HistoryReaders), ready: make(chan struct{}),
 		byTenant: map[string]*seqList{}, bySubject: map[string]*seqList{},
 		tenantSubs: map[string]map[*tailSub]struct{}{}, jobSubs: map[string]map[*tailSub]struct{}{}}
 }
@@ -551,13 +554,21 @@ const historyBatchWait = 10 * time.Second
 // stream on a consumer of its own, deleted before it returns. through is
 // the last sequence the batch accounts for: upto when no event of f is
 // left in (from, upto].
+//
+// The consumer counts the events its own server holds, which on a cluster
+// may be a member that lags: the tail read up to upto, but that member may
+// not hold the last of them. A count of 0 short of upto is taken as the
+// end of f's events only when the stream's leader holds none either
+// (leaderget.go); else the read goes on, and a batch that cannot get an
+// event the leader holds ends in an error, never in a skip: the
+// subscriber goes to the ring at upto after this read, so an event left
+// unread here would never reach it.
 func (t *eventTail) readBatch(ctx context.Context, f eventFilter, from, upto uint64) (evs []*tailEvent, through uint64, err error) {
 	ctx, cancel := context.WithTimeout(ctx, historyBatchWait)
 	defer cancel()
 	var name [8]byte
 	_, _ = rand.Read(name[:])
-	js := t.bus.JetStream()
-	cons, err := js.CreateConsumer(ctx, contracts.StreamJobEvents, jetstream.ConsumerConfig{
+	cons, err := t.js.CreateConsumer(ctx, contracts.StreamJobEvents, jetstream.ConsumerConfig{
 		Name:              "gw-sse-" + hex.EncodeToString(name[:]),
 		FilterSubject:     f.subject,
 		DeliverPolicy:     jetstream.DeliverByStartSequencePolicy,
@@ -573,14 +584,25 @@ func (t *eventTail) readBatch(ctx context.Context, f eventFilter, from, upto uin
 	defer func() {
 		dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		defer dcancel()
-		if derr := js.DeleteConsumer(dctx, contracts.StreamJobEvents, cons.CachedInfo().Name); derr != nil &&
+		if derr := t.js.DeleteConsumer(dctx, contracts.StreamJobEvents, cons.CachedInfo().Name); derr != nil &&
 			!errors.Is(derr, jetstream.ErrConsumerNotFound) {
 			t.log.Debug("history consumer not deleted; it expires by itself", "consumer", cons.CachedInfo().Name, "err", derr)
 		}
 	}()
 	pending := cons.CachedInfo().NumPending
+	// behind is an event of f the stream holds that the consumer's
+	// server did not count.
+	var behind uint64
 	if pending == 0 {
-		return nil, upto, nil
+		next, err := t.nextEvent(ctx, f, from, upto)
+		if err != nil {
+			return nil, 0, err
+		}
+		if next == 0 {
+			return nil, upto, nil
+		}
+		// The consumer's server lags: wait for it to deliver the event.
+		behind, pending = next, 1
 	}
 	// Every pending message is there already (JOB_EVENTS keeps its
 	// messages), so the fetch returns as soon as it has them all.
@@ -589,7 +611,8 @@ func (t *eventTail) readBatch(ctx context.Context, f eventFilter, from, upto uin
 		return nil, 0, fmt.Errorf("reading job event history: %w", err)
 	}
 	through = from
-	done := false
+	// left is what the consumer counts past through.
+	done, left := false, pending
 	for m := range batch.Messages() {
 		md, err := m.Metadata()
 		if err != nil || done {
@@ -600,13 +623,11 @@ func (t *eventTail) readBatch(ctx context.Context, f eventFilter, from, upto uin
 			done = true
 			continue
 		}
-		through = seq
+		through, left = seq, md.NumPending
 		if e, perr := parseTailEvent(m.Subject(), seq, m.Data()); perr == nil {
 			evs = append(evs, e)
 		}
-		if seq == upto || md.NumPending == 0 {
-			done = true
-		}
+		done = seq == upto
 	}
 	if done {
 		return evs, upto, nil
@@ -615,9 +636,35 @@ func (t *eventTail) readBatch(ctx context.Context, f eventFilter, from, upto uin
 		if err := batch.Error(); err != nil {
 			return nil, 0, fmt.Errorf("reading job event history: %w", err)
 		}
+		if behind > 0 {
+			return nil, 0, fmt.Errorf("reading job event history: the stream holds event %d of %s, but the consumer's server delivered nothing after %d",
+				behind, f.subject, from)
+		}
 		return nil, 0, fmt.Errorf("reading job event history: no message of %d pending after %d", pending, from)
 	}
+	if left == 0 {
+		next, err := t.nextEvent(ctx, f, through, upto)
+		if err != nil {
+			return nil, 0, err
+		}
+		if next == 0 {
+			return evs, upto, nil
+		}
+	}
 	return evs, through, nil
+}
+
+// nextEvent returns the sequence of the first event of f in (after, upto]
+// as JOB_EVENTS' leader holds it: 0 when there is none.
+func (t *eventTail) nextEvent(ctx context.Context, f eventFilter, after, upto uint64) (uint64, error) {
+	next, err := leaderNext(ctx, t.bus.Conn(), contracts.StreamJobEvents, []string{f.subject}, after+1, time.Time{})
+	if err != nil {
+		return 0, fmt.Errorf("reading job event history: %w", err)
+	}
+	if next > upto {
+		return 0, nil
+	}
+	return next, nil
 }
 
 // tailReader is one subscriber's view: every event of its filter after
