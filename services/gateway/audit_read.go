@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gpuplane/gpuplane/contracts"
@@ -217,32 +218,59 @@ func (s *server) verifyAudit(w http.ResponseWriter, r *http.Request) {
 // until fn returns false or the messages present at the start are read.
 func (s *server) readAudit(ctx context.Context, filters []string, startSeq uint64, since time.Time,
 	fn func(seq uint64, data []byte) bool) error {
-	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: filters, InactiveThreshold: 30 * time.Second,
-		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: max(startSeq, 1)}
-	if !since.IsZero() && startSeq <= 1 {
-		cfg.DeliverPolicy, cfg.OptStartSeq, cfg.OptStartTime = jetstream.DeliverByStartTimePolicy, 0, &since
+	return readAuditTrail(ctx, s.bus.JetStream(), s.bus.Conn(), auditRange{filters: filters, startSeq: startSeq, since: since}, fn)
+}
+
+// auditRange is what one read of the trail reads: the messages matching
+// filters (nil: all) from startSeq, or from the first stored at or after
+// since when startSeq <= 1.
+type auditRange struct {
+	filters  []string
+	startSeq uint64
+	since    time.Time
+}
+
+// readAuditTrail is readAudit on js, asking nc's stream leader where the
+// trail ends (leaderget.go). The end is the last matching message when the
+// read starts, as the leader holds it; the ordered consumer's count, its
+// own server's, may be short of it on a cluster (a member that lags), so a
+// count of 0 before the end ends the read only when the leader holds no
+// matching message past it either: else the read goes on, and ends with
+// an error at ctx's deadline, never with a short answer that looks whole.
+func readAuditTrail(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, r auditRange,
+	fn func(seq uint64, data []byte) bool) error {
+	end, err := leaderLast(ctx, nc, contracts.StreamAudit, r.filters)
+	if err != nil {
+		return fmt.Errorf("end of %s: %w", contracts.StreamAudit, err)
 	}
-	cons, err := s.bus.JetStream().OrderedConsumer(ctx, contracts.StreamAudit, cfg)
+	var since time.Time
+	if r.startSeq <= 1 {
+		since = r.since
+	}
+	first, err := leaderNext(ctx, nc, contracts.StreamAudit, r.filters, r.startSeq, since)
+	if err != nil {
+		return fmt.Errorf("start of %s: %w", contracts.StreamAudit, err)
+	}
+	if first == 0 || first > end {
+		return nil
+	}
+	cons, err := js.OrderedConsumer(ctx, contracts.StreamAudit, jetstream.OrderedConsumerConfig{FilterSubjects: r.filters,
+		InactiveThreshold: 30 * time.Second, DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: first})
 	if err != nil {
 		return fmt.Errorf("ordered consumer on %s: %w", contracts.StreamAudit, err)
-	}
-	info, err := cons.Info(ctx)
-	if err != nil {
-		return fmt.Errorf("consumer info on %s: %w", contracts.StreamAudit, err)
-	}
-	if info.NumPending == 0 {
-		return nil
 	}
 	it, err := cons.Messages()
 	if err != nil {
 		return fmt.Errorf("read %s: %w", contracts.StreamAudit, err)
 	}
 	defer it.Stop()
+	last := first - 1
 	for {
 		m, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
 			if ctx.Err() != nil {
-				return ctx.Err()
+				return fmt.Errorf("read %s: stopped after %d, short of %d, the last record when the read began: %w",
+					contracts.StreamAudit, last, end, ctx.Err())
 			}
 			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
 				return fmt.Errorf("read %s: %w", contracts.StreamAudit, err)
@@ -253,7 +281,20 @@ func (s *server) readAudit(ctx context.Context, filters []string, startSeq uint6
 		if err != nil {
 			return fmt.Errorf("read %s: %w", contracts.StreamAudit, err)
 		}
-		if !fn(meta.Sequence.Stream, m.Data()) || meta.NumPending == 0 {
+		last = meta.Sequence.Stream
+		if !fn(last, m.Data()) || last >= end {
+			return nil
+		}
+		if meta.NumPending > 0 {
+			continue
+		}
+		// The consumer's server counts nothing past here, short of the
+		// end: it lags, or the records up to the end are gone.
+		next, err := leaderNext(ctx, nc, contracts.StreamAudit, r.filters, last+1, time.Time{})
+		if err != nil {
+			return fmt.Errorf("read %s: %w", contracts.StreamAudit, err)
+		}
+		if next == 0 || next > end {
 			return nil
 		}
 	}

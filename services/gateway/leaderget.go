@@ -97,3 +97,20 @@ func leaderNext(ctx context.Context, nc *nats.Conn, stream string, subjects []st
 	}
 	return first, nil
 }
+
+// leaderLast returns the sequence of the last message of stream matching
+// one of subjects (none: any): 0 when there is none.
+func leaderLast(ctx context.Context, nc *nats.Conn, stream string, subjects []string) (uint64, error) {
+	if len(subjects) == 0 {
+		subjects = []string{anySubject}
+	}
+	var last uint64
+	for _, s := range subjects {
+		n, err := leaderGet(ctx, nc, stream, msgGetRequest{LastFor: s})
+		if err != nil {
+			return 0, err
+		}
+		last = max(last, n)
+	}
+	return last, nil
+}
