@@ -95,6 +95,11 @@ type Bus struct {
 	// publish on: a publish there fails for good instead of retrying as
 	// if the server were slow.
 	denied sync.Map
+	// directReads: the identity is scoped (a node agent, a tenant), which
+	// may not ask a stream's leader for a message (its request names the
+	// subject in its body, where the server checks nothing), only make a
+	// direct get naming its own subject: lastSeq asks that way.
+	directReads bool
 }
 
 // ErrPermissionDenied: the server refused this identity the subject
@@ -188,6 +193,7 @@ func Connect(ctx context.Context, cfg Config) (*Bus, error) {
 			cfg.Provision = ProvisionUpdate
 		case id.Role.Scoped():
 			cfg.SkipProvision = true
+			b.directReads = true
 		}
 	}
 

@@ -432,6 +432,16 @@ func (b *Bus) lastSeqOnce(ctx context.Context, spec FollowSpec) (uint64, error) 
 		}
 		return info.State.LastSeq, nil
 	}
+	if !b.directReads {
+		// The leader: a direct get may be answered by a replica that
+		// lags, and a target short of the stream ends a Replay short of
+		// it (LeaderLast).
+		last, err := LeaderLast(ctx, b.nc, spec.Stream, filters)
+		if err != nil {
+			return 0, fmt.Errorf("bus: last message of %v on %s: %w", filters, spec.Stream, err)
+		}
+		return last, nil
+	}
 	var last uint64
 	for _, f := range filters {
 		msg, err := stream.GetLastMsgForSubject(ctx, f)

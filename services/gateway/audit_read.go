@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/gpuplane/gpuplane/contracts"
+	"github.com/gpuplane/gpuplane/libs/bus"
 )
 
 // GET /v1/audit reads the trail, oldest first: a platform admin reads every
@@ -231,7 +232,7 @@ type auditRange struct {
 }
 
 // readAuditTrail is readAudit on js, asking nc's stream leader where the
-// trail ends (leaderget.go). The end is the last matching message when the
+// trail ends (bus.LeaderLast). The end is the last matching message when the
 // read starts, as the leader holds it; the ordered consumer's count, its
 // own server's, may be short of it on a cluster (a member that lags), so a
 // count of 0 before the end ends the read only when the leader holds no
@@ -239,7 +240,7 @@ type auditRange struct {
 // an error at ctx's deadline, never with a short answer that looks whole.
 func readAuditTrail(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, r auditRange,
 	fn func(seq uint64, data []byte) bool) error {
-	end, err := leaderLast(ctx, nc, contracts.StreamAudit, r.filters)
+	end, err := bus.LeaderLast(ctx, nc, contracts.StreamAudit, r.filters)
 	if err != nil {
 		return fmt.Errorf("end of %s: %w", contracts.StreamAudit, err)
 	}
@@ -247,7 +248,7 @@ func readAuditTrail(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, 
 	if r.startSeq <= 1 {
 		since = r.since
 	}
-	first, err := leaderNext(ctx, nc, contracts.StreamAudit, r.filters, r.startSeq, since)
+	first, err := bus.LeaderNext(ctx, nc, contracts.StreamAudit, r.filters, r.startSeq, since)
 	if err != nil {
 		return fmt.Errorf("start of %s: %w", contracts.StreamAudit, err)
 	}
@@ -290,7 +291,7 @@ func readAuditTrail(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, 
 		}
 		// The consumer's server counts nothing past here, short of the
 		// end: it lags, or the records up to the end are gone.
-		next, err := leaderNext(ctx, nc, contracts.StreamAudit, r.filters, last+1, time.Time{})
+		next, err := bus.LeaderNext(ctx, nc, contracts.StreamAudit, r.filters, last+1, time.Time{})
 		if err != nil {
 			return fmt.Errorf("read %s: %w", contracts.StreamAudit, err)
 		}

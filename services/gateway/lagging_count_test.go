@@ -306,7 +306,7 @@ func TestLeaderReadsOnACluster(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		last, err := leaderLast(ctx, gw.Conn(), contracts.StreamAudit, nil)
+		last, err := bus.LeaderLast(ctx, gw.Conn(), contracts.StreamAudit, nil)
 		if err != nil || last != want[len(want)-1] {
 			t.Errorf("member %d: leaderLast = %d, %v; want %d", i, last, err, want[len(want)-1])
 		}

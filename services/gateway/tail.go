@@ -559,7 +559,7 @@ const historyBatchWait = 10 * time.Second
 // may be a member that lags: the tail read up to upto, but that member may
 // not hold the last of them. A count of 0 short of upto is taken as the
 // end of f's events only when the stream's leader holds none either
-// (leaderget.go); else the read goes on, and a batch that cannot get an
+// (bus.LeaderLast); else the read goes on, and a batch that cannot get an
 // event the leader holds ends in an error, never in a skip: the
 // subscriber goes to the ring at upto after this read, so an event left
 // unread here would never reach it.
@@ -657,7 +657,7 @@ func (t *eventTail) readBatch(ctx context.Context, f eventFilter, from, upto uin
 // nextEvent returns the sequence of the first event of f in (after, upto]
 // as JOB_EVENTS' leader holds it: 0 when there is none.
 func (t *eventTail) nextEvent(ctx context.Context, f eventFilter, after, upto uint64) (uint64, error) {
-	next, err := leaderNext(ctx, t.bus.Conn(), contracts.StreamJobEvents, []string{f.subject}, after+1, time.Time{})
+	next, err := bus.LeaderNext(ctx, t.bus.Conn(), contracts.StreamJobEvents, []string{f.subject}, after+1, time.Time{})
 	if err != nil {
 		return 0, fmt.Errorf("reading job event history: %w", err)
 	}

@@ -1,4 +1,4 @@
-package gateway
+package bus
 
 import (
 	"context"
@@ -12,13 +12,13 @@ import (
 
 // A read that ends where its consumer counts nothing left can end short of
 // the stream. A consumer counts what its own server holds, and a direct get
-// (the streams allow them) is answered by any replica: on a cluster either
-// may be a member that lags, one cut off by a partition while the others
-// stored the last messages. The stream's leader, the only server that
-// answers $JS.API.STREAM.MSG.GET of a replicated stream, holds every message
-// acked to a publisher: a read asks it where the stream ends, and never
-// trusts a consumer's count of 0 alone. (libs/bus's Replay, d1d2f9b, ends
-// on the same rule.)
+// (the streams allow them, and nats.go's Stream.GetMsg and
+// GetLastMsgForSubject then use it) is answered by any replica: on a
+// cluster either may be a member that lags, one cut off by a partition
+// while the others stored the last messages. The stream's leader, the only
+// server that answers $JS.API.STREAM.MSG.GET of a replicated stream, holds
+// every message acked to a publisher: a read asks it where the stream ends
+// (LeaderLast, LeaderNext), and never trusts a consumer's count of 0 alone.
 
 // leaderMsgGetSubject is the stream's leader's message get; nats.go's
 // Stream.GetMsg uses the direct get on a stream that allows it.
@@ -74,10 +74,10 @@ func leaderGet(ctx context.Context, nc *nats.Conn, stream string, req msgGetRequ
 // anySubject matches every subject of a stream.
 const anySubject = ">"
 
-// leaderNext returns the sequence of the first message of stream matching
+// LeaderNext returns the sequence of the first message of stream matching
 // one of subjects (none: any) at or after seq, or, when since is set, at or
 // after the first message stored at or after since: 0 when there is none.
-func leaderNext(ctx context.Context, nc *nats.Conn, stream string, subjects []string, seq uint64, since time.Time) (uint64, error) {
+func LeaderNext(ctx context.Context, nc *nats.Conn, stream string, subjects []string, seq uint64, since time.Time) (uint64, error) {
 	if len(subjects) == 0 {
 		subjects = []string{anySubject}
 	}
@@ -98,9 +98,9 @@ func leaderNext(ctx context.Context, nc *nats.Conn, stream string, subjects []st
 	return first, nil
 }
 
-// leaderLast returns the sequence of the last message of stream matching
+// LeaderLast returns the sequence of the last message of stream matching
 // one of subjects (none: any): 0 when there is none.
-func leaderLast(ctx context.Context, nc *nats.Conn, stream string, subjects []string) (uint64, error) {
+func LeaderLast(ctx context.Context, nc *nats.Conn, stream string, subjects []string) (uint64, error) {
 	if len(subjects) == 0 {
 		subjects = []string{anySubject}
 	}
