@@ -138,8 +138,14 @@ func startPlatform(t *testing.T, tr tier, bin, dir string) *platform {
 		"GPUPLANE_LOG_LEVEL="+cmp.Or(os.Getenv("CHAOS_LOG_LEVEL"), "warn"), "GPUPLANE_OTLP_ENDPOINT=")
 	add := func(name, kind string, role contracts.BusRole, args ...string) *svc {
 		creds := p.nats.credsFor(t, contracts.Identity{Name: name, Role: role})
-		s := &svc{proc: newProc(t, dir, name, kind, filepath.Join(bin, kind), args,
-			append(slices.Clip(env), "GPUPLANE_NATS_CREDS="+creds)), role: role}
+		senv := append(slices.Clip(env), "GPUPLANE_NATS_CREDS="+creds)
+		if kind == "scheduler" && os.Getenv("CHAOS_LOG_LEVEL") == "" {
+			// At info a scheduler logs where each rebuild's replays ended
+			// and what it preempted: what a stuck or forgotten job is read
+			// from. A few lines a term. (The last of a key counts.)
+			senv = append(senv, "GPUPLANE_LOG_LEVEL=info")
+		}
+		s := &svc{proc: newProc(t, dir, name, kind, filepath.Join(bin, kind), args, senv), role: role}
 		p.svcs = append(p.svcs, s)
 		p.byName[name] = s
 		return s

@@ -290,7 +290,7 @@ func (s *scheduler) rebuildBounded(ctx, bctx context.Context, g *errgroup.Group)
 			s.mu.Unlock()
 		}
 		r.spec.StartSeq = after[r.spec.Stream] + 1
-		_, err := s.bus.Replay(bctx, r.spec, func(ctx context.Context, m *bus.Msg) error {
+		last, err := s.bus.Replay(bctx, r.spec, func(ctx context.Context, m *bus.Msg) error {
 			apply(m)
 			s.snap.observe(ctx, m)
 			after[r.spec.Stream] = m.StreamSeq
@@ -299,7 +299,10 @@ func (s *scheduler) rebuildBounded(ctx, bctx context.Context, g *errgroup.Group)
 		if err != nil {
 			return fmt.Errorf("replay %s: %w", r.spec.Stream, err)
 		}
-		s.log.Debug("replayed", "stream", r.spec.Stream, "messages", n)
+		// At info: where a new leader's rebuild ended is what tells a job
+		// it forgot from one it never had (the chaos suite's failures are
+		// read from these logs).
+		s.log.Info("replayed", "stream", r.spec.Stream, "messages", n, "from", r.spec.StartSeq, "through", last)
 	}
 	s.mu.Lock()
 	s.st.RetireTerminal()
