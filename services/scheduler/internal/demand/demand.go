@@ -52,10 +52,27 @@ func Compute(snap placement.Snapshot, used map[string]int, waiting []placement.R
 	for _, p := range pools {
 		view(p)
 	}
+	// onNode counts a node's whole GPUs by kind, in the order the node
+	// lists them: a node has one or two kinds, and a map a node was 10,000
+	// maps a cycle (and put a pool's kinds in random order).
+	type kindCount struct {
+		k gpuKind
+		n int
+	}
+	var onNode []kindCount
+	add := func(k gpuKind, n int) {
+		for i := range onNode {
+			if onNode[i].k == k {
+				onNode[i].n += n
+				return
+			}
+		}
+		onNode = append(onNode, kindCount{k, n})
+	}
 	for _, n := range snap.Nodes {
 		v := view(n.Pool)
 		v.d.Nodes++
-		onNode := map[gpuKind]int{}
+		onNode = onNode[:0]
 		for _, g := range n.GPUs {
 			v.d.TotalGPUs++
 			if !g.Held && !g.MIG && g.ShareMemMiB == 0 && g.SharePercent == 0 {
@@ -63,15 +80,13 @@ func Compute(snap placement.Snapshot, used map[string]int, waiting []placement.R
 			}
 			k := gpuKind{g.Model, g.MemoryMiB}
 			if !g.MIG {
-				onNode[k]++
+				add(k, 1)
 				continue
 			}
 			// A card in MIG mode holds only its instances: it still says
 			// the pool has the model (a kind, with no whole GPU or share
 			// to offer), and its profiles.
-			if _, ok := onNode[k]; !ok {
-				onNode[k] = 0
-			}
+			add(k, 0)
 			for _, in := range g.Instances {
 				mk := migKind{model: g.Model, profile: in.Instance.Profile, memMiB: in.Instance.MemoryMiB}
 				if !slices.Contains(v.mig, mk) {
@@ -79,7 +94,8 @@ func Compute(snap placement.Snapshot, used map[string]int, waiting []placement.R
 				}
 			}
 		}
-		for k, c := range onNode {
+		for _, kc := range onNode {
+			k, c := kc.k, kc.n
 			i := slices.IndexFunc(v.kinds, func(x kind) bool { return x.model == k.model && x.memMiB == k.memMiB })
 			if i < 0 {
 				v.kinds = append(v.kinds, kind{model: k.model, memMiB: k.memMiB, most: c})

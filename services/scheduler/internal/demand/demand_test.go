@@ -196,3 +196,22 @@ func TestComputeSkipsPoolsThatDoNotRunIt(t *testing.T) {
 		t.Errorf("trusted: %d jobs, %d GPUs pending; want both, 3 GPUs", d.PendingJobs, d.PendingGPUs)
 	}
 }
+
+// TestMixedNodeNamesOneModel: a pool whose machines hold two models, and a
+// request either fits, names the same model every time, the one the
+// machines list first (a pool's kinds came out of a map per node, in
+// random order, and the shape flipped between cycles).
+func TestMixedNodeNamesOneModel(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	mixed := node("m1", "mixed", "L40S-48GB", 4, 0)
+	for i := range 4 {
+		mixed.GPUs = append(mixed.GPUs, placement.GPU{Index: 4 + i, UUID: fmt.Sprint("m1-a", i), Model: "A100-80GB", MemoryMiB: 81920})
+	}
+	req := placement.Request{GPU: contracts.GPURequest{Count: 2, Models: []string{"A100-80GB", "L40S-48GB"}}}
+	for range 50 {
+		got := Compute(placement.Snapshot{Nodes: []placement.Node{mixed}}, nil, []placement.Request{req}, []string{"mixed"}, now)
+		if w := got["mixed"].Waiting; len(w) != 1 || w[0].Model != "L40S-48GB" {
+			t.Fatalf("waiting shapes %+v; want one of 2 L40S-48GB, the model the machine lists first", w)
+		}
+	}
+}

@@ -273,22 +273,33 @@ type queue struct {
 }
 
 // NewRound orders items (any order in) for one cycle over b. Placed updates
-// b, so quota checks later in the cycle see what the cycle placed.
+// b, so quota checks later in the cycle see what the cycle placed. The
+// round may keep items and reorder each class and tenant's items in place:
+// the caller leaves the slice alone until the round is done.
 func (b *Book) NewRound(items []Item) *Round {
 	r := &Round{book: b, queues: make(map[classTenant]*queue)}
 	byRank := make(map[int]*class)
-	// Two passes: count each queue's items, then fill slices of that size
-	// cut from one array (a deep queue's items grew every tenant's slice
+	// Two passes: count each queue's items, then give each queue its
+	// items as one slice (a deep queue's items grew every tenant's slice
 	// by doubling, most of a steady cycle's garbage here).
 	// Items usually come grouped by class and tenant (the scheduler's
 	// queue.ByTenant): an item of the previous item's class and tenant
-	// skips the map.
+	// skips the map, and when no class and tenant comes in two runs each
+	// queue is its run of items itself, not a copy (100,000 items are
+	// 7 MB a cycle).
 	counts := make(map[classTenant]int)
 	var (
-		last  classTenant
-		run   int
-		valid bool
+		last    classTenant
+		run     int
+		valid   bool
+		grouped = true
 	)
+	end := func() {
+		if counts[last] > 0 {
+			grouped = false // its second run
+		}
+		counts[last] += run
+	}
 	for i := range items {
 		k := classTenant{items[i].Priority.Rank(), items[i].Tenant}
 		if valid && k == last {
@@ -296,28 +307,38 @@ func (b *Book) NewRound(items []Item) *Round {
 			continue
 		}
 		if valid {
-			counts[last] += run
+			end()
 		}
 		last, run, valid = k, 1, true
 	}
 	if valid {
-		counts[last] += run
+		end()
 	}
-	backing := make([]Item, len(items))
+	var backing []Item
+	if !grouped {
+		backing = make([]Item, len(items))
+	}
 	var lastQ *queue
-	for _, it := range items {
+	for i, it := range items {
 		rank := it.Priority.Rank()
 		k := classTenant{rank, it.Tenant}
 		if lastQ != nil && k == last {
-			lastQ.items = append(lastQ.items, it)
+			if !grouped {
+				lastQ.items = append(lastQ.items, it)
+			}
 			continue
 		}
 		q := r.queues[k]
 		last, lastQ = k, q
 		if q == nil {
 			n := counts[k]
-			q = &queue{tenant: it.Tenant, acct: b.account(it.Tenant), items: backing[:0:n]}
-			backing = backing[n:]
+			q = &queue{tenant: it.Tenant, acct: b.account(it.Tenant)}
+			if grouped {
+				q.items = items[i : i+n : i+n]
+			} else {
+				q.items = backing[:0:n]
+				backing = backing[n:]
+			}
 			r.queues[k] = q
 			c := byRank[rank]
 			if c == nil {
@@ -328,7 +349,9 @@ func (b *Book) NewRound(items []Item) *Round {
 			c.queues = append(c.queues, q)
 			lastQ = q
 		}
-		q.items = append(q.items, it)
+		if !grouped {
+			q.items = append(q.items, it)
+		}
 	}
 	slices.SortFunc(r.classes, func(a, b *class) int { return b.rank - a.rank })
 	byOrder := func(a, b Item) int {

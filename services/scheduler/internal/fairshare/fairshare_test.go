@@ -607,3 +607,50 @@ func BenchmarkRound(b *testing.B) {
 		})
 	}
 }
+
+// TestGroupedItemsRoundAsAnyOrder: items grouped by class and tenant (the
+// scheduler's queue hands them over so; NewRound then uses each run in
+// place) go round in the order the same items shuffled do, whatever the
+// order inside a run.
+func TestGroupedItemsRoundAsAnyOrder(t *testing.T) {
+	for seed := range uint64(30) {
+		rng := rand.New(rand.NewPCG(seed, 11))
+		quotas := map[string]contracts.TenantQuota{}
+		tenants := []string{"a", "b", "c", "d"}
+		for _, tn := range tenants {
+			quotas[tn] = contracts.TenantQuota{Weight: float64(rng.IntN(3) + 1)}
+		}
+		var items []Item
+		for i := range 40 + rng.IntN(40) {
+			items = append(items, Item{Key: fmt.Sprintf("j%02d", i), Tenant: tenants[rng.IntN(len(tenants))],
+				Seq: uint64(rng.IntN(30)), Usage: Usage{MilliGPU: int64(rng.IntN(3)+1) * gpu},
+				Priority: contracts.Priorities[rng.IntN(len(contracts.Priorities))]})
+		}
+		shuffled := slices.Clone(items)
+		rng.Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
+		grouped := slices.Clone(shuffled)
+		// Grouped by class and tenant, each run in the shuffled order.
+		slices.SortStableFunc(grouped, func(x, y Item) int {
+			if c := x.Priority.Rank() - y.Priority.Rank(); c != 0 {
+				return c
+			}
+			return cmp.Compare(x.Tenant, y.Tenant)
+		})
+		walk := func(in []Item) []string {
+			b := NewBook(Usage{MilliGPU: 64 * gpu, CPUMilli: 1 << 20, MemoryMiB: 1 << 30}, quotas)
+			r := b.NewRound(in)
+			var keys []string
+			for it, ok := r.Next(); ok; it, ok = r.Next() {
+				keys = append(keys, it.Key)
+				if len(keys)%3 == 0 {
+					r.Placed(it, "p")
+				}
+			}
+			return keys
+		}
+		want, got := walk(shuffled), walk(grouped)
+		if len(want) != len(items) || !slices.Equal(got, want) {
+			t.Fatalf("seed %d: grouped items went round as %v, shuffled as %v", seed, got, want)
+		}
+	}
+}

@@ -73,9 +73,10 @@ func (s *Store) Cycle() CycleResult {
 		reserved   int
 		// holds caches, per set of reservations a job must not delay, the
 		// set's holds: jobs sharing one share their pending explanations.
-		holds     = map[string]map[string]placement.Hold{}
-		running   []backfill.Running
-		runningOK bool
+		holds = map[string]map[string]placement.Hold{}
+		// planner answers the cycle's reservations: the running jobs
+		// and the snapshot's nodes are grouped once, at the first.
+		planner *backfill.Planner
 		// fresh are the jobs that reserved in this cycle: every job after
 		// them in this cycle's order respects their reservations. One
 		// carried from an earlier cycle binds only jobs of its job's
@@ -366,14 +367,14 @@ func (s *Store) Cycle() CycleResult {
 				pend.Message += "; " + note
 			}
 			if reserved < s.cfg.MaxReservations {
-				if !runningOK {
-					running, runningOK = s.running(now), true
+				if planner == nil {
+					planner = backfill.NewPlanner(snap, s.running(now), now)
 				}
 				// Earlier reservations' holds are taken for this one, of
 				// whatever class: two never count on the same device.
 				rr := r
 				rr.Reserved = resv.Holds(now, 0, nil)
-				if res, ok := backfill.Reserve(snap, running, rr, now); ok {
+				if res, ok := planner.Reserve(rr); ok {
 					res.Key = j.key
 					resv.Add(res)
 					fresh[j.key] = true

@@ -867,12 +867,21 @@ func (s *Store) setPending(j *Job, p placement.Pending) { s.publishPending(j, p,
 // (a new fact worth telling, such as when preemption will make room).
 func (s *Store) publishPending(j *Job, p placement.Pending, now bool) {
 	j.Pending = p
-	msg := msgKey(p.Message)
-	if !s.live || j.State != contracts.StateQueued || (p.Code == j.pubPending && msg == j.pubMessage) {
+	if !s.live || j.State != contracts.StateQueued {
 		return
 	}
 	at := s.cfg.Now()
 	since := at.Sub(j.pubPendingAt)
+	if !now && j.pubPending != "" && p.Code == j.pubPending && since < PendingRefreshInterval {
+		// The switch below returns whatever the message: its key is not
+		// needed (most of a steady cycle's ~87,000 waiting jobs, each
+		// with a message of its own, hashed for nothing).
+		return
+	}
+	msg := msgKey(p.Message)
+	if p.Code == j.pubPending && msg == j.pubMessage {
+		return
+	}
 	switch {
 	case j.pubPending == "", now:
 	case p.Code == contracts.PendingPreempting && j.pubPending != p.Code:
