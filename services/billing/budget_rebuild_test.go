@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -237,4 +238,47 @@ func waitStatus(t *testing.T, statuses jetstream.KeyValue, tenant string, want f
 		return want(st), string(e.Value())
 	})
 	return st
+}
+
+// TestAStatusWithoutABudgetGoesWhileTheStoreIsRebuilt: billing starts on a
+// store that is not complete (its replay of USAGE is held), with the
+// statuses of two tenants, one of whose budgets was removed while billing
+// was down. The removed budget's status goes at once, though the spend
+// of the tenant before it in the round cannot be read (the round stopped
+// there, and the status held the tenant for as long as a rebuild took);
+// the other status stands, judged on nothing.
+func TestAStatusWithoutABudgetGoesWhileTheStoreIsRebuilt(t *testing.T) {
+	srv, b, statuses, budgets := budgetBus(t)
+	ctx := context.Background()
+	putBudget(t, budgets, "acme", 1_000_000, contracts.PolicyReject)
+	r := rec("acme", "held", 1, 0, 10_000, 7)
+	if _, err := b.Publish(ctx, contracts.SubjectUsage(r.Tenant), r.ID, r); err != nil {
+		t.Fatal(err)
+	}
+	status := func(tenant string) []byte {
+		data, err := json.Marshal(contracts.BudgetStatus{SchemaVersion: contracts.SchemaVersion, Tenant: tenant,
+			Period: contracts.BudgetMonthly, LimitMicros: 1_000_000, SpentMicros: 1_200_000, Exceeded: true,
+			Crossed: []int{50, 80, 100}, Alerted: []int{50, 80, 100}, Policy: contracts.PolicyReject})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return data
+	}
+	for _, tenant := range []string{"acme", "globex"} { // globex's budget is gone
+		if _, err := statuses.Put(ctx, tenant, status(tenant)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	gate := make(chan struct{}) // the store's replay is held: it is never complete
+	defer close(gate)
+	clock := func(c *billing.Config) { c.Now = func() time.Time { return t0.Add(time.Hour) } }
+	start(t, srv, gatedStore{Store: billing.NewMemoryStore(), gate: gate}, clock)
+	waitFor(t, "globex's status to go", func() (bool, string) {
+		_, err := statuses.Get(ctx, "globex")
+		return errors.Is(err, jetstream.ErrKeyNotFound), fmt.Sprint(err)
+	})
+	e, err := statuses.Get(ctx, "acme")
+	if err != nil || string(e.Value()) != string(status("acme")) {
+		t.Errorf("acme's status changed on an incomplete store: %v, %s", err, e.Value())
+	}
 }
