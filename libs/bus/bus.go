@@ -97,8 +97,9 @@ type Bus struct {
 	denied sync.Map
 	// directReads: the identity is scoped (a node agent, a tenant), which
 	// may not ask a stream's leader for a message (its request names the
-	// subject in its body, where the server checks nothing), only make a
-	// direct get naming its own subject: lastSeq asks that way.
+	// subject in its body, where the server checks nothing). A node agent
+	// may make a direct get naming its own subject, and lastSeq asks that
+	// way; a tenant may make neither (contracts.Access), as before.
 	directReads bool
 }
 

@@ -420,27 +420,28 @@ func (b *Bus) lastSeq(ctx context.Context, spec FollowSpec) (uint64, error) {
 }
 
 func (b *Bus) lastSeqOnce(ctx context.Context, spec FollowSpec) (uint64, error) {
+	filters := spec.FilterSubjects
+	if len(filters) > 0 && !b.directReads {
+		// The leader: a direct get may be answered by a replica that
+		// lags, and a target short of the stream ends a Replay short of
+		// it (LeaderLast). No stream info: one request to the leader
+		// per filter is the whole cost.
+		last, err := LeaderLast(ctx, b.nc, spec.Stream, filters)
+		if err != nil {
+			return 0, fmt.Errorf("bus: last message of %v on %s: %w", filters, spec.Stream, err)
+		}
+		return last, nil
+	}
 	stream, err := b.js.Stream(ctx, spec.Stream)
 	if err != nil {
 		return 0, fmt.Errorf("bus: stream %s: %w", spec.Stream, err)
 	}
-	filters := spec.FilterSubjects
 	if len(filters) == 0 {
 		info := stream.CachedInfo()
 		if info.State.Msgs == 0 {
 			return 0, nil
 		}
 		return info.State.LastSeq, nil
-	}
-	if !b.directReads {
-		// The leader: a direct get may be answered by a replica that
-		// lags, and a target short of the stream ends a Replay short of
-		// it (LeaderLast).
-		last, err := LeaderLast(ctx, b.nc, spec.Stream, filters)
-		if err != nil {
-			return 0, fmt.Errorf("bus: last message of %v on %s: %w", filters, spec.Stream, err)
-		}
-		return last, nil
 	}
 	var last uint64
 	for _, f := range filters {

@@ -17,8 +17,18 @@ import (
 // cluster either may be a member that lags, one cut off by a partition
 // while the others stored the last messages. The stream's leader, the only
 // server that answers $JS.API.STREAM.MSG.GET of a replicated stream, holds
-// every message acked to a publisher: a read asks it where the stream ends
-// (LeaderLast, LeaderNext), and never trusts a consumer's count of 0 alone.
+// every message acked to a publisher while it leads: a read asks it where
+// the stream ends (LeaderLast, LeaderNext), and never trusts a consumer's
+// count of 0 alone. This narrows the window, it does not close it: a
+// leader cut off by a partition answers as leader until it learns it is
+// not (seconds, in the chaos suite), no worse than a direct get did.
+//
+// The price is the leader's silence: a member that does not lead does not
+// answer, so while a stream has no leader (an election, a member cut off
+// from the others) a read waits, and retries, where a direct get answered
+// at once; the callers' reads are bounded and end in an error then, never
+// in a short answer. A 503 from the server (no leader for now) is a
+// jetstream.APIError, which the bus's retries take as passing.
 
 // leaderMsgGetSubject is the stream's leader's message get; nats.go's
 // Stream.GetMsg uses the direct get on a stream that allows it.
@@ -34,11 +44,9 @@ type msgGetRequest struct {
 }
 
 type msgGetResponse struct {
-	Error *struct {
-		Code        int    `json:"code"`
-		ErrCode     int    `json:"err_code"`
-		Description string `json:"description"`
-	} `json:"error,omitempty"`
+	// Error is nats.go's own: callers (transient) tell a 503 (no leader
+	// for now, an election) from a lasting refusal by it.
+	Error   *jetstream.APIError `json:"error,omitempty"`
 	Message *struct {
 		Seq uint64 `json:"seq"`
 	} `json:"message,omitempty"`
@@ -61,10 +69,10 @@ func leaderGet(ctx context.Context, nc *nats.Conn, stream string, req msgGetRequ
 		return 0, fmt.Errorf("asking the leader of %s: %w", stream, err)
 	}
 	switch {
-	case resp.Error != nil && resp.Error.ErrCode == int(jetstream.JSErrCodeMessageNotFound):
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
 		return 0, nil
 	case resp.Error != nil:
-		return 0, fmt.Errorf("asking the leader of %s: %s (%d)", stream, resp.Error.Description, resp.Error.ErrCode)
+		return 0, fmt.Errorf("asking the leader of %s: %w", stream, resp.Error)
 	case resp.Message == nil:
 		return 0, fmt.Errorf("asking the leader of %s: an answer without a message", stream)
 	}
