@@ -100,7 +100,9 @@ func (a *auditLog) ready(ctx context.Context) error {
 
 // append publishes rec at the tail of the chain. A keyed record that the
 // stream already holds is not written again: the duplicate window covers a
-// retry within minutes, the look-up by subject any retry after.
+// retry within minutes, the look-up by subject any retry after. The
+// look-up asks the stream's leader (bus.LeaderLast): a direct get may be
+// answered by a replica that lags and does not hold the record yet.
 func (a *auditLog) append(ctx context.Context, rec *contracts.AuditRecord, keyed bool) error {
 	stream, err := a.auditStream(ctx)
 	if err != nil {
@@ -108,12 +110,12 @@ func (a *auditLog) append(ctx context.Context, rec *contracts.AuditRecord, keyed
 	}
 	subject := contracts.SubjectAudit(rec.Tenant, rec.ID)
 	if keyed {
-		_, err := stream.GetLastMsgForSubject(ctx, subject)
+		seq, err := bus.LeaderLast(ctx, a.bus.Conn(), contracts.StreamAudit, []string{subject})
 		switch {
-		case err == nil:
-			return nil
-		case !errors.Is(err, jetstream.ErrMsgNotFound):
+		case err != nil:
 			return fmt.Errorf("look up %s: %w", subject, err)
+		case seq > 0:
+			return nil
 		}
 	}
 	a.mu.Lock()
