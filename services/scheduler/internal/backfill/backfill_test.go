@@ -714,3 +714,49 @@ func TestHoldsTakeWhatIsBusyNowFirst(t *testing.T) {
 		t.Errorf("a second reservation counted on held devices: %+v", res2)
 	}
 }
+
+// TestPlannerAnswersAsReserve: one planner asked for many requests in turn
+// (as a cycle asks for its reservations, each taking what the earlier
+// ones hold) answers each as Reserve does afresh: what it derived once
+// from the snapshot and the running jobs is not changed by an answer.
+func TestPlannerAnswersAsReserve(t *testing.T) {
+	reserved := 0
+	for seed := range uint64(40) {
+		rng := rand.New(rand.NewPCG(seed, 29))
+		w := world{}
+		for i := range rng.IntN(10) + 3 {
+			w.nodes = append(w.nodes, newNode(fmt.Sprintf("n%02d", i), fmt.Sprintf("z%d", rng.IntN(2)), []int{4, 8, 8}[rng.IntN(3)], 0))
+		}
+		var running []Running
+		fill := placement.NewPlacer(w.now(nil), placement.Options{})
+		for range rng.IntN(40) + 5 {
+			r := randomRequest(rng, true)
+			if d := fill.Place(r); d.Placed() {
+				end := randomEnd(rng)
+				for _, p := range d.Parts {
+					running = append(running, Running{NodeID: p.NodeID, Devices: p.Devices, CPUMilli: r.CPUMilli, End: end})
+				}
+			}
+		}
+		snap := w.now(running)
+		planner := NewPlanner(snap, running, t0)
+		var book Book
+		for i := range 8 {
+			r := randomRequest(rng, true)
+			r.Reserved = book.Holds(t0, 0, nil)
+			got, gotOK := planner.Reserve(r)
+			want, wantOK := Reserve(snap, running, r, t0)
+			if gotOK != wantOK || !got.Start.Equal(want.Start) || fmt.Sprint(got.Nodes) != fmt.Sprint(want.Nodes) ||
+				!cmp.Equal(got.Holds, want.Holds) || got.Message != want.Message {
+				t.Fatalf("seed %d, request %d: the planner answers %+v, %v; Reserve %+v, %v", seed, i, got, gotOK, want, wantOK)
+			}
+			if gotOK {
+				book.Add(got)
+				reserved++
+			}
+		}
+	}
+	if reserved < 100 {
+		t.Errorf("only %d of 320 requests reserved: the test checks too little", reserved)
+	}
+}
