@@ -559,7 +559,7 @@ const historyBatchWait = 10 * time.Second
 // may be a member that lags: the tail read up to upto, but that member may
 // not hold the last of them. A count of 0 short of upto is taken as the
 // end of f's events only when the stream's leader holds none either
-// (bus.LeaderLast); else the read goes on, and a batch that cannot get an
+// (bus.LeaderNext); else the read goes on, and a batch that cannot get an
 // event the leader holds ends in an error, never in a skip: the
 // subscriber goes to the ring at upto after this read, so an event left
 // unread here would never reach it.

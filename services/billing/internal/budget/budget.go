@@ -203,7 +203,10 @@ func (w *Watcher) tenants() []string {
 func (w *Watcher) evaluate(ctx context.Context, tenants []string) {
 	incomplete := false
 	for _, t := range tenants {
-		err := w.evaluateOne(ctx, t, incomplete)
+		if incomplete && w.hasBudget(t) {
+			continue // its spend cannot be told either
+		}
+		err := w.evaluateOne(ctx, t)
 		switch {
 		case errors.Is(err, ErrIncomplete):
 			// Every tenant's spend is: the tick comes back once the store
@@ -212,9 +215,7 @@ func (w *Watcher) evaluate(ctx context.Context, tenants []string) {
 			// gone (removed while this replica was down), which read no
 			// spend: a tenant must not stay held by a budget it no
 			// longer has for as long as a rebuild takes.
-			if !incomplete {
-				w.cfg.Log.Debug("budgets not evaluated while the billing store is rebuilt", "err", err)
-			}
+			w.cfg.Log.Debug("budgets not evaluated while the billing store is rebuilt", "err", err)
 			incomplete = true
 		case err != nil && ctx.Err() == nil:
 			w.cfg.Log.Info("budget not evaluated; the next tick tries again", "tenant", t, "err", err)
@@ -222,18 +223,20 @@ func (w *Watcher) evaluate(ctx context.Context, tenants []string) {
 	}
 }
 
+func (w *Watcher) hasBudget(tenant string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	_, ok := w.budgets[tenant]
+	return ok
+}
+
 // evaluateOne recomputes tenant's status; it publishes the alerts of
-// thresholds newly crossed, then the status when it changed. incomplete:
-// the round already read that the spend cannot be told; only a status
-// without a budget is handled (removed), the others answer ErrIncomplete.
-func (w *Watcher) evaluateOne(ctx context.Context, tenant string, incomplete bool) error {
+// thresholds newly crossed, then the status when it changed.
+func (w *Watcher) evaluateOne(ctx context.Context, tenant string) error {
 	w.mu.Lock()
 	b, hasBudget := w.budgets[tenant]
 	prev, hasPrev := w.statuses[tenant]
 	w.mu.Unlock()
-	if hasBudget && incomplete {
-		return ErrIncomplete // as the round's earlier spend read said
-	}
 	if !hasBudget {
 		if hasPrev {
 			if err := w.cfg.Statuses.Delete(ctx, tenant); err != nil {
